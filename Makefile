@@ -1,0 +1,70 @@
+# prefixscope — the two quick-start targets are `make demo` and `make test`.
+# Both set up everything they need on a fresh Debian machine (venv, packages, Prometheus,
+# Chromium, the two real routers) and are safe to run again.
+
+PYTHON      ?= python3.11
+VENV        ?= .venv
+ROUTERS     ?= .routers
+PY          := $(VENV)/bin/python
+PIP         := $(VENV)/bin/pip
+SUDO        := $(shell [ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n")
+PYTEST_ARGS ?=
+
+.PHONY: setup system-packages routers demo test test-fast lint bench generate check-generated clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+# Debian's prometheus (promtool for the rule tests, the server for the demo) and chromium
+# (the console's browser test). Without root this prints what to run and carries on.
+system-packages:
+	@missing=""; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
+	    echo "installing Debian packages:$$missing"; \
+	    $(SUDO) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "not root: install these yourself for the full demo and test suite: apt-get install$$missing"; \
+	  fi; \
+	fi
+
+# The two real routers live in their own venv: they are binaries we drive, not libraries.
+$(ROUTERS)/.installed:
+	$(PYTHON) -m venv $(ROUTERS)
+	$(ROUTERS)/bin/pip install --quiet --upgrade pip
+	$(ROUTERS)/bin/pip install --quiet 'sglang-router==0.3.2' 'vllm-router==0.1.17'
+	touch $@
+
+routers: $(ROUTERS)/.installed
+
+setup: $(VENV)/.installed system-packages routers
+
+demo: setup
+	$(VENV)/bin/prefixscope demo $(DEMO_ARGS)
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python -m bench
+
+generate: $(VENV)/.installed
+	$(VENV)/bin/prefixscope generate
+
+check-generated: $(VENV)/.installed
+	$(VENV)/bin/prefixscope generate --check
+
+clean:
+	rm -rf $(VENV) $(ROUTERS) .pytest_cache

@@ -1,0 +1,67 @@
+"""The exporter's own health: counters and gauges that source adapters update.
+
+Bad input never crashes a source: it calls :meth:`Health.error`, which counts the error by
+source and kind (``prefixscope_ingest_errors_total``) and logs the first occurrence of each
+(source, kind) with its context, so a flood of one malformed input does not flood the log.
+Other series (KV-event stream health, target up) go through :meth:`inc` and :meth:`set`
+under catalogue metric names; the collector renders whatever is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+
+from exporter.catalog import METRICS_BY_NAME
+
+log = logging.getLogger("prefixscope.ingest")
+
+LabelValues = tuple[str, ...]
+
+
+class Health:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: dict[str, dict[LabelValues, float]] = defaultdict(dict)
+        self.gauges: dict[str, dict[LabelValues, float]] = defaultdict(dict)
+        self._logged: set[tuple[str, str]] = set()
+
+    @staticmethod
+    def _check(metric: str, labels: LabelValues) -> None:
+        m = METRICS_BY_NAME.get(metric)
+        if m is None or len(m.labels) != len(labels):
+            raise KeyError(f"{metric}{labels} is not a catalogue metric with these labels")
+
+    def inc(self, metric: str, labels: LabelValues = (), n: float = 1.0) -> None:
+        self._check(metric, labels)
+        with self._lock:
+            series = self.counters[metric]
+            series[labels] = series.get(labels, 0.0) + n
+
+    def set(self, metric: str, labels: LabelValues, value: float) -> None:
+        self._check(metric, labels)
+        with self._lock:
+            self.gauges[metric][labels] = value
+
+    def remove(self, metric: str, labels: LabelValues) -> None:
+        with self._lock:
+            self.gauges.get(metric, {}).pop(labels, None)
+
+    def error(self, source: str, kind: str, context: str, n: int = 1) -> None:
+        """Count ``n`` rejected inputs; log the first of each (source, kind) with context."""
+        self.inc("prefixscope_ingest_errors", (source, kind), n)
+        key = (source, kind)
+        with self._lock:
+            first = key not in self._logged
+            self._logged.add(key)
+        if first:
+            log.warning("rejected %s input (%s): %s — further errors of this kind are only counted", source, kind, context)
+
+    def snapshot(self) -> tuple[dict[str, dict[LabelValues, float]], dict[str, dict[LabelValues, float]]]:
+        with self._lock:
+            return ({k: dict(v) for k, v in self.counters.items()}, {k: dict(v) for k, v in self.gauges.items()})
+
+    def counter_value(self, metric: str, labels: LabelValues = ()) -> float:
+        with self._lock:
+            return self.counters.get(metric, {}).get(labels, 0.0)

@@ -1,0 +1,99 @@
+"""Normalised inputs: what every source adapter hands to the cluster state.
+
+Sources (worker /metrics, KV events, request records, router /metrics) differ in names and
+encodings; they all reduce to these plain values, so the state and the metric maths never see
+a vendor format. Counters are cumulative as the source reports them; ``None`` means the source
+does not carry that signal (which is different from zero).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Consecutive blocks newly cached on a worker; ``parent`` is the block before the first."""
+
+    hashes: tuple[int, ...]
+    parent: int | None
+    block_size: int
+    token_count: int = 0
+    medium: str | None = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    hashes: tuple[int, ...]
+    medium: str | None = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class KvBatch:
+    """One decoded KV-event batch of one worker (one ZMQ message)."""
+
+    worker: str
+    seq: int
+    ts: float
+    events: tuple[KvEvent, ...]
+    dp_rank: int | None = None
+
+
+@dataclass(slots=True)
+class WorkerSnapshot:
+    """One scrape of a worker's /metrics, normalised across vLLM (current and pre-0.9.2) and SGLang."""
+
+    worker: str
+    flavour: str  # "vllm", "vllm-legacy", "sglang"
+    model: str | None = None
+    prefix_queried_tokens: float | None = None
+    prefix_hit_tokens: float | None = None
+    kv_usage_ratio: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    running: float | None = None
+    waiting: float | None = None
+    max_running: float | None = None
+    prompt_tokens: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    requests_success: float | None = None
+
+
+@dataclass(slots=True)
+class RouterSnapshot:
+    """One scrape of a router's /metrics (sglang-router ``smg_*`` or vllm-router ``vllm_router_*``)."""
+
+    router: str
+    kind: str  # "sglang-router" or "vllm-router"
+    decisions: dict[str, float] = field(default_factory=dict)  # worker URL -> cumulative decisions
+    healthy: dict[str, float] = field(default_factory=dict)  # worker URL -> 1/0
+    prefix_outcomes: dict[str, float] = field(default_factory=dict)  # "hit"/"miss" -> cumulative count
+
+
+class StateSink(Protocol):
+    """What source adapters call. ``exporter.state.ClusterState`` implements it."""
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        """Apply one decoded KV-event batch (events in order) to the worker's view and the tree."""
+
+    def worker_restarted(self, worker: str) -> None:
+        """The worker's sequence restarted at 0: clear its view (its cache is empty now)."""
+
+    def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
+        """A successful scrape of a worker's /metrics."""
+
+    def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
+        """A successful scrape of a router's /metrics."""
+
+    def ingest_records(self, records: list[dict], received_at: float) -> None:
+        """Request records that passed the prefixscope.request/v1 schema."""
