@@ -1,0 +1,126 @@
+"""Config loading: valid files become frozen dataclasses, every problem names file and field."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from exporter.config import PACKAGED_THRESHOLDS, ConfigError, load_config, parse_duration
+
+
+def write(tmp_path: Path, text: str, name: str = "exporter.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+FULL = """
+workers:
+  - name: w0
+    metrics_url: http://127.0.0.1:8001/metrics
+    kv_events: tcp://127.0.0.1:5557
+    replay: tcp://127.0.0.1:5558
+    topic: kv
+  - name: w1
+    metrics_url: http://127.0.0.1:8002/metrics
+    optional: true
+routers:
+  - name: gw
+    metrics_url: http://127.0.0.1:29000/metrics
+    kind: sglang-router
+records:
+  http: {enabled: true, bearer_token_file: token.txt, max_body_bytes: 1024}
+  file: {paths: [records.ndjson]}
+topology: topo.yaml
+scrape_interval: 2s
+scrape_timeout: 500ms
+window: 1m
+"""
+
+
+def test_full_config_is_parsed_into_frozen_values(tmp_path: Path) -> None:
+    (tmp_path / "token.txt").write_text("s3cret\n")
+    (tmp_path / "topo.yaml").write_text("workers: {}\n")
+    cfg = load_config(write(tmp_path, FULL))
+    assert [w.name for w in cfg.workers] == ["w0", "w1"]
+    w0 = cfg.workers[0]
+    assert (w0.kv_events, w0.replay, w0.topic, w0.optional) == ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558", "kv", False)
+    assert cfg.workers[1].optional is True and cfg.workers[1].kv_events is None
+    assert cfg.routers[0].kind == "sglang-router"
+    assert cfg.http_records.bearer_token == "s3cret"  # read from the file, newline stripped
+    assert cfg.http_records.max_body_bytes == 1024
+    assert cfg.file_records.paths == (tmp_path / "records.ndjson",)  # relative to the config file
+    assert cfg.topology == tmp_path / "topo.yaml"
+    assert cfg.thresholds == PACKAGED_THRESHOLDS
+    assert (cfg.scrape_interval, cfg.scrape_timeout, cfg.window) == (2.0, 0.5, 60.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.window = 1.0  # type: ignore[misc]
+
+
+def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "{}\n"))
+    assert (cfg.listen_address, cfg.scrape_interval, cfg.window) == ("127.0.0.1:9400", 5.0, 300.0)
+    assert cfg.http_records.enabled and cfg.http_records.bearer_token is None
+    over = cfg.with_overrides(listen_address="127.0.0.1:0", log_level=None)
+    assert over.listen_address == "127.0.0.1:0" and over.log_level == "info"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("workers:\n  - {name: a, metrics_url: http://h/metrics}\n  - {name: b, metrics_url: http://h/metrics}\n"
+     "  - {name: c, metrics_url: foo}\n",
+     'exporter.yaml: workers[2].metrics_url: not a URL: "foo"'),
+    ("workers:\n  - {metrics_url: http://h/metrics}\n", "exporter.yaml: workers[0].name: required"),
+    ("workers:\n  - {name: a}\n", "exporter.yaml: workers[0]: needs metrics_url or kv_events"),
+    ("workers:\n  - {name: a, kv_events: http://h:1}\n", 'exporter.yaml: workers[0].kv_events: not a URL: "http://h:1"'),
+    ("workers:\n  - {name: a, metrics_url: http://h/m, replay: tcp://h:2}\n",
+     "exporter.yaml: workers[0].replay: replay needs kv_events"),
+    ("workers:\n  - {name: a, metrics_url: http://h/m}\n  - {name: a, metrics_url: http://h/m}\n",
+     'exporter.yaml: workers[1].name: duplicate worker name "a"'),
+    ("workers:\n  - {name: a, metrics_url: http://h/m, colour: red}\n",
+     "exporter.yaml: workers[0]: unknown field(s) colour"),
+    ("routers:\n  - {name: r, metrics_url: http://h/m, kind: nginx}\n",
+     "exporter.yaml: routers[0].kind: must be one of auto, sglang-router, vllm-router"),
+    ("scrape_interval: soon\n", 'exporter.yaml: scrape_interval: not a duration: "soon"'),
+    ("scrape_interval: 1s\nscrape_timeout: 2s\n", "exporter.yaml: scrape_timeout: 2s exceeds scrape_interval 1s"),
+    ("records: {http: {max_body_bytes: -5}}\n", "exporter.yaml: records.http.max_body_bytes: expected a positive integer"),
+    ("records: {http: {bearer_token_file: nope.txt}}\n", 'exporter.yaml: records.http.bearer_token_file: file not found: "nope.txt"'),
+    ("records: {http: {bearer_token: a, bearer_token_file: nope.txt}}\n", "exporter.yaml: records.http.bearer_token_file: file not found"),
+    ("topology: missing.yaml\n", 'exporter.yaml: topology: file not found: "missing.yaml"'),
+    ("wokers: []\n", "exporter.yaml: unknown field(s) wokers"),
+    ("- just\n- a list\n", "exporter.yaml: expected a mapping, got list"),
+    ("workers: [\n", "exporter.yaml: invalid YAML at line 2"),
+])
+def test_bad_config_names_file_field_and_problem(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_token_and_token_file_together_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"records.http: set bearer_token or bearer_token_file, not both"):
+        load_config(write(tmp_path, "records: {http: {bearer_token: a, bearer_token_file: t.txt}}\n"))
+
+
+def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(5, 5.0), (0.25, 0.25), ("500ms", 0.5), ("2s", 2.0), ("5m", 300.0), ("1h", 3600.0)])
+def test_parse_duration(value: object, seconds: float) -> None:
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["0s", -1, "5 minutes", True])
+def test_parse_duration_rejects(value: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(value)
+
+
+def test_example_config_is_valid() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "exporter.yaml"
+    cfg = load_config(example)
+    assert cfg.workers or cfg.fleet_manifest is not None
