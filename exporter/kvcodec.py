@@ -1,0 +1,150 @@
+"""vLLM KV-cache event payloads (msgpack) → ``exporter.model.KvBatch``.
+
+The batch is always the array ``[ts, events, dp_rank]`` (dp_rank may be missing or nil).
+Events are either arrays with the tag first and positional fields (vLLM ≤ 0.23; trailing
+fields optional, extra trailing fields tolerated) or maps with a ``"type"`` key (≥ 0.24;
+fields equal to their default omitted). Block hashes are unsigned 64-bit ints (negative i64
+is folded with ``& 0xFFFF_FFFF_FFFF_FFFF``) or digest bytes (the last 8 bytes, big-endian, as
+vLLM's int conversion and llm-d do).
+
+A payload is decoded with one ``msgpack.unpackb`` call (``use_list=False`` so the hash
+arrays arrive as tuples ready for the event values); per event there is one tag dispatch and,
+for the usual all-int hash arrays, one C-level ``min`` to rule out negative values.
+"""
+
+from __future__ import annotations
+
+import msgpack
+
+from exporter.health import Health
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
+
+SOURCE = "kv_events"
+MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+EVENT_NAMES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+_CLEARED = AllBlocksCleared()
+_EXCERPT = 64
+
+
+class BadEvent(ValueError):
+    """A known event type whose fields cannot be read."""
+
+
+def _hash(h: object) -> int:
+    if isinstance(h, int) and not isinstance(h, bool):
+        return h & MASK64
+    if isinstance(h, bytes | bytearray | memoryview):
+        b = bytes(h)
+        if not b:
+            raise BadEvent("empty hash bytes")
+        return int.from_bytes(b[-8:], "big")
+    raise BadEvent(f"block hash of type {type(h).__name__}")
+
+
+def _hashes(hs: object) -> tuple[int, ...]:
+    if type(hs) is tuple:
+        try:
+            if min(hs, default=0) >= 0:  # all non-negative ints: msgpack never yields ≥ 2^64
+                return hs
+        except TypeError:  # bytes (or garbage) among the hashes
+            pass
+        return tuple([_hash(h) for h in hs])
+    if isinstance(hs, list):
+        return tuple([_hash(h) for h in hs])
+    raise BadEvent(f"block_hashes of type {type(hs).__name__}")
+
+
+def _parent(p: object) -> int | None:
+    return None if p is None else _hash(p)
+
+
+def _token_count(tokens: object) -> int:
+    return len(tokens) if isinstance(tokens, tuple | list) else 0
+
+
+def _block_size(bs: object) -> int:
+    if type(bs) is int and bs > 0:
+        return bs
+    raise BadEvent(f"block_size {bs!r}")
+
+
+def _from_array(ev: tuple) -> KvEvent:
+    tag = ev[0]
+    n = len(ev)
+    if tag == "BlockStored":
+        if n < 5:
+            raise BadEvent(f"BlockStored with {n - 1} fields")
+        return BlockStored(_hashes(ev[1]), _parent(ev[2]), _block_size(ev[4]), _token_count(ev[3]),
+                           ev[6] if n > 6 else "GPU")
+    if tag == "BlockRemoved":
+        if n < 2:
+            raise BadEvent("BlockRemoved without block_hashes")
+        return BlockRemoved(_hashes(ev[1]), ev[2] if n > 2 else "GPU")
+    if tag == "AllBlocksCleared":
+        return _CLEARED
+    raise KeyError(tag)
+
+
+def _from_map(ev: dict) -> KvEvent:
+    tag = ev.get("type")
+    if tag == "BlockStored":
+        try:
+            hashes, size = ev["block_hashes"], ev["block_size"]
+        except KeyError as missing:
+            raise BadEvent(f"BlockStored without {missing}") from None
+        return BlockStored(_hashes(hashes), _parent(ev.get("parent_block_hash")), _block_size(size),
+                           _token_count(ev.get("token_ids")), ev.get("medium", "GPU"))
+    if tag == "BlockRemoved":
+        if "block_hashes" not in ev:
+            raise BadEvent("BlockRemoved without block_hashes")
+        return BlockRemoved(_hashes(ev["block_hashes"]), ev.get("medium", "GPU"))
+    if tag == "AllBlocksCleared":
+        return _CLEARED
+    raise KeyError(tag)
+
+
+def _excerpt(obj: object) -> str:
+    text = repr(obj)
+    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
+
+
+def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None) -> KvBatch | None:
+    """Decode one payload; ``None`` (and a ``decode`` error) when it is not a batch at all.
+
+    Unknown event types and unreadable events are counted (``unknown_event``, ``bad_event``)
+    and left out; the rest of the batch is kept in order.
+    """
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=False)
+    except Exception as exc:  # msgpack raises a family of ValueError/TypeError subclasses
+        if health is not None:
+            health.error(SOURCE, "decode", f"worker {worker} seq {seq}: not msgpack ({exc})")
+        return None
+    if type(obj) is not tuple or len(obj) < 2 or type(obj[1]) is not tuple \
+            or not isinstance(obj[0], int | float) or isinstance(obj[0], bool):
+        if health is not None:
+            health.error(SOURCE, "decode", f"worker {worker} seq {seq}: not a [ts, events, dp_rank] batch: {_excerpt(obj)}")
+        return None
+    dp_rank = obj[2] if len(obj) > 2 and type(obj[2]) is int else None
+    events: list[KvEvent] = []
+    append = events.append
+    for ev in obj[1]:
+        try:
+            if type(ev) is dict:
+                append(_from_map(ev))
+            elif type(ev) is tuple and ev:
+                append(_from_array(ev))
+            else:
+                raise BadEvent("event is neither a tagged array nor a map")
+        except KeyError as tag:
+            if health is not None:
+                health.error(SOURCE, "unknown_event", f"worker {worker} seq {seq}: event type {tag}: {_excerpt(ev)}")
+        except (BadEvent, TypeError, IndexError, ValueError) as exc:
+            if health is not None:
+                health.error(SOURCE, "bad_event", f"worker {worker} seq {seq}: {exc}: {_excerpt(ev)}")
+    return KvBatch(worker=worker, seq=seq, ts=float(obj[0]), events=tuple(events), dp_rank=dp_rank)
+
+
+def event_name(event: KvEvent) -> str:
+    """The vLLM event type name (the ``event`` label of kv_events_applied)."""
+    return type(event).__name__

@@ -1,0 +1,218 @@
+"""Worker and router /metrics text → the normalised snapshots of ``exporter.model``.
+
+Workers: vLLM's current names, its pre-0.9.2 ``gpu_*`` names (0.9.2–0.11 emit both with equal
+values, so the current name wins and nothing is counted twice) and SGLang's ``sglang:*``
+names. Series are summed over vLLM's ``engine`` label (data-parallel engines behind one API
+server). A signal the engine does not export stays ``None``.
+
+Routers: sglang-router (``smg_*``) and vllm-router (``vllm_router_*``), detected from the names
+present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from exporter import promtext
+from exporter.model import RouterSnapshot, WorkerSnapshot
+from exporter.promtext import ParseError, ParseResult, Sample
+
+# ---- vLLM -----------------------------------------------------------------------------
+V_QUERIES = "vllm:prefix_cache_queries_total"
+V_HITS = "vllm:prefix_cache_hits_total"
+V_USAGE = "vllm:kv_cache_usage_perc"
+V_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"
+V_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
+V_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+V_CACHE_CONFIG = "vllm:cache_config_info"
+V_RUNNING = "vllm:num_requests_running"
+V_WAITING = "vllm:num_requests_waiting"
+V_PROMPT = "vllm:prompt_tokens_total"
+V_SUCCESS = "vllm:request_success_total"
+V_DRAFT = "vllm:spec_decode_num_draft_tokens_total"
+V_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# ---- SGLang ----------------------------------------------------------------------------
+S_PROMPT = "sglang:prompt_tokens_total"
+S_CACHED = "sglang:cached_tokens_total"
+S_USAGE = "sglang:token_usage"
+S_RUNNING = "sglang:num_running_reqs"
+S_QUEUE = "sglang:num_queue_reqs"
+S_REQUESTS = "sglang:num_requests_total"
+S_HIT_RATE = "sglang:cache_hit_rate"  # a windowed gauge: used for detection only, never as tokens
+
+VLLM_NAMES = frozenset({V_QUERIES, V_HITS, V_USAGE, V_QUERIES_OLD, V_HITS_OLD, V_USAGE_OLD, V_CACHE_CONFIG,
+                        V_RUNNING, V_WAITING, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED})
+SGLANG_NAMES = frozenset({S_PROMPT, S_CACHED, S_USAGE, S_RUNNING, S_QUEUE, S_REQUESTS, S_HIT_RATE})
+WORKER_NAMES = VLLM_NAMES | SGLANG_NAMES
+
+# ---- routers ---------------------------------------------------------------------------
+SMG_DECISIONS = "smg_worker_cb_outcomes_total"
+SMG_HEALTH = "smg_worker_health"
+VR_DECISIONS = "vllm_router_policy_decisions_total"
+VR_PREFIX = "vllm_router_prefix_routing_decisions_total"
+VR_HEALTH = "vllm_router_worker_health"
+ROUTER_NAMES = frozenset({SMG_DECISIONS, SMG_HEALTH, VR_DECISIONS, VR_PREFIX, VR_HEALTH})
+# vllm-router's outcome label values → the catalogue's outcome values.
+VR_OUTCOMES = {"prefix_hit": "hit", "prefix_miss": "miss"}
+
+
+class UnrecognisedMetrics(ValueError):
+    """The page parsed, but carries none of the names this normaliser knows."""
+
+
+def _sum(samples: Iterable[Sample]) -> float | None:
+    total = None
+    for s in samples:
+        total = s.value if total is None else total + s.value
+    return total
+
+
+def _first_present(parsed: ParseResult, *names: str) -> list[Sample] | None:
+    for name in names:
+        got = parsed.samples.get(name)
+        if got:
+            return got
+    return None
+
+
+def _engine_weighted_usage(usage: list[Sample], blocks_by_engine: dict[str, int]) -> float:
+    """Worker KV usage over DP engines, weighted by each engine's block count when known."""
+    if len(usage) == 1:
+        return usage[0].value
+    weights = [blocks_by_engine.get(s.labels.get("engine", ""), 0) for s in usage]
+    if all(weights):
+        return sum(s.value * w for s, w in zip(usage, weights, strict=True)) / sum(weights)
+    return sum(s.value for s in usage) / len(usage)
+
+
+def _int_label(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:  # "None" when vLLM has not sized the pool
+        return None
+
+
+def _model(*groups: list[Sample] | None) -> str | None:
+    for group in groups:
+        for s in group or ():
+            model = s.labels.get("model_name")
+            if model:
+                return model
+    return None
+
+
+def _vllm(worker: str, p: ParseResult) -> WorkerSnapshot:
+    queries = p.samples.get(V_QUERIES)
+    legacy = queries is None and V_QUERIES_OLD in p.samples
+    snap = WorkerSnapshot(worker=worker, flavour="vllm-legacy" if legacy else "vllm")
+    queries = _first_present(p, V_QUERIES, V_QUERIES_OLD)
+    hits = _first_present(p, V_HITS, V_HITS_OLD)
+    snap.prefix_queried_tokens = _sum(queries or ())
+    snap.prefix_hit_tokens = _sum(hits or ())
+    blocks_by_engine: dict[str, int] = {}
+    for s in p.samples.get(V_CACHE_CONFIG, ()):
+        blocks = _int_label(s.labels.get("num_gpu_blocks"))
+        if blocks is not None:
+            blocks_by_engine[s.labels.get("engine", str(len(blocks_by_engine)))] = blocks
+        if snap.block_size is None:
+            snap.block_size = _int_label(s.labels.get("block_size"))
+    if blocks_by_engine:
+        snap.num_gpu_blocks = sum(blocks_by_engine.values())
+    usage = _first_present(p, V_USAGE, V_USAGE_OLD)
+    if usage:
+        snap.kv_usage_ratio = _engine_weighted_usage(usage, blocks_by_engine)
+    snap.running = _sum(p.samples.get(V_RUNNING, ()))
+    snap.waiting = _sum(p.samples.get(V_WAITING, ()))
+    snap.prompt_tokens = _sum(p.samples.get(V_PROMPT, ()))
+    snap.requests_success = _sum(p.samples.get(V_SUCCESS, ()))
+    snap.spec_draft_tokens = _sum(p.samples.get(V_DRAFT, ()))
+    snap.spec_accepted_tokens = _sum(p.samples.get(V_ACCEPTED, ()))
+    snap.model = _model(queries, usage, p.samples.get(V_RUNNING), p.samples.get(V_PROMPT))
+    return snap
+
+
+def _rank0(samples: list[Sample] | None) -> list[Sample]:
+    """SGLang repeats scheduler numbers on every TP rank: keep rank 0 (or all if unlabelled)."""
+    return [s for s in samples or () if s.labels.get("tp_rank", "0") == "0"]
+
+
+def _sglang(worker: str, p: ParseResult) -> WorkerSnapshot:
+    snap = WorkerSnapshot(worker=worker, flavour="sglang")
+    prompt = _sum(_rank0(p.samples.get(S_PROMPT)))
+    cached = p.samples.get(S_CACHED)
+    if cached:
+        # The device tier is the GPU prefix cache, the counterpart of vLLM's prefix_cache_hits;
+        # host and storage tiers are extra reuse that vLLM also counts separately.
+        device = [s for s in cached if s.labels.get("cache_source", "device") == "device"]
+        snap.prefix_hit_tokens = _sum(device) or 0.0
+        # Only with a hit counter are the prompt tokens an honest denominator; with just the
+        # windowed hit-rate gauge both stay missing rather than deflating the cluster ratio.
+        snap.prefix_queried_tokens = prompt
+    snap.prompt_tokens = prompt
+    usage = _rank0(p.samples.get(S_USAGE))
+    if usage:
+        snap.kv_usage_ratio = sum(s.value for s in usage) / len(usage)
+    snap.running = _sum(_rank0(p.samples.get(S_RUNNING)))
+    snap.waiting = _sum(_rank0(p.samples.get(S_QUEUE)))
+    snap.requests_success = _sum(_rank0(p.samples.get(S_REQUESTS)))
+    snap.model = _model(p.samples.get(S_PROMPT), p.samples.get(S_USAGE), cached)
+    return snap
+
+
+def worker_from_parsed(worker: str, parsed: ParseResult) -> WorkerSnapshot:
+    """Normalise parsed samples; raises UnrecognisedMetrics if no known name is present."""
+    names = parsed.samples.keys()
+    if any(n in VLLM_NAMES for n in names):
+        return _vllm(worker, parsed)
+    if any(n in SGLANG_NAMES for n in names):
+        return _sglang(worker, parsed)
+    # An engine that has served nothing yet still has its families: a snapshot of missing values.
+    if any(n.startswith("vllm:") for n in parsed.other_names):
+        return WorkerSnapshot(worker=worker, flavour="vllm")
+    if any(n.startswith("sglang:") for n in parsed.other_names):
+        return WorkerSnapshot(worker=worker, flavour="sglang")
+    raise UnrecognisedMetrics(f"no vLLM or SGLang metric among {parsed.lines} sample lines")
+
+
+def parse_worker(worker: str, text: str) -> tuple[WorkerSnapshot, list[ParseError]]:
+    """Worker /metrics text → snapshot and malformed lines; raises UnrecognisedMetrics."""
+    parsed = promtext.parse(text, WORKER_NAMES)
+    return worker_from_parsed(worker, parsed), parsed.errors
+
+
+def _by_label(samples: Iterable[Sample], label: str, rename: dict[str, str] | None = None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in samples:
+        key = s.labels.get(label)
+        if key is None:
+            continue
+        if rename is not None:
+            key = rename.get(key, key)
+        out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def router_from_parsed(router: str, parsed: ParseResult) -> RouterSnapshot:
+    got = parsed.samples
+    seen = [*got, *parsed.other_names]
+    if any(n.startswith("vllm_router_") for n in seen):
+        return RouterSnapshot(
+            router=router, kind="vllm-router",
+            decisions=_by_label(got.get(VR_DECISIONS, ()), "worker"),
+            healthy=_by_label(got.get(VR_HEALTH, ()), "worker"),
+            prefix_outcomes=_by_label(got.get(VR_PREFIX, ()), "outcome", VR_OUTCOMES),
+        )
+    if any(n.startswith("smg_") for n in seen):
+        # sglang-router exports no prefix-match outcome: prefix_outcomes stays empty (missing).
+        return RouterSnapshot(
+            router=router, kind="sglang-router",
+            decisions=_by_label(got.get(SMG_DECISIONS, ()), "worker"),
+            healthy=_by_label(got.get(SMG_HEALTH, ()), "worker"),
+        )
+    raise UnrecognisedMetrics(f"no sglang-router or vllm-router metric among {parsed.lines} sample lines")
+
+
+def parse_router(router: str, text: str) -> tuple[RouterSnapshot, list[ParseError]]:
+    """Router /metrics text → snapshot and malformed lines; raises UnrecognisedMetrics."""
+    parsed = promtext.parse(text, ROUTER_NAMES)
+    return router_from_parsed(router, parsed), parsed.errors

@@ -1,0 +1,100 @@
+"""KV-event payload decoding: both encodings, int/bytes/negative hashes, bad input counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from exporter import kvcodec
+from exporter.health import Health
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+BIG = 15760518052499183552  # ≥ 2^63, from the vLLM 0.26 capture
+
+
+def _decode(name: str, health: Health | None = None):
+    return kvcodec.decode_batch((FIXTURES / name).read_bytes(), "w0", 7, health or Health())
+
+
+def _errors(health: Health) -> dict:
+    return health.snapshot()[0].get("prefixscope_ingest_errors", {})
+
+
+def test_real_capture_map_encoding() -> None:
+    batch = _decode("kv_capture_0_26_map.msgpack")
+    assert (batch.worker, batch.seq, batch.ts, batch.dp_rank) == ("w0", 7, 1789095808.8378847, 0)
+    assert batch.events == (BlockStored((BIG,), None, 16, 16, "GPU"),)
+
+
+def test_array_encoding_0_23_equals_map_encoding() -> None:
+    batch = _decode("kv_array_0_23.msgpack")
+    assert batch.events == (BlockStored((BIG,), None, 16, 16, "GPU"), BlockRemoved((11,), "GPU"), AllBlocksCleared())
+
+
+def test_map_omit_defaults() -> None:
+    batch = _decode("kv_map_omit_defaults.msgpack")
+    assert batch.dp_rank == 1
+    assert batch.events == (BlockStored((101, 102), 100, 16, 32, "GPU"), BlockRemoved((11,), "GPU"), AllBlocksCleared())
+
+
+def test_array_0_9_short_events_and_missing_dp_rank() -> None:
+    batch = _decode("kv_array_0_9_no_dp_rank.msgpack")
+    assert batch.dp_rank is None and batch.ts == 1750000000.25
+    assert batch.events == (BlockStored((7, 8, 9), 6, 16, 48, "GPU"), BlockRemoved((7,), "GPU"))
+
+
+def test_bytes_hashes_use_last_8_bytes_big_endian() -> None:
+    batch = _decode("kv_bytes_hashes.msgpack")
+    assert batch.dp_rank is None
+    assert batch.events == (BlockStored((BIG,), 42, 16, 16, "GPU"), BlockRemoved((BIG,), "GPU"))
+
+
+def test_negative_i64_folded_to_u64() -> None:
+    assert _decode("kv_negative_i64.msgpack").events[0].hashes == (BIG,)
+
+
+def test_unknown_event_counted_rest_kept() -> None:
+    health = Health()
+    batch = _decode("kv_unknown_event.msgpack", health)
+    assert batch.events == (BlockStored((1,), None, 16, 16, "GPU"), BlockRemoved((1,), "GPU"))
+    assert _errors(health) == {("kv_events", "unknown_event"): 1.0}
+
+
+@pytest.mark.parametrize("payload", [b"", b"\xc1", b"not msgpack at all \xff\xfe", msgpack.packb([1, 2]) + b"x"])
+def test_not_msgpack_is_a_decode_error(payload: bytes) -> None:
+    health = Health()
+    assert kvcodec.decode_batch(payload, "w0", 1, health) is None
+    assert _errors(health) == {("kv_events", "decode"): 1.0}
+
+
+@pytest.mark.parametrize("obj", [{"ts": 1}, [1.0], ["x", []], [1.0, "events"], 42, [True, []]])
+def test_not_a_batch_is_a_decode_error(obj: object) -> None:
+    health = Health()
+    assert kvcodec.decode_batch(msgpack.packb(obj), "w0", 1, health) is None
+    assert _errors(health) == {("kv_events", "decode"): 1.0}
+
+
+def test_bad_events_counted_rest_kept() -> None:
+    obj = [5.0, [
+        ["BlockStored", [1], None],                                 # too few fields
+        ["BlockStored", ["str-hash"], None, [], 16, None, "GPU"],   # hash of the wrong type
+        {"type": "BlockStored", "block_hashes": [2], "block_size": 0},  # impossible block size
+        {"type": "BlockRemoved"},                                   # no hashes
+        "a string",                                                 # not an event
+        ["BlockStored", [3], 2, [0] * 16, 16, None, "GPU"],
+        {"no_type": 1},                                             # unknown (no tag)
+    ], 0]
+    health = Health()
+    batch = kvcodec.decode_batch(msgpack.packb(obj), "w0", 1, health)
+    assert batch.events == (BlockStored((3,), 2, 16, 16, "GPU"),)
+    assert _errors(health) == {("kv_events", "bad_event"): 5.0, ("kv_events", "unknown_event"): 1.0}
+
+
+def test_empty_events_and_mixed_hash_types() -> None:
+    obj = [5.0, [["BlockStored", [1, b"\x00" * 7 + b"\x02", -1], None, [], 16]], 3]
+    batch = kvcodec.decode_batch(msgpack.packb(obj, use_bin_type=True), "w", 2)
+    assert batch.events[0].hashes == (1, 2, 2**64 - 1)
+    assert kvcodec.decode_batch(msgpack.packb([5.0, [], 0]), "w", 3).events == ()
