@@ -8,13 +8,13 @@ def test_chain_hashes_are_chained_deterministic_u64_and_full_blocks_only():
     toks = list(range(1, 40))
     hs = chain_hashes(toks, 16)
     assert len(hs) == 2  # 39 tokens: two full blocks, the partial tail has no hash
-    assert hs == chain_hashes(toks[:32], 16) == chain_hashes(toks + [7], 16)[:2]
+    assert hs == chain_hashes(toks[:32], 16) == chain_hashes([*toks, 7], 16)[:2]
     assert hs[0] == block_hash(None, toks[:16])
     assert hs[1] == block_hash(hs[0], toks[16:32])
     assert all(0 <= h < 2**64 for h in hs)
     # same block tokens under another parent hash to something else
     assert block_hash(hs[0], toks[:16]) != hs[0]
-    assert chain_hashes([9] + toks[1:], 16)[1] != hs[1]
+    assert chain_hashes([9, *toks[1:]], 16)[1] != hs[1]
 
 
 def test_store_match_and_events_with_parent_and_tokens():
@@ -71,7 +71,7 @@ def test_lru_order_follows_last_use():
 
 def test_blocks_visible_only_after_commit_and_shared_on_concurrent_compute():
     c = PagedPrefixCache(10, 2)
-    hit, ev = c.acquire("a", [1, 2], [1, 2, 3, 4])
+    _hit, ev = c.acquire("a", [1, 2], [1, 2, 3, 4])
     assert ev == [] and c.match([1, 2]) == 0  # in flight: not visible yet
     hit_b, _ = c.acquire("b", [1, 2, 3])  # runs alongside, computes the same blocks
     assert hit_b == 0
