@@ -1,0 +1,1 @@
+"""The on-call console: the ordered diagnosis chain and prefix-tree hotspots (Streamlit)."""

@@ -1,0 +1,73 @@
+"""Firing alerts grouped as Alertmanager groups them by default, deduplicated (pure).
+
+One group per alert name; inside it, one row per distinct label set (the same alert seen
+twice, e.g. from two Prometheus replicas, is one row). Labels every alert of the group shares
+are shown once; each row shows only what is its own — the way karma lays out groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from exporter.catalog import CHECKS_BY_ALERT
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    labels: dict[str, str]  # the labels not shared by the whole group
+    active_at: str
+    value: str
+    summary: str
+
+
+@dataclass(frozen=True)
+class AlertGroup:
+    alertname: str
+    severity: str
+    common_labels: dict[str, str]
+    rows: tuple[AlertRow, ...]
+    step: int | None  # the diagnosis step of the catalogue check behind the alert
+
+    @property
+    def known(self) -> bool:
+        return self.alertname in CHECKS_BY_ALERT
+
+
+def group_alerts(alerts: Iterable[Mapping], state: str = "firing") -> list[AlertGroup]:
+    by_name: dict[str, dict[tuple, Mapping]] = {}
+    for a in alerts:
+        if a.get("state") != state:
+            continue
+        labels = {str(k): str(v) for k, v in (a.get("labels") or {}).items()}
+        name = labels.get("alertname", "")
+        key = tuple(sorted(labels.items()))
+        seen = by_name.setdefault(name, {})
+        # Keep the earliest activation of duplicates: it says how long the problem has lasted.
+        if key not in seen or str(a.get("activeAt", "")) < str(seen[key].get("activeAt", "")):
+            seen[key] = a
+    groups = []
+    for name, members in by_name.items():
+        label_sets = [dict(k) for k in members]
+        common = {k: v for k, v in label_sets[0].items() if all(ls.get(k) == v for ls in label_sets)}
+        rows = []
+        for key, a in sorted(members.items()):
+            own = {k: v for k, v in key if k not in common}
+            ann = a.get("annotations") or {}
+            rows.append(AlertRow(own, str(a.get("activeAt", "")), str(a.get("value", "")),
+                                 str(ann.get("summary") or ann.get("description") or "")))
+        check = CHECKS_BY_ALERT.get(name)
+        groups.append(AlertGroup(name, common.get("severity", "none"), common, tuple(rows),
+                                 check.group if check else None))
+    groups.sort(key=lambda g: (SEVERITY_ORDER.get(g.severity, 9), g.step if g.step is not None else 9, g.alertname))
+    return groups
+
+
+def alerts_from_chain(steps: Iterable, severities: Mapping[str, str]) -> list[dict]:
+    """The firing checks of a chain shaped like Prometheus alerts (when Prometheus is absent)."""
+    return [{"labels": {"alertname": c.check.alert, "severity": severities.get(c.check.threshold, "warning")},
+             "state": "firing", "activeAt": "", "value": "" if c.value is None else f"{c.value:.4g}",
+             "annotations": {"summary": c.check.meaning}}
+            for step in steps for c in step.checks if c.status == "firing"]

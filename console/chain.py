@@ -1,0 +1,206 @@
+"""The ordered diagnosis chain (steps 0–5) as plain values, from Prometheus or the exporter.
+
+Pure: callers pass query results in, nothing here does I/O. The verdict is the first step
+whose own *cause* checks fire. The cluster hit rate is the symptom that starts the walk, and
+SLO checks measure what users feel; neither names a step by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from console.links import Thresholds
+from exporter.catalog import CHECKS, STEPS, Check
+
+Status = Literal["ok", "firing", "not_instrumented"]
+SYMPTOM_KEY = "prefix_hit_rate_total"
+NO_DATA = "no data"
+
+
+def is_cause(check: Check) -> bool:
+    return check.kind != "slo" and check.key != SYMPTOM_KEY
+
+
+@dataclass(frozen=True)
+class CheckState:
+    check: Check
+    value: float | None  # the check's value expression; a ratio to the baseline when it has one
+    threshold: float
+    status: Status
+    missing: tuple[str, ...] = ()  # missing signals, or NO_DATA
+    pending: bool = False  # over its threshold but the alert's `for` has not elapsed
+
+    @property
+    def breaches(self) -> bool:
+        if self.value is None:
+            return False
+        return self.value < self.threshold if self.check.op == "<" else self.value > self.threshold
+
+    @property
+    def cause(self) -> bool:
+        return is_cause(self.check)
+
+
+@dataclass(frozen=True)
+class StepState:
+    number: int
+    title: str
+    question: str
+    status: Status
+    checks: tuple[CheckState, ...]
+
+    @property
+    def firing_causes(self) -> list[CheckState]:
+        return [c for c in self.checks if c.cause and c.status == "firing"]
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """Shares of prompt tokens: reusable at best, believed cached by the router, achieved."""
+
+    available: float | None
+    predicted: float | None
+    achieved: float | None
+    staleness: float | None = None  # predicted − achieved, floored per request
+
+    @property
+    def routing_regret(self) -> float | None:
+        if self.available is None or self.achieved is None:
+            return None
+        return max(self.available - self.achieved, 0.0)
+
+    @property
+    def index_staleness(self) -> float | None:
+        if self.staleness is not None:
+            return self.staleness
+        if self.predicted is None or self.achieved is None:
+            return None
+        return max(self.predicted - self.achieved, 0.0)
+
+
+@dataclass(frozen=True)
+class Chain:
+    source: Literal["prometheus", "exporter"]
+    steps: tuple[StepState, ...]
+    symptom: CheckState | None
+    reuse: Reuse
+
+    @property
+    def verdict(self) -> StepState | None:
+        return next((s for s in self.steps if s.firing_causes), None)
+
+
+def step_status(checks: Iterable[CheckState]) -> Status:
+    """Firing if a cause fires; ok if any cause was measured; otherwise not instrumented."""
+    causes = [c for c in checks if c.cause]
+    if any(c.status == "firing" for c in causes):
+        return "firing"
+    if any(c.status == "ok" for c in causes):
+        return "ok"
+    return "not_instrumented"
+
+
+def _steps(states: Mapping[str, CheckState]) -> tuple[StepState, ...]:
+    out = []
+    for step in STEPS:
+        checks = tuple(states[c.key] for c in CHECKS if c.group == step.number and c.key in states)
+        out.append(StepState(step.number, step.title, step.question, step_status(checks), checks))
+    return tuple(out)
+
+
+def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping[str, float | None],
+                          signals: Mapping[str, bool], alerts: Iterable[Mapping],
+                          thresholds: Thresholds, reuse: Reuse) -> Chain:
+    """Statuses from recording-rule values, ``signal_available`` and Prometheus's alerts.
+
+    ``signals`` holds the ``prefixscope_signal_available`` series; a signal absent from it is
+    missing (no source said it was there). ``alerts`` is ``/api/v1/alerts``' list.
+    """
+    state_of = {str(a.get("labels", {}).get("alertname")): str(a.get("state")) for a in alerts
+                if a.get("state") == "firing"}
+    for a in alerts:
+        state_of.setdefault(str(a.get("labels", {}).get("alertname")), str(a.get("state")))
+    states: dict[str, CheckState] = {}
+    for check in CHECKS:
+        value = values.get(check.key)
+        if check.baseline is not None and value is not None:
+            base = baselines.get(check.key)
+            value = value / base if base else None
+        missing = tuple(s for s in check.signals if not signals.get(s, False))
+        threshold = thresholds.values[check.threshold]
+        alert_state = state_of.get(check.alert)
+        status: Status
+        if missing:
+            status = "not_instrumented"
+        elif alert_state == "firing":
+            status = "firing"
+        elif value is None:
+            status, missing = "not_instrumented", (NO_DATA,)
+        else:
+            status = "ok"
+        state = CheckState(check, value, threshold, status, missing)
+        pending = status == "ok" and (alert_state == "pending" or state.breaches)
+        states[check.key] = CheckState(check, value, threshold, status, missing, pending)
+    return Chain("prometheus", _steps(states), states.get(SYMPTOM_KEY), reuse)
+
+
+def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
+    """The chain from the exporter's ``/api/v1/groups`` (its own windows, no Prometheus)."""
+    by_key = {c.key: c for c in CHECKS}
+    states: dict[str, CheckState] = {}
+    for step in groups.get("steps", []):
+        for raw in step.get("checks", []):
+            check = by_key.get(str(raw.get("key")))
+            if check is None:
+                continue  # a check this console does not know: newer exporter; skip, not crash
+            value = _float(raw.get("value"))
+            base = _float(raw.get("baseline"))
+            if check.baseline is not None and value is not None:
+                value = value / base if base else None
+            status = raw.get("status")
+            if status not in ("ok", "firing", "not_instrumented"):
+                status = "not_instrumented"
+            missing = tuple(str(s) for s in raw.get("missing_signals") or ())
+            if status == "not_instrumented" and not missing:
+                missing = (NO_DATA,)
+            threshold = _float(raw.get("threshold"))
+            states[check.key] = CheckState(
+                check, value, thresholds.values[check.threshold] if threshold is None else threshold,
+                status, missing)
+    r = groups.get("reuse") or {}
+    prompt = _float(r.get("prompt_tokens"))
+
+    def share(key: str) -> float | None:
+        v = _float(r.get(key))
+        return v / prompt if v is not None and prompt else None
+
+    reuse = Reuse(share("available_tokens"), share("predicted_tokens"), share("achieved_tokens"),
+                  share("index_staleness_tokens"))
+    return Chain("exporter", _steps(states), states.get(SYMPTOM_KEY), reuse)
+
+
+def reuse_reading(reuse: Reuse, thresholds: Thresholds) -> str:
+    """Workload, routing or stale index: which one explains the missing reuse."""
+    target = thresholds.values["prefix_hit_rate_total"]
+    stale_limit = thresholds.values["index_staleness"]
+    if reuse.available is None or reuse.achieved is None:
+        return "Not instrumented: records need block_hashes and cached_tokens to decompose reuse."
+    if reuse.available < target:
+        return (f"Workload: even the best worker held only {reuse.available:.0%} of prompt tokens "
+                f"(target {target:.0%}); no routing could do better.")
+    staleness = reuse.index_staleness
+    if staleness is not None and staleness > stale_limit:
+        return (f"Stale index: the router believed {reuse.predicted:.0%} cached, the engines "
+                f"reported {reuse.achieved:.0%} (staleness {staleness:.0%} > {stale_limit:.0%}).")
+    if reuse.achieved < target:
+        return (f"Routing: {reuse.available:.0%} was reusable somewhere but only {reuse.achieved:.0%} "
+                f"was achieved (regret {reuse.routing_regret:.0%}).")
+    return f"Reuse is healthy: {reuse.achieved:.0%} achieved of {reuse.available:.0%} available."
+
+
+def _float(v: object) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v)

@@ -1,0 +1,146 @@
+"""Every query the console makes, behind Streamlit caches with a TTL.
+
+Clients are shared singletons (``st.cache_resource``); answers are cached for ``TTL_S``
+(``st.cache_data``) so several pages and reruns do not hammer Prometheus or the exporter.
+Failures raise :class:`~console.http_json.SourceUnavailable`, which pages show as a message.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import streamlit as st
+
+from console import promql
+from console.alert_groups import alerts_from_chain
+from console.chain import Chain, Reuse, chain_from_exporter, chain_from_prometheus
+from console.exporter_api import ExporterClient
+from console.http_json import SourceUnavailable
+from console.links import load_thresholds
+from console.prom import PrometheusClient
+from console.settings import DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
+from exporter.catalog import CHECKS, CHECKS_BY_KEY
+
+TTL_S = 15
+RANGES_S = {"15 minutes": 900, "1 hour": 3600, "6 hours": 21600, "24 hours": 86400}
+
+_REUSE_RULES = {
+    "available": "cluster:prefixscope_reuse_available_tokens_per_prompt_tokens:ratio_rate5m",
+    "predicted": "cluster:prefixscope_reuse_predicted_tokens_per_prompt_tokens:ratio_rate5m",
+    "achieved": "cluster:prefixscope_reuse_achieved_tokens_per_prompt_tokens:ratio_rate5m",
+    "staleness": "cluster:prefixscope_index_staleness_tokens_per_prompt_tokens:ratio_rate5m",
+}
+
+
+@dataclass(frozen=True)
+class Sources:
+    prometheus_url: str | None
+    exporter_url: str
+
+
+def sources() -> Sources:
+    return Sources(os.environ.get(PROMETHEUS_ENV) or None, os.environ.get(EXPORTER_ENV) or DEFAULT_EXPORTER_URL)
+
+
+@st.cache_resource
+def prometheus(url: str) -> PrometheusClient:
+    return PrometheusClient(url)
+
+
+@st.cache_resource
+def exporter(url: str) -> ExporterClient:
+    return ExporterClient(url)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def prometheus_up(url: str) -> bool:
+    return prometheus(url).ready()
+
+
+def _scalar(client: PrometheusClient, expr: str) -> float | None:
+    """The first sample's value: catalogue check expressions aggregate to one series."""
+    samples = client.query(expr)
+    values = [s.value for s in samples if s.value is not None]
+    return values[0] if values else None
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def chain_from_prom(url: str) -> Chain:
+    client = prometheus(url)
+    values = {c.key: _scalar(client, promql.check_value(c.key)) for c in CHECKS}
+    baselines = {c.key: _scalar(client, c.baseline) for c in CHECKS if c.baseline}
+    signals = {s.labels.get("signal", ""): bool(s.value) for s in client.query(promql.signal_available())}
+    reuse = Reuse(**{k: _scalar(client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
+    return chain_from_prometheus(values, baselines, signals, client.alerts(), load_thresholds(), reuse)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def chain_from_exp(url: str) -> Chain:
+    return chain_from_exporter(exporter(url).groups(), load_thresholds())
+
+
+def chain(src: Sources) -> tuple[Chain, list[str]]:
+    """The chain from Prometheus when it answers, else from the exporter; plus banner notes."""
+    notes: list[str] = []
+    if src.prometheus_url:
+        try:
+            return chain_from_prom(src.prometheus_url), notes
+        except SourceUnavailable as exc:
+            notes.append(f"{exc} — statuses below come from the exporter's own windows.")
+    else:
+        notes.append(f"Prometheus is not configured (set {PROMETHEUS_ENV} or --prometheus-url): statuses "
+                     "come from the exporter's own windows, without sparklines or firing alerts.")
+    return chain_from_exp(src.exporter_url), notes
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def sparkline(url: str, key: str, range_s: int) -> list[tuple[float, float | None]]:
+    """The check's key number over the range (~120 points), as a ratio when it has a baseline."""
+    check = CHECKS_BY_KEY[key]
+    expr = f"({check.value}) / ({check.baseline})" if check.baseline else check.value
+    end = time.time()
+    series = prometheus(url).query_range(expr, end - range_s, end, max(range_s // 120, 1))
+    return series[0][1] if series else []
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def alerts(url: str) -> list[dict]:
+    return prometheus(url).alerts()
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def by_label(url: str, base: str, label: str, per_minute: bool = False) -> dict[str, float | None]:
+    """One number per label value of a catalogue series (a counter as a rate per minute)."""
+    expr = promql.rate_per_minute_by(base, label) if per_minute else promql.by_label(base, label)
+    return {s.labels.get(label, ""): s.value for s in prometheus(url).query(expr)}
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def tree(url: str, depth: int, by: str, limit: int) -> dict:
+    return exporter(url).tree(depth, by, limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def hotspots(url: str, k: int) -> dict:
+    return exporter(url).hotspots(k)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def changes(url: str, from_ts: float | None, to_ts: float | None) -> dict:
+    return exporter(url).changes(from_ts, to_ts)
+
+
+def firing_alerts(src: Sources) -> tuple[list[dict], list[str]]:
+    """Prometheus's alerts; without Prometheus, the checks the exporter finds firing."""
+    if src.prometheus_url:
+        try:
+            return alerts(src.prometheus_url), []
+        except SourceUnavailable as exc:
+            notes = [f"{exc} — showing the checks the exporter itself finds firing."]
+    else:
+        notes = [f"Prometheus is not configured (set {PROMETHEUS_ENV} or --prometheus-url): "
+                 "showing the checks the exporter itself finds firing."]
+    steps = chain_from_exp(src.exporter_url).steps
+    return alerts_from_chain(steps, load_thresholds().severities), notes

@@ -1,0 +1,55 @@
+"""``prefixscope console``: run the Streamlit console against an exporter (and Prometheus)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from console.settings import DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
+
+APP = Path(__file__).resolve().parent / "streamlit_app.py"
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="prefixscope console", description=__doc__)
+    p.add_argument("--exporter-url", default=os.environ.get(EXPORTER_ENV) or DEFAULT_EXPORTER_URL,
+                   help=f"the exporter's base URL (env {EXPORTER_ENV}; default %(default)s)")
+    p.add_argument("--prometheus-url", default=os.environ.get(PROMETHEUS_ENV),
+                   help=f"Prometheus's base URL (env {PROMETHEUS_ENV}); without it the console runs "
+                        "on the exporter alone")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=8501, help="port to listen on; 0 picks a free one (default %(default)s)")
+    return p.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> list[str]:
+    port = args.port or free_port(args.host)
+    return [sys.executable, "-m", "streamlit", "run", str(APP),
+            "--server.headless", "true", "--server.address", args.host, "--server.port", str(port),
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--client.toolbarMode", "viewer"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    env = dict(os.environ, **{EXPORTER_ENV: args.exporter_url})
+    if args.prometheus_url:
+        env[PROMETHEUS_ENV] = args.prometheus_url
+    else:
+        env.pop(PROMETHEUS_ENV, None)
+    cmd = command(args)
+    print(f"prefixscope console on http://{args.host}:{cmd[cmd.index('--server.port') + 1]}/", flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0

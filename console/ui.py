@@ -1,0 +1,59 @@
+"""Formatting (pure) and the few Streamlit widgets every page shares."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from console.chain import NO_DATA, CheckState, Status
+from console.http_json import SourceUnavailable
+
+STATUS_LABEL: dict[str, str] = {"ok": "ok", "firing": "FIRING", "not_instrumented": "not instrumented"}
+STATUS_ICON: dict[str, str] = {"ok": "🟢", "firing": "🔴", "not_instrumented": "⚪"}
+
+
+def fmt(value: float | None, unit: str) -> str:
+    """A number in its unit; a missing value is "—" (missing), never 0."""
+    if value is None:
+        return "—"
+    if unit == "ratio":
+        return f"{value:.1%}"
+    if unit == "ratio_to_baseline":
+        return f"{value:.2f}× baseline"
+    if unit == "seconds":
+        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    if unit == "usd":
+        return f"${value:.4f}"
+    if unit == "per_minute":
+        return f"{value:.1f}/min"
+    if unit == "per_second":
+        return f"{value:.2f}/s"
+    if unit == "tokens":
+        return f"{value:,.0f} tokens"
+    return f"{value:g}"
+
+
+def status_text(status: Status) -> str:
+    return f"{STATUS_ICON[status]} {STATUS_LABEL[status]}"
+
+
+def check_line(c: CheckState) -> str:
+    """``Title: value (alert when < threshold) — status``, with what is missing when it is."""
+    unit = c.check.unit
+    line = f"**{c.check.title}**: {fmt(c.value, unit)} (alert when {c.check.op} {fmt(c.threshold, unit)})"
+    line += f" — {status_text(c.status)}"
+    if c.pending:
+        line += " · over threshold, alert pending"
+    if c.status == "not_instrumented":
+        gone = [m for m in c.missing if m != NO_DATA]
+        line += f" · missing signal: {', '.join(gone)}" if gone else " · no data yet"
+    return line
+
+
+def source_down(exc: SourceUnavailable) -> None:
+    st.error(f"**{exc.source} is down or unreachable** ({exc.url}): {exc.reason}. "
+             "Check that it runs and that the console points at it.", icon="🚫")
+
+
+def banners(notes: list[str]) -> None:
+    for note in notes:
+        st.warning(note, icon="⚠️")
