@@ -1,0 +1,56 @@
+"""Alert grouping and tree shaping (pure helpers behind the Alerts and Prefix tree pages)."""
+
+from __future__ import annotations
+
+from console.alert_groups import group_alerts
+from console.tree_view import bucket_rows, icicle_columns, removal_ranking
+from tests.console import payloads
+
+
+def alert(name: str, state: str = "firing", active: str = "2026-11-29T10:00:00Z", **labels: str) -> dict:
+    return {"labels": {"alertname": name, "severity": labels.pop("severity", "warning"), **labels},
+            "state": state, "activeAt": active, "value": "1e+00", "annotations": {"summary": f"{name}."}}
+
+
+def test_alerts_grouped_by_name_deduplicated_with_shared_labels_once() -> None:
+    alerts = [
+        alert("PrefixCacheNearCapacity", worker="w0"),
+        alert("PrefixCacheNearCapacity", worker="w1"),
+        alert("PrefixCacheNearCapacity", worker="w0", active="2026-11-29T09:00:00Z"),  # same alert, 2nd replica
+        alert("PrefixTelemetryKvEventGaps", worker="w2"),
+        alert("PrefixTreeTooDeep", severity="info"),
+        alert("PrefixHitRateLow", state="pending"),
+    ]
+    groups = group_alerts(alerts)
+    assert [g.alertname for g in groups] == ["PrefixTelemetryKvEventGaps", "PrefixCacheNearCapacity", "PrefixTreeTooDeep"]
+    cap = groups[1]
+    assert cap.common_labels == {"alertname": "PrefixCacheNearCapacity", "severity": "warning"}
+    assert [r.labels for r in cap.rows] == [{"worker": "w0"}, {"worker": "w1"}]
+    assert cap.rows[0].active_at == "2026-11-29T09:00:00Z"  # the earliest of the duplicates
+    assert cap.step == 1 and cap.known
+
+
+def test_unknown_alerts_are_kept_but_not_linked() -> None:
+    (g,) = group_alerts([alert("SomethingElse")])
+    assert not g.known and g.step is None
+
+
+def test_icicle_columns_use_unique_paths_and_chosen_size() -> None:
+    cols = icicle_columns(payloads.tree()["root"], "hits")
+    assert cols["ids"] == ["root", "root/3f2a9c0100000000", "root/3f2a9c0100000000/aa00000000000001",
+                           "root/77e1000000000000"]
+    assert cols["parents"] == ["", "root", "root/3f2a9c0100000000", "root"]
+    assert cols["values"] == [0.0, 40960.0, 8192.0, 1024.0]
+    assert cols["workers"][1] == "w0, w3"
+    assert icicle_columns(payloads.tree()["root"], "blocks")["values"] == [0.0, 12.0, 3.0, 5.0]
+
+
+def test_bucket_rows_skip_malformed_pairs() -> None:
+    assert bucket_rows([[1, 10], [2], "x", [4, 1]], "children", "nodes") == \
+        [{"children": 1, "nodes": 10}, {"children": 4, "nodes": 1}]
+
+
+def test_removal_ranking_puts_unranked_workers_last() -> None:
+    workers = [*payloads.WORKERS, {"worker": "w9", "resident_blocks": None, "capacity_blocks": None}]
+    assert [r["worker"] for r in removal_ranking(workers)] == ["w1", "w0", "w3", "w9"]
+    assert removal_ranking(workers)[-1]["used"] is None
