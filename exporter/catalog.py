@@ -213,6 +213,7 @@ METRICS: tuple[Metric, ...] = (
     _m("reuse_achieved_tokens", "counter", "tokens", "Tokens the engine reported as cached.", (M,), None, "records"),
     _m("worker_effective_cache_value_tokens", "gauge", "tokens", "Resident tokens × the worker's recent hit ratio (affinity-aware autoscaling signal).", (W,), None, "kv_events"),
     _m("worker_removal_rank", "gauge", "", "Safe-to-remove ranking by effective cache value (1 = safest to remove).", (W,), None, "kv_events"),
+    _m("worker_info", "gauge", "", "Topology of each worker (value 1): its node, NVLink domain, GPU class and warm-pool membership.", (W, "node", "nvlink_domain", "gpu_class", "warm_pool"), None, "topology"),
     _m("fallback_requests", "counter", "", "Requests served through a fallback tier of the ladder.", ("tier",), None, "records"),
     _m("fallback_active", "gauge", "", "1 while a fallback tier is in use (used in the window and its exit condition not met).", ("tier",), None, "records"),
     _m("hot_branch_hit_tokens", "gauge", "tokens", "Hit tokens in the window of the top-K hottest prefix branches (bounded: rank 1..K).", ("rank", "branch"), None, "records"),

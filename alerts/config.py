@@ -1,0 +1,157 @@
+"""Load and validate alerts/thresholds.yaml, the one place threshold values live.
+
+Every problem is reported with the file and the dotted path of the entry, e.g.
+``alerts/thresholds.yaml: checks.prefix_hit_rate_total.value: expected a number, got "high"``,
+and all problems are collected before failing, so one run shows everything to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.catalog import CHECKS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PATH = REPO_ROOT / "alerts" / "thresholds.yaml"
+RUNBOOKS_DIR = REPO_ROOT / "runbooks"
+SCHEMA = "prefixscope.thresholds/v1"
+SEVERITIES = ("critical", "warning", "info")
+# Prometheus duration syntax as rule files accept it (a subset: one or more number+unit pairs).
+DURATION_RE = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+
+TOP_LEVEL = ("schema", "window", "cold_reuse_share", "runbook_url_base", "dashboard_url_base", "checks")
+CHECK_FIELDS = ("value", "for", "severity")
+
+
+class ConfigError(ValueError):
+    """The threshold config is invalid; ``problems`` holds one line per bad entry."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class CheckThreshold:
+    value: float
+    for_: str
+    severity: str
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    window: str
+    cold_reuse_share: float
+    runbook_url_base: str
+    dashboard_url_base: str
+    checks: dict[str, CheckThreshold]
+
+    def runbook_url(self, alert: str) -> str:
+        return f"{self.runbook_url_base}{alert}.md"
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _number(value: Any) -> bool:
+    # bool is an int in Python, but `value: true` is a typo, not a threshold.
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path | None = None) -> Thresholds:
+    """Validate parsed YAML; with ``runbooks_dir``, also require ``<Alert>.md`` for every check."""
+    problems: list[str] = []
+
+    def bad(where: str, msg: str) -> None:
+        problems.append(f"{source}: {where}: {msg}")
+
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: expected a mapping at the top level, got {_got(data)}"])
+    for key in data:
+        if key not in TOP_LEVEL:
+            bad(str(key), f"unknown key (allowed: {', '.join(TOP_LEVEL)})")
+    for key in TOP_LEVEL:
+        if key not in data:
+            bad(key, "missing")
+    if "schema" in data and data["schema"] != SCHEMA:
+        bad("schema", f"expected {SCHEMA}, got {_got(data['schema'])}")
+    window = data.get("window")
+    if "window" in data and not (isinstance(window, str) and DURATION_RE.match(window)):
+        bad("window", f"expected a duration like 5m, got {_got(window)}")
+    share = data.get("cold_reuse_share")
+    if "cold_reuse_share" in data and not (_number(share) and 0 <= share <= 1):
+        bad("cold_reuse_share", f"expected a number between 0 and 1, got {_got(share)}")
+    for key in ("runbook_url_base", "dashboard_url_base"):
+        if key in data and not (isinstance(data[key], str) and data[key].endswith("/")):
+            bad(key, f"expected a URL ending in /, got {_got(data[key])}")
+
+    checks: dict[str, CheckThreshold] = {}
+    raw_checks = data.get("checks")
+    if "checks" in data and not isinstance(raw_checks, dict):
+        bad("checks", f"expected a mapping of threshold entries, got {_got(raw_checks)}")
+        raw_checks = {}
+    raw_checks = raw_checks or {}
+    known = {c.threshold for c in CHECKS}
+    for key, entry in raw_checks.items():
+        where = f"checks.{key}"
+        if key not in known:
+            bad(where, "unknown key: no check in exporter/catalog.py uses this threshold")
+            continue
+        if not isinstance(entry, dict):
+            bad(where, f"expected a mapping with {', '.join(CHECK_FIELDS)}, got {_got(entry)}")
+            continue
+        before = len(problems)
+        for field in entry:
+            if field not in CHECK_FIELDS:
+                bad(f"{where}.{field}", f"unknown key (allowed: {', '.join(CHECK_FIELDS)})")
+        for field in CHECK_FIELDS:
+            if field not in entry:
+                bad(f"{where}.{field}", "missing")
+        value, for_, severity = entry.get("value"), entry.get("for"), entry.get("severity")
+        if "value" in entry and not _number(value):
+            bad(f"{where}.value", f"expected a number, got {_got(value)}")
+        if "for" in entry and not (isinstance(for_, str) and DURATION_RE.match(for_)):
+            bad(f"{where}.for", f"expected a duration like 5m, got {_got(for_)}")
+        if "severity" in entry and severity not in SEVERITIES:
+            bad(f"{where}.severity", f"expected one of {', '.join(SEVERITIES)}, got {_got(severity)}")
+        if len(problems) == before:
+            checks[key] = CheckThreshold(float(value), for_, severity)
+    for check in CHECKS:
+        if check.threshold not in raw_checks:
+            bad(f"checks.{check.threshold}", f"missing: the catalogue check {check.key} ({check.alert}) needs it")
+        if runbooks_dir is not None and not (runbooks_dir / f"{check.alert}.md").is_file():
+            bad(f"checks.{check.threshold}", f"runbook {_display(runbooks_dir / (check.alert + '.md'))} for {check.alert} is missing")
+    if problems:
+        raise ConfigError(problems)
+    return Thresholds(window, float(share), data["runbook_url_base"], data["dashboard_url_base"], checks)
+
+
+def load(path: Path = DEFAULT_PATH, runbooks_dir: Path | None = None) -> Thresholds:
+    """Read and validate the threshold file (see :func:`parse`)."""
+    source = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{source}: cannot read: {exc.strerror}"]) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{source}: not valid YAML: {exc}"]) from exc
+    return parse(data, source, runbooks_dir)

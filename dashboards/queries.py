@@ -1,0 +1,62 @@
+"""Named PromQL for the dashboards, built from catalogue names (never spelled out by hand).
+
+Selectors use the dashboard variables: ``$model`` on model-labelled series, ``$worker`` on
+worker-labelled ones (the ``$node`` variable narrows ``$worker`` through the topology).
+"""
+
+from __future__ import annotations
+
+from exporter.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check
+
+
+def metric(name: str) -> str:
+    """The sample name of catalogue metric ``prefixscope_<name>`` (``_total`` for counters)."""
+    return METRICS_BY_NAME[f"{NAMESPACE}_{name}"].sample_name
+
+
+def rule(name: str) -> str:
+    if name not in RULES_BY_NAME:
+        raise KeyError(f"{name} is not a recording rule in exporter/catalog.py")
+    return name
+
+
+def _sel(name: str) -> str:
+    labels = METRICS_BY_NAME[f"{NAMESPACE}_{name}"].labels
+    parts = []
+    if "model" in labels:
+        parts.append('model=~"$model"')
+    if "worker" in labels:
+        parts.append('worker=~"$worker"')
+    return "{" + ", ".join(parts) + "}" if parts else ""
+
+
+def series(name: str) -> str:
+    """A catalogue series with the dashboard's variable selectors applied."""
+    return metric(name) + _sel(name)
+
+
+def rate(name: str, window: str = "$__rate_interval") -> str:
+    return f"rate({series(name)}[{window}])"
+
+
+def ratio_by(num: str, den: str, by: str, window: str = "5m") -> str:
+    """Numerator and denominator summed before dividing, as the recording rules do."""
+    return f"sum by ({by}) ({rate(num, window)}) / sum by ({by}) ({rate(den, window)})"
+
+
+def quantile(q: float, name: str, by: str = "", window: str = "5m", rated: bool = True) -> str:
+    labels = ", ".join(["le", *[b for b in by.split(",") if b]])
+    inner = f"rate({metric(name)}_bucket{_sel(name)}[{window}])" if rated else f"{metric(name)}_bucket{_sel(name)}"
+    return f"histogram_quantile({q}, sum by ({labels}) ({inner}))"
+
+
+def check_value(check: Check) -> str:
+    """What a check's panel plots: its value, or value ÷ baseline for relative thresholds."""
+    if check.baseline:
+        return f"({check.value}) / ({check.baseline})"
+    return check.value
+
+
+def signal_available(signals: tuple[str, ...]) -> str:
+    names = "|".join(signals)
+    return f'{metric("signal_available")}{{signal=~"{names}"}}'
