@@ -1,0 +1,228 @@
+"""Subscriber for vLLM KV-cache events from many workers, on one thread.
+
+Each worker's ZMQ PUB endpoint gets its own SUB socket (so the socket, not the topic, names
+the worker); one ``zmq.Poller`` serves them all. Messages are three frames
+``[topic, seq (8 bytes, big-endian), msgpack payload]``.
+
+Sequence tracking, per worker:
+
+* the next expected seq is the last one + 1;
+* a jump forward is a gap: it is counted, the missed batches are requested from the worker's
+  ROUTER replay endpoint (if it has one) and applied in order *before* the batch that revealed
+  the gap; only batches older than that one are taken from the replay, so the live stream never
+  delivers one twice;
+* a seq of 0 after others, or one that goes backwards, means the worker restarted (vLLM's
+  counter starts at 0 per process): its view is cleared through ``sink.worker_restarted``;
+* the first batch seen from a worker (or after its restart) with seq > 0 is not a gap — we
+  joined late — but the replay from 0 teaches us the blocks it already caches.
+
+BlockStored is idempotent in the state, so a replayed block that was also seen is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import zmq
+
+from exporter import kvcodec
+from exporter.health import Health
+from exporter.model import KvBatch, StateSink
+
+log = logging.getLogger("prefixscope.kv_events")
+
+SOURCE = "kv_events"
+END_SEQ = b"\xff" * 8  # the replay's end marker: -1 as a signed 8-byte big-endian integer
+MAX_DRAIN = 256  # messages taken from one socket per poll round, so one busy worker cannot starve others
+
+
+@dataclass(frozen=True, slots=True)
+class KvEndpoint:
+    """Where one worker publishes: its PUB endpoint, its ROUTER replay endpoint (optional), its topic."""
+
+    pub: str
+    replay: str | None = None
+    topic: str = ""
+
+
+class KvEventSubscriber:
+    """``start()`` runs the subscriber thread; ``close()`` stops it and closes every socket."""
+
+    def __init__(self, endpoints: Mapping[str, KvEndpoint], sink: StateSink, health: Health, *,
+                 replay_timeout: float = 2.0, poll_interval: float = 0.1,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.endpoints = dict(endpoints)
+        self.sink = sink
+        self.health = health
+        self.replay_timeout = replay_timeout
+        self.poll_ms = max(1, int(poll_interval * 1000))
+        self.clock = clock
+        self._next: dict[str, int] = {}
+        self._ctx = zmq.Context()
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("subscriber already started")
+        self._thread = threading.Thread(target=self._run, name="prefixscope-kv-events", daemon=True)
+        self._thread.start()
+
+    def wait_connected(self, timeout: float = 5.0) -> bool:
+        """True once every SUB socket is created and connecting (subscriptions still propagate)."""
+        return self._connected.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # its sockets are still open: term() would block
+                log.warning("KV-event subscriber thread did not stop within %.1fs", timeout)
+                return
+        self._ctx.term()
+
+    def __enter__(self) -> KvEventSubscriber:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ---- the loop -------------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        sockets: dict[zmq.Socket, str] = {}
+        try:
+            for worker, ep in self.endpoints.items():
+                sock = self._ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SUBSCRIBE, ep.topic.encode())
+                sock.connect(ep.pub)
+                sockets[sock] = worker
+                poller.register(sock, zmq.POLLIN)
+            self._connected.set()
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(self.poll_ms):
+                    worker = sockets[sock]
+                    for _ in range(MAX_DRAIN):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self.handle_message(worker, frames, self.clock())
+        except Exception:  # the loop must not die silently: say why, then stop
+            log.exception("KV-event subscriber stopped on an unexpected error")
+            self.health.error(SOURCE, "subscriber", "subscriber thread stopped; see the log")
+        finally:
+            self._connected.set()
+            for sock in sockets:
+                sock.close(0)
+
+    # ---- one message ----------------------------------------------------------------------
+    def handle_message(self, worker: str, frames: list[bytes], received_at: float) -> None:
+        """Sequence-check, decode and apply one live message (called on the subscriber thread)."""
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.health.error(SOURCE, "frame", f"worker {worker}: expected [topic, seq8, payload], got "
+                              f"{len(frames)} frame(s) of sizes {[len(f) for f in frames][:5]}")
+            return
+        seq = int.from_bytes(frames[1], "big")
+        expected = self._next.get(worker)
+        if expected is None:
+            if seq > 0:  # joined a running worker: learn what it already caches
+                self._replay(worker, 0, seq)
+        elif seq > expected:
+            missing = seq - expected
+            self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
+            self.health.inc("prefixscope_kv_event_missed_batches", (worker,), missing)
+            if self.endpoints[worker].replay is not None:
+                got = self._replay(worker, expected, seq)
+                result = "recovered" if got == missing else "partial" if got else "failed"
+                self.health.inc("prefixscope_kv_event_replays", (worker, result))
+                if got != missing:
+                    log.warning("worker %s: replay of seq %d..%d gave %d of %d batches", worker, expected, seq - 1, got, missing)
+        elif seq < expected:
+            log.info("worker %s: KV-event sequence went from %d to %d: worker restarted", worker, expected - 1, seq)
+            self.health.inc("prefixscope_worker_restarts", (worker,))
+            self._safely(worker, lambda: self.sink.worker_restarted(worker))
+            if seq > 0:
+                self._replay(worker, 0, seq)
+        self._next[worker] = seq + 1
+        batch = kvcodec.decode_batch(frames[2], worker, seq, self.health)
+        if batch is not None:
+            self._apply(batch, received_at)
+
+    def _apply(self, batch: KvBatch, received_at: float) -> None:
+        worker = batch.worker
+        if not self._safely(worker, lambda: self.sink.apply_kv_batch(batch, received_at)):
+            return
+        health = self.health
+        health.inc("prefixscope_kv_event_batches", (worker,))
+        for kind, n in Counter(map(type, batch.events)).items():
+            health.inc("prefixscope_kv_events_applied", (worker, kind.__name__), n)
+        health.set("prefixscope_kv_event_last_timestamp_seconds", (worker,), received_at)
+        health.set("prefixscope_kv_event_lag_seconds", (worker,), received_at - batch.ts)
+
+    def _safely(self, worker: str, call: Callable[[], None]) -> bool:
+        try:
+            call()
+        except Exception as exc:  # a state bug on one batch must not stop the stream
+            log.exception("worker %s: applying KV events failed", worker)
+            self.health.error(SOURCE, "apply", f"worker {worker}: {type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    # ---- replay ---------------------------------------------------------------------------
+    def _replay(self, worker: str, start: int, end: int) -> int:
+        """Ask the worker's replay socket for seq ``start``.. and apply those < ``end`` in order.
+
+        Replies come as ``[topic, seq8, payload]`` (vLLM ≥ 0.26) or ``[seq8, payload]`` (≤ 0.25)
+        until the end marker; the wait for each reply is bounded by ``replay_timeout``.
+        Returns the number of batches in ``[start, end)`` received.
+        """
+        endpoint = self.endpoints[worker].replay
+        if endpoint is None or end <= start:
+            return 0
+        sock = self._ctx.socket(zmq.DEALER)  # a fresh socket: no late reply of an earlier request
+        sock.setsockopt(zmq.LINGER, 0)
+        got = 0
+        try:
+            sock.connect(endpoint)
+            sock.send_multipart([b"", start.to_bytes(8, "big")])  # REQ-style envelope for the ROUTER
+            timeout_ms = int(self.replay_timeout * 1000)
+            nxt = start
+            while nxt < end and not self._stop.is_set() and sock.poll(timeout_ms, zmq.POLLIN):
+                frames = sock.recv_multipart()
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                if len(frames) == 3:
+                    seq8, payload = frames[1], frames[2]
+                elif len(frames) == 2:
+                    seq8, payload = frames
+                else:
+                    self.health.error(SOURCE, "frame", f"worker {worker}: replay reply of {len(frames)} frame(s)")
+                    continue
+                if seq8 == END_SEQ:
+                    break
+                if len(seq8) != 8:
+                    self.health.error(SOURCE, "frame", f"worker {worker}: replay seq of {len(seq8)} bytes")
+                    continue
+                seq = int.from_bytes(seq8, "big")
+                if seq < nxt or seq >= end:
+                    continue
+                nxt = seq + 1  # a jump here means the worker's buffer no longer holds the batches between
+                got += 1
+                batch = kvcodec.decode_batch(payload, worker, seq, self.health)
+                if batch is not None:
+                    self._apply(batch, self.clock())
+        except zmq.ZMQError as exc:
+            self.health.error(SOURCE, "replay", f"worker {worker}: replay from {endpoint} failed: {exc}")
+        finally:
+            sock.close(0)
+        return got

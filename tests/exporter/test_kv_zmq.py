@@ -1,0 +1,347 @@
+"""The KV-event subscriber over real ZMQ sockets on 127.0.0.1.
+
+``VllmLikePublisher`` speaks vLLM's framing: 3-frame messages on a PUB-compatible socket (an
+XPUB, so the test can wait for the subscription instead of sleeping) and a ROUTER replay
+socket that answers in the ≤ 0.25 or ≥ 0.26 reply shape.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from exporter.health import Health
+from exporter.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvBatch,
+    RouterSnapshot,
+    WorkerSnapshot,
+)
+from exporter.sources.kv_zmq import END_SEQ, KvEndpoint, KvEventSubscriber
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TOKENS = list(range(16))
+
+
+class RecordingSink:
+    """A StateSink that keeps the applied batches and each worker's resident set."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches: list[KvBatch] = []
+        self.restarts: list[str] = []
+        self.resident: dict[str, set[int]] = {}
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        with self.lock:
+            self.batches.append(batch)
+            blocks = self.resident.setdefault(batch.worker, set())
+            for ev in batch.events:
+                if isinstance(ev, BlockStored):
+                    blocks.update(ev.hashes)
+                elif isinstance(ev, BlockRemoved):
+                    blocks.difference_update(ev.hashes)
+                elif isinstance(ev, AllBlocksCleared):
+                    blocks.clear()
+
+    def worker_restarted(self, worker: str) -> None:
+        with self.lock:
+            self.restarts.append(worker)
+            self.resident[worker] = set()
+
+    def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
+        pass
+
+    def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
+        pass
+
+    def ingest_records(self, records: list[dict], received_at: float) -> None:
+        pass
+
+    def seqs(self, worker: str) -> list[int]:
+        with self.lock:
+            return [b.seq for b in self.batches if b.worker == worker]
+
+
+class VllmLikePublisher:
+    def __init__(self, ctx: zmq.Context, topic: str = "kv@w@m", reply_shape: str = "0.26", answer: bool = True) -> None:
+        self.topic = topic.encode()
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind("tcp://127.0.0.1:0")
+        self.replay = ctx.socket(zmq.ROUTER)
+        self.replay.setsockopt(zmq.LINGER, 0)
+        self.replay.bind("tcp://127.0.0.1:0")
+        self.reply_shape = reply_shape
+        self.answer = answer
+        self.buffer: dict[int, bytes] = {}
+        self.truth: set[int] = set()
+        self.seq = 0
+        self.replay_requests: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+        self._thread.start()
+
+    def endpoint(self, with_replay: bool = True) -> KvEndpoint:
+        return KvEndpoint(self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                          self.replay.getsockopt_string(zmq.LAST_ENDPOINT) if with_replay else None,
+                          self.topic.decode())
+
+    def wait_subscribed(self, timeout: float = 5.0) -> None:
+        assert self.pub.poll(int(timeout * 1000)), "no subscriber arrived"
+        assert self.pub.recv()[:1] == b"\x01"
+
+    def publish(self, events: list, *, send: bool = True, encoding: str = "map", raw: bytes | None = None) -> int:
+        seq = self.seq
+        self.seq += 1
+        payload = raw if raw is not None else msgpack.packb([time.time(), [_encode(e, encoding) for e in events], 0])
+        for e in events:
+            if e[0] == "stored":
+                self.truth.update(e[1])
+            elif e[0] == "removed":
+                self.truth.difference_update(e[1])
+            else:
+                self.truth.clear()
+        self.buffer[seq] = payload
+        if send:
+            self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    def restart(self) -> None:
+        """A new process: the sequence starts again at 0 and the cache is empty."""
+        self.seq = 0
+        self.buffer.clear()
+        self.truth.clear()
+
+    def _serve_replay(self) -> None:
+        while not self._stop.is_set():
+            if not self.replay.poll(50):
+                continue
+            ident, _, start8 = self.replay.recv_multipart()
+            start = int.from_bytes(start8, "big")
+            self.replay_requests.append(start)
+            if not self.answer:
+                continue
+            for seq in sorted(s for s in self.buffer if s >= start):
+                if self.reply_shape == "0.26":
+                    self.replay.send_multipart([ident, b"", self.topic, seq.to_bytes(8, "big"), self.buffer[seq]])
+                else:
+                    self.replay.send_multipart([ident, b"", seq.to_bytes(8, "big"), self.buffer[seq]])
+            end = [b"", END_SEQ, b""] if self.reply_shape == "0.26" else [END_SEQ, b""]
+            self.replay.send_multipart([ident, b"", *end])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.pub.close(0)
+        self.replay.close(0)
+
+
+def _encode(event: tuple, encoding: str) -> object:
+    kind, hashes, *rest = event
+    if kind == "stored":
+        parent = rest[0] if rest else None
+        if encoding == "map":
+            return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+                    "token_ids": TOKENS * len(hashes), "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None}
+        return ["BlockStored", hashes, parent, TOKENS * len(hashes), 16, None, "GPU", None]
+    if kind == "removed":
+        return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"} if encoding == "map" \
+            else ["BlockRemoved", hashes, "GPU"]
+    return {"type": "AllBlocksCleared"} if encoding == "map" else ["AllBlocksCleared"]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+@pytest.fixture()
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.term()
+
+
+def _counters(health: Health) -> dict:
+    return health.snapshot()[0]
+
+
+def _start(pubs: dict[str, VllmLikePublisher], sink: RecordingSink, health: Health, *, replay: bool = True,
+           timeout: float = 1.0) -> KvEventSubscriber:
+    sub = KvEventSubscriber({w: p.endpoint(replay) for w, p in pubs.items()}, sink, health,
+                            replay_timeout=timeout, poll_interval=0.02)
+    sub.start()
+    assert sub.wait_connected()
+    for p in pubs.values():
+        p.wait_subscribed()
+    return sub
+
+
+@pytest.mark.parametrize("encoding", ["map", "array"])
+def test_in_order_batches_both_encodings(ctx: zmq.Context, encoding: str) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    sub = _start({"w0": pub}, sink, health)
+    try:
+        pub.publish([("stored", [1, 2]), ("stored", [3], 2)], encoding=encoding)
+        pub.publish([("removed", [1]), ("stored", [2**64 - 5], 3)], encoding=encoding)
+        pub.publish([("cleared", [])], encoding=encoding)
+        pub.publish([("stored", [9])], encoding=encoding)
+        wait_for(lambda: len(sink.seqs("w0")) == 4)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.seqs("w0") == [0, 1, 2, 3]
+    assert sink.batches[1].events == (BlockRemoved((1,), "GPU"), BlockStored((2**64 - 5,), 3, 16, 16, "GPU"))
+    assert sink.resident["w0"] == pub.truth == {9}
+    c = _counters(health)
+    assert c["prefixscope_kv_event_batches"] == {("w0",): 4.0}
+    assert c["prefixscope_kv_events_applied"] == {("w0", "BlockStored"): 4.0, ("w0", "BlockRemoved"): 1.0,
+                                                  ("w0", "AllBlocksCleared"): 1.0}
+    assert "prefixscope_kv_event_sequence_gaps" not in c and "prefixscope_ingest_errors" not in c
+    gauges = health.snapshot()[1]
+    assert gauges["prefixscope_kv_event_lag_seconds"][("w0",)] >= 0
+    assert gauges["prefixscope_kv_event_last_timestamp_seconds"][("w0",)] == pytest.approx(time.time(), abs=10)
+
+
+@pytest.mark.parametrize("reply_shape", ["0.25", "0.26"])
+def test_gap_is_replayed_in_order_and_no_block_is_lost(ctx: zmq.Context, reply_shape: str) -> None:
+    pub, sink, health = VllmLikePublisher(ctx, reply_shape=reply_shape), RecordingSink(), Health()
+    sub = _start({"w0": pub}, sink, health)
+    try:
+        pub.publish([("stored", [1])])
+        pub.publish([("stored", [2], 1)])
+        pub.publish([("stored", [3], 2)], send=False)  # lost on the wire, kept in the replay buffer
+        pub.publish([("removed", [1]), ("stored", [4], 3)], send=False)
+        pub.publish([("stored", [5], 4)])
+        pub.publish([("stored", [6], 5)])
+        wait_for(lambda: len(sink.seqs("w0")) == 6)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.seqs("w0") == [0, 1, 2, 3, 4, 5]
+    assert sink.resident["w0"] == pub.truth == {2, 3, 4, 5, 6}
+    assert pub.replay_requests == [2]
+    c = _counters(health)
+    assert c["prefixscope_kv_event_sequence_gaps"] == {("w0",): 1.0}
+    assert c["prefixscope_kv_event_missed_batches"] == {("w0",): 2.0}
+    assert c["prefixscope_kv_event_replays"] == {("w0", "recovered"): 1.0}
+
+
+def test_partial_and_failed_replays(ctx: zmq.Context) -> None:
+    pub, silent = VllmLikePublisher(ctx), VllmLikePublisher(ctx, answer=False)
+    sink, health = RecordingSink(), Health()
+    sub = _start({"w0": pub, "w1": silent}, sink, health, timeout=0.3)
+    try:
+        pub.publish([("stored", [1])])
+        pub.publish([("stored", [2], 1)], send=False)
+        pub.publish([("stored", [3], 2)], send=False)
+        del pub.buffer[1]  # aged out of the worker's replay buffer
+        pub.publish([("stored", [4], 3)])
+        silent.publish([("stored", [7])])
+        silent.publish([("stored", [8], 7)], send=False)
+        silent.publish([("stored", [9], 8)])
+        wait_for(lambda: len(sink.seqs("w0")) == 3 and len(sink.seqs("w1")) == 2)
+    finally:
+        sub.close()
+        pub.close()
+        silent.close()
+    assert sink.seqs("w0") == [0, 2, 3]
+    assert sink.resident["w0"] == {1, 3, 4}  # block 2 is lost for good, and counted
+    assert sink.seqs("w1") == [0, 2]
+    c = _counters(health)
+    assert c["prefixscope_kv_event_replays"] == {("w0", "partial"): 1.0, ("w1", "failed"): 1.0}
+    assert c["prefixscope_kv_event_missed_batches"] == {("w0",): 2.0, ("w1",): 1.0}
+
+
+def test_gap_without_replay_endpoint_is_counted_only(ctx: zmq.Context) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    sub = _start({"w0": pub}, sink, health, replay=False)
+    try:
+        pub.publish([("stored", [1])])
+        pub.publish([("stored", [2], 1)], send=False)
+        pub.publish([("stored", [3], 2)])
+        wait_for(lambda: len(sink.seqs("w0")) == 2)
+    finally:
+        sub.close()
+        pub.close()
+    c = _counters(health)
+    assert c["prefixscope_kv_event_missed_batches"] == {("w0",): 1.0}
+    assert "prefixscope_kv_event_replays" not in c and pub.replay_requests == []
+
+
+def test_restart_clears_the_view(ctx: zmq.Context) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    sub = _start({"w0": pub}, sink, health)
+    try:
+        for h in (1, 2, 3):
+            pub.publish([("stored", [h])])
+        wait_for(lambda: len(sink.seqs("w0")) == 3)
+        pub.restart()
+        pub.publish([("stored", [10])])
+        wait_for(lambda: len(sink.seqs("w0")) == 4)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.restarts == ["w0"]
+    assert sink.resident["w0"] == {10}
+    assert _counters(health)["prefixscope_worker_restarts"] == {("w0",): 1.0}
+    assert "prefixscope_kv_event_sequence_gaps" not in _counters(health)
+
+
+def test_late_join_replays_from_zero_without_counting_a_gap(ctx: zmq.Context) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    for h in (1, 2, 3):  # published before anyone listened
+        pub.publish([("stored", [h])], send=False)
+    sub = _start({"w0": pub}, sink, health)
+    try:
+        pub.publish([("stored", [4])])
+        wait_for(lambda: len(sink.seqs("w0")) == 4)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.seqs("w0") == [0, 1, 2, 3]
+    assert sink.resident["w0"] == {1, 2, 3, 4}
+    assert pub.replay_requests == [0]
+    c = _counters(health)
+    assert "prefixscope_kv_event_sequence_gaps" not in c and "prefixscope_kv_event_replays" not in c
+
+
+def test_garbage_frames_and_payloads_are_counted(ctx: zmq.Context) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    sub = _start({"w0": pub}, sink, health)
+    try:
+        pub.publish([("stored", [1])])
+        pub.pub.send_multipart([pub.topic, b"only two frames"])
+        pub.pub.send_multipart([pub.topic, b"\x00\x01", b"short seq"])
+        pub.publish([], raw=b"\xc1 not msgpack")  # seq 1: received, undecodable
+        pub.publish([], raw=(FIXTURES / "kv_unknown_event.msgpack").read_bytes())  # seq 2
+        pub.publish([("stored", [2], 1)])  # seq 3
+        wait_for(lambda: len(sink.seqs("w0")) == 3)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.seqs("w0") == [0, 2, 3]
+    errors = _counters(health)["prefixscope_ingest_errors"]
+    assert errors == {("kv_events", "frame"): 2.0, ("kv_events", "decode"): 1.0, ("kv_events", "unknown_event"): 1.0}
+    assert "prefixscope_kv_event_sequence_gaps" not in _counters(health)
+
+
+def test_close_stops_promptly_without_traffic(ctx: zmq.Context) -> None:
+    pub = VllmLikePublisher(ctx)
+    sub = _start({"w0": pub}, RecordingSink(), Health())
+    started = time.monotonic()
+    sub.close()
+    pub.close()
+    assert time.monotonic() - started < 1.0
+    assert sub._thread is not None and not sub._thread.is_alive()
