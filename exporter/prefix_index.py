@@ -1,0 +1,284 @@
+"""The cluster-wide prefix index: which worker holds which KV block, and the prefix tree they form.
+
+Memory is the constraint (a few million resident blocks), so there are no per-block objects:
+one ``dict[int, int]`` maps a block hash to its parent hash and another maps it to a bitmask of
+the workers holding it (bit i = worker i of a small worker-id table). A block leaves the tree
+when its mask drops to 0. Hit counters are kept per block, only for blocks that were hit.
+
+Tree statistics (radix depth, fan-out, duplication) are computed in one pass on demand and
+cached until the index changes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+ROOT = -1  # parent of root-level blocks; block hashes are unsigned, so -1 never collides
+
+
+@dataclass
+class ApplyResult:
+    """What one batch of events did to a worker's view (for the KV-event health counters)."""
+
+    stored: int = 0
+    removed: int = 0
+    cleared: int = 0
+    unknown_parent: int = 0
+    unknown_removals: int = 0
+
+
+@dataclass
+class TreeStats:
+    """One pass over the tree. Depths are per leaf; ``edges`` is the radix-compressed depth."""
+
+    version: int
+    nodes: int = 0  # radix nodes (runs without branching count once)
+    blocks: int = 0
+    root_fanout: int = 0
+    leaf_depths: list[int] = field(default_factory=list)
+    leaf_block_depths: list[int] = field(default_factory=list)
+    fanouts: list[int] = field(default_factory=list)  # children of each branching block (not the root)
+    replicas: Counter[int] = field(default_factory=Counter)  # workers per block -> number of blocks
+    branching: frozenset[int] = frozenset()  # blocks with two or more children
+    children: dict[int, list[int]] = field(default_factory=dict)  # only for the top of the tree
+
+
+@dataclass(frozen=True)
+class Match:
+    """Longest cached prefix of a block chain: on any worker, and per worker (leading blocks)."""
+
+    blocks: int  # longest match on any worker
+    per_worker: dict[str, int]  # worker -> leading blocks it holds (only workers with > 0)
+
+    @property
+    def best_workers(self) -> list[str]:
+        return sorted(w for w, n in self.per_worker.items() if n == self.blocks and n > 0)
+
+
+def _bits(mask: int) -> Iterable[int]:
+    """Indexes of the set bits of a worker mask."""
+    i = 0
+    while mask > 0:
+        if mask & 1:
+            yield i
+        mask >>= 1
+        i += 1
+
+
+class PrefixIndex:
+    """Per-worker resident blocks as bitmasks over one shared block -> parent map."""
+
+    def __init__(self) -> None:
+        self._parent: dict[int, int] = {}
+        self._mask: dict[int, int] = {}
+        self._hits: dict[int, int] = {}
+        self._workers: list[str] = []
+        self._wid: dict[str, int] = {}
+        self._resident: list[int] = []  # resident block count per worker id
+        self._free_ids: list[int] = []
+        self.version = 0
+        self._stats: TreeStats | None = None
+
+    # ---- worker table ------------------------------------------------------------------
+    def _worker_id(self, worker: str) -> int:
+        wid = self._wid.get(worker)
+        if wid is None:
+            wid = len(self._workers)
+            self._workers.append(worker)
+            self._resident.append(0)
+            self._wid[worker] = wid
+        return wid
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self._workers)
+
+    def resident_blocks(self, worker: str) -> int | None:
+        wid = self._wid.get(worker)
+        return None if wid is None else self._resident[wid]
+
+    def resident_by_worker(self) -> dict[str, int]:
+        return dict(zip(self._workers, self._resident, strict=True))
+
+    def holds(self, worker: str, block: int) -> bool:
+        wid = self._wid.get(worker)
+        return wid is not None and bool(self._mask.get(block, 0) >> wid & 1)
+
+    def holders(self, block: int) -> list[str]:
+        mask = self._mask.get(block, 0)
+        return [w for i, w in enumerate(self._workers) if mask >> i & 1]
+
+    def parent(self, block: int) -> int | None:
+        p = self._parent.get(block)
+        return None if p is None or p == ROOT else p
+
+    def __len__(self) -> int:
+        return len(self._mask)
+
+    # ---- events --------------------------------------------------------------------------
+    def apply(self, worker: str, events: Iterable[KvEvent]) -> ApplyResult:
+        """Apply one worker's events in order; malformed references are counted, never fatal."""
+        wid = self._worker_id(worker)
+        bit = 1 << wid
+        mask, parent = self._mask, self._parent
+        res = ApplyResult()
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                prev = ROOT if ev.parent is None else ev.parent
+                if ev.parent is not None and not mask.get(ev.parent, 0) & bit:
+                    res.unknown_parent += 1
+                    if ev.parent not in mask:
+                        prev = ROOT  # kept as a root-level orphan run
+                added = 0
+                for h in ev.hashes:
+                    m = mask.get(h, 0)
+                    if not m & bit:
+                        mask[h] = m | bit
+                        added += 1
+                        if not m:
+                            parent[h] = prev
+                    prev = h
+                self._resident[wid] += added
+                res.stored += len(ev.hashes)
+            elif isinstance(ev, BlockRemoved):
+                removed = 0
+                for h in ev.hashes:
+                    m = mask.get(h, 0)
+                    if not m & bit:
+                        res.unknown_removals += 1
+                        continue
+                    removed += 1
+                    self._drop(h, m & ~bit)
+                self._resident[wid] -= removed
+                res.removed += len(ev.hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                self.clear_worker(worker)
+                res.cleared += 1
+        self.version += 1
+        return res
+
+    def _drop(self, h: int, remaining: int) -> None:
+        """Set a block's holder mask; with no holder left the block leaves the tree."""
+        if remaining:
+            self._mask[h] = remaining
+        else:
+            del self._mask[h]
+            del self._parent[h]
+            self._hits.pop(h, None)
+
+    def clear_worker(self, worker: str) -> None:
+        """Drop every block from one worker's view (restart or AllBlocksCleared); others keep theirs."""
+        wid = self._wid.get(worker)
+        if wid is None or self._resident[wid] == 0:
+            return
+        keep = ~(1 << wid)
+        mask = self._mask
+        # One pass over all blocks: clearing is rare (restarts), so no per-worker block set is kept.
+        for h in [h for h, m in mask.items() if m >> wid & 1]:
+            self._drop(h, mask[h] & keep)
+        self._resident[wid] = 0
+        self.version += 1
+
+    # ---- lookups -------------------------------------------------------------------------
+    def longest_match(self, block_hashes: Sequence[int]) -> Match:
+        """Leading blocks of ``block_hashes`` resident on each worker, and the best of them."""
+        mask_of, workers = self._mask, self._workers
+        per_worker: dict[str, int] = {}
+        alive = -1  # bitmask of workers holding every block so far (-1: not started)
+        n = 0
+        for h in block_hashes:
+            m = mask_of.get(h, 0) & alive
+            dropped = alive & ~m if n else 0
+            for i in _bits(dropped):
+                per_worker[workers[i]] = n
+            alive = m
+            if not m:
+                break
+            n += 1
+        if n:
+            for i in _bits(alive):
+                per_worker[workers[i]] = n
+        return Match(n, per_worker)
+
+    def record_hits(self, block_hashes: Sequence[int], hit_blocks: int, block_size: int) -> None:
+        """Count ``block_size`` hit tokens on each of the first ``hit_blocks`` resident blocks."""
+        hits = self._hits
+        for h in block_hashes[:hit_blocks]:
+            if h in self._mask:
+                hits[h] = hits.get(h, 0) + block_size
+
+    def hit_tokens(self, block: int) -> int:
+        return self._hits.get(block, 0)
+
+    # ---- statistics ----------------------------------------------------------------------
+    def stats(self, keep_children_depth: int = 4) -> TreeStats:
+        """Tree statistics in one pass (cached until the next change)."""
+        if self._stats is not None and self._stats.version == self.version:
+            return self._stats
+        parent, mask = self._parent, self._mask
+        nchildren: Counter[int] = Counter(parent.values())
+        root_fanout = nchildren.get(ROOT, 0)
+        branching = frozenset(h for h, n in nchildren.items() if n > 1 and h != ROOT)
+        # depth[h] = (edges, blocks). A block starts a new radix edge when its parent is the root
+        # (or gone) or branches. Parents usually precede children in insertion order; chains that
+        # do not are resolved by walking up first.
+        depth: dict[int, tuple[int, int]] = {}
+        for h in parent:
+            if h in depth:
+                continue
+            chain = [h]
+            p = parent[h]
+            while p in parent and p not in depth:
+                if len(chain) > len(parent):  # a cycle (colliding hashes): cut it here
+                    break
+                chain.append(p)
+                p = parent[p]
+            for c in reversed(chain):
+                p = parent[c]
+                pd = depth.get(p)
+                if pd is None:
+                    depth[c] = (1, 1)
+                else:
+                    depth[c] = (pd[0] + (p in branching), pd[1] + 1)
+        leaf_depths: list[int] = []
+        leaf_block_depths: list[int] = []
+        for h, (e, b) in depth.items():
+            if h not in nchildren:
+                leaf_depths.append(e)
+                leaf_block_depths.append(b)
+        fanouts = [nchildren[h] for h in branching if h in parent]
+        replicas: Counter[int] = Counter(m.bit_count() for m in mask.values())
+        children: dict[int, list[int]] = {}
+        for h, (e, _b) in depth.items():
+            if e <= keep_children_depth:
+                children.setdefault(parent[h] if parent[h] in parent else ROOT, []).append(h)
+        orphan_roots = sum(1 for h, p in parent.items() if p != ROOT and p not in parent)
+        self._stats = TreeStats(
+            version=self.version,
+            nodes=root_fanout + orphan_roots + sum(fanouts),
+            blocks=len(mask),
+            root_fanout=root_fanout + orphan_roots,
+            leaf_depths=leaf_depths,
+            leaf_block_depths=leaf_block_depths,
+            fanouts=fanouts,
+            replicas=replicas,
+            branching=branching,
+            children=children,
+        )
+        return self._stats
+
+    def branch_of(self, block_hashes: Sequence[int], stats: TreeStats) -> int | None:
+        """The branch a chain belongs to: the first block of its depth-2 radix node, else of depth 1."""
+        if not block_hashes:
+            return None
+        branching = stats.branching
+        for i in range(len(block_hashes) - 1):
+            if block_hashes[i] in branching:
+                return block_hashes[i + 1]
+            if block_hashes[i + 1] not in self._mask:
+                break
+        return block_hashes[0]

@@ -1,0 +1,603 @@
+"""ClusterState: the exporter's pure core. Sources call it (``StateSink``); the collector, the
+checks and the JSON API read it.
+
+All maths happens here on plain values: the prefix index and tree, the session table, and
+every counter and histogram of the catalogue, each kept twice — cumulative for /metrics and
+in a sliding window (keyed by input timestamps) for the exporter's own check evaluation.
+One lock guards everything; sources hand over whole batches, so it is taken once per batch.
+
+KV-event stream health split: sources count what they see on the wire (sequence gaps, missed
+batches, replays, decode errors); the state counts what applying the events did (batches,
+events applied, unknown parents and removals, restarts, last batch time and lag).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter import catalog
+from exporter.health import Health
+from exporter.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvBatch,
+    RouterSnapshot,
+    WorkerSnapshot,
+)
+from exporter.prefix_index import PrefixIndex, TreeStats
+from exporter.sessions import SessionTable
+from exporter.windows import Cumulative, LabelValues, WindowedBuckets, WindowedSum
+
+P = catalog.NAMESPACE
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says
+HISTORY_S = 3600.0  # how far back /api/v1/changes can look
+MAX_HISTORY_EVENTS = 200_000
+UNKNOWN = "unknown"
+
+# Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
+RECORD_FIELD_SIGNALS: dict[str, str] = {
+    "session_key": "session_key",
+    "block_hashes": "block_hashes",
+    "cached_tokens": "cached_tokens",
+    "predicted_cached_tokens": "predicted_cached_tokens",
+    "prefill_s": "prefill_timing",
+    "async_wait_s": "async_prefill",
+    "walk_s": "walk_latency",
+    "migrated_from": "migrations",
+    "migration_kind": "migrations",
+    "expert_signature": "expert_signature",
+    "admitted_by_affinity": "affinity_admission",
+}
+
+# WorkerSnapshot counter field -> catalogue counter it is exported as (labels worker, model).
+SNAPSHOT_COUNTERS: dict[str, str] = {
+    "prefix_queried_tokens": f"{P}_prefix_cache_queried_tokens",
+    "prefix_hit_tokens": f"{P}_prefix_cache_hit_tokens",
+    "spec_draft_tokens": f"{P}_spec_decode_draft_tokens",
+    "spec_accepted_tokens": f"{P}_spec_decode_accepted_tokens",
+}
+
+
+def _m(name: str) -> catalog.Metric:
+    return catalog.METRICS_BY_NAME[f"{P}_{name}"]
+
+
+def branch_label(block: int) -> str:
+    """A branch as shown on /metrics: the first 8 hex digits of its first block's 64-bit hash."""
+    return f"{block & 0xFFFFFFFFFFFFFFFF:016x}"[:8]
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    last_seen: float = 0.0  # newest evidence of life: record served, scrape, KV batch
+    snapshot: WorkerSnapshot | None = None
+    scraped_at: float | None = None
+    block_size: int | None = None
+    last_counters: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PoolChange:
+    ts: float
+    before: int
+    after: int
+    epoch: int
+    seen_both: int = 0  # sessions served before and after this change
+    moved: int = 0  # ... whose worker changed
+
+    @property
+    def reshuffled_share(self) -> float | None:
+        return self.moved / self.seen_both if self.seen_both else None
+
+
+class ClusterState:
+    """The cluster-wide prefix index, session table and windows behind every exported number."""
+
+    def __init__(self, health: Health, thresholds: Any, topology: Any = None, window_s: float = 300.0,
+                 clock: Callable[[], float] = time.time, top_k: int = 10, max_sessions: int = 100_000,
+                 health_recency_s: float = 60.0) -> None:
+        self.health = health
+        self.thresholds = thresholds
+        self.topology = topology
+        self.window_s = float(window_s)
+        self.clock = clock
+        self.top_k = top_k
+        self.health_recency_s = health_recency_s
+        self.cold_reuse_share = float(getattr(thresholds, "cold_reuse_share", 0.1))
+        self.lock = threading.Lock()
+        self.index = PrefixIndex()
+        self.sessions = SessionTable(max_sessions=max_sessions)
+        self.cum = Cumulative()
+        self.win = WindowedSum(self.window_s)  # key (metric, labels)
+        self.hwin: dict[str, WindowedBuckets] = {}
+        self.long_hwin: dict[tuple[str, float], WindowedBuckets] = {}
+        self.now = 0.0  # newest input timestamp
+        self.started_at: float | None = None
+        self.workers: dict[str, WorkerInfo] = {}
+        self.routers: dict[str, RouterSnapshot] = {}
+        self.kv_seen = False
+        self.spec_seen = False
+        self.field_seen: dict[str, float] = {}
+        self.fallback_last: dict[str, float] = {}
+        self.moe_signature: OrderedDict[int, str] = OrderedDict()
+        self.hit_events: deque[tuple[float, tuple[int, ...], float, str | None]] = deque(maxlen=MAX_HISTORY_EVENTS)
+        self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=MAX_HISTORY_EVENTS)
+        self.pool: frozenset[str] = frozenset()
+        self.pool_epoch = 0
+        self.pool_changes: deque[PoolChange] = deque(maxlen=100)
+        self._reshuffle_counted: dict[str, int] = {}
+        self._health_samples: dict[str, deque[tuple[float, float]]] = {}
+        for rule in catalog.RECORDING_RULES:  # histograms some rule reads over a longer window
+            if "[1h]" in rule.expr:
+                for m in catalog.METRICS:
+                    if m.buckets and f"{m.name}_bucket" in rule.expr:
+                        self.long_hwin[(m.name, 3600.0)] = WindowedBuckets(3600.0, m.buckets)
+
+    # ---- primitives --------------------------------------------------------------------------
+    def _advance(self, ts: float) -> None:
+        if self.started_at is None:
+            self.started_at = ts
+        if ts > self.now:
+            self.now = ts
+
+    def _inc(self, ts: float, metric: str, labels: LabelValues, value: float = 1.0) -> None:
+        self.cum.inc(metric, labels, value)
+        self.win.add(ts, (metric, labels), value)
+
+    def _zero(self, metric: str, labels: LabelValues) -> None:
+        """Create a counter series at 0: a ratio's numerator exists whenever its denominator does."""
+        self.cum.inc(metric, labels, 0.0)
+
+    def _observe(self, ts: float, metric: str, labels: LabelValues, value: float) -> None:
+        m = catalog.METRICS_BY_NAME[metric]
+        assert m.buckets is not None
+        self.cum.observe(metric, labels, m.buckets, value)
+        hw = self.hwin.get(metric)
+        if hw is None:
+            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
+        hw.observe(ts, labels, value)
+        lw = self.long_hwin.get((metric, 3600.0))
+        if lw is not None:
+            lw.observe(ts, labels, value)
+
+    def _expire(self) -> None:
+        now = self.now
+        self.win.expire(now)
+        for hw in self.hwin.values():
+            hw.expire(now)
+        for lw in self.long_hwin.values():
+            lw.expire(now)
+        cutoff = now - HISTORY_S
+        while self.hit_events and self.hit_events[0][0] <= cutoff:
+            self.hit_events.popleft()
+        while self.session_events and self.session_events[0][0] <= cutoff:
+            self.session_events.popleft()
+        self.sessions.expire(now, HISTORY_S)
+
+    def _worker(self, name: str, ts: float | None = None) -> WorkerInfo:
+        w = self.workers.get(name)
+        if w is None:
+            w = self.workers[name] = WorkerInfo(name)
+        if ts is not None and ts > w.last_seen:
+            w.last_seen = ts
+        return w
+
+    def _topo(self, worker: str) -> Any:
+        topo = self.topology
+        return topo.worker(worker) if topo is not None and worker in topo else None
+
+    # ---- health and pool ---------------------------------------------------------------------
+    def _explicitly_down(self) -> set[str]:
+        down = {t for (t, _kind), v in dict(self.health.gauges.get(f"{P}_up", {})).items() if v == 0}
+        for snap in self.routers.values():
+            down.update(w for w, v in snap.healthy.items() if v == 0)
+        return down
+
+    def is_healthy(self, worker: str, down: set[str] | None = None) -> bool:
+        """Seen alive recently (record, scrape or KV batch) and not reported down by a scrape or router."""
+        w = self.workers.get(worker)
+        if w is None or self.now - w.last_seen > self.health_recency_s:
+            return False
+        return worker not in (down if down is not None else self._explicitly_down())
+
+    def _update_pool(self, ts: float) -> None:
+        down = self._explicitly_down()
+        pool = frozenset(w for w in self.workers if self.is_healthy(w, down))
+        if pool == self.pool:
+            return
+        before, self.pool = self.pool, pool
+        # While the exporter is still discovering its workers, a growing set is not a change.
+        if self.started_at is not None and ts - self.started_at >= self.health_recency_s and before:
+            self.pool_epoch += 1
+            self.pool_changes.append(PoolChange(ts, len(before), len(pool), self.pool_epoch))
+            self._inc(ts, f"{P}_worker_pool_changes", ())
+
+    def _sample_health(self) -> None:
+        """Keep (time, total) samples of the health counters the checks read as increase/rate."""
+        counters = self.health.counters
+        for name in (f"{P}_kv_event_missed_batches", f"{P}_ingest_errors"):
+            total = sum(dict(counters.get(name, {})).values())
+            dq = self._health_samples.get(name)
+            if dq is None:  # counting starts from 0, so the first error inside the window shows
+                dq = self._health_samples[name] = deque([(self.started_at or self.now, 0.0)])
+            if not dq or dq[-1][1] != total or self.now - dq[-1][0] > self.window_s / 4:
+                dq.append((self.now, total))
+            while len(dq) > 1 and dq[1][0] <= self.now - self.window_s:
+                dq.popleft()
+
+    def health_increase(self, name: str) -> float | None:
+        """Increase of a health counter over the window (None before any sample)."""
+        dq = self._health_samples.get(name)
+        if not dq:
+            return None
+        total = sum(dict(self.health.counters.get(name, {})).values())
+        return max(0.0, total - dq[0][1])  # dq[0] is the last sample at or before the window start
+
+    # ---- StateSink ---------------------------------------------------------------------------
+    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        with self.lock:
+            self._advance(received_at)
+            self.kv_seen = True
+            w = self._worker(batch.worker, received_at)
+            res = self.index.apply(batch.worker, batch.events)
+            for ev in batch.events:
+                if isinstance(ev, BlockStored) and ev.block_size:
+                    w.block_size = w.block_size or ev.block_size
+            self._sample_health()
+            self._update_pool(received_at)
+            self._expire()
+        lab = (batch.worker,)
+        h = self.health
+        h.inc(f"{P}_kv_event_batches", lab)
+        kinds = (("BlockStored", BlockStored), ("BlockRemoved", BlockRemoved), ("AllBlocksCleared", AllBlocksCleared))
+        for kind, cls in kinds:
+            n = sum(1 for ev in batch.events if isinstance(ev, cls))
+            if n:
+                h.inc(f"{P}_kv_events_applied", (batch.worker, kind), n)
+        h.inc(f"{P}_kv_event_unknown_parent", lab, res.unknown_parent)
+        h.inc(f"{P}_kv_event_unknown_block_removals", lab, res.unknown_removals)
+        h.inc(f"{P}_worker_restarts", lab, 0)
+        h.set(f"{P}_kv_event_last_timestamp_seconds", lab, received_at)
+        h.set(f"{P}_kv_event_lag_seconds", lab, max(0.0, received_at - batch.ts))
+
+    def worker_restarted(self, worker: str) -> None:
+        with self.lock:
+            self.index.clear_worker(worker)
+        self.health.inc(f"{P}_worker_restarts", (worker,))
+
+    def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
+        with self.lock:
+            self._advance(scraped_at)
+            w = self._worker(snapshot.worker, scraped_at)
+            w.snapshot, w.scraped_at = snapshot, scraped_at
+            if snapshot.block_size:
+                w.block_size = snapshot.block_size
+            model = snapshot.model or UNKNOWN
+            for fld, metric in SNAPSHOT_COUNTERS.items():
+                value = getattr(snapshot, fld)
+                if value is None:
+                    continue
+                if fld.startswith("spec_"):
+                    self.spec_seen = True
+                prev = w.last_counters.get(fld)
+                # A counter that went down was reset (engine restart): its new value is the increase.
+                delta = value if prev is None or value < prev else value - prev
+                w.last_counters[fld] = value
+                labels = (snapshot.worker, model)
+                self.cum.counters.setdefault(metric, {})[labels] = value
+                if prev is not None:
+                    self.win.add(scraped_at, (metric, labels), delta)
+                    self.win.add(scraped_at, ("worker_delta", fld, snapshot.worker), delta)
+            self._update_pool(scraped_at)
+            self._expire()
+
+    def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
+        with self.lock:
+            self._advance(scraped_at)
+            self.routers[snapshot.router] = snapshot
+            self._update_pool(scraped_at)
+            self._expire()
+
+    def ingest_records(self, records: list[dict], received_at: float) -> None:
+        with self.lock:
+            self._advance(received_at)
+            for rec in records:
+                try:
+                    self._record(rec)
+                except (TypeError, ValueError, KeyError) as exc:
+                    # Schema-valid records should not fail here; if one does, keep the rest.
+                    self.health.error("records", "unprocessable", f"{exc!r} in record {rec.get('request_id')!r}")
+            self._update_pool(self.now)
+            self._expire()
+
+    # ---- one record ----------------------------------------------------------------------------
+    def _record(self, rec: dict) -> None:
+        ts = float(rec["ts"])
+        self._advance(ts)
+        worker = str(rec["worker"])
+        prompt = int(rec["prompt_tokens"])
+        model = rec.get("model") or UNKNOWN
+        ml = (model,)
+        for fld, signal in RECORD_FIELD_SIGNALS.items():
+            if rec.get(fld) is not None:
+                self.field_seen[signal] = ts
+        self.field_seen["records"] = ts
+        w = self._worker(worker, ts)
+        cached = rec.get("cached_tokens")
+        predicted = rec.get("predicted_cached_tokens")
+        hashes = rec.get("block_hashes") or None
+        bs = int(rec.get("block_size") or w.block_size or DEFAULT_BLOCK_SIZE)
+        topo = self.topology
+
+        self._inc(ts, f"{P}_request_prompt_tokens", ml, prompt)
+        if cached is not None:
+            self._inc(ts, f"{P}_reuse_achieved_tokens", ml, cached)
+            self.win.add(ts, ("record_cached", worker), cached)
+            self.win.add(ts, ("record_prompt", worker), prompt)
+        if predicted is not None:
+            self._inc(ts, f"{P}_reuse_predicted_tokens", ml, predicted)
+            if cached is not None:
+                self._inc(ts, f"{P}_index_staleness_tokens", ml, max(0, predicted - cached))
+
+        hit_on_worker = 0
+        if hashes:
+            match = self.index.longest_match(hashes)
+            self._inc(ts, f"{P}_reuse_available_tokens", ml, min(prompt, match.blocks * bs))
+            hit_on_worker = match.per_worker.get(worker, 0)
+            if topo is not None and match.blocks > 0 and worker in topo:
+                domains = {topo.domain_of(x) for x in match.best_workers if x in topo}
+                self._inc(ts, f"{P}_placement_decisions", ml)
+                self._zero(f"{P}_placement_domain_hits", ml)
+                if topo.domain_of(worker) in domains:
+                    self._inc(ts, f"{P}_placement_domain_hits", ml)
+            hit_blocks = min(len(hashes), cached // bs) if cached is not None else hit_on_worker
+            if hit_blocks:
+                self.index.record_hits(hashes, hit_blocks, bs)
+                tokens = float(cached) if cached is not None else float(hit_blocks * bs)
+                self.hit_events.append((ts, tuple(hashes[:min(hit_blocks, 64)]), tokens, rec.get("session_key")))
+
+        self._session(rec, ts, worker, model, prompt, cached, hashes)
+        self._migration(rec, ts, worker)
+        self._prefill(rec, ts, worker, model, prompt, cached)
+
+        wait = rec.get("async_wait_s")
+        if wait is not None:
+            self._observe(ts, f"{P}_async_prefill_wait_seconds", ml, float(wait))
+        walk = rec.get("walk_s")
+        if walk is not None:
+            self._observe(ts, f"{P}_router_tree_walk_seconds", (), float(walk))
+        tier = rec.get("fallback_tier")
+        if tier:
+            self._inc(ts, f"{P}_fallback_requests", (tier,))
+            self.fallback_last[tier] = max(ts, self.fallback_last.get(tier, 0.0))
+        sig = rec.get("expert_signature")
+        if sig is not None and hashes:
+            first = hashes[0]
+            stored = self.moe_signature.get(first)
+            is_hit = (cached > 0) if cached is not None else hit_on_worker > 0
+            if stored is None:
+                self.moe_signature[first] = sig
+                if len(self.moe_signature) > 100_000:
+                    self.moe_signature.popitem(last=False)
+            elif is_hit:
+                self._inc(ts, f"{P}_moe_prefix_hits", ml)
+                self._zero(f"{P}_moe_expert_aligned_hits", ml)
+                if sig == stored:
+                    self._inc(ts, f"{P}_moe_expert_aligned_hits", ml)
+        admitted = rec.get("admitted_by_affinity")
+        if admitted is not None:
+            self._inc(ts, f"{P}_batch_admissions", ml)
+            self._zero(f"{P}_batch_affinity_admissions", ml)
+            if admitted:
+                self._inc(ts, f"{P}_batch_affinity_admissions", ml)
+
+    def _session(self, rec: dict, ts: float, worker: str, model: str, prompt: int,
+                 cached: int | None, hashes: list[int] | None) -> None:
+        key = rec.get("session_key")
+        if not key:
+            return
+        segment = rec.get("segment") or UNKNOWN
+        turn = self.sessions.observe(str(key), ts, worker, hashes, segment, self.pool_epoch)
+        ml = (model,)
+        if turn.turn == 1:
+            self.session_events.append((ts, segment, turn.rekey_of is not None))
+            self._zero(f"{P}_session_rekeys", (segment,))
+            if turn.rekey_of is not None:
+                self._inc(ts, f"{P}_session_rekeys", (segment,))
+            return
+        self._inc(ts, f"{P}_followup_requests", ml)
+        self._zero(f"{P}_sticky_collisions", ml)
+        prev = turn.previous_worker
+        if prev is not None and prev != worker and not rec.get("migrated_from") and self.is_healthy(prev):
+            self._inc(ts, f"{P}_sticky_collisions", ml)
+        if cached is not None:
+            self._inc(ts, f"{P}_session_followup_prompt_tokens", ml, prompt)
+            self._inc(ts, f"{P}_session_followup_cached_tokens", ml, cached)
+            turn.session.followup_prompt += prompt
+            turn.session.followup_cached += cached
+        # Reshuffle: sessions served before the last pool change and again after it.
+        if self.pool_changes and turn.previous_epoch is not None and turn.previous_epoch < self.pool_epoch:
+            change = self.pool_changes[-1]
+            if self._reshuffle_counted.get(turn.session.key) != change.epoch:
+                self._reshuffle_counted[turn.session.key] = change.epoch
+                change.seen_both += 1
+                change.moved += prev != worker
+                if len(self._reshuffle_counted) > self.sessions.max_sessions:
+                    self._reshuffle_counted.clear()
+
+    def _migration(self, rec: dict, ts: float, worker: str) -> None:
+        src = rec.get("migrated_from")
+        if not src:
+            return
+        kind = rec.get("migration_kind") or "hard"
+        self._inc(ts, f"{P}_session_migrations", (kind,))
+        a, b = self._topo(str(src)), self._topo(worker)
+        if a is not None and b is not None:
+            self._zero(f"{P}_cross_node_migrations", (kind,))
+            if a.node != b.node:
+                self._inc(ts, f"{P}_cross_node_migrations", (kind,))
+
+    def _prefill(self, rec: dict, ts: float, worker: str, model: str, prompt: int, cached: int | None) -> None:
+        prefill = rec.get("prefill_s")
+        if prefill is None or cached is None:
+            return
+        prefill = float(prefill)
+        cold = cached <= self.cold_reuse_share * prompt
+        per_token = prefill / max(1, prompt - cached)
+        path = "cold" if cold else "warm"
+        self._observe(ts, f"{P}_prefill_seconds_per_token", (model, path), per_token)
+        if not cold:
+            return
+        ml = (model,)
+        wt = self._topo(worker)
+        self._inc(ts, f"{P}_cold_requests", ml)
+        self._observe(ts, f"{P}_cold_prefill_seconds", (model, wt.gpu_class if wt else UNKNOWN), prefill)
+        gpu_s = prefill * (wt.gpus if wt else 1)
+        self._inc(ts, f"{P}_cold_prefill_gpu_seconds", ml, gpu_s)
+        if wt is not None:
+            self._inc(ts, f"{P}_cold_prefill_cost_usd", ml, gpu_s * wt.price_per_gpu_hour / 3600.0)
+        miss = prefill + float(rec.get("queue_s") or 0.0) + float(rec.get("migrate_s") or 0.0)
+        self._observe(ts, f"{P}_prefix_miss_cost_seconds", ml, miss)
+
+    # ---- reads (callers hold no lock; each takes it once) ------------------------------------
+    def signals(self) -> dict[str, bool]:
+        with self.lock:
+            return self._signals()
+
+    def _signals(self) -> dict[str, bool]:
+        cutoff = self.now - self.window_s
+        out = {name: False for name in catalog.SIGNALS}
+        for signal, ts in self.field_seen.items():
+            out[signal] = ts > cutoff
+        out["kv_events"] = self.kv_seen
+        out["worker_metrics"] = any(w.snapshot is not None for w in self.workers.values())
+        out["spec_decode"] = self.spec_seen
+        out["router_metrics"] = bool(self.routers)
+        out["topology"] = self.topology is not None
+        out["warm_pool"] = self.topology is not None and bool(self.topology.warm_pool)
+        return out
+
+    def tree_stats(self) -> TreeStats:
+        with self.lock:
+            return self.index.stats()
+
+    def worker_capacity(self, name: str) -> int | None:
+        w = self.workers.get(name)
+        if w is not None and w.snapshot is not None and w.snapshot.num_gpu_blocks:
+            return w.snapshot.num_gpu_blocks
+        t = self._topo(name)
+        return t.kv_blocks if t is not None else None
+
+    def worker_block_size(self, name: str) -> int:
+        w = self.workers.get(name)
+        if w is not None and w.block_size:
+            return w.block_size
+        return int(getattr(self.topology, "block_size", 0) or DEFAULT_BLOCK_SIZE)
+
+    def warm_pool_utilization(self) -> dict[str, float]:
+        """max(KV usage, running / max concurrency) per warm-pool worker with a scrape."""
+        out: dict[str, float] = {}
+        if self.topology is None:
+            return out
+        for name in self.topology.warm_pool:
+            w = self.workers.get(name)
+            snap = w.snapshot if w is not None else None
+            if snap is None:
+                continue
+            parts = [snap.kv_usage_ratio] if snap.kv_usage_ratio is not None else []
+            cap = snap.max_running or getattr(self._topo(name), "max_concurrency", None)
+            if snap.running is not None and cap:
+                parts.append(snap.running / cap)
+            if parts:
+                out[name] = max(parts)
+        return out
+
+    def worker_hit_ratio(self, name: str) -> float | None:
+        """The worker's recent hit ratio: engine counters in the window, else its records."""
+        q = self.win.get(("worker_delta", "prefix_queried_tokens", name))
+        h = self.win.get(("worker_delta", "prefix_hit_tokens", name))
+        if q:
+            return (h or 0.0) / q
+        p = self.win.get(("record_prompt", name))
+        c = self.win.get(("record_cached", name))
+        return (c or 0.0) / p if p else None
+
+    def effective_cache_values(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, blocks in self.index.resident_by_worker().items():
+            ratio = self.worker_hit_ratio(name)
+            if ratio is not None:
+                out[name] = blocks * self.worker_block_size(name) * ratio
+        return out
+
+    @staticmethod
+    def removal_ranks(values: dict[str, float]) -> dict[str, int]:
+        """1 = safest to remove (least effective cache value; ties by name)."""
+        order = sorted(values, key=lambda w: (values[w], w))
+        return {w: i + 1 for i, w in enumerate(order)}
+
+    def session_hit_ratios(self) -> list[float]:
+        cutoff = self.now - self.window_s
+        return [s.followup_cached / s.followup_prompt for s in self.sessions.sessions()
+                if s.last_ts > cutoff and s.followup_prompt > 0]
+
+    def branch_hits(self, start: float, end: float, stats: TreeStats | None = None) -> dict[int, tuple[float, set]]:
+        """Hit tokens and sessions per branch for hits with start < ts ≤ end."""
+        stats = stats or self.index.stats()
+        out: dict[int, tuple[float, set]] = {}
+        for ts, chain, tokens, session in self.hit_events:
+            if start < ts <= end:
+                b = self.index.branch_of(chain, stats)
+                if b is None:
+                    continue
+                tok, sess = out.get(b, (0.0, set()))
+                if session:
+                    sess.add(session)
+                out[b] = (tok + tokens, sess)
+        return out
+
+    def hot_branches(self, k: int | None = None) -> list[tuple[int, float, int]]:
+        """Top-k branches of the window: (first block, hit tokens, sessions)."""
+        k = self.top_k if k is None else k
+        hits = self.branch_hits(self.now - self.window_s, self.now)
+        ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], kv[0]))[:k]
+        return [(b, tok, len(sess)) for b, (tok, sess) in ranked]
+
+    def fallback_active(self) -> dict[str, float]:
+        cutoff = self.now - self.window_s
+        return {tier: 1.0 if ts > cutoff else 0.0 for tier, ts in self.fallback_last.items()}
+
+    def window_counter(self, metric: str, where: Callable[[LabelValues], bool] | None = None) -> float | None:
+        """Σ over the window of a catalogue counter (all label sets, or those ``where`` accepts)."""
+        vals = [v for key, v in self.win.sums.items()
+                if key[0] == metric and len(key) == 2 and (where is None or where(key[1]))]
+        return sum(vals) if vals else None
+
+    def window_buckets(self, metric: str, window_s: float | None = None,
+                       where: Callable[[LabelValues], bool] | None = None) -> tuple[tuple[float, ...], list[int]] | None:
+        hw = self.long_hwin.get((metric, window_s)) if window_s and window_s != self.window_s else self.hwin.get(metric)
+        if hw is None:
+            return None
+        out = [0] * (len(hw.bounds) + 1)
+        for labels, row in hw.counts.items():
+            if where is None or where(labels):
+                for i, c in enumerate(row):
+                    out[i] += c
+        return hw.bounds, out
+
+    def snapshot_for(self, fn: Callable[[ClusterState], Any]) -> Any:
+        """Run a read under the lock (the collector and API builders use this)."""
+        with self.lock:
+            self._expire()
+            return fn(self)
+
+    def workers_seen(self) -> Iterable[str]:
+        names = set(self.workers) | set(self.index.workers)
+        return sorted(names)

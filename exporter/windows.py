@@ -1,0 +1,146 @@
+"""Sliding windows keyed by input timestamps, and cumulative series for the collector.
+
+Windows expire against the newest timestamp the caller passes (record ``ts``, batch receive
+time, scrape time), never against the wall clock, so live ingestion and accelerated replay run
+the same code. Quantiles use Prometheus's ``histogram_quantile`` interpolation on the catalogue's
+bucket layouts, so the exporter's own check values match what the recording rules compute.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+LabelValues = tuple[str, ...]
+
+
+def bucket_index(bounds: Sequence[float], value: float) -> int:
+    """Index of the first bucket whose upper bound (``le``) is ≥ value; len(bounds) is +Inf."""
+    return bisect_left(bounds, value)
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float | None:
+    """Prometheus's histogram_quantile on per-bucket (non-cumulative) counts; None without data.
+
+    ``counts`` has len(bounds) + 1 entries, the last one the +Inf bucket. As in Prometheus, the
+    first bucket interpolates from 0 and a rank in the +Inf bucket yields the highest finite bound.
+    """
+    total = float(sum(counts))
+    if total <= 0 or math.isnan(q):
+        return None
+    rank = q * total
+    cum = 0.0
+    for i, c in enumerate(counts):
+        if cum + c >= rank and c > 0:
+            if i == len(bounds):
+                return float(bounds[-1])
+            lower = 0.0 if i == 0 else float(bounds[i - 1])
+            if i == 0 and bounds[0] <= 0:
+                return float(bounds[0])
+            return lower + (float(bounds[i]) - lower) * (rank - cum) / c
+        cum += c
+    return float(bounds[-1])
+
+
+class WindowedSum:
+    """Sums per key of the values added in the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, Hashable, float]] = deque()
+        self.sums: dict[Hashable, float] = {}
+
+    def add(self, ts: float, key: Hashable, value: float = 1.0) -> None:
+        self._events.append((ts, key, value))
+        self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def expire(self, now: float) -> None:
+        cutoff = now - self.window_s
+        ev, sums = self._events, self.sums
+        while ev and ev[0][0] <= cutoff:
+            _, key, value = ev.popleft()
+            left = sums[key] - value
+            if abs(left) < 1e-9:
+                del sums[key]
+            else:
+                sums[key] = left
+
+    def get(self, key: Hashable) -> float | None:
+        """The windowed sum, or None when nothing with this key is in the window."""
+        return self.sums.get(key)
+
+    def total(self, keys: Sequence[Hashable] | None = None) -> float | None:
+        vals = [v for k, v in self.sums.items() if keys is None or k in keys]
+        return sum(vals) if vals else None
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
+class WindowedBuckets:
+    """Per-key bucket counts of observations made in the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float, bounds: Sequence[float]) -> None:
+        self.window_s = window_s
+        self.bounds = tuple(bounds)
+        self._events: deque[tuple[float, Hashable, int]] = deque()
+        self.counts: dict[Hashable, list[int]] = {}
+
+    def observe(self, ts: float, key: Hashable, value: float) -> None:
+        i = bucket_index(self.bounds, value)
+        self._events.append((ts, key, i))
+        row = self.counts.get(key)
+        if row is None:
+            row = self.counts[key] = [0] * (len(self.bounds) + 1)
+        row[i] += 1
+
+    def expire(self, now: float) -> None:
+        cutoff = now - self.window_s
+        ev = self._events
+        while ev and ev[0][0] <= cutoff:
+            _, key, i = ev.popleft()
+            row = self.counts[key]
+            row[i] -= 1
+            if not any(row):
+                del self.counts[key]
+
+    def merged(self, key: Hashable | None = None) -> list[int]:
+        """Bucket counts of one key, or summed over all keys (``sum by (le)``)."""
+        out = [0] * (len(self.bounds) + 1)
+        rows = [self.counts.get(key, out)] if key is not None else self.counts.values()
+        for row in rows:
+            for i, c in enumerate(row):
+                out[i] += c
+        return out
+
+    def quantile(self, q: float, key: Hashable | None = None) -> float | None:
+        return histogram_quantile(q, self.bounds, self.merged(key))
+
+    def count(self, key: Hashable | None = None) -> int:
+        return sum(self.merged(key))
+
+
+class Cumulative:
+    """Monotonic counters and cumulative histograms per (metric, label values), for exposition."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, dict[LabelValues, float]] = {}
+        # metric -> labels -> [per-bucket counts..., +Inf count, sum]
+        self.histograms: dict[str, dict[LabelValues, list[float]]] = {}
+
+    def inc(self, metric: str, labels: LabelValues, value: float = 1.0) -> None:
+        series = self.counters.setdefault(metric, {})
+        series[labels] = series.get(labels, 0.0) + value
+
+    def observe(self, metric: str, labels: LabelValues, bounds: Sequence[float], value: float) -> None:
+        series = self.histograms.setdefault(metric, {})
+        row = series.get(labels)
+        if row is None:
+            row = series[labels] = [0.0] * (len(bounds) + 2)
+        row[bucket_index(bounds, value)] += 1
+        row[-1] += value
+
+    def counter(self, metric: str, labels: LabelValues) -> float:
+        return self.counters.get(metric, {}).get(labels, 0.0)
