@@ -24,7 +24,7 @@ import random
 import threading
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from hashlib import blake2b
 
 from fleet.cache import CacheEvent, PagedPrefixCache
@@ -149,6 +149,21 @@ class EngineCounters:
     generation_lengths: array = field(default_factory=lambda: array("d"))
 
 
+@dataclass(slots=True)
+class EngineSnapshot:
+    """A consistent copy of what /metrics shows, taken under the engine's lock."""
+
+    at: float
+    running: int
+    waiting: int
+    kv_usage: float
+    resident_blocks: int
+    counters: EngineCounters
+
+
+_OBSERVATIONS = ("ttft", "queue", "prefill", "decode", "inference", "e2e", "prompt_lengths", "generation_lengths")
+
+
 class RequestError(ValueError):
     """A request the engine cannot run (the HTTP layer turns it into a 400)."""
 
@@ -194,6 +209,18 @@ class SimEngine:
             self._advance(now)
             running = sum(1 for s, e in self._inflight.values() if s <= now < e)
             return running, len(self._inflight) - running
+
+    def snapshot(self) -> EngineSnapshot:
+        with self._lock:
+            now = self.clock.now()
+            running, waiting = self.load()
+            c = self.counters
+            copy = replace(
+                c,
+                requests_success=dict(c.requests_success),
+                **{k: array("d", getattr(c, k)) for k in _OBSERVATIONS},
+            )
+            return EngineSnapshot(now, running, waiting, self.cache.usage, self.cache.resident_blocks, copy)
 
     @property
     def kv_usage(self) -> float:
