@@ -68,7 +68,7 @@ class Config:
     thresholds: Path = PACKAGED_THRESHOLDS
     scrape_interval: float = 5.0
     scrape_timeout: float = 2.0
-    window: float = 300.0
+    window: float | None = None  # None: the thresholds file's window
     listen_address: str = DEFAULT_LISTEN
     log_level: str = "info"
 
@@ -265,7 +265,7 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
         thresholds=r.path(d.get("thresholds"), "thresholds") or PACKAGED_THRESHOLDS,
         scrape_interval=r.convert(d.get("scrape_interval", 5.0), "scrape_interval", parse_duration),
         scrape_timeout=r.convert(d.get("scrape_timeout", 2.0), "scrape_timeout", parse_duration),
-        window=r.convert(d.get("window", 300.0), "window", parse_duration),
+        window=r.convert(d["window"], "window", parse_duration) if d.get("window") is not None else None,
     )
     if cfg.scrape_timeout > cfg.scrape_interval:
         raise r.fail("scrape_timeout", f"{cfg.scrape_timeout:g}s exceeds scrape_interval {cfg.scrape_interval:g}s")

@@ -61,7 +61,7 @@ def test_full_config_is_parsed_into_frozen_values(tmp_path: Path) -> None:
 
 def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, "{}\n"))
-    assert (cfg.listen_address, cfg.scrape_interval, cfg.window) == ("127.0.0.1:9400", 5.0, 300.0)
+    assert (cfg.listen_address, cfg.scrape_interval, cfg.window) == ("127.0.0.1:9400", 5.0, None)
     assert cfg.http_records.enabled and cfg.http_records.bearer_token is None
     over = cfg.with_overrides(listen_address="127.0.0.1:0", log_level=None)
     assert over.listen_address == "127.0.0.1:0" and over.log_level == "info"
