@@ -1,0 +1,312 @@
+"""Request records (``prefixscope.request/v1``): NDJSON parsing, validation and a file tailer.
+
+``parse_ndjson`` is pure: bytes in, valid records and per-line errors out. The schema is
+compiled once. Most records are valid, so each is first checked by a fast path compiled from
+the same schema file (required fields, and type/bounds/enum of the fields present); only a
+record the fast path does not accept goes through the full ``jsonschema`` validator, which
+then decides and words the error. The fast path never accepts what the validator rejects
+for this flat schema, so the answer is the validator's either way.
+
+The HTTP edge maps :class:`BodyTooLarge` to 413 and "nothing valid" (``records == []`` and
+``errors``) to 400; :func:`deliver` hands the result to the sink and counts it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from exporter.health import Health
+from exporter.model import StateSink
+
+log = logging.getLogger("prefixscope.records")
+
+SOURCE = "records"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "request.v1.json"
+SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+STATUS_TOO_LARGE = 413
+STATUS_NOTHING_VALID = 400
+MAX_ERRORS_REPORTED = 50  # per body: a sender gets the first ones, all are counted
+
+
+class BodyTooLarge(ValueError):
+    """The body exceeds the configured limit (HTTP 413)."""
+
+    status = STATUS_TOO_LARGE
+
+
+@dataclass(frozen=True, slots=True)
+class RecordError:
+    line: int  # 1-based line of the body
+    kind: str  # json, not_object, schema
+    error: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "error": self.error}
+
+
+# ---- the fast path, compiled from the schema ----------------------------------------------
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "array": (list,), "object": (dict,), "null": (type(None),),
+}
+Check = Callable[[Any], bool]
+
+
+def _type_ok(value: Any, types: tuple[str, ...]) -> bool:
+    for t in types:
+        if t == "null" and value is None:
+            return True
+        if t == "boolean":
+            if type(value) is bool:
+                return True
+        elif isinstance(value, _JSON_TYPES[t]) and type(value) is not bool:
+            return True
+    return False
+
+
+def _compile_property(spec: dict[str, Any]) -> Check | None:
+    """A predicate for one property, or None if the schema uses keywords we do not fast-check."""
+    known = {"type", "minimum", "maximum", "minLength", "maxLength", "enum", "items", "description", "const"}
+    if set(spec) - known:
+        return None
+    raw = spec.get("type")
+    types = (raw,) if isinstance(raw, str) else tuple(raw or ())
+    lo, hi = spec.get("minimum"), spec.get("maximum")
+    min_len, max_len = spec.get("minLength"), spec.get("maxLength")
+    enum = spec.get("enum")
+    has_const, const = "const" in spec, spec.get("const")
+    items = _compile_property(spec["items"]) if "items" in spec else None
+    if "items" in spec and items is None:
+        return None
+
+    def check(v: Any) -> bool:
+        if types and not _type_ok(v, types):
+            return False
+        if has_const and v != const:
+            return False
+        if enum is not None and v not in enum:
+            return False
+        if isinstance(v, int | float) and type(v) is not bool and (
+                (lo is not None and v < lo) or (hi is not None and v > hi)):
+            return False
+        if isinstance(v, str) and ((min_len is not None and len(v) < min_len) or (max_len is not None and len(v) > max_len)):
+            return False
+        return not (items is not None and isinstance(v, list) and not all(map(items, v)))
+
+    return check
+
+
+def _compile(schema: dict[str, Any]) -> Callable[[Any], bool]:
+    props = {name: _compile_property(spec) for name, spec in schema.get("properties", {}).items()}
+    required = tuple(schema.get("required", ()))
+    closed = schema.get("additionalProperties", True) is False
+    if any(c is None for c in props.values()):
+        return lambda _rec: False  # the schema outgrew the fast path: always ask the validator
+
+    def fast_ok(rec: Any) -> bool:
+        if type(rec) is not dict:
+            return False
+        for name in required:
+            if name not in rec:
+                return False
+        for name, value in rec.items():
+            check = props.get(name)
+            if check is None:
+                if closed:
+                    return False
+            elif not check(value):
+                return False
+        return True
+
+    return fast_ok
+
+
+FAST_OK = _compile(SCHEMA)
+
+
+def validate(record: Any) -> str | None:
+    """None if the record is valid, else the validator's message (with the field's path)."""
+    if FAST_OK(record):
+        return None
+    error = jsonschema.exceptions.best_match(VALIDATOR.iter_errors(record))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")  # NaN/Infinity would poison every sum downstream
+
+
+def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[dict], list[RecordError]]:
+    records: list[dict] = []
+    errors: list[RecordError] = []
+    loads = json.loads
+    for i, line in enumerate(lines, first_line):
+        if not line.strip():
+            continue
+        try:
+            rec = loads(line, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError) as exc:
+            errors.append(RecordError(i, "json", f"invalid JSON: {exc}"))
+            continue
+        if type(rec) is not dict:
+            errors.append(RecordError(i, "not_object", f"expected a JSON object, got {type(rec).__name__}"))
+            continue
+        if FAST_OK(rec):
+            records.append(rec)
+            continue
+        message = validate(rec)
+        if message is None:
+            records.append(rec)
+        else:
+            errors.append(RecordError(i, "schema", message))
+    return records, errors
+
+
+def parse_ndjson(body: bytes, limit: int) -> tuple[list[dict], list[RecordError]]:
+    """Split an NDJSON body into valid records and per-line errors; BodyTooLarge past ``limit``."""
+    if len(body) > limit:
+        raise BodyTooLarge(f"body of {len(body)} bytes exceeds the limit of {limit} bytes")
+    return parse_lines(body.split(b"\n"))
+
+
+def deliver(records: list[dict], errors: list[RecordError], sink: StateSink, health: Health,
+            transport: str, received_at: float, where: str = "") -> None:
+    """Hand valid records to the sink; count them and every rejected line by kind."""
+    if records:
+        sink.ingest_records(records, received_at)
+        health.inc("prefixscope_records_ingested", (transport,), len(records))
+    by_kind: dict[str, list[RecordError]] = {}
+    for e in errors:
+        by_kind.setdefault(e.kind, []).append(e)
+    for kind, errs in by_kind.items():
+        first = errs[0]
+        health.error(SOURCE, kind, f"{transport}{' ' + where if where else ''} line {first.line}: {first.error}", len(errs))
+
+
+# ---- file tail ----------------------------------------------------------------------------
+class RecordFileTail:
+    """Follow an NDJSON file: appends, truncation and rotation; a partial last line waits.
+
+    Rotation (the path now names another file) is noticed by inode: the old file is read to its
+    end first, so no complete line is lost. Truncation (the file got shorter) restarts at 0.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], sink: StateSink, health: Health, *,
+                 poll_interval: float = 0.25, max_line_bytes: int = 1 << 20,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.sink = sink
+        self.health = health
+        self.poll_interval = poll_interval
+        self.max_line_bytes = max_line_bytes
+        self.clock = clock
+        self._fh: Any = None
+        self._ino: tuple[int, int] | None = None
+        self._offset = 0
+        self._partial = b""
+        self._line = 0  # lines consumed from the current file, for error messages
+        self._skipping = False  # inside an over-long line: drop bytes up to its newline
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._missing_logged = False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"prefixscope-tail-{self.path.name}", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._close_file()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception as exc:  # keep tailing: a bug on one chunk must not stop intake
+                log.exception("tailing %s failed", self.path)
+                self.health.error(SOURCE, "tail", f"{self.path}: {type(exc).__name__}: {exc}")
+            self._stop.wait(self.poll_interval)
+
+    def _close_file(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _open(self) -> bool:
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 - held open across polls on purpose
+        except FileNotFoundError:
+            if not self._missing_logged:
+                log.info("waiting for %s to appear", self.path)
+                self._missing_logged = True
+            return False
+        st = os.fstat(fh.fileno())
+        self._fh, self._ino = fh, (st.st_dev, st.st_ino)
+        self._offset, self._partial, self._line, self._skipping = 0, b"", 0, False
+        self._missing_logged = False
+        return True
+
+    def poll_once(self) -> int:
+        """Read what is new; returns the number of records delivered."""
+        if self._fh is None and not self._open():
+            return 0
+        delivered = self._read_to_end()
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return delivered  # rotated away and not yet recreated: keep the old file until it is
+        if (st.st_dev, st.st_ino) != self._ino:
+            delivered += self._read_to_end()  # lines written to the old file just before rotation
+            if self._partial:
+                self._deliver_lines([self._partial])  # the old file is finished: its last line is whole
+            self._close_file()
+            if self._open():
+                delivered += self._read_to_end()
+        elif st.st_size < self._offset:
+            log.info("%s was truncated; reading from its start", self.path)
+            self._fh.seek(0)
+            self._offset, self._partial, self._line, self._skipping = 0, b"", 0, False
+            delivered += self._read_to_end()
+        return delivered
+
+    def _read_to_end(self) -> int:
+        chunk = self._fh.read()
+        if not chunk:
+            return 0
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        if self._skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                self._partial = b""
+                return 0
+            data, self._skipping = data[end + 1:], False
+            self._line += 1
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # after the last newline: incomplete until one follows
+        if len(self._partial) > self.max_line_bytes:
+            self.health.error(SOURCE, "line_too_long", f"{self.path}: a line exceeds {self.max_line_bytes} bytes; dropped")
+            self._partial, self._skipping = b"", True
+        return self._deliver_lines(lines)
+
+    def _deliver_lines(self, lines: list[bytes]) -> int:
+        records, errors = parse_lines(lines, self._line + 1)
+        self._line += len(lines)
+        deliver(records, errors, self.sink, self.health, "file", self.clock(), str(self.path))
+        return len(records)
