@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter import catalog
+from exporter import __version__, catalog
 from exporter.health import Health
 from exporter.model import (
     AllBlocksCleared,
@@ -169,6 +169,7 @@ class ClusterState:
 
     def _expire(self) -> None:
         now = self.now
+        self._sample_health()
         self.win.expire(now)
         for hw in self.hwin.values():
             hw.expire(now)
@@ -250,7 +251,6 @@ class ClusterState:
             for ev in batch.events:
                 if isinstance(ev, BlockStored) and ev.block_size:
                     w.block_size = w.block_size or ev.block_size
-            self._sample_health()
             self._update_pool(received_at)
             self._expire()
         lab = (batch.worker,)
@@ -601,3 +601,77 @@ class ClusterState:
     def workers_seen(self) -> Iterable[str]:
         names = set(self.workers) | set(self.index.workers)
         return sorted(names)
+
+    # ---- current series (the collector renders them; the checks read them) ---------------------
+    def series(self) -> Series:
+        """Every catalogue series as plain data, from the state and the exporter's Health."""
+        out = Series()
+        h_counters, h_gauges = self.health.snapshot()
+        for name, s in self.cum.counters.items():
+            out.counters[name] = dict(s)
+        for name, s in h_counters.items():
+            out.counters.setdefault(name, {}).update(s)
+        for name, s in h_gauges.items():
+            out.gauges[name] = dict(s)
+        for name, s in self.cum.histograms.items():
+            out.histograms[name] = {k: list(v) for k, v in s.items()}
+        g = out.gauges
+        for w in self.workers_seen():
+            info = self.workers.get(w)
+            snap = info.snapshot if info else None
+            if snap is not None and snap.kv_usage_ratio is not None:
+                g.setdefault(f"{P}_worker_kv_cache_usage_ratio", {})[(w, snap.model or UNKNOWN)] = snap.kv_usage_ratio
+            cap = self.worker_capacity(w)
+            if cap is not None:
+                g.setdefault(f"{P}_worker_capacity_blocks", {})[(w,)] = float(cap)
+            if (info and info.block_size) or self.topology is not None:
+                g.setdefault(f"{P}_worker_block_size_tokens", {})[(w,)] = float(self.worker_block_size(w))
+        for w, n in self.index.resident_by_worker().items():
+            g.setdefault(f"{P}_worker_resident_blocks", {})[(w,)] = float(n)
+        for w, u in self.warm_pool_utilization().items():
+            g.setdefault(f"{P}_warm_pool_utilization_ratio", {})[(w,)] = u
+        values = self.effective_cache_values()
+        ranks = self.removal_ranks(values)
+        g[f"{P}_worker_effective_cache_value_tokens"] = {(w,): v for w, v in values.items()}
+        g[f"{P}_worker_removal_rank"] = {(w,): float(r) for w, r in ranks.items()}
+        stats = self.index.stats()
+        g[f"{P}_prefix_tree_root_fanout"] = {(): float(stats.root_fanout)}
+        g[f"{P}_prefix_tree_nodes"] = {(): float(stats.nodes)}
+        g[f"{P}_prefix_tree_blocks"] = {(): float(stats.blocks)}
+        g[f"{P}_worker_pool_size"] = {(): float(len(self.pool))}
+        out.counters.setdefault(f"{P}_worker_pool_changes", {}).setdefault((), 0.0)
+        if self.pool_changes and self.pool_changes[-1].reshuffled_share is not None:
+            g[f"{P}_session_reshuffle_ratio"] = {(): self.pool_changes[-1].reshuffled_share}
+        g[f"{P}_fallback_active"] = {(t,): v for t, v in self.fallback_active().items()}
+        g[f"{P}_hot_branch_hit_tokens"] = {(str(i + 1), branch_label(b)): tok
+                                         for i, (b, tok, _s) in enumerate(self.hot_branches())}
+        for snap in self.routers.values():
+            for w, v in snap.decisions.items():
+                out.counters.setdefault(f"{P}_router_decisions", {})[(snap.router, w)] = v
+            for o, v in snap.prefix_outcomes.items():
+                out.counters.setdefault(f"{P}_router_prefix_outcomes", {})[(snap.router, o)] = v
+            for w, v in snap.healthy.items():
+                g.setdefault(f"{P}_router_worker_healthy", {})[(snap.router, w)] = v
+        signals = self._signals()
+        g[f"{P}_signal_available"] = {(s,): 1.0 if v else 0.0 for s, v in signals.items()}
+        g[f"{P}_exporter_build_info"] = {(__version__,): 1.0}
+        gh = out.gaugehistograms
+        gh[f"{P}_session_hit_ratio"] = self.session_hit_ratios()
+        gh[f"{P}_prefix_tree_leaf_depth"] = stats.leaf_depths
+        gh[f"{P}_prefix_tree_leaf_block_depth"] = stats.leaf_block_depths
+        gh[f"{P}_prefix_tree_node_fanout"] = stats.fanouts
+        gh[f"{P}_prefix_tree_block_replicas"] = stats.replicas
+        out.signals = signals
+        return out
+
+
+@dataclass
+class Series:
+    """Current values: counters and gauges per label values, histogram rows
+    ([per-bucket counts..., +Inf, sum]) and gauge-histogram observations (values or value counts)."""
+
+    counters: dict[str, dict[LabelValues, float]] = field(default_factory=dict)
+    gauges: dict[str, dict[LabelValues, float]] = field(default_factory=dict)
+    histograms: dict[str, dict[LabelValues, list[float]]] = field(default_factory=dict)
+    gaugehistograms: dict[str, Any] = field(default_factory=dict)
+    signals: dict[str, bool] = field(default_factory=dict)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections import deque
-from collections.abc import Hashable, Sequence
+from collections import Counter, deque
+from collections.abc import Hashable, Iterable, Sequence
 
 LabelValues = tuple[str, ...]
 
@@ -144,3 +144,14 @@ class Cumulative:
 
     def counter(self, metric: str, labels: LabelValues) -> float:
         return self.counters.get(metric, {}).get(labels, 0.0)
+
+
+def bucket_counts(bounds: Sequence[float], values: Iterable[float] | Counter) -> tuple[list[int], float]:
+    """Per-bucket counts (last = +Inf) and sum of observations given as values or a value→count map."""
+    tally = values if isinstance(values, Counter) else Counter(values)  # C-level counting first
+    counts = [0] * (len(bounds) + 1)
+    total = 0.0
+    for v, n in tally.items():
+        counts[bucket_index(bounds, v)] += n
+        total += v * n
+    return counts, total

@@ -1,0 +1,174 @@
+"""Evaluate every catalogue check on the exporter's own windows, and walk the diagnosis chain.
+
+Each check's value is the catalogue's PromQL (or the recording rule it names) computed in
+Python over the state's windows — numerator and denominator summed over the window before
+dividing, quantiles on the same bucket layouts — so /api/v1/groups agrees with Prometheus.
+Status is instantaneous (``for`` durations are Prometheus's business). A check whose signal
+is missing, or that has no data in the window, is ``not_instrumented``: never 0, never ok.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter import catalog
+from exporter.state import ClusterState, Series
+from exporter.thresholds import threshold_value
+from exporter.windows import bucket_counts, histogram_quantile
+
+OK, FIRING, NOT_INSTRUMENTED = "ok", "firing", "not_instrumented"
+# Checks whose firing names a cause inside step 1; the global hit rate is only the symptom.
+SYMPTOM = "prefix_hit_rate_total"
+
+_DURATIONS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATIO = re.compile(r"^sum \(rate\((\w+)_total\[\w+\]\)\) / sum \(rate\((\w+)_total\[\w+\]\)\)$")
+_RATE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \(rate\((\w+)_bucket(\{[^}]*\})?\[(\d+)([smh])\]\)\)\)$")
+_GAUGE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \((\w+)_bucket\)\)$")
+_PER_MINUTE = re.compile(r"^sum\(rate\((\w+)_total\[\w+\]\)\) \* 60$")
+_INCREASE = re.compile(r"^sum\(increase\((\w+)_total\[\w+\]\)\)$")
+_RATE = re.compile(r"^sum\(rate\((\w+)_total\[\w+\]\)\)$")
+_AGG = re.compile(r"^(avg|min|max)\(([\w:]+)\)$")
+_AGE = re.compile(r"^max\(time\(\) - (\w+)\)$")
+_PER_WORKER_RATIO = re.compile(r"^(\w+) / on \(worker\) (\w+)$")
+_MATCHER = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass
+class CheckResult:
+    check: catalog.Check
+    value: float | None
+    threshold: float
+    baseline: float | None
+    status: str
+    missing_signals: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Evaluation:
+    evaluated_at: float
+    window_s: float
+    signals: dict[str, bool]
+    results: dict[str, CheckResult]
+    step_status: dict[int, str]
+    verdict: dict[str, Any] | None
+    reuse: dict[str, float | None]
+
+
+class _Evaluator:
+    """Computes a catalogue expression on the state; None means no data."""
+
+    def __init__(self, state: ClusterState, series: Series, now: float) -> None:
+        self.state, self.series, self.now = state, series, now
+
+    def value(self, expr: str) -> float | None:
+        rule = catalog.RULES_BY_NAME.get(expr)
+        if rule is not None:
+            expr = rule.expr
+        st = self.state
+        if m := _RATIO.match(expr):
+            num, den = st.window_counter(m[1]), st.window_counter(m[2])
+            return (num or 0.0) / den if den else None
+        if m := _RATE_QUANTILE.match(expr):
+            window = float(m[4]) * _DURATIONS[m[5]]
+            where = _label_filter(m[2], m[3]) if m[3] else None
+            got = st.window_buckets(m[2], window, where)
+            return histogram_quantile(float(m[1]), got[0], got[1]) if got else None
+        if m := _GAUGE_QUANTILE.match(expr):
+            metric = catalog.METRICS_BY_NAME[m[2]]
+            obs = self.series.gaugehistograms.get(m[2])
+            if not obs or metric.buckets is None:
+                return None
+            counts, _ = bucket_counts(metric.buckets, obs)
+            return histogram_quantile(float(m[1]), metric.buckets, counts)
+        if m := _PER_MINUTE.match(expr):
+            total = st.window_counter(m[1])
+            return None if total is None else total / st.window_s * 60.0
+        if m := _INCREASE.match(expr):
+            return st.health_increase(m[1])
+        if m := _RATE.match(expr):
+            inc = st.health_increase(m[1])
+            return None if inc is None else inc / st.window_s
+        if m := _AGE.match(expr):
+            vals = self.series.gauges.get(m[1], {}).values()
+            return max(self.now - v for v in vals) if vals else None
+        if m := _AGG.match(expr):
+            vals = list(self._vector(m[2]).values())
+            if not vals:
+                return None
+            return {"avg": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}[m[1]]
+        raise ValueError(f"the exporter cannot evaluate {expr!r}: extend exporter/checks.py")
+
+    def _vector(self, name: str) -> dict[tuple, float]:
+        rule = catalog.RULES_BY_NAME.get(name)
+        if rule is not None and (m := _PER_WORKER_RATIO.match(rule.expr)):
+            num, den = self.series.gauges.get(m[1], {}), self.series.gauges.get(m[2], {})
+            return {k: v / den[k] for k, v in num.items() if den.get(k)}
+        return self.series.gauges.get(name, {})
+
+
+def _label_filter(metric: str, matchers: str) -> Callable[[tuple[str, ...]], bool]:
+    names = catalog.METRICS_BY_NAME[metric].labels
+    wanted = [(names.index(k), v) for k, v in _MATCHER.findall(matchers)]
+    return lambda labels: all(labels[i] == v for i, v in wanted)
+
+
+def _status(check: catalog.Check, value: float | None, limit: float | None) -> str:
+    if value is None or limit is None:
+        return NOT_INSTRUMENTED
+    return FIRING if (value < limit if check.op == "<" else value > limit) else OK
+
+
+def evaluate(state: ClusterState, now: float | None = None) -> Evaluation:
+    """All checks, per-step status, the verdict and the reuse decomposition, in one pass."""
+    return state.snapshot_for(lambda st: _evaluate(st, now))
+
+
+def _evaluate(state: ClusterState, now: float | None) -> Evaluation:
+    series = state.series()
+    t = state.clock() if now is None else now
+    ev = _Evaluator(state, series, t)
+    signals = series.signals
+    results: dict[str, CheckResult] = {}
+    for check in catalog.CHECKS:
+        missing = [s for s in check.signals if not signals.get(s, False)]
+        thr = threshold_value(state.thresholds, check)
+        value = baseline = None
+        if not missing:
+            value = ev.value(check.value)
+            if check.baseline is not None:
+                baseline = ev.value(check.baseline)
+        limit = thr * baseline if check.baseline is not None and baseline is not None else (
+            None if check.baseline is not None else thr)
+        results[check.key] = CheckResult(check, value, thr, baseline, _status(check, value, limit), missing)
+    step_status: dict[int, str] = {}
+    verdict = None
+    for step in catalog.STEPS:
+        own = [r for r in results.values() if r.check.group == step.number]
+        statuses = {r.status for r in own}
+        step_status[step.number] = (FIRING if FIRING in statuses else OK if OK in statuses else NOT_INSTRUMENTED)
+        causes = [r.check.key for r in own if r.status == FIRING and r.check.key != SYMPTOM]
+        if verdict is None and causes:
+            verdict = {"step": step.number, "title": step.title, "checks": causes}
+    return Evaluation(t, state.window_s, signals, results, step_status, verdict, _reuse(state))
+
+
+def _reuse(state: ClusterState) -> dict[str, float | None]:
+    """Window sums of the reuse decomposition (None where no record carried the field)."""
+    p = catalog.NAMESPACE
+
+    def w(name: str) -> float | None:
+        return state.window_counter(f"{p}_{name}")
+
+    prompt, avail, pred, ach = (w("request_prompt_tokens"), w("reuse_available_tokens"),
+                                w("reuse_predicted_tokens"), w("reuse_achieved_tokens"))
+    return {
+        "prompt_tokens": prompt,
+        "available_tokens": avail,
+        "predicted_tokens": pred,
+        "achieved_tokens": ach,
+        "routing_regret_tokens": max(0.0, avail - ach) if avail is not None and ach is not None else None,
+        "index_staleness_tokens": w("index_staleness_tokens"),
+    }
