@@ -18,7 +18,8 @@ from exporter.catalog import CHECKS_BY_ALERT, STEPS
 REPO_ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS_FILE = REPO_ROOT / "alerts" / "thresholds.yaml"
 RUNBOOK_DIR = REPO_ROOT / "runbooks"
-# The generated Grafana dashboard that holds one row per diagnosis step.
+GENERATED_RULES = REPO_ROOT / "alerts" / "generated" / "prefixscope.rules.yaml"
+# The generated Grafana dashboard with one row per diagnosis step (dashboards/diagnosis_chain).
 DASHBOARD_UID = "prefixscope-diagnosis-chain"
 
 
@@ -49,9 +50,24 @@ def runbook_url(alert: str, thresholds: Thresholds | None = None) -> str | None:
     return (thresholds or load_thresholds()).runbook_url_base + f"{check.alert}.md"
 
 
-def dashboard_url(step: int, thresholds: Thresholds | None = None) -> str:
-    """The diagnosis dashboard, scrolled to the step's row (Grafana's ``#<row title>`` anchor)."""
-    row = next((s.dashboard_row for s in STEPS if s.number == step), "")
+@lru_cache(maxsize=1)
+def _generated_annotations() -> dict[str, dict]:
+    """Alert name -> annotations of the generated rule file (it knows each alert's panel id)."""
+    try:
+        doc = yaml.safe_load(GENERATED_RULES.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    return {str(r["alert"]): dict(r.get("annotations") or {})
+            for g in doc.get("groups") or [] for r in g.get("rules") or [] if "alert" in r}
+
+
+def dashboard_url(alert: str, thresholds: Thresholds | None = None) -> str:
+    """The alert's Grafana panel (as the generated rules link it), else its step's dashboard row."""
+    url = _generated_annotations().get(alert, {}).get("dashboard_url")
+    if url:
+        return str(url)
+    check = CHECKS_BY_ALERT.get(alert)
+    row = next((s.dashboard_row for s in STEPS if check is not None and s.number == check.group), "")
     base = (thresholds or load_thresholds()).dashboard_url_base
     return f"{base}{DASHBOARD_UID}?orgId=1#{quote(row)}"
 

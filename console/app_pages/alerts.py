@@ -33,6 +33,5 @@ for g in groups:
                    "since": r.active_at or "—", "value": r.value, "summary": r.summary} for r in g.rows])
         if g.known:
             links = f"[runbook]({runbook_url(g.alertname, thresholds)}) · [read here](./runbook?alert={g.alertname})"
-            if g.step is not None:
-                links += f" · [Grafana panel]({dashboard_url(g.step, thresholds)})"
+            links += f" · [Grafana panel]({dashboard_url(g.alertname, thresholds)})"
             st.markdown(links)

@@ -55,7 +55,7 @@ for step in chain.steps:
             role = "" if c.cause else (" _(symptom)_" if c.check.kind != "slo" else " _(SLO)_")
             text.markdown(ui.check_line(c) + role)
             runbook = runbook_url(c.check.alert, thresholds)
-            text.markdown(f"[Grafana panel]({dashboard_url(step.number, thresholds)}) · "
+            text.markdown(f"[Grafana panel]({dashboard_url(c.check.alert, thresholds)}) · "
                           f"[runbook]({runbook}) · [read here](./runbook?alert={c.check.alert})")
             if sparkline_url:
                 try:

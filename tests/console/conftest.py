@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import requests
 import streamlit as st
+import yaml
 from prometheus_client import CollectorRegistry
 
+from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
+from exporter.catalog import SIGNALS
 from exporter.server import ExporterServer, ServerDeps
-from tests.console import payloads
+from tests.console import backfill, payloads
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
 
 
 @pytest.fixture(autouse=True)
@@ -36,10 +46,7 @@ def exporter_url() -> Iterator[str]:
 @pytest.fixture
 def closed_url() -> str:
     """A URL on 127.0.0.1 where nothing listens (the port was free a moment ago)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{_free_port()}"
 
 
 @pytest.fixture
@@ -47,3 +54,65 @@ def exporter_only(monkeypatch: pytest.MonkeyPatch, exporter_url: str) -> str:
     monkeypatch.setenv(EXPORTER_ENV, exporter_url)
     monkeypatch.delenv(PROMETHEUS_ENV, raising=False)
     return exporter_url
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Real Prometheus on 127.0.0.1 with the generated rules and a backfilled cluster.
+
+    The generated alerts keep their expressions but get ``for: 0s``: the test cannot wait
+    minutes for them, and ``for`` is Prometheus's job, not the console's.
+    """
+    for tool in (PROMETHEUS, PROMTOOL):
+        if not Path(tool).exists():
+            pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
+    if not GENERATED_RULES.exists():
+        pytest.skip("alerts/generated/prefixscope.rules.yaml is missing (run prefixscope generate)")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    rules = yaml.safe_load(GENERATED_RULES.read_text(encoding="utf-8"))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["for"] = "0s"
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(rules), encoding="utf-8")
+    (tmp / "prometheus.yml").write_text(
+        "global: {scrape_interval: 15s, evaluation_interval: 1s}\nrule_files: [rules.yaml]\n", encoding="utf-8")
+    (tmp / "backfill.om").write_text(backfill.openmetrics(list(SIGNALS), time.time() - 2), encoding="utf-8")
+    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "backfill.om"), str(tmp / "data")],
+                   check=True, capture_output=True, timeout=60)
+    port = _free_port()
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d"],
+                            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_alerts(url, {"PrefixHitRateLow", "PrefixStickyCollisionsHigh"}, proc, tmp)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for_alerts(url: str, names: set[str], proc: subprocess.Popen, tmp: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited: {(tmp / 'prometheus.log').read_text()[-2000:]}")
+        try:
+            alerts = requests.get(f"{url}/api/v1/alerts", timeout=2).json()["data"]["alerts"]
+            if names <= {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}:
+                return
+        except (requests.RequestException, ValueError, KeyError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"alerts {sorted(names)} did not fire within {timeout}s")

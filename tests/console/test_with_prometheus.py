@@ -1,0 +1,82 @@
+"""The console against a real Prometheus: generated rules over a backfilled cluster."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from console import promql
+from console.prom import PrometheusClient
+from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
+from tests.console import backfill
+from tests.console.test_pages import APP, metrics, texts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def both(monkeypatch: pytest.MonkeyPatch, exporter_url: str, prometheus_url: str) -> str:
+    monkeypatch.setenv(EXPORTER_ENV, exporter_url)
+    monkeypatch.setenv(PROMETHEUS_ENV, prometheus_url)
+    return prometheus_url
+
+
+def run(page: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    if page is not None:
+        at.switch_page(f"app_pages/{page}.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_hostile_label_values_do_not_change_the_query(prometheus_url: str) -> None:
+    prom = PrometheusClient(prometheus_url)
+    assert [s.value for s in prom.query(promql.selector("prefixscope_up", {"target": "w0"}))] == [1.0]
+    # Unescaped, this value would end the matcher and append `or vector(1)`: one sample of 1.
+    assert prom.query(promql.selector("prefixscope_up", {"target": 'x"} or vector(1) #'})) == []
+    assert prom.query(promql.selector("prefixscope_up", {"target": 'w0"}) or prefixscope_up{target="w0'})) == []
+    # A real label value with a quote, a backslash and a newline is matched exactly.
+    weird = prom.query(promql.selector("prefixscope_up", {"target": backfill.WEIRD_TARGET}))
+    assert [s.labels["target"] for s in weird] == [backfill.WEIRD_TARGET]
+
+
+def test_diagnosis_from_recording_rules_and_firing_alerts(both: str) -> None:
+    at = run()
+    assert not any("Prometheus" in w.value for w in at.warning)  # no fallback banner
+    assert at.error[0].value.startswith("Verdict: step 2 — Affinity.")
+    body = texts(at)
+    assert "Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — 🔴 FIRING" in body
+    assert "**Sticky-session collisions**: 12.0% (alert when > 5.0%) — 🔴 FIRING" in body
+    assert "**Session hit rate (follow-up turns)**: 86.0% (alert when < 80.0%) — 🟢 ok" in body
+    assert "**Resident blocks vs capacity**: 72.0% (alert when > 90.0%) — 🟢 ok" in body
+    assert "**Prefix-tree depth p99**: 3.96 (alert when > 32) — 🟢 ok" in body
+    assert "**Session migrations per minute**: 4.0/min (alert when > 100.0/min) — 🟢 ok" in body
+    assert "**Topology-aware placement**: 95.0% (alert when < 90.0%) — 🟢 ok" in body
+    assert "### Step 3 — Cold-miss cost · ⚪ not instrumented" in body
+    assert "**Router tree-walk p99**: — (alert when > 5.0 ms) — ⚪ not instrumented · missing signal: walk_latency" in body
+    assert "**MoE expert alignment**: — (alert when < 70.0%) — ⚪ not instrumented · missing signal: expert_signature" in body
+    assert "?viewPanel=" in body  # panel links come from the generated rules
+    assert metrics(at) == {"Available": "80.0%", "Predicted": "42.0%", "Achieved": "40.0%",
+                           "Routing regret": "40.0%", "Index staleness": "2.0%"}
+    assert at.info[0].value.startswith("Routing: 80% was reusable somewhere but only 40% was achieved")
+
+
+def test_alerts_page_groups_prometheus_alerts(both: str) -> None:
+    at = run("alerts")
+    assert not at.warning
+    assert metrics(at)["Firing alert groups"] == "2"
+    headings = [m.value for m in at.markdown if m.value.startswith("### ")]
+    assert headings == ["### PrefixHitRateLow · warning · step 1 · 1 firing",
+                        "### PrefixStickyCollisionsHigh · warning · step 2 · 1 firing"]
+    assert "Shared labels: `severity=warning`, `step=2`" in texts(at)
+
+
+def test_workers_page_shows_migrations_by_kind(both: str) -> None:
+    at = run("workers")
+    assert metrics(at)["Session migrations per minute"] == "4.0/min"
+    moves = at.dataframe[-1].value
+    rows = moves.set_index("kind").round(3)
+    assert rows.loc["soft"].tolist() == [4.0, 1.0]
+    assert rows.loc["hard", "session_migrations_per_min"] == 0.0
+    assert pd.isna(rows.loc["hard", "cross_node_per_min"])  # no cross-node hard series: missing, not 0
