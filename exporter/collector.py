@@ -27,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporter import catalog
+from exporter.health import Health
 from exporter.state import ClusterState, Series
 from exporter.windows import bucket_counts
 
@@ -76,11 +77,16 @@ def families(series: Series) -> Iterator[Metric]:
         yield fam
 
 
-class StateCollector(Collector):
-    """prometheus_client custom collector over a ``ClusterState`` (register it on a private registry)."""
+class PrefixscopeCollector(Collector):
+    """prometheus_client custom collector over a ``ClusterState`` (register it on a private registry).
 
-    def __init__(self, state: ClusterState) -> None:
+    ``health`` defaults to the state's own; it is accepted so callers can name what they wire.
+    """
+
+    def __init__(self, state: ClusterState, health: Health | None = None) -> None:
         self.state = state
+        if health is not None and health is not state.health:
+            raise ValueError("the collector renders the state's Health; pass the same instance")
 
     def collect(self) -> Iterator[Metric]:
         series = self.state.snapshot_for(lambda st: st.series())

@@ -82,6 +82,7 @@ class PrefixIndex:
         self._free_ids: list[int] = []
         self.version = 0
         self._stats: TreeStats | None = None
+        self._stats_keep = 0
 
     # ---- worker table ------------------------------------------------------------------
     def _worker_id(self, worker: str) -> int:
@@ -217,8 +218,10 @@ class PrefixIndex:
     # ---- statistics ----------------------------------------------------------------------
     def stats(self, keep_children_depth: int = 4) -> TreeStats:
         """Tree statistics in one pass (cached until the next change)."""
-        if self._stats is not None and self._stats.version == self.version:
-            return self._stats
+        cached = self._stats
+        if cached is not None and cached.version == self.version and self._stats_keep >= keep_children_depth:
+            return cached
+        self._stats_keep = keep_children_depth
         parent, mask = self._parent, self._mask
         nchildren: Counter[int] = Counter(parent.values())
         root_fanout = nchildren.get(ROOT, 0)

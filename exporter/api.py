@@ -1,0 +1,234 @@
+"""Pure builders of the /api/v1 payloads (groups, tree, hotspots, changes) as docs/api.md documents.
+
+Each builder takes the state and the query parameters and returns the ``data`` part of the
+answer; a bad parameter raises :class:`ApiError` (the HTTP edge answers 400). Values without a
+source are ``None`` (null), never 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from exporter import catalog
+from exporter.checks import evaluate
+from exporter.prefix_index import ROOT
+from exporter.server import BadRequest
+from exporter.state import ClusterState, branch_label
+from exporter.windows import bucket_counts, histogram_quantile
+
+P = catalog.NAMESPACE
+
+
+# The HTTP edge answers this exception with 400.
+ApiError = BadRequest
+
+
+def _int(query: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(f"{name}: expected an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ApiError(f"{name}: must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _float(query: Mapping[str, str], name: str) -> float | None:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ApiError(f"{name}: expected Unix seconds, got {raw!r}") from None
+
+
+def groups(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    ev = evaluate(state)
+    base = state.thresholds.runbook_url_base if hasattr(state.thresholds, "runbook_url_base") else ""
+    steps = []
+    for step in catalog.STEPS:
+        checks = []
+        for r in ev.results.values():
+            if r.check.group != step.number:
+                continue
+            c = r.check
+            checks.append({
+                "key": c.key, "title": c.title, "alert": c.alert, "value": r.value, "op": c.op,
+                "threshold": r.threshold, "baseline": r.baseline, "unit": c.unit, "kind": c.kind,
+                "status": r.status, "missing_signals": r.missing_signals,
+                "runbook": f"runbooks/{c.alert}.md", "runbook_url": f"{base}{c.alert}.md" if base else None,
+            })
+        steps.append({"step": step.number, "title": step.title, "question": step.question,
+                      "status": ev.step_status[step.number], "checks": checks})
+    symptom = ev.results.get("prefix_hit_rate_total")
+    return {
+        "window_s": ev.window_s,
+        "evaluated_at": ev.evaluated_at,
+        "signals": ev.signals,
+        "steps": steps,
+        "verdict": ev.verdict,
+        "symptom": {"prefix_hit_rate_total": symptom.value if symptom else None,
+                    "firing": symptom.status == "firing" if symptom else False},
+        "reuse": ev.reuse,
+    }
+
+
+def _hex(block: int) -> str:
+    return f"{block & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def tree(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    query = query or {}
+    max_depth = _int(query, "depth", 4, 1, 16)
+    limit = _int(query, "limit", 200, 1, 10_000)
+    by = query.get("by", "hits")
+    if by not in ("hits", "blocks"):
+        raise ApiError(f"by: expected hits or blocks, got {by!r}")
+    return state.snapshot_for(lambda st: _tree(st, max_depth, limit, by))
+
+
+def _tree(st: ClusterState, max_depth: int, limit: int, by: str) -> dict[str, Any]:
+    index = st.index
+    stats = index.stats(keep_children_depth=max_depth + 1)
+    kids = stats.children
+    budget = [limit]
+
+    def run_of(first: int) -> list[int]:
+        """The blocks of one radix node: follow single children until a branch or a leaf."""
+        run = [first]
+        cur = first
+        while len(kids.get(cur, ())) == 1 and cur not in stats.branching:
+            cur = kids[cur][0]
+            run.append(cur)
+        return run
+
+    def node(first: int, depth_blocks: int, edge_depth: int) -> dict[str, Any]:
+        run = run_of(first)
+        last = run[-1]
+        hit = sum(index.hit_tokens(b) for b in run)
+        out: dict[str, Any] = {
+            "id": _hex(first), "label": f"{_hex(first)[:8]}…({len(run)} blocks)", "blocks": len(run),
+            "depth_blocks": depth_blocks + len(run), "hit_tokens": hit,
+            "resident_workers": index.holders(first), "children": [],
+        }
+        budget[0] -= 1
+        if edge_depth < max_depth:
+            out["children"] = children(kids.get(last, []), depth_blocks + len(run), edge_depth + 1)
+        return out
+
+    def children(blocks: list[int], depth_blocks: int, edge_depth: int) -> list[dict[str, Any]]:
+        key = (lambda b: -index.hit_tokens(b)) if by == "hits" else (lambda b: -len(run_of(b)))
+        out = []
+        for b in sorted(blocks, key=lambda b: (key(b), b)):
+            if budget[0] <= 0:
+                break
+            out.append(node(b, depth_blocks, edge_depth))
+        return out
+
+    root = {"id": "root", "children": children(kids.get(ROOT, []), 0, 1)}
+    depth_p99 = _p99(catalog.DEPTH_BUCKETS, stats.leaf_depths)
+    block_p99 = _p99(catalog.DEPTH_BUCKETS, stats.leaf_block_depths)
+    return {"root": root, "stats": {"nodes": stats.nodes, "blocks": stats.blocks, "root_fanout": stats.root_fanout,
+                                    "depth_p99": depth_p99, "block_depth_p99": block_p99}}
+
+
+def _p99(bounds: tuple[float, ...], values: list[int]) -> float | None:
+    counts, _ = bucket_counts(bounds, values)
+    return histogram_quantile(0.99, bounds, counts)
+
+
+def _histogram_pairs(values: Any) -> list[list[int]]:
+    tally = values if isinstance(values, Counter) else Counter(values)
+    return [[int(v), int(n)] for v, n in sorted(tally.items())]
+
+
+def hotspots(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    k = _int(query or {}, "k", state.top_k, 1, 1000)
+    return state.snapshot_for(lambda st: _hotspots(st, k))
+
+
+def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
+    index = st.index
+    stats = index.stats()
+    hot = []
+    for rank, (b, tok, sessions) in enumerate(st.hot_branches(k), start=1):
+        run = 1
+        cur = b
+        kids = stats.children
+        while len(kids.get(cur, ())) == 1 and cur not in stats.branching:
+            cur = kids[cur][0]
+            run += 1
+        hot.append({"rank": rank, "branch": branch_label(b), "hit_tokens": tok, "blocks": run,
+                    "workers": index.holders(b), "sessions": sessions})
+    reps = stats.replicas
+    total = sum(reps.values())
+    dup = {"blocks_on_1": reps.get(1, 0), "blocks_on_2": reps.get(2, 0),
+           "blocks_on_3_plus": sum(n for r, n in reps.items() if r >= 3),
+           "duplicated_share": (sum(n for r, n in reps.items() if r >= 2) / total) if total else None}
+    values = st.effective_cache_values()
+    ranks = st.removal_ranks(values)
+    workers = []
+    for w in st.workers_seen():
+        t = st._topo(w)
+        workers.append({
+            "worker": w, "resident_blocks": index.resident_blocks(w), "capacity_blocks": st.worker_capacity(w),
+            "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),
+            "node": t.node if t else None, "nvlink_domain": t.nvlink_domain if t else None,
+            "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,
+        })
+    return {"hot_branches": hot,
+            "fanout": {"buckets": _histogram_pairs(stats.fanouts), "root_fanout": stats.root_fanout},
+            "depth": {"buckets": _histogram_pairs(stats.leaf_depths)},
+            "duplication": dup, "workers": workers}
+
+
+def changes(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    query = query or {}
+    t_from, t_to = _float(query, "from"), _float(query, "to")
+    if t_from is not None and t_to is not None and t_from > t_to:
+        raise ApiError("from: must not be after to")
+    return state.snapshot_for(lambda st: _changes(st, t_from, t_to))
+
+
+def _changes(st: ClusterState, t_from: float | None, t_to: float | None) -> dict[str, Any]:
+    w = st.window_s
+    to = st.now if t_to is None else t_to
+    frm = to - w if t_from is None else t_from
+    stats = st.index.stats()
+    before = st.branch_hits(frm - w, frm, stats)
+    after = st.branch_hits(to - w, to, stats)
+    lost = []
+    for b, (tok, _s) in before.items():
+        now_tok = after.get(b, (0.0, set()))[0]
+        if now_tok < tok:
+            lost.append({"branch": branch_label(b), "before_hit_tokens": tok, "after_hit_tokens": now_tok})
+    lost.sort(key=lambda x: x["after_hit_tokens"] - x["before_hit_tokens"])
+    new_keys: dict[str, int] = {}
+    rekeys: dict[str, int] = {}
+    for ts, segment, rekeyed in st.session_events:
+        if to - w < ts <= to:
+            new_keys[segment] = new_keys.get(segment, 0) + 1
+            rekeys[segment] = rekeys.get(segment, 0) + rekeyed
+    segs = [{"segment": s, "rekeys": n, "share": n / new_keys[s]} for s, n in sorted(rekeys.items()) if n]
+    pools = [{"ts": c.ts, "before": c.before, "after": c.after, "reshuffled_share": c.reshuffled_share}
+             for c in st.pool_changes if frm - w < c.ts <= to]
+    return {"from": frm, "to": to, "lost_hits": lost[: st.top_k * 5], "rekeyed_segments": segs, "pool_changes": pools}
+
+
+BUILDERS = {"groups": groups, "tree": tree, "hotspots": hotspots, "changes": changes}
+
+
+class ApiBuilders:
+    """The JSON API over one state: ``routes()`` maps endpoint name → builder(query) for the HTTP edge."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    def routes(self) -> dict[str, Any]:
+        return {name: (lambda q, fn=fn: fn(self.state, q)) for name, fn in BUILDERS.items()}
