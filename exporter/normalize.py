@@ -192,17 +192,18 @@ def _by_label(samples: Iterable[Sample], label: str, rename: dict[str, str] | No
     return out
 
 
-def router_from_parsed(router: str, parsed: ParseResult) -> RouterSnapshot:
+def router_from_parsed(router: str, parsed: ParseResult, kind: str = "auto") -> RouterSnapshot:
+    """``kind`` "auto" detects the router from the names present; otherwise it is taken as given."""
     got = parsed.samples
     seen = [*got, *parsed.other_names]
-    if any(n.startswith("vllm_router_") for n in seen):
+    if kind == "vllm-router" or (kind == "auto" and any(n.startswith("vllm_router_") for n in seen)):
         return RouterSnapshot(
             router=router, kind="vllm-router",
             decisions=_by_label(got.get(VR_DECISIONS, ()), "worker"),
             healthy=_by_label(got.get(VR_HEALTH, ()), "worker"),
             prefix_outcomes=_by_label(got.get(VR_PREFIX, ()), "outcome", VR_OUTCOMES),
         )
-    if any(n.startswith("smg_") for n in seen):
+    if kind == "sglang-router" or (kind == "auto" and any(n.startswith("smg_") for n in seen)):
         # sglang-router exports no prefix-match outcome: prefix_outcomes stays empty (missing).
         return RouterSnapshot(
             router=router, kind="sglang-router",
@@ -212,7 +213,9 @@ def router_from_parsed(router: str, parsed: ParseResult) -> RouterSnapshot:
     raise UnrecognisedMetrics(f"no sglang-router or vllm-router metric among {parsed.lines} sample lines")
 
 
-def parse_router(router: str, text: str) -> tuple[RouterSnapshot, list[ParseError]]:
+def parse_router(router: str, text: str, kind: str = "auto") -> tuple[RouterSnapshot, list[ParseError]]:
     """Router /metrics text → snapshot and malformed lines; raises UnrecognisedMetrics."""
     parsed = promtext.parse(text, ROUTER_NAMES)
-    return router_from_parsed(router, parsed), parsed.errors
+    if kind != "auto" and not parsed.samples and not parsed.other_names:
+        raise UnrecognisedMetrics(f"no metric at all among {parsed.lines} sample lines")
+    return router_from_parsed(router, parsed, kind), parsed.errors
