@@ -626,6 +626,10 @@ class ClusterState:
                 g.setdefault(f"{P}_worker_capacity_blocks", {})[(w,)] = float(cap)
             if (info and info.block_size) or self.topology is not None:
                 g.setdefault(f"{P}_worker_block_size_tokens", {})[(w,)] = float(self.worker_block_size(w))
+        if self.topology is not None:
+            g[f"{P}_worker_info"] = {
+                (t.name, t.node, t.nvlink_domain, t.gpu_class, "true" if t.warm_pool else "false"): 1.0
+                for t in (self.topology.worker(w) for w in self.workers_seen() if w in self.topology)}
         for w, n in self.index.resident_by_worker().items():
             g.setdefault(f"{P}_worker_resident_blocks", {})[(w,)] = float(n)
         for w, u in self.warm_pool_utilization().items():

@@ -1,0 +1,89 @@
+"""ClusterState metrics against hand-computed values on crafted records and KV batches."""
+
+from exporter.health import Health
+from exporter.model import BlockStored, KvBatch
+from exporter.state import ClusterState
+from exporter.thresholds import load_thresholds
+
+P = "prefixscope"
+SYS = [1, 2]  # a shared two-block system prompt
+
+
+def make() -> ClusterState:
+    return ClusterState(Health(), load_thresholds(), window_s=300)
+
+
+def rec(ts, rid, worker, prompt, **kw):
+    return {"ts": ts, "request_id": rid, "worker": worker, "prompt_tokens": prompt, **kw}
+
+
+def test_followups_collisions_and_session_ratio():
+    st = make()
+    st.ingest_records([
+        rec(100, "a1", "w0", 64, session_key="a", cached_tokens=0),
+        rec(101, "b1", "w1", 64, session_key="b", cached_tokens=0),
+        rec(110, "a2", "w0", 100, session_key="a", cached_tokens=80),  # sticky
+        rec(120, "a3", "w1", 100, session_key="a", cached_tokens=20),  # w0 still healthy: collision
+    ], 120)
+    c = st.cum.counters
+    assert c[f"{P}_followup_requests"][("unknown",)] == 2
+    assert c[f"{P}_sticky_collisions"][("unknown",)] == 1
+    assert c[f"{P}_session_followup_prompt_tokens"][("unknown",)] == 200
+    assert c[f"{P}_session_followup_cached_tokens"][("unknown",)] == 100
+    assert st.session_hit_ratios() == [0.5]
+
+
+def test_rekey_detected_beyond_shared_system_prompt():
+    st = make()
+    st.ingest_records([
+        rec(100, "a1", "w0", 64, session_key="a", block_hashes=[*SYS, 10], segment="web"),
+        rec(101, "b1", "w0", 64, session_key="b", block_hashes=[*SYS, 20], segment="web"),  # unrelated
+        rec(102, "a2", "w0", 96, session_key="a", block_hashes=[*SYS, 10, 11, 12], segment="web"),
+        # cookie reset: the conversation of "a" continues under "c"
+        rec(103, "c1", "w0", 112, session_key="c", block_hashes=[*SYS, 10, 11, 12, 13], segment="web"),
+    ], 103)
+    assert st.cum.counters[f"{P}_session_rekeys"][("web",)] == 1
+    assert st.sessions.shared_depth == 2
+
+
+def test_reuse_decomposition_and_staleness():
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16),)), 99.0)
+    st.ingest_records([rec(100, "r", "w1", 64, block_hashes=[1, 2, 3, 4], block_size=16,
+                           cached_tokens=16, predicted_cached_tokens=40)], 100)
+    c = st.cum.counters
+    assert c[f"{P}_reuse_available_tokens"][("unknown",)] == 48
+    assert c[f"{P}_reuse_achieved_tokens"][("unknown",)] == 16
+    assert c[f"{P}_index_staleness_tokens"][("unknown",)] == 24
+
+
+def test_cold_prefill_and_miss_cost():
+    st = make()
+    st.ingest_records([
+        rec(100, "c", "w0", 1000, cached_tokens=50, prefill_s=2.0, queue_s=0.5),  # 5% reused: cold
+        rec(101, "w", "w0", 1000, cached_tokens=900, prefill_s=0.1),  # warm
+    ], 101)
+    assert st.cum.counters[f"{P}_cold_requests"][("unknown",)] == 1
+    assert st.cum.counters[f"{P}_cold_prefill_gpu_seconds"][("unknown",)] == 2.0
+    assert f"{P}_cold_prefill_cost_usd" not in st.cum.counters  # no topology: no price, no cost
+    miss = st.cum.histograms[f"{P}_prefix_miss_cost_seconds"][("unknown",)]
+    assert miss[-1] == 2.5 and sum(miss[:-1]) == 1
+
+
+def test_kv_health_counters_and_restart():
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2), 7, 16),)), 100.0)
+    h = st.health
+    assert h.counter_value(f"{P}_kv_event_unknown_parent", ("w0",)) == 1
+    assert h.gauges[f"{P}_kv_event_lag_seconds"][("w0",)] == 1.0
+    st.worker_restarted("w0")
+    assert st.index.resident_blocks("w0") == 0
+    assert h.counter_value(f"{P}_worker_restarts", ("w0",)) == 1
+
+
+def test_signals_absent_until_a_source_carries_them():
+    st = make()
+    assert not any(st.signals().values())
+    st.ingest_records([rec(100, "r", "w0", 10, walk_s=0.001)], 100)
+    s = st.signals()
+    assert s["records"] and s["walk_latency"] and not s["session_key"] and not s["kv_events"]
