@@ -1,0 +1,406 @@
+"""The reference router in front of simulated engines, and its prefix index (its *belief*).
+
+The router keeps, for stateful policies (``prefix-tree``, ``topology-aware``), a session table
+(key → anchor worker) and an index of which worker holds which block: blocks are added when it
+sends a request (optimistic) and removed by the engines' KV events. If events are lost the
+belief goes stale, and ``predicted_cached_tokens`` drifts above what the engine reports.
+
+Per request it measures its own index walk (wall time plus the injectable ``walk_delay_s``),
+follows the session anchor, migrates sessions whose worker left (soft: the KV is moved over
+NVLink or the network; hard: the new worker recomputes), runs the fallback ladder for new and
+cold sessions, executes on the engine and emits one ``prefixscope.request/v1`` record.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from fleet.cache import Cleared, Removed, Stored
+from fleet.engine import EngineRequest, EngineResult, SimEngine
+from fleet.fallback import FallbackLadder, LadderConfig
+from fleet.policies import (
+    POLICIES,
+    STATELESS_POLICIES,
+    Candidate,
+    HashRing,
+    PolicyParams,
+    pick_consistent_hash,
+    pick_hash_mod,
+    pick_prefix_tree,
+    pick_random,
+    pick_round_robin,
+    pick_topology_aware,
+    preferred_classes,
+)
+from fleet.records import SCHEMA_NAME, RecordSink
+from fleet.topology import Topology
+from fleet.workloads import SimRequest
+
+log = logging.getLogger("prefixscope.fleet.router")
+
+THRESHOLDS = Path(__file__).resolve().parents[1] / "alerts" / "thresholds.yaml"
+
+
+def cold_reuse_share() -> float:
+    """The share of a prompt at most reused for a request to count as cold (one place: thresholds.yaml)."""
+    return float(yaml.safe_load(THRESHOLDS.read_text(encoding="utf-8"))["cold_reuse_share"])
+
+
+class PrefixIndex:
+    """Block hash → bitmask of workers believed to hold it; walks a chain in one pass."""
+
+    def __init__(self) -> None:
+        self._mask: dict[int, int] = {}
+        self._bit: dict[str, int] = {}
+        self._blocks: dict[str, set[int]] = {}
+
+    def _bit_of(self, worker: str) -> int:
+        b = self._bit.get(worker)
+        if b is None:
+            b = self._bit[worker] = 1 << len(self._bit)
+            self._blocks[worker] = set()
+        return b
+
+    def add(self, worker: str, hashes: Sequence[int]) -> None:
+        bit, mask = self._bit_of(worker), self._mask
+        for h in hashes:
+            mask[h] = mask.get(h, 0) | bit
+        self._blocks[worker].update(hashes)
+
+    def remove(self, worker: str, hashes: Sequence[int]) -> None:
+        bit = self._bit.get(worker)
+        if bit is None:
+            return
+        mask, blocks = self._mask, self._blocks[worker]
+        for h in hashes:
+            m = mask.get(h, 0) & ~bit
+            if m:
+                mask[h] = m
+            else:
+                mask.pop(h, None)
+            blocks.discard(h)
+
+    def clear(self, worker: str) -> None:
+        if worker in self._blocks:
+            self.remove(worker, list(self._blocks[worker]))
+
+    def blocks(self, worker: str) -> int:
+        return len(self._blocks.get(worker, ()))
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Leading blocks of ``hashes`` each worker is believed to hold (workers with none omitted)."""
+        get = self._mask.get
+        alive = get(hashes[0], 0) if hashes else 0
+        depth_at: dict[int, int] = {}
+        i = 0
+        for i, h in enumerate(hashes):
+            m = alive & get(h, 0)
+            if m != alive:
+                depth_at[alive & ~m] = i
+                alive = m
+                if not alive:
+                    break
+        else:
+            i = len(hashes)
+        if alive:
+            depth_at[alive] = i
+        out: dict[str, int] = {}
+        for worker, bit in self._bit.items():
+            for bits, d in depth_at.items():
+                if bits & bit and d:
+                    out[worker] = d
+                    break
+        return out
+
+
+@dataclass(slots=True)
+class RouterConfig:
+    policy: str = "topology-aware"
+    walk_delay_s: float = 0.0  # fault knob: added to every measured index walk
+    placement: str = "aware"  # "blind": new sessions ignore where prefixes are cached (fault)
+    class_routing: bool = True  # False: the GPU class is ignored when placing (fault)
+    vnodes: int = 160
+    params: PolicyParams = field(default_factory=PolicyParams)
+    ladder: LadderConfig = field(default_factory=LadderConfig)
+    downgrade_workers: tuple[str, ...] = ()  # workers serving topology.downgrade_model, if any
+
+
+def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int]) -> None:
+    """Soft migration: the session's blocks arrive over the interconnect and become resident.
+
+    The engine has no KV-import call, so this reaches into its cache under its lock and emits
+    the resulting KV events the way a KV connector's load would.
+    """
+    with engine._lock:
+        _, events = engine.cache.store(request_id, hashes)
+        engine.cache.release(request_id)
+        engine._emit(events, engine.clock.now())
+
+
+class Router:
+    def __init__(self, topology: Topology, engines: Mapping[str, SimEngine], clock, *,
+                 config: RouterConfig | None = None, sink: RecordSink | None = None,
+                 pool: Sequence[str] | None = None, seed: int = 0) -> None:
+        self.topology = topology
+        self.engines = dict(engines)
+        self.clock = clock
+        self.config = config or RouterConfig()
+        if self.config.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.config.policy!r} (choose from {', '.join(POLICIES)})")
+        self.sink = sink
+        self.rng = random.Random(seed)
+        self.pool: list[str] = list(pool if pool is not None else topology.names)
+        self.healthy: set[str] = set(self.pool)
+        self.drained: set[str] = set()
+        self.index = PrefixIndex()
+        self.ladder = FallbackLadder(self.config.ladder)
+        self.sessions: dict[str, str] = {}  # session key -> anchor (or last) worker
+        self.relaxed: dict[str, str] = {}  # relaxed key -> last worker (re-sticky)
+        self._inflight: dict[str, list[float]] = {w: [] for w in topology.names}
+        self._rr = 0
+        self._ring: HashRing | None = None
+        self._cold_share = cold_reuse_share()
+        self.kv_events_seen: dict[str, int] = dict.fromkeys(topology.names, 0)
+        self.kv_events_dropped: dict[str, int] = dict.fromkeys(topology.names, 0)
+        self.kv_last_batch: dict[str, float] = {}
+        self.served = 0
+        self.unroutable = 0
+
+    # -- fleet changes -------------------------------------------------------------------
+    @property
+    def stateless(self) -> bool:
+        return self.config.policy in STATELESS_POLICIES
+
+    def active(self) -> list[str]:
+        return [w for w in self.pool if w in self.healthy]
+
+    def add_worker(self, name: str, engine: SimEngine | None = None) -> None:
+        if engine is not None:
+            self.engines[name] = engine
+        if name not in self.pool:
+            self.pool.append(name)
+        self._inflight.setdefault(name, [])
+        self.healthy.add(name)
+        self.drained.discard(name)
+        self._ring = None
+
+    def fail_worker(self, name: str) -> None:
+        """The worker died: its cache is gone, its sessions move hard."""
+        self.healthy.discard(name)
+        self.drained.discard(name)
+        self.index.clear(name)
+        self._ring = None
+
+    def drain_worker(self, name: str) -> None:
+        """The worker leaves on purpose: it stops taking requests, its sessions move soft."""
+        self.healthy.discard(name)
+        self.drained.add(name)
+        self._ring = None
+
+    def restore_worker(self, name: str, restarted: bool) -> None:
+        if restarted:
+            self.index.clear(name)
+        self.add_worker(name)
+
+    def on_kv_events(self, worker: str, events: Sequence[Stored | Removed | Cleared], ts: float) -> None:
+        """The engine's KV events (the router subscribes to every worker, like a precise router)."""
+        engine = self.engines.get(worker)
+        drop = engine.knobs.drop_kv_events if engine is not None else 0.0
+        if drop > 0 and (drop >= 1 or self.rng.random() < drop):
+            self.kv_events_dropped[worker] = self.kv_events_dropped.get(worker, 0) + len(events)
+            return
+        self.kv_events_seen[worker] = self.kv_events_seen.get(worker, 0) + len(events)
+        self.kv_last_batch[worker] = ts
+        for ev in events:
+            if isinstance(ev, Stored):
+                self.index.add(worker, ev.hashes)
+            elif isinstance(ev, Removed):
+                self.index.remove(worker, ev.hashes)
+            else:
+                self.index.clear(worker)
+
+    # -- views ---------------------------------------------------------------------------
+    def load(self, worker: str, now: float) -> int:
+        heap = self._inflight[worker]
+        while heap and heap[0] <= now:
+            heapq.heappop(heap)
+        return len(heap)
+
+    def _candidates(self, names: Sequence[str], matches: Mapping[str, int], now: float) -> list[Candidate]:
+        topo = self.topology
+        return [Candidate(n, self.load(n, now), topo.worker(n).max_concurrency, matches.get(n, 0)) for n in names]
+
+    # -- routing -------------------------------------------------------------------------
+    def _stateless_pick(self, key: str, cands: list[Candidate]) -> tuple[str, str]:
+        p = self.config.policy
+        if p == "random":
+            return pick_random(cands, self.rng)
+        if p == "round-robin":
+            self._rr += 1
+            return pick_round_robin(cands, self._rr)
+        if p == "hash-mod":
+            return pick_hash_mod(key, cands)
+        if self._ring is None or self._ring.workers != tuple(c.name for c in cands):
+            self._ring = HashRing([c.name for c in cands], self.config.vnodes)
+        return pick_consistent_hash(key, self._ring)
+
+    def _policy_pick(self, req: SimRequest, cands: list[Candidate]) -> tuple[str, str]:
+        if self.config.policy == "prefix-tree":
+            return pick_prefix_tree(cands, self.topology.block_size, self.config.params)
+        if self.config.class_routing:
+            return pick_topology_aware(cands, req.prompt_tokens, req.output_tokens, self.topology, self.config.params)
+        # Class-blind: the same walk, told that every class fits.
+        return pick_topology_aware(cands, 0, 0, self.topology, self.config.params)
+
+    def _migration_target(self, old: str, cands: list[Candidate]) -> str:
+        """Same NVLink domain, else same node, else anywhere; least loaded within (seed §4)."""
+        topo = self.topology
+        if self.config.policy == "topology-aware" and old in topo:
+            for same in (lambda c: topo.domain_of(c.name) == topo.domain_of(old),
+                         lambda c: topo.node_of(c.name) == topo.node_of(old)):
+                near = [c for c in cands if same(c) and c.load < c.capacity]
+                if near:
+                    return min(near, key=lambda c: c.load / c.capacity).name
+        return min(cands, key=lambda c: c.load / c.capacity).name
+
+    def _warm_pick(self, req: SimRequest, cands: list[Candidate]) -> str | None:
+        warm = [c for c in cands if self.topology.worker(c.name).warm_pool]
+        if not warm:
+            return None
+        if self.config.class_routing and self.config.policy == "topology-aware":
+            classes = preferred_classes(req.prompt_tokens, req.output_tokens, self.topology, [c.name for c in warm],
+                                        self.config.params)
+            warm = [c for c in warm if self.topology.worker(c.name).gpu_class in classes] or warm
+        return min(warm, key=lambda c: c.load / c.capacity).name
+
+    def route(self, req: SimRequest) -> dict | None:
+        """Route and execute one request; returns its record (None when no worker is healthy)."""
+        now = self.clock.now()
+        names = self.active()
+        if not names:
+            self.unroutable += 1
+            return None
+        key = req.session_key or req.request_id
+        bs = self.topology.block_size
+        hashes = req.block_hashes
+        prev = self.sessions.get(key)
+        migrated_from = kind = None
+        migrate_s = 0.0
+        tier: str | None = None
+        walk_s: float | None = None
+        predicted: int | None = None
+        model = self.topology.model
+
+        if self.stateless:
+            worker, decision = self._stateless_pick(key, self._candidates(names, {}, now))
+        else:
+            t0 = time.perf_counter()
+            matches = self.index.match(hashes)
+            walk_s = time.perf_counter() - t0 + self.config.walk_delay_s
+            cands = self._candidates(names, matches, now)
+            best = max(matches.values(), default=0)
+            if prev is not None and prev in self.healthy:
+                if matches.get(prev, 0) >= best:
+                    worker, decision = prev, "sticky"
+                else:  # a longer prefix lives elsewhere (e.g. the conversation moved devices)
+                    worker, decision = self._policy_pick(req, cands)
+            elif prev is not None:
+                worker, decision = self._migration_target(prev, cands), "migrate"
+            else:
+                rk = self.ladder.relaxed_key(key)
+                re_sticky = self.relaxed.get(rk) if rk is not None else None
+                cold = best * bs <= self._cold_share * req.prompt_tokens
+                if (re_sticky is not None and re_sticky in self.healthy and cold
+                        and self.ladder.usable("re_sticky", now)):
+                    worker, decision, tier = re_sticky, "fallback", "re_sticky"
+                elif cold and self.ladder.usable("warm_pool", now) and (warm := self._warm_pick(req, cands)):
+                    worker, decision, tier = warm, "fallback", "warm_pool"
+                elif self.config.placement == "blind":
+                    hot = [c for c in cands if not self.topology.worker(c.name).warm_pool] or cands
+                    worker, decision = min(hot, key=lambda c: c.load / c.capacity).name, "least_loaded"
+                else:
+                    hot = [c for c in cands if not self.topology.worker(c.name).warm_pool] or cands
+                    worker, decision = self._policy_pick(req, hot)
+            predicted = min(matches.get(worker, 0), (req.prompt_tokens - 1) // bs) * bs
+
+        if prev is not None and prev != worker and prev not in self.healthy:
+            migrated_from = prev
+            kind = "soft" if prev in self.drained and prev in self.engines else "hard"
+            if kind == "soft":
+                moved = self.engines[prev].lookup(hashes)
+                if moved:
+                    import_prefix(self.engines[worker], f"{req.request_id}-import", hashes[:moved])
+                    migrate_s = self.topology.transfer_seconds(moved * bs, prev, worker)
+                    if predicted is not None:
+                        predicted = min(moved, (req.prompt_tokens - 1) // bs) * bs
+
+        engine = self.engines[worker]
+        est_prefill = (req.prompt_tokens - (predicted or 0)) / self.topology.worker(worker).prefill_tps
+        if (tier in (None, "warm_pool") and not self.stateless and est_prefill >= self.config.ladder.async_min_prefill_s
+                and req.output_tokens <= self.config.ladder.async_max_output
+                and self.ladder.usable("async_prefill", now)):
+            tier = "async_prefill"
+        elif (tier in (None, "warm_pool") and not self.stateless and self.config.downgrade_workers
+              and self.topology.downgrade_model and est_prefill >= self.config.ladder.downgrade_ttft_s
+              and self.ladder.usable("model_downgrade", now)):
+            small = [w for w in self.config.downgrade_workers if w in self.healthy]
+            if small:
+                worker, tier, model = min(small, key=lambda w: self.load(w, now)), "model_downgrade", self.topology.downgrade_model
+                engine = self.engines[worker]
+
+        res: EngineResult = engine.execute(EngineRequest(
+            request_id=req.request_id, block_hashes=hashes, prompt_tokens=req.prompt_tokens,
+            max_tokens=max(1, req.output_tokens), output_tokens=max(1, req.output_tokens), arrival=now + migrate_s))
+        async_wait = None
+        if tier == "async_prefill":
+            start = self.ladder.async_start(now, res.ttft_s)
+            async_wait = start - now + res.ttft_s
+        heapq.heappush(self._inflight[worker], res.finished_at)
+        if not self.stateless:
+            self.index.add(worker, hashes)
+        self.sessions[key] = worker
+        rk = self.ladder.relaxed_key(key)
+        if rk is not None:
+            self.relaxed[rk] = worker
+        ttft = res.ttft_s + migrate_s + (async_wait - res.ttft_s if async_wait is not None else 0.0)
+        self.ladder.observe(now, tier, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
+                            ttft_s=ttft, async_wait_s=async_wait)
+        self.served += 1
+        record = {
+            "schema": SCHEMA_NAME,
+            "ts": round(now, 6),
+            "request_id": req.request_id,
+            "session_key": req.session_key,
+            "worker": worker,
+            "model": model,
+            "prompt_tokens": res.prompt_tokens,
+            "output_tokens": res.output_tokens,
+            "block_hashes": list(hashes),
+            "block_size": req.block_size,
+            "cached_tokens": res.cached_tokens,
+            "predicted_cached_tokens": predicted,
+            "ttft_s": ttft,
+            "prefill_s": res.prefill_s,
+            "queue_s": res.queue_s,
+            "walk_s": walk_s,
+            "decision": decision,
+            "fallback_tier": tier,
+            "async_wait_s": async_wait,
+            "migrated_from": migrated_from,
+            "migration_kind": kind,
+            "migrate_s": migrate_s if kind == "soft" else None,
+            "expert_signature": res.expert_signature,
+            "admitted_by_affinity": res.admitted_by_affinity,
+            "segment": req.segment,
+        }
+        if self.sink is not None:
+            self.sink.emit(record)
+        return record

@@ -1,0 +1,259 @@
+"""Synthetic workloads: a time-ordered stream of requests with real token ids and block hashes.
+
+Streams (each a Poisson process whose rate comes from the phase active at the time):
+- chat sessions: a few tenants, each with a long shared system prompt plus tool descriptions;
+  every follow-up turn extends the previous context (prompt + answer + new user message);
+- cold sessions: a system prompt of their own (nothing shared) — a burst of new sessions;
+- document analysis: one long unique document per request, a summary-length answer;
+- extraction jobs: a long unique document and a very short answer (the async-prefill kind);
+- session-key churn: a follow-up continues under a new key (``cookie``: a fresh key, as after
+  a cookie reset or a device hand-off; ``title``: only the key's tail changes);
+- forks: a new session that starts from another session's whole context (a sub-agent).
+
+A workload is a list of phases ``(start_s, WorkloadParams)``; a scenario switches phases at
+its fault time. Generation is pure and seeded: the same phases and seed give the same stream.
+Block hashes are computed incrementally per conversation (only new blocks are hashed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from itertools import pairwise
+from typing import Any
+
+from fleet.hashing import chain_hashes
+
+VOCAB_OFFSET = 1  # token ids 1..256, valid for fleet.tokenizer
+TIMESTAMP_TOKENS = 16  # "Current time: 2027-01-15 08:00:01" rendered into the first block
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadParams:
+    chat_sessions_per_s: float = 0.5
+    tenants: int = 4  # distinct shared system prompts
+    system_tokens: int = 3000
+    tool_tokens: int = 1000
+    turns: tuple[int, int] = (3, 8)
+    think_s: float = 20.0  # mean gap between a session's turns
+    user_tokens: tuple[int, int] = (40, 240)
+    output_tokens: tuple[int, int] = (80, 320)
+    cold_sessions_per_s: float = 0.02  # sessions with a system prompt of their own
+    cold_output_tokens: tuple[int, int] = (80, 320)
+    doc_per_s: float = 0.02
+    doc_tokens: tuple[int, int] = (8000, 20000)
+    doc_output_tokens: tuple[int, int] = (200, 600)
+    extract_per_s: float = 0.0
+    extract_tokens: tuple[int, int] = (8000, 16000)
+    extract_output_tokens: tuple[int, int] = (4, 24)
+    rekey_prob: float = 0.0  # per follow-up turn
+    rekey_mode: str = "cookie"  # cookie | title
+    rekey_segments: tuple[str, ...] = ("web", "mobile")
+    fork_prob: float = 0.0  # per follow-up turn: a sub-agent session starts from this context
+    timestamp_in_system_prompt: bool = False
+    segments: tuple[tuple[str, float], ...] = (("web", 0.5), ("mobile", 0.3), ("api", 0.2))
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> WorkloadParams:
+        return replace(self, **dict(overrides))
+
+
+WORKLOAD_FIELDS = {f.name for f in fields(WorkloadParams)}
+
+
+@dataclass(slots=True)
+class SimRequest:
+    t: float  # seconds since the start of the run
+    request_id: str
+    session_key: str | None
+    conversation: str  # ground truth (never exported): the conversation this continues
+    turn: int  # 1 for the first request of a conversation
+    prompt_tokens: int
+    block_hashes: list[int]
+    output_tokens: int
+    segment: str | None
+    kind: str  # chat | cold | doc | extract | fork | trace
+    block_size: int = 16
+    token_ids: list[int] | None = None
+
+
+@dataclass(slots=True)
+class _Session:
+    conversation: str
+    key: str
+    segment: str
+    ctx: list[int]
+    ctx_hashes: list[int]  # hashes of the full blocks of ctx
+    turns_left: int
+    turn: int = 0
+    kind: str = "chat"
+    out_range: tuple[int, int] = (80, 320)
+    extra: dict = field(default_factory=dict)
+
+
+Phases = Sequence[tuple[float, WorkloadParams]]
+
+
+class WorkloadGenerator:
+    """Iterate :meth:`requests` for the stream; phases must start at 0 and be in order."""
+
+    def __init__(self, phases: Phases, duration_s: float, seed: int = 0, block_size: int = 16,
+                 keep_tokens: bool = False) -> None:
+        if not phases or phases[0][0] != 0:
+            raise ValueError("the first workload phase must start at 0")
+        if any(b[0] < a[0] for a, b in pairwise(phases)):
+            raise ValueError("workload phases must be in time order")
+        self.phases = list(phases)
+        self.duration_s = duration_s
+        self.bs = block_size
+        self.keep_tokens = keep_tokens
+        self.rng = random.Random(seed)
+        self._seq = 0
+        self._ids = 0
+        self._tenant_cache: dict[int, tuple[list[int], list[int]]] = {}
+
+    # -- helpers --------------------------------------------------------------------------
+    def params(self, t: float) -> WorkloadParams:
+        p = self.phases[0][1]
+        for start, params in self.phases:
+            if start <= t:
+                p = params
+        return p
+
+    def _next_boundary(self, t: float) -> float:
+        for start, _ in self.phases:
+            if start > t:
+                return start
+        return float("inf")
+
+    def _tokens(self, n: int) -> list[int]:
+        return [b + VOCAB_OFFSET for b in self.rng.randbytes(max(0, n))]
+
+    def _between(self, lo_hi: tuple[int, int]) -> int:
+        lo, hi = lo_hi
+        return self.rng.randint(lo, max(lo, hi))
+
+    def _new_id(self, prefix: str) -> str:
+        self._ids += 1
+        return f"{prefix}-{self._ids:06d}-{self.rng.getrandbits(32):08x}"
+
+    def _segment(self, p: WorkloadParams) -> str:
+        names = [s for s, _ in p.segments]
+        return self.rng.choices(names, weights=[w for _, w in p.segments])[0]
+
+    def _tenant(self, i: int, p: WorkloadParams) -> tuple[list[int], list[int]]:
+        if i not in self._tenant_cache:
+            r = random.Random(f"tenant-{i}")
+            toks = [b + VOCAB_OFFSET for b in r.randbytes(p.system_tokens + p.tool_tokens)]
+            self._tenant_cache[i] = (toks, chain_hashes(toks, self.bs))
+        return self._tenant_cache[i]
+
+    def _extend(self, ctx_hashes: list[int], prompt: list[int]) -> list[int]:
+        """Hashes of the full blocks of ``prompt``, reusing those known for its prefix."""
+        known = ctx_hashes
+        start = len(known) * self.bs
+        parent = known[-1] if known else None
+        return known + chain_hashes(prompt[start:], self.bs, parent)
+
+    # -- the stream -----------------------------------------------------------------------
+    def requests(self) -> Iterator[SimRequest]:
+        heap: list[tuple[float, int, str, Any]] = []
+
+        def push(t: float, kind: str, payload: Any = None) -> None:
+            if t <= self.duration_s:
+                self._seq += 1
+                heapq.heappush(heap, (t, self._seq, kind, payload))
+
+        rates = {"chat": "chat_sessions_per_s", "cold": "cold_sessions_per_s", "doc": "doc_per_s",
+                 "extract": "extract_per_s"}
+
+        def schedule(stream: str, t: float) -> None:
+            while t <= self.duration_s:
+                rate = getattr(self.params(t), rates[stream])
+                boundary = self._next_boundary(t)
+                if rate <= 0:
+                    t = boundary
+                    continue
+                nt = t + self.rng.expovariate(rate)
+                if nt < boundary:
+                    push(nt, "arrive", stream)
+                    return
+                t = boundary
+
+        for s in rates:
+            schedule(s, 0.0)
+        while heap:
+            t, _, kind, payload = heapq.heappop(heap)
+            p = self.params(t)
+            if kind == "arrive":
+                schedule(payload, t)
+                if payload in ("doc", "extract"):
+                    yield self._single(t, payload, p)
+                    continue
+                sess = self._new_session(payload, p)
+                kind, payload = "turn", sess
+            if kind == "turn":
+                req, again = self._turn(t, payload, p, push)
+                yield req
+                if again:
+                    push(t + p.think_s * self.rng.uniform(0.5, 1.5), "turn", payload)
+
+    def _new_session(self, stream: str, p: WorkloadParams, ctx: list[int] | None = None,
+                     ctx_hashes: list[int] | None = None, turns: int | None = None) -> _Session:
+        if ctx is None:
+            if stream == "chat":
+                ctx, ctx_hashes = self._tenant(self.rng.randrange(max(1, p.tenants)), p)
+                ctx, ctx_hashes = list(ctx), list(ctx_hashes)
+            else:  # a system prompt nobody shares: nothing to reuse anywhere
+                ctx = self._tokens(p.system_tokens + p.tool_tokens)
+                ctx_hashes = chain_hashes(ctx, self.bs)
+        out_range = p.cold_output_tokens if stream == "cold" else p.output_tokens
+        return _Session(conversation=self._new_id("c"), key=self._new_id("s"), segment=self._segment(p),
+                        ctx=ctx, ctx_hashes=ctx_hashes or [], turns_left=turns or self._between(p.turns),
+                        kind=stream, out_range=out_range)
+
+    def _turn(self, t: float, s: _Session, p: WorkloadParams, push: Any) -> tuple[SimRequest, bool]:
+        s.turn += 1
+        s.turns_left -= 1
+        if s.turn > 1 and s.segment in p.rekey_segments and self.rng.random() < p.rekey_prob:
+            s.key = s.key[:-4] + f"{self.rng.getrandbits(16):04x}" if p.rekey_mode == "title" else self._new_id("s")
+        prompt = s.ctx + self._tokens(self._between(p.user_tokens))
+        hashes = self._extend(s.ctx_hashes, prompt)
+        out = self._between(s.out_range)
+        if p.timestamp_in_system_prompt:
+            # The rendered prompt starts with the current time: every block's chain changes.
+            stamp = [b + VOCAB_OFFSET for b in f"{int(t):016d}".encode()[:TIMESTAMP_TOKENS]]
+            sent = stamp + prompt
+            sent_hashes = chain_hashes(sent, self.bs)
+        else:
+            sent, sent_hashes = prompt, hashes
+        self._ids += 1
+        req = SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=s.key, conversation=s.conversation,
+                         turn=s.turn, prompt_tokens=len(sent), block_hashes=sent_hashes, output_tokens=out,
+                         segment=s.segment, kind=s.kind, block_size=self.bs,
+                         token_ids=sent if self.keep_tokens else None)
+        s.ctx = prompt + self._tokens(out)
+        s.ctx_hashes = hashes
+        if s.turn > 1 and self.rng.random() < p.fork_prob:
+            fork = self._new_session("chat", p, list(s.ctx), list(hashes), turns=self._between((1, 3)))
+            fork.kind = "fork"
+            push(t + p.think_s * self.rng.uniform(0.1, 0.5), "turn", fork)
+        return req, s.turns_left > 0
+
+    def _single(self, t: float, stream: str, p: WorkloadParams) -> SimRequest:
+        lo_hi, out_range = ((p.doc_tokens, p.doc_output_tokens) if stream == "doc"
+                            else (p.extract_tokens, p.extract_output_tokens))
+        toks = self._tokens(self._between(lo_hi))
+        self._ids += 1
+        return SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=self._new_id("d"),
+                          conversation=self._new_id("c"), turn=1, prompt_tokens=len(toks),
+                          block_hashes=chain_hashes(toks, self.bs), output_tokens=self._between(out_range),
+                          segment="api", kind=stream, block_size=self.bs,
+                          token_ids=toks if self.keep_tokens else None)
+
+
+def generate(phases: Phases, duration_s: float, seed: int = 0, block_size: int = 16,
+             keep_tokens: bool = False) -> Iterator[SimRequest]:
+    """The request stream of ``phases`` over ``duration_s`` seconds, in time order."""
+    return WorkloadGenerator(phases, duration_s, seed, block_size, keep_tokens).requests()
