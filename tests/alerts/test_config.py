@@ -1,0 +1,104 @@
+"""The threshold config loader: good config loads, bad ones name the bad entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import config, generate
+from exporter.catalog import CHECKS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _data() -> dict:
+    return yaml.safe_load((ROOT / "alerts" / "thresholds.yaml").read_text(encoding="utf-8"))
+
+
+def _problems(data: dict, runbooks_dir: Path | None = None) -> list[str]:
+    with pytest.raises(config.ConfigError) as exc:
+        config.parse(data, runbooks_dir=runbooks_dir)
+    return exc.value.problems
+
+
+def test_committed_config_loads_with_the_seed_thresholds() -> None:
+    th = config.load(runbooks_dir=config.RUNBOOKS_DIR)
+    assert th.checks["prefix_hit_rate_total"].value == 0.60
+    assert th.checks["prefix_tree_walk_latency"].value == 0.005
+    assert th.checks["cross_node_migration_count_per_minute"].for_ == "2m"
+    assert th.checks["slo_session_hit_rate"].severity == "info"
+    assert th.window == "5m" and th.cold_reuse_share == 0.1
+    assert set(th.checks) == {c.threshold for c in CHECKS}
+    assert th.runbook_url("PrefixHitRateLow").endswith("/runbooks/PrefixHitRateLow.md")
+
+
+def test_wrong_type_names_the_entry() -> None:
+    data = _data()
+    data["checks"]["prefix_hit_rate_total"]["value"] = "high"
+    assert _problems(data) == [
+        'alerts/thresholds.yaml: checks.prefix_hit_rate_total.value: expected a number, got "high"']
+
+
+def test_boolean_is_not_a_number() -> None:
+    data = _data()
+    data["checks"]["kv_event_gaps"]["value"] = True
+    assert _problems(data) == ["alerts/thresholds.yaml: checks.kv_event_gaps.value: expected a number, got bool True"]
+
+
+def test_unknown_keys_at_every_level() -> None:
+    data = _data()
+    data["thresholds_extra"] = 1
+    data["checks"]["not_a_check"] = {"value": 1, "for": "1m", "severity": "info"}
+    data["checks"]["targets_up"]["labels"] = {"team": "x"}
+    problems = _problems(data)
+    assert len(problems) == 3
+    assert problems[0].startswith("alerts/thresholds.yaml: thresholds_extra: unknown key")
+    assert any("checks.not_a_check: unknown key" in p for p in problems)
+    assert any("checks.targets_up.labels: unknown key (allowed: value, for, severity)" in p for p in problems)
+
+
+def test_missing_entry_names_the_check_and_alert() -> None:
+    data = _data()
+    del data["checks"]["warm_pool_utilization"]
+    assert _problems(data) == [
+        "alerts/thresholds.yaml: checks.warm_pool_utilization: missing: the catalogue check "
+        "warm_pool_utilization (PrefixWarmPoolSaturated) needs it"]
+
+
+def test_bad_duration_and_severity() -> None:
+    data = _data()
+    data["checks"]["ingest_errors"]["for"] = "five minutes"
+    data["checks"]["ingest_errors"]["severity"] = "page"
+    assert _problems(data) == [
+        'alerts/thresholds.yaml: checks.ingest_errors.for: expected a duration like 5m, got "five minutes"',
+        'alerts/thresholds.yaml: checks.ingest_errors.severity: expected one of critical, warning, info, got "page"',
+    ]
+
+
+def test_missing_runbook_names_the_file(tmp_path: Path) -> None:
+    for check in CHECKS:
+        if check.alert != "PrefixTreeTooDeep":
+            (tmp_path / f"{check.alert}.md").write_text(f"# {check.alert}\n")
+    problems = _problems(_data(), runbooks_dir=tmp_path)
+    assert len(problems) == 1
+    assert problems[0].startswith("alerts/thresholds.yaml: checks.prefix_tree_depth_p99: runbook ")
+    assert problems[0].endswith("PrefixTreeTooDeep.md for PrefixTreeTooDeep is missing")
+
+
+def test_generate_stops_on_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _data()
+    data["checks"]["prefix_hit_rate_total"]["value"] = "high"
+    bad = tmp_path / "thresholds.yaml"
+    bad.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert generate.main(["--check", "--thresholds", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert 'checks.prefix_hit_rate_total.value: expected a number, got "high"' in err
+
+
+def test_not_yaml_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "thresholds.yaml"
+    bad.write_text("checks: [unclosed\n", encoding="utf-8")
+    with pytest.raises(config.ConfigError, match="not valid YAML"):
+        config.load(bad)
