@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -49,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         env.pop(PROMETHEUS_ENV, None)
     cmd = command(args)
     print(f"prefixscope console on http://{args.host}:{cmd[cmd.index('--server.port') + 1]}/", flush=True)
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 0
+    # Become Streamlit (same pid), so a supervisor's SIGTERM reaches the server directly.
+    os.execve(cmd[0], cmd, env)
+    return 0  # not reached

@@ -4,14 +4,14 @@ import streamlit as st
 
 from console import data
 
-st.set_page_config(page_title="prefixscope console", page_icon="🧭", layout="wide")
+st.set_page_config(page_title="prefixscope console", page_icon=":material/route:", layout="wide")
 
 pages = [
-    st.Page("app_pages/diagnosis.py", title="Diagnosis chain", icon="🧭", url_path="diagnosis", default=True),
-    st.Page("app_pages/prefix_tree.py", title="Prefix tree", icon="🌳", url_path="tree"),
-    st.Page("app_pages/workers.py", title="Workers & topology", icon="🖥️", url_path="workers"),
-    st.Page("app_pages/alerts.py", title="Alerts", icon="🚨", url_path="alerts"),
-    st.Page("app_pages/runbook.py", title="Runbooks", icon="📖", url_path="runbook"),
+    st.Page("app_pages/diagnosis.py", title="Diagnosis chain", icon=":material/route:", url_path="diagnosis", default=True),
+    st.Page("app_pages/prefix_tree.py", title="Prefix tree", icon=":material/account_tree:", url_path="tree"),
+    st.Page("app_pages/workers.py", title="Workers & topology", icon=":material/dns:", url_path="workers"),
+    st.Page("app_pages/alerts.py", title="Alerts", icon=":material/notifications_active:", url_path="alerts"),
+    st.Page("app_pages/runbook.py", title="Runbooks", icon=":material/menu_book:", url_path="runbook"),
 ]
 page = st.navigation(pages)
 

@@ -19,7 +19,7 @@ def icicle_columns(root: Mapping, by: str) -> dict[str, list]:
     while stack:
         node, path, parent = stack.pop()
         cols["ids"].append(path)
-        cols["labels"].append(str(node.get("label") or node.get("id") or "root"))
+        cols["labels"].append("all prefixes" if not parent else str(node.get("label") or node.get("id")))
         cols["parents"].append(parent)
         value = node.get(field)
         cols["values"].append(float(value) if isinstance(value, int | float) else 0.0)

@@ -7,8 +7,12 @@ import streamlit as st
 from console.chain import NO_DATA, CheckState, Status
 from console.http_json import SourceUnavailable
 
-STATUS_LABEL: dict[str, str] = {"ok": "ok", "firing": "FIRING", "not_instrumented": "not instrumented"}
-STATUS_ICON: dict[str, str] = {"ok": "🟢", "firing": "🔴", "not_instrumented": "⚪"}
+# Streamlit's bundled Material icons and colour directives: no emoji font needed on the viewer.
+STATUS_TEXT: dict[str, str] = {
+    "ok": ":green[:material/check_circle: ok]",
+    "firing": ":red[:material/error: FIRING]",
+    "not_instrumented": ":gray[:material/help: not instrumented]",
+}
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -33,7 +37,7 @@ def fmt(value: float | None, unit: str) -> str:
 
 
 def status_text(status: Status) -> str:
-    return f"{STATUS_ICON[status]} {STATUS_LABEL[status]}"
+    return STATUS_TEXT[status]
 
 
 def check_line(c: CheckState) -> str:
@@ -51,9 +55,9 @@ def check_line(c: CheckState) -> str:
 
 def source_down(exc: SourceUnavailable) -> None:
     st.error(f"**{exc.source} is down or unreachable** ({exc.url}): {exc.reason}. "
-             "Check that it runs and that the console points at it.", icon="🚫")
+             "Check that it runs and that the console points at it.", icon=":material/cloud_off:")
 
 
 def banners(notes: list[str]) -> None:
     for note in notes:
-        st.warning(note, icon="⚠️")
+        st.warning(note, icon=":material/warning:")

@@ -21,7 +21,7 @@ ui.banners(notes)
 groups = group_alerts(alerts)
 st.metric("Firing alert groups", len(groups))
 if not groups:
-    st.success("Nothing is firing.", icon="✅")
+    st.success("Nothing is firing.", icon=":material/check_circle:")
 for g in groups:
     with st.container(border=True, key=f"alert-{g.alertname}"):
         step = f" · step {g.step}" if g.step is not None else ""

@@ -26,10 +26,10 @@ ui.banners(notes)
 
 verdict = chain.verdict
 if verdict is None:
-    st.success("Verdict: no step fails its cause checks.", icon="✅")
+    st.success("Verdict: no step fails its cause checks.", icon=":material/check_circle:")
 else:
     failing = ", ".join(c.check.title for c in verdict.firing_causes)
-    st.error(f"Verdict: step {verdict.number} — {verdict.title}. {verdict.question} Failing: {failing}.", icon="🧭")
+    st.error(f"Verdict: step {verdict.number} — {verdict.title}. {verdict.question} Failing: {failing}.", icon=":material/route:")
 
 if chain.symptom is not None:
     s = chain.symptom

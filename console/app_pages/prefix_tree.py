@@ -35,7 +35,7 @@ c[3].metric("Depth p99 (edges)", ui.fmt(stats.get("depth_p99"), ""))
 
 cols = icicle_columns(tree.get("root") or {"id": "root"}, by)
 fig = go.Figure(go.Icicle(ids=cols["ids"], labels=cols["labels"], parents=cols["parents"], values=cols["values"],
-                          branchvalues="remainder", customdata=cols["workers"],
+                          branchvalues="remainder", customdata=cols["workers"], root_color="#d9dde3",
                           hovertemplate="%{label}<br>%{value:,.0f} " + by + "<br>workers: %{customdata}<extra></extra>"))
 fig.update_layout(margin={"t": 10, "l": 0, "r": 0, "b": 0}, height=380)
 st.plotly_chart(fig, key="tree_icicle")

@@ -36,12 +36,12 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     assert "Failing: Sticky-session collisions." in at.error[0].value
     body = texts(at)
     # The symptom is shown, firing, but it is not the verdict.
-    assert "Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — 🔴 FIRING" in body
-    assert "**Sticky-session collisions**: 12.0% (alert when > 5.0%) — 🔴 FIRING" in body
+    assert "Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — :red[:material/error: FIRING]" in body
+    assert "**Sticky-session collisions**: 12.0% (alert when > 5.0%) — :red[:material/error: FIRING]" in body
     # Not instrumented is neither ok nor an alarm, and says what is missing.
-    assert "### Step 3 — Cold-miss cost · ⚪ not instrumented" in body
-    assert "**Async prefill wait p99**: — (alert when > 5.00 s) — ⚪ not instrumented · missing signal: async_prefill" in body
-    assert "### Step 1 — Cache · 🟢 ok" in body
+    assert "### Step 3 — Cold-miss cost · :gray[:material/help: not instrumented]" in body
+    assert "**Async prefill wait p99**: — (alert when > 5.00 s) — :gray[:material/help: not instrumented] · missing signal: async_prefill" in body
+    assert "### Step 1 — Cache · :green[:material/check_circle: ok]" in body
     assert "Prometheus is not configured" in body
     assert "[runbook](https://github.com/prefixscope/prefixscope/blob/main/runbooks/PrefixStickyCollisionsHigh.md)" in body
     # Reuse decomposition, per 1M prompt tokens: 800k / 700k / 400k.

@@ -46,16 +46,16 @@ def test_diagnosis_from_recording_rules_and_firing_alerts(both: str) -> None:
     assert not any("Prometheus" in w.value for w in at.warning)  # no fallback banner
     assert at.error[0].value.startswith("Verdict: step 2 — Affinity.")
     body = texts(at)
-    assert "Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — 🔴 FIRING" in body
-    assert "**Sticky-session collisions**: 12.0% (alert when > 5.0%) — 🔴 FIRING" in body
-    assert "**Session hit rate (follow-up turns)**: 86.0% (alert when < 80.0%) — 🟢 ok" in body
-    assert "**Resident blocks vs capacity**: 72.0% (alert when > 90.0%) — 🟢 ok" in body
-    assert "**Prefix-tree depth p99**: 3.96 (alert when > 32) — 🟢 ok" in body
-    assert "**Session migrations per minute**: 4.0/min (alert when > 100.0/min) — 🟢 ok" in body
-    assert "**Topology-aware placement**: 95.0% (alert when < 90.0%) — 🟢 ok" in body
-    assert "### Step 3 — Cold-miss cost · ⚪ not instrumented" in body
-    assert "**Router tree-walk p99**: — (alert when > 5.0 ms) — ⚪ not instrumented · missing signal: walk_latency" in body
-    assert "**MoE expert alignment**: — (alert when < 70.0%) — ⚪ not instrumented · missing signal: expert_signature" in body
+    assert "Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — :red[:material/error: FIRING]" in body
+    assert "**Sticky-session collisions**: 12.0% (alert when > 5.0%) — :red[:material/error: FIRING]" in body
+    assert "**Session hit rate (follow-up turns)**: 86.0% (alert when < 80.0%) — :green[:material/check_circle: ok]" in body
+    assert "**Resident blocks vs capacity**: 72.0% (alert when > 90.0%) — :green[:material/check_circle: ok]" in body
+    assert "**Prefix-tree depth p99**: 3.96 (alert when > 32) — :green[:material/check_circle: ok]" in body
+    assert "**Session migrations per minute**: 4.0/min (alert when > 100.0/min) — :green[:material/check_circle: ok]" in body
+    assert "**Topology-aware placement**: 95.0% (alert when < 90.0%) — :green[:material/check_circle: ok]" in body
+    assert "### Step 3 — Cold-miss cost · :gray[:material/help: not instrumented]" in body
+    assert "**Router tree-walk p99**: — (alert when > 5.0 ms) — :gray[:material/help: not instrumented] · missing signal: walk_latency" in body
+    assert "**MoE expert alignment**: — (alert when < 70.0%) — :gray[:material/help: not instrumented] · missing signal: expert_signature" in body
     assert "?viewPanel=" in body  # panel links come from the generated rules
     assert metrics(at) == {"Available": "80.0%", "Predicted": "42.0%", "Achieved": "40.0%",
                            "Routing regret": "40.0%", "Index staleness": "2.0%"}
