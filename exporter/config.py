@@ -286,3 +286,31 @@ def load_config(path: str | Path) -> Config:
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{p.name}: invalid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
     return parse_config(raw, p.name, p.resolve().parent)
+
+
+def load_fleet_manifest(path: Path, source: str = "<config>") -> tuple[WorkerTarget, ...]:
+    """Workers from a manifest the simulated fleet writes (JSON or YAML).
+
+    The manifest is a list (or ``{"workers": [...]}``) of ``WorkerFleet.endpoints()`` entries:
+    ``name``, ``url`` (the worker's HTTP base URL), ``kv_endpoint``, ``replay_endpoint``, ``topic``.
+    """
+    where = f"{source}: fleet_manifest"
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f'{where}: cannot read "{path}": {exc.strerror or exc}') from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f'{where}: "{path}" is not valid JSON or YAML: {exc}') from None
+    entries = raw.get("workers") if isinstance(raw, dict) else raw
+    if not isinstance(entries, list):
+        raise ConfigError(f'{where}: "{path}" must hold a list of workers')
+    out: list[WorkerTarget] = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not isinstance(e.get("url"), str):
+            raise ConfigError(f"{where}: workers[{i}]: needs at least name and url")
+        out.append(WorkerTarget(
+            name=e["name"], metrics_url=e["url"].rstrip("/") + "/metrics",
+            kv_events=e.get("kv_endpoint"), replay=e.get("replay_endpoint"), topic=e.get("topic") or "",
+        ))
+    return tuple(out)
+

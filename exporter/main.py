@@ -1,0 +1,272 @@
+"""``prefixscope export``: wire the sources, the cluster state and the HTTP server together.
+
+Flags follow the Go exporters (``--config.file``, ``--web.listen-address``, ``--log.level``) and
+override the config file. A bad config or flag prints one clear line and exits 2, never a
+traceback. SIGTERM and SIGINT stop every thread within a second or two.
+
+Threads: one scrape loop (every ``scrape_interval``; /metrics never triggers a scrape, it
+renders the latest state), one KV-event subscriber for all workers, one tailer per record
+file, and the HTTP server's request threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from alerts.config import ConfigError as ThresholdsError
+from exporter import __version__
+from exporter.api import ApiBuilders
+from exporter.collector import PrefixscopeCollector
+from exporter.config import (
+    DEFAULT_LISTEN,
+    LOG_LEVELS,
+    Config,
+    ConfigError,
+    WorkerTarget,
+    load_config,
+    load_fleet_manifest,
+    parse_listen_address,
+)
+from exporter.health import Health
+from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
+from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
+from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
+from exporter.sources.scrape import Scraper, ScrapeTarget
+from exporter.state import ClusterState
+from exporter.thresholds import load_thresholds, window_seconds
+from fleet.topology import TopologyError, load_topology
+
+log = logging.getLogger("prefixscope.export")
+
+STALLED_AFTER_INTERVALS = 3  # /healthz turns 503 when the scrape loop is this many intervals late
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefixscope export",
+        description="Prometheus exporter for prefix-cache locality: scrapes worker and router /metrics, "
+                    "subscribes to vLLM KV-cache events, takes request records, and serves /metrics and /api/v1.",
+    )
+    parser.add_argument("--config.file", dest="config_file", metavar="FILE",
+                        help="YAML config (see docs/exporter.md); without it only record intake over HTTP runs")
+    parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
+                        help=f"address to serve /metrics and /api/v1 on (default {DEFAULT_LISTEN}; port 0 picks a free one)")
+    parser.add_argument("--log.level", dest="log_level", choices=LOG_LEVELS, help="log level (default info)")
+    parser.add_argument("--version", action="version", version=f"prefixscope {__version__}")
+    return parser
+
+
+def resolve_config(argv: list[str]) -> Config:
+    """Flags + file → one validated Config; every problem is a ConfigError."""
+    args = build_parser().parse_args(argv)
+    cfg = load_config(args.config_file) if args.config_file else Config()
+    cfg = cfg.with_overrides(listen_address=args.listen_address, log_level=args.log_level)
+    try:
+        parse_listen_address(cfg.listen_address)
+    except ValueError as exc:
+        raise ConfigError(f"--web.listen-address: {exc}") from None
+    return cfg
+
+
+class Runtime:
+    """Every moving part of one exporter process; ``build`` → ``start`` → ``stop``."""
+
+    def __init__(self, cfg: Config, workers: tuple[WorkerTarget, ...], health: Health, state: Any,
+                 server: ExporterServer, subscriber: Any, tails: list[Any], scraper: Any,
+                 clock: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.workers = workers
+        self.health = health
+        self.state = state
+        self.server = server
+        self.subscriber = subscriber
+        self.tails = tails
+        self.scraper = scraper
+        self.clock = clock
+        self.started_at = clock()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    # ---- assembly -------------------------------------------------------------------------
+    @classmethod
+    def build(cls, cfg: Config, clock: Callable[[], float] = time.time) -> Runtime:
+        """Load thresholds, topology and manifest, and create (not start) every part.
+
+        Raises ConfigError for any invalid referenced file, OSError if the address is taken.
+        """
+        try:
+            thresholds = load_thresholds(cfg.thresholds)
+        except ThresholdsError as exc:
+            raise ConfigError(f"{cfg.source}: thresholds: {exc}") from None
+        try:
+            topology = load_topology(cfg.topology) if cfg.topology is not None else None
+        except (TopologyError, OSError) as exc:
+            raise ConfigError(f"{cfg.source}: topology: {exc}") from None
+        workers = configured_workers(cfg)
+        window = cfg.window if cfg.window is not None else window_seconds(thresholds)
+
+        health = Health()
+        state = ClusterState(health, thresholds, topology, window_s=window, clock=clock)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(PrefixscopeCollector(state, health))
+        api = ApiBuilders(state)
+
+        endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
+        subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
+        tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
+        targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
+        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind) for r in cfg.routers]
+        scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
+                          clock=clock)
+
+        def ingest(body: bytes) -> IntakeResult:
+            records, errors = parse_ndjson(body, cfg.http_records.max_body_bytes)
+            deliver(records, errors, state, health, "http", clock())
+            return IntakeResult(len(records), len(errors), [e.as_dict() for e in errors[:MAX_ERRORS_REPORTED]])
+
+        host, port = parse_listen_address(cfg.listen_address)
+        runtime: Runtime  # the closures below read it once it exists
+
+        def target_status() -> list[TargetStatus]:
+            return runtime.target_status()
+
+        def healthz() -> tuple[bool, dict[str, Any]]:
+            return runtime.healthz()
+
+        deps = ServerDeps(
+            registry=registry,
+            api=api.routes(),
+            ingest_ndjson=ingest if cfg.http_records.enabled else None,
+            bearer_token=cfg.http_records.bearer_token,
+            max_body_bytes=cfg.http_records.max_body_bytes,
+            targets=target_status,
+            healthz=healthz,
+        )
+        server = ExporterServer(host, port, deps)
+        runtime = cls(cfg, workers, health, state, server, subscriber, tails, scraper, clock)
+        return runtime
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> Runtime:
+        cfg = self.cfg
+        for w in self.workers:
+            log.info("worker %s: metrics %s, kv events %s, replay %s%s", w.name, w.metrics_url or "-",
+                     w.kv_events or "-", w.replay or "-", " (optional)" if w.optional else "")
+        for r in cfg.routers:
+            log.info("router %s (%s): metrics %s", r.name, r.kind, r.metrics_url)
+        for p in cfg.file_records.paths:
+            log.info("records: tailing %s", p)
+        if cfg.http_records.enabled:
+            host, _ = parse_listen_address(cfg.listen_address)
+            auth = "bearer token required" if cfg.http_records.bearer_token else "no token"
+            log.info("records: POST /api/v1/records (%s, limit %d bytes)", auth, cfg.http_records.max_body_bytes)
+            if host not in ("127.0.0.1", "localhost", "::1") and not cfg.http_records.bearer_token:
+                log.warning("records are accepted from any host on %s without a bearer token", cfg.listen_address)
+        if self.subscriber is not None:
+            self.subscriber.start()
+        for tail in self.tails:
+            tail.start()
+        self.scraper.start()
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop every thread; each part gets a bounded join so shutdown stays within seconds."""
+        self.server.stop()
+        if self.subscriber is not None:
+            self.subscriber.close(timeout=2.0)
+        for tail in self.tails:
+            tail.close(timeout=1.0)
+        self.scraper.close(timeout=self.cfg.scrape_timeout + 1.0)
+
+    # ---- views for the landing page and /healthz --------------------------------------------
+    def target_status(self) -> list[TargetStatus]:
+        up = self.health.snapshot()[1].get("prefixscope_up", {})
+        rows = []
+        for w in self.workers:
+            if w.metrics_url:
+                v = up.get((w.name, "worker"))
+                rows.append(TargetStatus(w.name, "worker", w.metrics_url, None if v is None else v == 1))
+            if w.kv_events:
+                rows.append(TargetStatus(w.name, "kv_events", w.kv_events, None))
+        for r in self.cfg.routers:
+            v = next((val for (name, _kind), val in up.items() if name == r.name), None)
+            rows.append(TargetStatus(r.name, "router", r.metrics_url, None if v is None else v == 1))
+        for p in self.cfg.file_records.paths:
+            rows.append(TargetStatus(p.name, "records-file", str(p), p.exists()))
+        return rows
+
+    def healthz(self) -> tuple[bool, dict[str, Any]]:
+        """Unhealthy only when the exporter itself is stuck: no scrape round for several intervals."""
+        cfg = self.cfg
+        last = max((o.scraped_at for o in self.scraper.last.values()), default=None)
+        since = self.clock() - (last if last is not None else self.started_at)
+        stalled = bool(self.scraper.targets) and since > STALLED_AFTER_INTERVALS * cfg.scrape_interval + cfg.scrape_timeout
+        up = sum(1 for o in self.scraper.last.values() if o.up)
+        return not stalled, {"version": __version__, "seconds_since_scrape": since if last is not None else None,
+                             "targets_scraped": len(self.scraper.targets), "targets_up": up}
+
+
+def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:
+    """The config's workers plus the fleet manifest's (a name in the config wins)."""
+    if cfg.fleet_manifest is None:
+        return cfg.workers
+    names = {w.name for w in cfg.workers}
+    return cfg.workers + tuple(w for w in load_fleet_manifest(cfg.fleet_manifest, cfg.source) if w.name not in names)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = resolve_config(argv)
+    except ConfigError as exc:
+        print(f"prefixscope export: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # argparse: --help/--version (0) or a bad flag (2, message already printed)
+        return int(exc.code or 0)
+    _configure_logging(cfg.log_level)
+    try:
+        runtime = Runtime.build(cfg)
+    except ConfigError as exc:
+        print(f"prefixscope export: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. the listen address is in use
+        print(f"prefixscope export: cannot listen on {cfg.listen_address}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        runtime.start()
+        # The address line is the one machine-readable log line: tests and scripts parse it.
+        log.info("listening on %s", runtime.url)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        runtime.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    log.info("stopped")
+    return 0
