@@ -1,0 +1,140 @@
+"""Real sglang-router and vllm-router in front of simulated workers keep prefix groups together.
+
+Both routers come from PyPI into the `.routers` venv. As observed with both (routers reference
+§4), sequential requests to idle workers all land on the first worker, so the first request of
+every group is sent concurrently to workers that take ~0.3 s, and the test asserts per-group
+stickiness and that more than one worker is used, not a fixed mapping.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from fleet.engine import WorkerSpec
+from fleet.worker_http import WORKER_HEADER
+from fleet.workers import FleetOptions, WorkerFleet
+
+pytestmark = pytest.mark.slow
+
+GROUPS, PER_GROUP = 5, 5
+TOPICS = ("databases", "compilers", "gardening", "astronomy", "cooking")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fleet():
+    # decode 16 tokens at 50/s ≈ 0.3 s per request on the real clock
+    specs = [WorkerSpec(f"w{i}", decode_tps=50.0) for i in range(3)]
+    with WorkerFleet(specs, options=FleetOptions(delay_scale=1.0)) as f:
+        yield f
+
+
+def start_router(cmd: list[str], log_path, ready_url: str, ready, timeout: float = 30.0) -> subprocess.Popen:
+    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            r = requests.get(ready_url, timeout=1)
+            if ready(r):
+                return proc
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    stop_router(proc)
+    raise AssertionError(f"router did not become ready: {log_path.read_text()[-2000:]}")
+
+
+def stop_router(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    proc.log.close()  # type: ignore[attr-defined]
+
+
+def ask(base: str, endpoint: str, group: int, i: int) -> tuple[int, str, int]:
+    prefix = f"You are an expert assistant on {TOPICS[group]}. " * 12
+    question = f"Question {i}: what matters most about {TOPICS[group]} when item {i} is involved?"
+    if endpoint == "chat":
+        r = requests.post(f"{base}/v1/chat/completions", timeout=30, json={
+            "model": "sim-model", "max_tokens": 16,
+            "messages": [{"role": "system", "content": prefix}, {"role": "user", "content": question}]})
+    else:
+        r = requests.post(f"{base}/v1/completions", timeout=30,
+                          json={"model": "sim-model", "prompt": prefix + question, "max_tokens": 16})
+    assert r.status_code == 200, r.text
+    return group, r.headers[WORKER_HEADER], r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def drive(base: str, endpoint: str) -> tuple[dict[int, list[str]], list[int]]:
+    placed: dict[int, list[str]] = defaultdict(list)
+    cached: list[int] = []
+    with ThreadPoolExecutor(GROUPS) as pool:  # the first request of every group at once
+        for g, w, _ in pool.map(lambda g: ask(base, endpoint, g, 0), range(GROUPS)):
+            placed[g].append(w)
+    rest = [(g, i) for i in range(1, PER_GROUP) for g in range(GROUPS)]
+    with ThreadPoolExecutor(4) as pool:
+        for g, w, c in pool.map(lambda gi: ask(base, endpoint, *gi), rest):
+            placed[g].append(w)
+            cached.append(c)
+    return placed, cached
+
+
+def assert_affinity(placed: dict[int, list[str]], cached: list[int]) -> None:
+    for g, workers in placed.items():
+        assert len(set(workers)) == 1, f"group {g} was split: {workers}"
+    assert len({ws[0] for ws in placed.values()}) > 1, f"every group on one worker: {dict(placed)}"
+    # follow-ups found their group's prefix in the worker's cache
+    assert min(cached) >= 16 * 30
+
+
+def test_sglang_router_cache_aware_keeps_groups_on_one_worker(fleet, routers_bin, tmp_path):
+    port, prom = free_port(), free_port()
+    proc = start_router(
+        [str(routers_bin / "python"), "-m", "sglang_router.launch_router", "--worker-urls", *fleet.urls,
+         "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--log-level", "warn"],
+        tmp_path / "sglang-router.log", f"http://127.0.0.1:{port}/readiness",
+        lambda r: r.status_code == 200 and r.json().get("healthy_workers") == 3)
+    try:
+        placed, cached = drive(f"http://127.0.0.1:{port}", "completions")
+        assert_affinity(placed, cached)
+        text = requests.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).text
+        assert "smg_worker_cb_outcomes_total" in text
+    finally:
+        stop_router(proc)
+
+
+def test_vllm_router_cache_aware_uses_render_and_keeps_groups_on_one_worker(fleet, routers_bin, tmp_path):
+    port, prom = free_port(), free_port()
+    proc = start_router(
+        [str(routers_bin / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--worker-urls", *fleet.urls,
+         "--policy", "cache_aware", "--worker-startup-check-interval", "1", "--log-level", "warning"],
+        tmp_path / "vllm-router.log", f"http://127.0.0.1:{port}/readiness", lambda r: r.status_code == 200)
+    try:
+        placed, cached = drive(f"http://127.0.0.1:{port}", "chat")
+        assert_affinity(placed, cached)
+        text = requests.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).text
+        assert 'outcome="prefix_hit"' in text
+        assert 'result="render"' in text  # prefix inputs came from our render endpoint
+    finally:
+        stop_router(proc)
