@@ -81,9 +81,9 @@ def resolve_config(argv: list[str]) -> Config:
 class Runtime:
     """Every moving part of one exporter process; ``build`` → ``start`` → ``stop``."""
 
-    def __init__(self, cfg: Config, workers: tuple[WorkerTarget, ...], health: Health, state: Any,
-                 server: ExporterServer, subscriber: Any, tails: list[Any], scraper: Any,
-                 clock: Callable[[], float]) -> None:
+    def __init__(self, cfg: Config, workers: tuple[WorkerTarget, ...], health: Health, state: ClusterState,
+                 server: ExporterServer, subscriber: KvEventSubscriber | None, tails: list[RecordFileTail],
+                 scraper: Scraper, clock: Callable[[], float]) -> None:
         self.cfg = cfg
         self.workers = workers
         self.health = health
