@@ -110,6 +110,8 @@ def bargauge(title: str, targets: list[g.Target], unit: str = "none", descriptio
     if maximum is not None:
         extra["fieldConfig"]["defaults"]["max"] = maximum
     extra["fieldConfig"]["defaults"]["min"] = 0
+    # grafanalib's BarGauge omits fieldConfig.overrides, which Grafana's schema requires.
+    extra["fieldConfig"]["overrides"] = []
     return g.BarGauge(title=title, description=description, dataSource=DATASOURCE, targets=_with_ref_ids(targets),
                       format=UNITS.get(unit, unit), orientation=g.ORIENTATION_HORIZONTAL,
                       displayMode=g.GAUGE_DISPLAY_MODE_GRADIENT, calc="lastNotNull", extraJson=extra)

@@ -1,0 +1,71 @@
+"""Grafana alert provisioning: the flat file-provisioning shape, linked to the dashboard panels."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from alerts import config
+from exporter.catalog import CHECKS, STEPS
+
+ROOT = Path(__file__).resolve().parents[2]
+PROV = yaml.safe_load((ROOT / "alerts" / "generated" / "grafana-alerting.yaml").read_text(encoding="utf-8"))
+CHAIN = json.loads((ROOT / "dashboards" / "generated" / "diagnosis_chain.json").read_text(encoding="utf-8"))
+RULE_KEYS = {"uid", "title", "condition", "data", "noDataState", "execErrState", "for", "annotations",
+             "labels", "dashboardUid", "panelId", "isPaused"}
+
+
+def _rules() -> list[dict]:
+    return [r for g in PROV["groups"] for r in g["rules"]]
+
+
+def test_file_shape() -> None:
+    assert PROV["apiVersion"] == 1
+    assert [g["name"] for g in PROV["groups"]] == [
+        "prefixscope.step0.telemetry", "prefixscope.step1.cache", "prefixscope.step2.affinity",
+        "prefixscope.step3.cold-miss-cost", "prefixscope.step4.router-topology",
+        "prefixscope.step5.coupled-optimisations"]
+    assert len(PROV["groups"]) == len(STEPS)
+    for g in PROV["groups"]:
+        assert set(g) == {"orgId", "name", "folder", "interval", "rules"}
+        assert g["orgId"] == 1 and g["folder"] == "prefixscope" and g["interval"] == "1m"
+
+
+def test_rules_are_flat_not_ruler_api() -> None:
+    rules = _rules()
+    assert [r["title"] for r in rules] == [c.alert for c in sorted(CHECKS, key=lambda c: c.group)]
+    for r in rules:
+        assert set(r) == RULE_KEYS, r["title"]
+        assert "grafana_alert" not in r
+        assert r["noDataState"] == "NoData" and r["execErrState"] == "Error"
+        assert len(r["uid"]) <= 40
+    assert len({r["uid"] for r in rules}) == len(rules)
+
+
+def test_conditions_reference_their_queries_and_thresholds() -> None:
+    th = config.load()
+    for r in _rules():
+        check = next(c for c in CHECKS if c.alert == r["title"])
+        refs = {d["refId"]: d for d in r["data"]}
+        assert r["condition"] == "C" and set(refs) >= {"A", "B", "C"}
+        assert refs["A"]["model"]["expr"] == check.value
+        assert refs["A"]["datasourceUid"] == "prometheus"
+        math = refs["C"]["model"]["expression"]
+        value = th.checks[check.threshold].value
+        if check.baseline:
+            assert refs["D"]["model"]["expr"] == check.baseline
+            assert math == f"$B {check.op} {value:g} * $E"
+        else:
+            assert math == f"$B {check.op} {value:g}"
+        assert r["for"] == th.checks[check.threshold].for_
+        assert r["labels"] == {"severity": th.checks[check.threshold].severity, "step": str(check.group)}
+
+
+def test_rules_point_at_their_dashboard_panel() -> None:
+    panels = {p["id"]: p for p in CHAIN["panels"]}
+    for r in _rules():
+        assert r["dashboardUid"] == CHAIN["uid"]
+        assert panels[r["panelId"]]["links"][0]["title"] == f"Runbook: {r['title']}"
+        assert r["annotations"]["dashboard_url"].endswith(f"{CHAIN['uid']}?viewPanel={r['panelId']}")
