@@ -18,7 +18,7 @@ from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
 from exporter.catalog import SIGNALS
 from exporter.server import ExporterServer, ServerDeps
-from tests.console import backfill, payloads
+from tests.console import backfill, cluster, payloads
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -34,13 +34,24 @@ def _clear_streamlit_caches() -> Iterator[None]:
     st.cache_resource.clear()
 
 
-@pytest.fixture
-def exporter_url() -> Iterator[str]:
-    server = ExporterServer("127.0.0.1", 0, ServerDeps(registry=CollectorRegistry(), api=payloads.API)).start()
+def _serve(api: dict) -> Iterator[str]:
+    server = ExporterServer("127.0.0.1", 0, ServerDeps(registry=CollectorRegistry(), api=api)).start()
     try:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def exporter_url() -> Iterator[str]:
+    """The real exporter HTTP server and API builders over a ClusterState fed crafted inputs."""
+    yield from _serve(cluster.routes())
+
+
+@pytest.fixture
+def documented_exporter_url() -> Iterator[str]:
+    """The exporter HTTP server answering docs/api.md's example payloads (topology, changes)."""
+    yield from _serve(payloads.API)
 
 
 @pytest.fixture
@@ -54,6 +65,13 @@ def exporter_only(monkeypatch: pytest.MonkeyPatch, exporter_url: str) -> str:
     monkeypatch.setenv(EXPORTER_ENV, exporter_url)
     monkeypatch.delenv(PROMETHEUS_ENV, raising=False)
     return exporter_url
+
+
+@pytest.fixture
+def documented_only(monkeypatch: pytest.MonkeyPatch, documented_exporter_url: str) -> str:
+    monkeypatch.setenv(EXPORTER_ENV, documented_exporter_url)
+    monkeypatch.delenv(PROMETHEUS_ENV, raising=False)
+    return documented_exporter_url
 
 
 def _free_port() -> int:

@@ -1,0 +1,41 @@
+"""A real ClusterState fed with crafted inputs: sticky sessions fail while the hit rate falls.
+
+Hand-computed: worker scrapes give 246 + 164 hit of 600 + 400 queried tokens → 41% (the
+symptom). Ten keyed sessions each send two turns; sessions 0–2 come back on w1 while their
+worker w0 is still healthy → 3 of 10 follow-ups collide → 30% (> 5%: step 2 fires).
+Follow-ups on w0 reuse all 64 prompt tokens, those on w1 only its 2 resident blocks (32).
+"""
+
+from __future__ import annotations
+
+from exporter.api import ApiBuilders
+from exporter.health import Health
+from exporter.model import BlockStored, KvBatch, WorkerSnapshot
+from exporter.state import ClusterState
+from exporter.thresholds import load_thresholds
+
+NOW = 1_000.0
+CHAIN = [11, 12, 13, 14]
+
+
+def build_state() -> ClusterState:
+    state = ClusterState(Health(), load_thresholds(), clock=lambda: NOW)
+    for worker, (queried, hits) in {"w0": (600, 246), "w1": (400, 164)}.items():
+        for ts, share in ((900.0, 0.0), (990.0, 1.0)):
+            state.observe_worker(WorkerSnapshot(worker, "vllm", model="m", prefix_queried_tokens=queried * share,
+                                                prefix_hit_tokens=hits * share, num_gpu_blocks=100,
+                                                block_size=16), ts)
+    state.apply_kv_batch(KvBatch("w0", 0, 940.0, (BlockStored(tuple(CHAIN), None, 16),)), 940.0)
+    state.apply_kv_batch(KvBatch("w1", 0, 940.0, (BlockStored(tuple(CHAIN[:2]), None, 16),)), 940.0)
+    first = [{"ts": 950.0 + i, "request_id": f"a{i}", "worker": "w0", "model": "m", "prompt_tokens": 64,
+              "session_key": f"s{i}", "block_hashes": CHAIN, "cached_tokens": 0} for i in range(10)]
+    follow = [{"ts": 970.0 + i, "request_id": f"b{i}", "worker": "w1" if i < 3 else "w0", "model": "m",
+               "prompt_tokens": 64, "session_key": f"s{i}", "block_hashes": CHAIN,
+               "cached_tokens": 32 if i < 3 else 64} for i in range(10)]
+    state.ingest_records(first, 960.0)
+    state.ingest_records(follow, 985.0)
+    return state
+
+
+def routes() -> dict:
+    return ApiBuilders(build_state()).routes()
