@@ -13,10 +13,11 @@ from urllib.parse import quote
 
 import yaml
 
+from alerts import config as alerts_config
 from exporter.catalog import CHECKS_BY_ALERT, STEPS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-THRESHOLDS_FILE = REPO_ROOT / "alerts" / "thresholds.yaml"
+THRESHOLDS_FILE = alerts_config.DEFAULT_PATH
 RUNBOOK_DIR = REPO_ROOT / "runbooks"
 GENERATED_RULES = REPO_ROOT / "alerts" / "generated" / "prefixscope.rules.yaml"
 # The generated Grafana dashboard with one row per diagnosis step (dashboards/diagnosis_chain).
@@ -33,13 +34,13 @@ class Thresholds:
 
 @lru_cache(maxsize=4)
 def load_thresholds(path: Path = THRESHOLDS_FILE) -> Thresholds:
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    checks = doc.get("checks", {})
+    """The validated threshold file (alerts.config), flattened to what the console shows."""
+    th = alerts_config.load(path)
     return Thresholds(
-        values={k: float(v["value"]) for k, v in checks.items()},
-        severities={k: str(v.get("severity", "warning")) for k, v in checks.items()},
-        runbook_url_base=str(doc.get("runbook_url_base", "")),
-        dashboard_url_base=str(doc.get("dashboard_url_base", "")),
+        values={k: c.value for k, c in th.checks.items()},
+        severities={k: c.severity for k, c in th.checks.items()},
+        runbook_url_base=th.runbook_url_base,
+        dashboard_url_base=th.dashboard_url_base,
     )
 
 
