@@ -17,7 +17,7 @@ import yaml
 from grafanalib._gen import loader
 
 from alerts import config, docs, grafana, promtests, rules
-from dashboards.common import to_json
+from dashboards.common import to_json, use_thresholds
 from exporter.catalog import CHECKS
 
 ROOT = config.REPO_ROOT
@@ -52,6 +52,7 @@ def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
     if problems:
         raise config.ConfigError([f"exporter/catalog.py: {p}" for p in problems])
     out: dict[Path, str] = {}
+    use_thresholds(th)
     chain = None
     for path in dashboard_files(root):
         dashboard = loader(str(path))

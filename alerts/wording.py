@@ -77,5 +77,6 @@ def description(check: Check, value: float) -> str:
     word = "below" if check.op == "<" else "above"
     limit = threshold_text(check, value)
     if check.baseline:
-        limit = f"{value:g} × the baseline ({RULES_BY_NAME[check.baseline].help.rstrip('.')})"
+        baseline = RULES_BY_NAME[check.baseline].help.rstrip(".")
+        limit = f"{value:g} × the baseline ({baseline[0].lower()}{baseline[1:]})"
     return f"{check.meaning} Now {value_template(check)}; the alert fires {word} {limit}."

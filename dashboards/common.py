@@ -44,6 +44,12 @@ def thresholds() -> Thresholds:
     return _thresholds
 
 
+def use_thresholds(th: Thresholds) -> None:
+    """Draw dashboards with ``th`` (``prefixscope generate --thresholds FILE``) instead of the default file."""
+    global _thresholds
+    _thresholds = th
+
+
 def target(expr: str, legend: str = "", instant: bool = False, table: bool = False) -> g.Target:
     return g.Target(expr=expr, legendFormat=legend, instant=instant, datasource=DATASOURCE,
                     format=g.TABLE_TARGET_FORMAT if table else g.TIME_SERIES_TARGET_FORMAT)

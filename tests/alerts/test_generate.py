@@ -31,8 +31,11 @@ def test_check_lists_stale_files_when_thresholds_change(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert "stale: alerts/generated/prefixscope.rules.yaml" in err
     assert "stale: docs/metrics.md" in err
-    # The dashboards draw the committed thresholds, which did not change for this process.
-    assert "prefixscope.prometheusrule.yaml" in err
+    assert "stale: alerts/generated/prefixscope.prometheusrule.yaml" in err
+    assert "stale: alerts/generated/grafana-alerting.yaml" in err
+    # The threshold line of the hit-rate panel moves with the config.
+    assert "stale: dashboards/generated/diagnosis_chain.json" in err
+    assert "prefix_tree.json" not in err
 
 
 def test_catalogue_rules_are_well_formed() -> None:
