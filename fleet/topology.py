@@ -126,11 +126,11 @@ class Topology:
 # --------------------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------------------
-def _show(v: Any) -> str:
+def show_value(v: Any) -> str:
     return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
-class _Errors:
+class FieldErrors:
     def __init__(self, source: str) -> None:
         self.source = source
         self.lines: list[str] = []
@@ -143,7 +143,7 @@ class _Errors:
             raise cls("\n".join(self.lines))
 
 
-def check_value(errors: _Errors, field: str, value: Any, kind: str) -> Any:
+def check_value(errors: FieldErrors, field: str, value: Any, kind: str) -> Any:
     """Validate one scalar; returns the value (converted) or None after recording a problem."""
     if kind in ("positive", "non_negative", "positive_int", "non_negative_int", "ratio"):
         ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -159,23 +159,23 @@ def check_value(errors: _Errors, field: str, value: Any, kind: str) -> Any:
             what = {"positive": "a positive number", "non_negative": "a number ≥ 0",
                     "positive_int": "a positive integer", "non_negative_int": "an integer ≥ 0",
                     "ratio": "a number between 0 and 1"}[kind]
-            errors.add(field, f"must be {what}, got {_show(value)}")
+            errors.add(field, f"must be {what}, got {show_value(value)}")
             return None
         return int(value) if kind.endswith("_int") else float(value)
     if kind == "name":
         if not isinstance(value, str) or not value.strip():
-            errors.add(field, f"must be a non-empty string, got {_show(value)}")
+            errors.add(field, f"must be a non-empty string, got {show_value(value)}")
             return None
         return value
     if kind == "bool":
         if not isinstance(value, bool):
-            errors.add(field, f"must be true or false, got {_show(value)}")
+            errors.add(field, f"must be true or false, got {show_value(value)}")
             return None
         return value
     raise AssertionError(kind)
 
 
-def check_keys(errors: _Errors, where: str, data: Mapping, allowed: Iterable[str]) -> None:
+def check_keys(errors: FieldErrors, where: str, data: Mapping, allowed: Iterable[str]) -> None:
     allowed = set(allowed)
     for k in data:
         if k not in allowed:
@@ -202,14 +202,14 @@ def load_yaml_mapping(path: Path, error_cls: type[ValueError]) -> dict:
 
 def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topology:
     """Validate plain data (a parsed topology file) into a :class:`Topology`."""
-    e = _Errors(source)
+    e = FieldErrors(source)
     if not isinstance(data, Mapping):
         e.add("(top level)", f"must be a mapping, got {type(data).__name__}")
         e.raise_if_any(TopologyError)
     check_keys(e, "", data, ("schema", "model", "downgrade_model", "block_size", "kv_bytes_per_token",
                              "gpu_classes", "workers"))
     if data.get("schema", SCHEMA) != SCHEMA:
-        e.add("schema", f"must be {SCHEMA!r}, got {_show(data.get('schema'))}")
+        e.add("schema", f"must be {SCHEMA!r}, got {show_value(data.get('schema'))}")
     model = check_value(e, "model", data.get("model"), "name")
     downgrade = data.get("downgrade_model")
     if downgrade is not None:
@@ -234,7 +234,7 @@ def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topol
     workers_raw = data.get("workers")
     workers: list[WorkerTopo] = []
     if not isinstance(workers_raw, list) or not workers_raw:
-        e.add("workers", f"must be a non-empty list, got {_show(workers_raw)}")
+        e.add("workers", f"must be a non-empty list, got {show_value(workers_raw)}")
         workers_raw = []
     seen: set[str] = set()
     domain_node: dict[str, tuple[str, int]] = {}
@@ -247,18 +247,18 @@ def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topol
                                        *(f for f, _ in CAPABILITY_FIELDS)))
         name = check_value(e, f"{where}.name", w.get("name"), "name")
         if name is not None and name in seen:
-            e.add(f"{where}.name", f"duplicate worker name {_show(name)}")
+            e.add(f"{where}.name", f"duplicate worker name {show_value(name)}")
         seen.add(name)
         node = check_value(e, f"{where}.node", w.get("node"), "name")
         domain = check_value(e, f"{where}.nvlink_domain", w.get("nvlink_domain"), "name")
         if domain is not None and node is not None:
             prev = domain_node.setdefault(domain, (node, i))
             if prev[0] != node:
-                e.add(f"{where}.nvlink_domain", f"domain {_show(domain)} is on node {_show(prev[0])} "
+                e.add(f"{where}.nvlink_domain", f"domain {show_value(domain)} is on node {show_value(prev[0])} "
                       f"(workers[{prev[1]}]); an NVLink domain cannot span nodes")
         gclass = check_value(e, f"{where}.gpu_class", w.get("gpu_class"), "name")
         if gclass is not None and gclass not in classes:
-            e.add(f"{where}.gpu_class", f"unknown GPU class {_show(gclass)} (defined: {', '.join(classes) or 'none'})")
+            e.add(f"{where}.gpu_class", f"unknown GPU class {show_value(gclass)} (defined: {', '.join(classes) or 'none'})")
         gpus = check_value(e, f"{where}.gpus", w.get("gpus", 1), "positive_int")
         warm = check_value(e, f"{where}.warm_pool", w.get("warm_pool", False), "bool")
         caps: dict[str, Any] = {}

@@ -5,6 +5,8 @@ Streams (each a Poisson process whose rate comes from the phase active at the ti
   every follow-up turn extends the previous context (prompt + answer + new user message);
 - cold sessions: a system prompt of their own (nothing shared) — a burst of new sessions;
 - document analysis: one long unique document per request, a summary-length answer;
+- document Q&A: a shared document asked several questions by keyless API calls (each call
+  resends document + question; only the document is shared);
 - extraction jobs: a long unique document and a very short answer (the async-prefill kind);
 - session-key churn: a follow-up continues under a new key (``cookie``: a fresh key, as after
   a cookie reset or a device hand-off; ``title``: only the key's tail changes);
@@ -45,6 +47,11 @@ class WorkloadParams:
     doc_per_s: float = 0.02
     doc_tokens: tuple[int, int] = (8000, 20000)
     doc_output_tokens: tuple[int, int] = (200, 600)
+    docqa_per_s: float = 0.0  # shared documents questioned by keyless API calls (RAG-style)
+    docqa_tokens: tuple[int, int] = (4000, 8000)
+    docqa_questions: tuple[int, int] = (3, 8)
+    docqa_gap_s: float = 10.0
+    docqa_output_tokens: tuple[int, int] = (100, 300)
     extract_per_s: float = 0.0
     extract_tokens: tuple[int, int] = (8000, 16000)
     extract_output_tokens: tuple[int, int] = (4, 24)
@@ -73,7 +80,7 @@ class SimRequest:
     block_hashes: list[int]
     output_tokens: int
     segment: str | None
-    kind: str  # chat | cold | doc | extract | fork | trace
+    kind: str  # chat | cold | doc | docqa | extract | fork | trace
     block_size: int = 16
     token_ids: list[int] | None = None
 
@@ -89,6 +96,7 @@ class _Session:
     turn: int = 0
     kind: str = "chat"
     out_range: tuple[int, int] = (80, 320)
+    extend: bool = True  # follow-ups extend the context (chat) or resend it (document Q&A)
     extra: dict = field(default_factory=dict)
 
 
@@ -166,7 +174,7 @@ class WorkloadGenerator:
                 heapq.heappush(heap, (t, self._seq, kind, payload))
 
         rates = {"chat": "chat_sessions_per_s", "cold": "cold_sessions_per_s", "doc": "doc_per_s",
-                 "extract": "extract_per_s"}
+                 "extract": "extract_per_s", "docqa": "docqa_per_s"}
 
         def schedule(stream: str, t: float) -> None:
             while t <= self.duration_s:
@@ -191,13 +199,14 @@ class WorkloadGenerator:
                 if payload in ("doc", "extract"):
                     yield self._single(t, payload, p)
                     continue
-                sess = self._new_session(payload, p)
+                sess = self._new_docqa(p) if payload == "docqa" else self._new_session(payload, p)
                 kind, payload = "turn", sess
             if kind == "turn":
                 req, again = self._turn(t, payload, p, push)
                 yield req
                 if again:
-                    push(t + p.think_s * self.rng.uniform(0.5, 1.5), "turn", payload)
+                    gap = p.docqa_gap_s if not payload.extend else p.think_s
+                    push(t + gap * self.rng.uniform(0.5, 1.5), "turn", payload)
 
     def _new_session(self, stream: str, p: WorkloadParams, ctx: list[int] | None = None,
                      ctx_hashes: list[int] | None = None, turns: int | None = None) -> _Session:
@@ -213,10 +222,16 @@ class WorkloadGenerator:
                         ctx=ctx, ctx_hashes=ctx_hashes or [], turns_left=turns or self._between(p.turns),
                         kind=stream, out_range=out_range)
 
+    def _new_docqa(self, p: WorkloadParams) -> _Session:
+        doc = self._tokens(self._between(p.docqa_tokens))
+        return _Session(conversation=self._new_id("c"), key="", segment="api", ctx=doc,
+                        ctx_hashes=chain_hashes(doc, self.bs), turns_left=self._between(p.docqa_questions),
+                        kind="docqa", out_range=p.docqa_output_tokens, extend=False)
+
     def _turn(self, t: float, s: _Session, p: WorkloadParams, push: Any) -> tuple[SimRequest, bool]:
         s.turn += 1
         s.turns_left -= 1
-        if s.turn > 1 and s.segment in p.rekey_segments and self.rng.random() < p.rekey_prob:
+        if s.turn > 1 and s.key and s.segment in p.rekey_segments and self.rng.random() < p.rekey_prob:
             s.key = s.key[:-4] + f"{self.rng.getrandbits(16):04x}" if p.rekey_mode == "title" else self._new_id("s")
         prompt = s.ctx + self._tokens(self._between(p.user_tokens))
         hashes = self._extend(s.ctx_hashes, prompt)
@@ -229,10 +244,12 @@ class WorkloadGenerator:
         else:
             sent, sent_hashes = prompt, hashes
         self._ids += 1
-        req = SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=s.key, conversation=s.conversation,
+        req = SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=s.key or None, conversation=s.conversation,
                          turn=s.turn, prompt_tokens=len(sent), block_hashes=sent_hashes, output_tokens=out,
                          segment=s.segment, kind=s.kind, block_size=self.bs,
                          token_ids=sent if self.keep_tokens else None)
+        if not s.extend:
+            return req, s.turns_left > 0
         s.ctx = prompt + self._tokens(out)
         s.ctx_hashes = hashes
         if s.turn > 1 and self.rng.random() < p.fork_prob:

@@ -1,0 +1,376 @@
+"""The simulation driver: a workload and a scenario over the reference router and engines.
+
+On a :class:`~fleet.clock.VirtualClock` the driver jumps from one request arrival to the next,
+so ten simulated minutes take seconds; fleet actions (knobs, cache resets, failures, drains,
+scale-out) fire at their scenario times, and every ``sample_every_s`` the engines' gauges and
+counters are sampled (what a scrape of their /metrics would read). :func:`signals` turns a run
+into the raw value behind each checklist item of ``exporter/catalog.py`` for a time window.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fleet.clock import Clock, VirtualClock
+from fleet.engine import SimEngine, WorkerSpec
+from fleet.fallback import quantile
+from fleet.records import RecordSink
+from fleet.router import Router, RouterConfig
+from fleet.scenarios import Action, Scenario
+from fleet.topology import Topology, WorkerTopo
+from fleet.workloads import generate
+
+SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
+SPEC_ACCEPTANCE = 0.85  # per-position acceptance: ≈ 0.73 accepted/draft with 3 draft tokens
+
+
+def worker_spec(topology: Topology, w: WorkerTopo, seed: int = 0) -> WorkerSpec:
+    return WorkerSpec(name=w.name, model=topology.model, gpu_class=w.gpu_class, prefill_tps=w.prefill_tps,
+                      decode_tps=w.decode_tps, num_gpu_blocks=w.kv_blocks, block_size=topology.block_size,
+                      max_running=w.max_concurrency, gpus=w.gpus, spec_tokens=SPEC_TOKENS,
+                      spec_acceptance=SPEC_ACCEPTANCE, seed=seed)
+
+
+@dataclass(slots=True)
+class Sample:
+    t: float  # seconds since the start
+    workers: dict[str, dict[str, float]]  # worker -> gauges and cumulative counters
+
+
+@dataclass
+class SimResult:
+    scenario: Scenario
+    topology: Topology
+    router: Router
+    engines: dict[str, SimEngine]
+    records: list[dict]
+    samples: list[Sample]
+    start: float  # clock time of t = 0
+    wall_s: float
+    events: list[tuple[float, str]] = field(default_factory=list)  # (t, what happened)
+    # (ts, NVLink domains holding the longest cached prefix, chosen worker) per request
+    placements: list[tuple[float, frozenset[str], str]] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, topology: Topology, *, policy: str | None = None,
+                 clock: Clock | None = None, sink: RecordSink | None = None, duration_s: float | None = None,
+                 seed: int | None = None, sample_every_s: float = 5.0, track_placement: bool = True) -> None:
+        self.scenario = scenario
+        self.topology = topology
+        self.clock = clock or VirtualClock()
+        self.start = self.clock.now()
+        self.duration_s = duration_s if duration_s is not None else scenario.duration_s
+        self.seed = scenario.seed if seed is None else seed
+        self.sample_every_s = sample_every_s
+        self.records: list[dict] = []
+        self.samples: list[Sample] = []
+        self.events: list[tuple[float, str]] = []
+        self.track_placement = track_placement
+        self.placements: list[tuple[float, frozenset[str], str]] = []
+        self._outer_sink = sink
+        self.engines = {w.name: SimEngine(worker_spec(topology, w, self.seed), self.clock,
+                                          on_events=self._events_for(w.name)) for w in topology.workers}
+        initial = topology.names[: scenario.initial_workers] if scenario.initial_workers else topology.names
+        cfg = RouterConfig(policy=policy or scenario.policy)
+        self._configure(cfg, scenario.router)
+        self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed)
+
+    # the router's sink: keep every record, pass it on
+    def emit(self, record: dict) -> None:
+        self.records.append(record)
+        if self._outer_sink is not None:
+            self._outer_sink.emit(record)
+
+    def close(self) -> None:
+        if self._outer_sink is not None:
+            self._outer_sink.close()
+
+    def _events_for(self, worker: str) -> Callable[[list, float], None]:
+        def cb(events: list, ts: float) -> None:
+            router = getattr(self, "router", None)
+            if router is not None:
+                router.on_kv_events(worker, events, ts)
+        return cb
+
+    @staticmethod
+    def _configure(cfg: RouterConfig, overrides: dict[str, Any]) -> None:
+        for k, v in overrides.items():
+            if k == "async_slots":
+                cfg.ladder = replace(cfg.ladder, async_slots=int(v))
+            else:
+                setattr(cfg, k, v)
+
+    # -- actions -------------------------------------------------------------------------
+    def _targets(self, a: Action, rep: int) -> list[str]:
+        names = list(a.workers) or [w.name for w in self.topology.workers if w.node == a.node]
+        names = [n for n in names if n in self.engines]
+        if a.rotate and names:
+            return [names[rep % len(names)]]
+        return names
+
+    def _schedule(self) -> list[tuple[float, int, Callable[[], None], str]]:
+        heap: list[tuple[float, int, Callable[[], None], str]] = []
+        seq = 0
+
+        def push(t: float, fn: Callable[[], None], what: str) -> None:
+            nonlocal seq
+            if t <= self.duration_s:
+                seq += 1
+                heapq.heappush(heap, (t, seq, fn, what))
+
+        sc = self.scenario
+        if sc.fault_router:
+            push(sc.fault_at_s, lambda: self._configure(self.router.config, dict(sc.fault_router)),
+                 f"router: {dict(sc.fault_router)}")
+            if "async_slots" in sc.fault_router:
+                push(sc.fault_at_s, lambda: setattr(self.router.ladder, "config", self.router.config.ladder), "ladder")
+        for a in sc.actions:
+            end = min(a.until if a.until is not None else self.duration_s, self.duration_s)
+            t, rep = a.at, 0
+            while t <= end:
+                for w in self._targets(a, rep):
+                    self._schedule_action(push, a, t, w)
+                if a.every is None:
+                    break
+                t += a.every
+                rep += 1
+        for i in range(int(self.duration_s // self.sample_every_s) + 1):
+            push(i * self.sample_every_s, self._sample, "")
+        return heap
+
+    def _schedule_action(self, push: Callable, a: Action, t: float, w: str) -> None:
+        eng, router = self.engines[w], self.router
+        if a.action == "set_knob":
+            push(t, lambda: setattr(eng.knobs, a.knob, a.value), f"{w}: {a.knob} = {a.value}")
+        elif a.action == "reset_cache":
+            push(t, eng.reset_cache, f"{w}: cache reset")
+        elif a.action == "add_worker":
+            push(t, lambda: router.add_worker(w), f"{w}: joins the pool")
+        elif a.action == "fail":
+            def fail() -> None:
+                eng.knobs.healthy = False
+                router.fail_worker(w)
+
+            def restart() -> None:
+                eng.reset_cache()  # a restarted engine comes back empty
+                eng.knobs.healthy = True
+                router.restore_worker(w, restarted=True)
+            push(t, fail, f"{w}: fails")
+            if a.restore_after:
+                push(t + a.restore_after, restart, f"{w}: restarted")
+        elif a.action == "drain":
+            push(t, lambda: router.drain_worker(w), f"{w}: drains")
+            if a.restore_after:
+                push(t + a.restore_after, lambda: router.restore_worker(w, restarted=False), f"{w}: back in the pool")
+
+    def _sample(self) -> None:
+        t = self.clock.now() - self.start
+        out: dict[str, dict[str, float]] = {}
+        for name, eng in self.engines.items():
+            eng.tick()
+            running, waiting = eng.load()
+            c = eng.counters
+            out[name] = {
+                "kv_usage": eng.kv_usage, "running": running, "waiting": waiting,
+                "max_running": eng.spec.max_running, "resident_blocks": eng.cache.resident_blocks,
+                "capacity_blocks": eng.spec.num_gpu_blocks, "prefix_queries": c.prefix_queries,
+                "prefix_hits": c.prefix_hits, "spec_draft_tokens": c.spec_draft_tokens,
+                "spec_accepted_tokens": c.spec_accepted_tokens,
+                "in_pool": float(name in self.router.pool and name in self.router.healthy),
+            }
+        self.samples.append(Sample(t, out))
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self, on_request: Callable[[dict | None], None] | None = None) -> SimResult:
+        """Run on the virtual clock (or pace a real clock: the clock's sleep does the waiting)."""
+        wall = time.perf_counter()
+        heap = self._schedule()
+        sc = self.scenario
+        virtual = isinstance(self.clock, VirtualClock)
+
+        def until(t: float) -> None:
+            while heap and heap[0][0] <= t:
+                at, _, fn, what = heapq.heappop(heap)
+                self._goto(at, virtual)
+                fn()
+                if what:
+                    self.events.append((at, what))
+
+        for req in generate(sc.phases(), self.duration_s, self.seed, self.topology.block_size):
+            until(req.t)
+            self._goto(req.t, virtual)
+            record = self.router.route(req)
+            if record is not None and self.track_placement:
+                self._placement(record)
+            if on_request is not None:
+                on_request(record)
+        until(self.duration_s)
+        self._goto(self.duration_s, virtual)
+        return SimResult(sc, self.topology, self.router, self.engines, self.records, self.samples, self.start,
+                         time.perf_counter() - wall, self.events, self.placements)
+
+    def _placement(self, record: dict) -> None:
+        """Ground truth for topology-aware placement: where the longest cached prefix lives.
+
+        Looked up right after routing: the request's own blocks only become visible at the end
+        of its prefill, so the caches still show what the router faced.
+        """
+        hashes = record["block_hashes"]
+        depth = {name: eng.cache.match(hashes) for name, eng in self.engines.items()}
+        best = max(depth.values(), default=0)
+        if best > 0:
+            domains = frozenset(self.topology.domain_of(n) for n, d in depth.items() if d == best)
+            self.placements.append((record["ts"], domains, record["worker"]))
+
+    def _goto(self, t: float, virtual: bool) -> None:
+        target = self.start + t
+        if virtual:
+            self.clock.set(target)  # type: ignore[attr-defined]
+        else:
+            self.clock.sleep(target - self.clock.now())
+
+
+def run_scenario(scenario: Scenario, topology: Topology, **kwargs: Any) -> SimResult:
+    sim = Simulation(scenario, topology, **kwargs)
+    try:
+        return sim.run()
+    finally:
+        sim.close()
+
+
+# --------------------------------------------------------------------------------------
+# Raw signals: what each checklist item measures, computed from records and engine samples.
+# --------------------------------------------------------------------------------------
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _window(result: SimResult, since: float, until: float) -> list[dict]:
+    lo, hi = result.start + since, result.start + until
+    return [r for r in result.records if lo <= r["ts"] < hi]
+
+
+def _counter_delta(samples: list[Sample], since: float, until: float, key: str) -> float:
+    inside = [s for s in samples if since <= s.t <= until]
+    if len(inside) < 2:
+        return 0.0
+    return sum(inside[-1].workers[w][key] - inside[0].workers[w][key] for w in inside[-1].workers)
+
+
+def signals(result: SimResult, since: float, until: float, cold_share: float | None = None) -> dict[str, float | None]:
+    """The raw value behind each checklist key over ``[since, until)`` seconds of the run.
+
+    Follow-ups are requests of a session key seen before; a collision is a follow-up served
+    away from the key's previous worker while that worker was still in the pool (a migration
+    is not a collision). ``None`` means the window had nothing to measure.
+    """
+    from fleet.router import cold_reuse_share
+
+    cold_share = cold_reuse_share() if cold_share is None else cold_share
+    topo = result.topology
+    last_worker: dict[str, str] = {}
+    healthy_at: dict[str, bool] = {}
+    lo = result.start + since
+    # session history must include what happened before the window
+    for r in result.records:
+        if r["ts"] >= lo:
+            break
+        if r.get("session_key"):
+            last_worker[r["session_key"]] = r["worker"]
+    recs = _window(result, since, until)
+    followups = collisions = 0
+    fu_prompt = fu_cached = 0
+    migrations = cross_node = 0
+    cold_per_token: list[float] = []
+    warm_per_token: list[float] = []
+    cold_cost: list[float] = []
+    async_waits: list[float] = []
+    walks: list[float] = []
+    stale = prompt_total = 0
+    admitted = affinity = 0
+    samples = [s for s in result.samples if since <= s.t <= until]
+    pool_at = {s.t: {w for w, v in s.workers.items() if v["in_pool"]} for s in result.samples}
+    sample_times = sorted(pool_at)
+
+    def pool(ts: float) -> set[str]:
+        t = ts - result.start
+        best = sample_times[0]
+        for st in sample_times:
+            if st > t:
+                break
+            best = st
+        return pool_at[best]
+
+    for r in recs:
+        key = r.get("session_key")
+        prompt, cached = r["prompt_tokens"], r.get("cached_tokens") or 0
+        prompt_total += prompt
+        if r.get("predicted_cached_tokens") is not None:
+            stale += max(0, r["predicted_cached_tokens"] - cached)
+        if key and key in last_worker:
+            followups += 1
+            fu_prompt += prompt
+            fu_cached += cached
+            prev = last_worker[key]
+            if prev != r["worker"] and not r.get("migrated_from") and prev in pool(r["ts"]):
+                collisions += 1
+        if key:
+            last_worker[key] = r["worker"]
+        if r.get("migrated_from"):
+            migrations += 1
+            if r["migrated_from"] in topo and topo.node_of(r["migrated_from"]) != topo.node_of(r["worker"]):
+                cross_node += 1
+        computed = prompt - cached
+        if r.get("prefill_s") is not None and computed > 0:
+            per_token = r["prefill_s"] / computed
+            if cached <= cold_share * prompt:
+                cold_per_token.append(per_token)
+                w = topo.worker(r["worker"])
+                cold_cost.append(r["prefill_s"] * w.gpus * w.price_per_gpu_hour / 3600)
+            else:
+                warm_per_token.append(per_token)
+        if r.get("async_wait_s") is not None:
+            async_waits.append(r["async_wait_s"])
+        if r.get("walk_s") is not None:
+            walks.append(r["walk_s"])
+        if r.get("admitted_by_affinity") is not None:
+            admitted += 1
+            affinity += bool(r["admitted_by_affinity"])
+    minutes = (until - since) / 60
+    warm = [w.name for w in topo.workers if w.warm_pool]
+    warm_util = [sum(max(s.workers[w]["kv_usage"], s.workers[w]["running"] / s.workers[w]["max_running"])
+                     for w in warm) / len(warm) for s in samples] if warm else []
+    block_ratio = [max(v["resident_blocks"] / v["capacity_blocks"] for v in s.workers.values()) for s in samples]
+    cold_p99, warm_p50 = quantile(cold_per_token, 0.99), quantile(warm_per_token, 0.5)
+    placed = [topo.domain_of(w) in d for ts, d, w in result.placements if lo <= ts < result.start + until]
+    return {
+        "prefix_hit_rate_total": _ratio(_counter_delta(result.samples, since, until, "prefix_hits"),
+                                        _counter_delta(result.samples, since, until, "prefix_queries")),
+        "prefix_hit_rate_per_session": _ratio(fu_cached, fu_prompt),
+        "prefix_block_count_per_worker": max(block_ratio) if block_ratio else None,
+        "sticky_session_collision_rate": _ratio(collisions, followups),
+        "warm_pool_utilization": sum(warm_util) / len(warm_util) if warm_util else None,
+        "session_migration_count_per_minute": migrations / minutes if minutes else None,
+        "cold_prefill_time_p99": (cold_p99 / warm_p50) if cold_p99 is not None and warm_p50 else None,
+        "cold_prefill_cost_per_request": sum(cold_cost) / len(cold_cost) if cold_cost else None,
+        "async_prefill_wait_time_p99": quantile(async_waits, 0.99),
+        "prefix_tree_walk_latency": quantile(walks, 0.99),
+        "topology_aware_placement_hit_rate": sum(placed) / len(placed) if placed else None,
+        "cross_node_migration_count_per_minute": cross_node / minutes if minutes else None,
+        "speculative_decoding_acceptance_rate": _ratio(
+            _counter_delta(result.samples, since, until, "spec_accepted_tokens"),
+            _counter_delta(result.samples, since, until, "spec_draft_tokens")),
+        "continuous_batching_affinity_admission_rate": _ratio(affinity, admitted),
+        "index_staleness": _ratio(stale, prompt_total),
+    }
+
+
+def iter_phase_windows(result: SimResult) -> Iterable[tuple[str, float, float]]:
+    sc = result.scenario
+    yield "warm-up", 0.0, sc.fault_at_s
+    yield "fault", sc.fault_at_s, result.scenario.duration_s
