@@ -20,7 +20,8 @@ def free_port(host: str) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="prefixscope console", description=__doc__)
+    p = argparse.ArgumentParser(prog="prefixscope console",
+                                description="Run the on-call console (Streamlit) against an exporter and, optionally, Prometheus.")
     p.add_argument("--exporter-url", default=os.environ.get(EXPORTER_ENV) or DEFAULT_EXPORTER_URL,
                    help=f"the exporter's base URL (env {EXPORTER_ENV}; default %(default)s)")
     p.add_argument("--prometheus-url", default=os.environ.get(PROMETHEUS_ENV),
