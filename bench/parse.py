@@ -19,7 +19,7 @@ from exporter import normalize, promtext
 TARGET_RATIO = 10.0
 
 
-def worker_page() -> str:
+def worker_page(flavour: str = "vllm") -> str:
     from fleet.clock import VirtualClock
     from fleet.engine import EngineRequest, SimEngine, WorkerSpec
     from fleet.metrics_text import render_metrics
@@ -30,7 +30,7 @@ def worker_page() -> str:
         engine.execute(EngineRequest(request_id=f"r{i}", token_ids=list(range(start, start + 200 + 13 * i)),
                                      max_tokens=8 + i % 50))
     engine.finish_all()
-    return render_metrics(engine).decode()
+    return render_metrics(engine, flavour).decode()
 
 
 def best_time(fn: Callable[[], Any], min_seconds: float = 0.3, repeats: int = 5) -> float:

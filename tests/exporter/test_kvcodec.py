@@ -98,3 +98,32 @@ def test_empty_events_and_mixed_hash_types() -> None:
     batch = kvcodec.decode_batch(msgpack.packb(obj, use_bin_type=True), "w", 2)
     assert batch.events[0].hashes == (1, 2, 2**64 - 1)
     assert kvcodec.decode_batch(msgpack.packb([5.0, [], 0]), "w", 3).events == ()
+
+
+def test_fast_path_agrees_with_the_careful_readers() -> None:
+    """The inline fast path and the careful per-field readers decode every shape alike."""
+    import random
+
+    rng = random.Random(3)
+    hashes = [[1, 2], [2**64 - 1], [], [-5], [b"\x00" * 31 + b"\x07"], [1, b"\x01"], ["x"], None]
+    parents = [None, 0, 7, 2**63, -1, b"\x00\x09", "p"]
+    sizes = [16, 1, 0, -16, 16.0, None, "16"]
+    tokens = [None, [], list(range(32)), 5]
+    for _ in range(2000):
+        hs, p, bs, tok = rng.choice(hashes), rng.choice(parents), rng.choice(sizes), rng.choice(tokens)
+        medium = rng.choice(["GPU", "CPU", None])
+        events = [
+            {"type": "BlockStored", "block_hashes": hs, "parent_block_hash": p, "token_ids": tok, "block_size": bs, "medium": medium},
+            ["BlockStored", hs, p, tok, bs, None, medium, None],
+            {"type": "BlockRemoved", "block_hashes": hs, "medium": medium},
+            ["BlockRemoved", hs, medium],
+        ]
+        for ev in events:
+            packed = msgpack.packb([1.0, [ev], 0], use_bin_type=True)
+            got = kvcodec.decode_batch(packed, "w", 0, Health()).events
+            raw = msgpack.unpackb(packed, raw=False, strict_map_key=False, use_list=False)[1][0]
+            try:
+                expected = ((kvcodec._from_map if isinstance(raw, dict) else kvcodec._from_array)(raw),)
+            except (kvcodec.BadEvent, KeyError, TypeError, ValueError, IndexError):
+                expected = ()
+            assert got == expected, ev

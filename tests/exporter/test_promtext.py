@@ -101,3 +101,13 @@ def test_empty_and_comment_only_text() -> None:
     assert promtext.parse("").samples == {}
     result = promtext.parse("# HELP a b\n# TYPE a counter\n\n")
     assert result.samples == {} and result.errors == [] and result.lines == 0
+
+
+@pytest.mark.parametrize("flavour", ["vllm", "vllm-legacy", "sglang"])
+def test_simulated_worker_pages_match_prometheus_client(flavour: str) -> None:
+    from bench.parse import worker_page
+
+    text = worker_page(flavour)
+    result = promtext.parse(text)
+    assert result.errors == [] and result.lines > 100
+    assert _ours(result) == _reference(text)
