@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.routers import require_routers_bin
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO / ".." / "shared" / "data"
-ROUTERS_BIN = REPO / ".routers" / "bin"
 
 
 @pytest.fixture
@@ -22,9 +22,4 @@ def mooncake_trace() -> Path:
 
 @pytest.fixture
 def routers_bin() -> Path:
-    if not (ROUTERS_BIN / "python").exists():
-        msg = "the router venv .routers is missing (run `make routers`)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return ROUTERS_BIN
+    return require_routers_bin()

@@ -8,9 +8,6 @@ stickiness and that more than one worker is used, not a fixed mapping.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,17 +17,12 @@ import requests
 from fleet.engine import WorkerSpec
 from fleet.worker_http import WORKER_HEADER
 from fleet.workers import FleetOptions, WorkerFleet
+from tests.e2e.routers import start_router
 
 pytestmark = pytest.mark.slow
 
 GROUPS, PER_GROUP = 5, 5
 TOPICS = ("databases", "compilers", "gardening", "astronomy", "cooking")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -39,35 +31,6 @@ def fleet():
     specs = [WorkerSpec(f"w{i}", decode_tps=50.0) for i in range(3)]
     with WorkerFleet(specs, options=FleetOptions(delay_scale=1.0)) as f:
         yield f
-
-
-def start_router(cmd: list[str], log_path, ready_url: str, ready, timeout: float = 30.0) -> subprocess.Popen:
-    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process below
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    proc.log = log  # type: ignore[attr-defined]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            r = requests.get(ready_url, timeout=1)
-            if ready(r):
-                return proc
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    stop_router(proc)
-    raise AssertionError(f"router did not become ready: {log_path.read_text()[-2000:]}")
-
-
-def stop_router(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    proc.log.close()  # type: ignore[attr-defined]
 
 
 def ask(base: str, endpoint: str, group: int, i: int) -> tuple[int, str, int]:
@@ -107,34 +70,23 @@ def assert_affinity(placed: dict[int, list[str]], cached: list[int]) -> None:
 
 
 def test_sglang_router_cache_aware_keeps_groups_on_one_worker(fleet, routers_bin, tmp_path):
-    port, prom = free_port(), free_port()
-    proc = start_router(
-        [str(routers_bin / "python"), "-m", "sglang_router.launch_router", "--worker-urls", *fleet.urls,
-         "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--log-level", "warn"],
-        tmp_path / "sglang-router.log", f"http://127.0.0.1:{port}/readiness",
-        lambda r: r.status_code == 200 and r.json().get("healthy_workers") == 3)
+    router = start_router("sglang-router", routers_bin, fleet.urls, tmp_path)
     try:
-        placed, cached = drive(f"http://127.0.0.1:{port}", "completions")
+        placed, cached = drive(router.url, "completions")
         assert_affinity(placed, cached)
-        text = requests.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).text
+        text = requests.get(router.metrics_url, timeout=5).text
         assert "smg_worker_cb_outcomes_total" in text
     finally:
-        stop_router(proc)
+        router.stop()
 
 
 def test_vllm_router_cache_aware_uses_render_and_keeps_groups_on_one_worker(fleet, routers_bin, tmp_path):
-    port, prom = free_port(), free_port()
-    proc = start_router(
-        [str(routers_bin / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--worker-urls", *fleet.urls,
-         "--policy", "cache_aware", "--worker-startup-check-interval", "1", "--log-level", "warning"],
-        tmp_path / "vllm-router.log", f"http://127.0.0.1:{port}/readiness", lambda r: r.status_code == 200)
+    router = start_router("vllm-router", routers_bin, fleet.urls, tmp_path)
     try:
-        placed, cached = drive(f"http://127.0.0.1:{port}", "chat")
+        placed, cached = drive(router.url, "chat")
         assert_affinity(placed, cached)
-        text = requests.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).text
+        text = requests.get(router.metrics_url, timeout=5).text
         assert 'outcome="prefix_hit"' in text
         assert 'result="render"' in text  # prefix inputs came from our render endpoint
     finally:
-        stop_router(proc)
+        router.stop()

@@ -1,0 +1,120 @@
+"""Start and stop the real sglang-router and vllm-router (from the `.routers` venv) on 127.0.0.1.
+
+Both routers are unmodified PyPI wheels. Each gets its own main and metrics port (both default
+to 29000 for metrics, and sglang-router binds 0.0.0.0 unless told otherwise). sglang-router
+opens its port at once and registers workers in the background, so readiness is polled until
+every worker is healthy; vllm-router blocks until its workers answer /health, checked every
+``--worker-startup-check-interval`` seconds (30 by default, 1 here).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+ROUTERS_BIN = REPO / ".routers" / "bin"
+KINDS = ("sglang-router", "vllm-router")
+
+
+def require_routers_bin() -> Path:
+    """The router venv's bin folder; skip without it locally, fail in CI (env ``CI`` set)."""
+    if not (ROUTERS_BIN / "python").exists():
+        msg = "the router venv .routers is missing (run `make routers`)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return ROUTERS_BIN
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RouterProcess:
+    kind: str
+    proc: subprocess.Popen
+    port: int
+    metrics_port: int
+    log_path: Path
+    log: IO[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log_tail(self, chars: int = 2000) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+def router_command(kind: str, bin_dir: Path, worker_urls: Sequence[str], port: int, metrics_port: int, *,
+                   policy: str = "cache_aware", health_interval_s: int | None = None) -> list[str]:
+    """The command line of one router; ``health_interval_s`` turns on fast runtime health checks."""
+    common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+              "--prometheus-port", str(metrics_port), "--worker-urls", *worker_urls, "--policy", policy]
+    if health_interval_s is not None:
+        common += ["--health-check-interval-secs", str(health_interval_s), "--health-failure-threshold", "1",
+                   "--health-check-timeout-secs", "1"]
+    if kind == "sglang-router":
+        return [str(bin_dir / "python"), "-m", "sglang_router.launch_router", *common, "--log-level", "warn"]
+    if kind == "vllm-router":
+        return [str(bin_dir / "vllm-router"), *common, "--worker-startup-check-interval", "1", "--log-level", "warning"]
+    raise ValueError(f"unknown router kind {kind!r}; choose one of {', '.join(KINDS)}")
+
+
+def _ready(kind: str, workers: int) -> Callable[[requests.Response], bool]:
+    if kind == "sglang-router":  # the port opens before the workers are registered
+        return lambda r: r.status_code == 200 and r.json().get("healthy_workers") == workers
+    return lambda r: r.status_code == 200
+
+
+def start_router(kind: str, bin_dir: Path, worker_urls: Sequence[str], log_dir: Path, *,
+                 policy: str = "cache_aware", health_interval_s: int | None = None,
+                 timeout: float = 30.0) -> RouterProcess:
+    """Start one router in front of ``worker_urls`` and wait until it routes to all of them."""
+    port, metrics_port = free_port(), free_port()
+    cmd = router_command(kind, bin_dir, worker_urls, port, metrics_port, policy=policy,
+                         health_interval_s=health_interval_s)
+    log_path = log_dir / f"{kind}.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - closed by RouterProcess.stop
+    router = RouterProcess(kind, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT),
+                           port, metrics_port, log_path, log)
+    ready = _ready(kind, len(worker_urls))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and router.proc.poll() is None:
+        try:
+            if ready(requests.get(router.url + "/readiness", timeout=1)):
+                return router
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    tail = router.log_tail()
+    router.stop()
+    raise AssertionError(f"{kind} did not become ready within {timeout:g}s: {tail}")
