@@ -1,0 +1,166 @@
+"""The Prometheus text format (0.0.4) rendered straight from ``Series``, without metric objects.
+
+A 1,000-worker fleet has tens of thousands of samples; building one prometheus_client
+``Sample`` per value and formatting it through ``generate_latest`` costs more than the
+state's own work. This renderer writes the same bytes ``generate_latest`` writes for the
+collector's families (same family order, same sorted label names, same value formatting,
+``_total`` counters, histograms as ``_bucket``/``_count``/``_sum``, gauge histograms as
+``_bucket`` plus the ``_gcount``/``_gsum`` gauges) from precomputed per-metric templates.
+``exporter.collector`` stays the reference (and serves OpenMetrics); tests compare the two.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from operator import itemgetter
+
+from exporter import catalog
+from exporter.collector import ALWAYS, _le
+from exporter.state import ClusterState, Series
+from exporter.windows import bucket_counts
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_INF = math.inf
+
+
+def escape_help(text: str) -> str:
+    """HELP text escaping of the text format: backslash and newline."""
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def escape_label_value(value: str) -> str:
+    """Label value escaping of the text format: backslash, newline and double quote."""
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+def format_value(v: float) -> str:
+    """A sample value exactly as prometheus_client writes it (Go-style exponents, +Inf, NaN)."""
+    d = float(v)
+    if d == _INF:
+        return "+Inf"
+    if d == -_INF:
+        return "-Inf"
+    if d != d:
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:  # Go switches to exponent notation sooner than Python
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
+@dataclass(frozen=True)
+class _Template:
+    """How one family's sample lines are built: label names sorted as prometheus_client sorts them."""
+
+    metric: catalog.Metric
+    header: str
+    order: tuple[int, ...]  # indexes into the label values, in sorted label-name order
+    names: tuple[str, ...]  # the label names in that order
+    le_at: int  # position of ``le`` among the sorted names of a bucket sample (-1: none)
+    line: str  # ``name{a="%s",b="%s"} %s\n``: one %-format for a whole sample line
+
+    def ordered(self, values: tuple[str, ...]) -> list[str]:
+        return [escape_label_value(values[i]) for i in self.order]
+
+    def labels(self, values: tuple[str, ...]) -> str:
+        if not self.order:
+            return ""
+        return "{" + ",".join(f'{n}="{v}"' for n, v in zip(self.names, self.ordered(values), strict=True)) + "}"
+
+    def bucket_labels(self, values: tuple[str, ...]) -> Callable[[str], str]:
+        """``le`` → the label block of one bucket sample (the rest formatted once)."""
+        parts = [f'{n}="{v}"' for n, v in zip(self.names, self.ordered(values), strict=True)]
+        head = ",".join(parts[: self.le_at])
+        tail = ",".join(parts[self.le_at:])
+        head = "{" + head + "," if head else "{"
+        tail = "," + tail + "}" if tail else "}"
+        return lambda le: f'{head}le="{le}"{tail}'
+
+    def lines(self, items: Iterable[tuple[tuple[str, ...], float]]) -> list[str]:
+        """Sample lines of a counter or gauge family, in the order given."""
+        items = list(items)
+        line, order, fv = self.line, self.order, format_value
+        if not order:
+            return [line % fv(v) for _lv, v in items]
+        # One C-level scan decides whether any label value needs escaping at all.
+        if any(c in "".join("".join(lv) for lv, _v in items) for c in '\\\n"'):
+            items = [(tuple(escape_label_value(x) for x in lv), v) for lv, v in items]
+        if len(order) == 1:
+            i = order[0]
+            return [line % (lv[i], fv(v)) for lv, v in items]
+        get = itemgetter(*order)
+        return [line % (*get(lv), fv(v)) for lv, v in items]
+
+
+def _header(name: str, help_: str, type_: str) -> str:
+    return f"# HELP {name} {escape_help(help_)}\n# TYPE {name} {type_}\n"
+
+
+def _template(m: catalog.Metric) -> _Template:
+    sample_type = {"counter": "counter", "gauge": "gauge", "info": "gauge"}.get(m.type, "histogram")
+    names = sorted(range(len(m.labels)), key=lambda i: m.labels[i])
+    sorted_names = tuple(m.labels[i] for i in names)
+    le_at = sum(1 for n in sorted_names if n < "le") if m.buckets is not None else -1
+    block = "{" + ",".join(f'{n}="%s"' for n in sorted_names) + "}" if sorted_names else ""
+    line = f"{m.sample_name}{block} %s\n"
+    return _Template(m, _header(m.sample_name, m.help, sample_type), tuple(names), sorted_names, le_at, line)
+
+
+TEMPLATES: tuple[_Template, ...] = tuple(_template(m) for m in catalog.METRICS)
+_BOUNDS: dict[str, tuple[str, ...]] = {
+    m.name: (*(_le(b) for b in m.buckets), "+Inf") for m in catalog.METRICS if m.buckets is not None}
+
+
+def _histogram_lines(out: list[str], name: str, bounds: tuple[str, ...], labels: Callable[[str], str],
+                     plain: str, counts: Iterable[float], total: float, count_suffix: str, sum_suffix: str,
+                     tail: list[str] | None = None) -> None:
+    cum = 0.0
+    bucket = f"{name}_bucket"
+    for le, c in zip(bounds, counts, strict=False):
+        cum += c
+        out.append(f"{bucket}{labels(le)} {format_value(cum)}\n")
+    dest = out if tail is None else tail
+    dest.append(f"{name}{count_suffix}{plain} {format_value(cum)}\n")
+    dest.append(f"{name}{sum_suffix}{plain} {format_value(total)}\n")
+
+
+def render(series: Series) -> bytes:
+    """The text exposition of every catalogue metric whose source signal is available."""
+    signals = series.signals
+    out: list[str] = []
+    for t in TEMPLATES:
+        m = t.metric
+        if m.source not in ALWAYS and not signals.get(m.source, False):
+            continue
+        out.append(t.header)
+        if m.type == "counter" or m.type in ("gauge", "info"):
+            values = series.counters if m.type == "counter" else series.gauges
+            out.extend(t.lines(sorted(values.get(m.name, {}).items())))
+        elif m.type == "histogram":
+            bounds = _BOUNDS[m.name]
+            for lv, row in sorted(series.histograms.get(m.name, {}).items()):
+                _histogram_lines(out, m.name, bounds, t.bucket_labels(lv), t.labels(lv), row[:-1], row[-1],
+                                 "_count", "_sum")
+        else:  # gauge histogram: _bucket here, then the _gcount and _gsum gauges as families of their own
+            obs = series.gaugehistograms.get(m.name)
+            if obs is None:
+                continue
+            counts, total = bucket_counts(m.buckets or (), obs)
+            tail: list[str] = []
+            _histogram_lines(out, m.name, _BOUNDS[m.name], t.bucket_labels(()), "", counts, total,
+                             "_gcount", "_gsum", tail)
+            for suffix, line in zip(("_gcount", "_gsum"), tail, strict=True):
+                out.append(_header(m.name + suffix, m.help, "gauge"))
+                out.append(line)
+    return "".join(out).encode("utf-8")
+
+
+def render_state(state: ClusterState) -> bytes:
+    """One scrape: the state's current series (under its lock), then the text outside it."""
+    return render(state.snapshot_for(lambda st: st.series()))
