@@ -35,7 +35,7 @@ class LadderConfig:
     ttft_target_s: float = 2.0
     downgrade_ttft_s: float = 2.0
     downgrade_max_share: float = 0.2
-    async_min_prefill_s: float = 1.0  # only prefills at least this long are worth the async path
+    async_min_prefill_s: float = 0.5  # only prefills at least this long are worth the async path
     async_max_output: int = 64  # ... and only for short answers (classification, extraction)
     async_abandon_s: float = 5.0
     async_slots: int = 4  # async prefills that run at once

@@ -47,6 +47,9 @@ class PolicyParams:
     long_output_tokens: int = 2048
     # a worker at or past this utilisation is skipped while others have room
     busy_utilisation: float = 0.9
+    # ... and so is one with this many more requests in flight than the least loaded
+    # (sglang-router's balance_abs_threshold idea: reuse first, until the imbalance is large)
+    balance_abs: int = 8
 
 
 def stable_hash(key: str) -> int:
@@ -94,12 +97,19 @@ def _least_loaded(cands: Sequence[Candidate]) -> Candidate:
     return min(cands, key=_utilisation)
 
 
+def _roomy(cands: Sequence[Candidate], params: PolicyParams) -> list[Candidate]:
+    """Candidates neither near their concurrency limit nor far busier than the least loaded."""
+    floor = min(c.load for c in cands)
+    return [c for c in cands if _utilisation(c) < params.busy_utilisation
+            and c.load - floor <= params.balance_abs] or [_least_loaded(cands)]
+
+
 def pick_prefix_tree(cands: Sequence[Candidate], block_size: int, params: PolicyParams = PolicyParams()) -> tuple[str, str]:
     """Longest believed match, minus a load cost; with no match anywhere, the least loaded."""
     best_match = max(c.matched_blocks for c in cands)
     if best_match == 0:
         return _least_loaded(cands).name, "least_loaded"
-    roomy = [c for c in cands if _utilisation(c) < params.busy_utilisation] or list(cands)
+    roomy = _roomy(cands, params)
     best = max(roomy, key=lambda c: (c.matched_blocks * block_size - params.load_cost_tokens * c.load, -c.load))
     return best.name, "prefix_hit" if best.matched_blocks else "least_loaded"
 
@@ -121,7 +131,7 @@ def pick_topology_aware(cands: Sequence[Candidate], prompt_tokens: int, output_t
                         params: PolicyParams = PolicyParams()) -> tuple[str, str]:
     """Seed §4: reuse in the prefix's NVLink domain beats class fit; class fit beats balance."""
     best_match = max(c.matched_blocks for c in cands)
-    roomy = [c for c in cands if _utilisation(c) < params.busy_utilisation] or list(cands)
+    roomy = _roomy(cands, params)
     if best_match > 0:
         domains = {topology.domain_of(c.name) for c in cands if c.matched_blocks == best_match}
         in_domain = [c for c in roomy if topology.domain_of(c.name) in domains]

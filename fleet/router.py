@@ -130,6 +130,7 @@ class RouterConfig:
     vnodes: int = 160
     params: PolicyParams = field(default_factory=PolicyParams)
     ladder: LadderConfig = field(default_factory=LadderConfig)
+    async_share: float = 1.0  # share of a GPU the background async-prefill lane gets
     downgrade_workers: tuple[str, ...] = ()  # workers serving topology.downgrade_model, if any
 
 
@@ -308,9 +309,11 @@ class Router:
             cands = self._candidates(names, matches, now)
             best = max(matches.values(), default=0)
             if prev is not None and prev in self.healthy:
-                if matches.get(prev, 0) >= best:
+                # Leave the anchor only when most of the prompt is cached elsewhere and not
+                # there (the conversation moved devices); short shared runs do not pull it away.
+                if best - matches.get(prev, 0) <= len(hashes) // 2:
                     worker, decision = prev, "sticky"
-                else:  # a longer prefix lives elsewhere (e.g. the conversation moved devices)
+                else:
                     worker, decision = self._policy_pick(req, cands)
             elif prev is not None:
                 worker, decision = self._migration_target(prev, cands), "migrate"
@@ -361,8 +364,10 @@ class Router:
             max_tokens=max(1, req.output_tokens), output_tokens=max(1, req.output_tokens), arrival=now + migrate_s))
         async_wait = None
         if tier == "async_prefill":
-            start = self.ladder.async_start(now, res.ttft_s)
-            async_wait = start - now + res.ttft_s
+            # the async lane runs at background priority: a prefill takes 1/share as long there
+            job = res.queue_s + res.prefill_s / max(1e-6, self.config.async_share)
+            start = self.ladder.async_start(now, job)
+            async_wait = start - now + job
         heapq.heappush(self._inflight[worker], res.finished_at)
         if not self.stateless:
             self.index.add(worker, hashes)

@@ -107,7 +107,7 @@ class Simulation:
 
     # -- actions -------------------------------------------------------------------------
     def _targets(self, a: Action, rep: int) -> list[str]:
-        names = list(a.workers) or [w.name for w in self.topology.workers if w.node == a.node]
+        names = list(a.workers) or [w.name for w in self.topology.workers if a.node in ("*", w.node)]
         names = [n for n in names if n in self.engines]
         if a.rotate and names:
             return [names[rep % len(names)]]
@@ -265,24 +265,43 @@ def _counter_delta(samples: list[Sample], since: float, until: float, key: str) 
 def signals(result: SimResult, since: float, until: float, cold_share: float | None = None) -> dict[str, float | None]:
     """The raw value behind each checklist key over ``[since, until)`` seconds of the run.
 
-    Follow-ups are requests of a session key seen before; a collision is a follow-up served
-    away from the key's previous worker while that worker was still in the pool (a migration
-    is not a collision). ``None`` means the window had nothing to measure.
+    Follow-ups are requests of a session key seen before, or the first request of a new key
+    that continues another key's conversation (a re-keyed session: its prompt extends that
+    session's last prompt). A collision is a follow-up served away from the session's previous
+    worker while that worker was still in the pool (a migration is not a collision). The cold
+    baseline (warm per-token p50) spans the hour before ``until``, like the recording rule.
+    ``None`` means the window had nothing to measure.
     """
     from fleet.router import cold_reuse_share
 
     cold_share = cold_reuse_share() if cold_share is None else cold_share
     topo = result.topology
     last_worker: dict[str, str] = {}
-    healthy_at: dict[str, bool] = {}
+    tail: dict[int, str] = {}  # last block hash of a session's latest prompt -> its key
     lo = result.start + since
+
+    def continued(r: dict) -> str | None:
+        """The earlier session a new key's first prompt continues, if any."""
+        for h in reversed(r.get("block_hashes") or ()):
+            k = tail.get(h)
+            if k is not None:
+                return k
+        return None
+
+    def remember(r: dict) -> None:
+        key = r.get("session_key")
+        if key:
+            last_worker[key] = r["worker"]
+            if r.get("block_hashes"):
+                tail[r["block_hashes"][-1]] = key
+
     # session history must include what happened before the window
     for r in result.records:
         if r["ts"] >= lo:
             break
-        if r.get("session_key"):
-            last_worker[r["session_key"]] = r["worker"]
+        remember(r)
     recs = _window(result, since, until)
+    baseline = _window(result, max(0.0, until - 3600), until)
     followups = collisions = 0
     fu_prompt = fu_cached = 0
     migrations = cross_node = 0
@@ -293,6 +312,14 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
     walks: list[float] = []
     stale = prompt_total = 0
     admitted = affinity = 0
+    moe_hits = moe_aligned = 0
+    lead_signature: dict[tuple[int, ...], str] = {}  # leading blocks -> signature of who cached them
+    lead_n = 2  # blocks that decide the expert signature (WorkerSpec.expert_signature_blocks)
+    for r in result.records:
+        if r["ts"] >= lo:
+            break
+        if r.get("expert_signature") and r.get("block_hashes"):
+            lead_signature.setdefault(tuple(r["block_hashes"][:lead_n]), r["expert_signature"])
     samples = [s for s in result.samples if since <= s.t <= until]
     pool_at = {s.t: {w for w, v in s.workers.items() if v["in_pool"]} for s in result.samples}
     sample_times = sorted(pool_at)
@@ -312,15 +339,15 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
         prompt_total += prompt
         if r.get("predicted_cached_tokens") is not None:
             stale += max(0, r["predicted_cached_tokens"] - cached)
-        if key and key in last_worker:
+        prev_key = key if key in last_worker else (continued(r) if key else None)
+        if prev_key is not None:
             followups += 1
             fu_prompt += prompt
             fu_cached += cached
-            prev = last_worker[key]
+            prev = last_worker[prev_key]
             if prev != r["worker"] and not r.get("migrated_from") and prev in pool(r["ts"]):
                 collisions += 1
-        if key:
-            last_worker[key] = r["worker"]
+        remember(r)
         if r.get("migrated_from"):
             migrations += 1
             if r["migrated_from"] in topo and topo.node_of(r["migrated_from"]) != topo.node_of(r["worker"]):
@@ -332,15 +359,23 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
                 cold_per_token.append(per_token)
                 w = topo.worker(r["worker"])
                 cold_cost.append(r["prefill_s"] * w.gpus * w.price_per_gpu_hour / 3600)
-            else:
-                warm_per_token.append(per_token)
         if r.get("async_wait_s") is not None:
             async_waits.append(r["async_wait_s"])
         if r.get("walk_s") is not None:
             walks.append(r["walk_s"])
+        sig, lead = r.get("expert_signature"), tuple((r.get("block_hashes") or ())[:lead_n])
+        if sig and lead:
+            if cached > 0 and lead in lead_signature:
+                moe_hits += 1
+                moe_aligned += lead_signature[lead] == sig
+            lead_signature.setdefault(lead, sig)
         if r.get("admitted_by_affinity") is not None:
             admitted += 1
             affinity += bool(r["admitted_by_affinity"])
+    for r in baseline:
+        prompt, cached = r["prompt_tokens"], r.get("cached_tokens") or 0
+        if r.get("prefill_s") is not None and prompt - cached > 0 and cached > cold_share * prompt:
+            warm_per_token.append(r["prefill_s"] / (prompt - cached))
     minutes = (until - since) / 60
     warm = [w.name for w in topo.workers if w.warm_pool]
     warm_util = [sum(max(s.workers[w]["kv_usage"], s.workers[w]["running"] / s.workers[w]["max_running"])
@@ -365,7 +400,10 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
         "speculative_decoding_acceptance_rate": _ratio(
             _counter_delta(result.samples, since, until, "spec_accepted_tokens"),
             _counter_delta(result.samples, since, until, "spec_draft_tokens")),
+        "moe_expert_alignment_rate": _ratio(moe_aligned, moe_hits),
         "continuous_batching_affinity_admission_rate": _ratio(affinity, admitted),
+        "kv_event_staleness": max((result.start + until - result.router.kv_last_batch.get(w, result.start)
+                                   for w in result.router.active()), default=None),
         "index_staleness": _ratio(stale, prompt_total),
     }
 

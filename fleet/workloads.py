@@ -43,17 +43,19 @@ class WorkloadParams:
     user_tokens: tuple[int, int] = (40, 240)
     output_tokens: tuple[int, int] = (80, 320)
     cold_sessions_per_s: float = 0.02  # sessions with a system prompt of their own
+    cold_prompt_tokens: tuple[int, int] = (3000, 5000)
+    cold_turns: tuple[int, int] = (3, 8)
     cold_output_tokens: tuple[int, int] = (80, 320)
     doc_per_s: float = 0.02
     doc_tokens: tuple[int, int] = (8000, 20000)
     doc_output_tokens: tuple[int, int] = (200, 600)
-    docqa_per_s: float = 0.0  # shared documents questioned by keyless API calls (RAG-style)
+    docqa_per_s: float = 0.01  # shared documents questioned by keyless API calls (RAG-style)
     docqa_tokens: tuple[int, int] = (4000, 8000)
     docqa_questions: tuple[int, int] = (3, 8)
     docqa_gap_s: float = 10.0
     docqa_output_tokens: tuple[int, int] = (100, 300)
-    extract_per_s: float = 0.0
-    extract_tokens: tuple[int, int] = (8000, 16000)
+    extract_per_s: float = 0.01
+    extract_tokens: tuple[int, int] = (10000, 14000)
     extract_output_tokens: tuple[int, int] = (4, 24)
     rekey_prob: float = 0.0  # per follow-up turn
     rekey_mode: str = "cookie"  # cookie | title
@@ -215,11 +217,12 @@ class WorkloadGenerator:
                 ctx, ctx_hashes = self._tenant(self.rng.randrange(max(1, p.tenants)), p)
                 ctx, ctx_hashes = list(ctx), list(ctx_hashes)
             else:  # a system prompt nobody shares: nothing to reuse anywhere
-                ctx = self._tokens(p.system_tokens + p.tool_tokens)
+                ctx = self._tokens(self._between(p.cold_prompt_tokens))
                 ctx_hashes = chain_hashes(ctx, self.bs)
         out_range = p.cold_output_tokens if stream == "cold" else p.output_tokens
         return _Session(conversation=self._new_id("c"), key=self._new_id("s"), segment=self._segment(p),
-                        ctx=ctx, ctx_hashes=ctx_hashes or [], turns_left=turns or self._between(p.turns),
+                        ctx=ctx, ctx_hashes=ctx_hashes or [],
+                        turns_left=turns or self._between(p.cold_turns if stream == "cold" else p.turns),
                         kind=stream, out_range=out_range)
 
     def _new_docqa(self, p: WorkloadParams) -> _Session:
@@ -238,7 +241,7 @@ class WorkloadGenerator:
         out = self._between(s.out_range)
         if p.timestamp_in_system_prompt:
             # The rendered prompt starts with the current time: every block's chain changes.
-            stamp = [b + VOCAB_OFFSET for b in f"{int(t):016d}".encode()[:TIMESTAMP_TOKENS]]
+            stamp = [b + VOCAB_OFFSET for b in f"{t:016.3f}".encode()[:TIMESTAMP_TOKENS]]
             sent = stamp + prompt
             sent_hashes = chain_hashes(sent, self.bs)
         else:

@@ -19,7 +19,7 @@ from typing import Any
 from exporter.catalog import CHECKS_BY_ALERT
 from fleet.engine import Knobs
 from fleet.policies import POLICIES
-from fleet.topology import FieldErrors, show_value, check_keys, check_value, load_yaml_mapping
+from fleet.topology import FieldErrors, check_keys, check_value, load_yaml_mapping, show_value
 from fleet.workloads import WorkloadParams
 
 SCHEMA = "prefixscope.scenario/v1"
@@ -28,7 +28,7 @@ PRESET_DIR = Path(__file__).resolve().parent
 ACTIONS = ("set_knob", "reset_cache", "fail", "drain", "add_worker")
 KNOBS = tuple(f.name for f in fields(Knobs))
 ROUTER_FIELDS = {"walk_delay_s": "non_negative", "placement": ("aware", "blind"), "class_routing": "bool",
-                 "async_slots": "positive_int"}
+                 "async_slots": "positive_int", "async_share": "ratio"}
 
 
 class ScenarioError(ValueError):
@@ -40,7 +40,7 @@ class Action:
     at: float
     action: str
     workers: tuple[str, ...] = ()
-    node: str | None = None
+    node: str | None = None  # every worker of the node ("*": every worker of the fleet)
     knob: str | None = None
     value: Any = None
     every: float | None = None  # repeat every this many seconds ...
