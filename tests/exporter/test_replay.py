@@ -1,0 +1,118 @@
+"""``prefixscope replay``: hand-computed small traces, then the Mooncake trace's published figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporter import replay as rp
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl"
+needs_mooncake = pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"shared data folder absent ({MOONCAKE.name})")
+
+
+def mooncake_lines(*rows: tuple[int, int, list[int]]) -> list[str]:
+    return [json.dumps({"timestamp": ts, "input_length": n, "output_length": 1, "hash_ids": ids}) for ts, n, ids in rows]
+
+
+# Block size 4. Hits by the rule "a block is hit when it and all before it are resident":
+#   r1 [1,2,3] 10 tokens (4+4+2): nothing cached yet            → 0
+#   r2 [1,2,3] 10 tokens: all three resident, the partial counts → 10
+#   r3 [1,5]    7 tokens: block 1                                → 4
+#   r4 [1,2,6] 12 tokens: blocks 1, 2                            → 8
+SMALL = mooncake_lines((0, 10, [1, 2, 3]), (0, 10, [1, 2, 3]), (1000, 7, [1, 5]), (1000, 12, [1, 2, 6]))
+
+
+def test_small_trace_sequential_hit_tokens_by_hand() -> None:
+    trace = rp.parse_trace(SMALL, block_size=4)
+    assert [r.line for r in trace.requests] == [1, 2, 3, 4]  # ties keep file order
+    result = rp.replay(trace, workers=1, policy="round-robin", capacity_blocks=100)
+    assert result["replay"]["hit_tokens"] == 22 and result["replay"]["prompt_tokens"] == 39
+    assert result["prefix_hit_rate_total"] == pytest.approx(22 / 39)
+    assert result["prefix_hit_rate_per_session"] is None  # Mooncake carries no session ids
+    assert result["status"]["prefix_hit_rate_per_session"] == "not_instrumented"
+    assert result["moe_expert_alignment_rate"] is None and result["speculative_decoding_acceptance_rate"] is None
+    assert set(result) >= {c.key for c in rp.catalog.CHECKS if c.kind == "checklist" and c.group >= 1}
+
+
+def test_small_trace_timed_requests_in_flight_together_share_nothing() -> None:
+    trace = rp.parse_trace(SMALL, block_size=4)
+    result = rp.replay(trace, workers=1, policy="round-robin", capacity_blocks=100, timed=True)
+    # r1 and r2 arrive together: r2 cannot reuse r1's blocks; r3 and r4 come a second later.
+    assert result["replay"]["hit_tokens"] == 0 + 0 + 4 + 8
+    assert result["replay"]["mode"] == "timed"
+
+
+def test_small_trace_eviction_with_a_tiny_cache() -> None:
+    # r5 repeats r1 after r3 and r4 pushed block 3 out of a 4-block cache (each request also
+    # holds one block for its decode): only blocks 1 and 2 are still there.
+    trace = rp.parse_trace([*SMALL, *mooncake_lines((2000, 10, [1, 2, 3]))], block_size=4)
+    roomy = rp.replay(trace, workers=1, policy="round-robin", capacity_blocks=100)
+    tight = rp.replay(trace, workers=1, policy="round-robin", capacity_blocks=4)
+    assert roomy["replay"]["hit_tokens"] == 22 + 10
+    assert tight["replay"]["hit_tokens"] == 22 + 8
+    assert tight["prefix_block_count_per_worker"] == pytest.approx(3 / 4)  # 1, 2, 3 resident at the end
+
+
+def test_records_trace_feeds_session_hit_rate() -> None:
+    recs = [
+        {"ts": 10.0, "request_id": "a1", "worker": "x", "prompt_tokens": 8, "block_hashes": [1, 2], "block_size": 4,
+         "session_key": "s"},
+        {"ts": 11.0, "request_id": "a2", "worker": "x", "prompt_tokens": 12, "block_hashes": [1, 2, 3], "block_size": 4,
+         "session_key": "s"},
+        {"ts": 12.0, "request_id": "bad"},  # fails the schema: skipped and counted
+        "not json",
+    ]
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in recs]
+    trace = rp.parse_trace(lines)
+    assert (trace.format, len(trace.requests), trace.skipped) == ("records", 2, 2)
+    assert trace.first_error is not None and trace.first_error.startswith("line 3:")
+    result = rp.replay(trace, workers=2, policy="prefix-tree", capacity_blocks=100)
+    assert result["replay"]["hit_tokens"] == 8
+    assert result["prefix_hit_rate_per_session"] == pytest.approx(8 / 12)
+    assert result["sticky_session_collision_rate"] == 0.0
+
+
+def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{}\n[]\n")
+    assert rp.main([str(bad), "--json"]) == 2
+    assert "no valid request in the trace" in capsys.readouterr().err
+    assert rp.main([str(tmp_path / "absent.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert rp.main([str(bad), "--workers", "0"]) == 2
+    assert "--workers: must be positive" in capsys.readouterr().err
+
+
+def test_cli_prints_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(SMALL) + "\n")
+    assert rp.main([str(trace), "--workers", "1", "--policy", "round-robin", "--block-size", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prefix_hit_rate_total"] == pytest.approx(22 / 39)
+    assert rp.main([str(trace), "--block-size", "4"]) == 0
+    assert "prefix_hit_rate_total" in capsys.readouterr().out
+
+
+@needs_mooncake
+def test_mooncake_one_worker_sequential_gives_the_published_share() -> None:
+    trace = rp.load_trace(MOONCAKE)
+    assert len(trace.requests) == 3993 and trace.skipped == 0
+    result = rp.replay(trace, workers=1, policy="round-robin", capacity_blocks=10**7)
+    # data README: token-weighted prefix hit share 0.651 with one global cache, sequential
+    assert round(result["prefix_hit_rate_total"], 3) == 0.651
+
+
+@needs_mooncake
+def test_mooncake_policies_and_timing_order() -> None:
+    trace = rp.load_trace(MOONCAKE)
+    trace.requests = trace.requests[:1200]  # enough shared prefixes to separate the policies
+    rate = {p: rp.replay(trace, 8, p, capacity_blocks=100_000)["prefix_hit_rate_total"]
+            for p in ("round-robin", "consistent-hash", "prefix-tree")}
+    assert rate["round-robin"] < rate["consistent-hash"]
+    assert rate["round-robin"] < rate["prefix-tree"]
+    timed = rp.replay(trace, 8, "prefix-tree", capacity_blocks=100_000, timed=True)["prefix_hit_rate_total"]
+    assert timed <= rate["prefix-tree"]
