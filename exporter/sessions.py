@@ -100,7 +100,10 @@ class SessionTable:
         src = self._sessions.get(owner[deepest])
         if src is None or src.key == key or ts - src.last_ts > self.rekey_horizon_s:
             return None
-        if depth > self.shared_depth and depth >= src.first_chain_len:
+        # A continuation carries the earlier conversation plus a new turn, so it extends past the
+        # match; a first prompt equal to another session's is a second conversation opening alike.
+        extends = len(chain) > depth or depth == MAX_CHAIN
+        if extends and depth > self.shared_depth and depth >= src.first_chain_len:
             return src.key
         return None
 
