@@ -66,6 +66,9 @@ class ServerDeps:
     targets: Callable[[], list[TargetStatus]] = list
     healthz: Callable[[], tuple[bool, dict[str, Any]]] = lambda: (True, {})
     extra: dict[str, Any] = field(default_factory=dict)
+    # Renders the Prometheus text format directly (``exporter.exposition.render_state``); the
+    # registry still serves OpenMetrics. None: the registry serves both.
+    render_text: Callable[[], bytes] | None = None
 
 
 def _finite(value: Any) -> Any:
@@ -150,7 +153,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _metrics(self) -> None:
         encoder, ctype = choose_encoder(self.headers.get("Accept"))
-        body = encoder(self.deps.registry)
+        if self.deps.render_text is not None and not ctype.startswith("application/openmetrics-text"):
+            body = self.deps.render_text()
+        else:
+            body = encoder(self.deps.registry)
         headers = {}
         if "gzip" in (self.headers.get("Accept-Encoding") or ""):
             body = gzip.compress(body, compresslevel=5)

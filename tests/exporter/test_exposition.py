@@ -5,6 +5,7 @@ import shutil
 import subprocess
 
 import pytest
+import requests
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,6 +13,7 @@ from exporter.collector import PrefixscopeCollector
 from exporter.exposition import escape_help, escape_label_value, format_value, render_state
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
+from exporter.server import ExporterServer, ServerDeps
 from exporter.state import ClusterState
 from exporter.thresholds import load_thresholds
 from fleet.topology import parse_topology
@@ -103,3 +105,20 @@ def test_promtool_check_metrics_is_clean():
                          capture_output=True, timeout=60)
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
     assert out.stdout.decode().strip() == "" and out.stderr.decode().strip() == ""
+
+
+def test_server_serves_the_direct_text_and_openmetrics_from_the_registry():
+    st = busy_state()
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(PrefixscopeCollector(st))
+    srv = ExporterServer("127.0.0.1", 0, ServerDeps(registry=reg, api={}, render_text=lambda: render_state(st))).start()
+    try:
+        text = requests.get(srv.url + "/metrics", timeout=5)
+        assert text.status_code == 200 and text.headers["Content-Type"].startswith("text/plain")
+        assert text.content == collector_text(st)
+        om = requests.get(srv.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+                          timeout=5)
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.text.endswith("# EOF\n") and "prefixscope_worker_resident_blocks" in om.text
+    finally:
+        srv.stop()
