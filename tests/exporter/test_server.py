@@ -121,6 +121,20 @@ def test_missing_content_length_is_411(server: ExporterServer) -> None:
         assert s.recv(200).startswith(b"HTTP/1.1 411")
 
 
+def test_text_renderer_serves_plain_text_and_registry_serves_openmetrics() -> None:
+    registry = CollectorRegistry()
+    Gauge("prefixscope_test_value", "A test gauge.", registry=registry).set(7)
+    fast = b"# HELP prefixscope_test_value A test gauge.\n# TYPE prefixscope_test_value gauge\nprefixscope_test_value 7.0\n"
+    srv = ExporterServer("127.0.0.1", 0, ServerDeps(registry=registry, api={}, render_text=lambda: fast)).start()
+    try:
+        assert requests.get(srv.url + "/metrics", timeout=5).content == fast
+        om = requests.get(srv.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}, timeout=5)
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.text.endswith("# EOF\n")
+    finally:
+        srv.stop()
+
+
 def test_intake_disabled_answers_404() -> None:
     srv = ExporterServer("127.0.0.1", 0, ServerDeps(registry=CollectorRegistry(), api={})).start()
     try:
