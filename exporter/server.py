@@ -65,9 +65,6 @@ class ServerDeps:
     max_body_bytes: int = 8 * 1024 * 1024
     targets: Callable[[], list[TargetStatus]] = list
     healthz: Callable[[], tuple[bool, dict[str, Any]]] = lambda: (True, {})
-    # A faster renderer of the same text-format bytes as ``registry`` (the registry stays the
-    # reference and serves OpenMetrics).
-    render_text: Callable[[], bytes] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Renders the Prometheus text format directly (``exporter.exposition.render_state``); the
     # registry still serves OpenMetrics. None: the registry serves both.
