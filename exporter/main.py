@@ -37,6 +37,7 @@ from exporter.config import (
     load_fleet_manifest,
     parse_listen_address,
 )
+from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
@@ -153,6 +154,7 @@ class Runtime:
             max_body_bytes=cfg.http_records.max_body_bytes,
             targets=target_status,
             healthz=healthz,
+            render_text=lambda: render_state(state),
         )
         server = ExporterServer(host, port, deps)
         runtime = cls(cfg, workers, health, state, server, subscriber, tails, scraper, clock)
