@@ -39,6 +39,7 @@ from exporter.config import (
 )
 from exporter.exposition import render_state
 from exporter.health import Health
+from exporter.normalize import worker_names_by_url
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
@@ -128,7 +129,8 @@ class Runtime:
         subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
         tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
         targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
-        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind) for r in cfg.routers]
+        names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
+        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
         scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
                           clock=clock)
 

@@ -6,12 +6,14 @@ names. Series are summed over vLLM's ``engine`` label (data-parallel engines beh
 server). A signal the engine does not export stays ``None``.
 
 Routers: sglang-router (``smg_*``) and vllm-router (``vllm_router_*``), detected from the names
-present.
+present. Both label a worker by the URL they route to; given the configured workers, that URL is
+mapped to the worker's name so router series join the worker's own series (and a worker the
+router reports unhealthy is the same worker the exporter scrapes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from exporter import promtext
 from exporter.model import RouterSnapshot, WorkerSnapshot
@@ -192,30 +194,62 @@ def _by_label(samples: Iterable[Sample], label: str, rename: dict[str, str] | No
     return out
 
 
-def router_from_parsed(router: str, parsed: ParseResult, kind: str = "auto") -> RouterSnapshot:
-    """``kind`` "auto" detects the router from the names present; otherwise it is taken as given."""
+def _url_key(url: str) -> str:
+    return url.strip().rstrip("/").lower()
+
+
+def worker_names_by_url(workers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """(name, metrics_url) pairs → {the worker's base URL, as a router labels it: name}.
+
+    A router is given a worker's base URL (``http://host:port``); its /metrics sits under it.
+    """
+    out: dict[str, str] = {}
+    for name, metrics_url in workers:
+        base = _url_key(metrics_url)
+        out[base.removesuffix("/metrics")] = name
+    return out
+
+
+def _named(values: dict[str, float], names: Mapping[str, str] | None) -> dict[str, float]:
+    """Router worker labels (URLs) → configured worker names; an unknown URL keeps its label."""
+    if not names:
+        return values
+    out: dict[str, float] = {}
+    for url, v in values.items():
+        key = names.get(_url_key(url), url)
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def router_from_parsed(router: str, parsed: ParseResult, kind: str = "auto",
+                       worker_names: Mapping[str, str] | None = None) -> RouterSnapshot:
+    """``kind`` "auto" detects the router from the names present; otherwise it is taken as given.
+
+    ``worker_names`` is :func:`worker_names_by_url` of the configured workers.
+    """
     got = parsed.samples
     seen = [*got, *parsed.other_names]
     if kind == "vllm-router" or (kind == "auto" and any(n.startswith("vllm_router_") for n in seen)):
         return RouterSnapshot(
             router=router, kind="vllm-router",
-            decisions=_by_label(got.get(VR_DECISIONS, ()), "worker"),
-            healthy=_by_label(got.get(VR_HEALTH, ()), "worker"),
+            decisions=_named(_by_label(got.get(VR_DECISIONS, ()), "worker"), worker_names),
+            healthy=_named(_by_label(got.get(VR_HEALTH, ()), "worker"), worker_names),
             prefix_outcomes=_by_label(got.get(VR_PREFIX, ()), "outcome", VR_OUTCOMES),
         )
     if kind == "sglang-router" or (kind == "auto" and any(n.startswith("smg_") for n in seen)):
         # sglang-router exports no prefix-match outcome: prefix_outcomes stays empty (missing).
         return RouterSnapshot(
             router=router, kind="sglang-router",
-            decisions=_by_label(got.get(SMG_DECISIONS, ()), "worker"),
-            healthy=_by_label(got.get(SMG_HEALTH, ()), "worker"),
+            decisions=_named(_by_label(got.get(SMG_DECISIONS, ()), "worker"), worker_names),
+            healthy=_named(_by_label(got.get(SMG_HEALTH, ()), "worker"), worker_names),
         )
     raise UnrecognisedMetrics(f"no sglang-router or vllm-router metric among {parsed.lines} sample lines")
 
 
-def parse_router(router: str, text: str, kind: str = "auto") -> tuple[RouterSnapshot, list[ParseError]]:
+def parse_router(router: str, text: str, kind: str = "auto",
+                 worker_names: Mapping[str, str] | None = None) -> tuple[RouterSnapshot, list[ParseError]]:
     """Router /metrics text → snapshot and malformed lines; raises UnrecognisedMetrics."""
     parsed = promtext.parse(text, ROUTER_NAMES)
     if kind != "auto" and not parsed.samples and not parsed.other_names:
         raise UnrecognisedMetrics(f"no metric at all among {parsed.lines} sample lines")
-    return router_from_parsed(router, parsed, kind), parsed.errors
+    return router_from_parsed(router, parsed, kind, worker_names), parsed.errors

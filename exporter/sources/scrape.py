@@ -35,6 +35,8 @@ class ScrapeTarget:
     url: str
     kind: str  # "worker" or "router"
     router_kind: str = "auto"  # for routers: auto, sglang-router, vllm-router
+    # for routers: (worker base URL, worker name) pairs, so router series carry the worker's name
+    worker_names: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +143,8 @@ class Scraper:
                 if target.kind == "worker":
                     worker, errors = normalize.parse_worker(target.name, text)
                 else:
-                    router, errors = normalize.parse_router(target.name, text, target.router_kind)
+                    router, errors = normalize.parse_router(target.name, text, target.router_kind,
+                                                            dict(target.worker_names))
             except normalize.UnrecognisedMetrics as exc:
                 raise ScrapeFailed("garbage", str(exc)) from None
             if errors:
