@@ -10,8 +10,10 @@ get an OpenAI-style 4xx error body; nothing a client sends can take the server d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -115,6 +117,38 @@ def generate_tokens(body: dict) -> list[int]:
     raise ApiError(400, "'text' or 'input_ids' is required", "text")
 
 
+class _Server(ThreadingHTTPServer):
+    """Remembers its open connections so that stopping drops them, as a dying process would;
+    otherwise keep-alive clients (routers, scrapers) keep being answered by a "dead" worker."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        with self._open_lock:
+            conns = list(self._open)
+        for conn in conns:
+            with contextlib.suppress(OSError):  # already closed by its client
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
 class WorkerServer:
     """Serves one engine on 127.0.0.1 (port 0 = ephemeral)."""
 
@@ -134,8 +168,7 @@ class WorkerServer:
         self.on_request = on_request
         self.max_body = max_body
         self.realtime = isinstance(engine.clock, RealClock)
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _Handler)
         self.httpd.worker = self  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
 
@@ -156,6 +189,7 @@ class WorkerServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.httpd.drop_connections()
         if self._thread is not None:
             self._thread.join(5)
 
