@@ -13,7 +13,9 @@ import os
 import socket
 import subprocess
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -21,9 +23,15 @@ from typing import IO
 import pytest
 import requests
 
+from fleet.worker_http import WORKER_HEADER
+
 REPO = Path(__file__).resolve().parents[2]
 ROUTERS_BIN = REPO / ".routers" / "bin"
 KINDS = ("sglang-router", "vllm-router")
+# The endpoint each router is driven through: vllm-router's prefix matching needs the worker's
+# render endpoint, which the simulated workers answer for chat.
+ENDPOINT = {"sglang-router": "completions", "vllm-router": "chat"}
+TOPICS = ("databases", "compilers", "gardening", "astronomy", "cooking")
 
 
 def require_routers_bin() -> Path:
@@ -118,3 +126,39 @@ def start_router(kind: str, bin_dir: Path, worker_urls: Sequence[str], log_dir: 
     tail = router.log_tail()
     router.stop()
     raise AssertionError(f"{kind} did not become ready within {timeout:g}s: {tail}")
+
+
+# ---- load with shared prefixes ----------------------------------------------------------------
+def ask(base: str, endpoint: str, group: int, i: int, model: str = "sim-model") -> tuple[int, str, int]:
+    """One request of prefix group ``group`` → (group, serving worker, engine-reported cached tokens)."""
+    prefix = f"You are an expert assistant on {TOPICS[group]}. " * 12
+    question = f"Question {i}: what matters most about {TOPICS[group]} when item {i} is involved?"
+    if endpoint == "chat":
+        r = requests.post(f"{base}/v1/chat/completions", timeout=30, json={
+            "model": model, "max_tokens": 16,
+            "messages": [{"role": "system", "content": prefix}, {"role": "user", "content": question}]})
+    else:
+        r = requests.post(f"{base}/v1/completions", timeout=30,
+                          json={"model": model, "prompt": prefix + question, "max_tokens": 16})
+    assert r.status_code == 200, r.text
+    return group, r.headers[WORKER_HEADER], r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def drive(base: str, endpoint: str, groups: int = 5, per_group: int = 5,
+          in_flight: int = 4) -> tuple[dict[int, list[str]], list[int]]:
+    """Prefix groups through a router → (workers per group in order, cached tokens of follow-ups).
+
+    Both routers send every new prefix to the first idle worker when requests arrive one at a
+    time, so the first request of every group goes out at once; the rest follow concurrently.
+    """
+    placed: dict[int, list[str]] = defaultdict(list)
+    cached: list[int] = []
+    with ThreadPoolExecutor(groups) as pool:
+        for g, w, _ in pool.map(lambda g: ask(base, endpoint, g, 0), range(groups)):
+            placed[g].append(w)
+    rest = [(g, i) for i in range(1, per_group) for g in range(groups)]
+    with ThreadPoolExecutor(in_flight) as pool:
+        for g, w, c in pool.map(lambda gi: ask(base, endpoint, *gi), rest):
+            placed[g].append(w)
+            cached.append(c)
+    return placed, cached

@@ -8,21 +8,14 @@ stickiness and that more than one worker is used, not a fixed mapping.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import requests
 
 from fleet.engine import WorkerSpec
-from fleet.worker_http import WORKER_HEADER
 from fleet.workers import FleetOptions, WorkerFleet
-from tests.e2e.routers import start_router
+from tests.e2e.routers import drive, start_router
 
 pytestmark = pytest.mark.slow
-
-GROUPS, PER_GROUP = 5, 5
-TOPICS = ("databases", "compilers", "gardening", "astronomy", "cooking")
 
 
 @pytest.fixture
@@ -31,34 +24,6 @@ def fleet():
     specs = [WorkerSpec(f"w{i}", decode_tps=50.0) for i in range(3)]
     with WorkerFleet(specs, options=FleetOptions(delay_scale=1.0)) as f:
         yield f
-
-
-def ask(base: str, endpoint: str, group: int, i: int) -> tuple[int, str, int]:
-    prefix = f"You are an expert assistant on {TOPICS[group]}. " * 12
-    question = f"Question {i}: what matters most about {TOPICS[group]} when item {i} is involved?"
-    if endpoint == "chat":
-        r = requests.post(f"{base}/v1/chat/completions", timeout=30, json={
-            "model": "sim-model", "max_tokens": 16,
-            "messages": [{"role": "system", "content": prefix}, {"role": "user", "content": question}]})
-    else:
-        r = requests.post(f"{base}/v1/completions", timeout=30,
-                          json={"model": "sim-model", "prompt": prefix + question, "max_tokens": 16})
-    assert r.status_code == 200, r.text
-    return group, r.headers[WORKER_HEADER], r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-
-
-def drive(base: str, endpoint: str) -> tuple[dict[int, list[str]], list[int]]:
-    placed: dict[int, list[str]] = defaultdict(list)
-    cached: list[int] = []
-    with ThreadPoolExecutor(GROUPS) as pool:  # the first request of every group at once
-        for g, w, _ in pool.map(lambda g: ask(base, endpoint, g, 0), range(GROUPS)):
-            placed[g].append(w)
-    rest = [(g, i) for i in range(1, PER_GROUP) for g in range(GROUPS)]
-    with ThreadPoolExecutor(4) as pool:
-        for g, w, c in pool.map(lambda gi: ask(base, endpoint, *gi), rest):
-            placed[g].append(w)
-            cached.append(c)
-    return placed, cached
 
 
 def assert_affinity(placed: dict[int, list[str]], cached: list[int]) -> None:

@@ -1,0 +1,233 @@
+"""Real sglang-router and vllm-router in front of simulated workers, observed through the exporter.
+
+Per router: three simulated workers (vLLM /metrics, KV events over ZMQ, speculative decoding on),
+the unmodified router from the `.routers` venv, and the exporter in-process with real HTTP
+scrapes and real ZMQ subscriptions. Prefix groups go through the router; the test compares the
+exporter's /metrics and /api/v1/groups with the workers' own counters and caches, checks that
+every signal needing request records is said to be missing (never 0), then kills a worker and
+watches the router and the exporter report it down.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import catalog, normalize
+from exporter.config import Config, HttpRecords, RouterTarget, WorkerTarget
+from exporter.main import Runtime
+from fleet.engine import WorkerSpec
+from fleet.workers import FleetOptions, WorkerFleet
+from tests.e2e.routers import ENDPOINT, KINDS, RouterProcess, ask, drive, require_routers_bin, start_router
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+ACCESS_LOG_SCRIPT = REPO / "examples" / "records-from-access-log.py"
+P = catalog.NAMESPACE
+MODEL = "sim-model"
+GROUPS, PER_GROUP = 4, 5
+TOKEN = "e2e-token"
+# exporter counter (without prefix and _total) → the simulated engine's own counter
+COUNTERS = {"prefix_cache_hit_tokens": "prefix_hits", "prefix_cache_queried_tokens": "prefix_queries",
+            "spec_decode_draft_tokens": "spec_draft_tokens", "spec_decode_accepted_tokens": "spec_accepted_tokens"}
+
+# Signals only request records can feed: with routers and workers alone they must be missing.
+RECORD_SIGNALS = ("records", "session_key", "block_hashes", "cached_tokens", "predicted_cached_tokens",
+                  "prefill_timing", "async_prefill", "walk_latency", "migrations", "expert_signature",
+                  "affinity_admission")
+# Checks of those signals (sessions, collisions, migrations, cold prefill, walk latency,
+# placement, MoE, affinity) and of the topology that no file provides here.
+UNFED_CHECKS = tuple(c.key for c in catalog.CHECKS
+                     if any(s in RECORD_SIGNALS or s in ("topology", "warm_pool") for s in c.signals))
+
+
+# ---- pure: router worker labels become the configured worker names ----------------------------
+def test_router_worker_urls_are_mapped_to_configured_names() -> None:
+    names = normalize.worker_names_by_url([("w1", "http://127.0.0.1:8331/metrics"),
+                                           ("w2", "HTTP://127.0.0.1:8332/metrics/"), ("w3", "http://127.0.0.1:8333")])
+    snap, errors = normalize.parse_router("vr", (FIXTURES / "vllm_router_metrics.txt").read_text(), "auto", names)
+    assert errors == []
+    # vllm_router_policy_decisions_total in the fixture: 8331 → 10, 8332 → 90, 8333 → 20
+    assert snap.decisions == {"w1": 10.0, "w2": 90.0, "w3": 20.0}
+    assert snap.healthy == {"w1": 1.0, "w2": 1.0, "w3": 1.0}
+    snap, _ = normalize.parse_router("sr", (FIXTURES / "sglang_router_metrics.txt").read_text(), "auto",
+                                     {"http://127.0.0.1:8151": "a"})
+    # smg_worker_cb_outcomes_total: 8151 → 60 is named, the two workers not configured keep their URL
+    assert snap.decisions == {"a": 60.0, "http://127.0.0.1:8152": 63.0, "http://127.0.0.1:8153": 33.0}
+
+
+# ---- the stack --------------------------------------------------------------------------------
+@dataclass
+class Stack:
+    kind: str
+    fleet: WorkerFleet
+    router: RouterProcess
+    runtime: Runtime
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = requests.get(self.runtime.url + "/metrics", timeout=5).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.samples().get((name, tuple(sorted(labels.items()))))
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples()}
+
+    def groups(self) -> dict:
+        r = requests.get(self.runtime.url + "/api/v1/groups", timeout=5)
+        assert r.status_code == 200, r.text
+        return r.json()["data"]
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@pytest.fixture(params=KINDS)
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    kind = request.param
+    bin_dir = require_routers_bin()
+    # decode 16 tokens at 50/s ≈ 0.3 s per request, so concurrent first requests spread out
+    specs = [WorkerSpec(f"w{i}", decode_tps=50.0, spec_tokens=3, num_gpu_blocks=4096) for i in range(3)]
+    fleet = WorkerFleet(specs, options=FleetOptions(delay_scale=1.0)).start()
+    router = runtime = None
+    try:
+        router = start_router(kind, bin_dir, fleet.urls, tmp_path, health_interval_s=1)
+        workers = tuple(WorkerTarget(e["name"], e["url"] + "/metrics", e["kv_endpoint"], e["replay_endpoint"],
+                                     e["topic"]) for e in fleet.endpoints())
+        cfg = Config(source="e2e", workers=workers, routers=(RouterTarget(kind, router.metrics_url, kind),),
+                     scrape_interval=0.5, scrape_timeout=0.5, listen_address="127.0.0.1:0",
+                     http_records=HttpRecords(bearer_token=TOKEN))
+        runtime = Runtime.build(cfg).start()
+        assert runtime.subscriber is not None and runtime.subscriber.wait_connected(5)
+        s = Stack(kind, fleet, router, runtime)
+        # Counters enter the windows as increases from the first scrape: take it before any traffic.
+        wait_for(lambda: all(s.value(f"{P}_up", target=t, kind=k) == 1.0
+                             for t, k in [*((w.name, "worker") for w in fleet), (kind, "router")]),
+                 "a first successful scrape of every target")
+        time.sleep(0.3)  # ZMQ subscriptions reach the PUB sockets asynchronously
+        yield s
+    finally:
+        if runtime is not None:
+            runtime.stop()
+        if router is not None:
+            router.stop()
+        fleet.stop()
+
+
+def settle(s: Stack) -> None:
+    """Every engine idle, every KV batch published, and a scrape taken after that."""
+    for w in s.fleet:
+        if w.alive:
+            wait_for(lambda w=w: w.engine.load() == (0, 0), f"{w.name} idle")
+            w.engine.tick()
+            w.publisher.flush(2.0)
+    served = {w.name: sum(w.engine.counters.requests_success.values()) for w in s.fleet}
+    wait_for(lambda: all(s.value(f"{P}_router_decisions_total", router=s.kind, worker=n) == v
+                         for n, v in served.items() if v),
+             "router decisions to match the workers' served requests")
+    def scraped_after_load() -> bool:
+        got = s.samples()
+        return all(got.get((f"{P}_{name}_total", (("model", MODEL), ("worker", w.name)))) == getattr(w.engine.counters, fld)
+                   for w in s.fleet for name, fld in COUNTERS.items())
+
+    wait_for(scraped_after_load, "a scrape after the load")
+
+
+# ---- the end-to-end test ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_router_and_workers_feed_every_group_they_can(stack: Stack) -> None:
+    s = stack
+    placed, cached = drive(s.router.url, ENDPOINT[s.kind], groups=GROUPS, per_group=PER_GROUP)
+    served = Counter(w for ws in placed.values() for w in ws)
+    assert sum(served.values()) == GROUPS * PER_GROUP
+    assert all(len(set(ws)) == 1 for ws in placed.values()), f"a prefix group was split: {placed}"
+    settle(s)
+
+    # per-worker router decisions = requests each worker served (from its own response header)
+    for w in s.fleet:
+        assert sum(w.engine.counters.requests_success.values()) == served[w.name]
+        got = s.value(f"{P}_router_decisions_total", router=s.kind, worker=w.name)
+        assert got == (served[w.name] or None), (w.name, got, served)
+        assert s.value(f"{P}_router_worker_healthy", router=s.kind, worker=w.name) == 1.0
+
+    outcomes = {o: s.value(f"{P}_router_prefix_outcomes_total", router=s.kind, outcome=o) for o in ("hit", "miss")}
+    if s.kind == "vllm-router":
+        assert outcomes["hit"] + outcomes["miss"] == GROUPS * PER_GROUP
+        # every follow-up found its group's prefix in the router's tree; the first ones could not
+        assert outcomes["miss"] >= 1 and outcomes["hit"] >= GROUPS * (PER_GROUP - 1)
+    else:  # sglang-router exports no prefix-match outcome: absent, not zero
+        assert outcomes == {"hit": None, "miss": None}
+        assert f"{P}_router_prefix_outcomes" not in s.names()
+
+    # group 1 from the workers' counters and KV events
+    hits = sum(w.engine.counters.prefix_hits for w in s.fleet)
+    queries = sum(w.engine.counters.prefix_queries for w in s.fleet)
+    assert hits > 0 and sum(cached) <= hits
+    for w in s.fleet:
+        c = w.engine.counters
+        for name, fld in COUNTERS.items():
+            assert s.value(f"{P}_{name}_total", worker=w.name, model=MODEL) == getattr(c, fld), (w.name, name)
+        assert s.value(f"{P}_worker_resident_blocks", worker=w.name) == len(w.engine.cache.resident())
+        assert s.value(f"{P}_worker_capacity_blocks", worker=w.name) == 4096
+
+    data = s.groups()
+    checks = {c["key"]: c for st in data["steps"] for c in st["checks"]}
+    status = {st["step"]: st["status"] for st in data["steps"]}
+    hit_rate = checks["prefix_hit_rate_total"]
+    assert hit_rate["value"] == pytest.approx(hits / queries)
+    assert hit_rate["status"] == ("firing" if hits / queries < hit_rate["threshold"] else "ok")
+    assert checks["prefix_block_count_per_worker"]["value"] == pytest.approx(
+        max(len(w.engine.cache.resident()) for w in s.fleet) / 4096)
+    draft = sum(w.engine.counters.spec_draft_tokens for w in s.fleet)
+    accepted = sum(w.engine.counters.spec_accepted_tokens for w in s.fleet)
+    spec = checks["speculative_decoding_acceptance_rate"]
+    assert draft > 0 and spec["value"] == pytest.approx(accepted / draft)
+    assert spec["status"] == ("firing" if accepted / draft < spec["threshold"] else "ok")
+    assert status[0] == "ok" and status[5] in ("ok", "firing")
+
+    # what needs request records (or a topology) is said to be missing, never 0
+    for sig in ("worker_metrics", "kv_events", "spec_decode", "router_metrics"):
+        assert s.value(f"{P}_signal_available", signal=sig) == 1.0, sig
+    for sig in RECORD_SIGNALS:
+        assert s.value(f"{P}_signal_available", signal=sig) == 0.0, sig
+        assert data["signals"][sig] is False
+    for key in UNFED_CHECKS:
+        assert checks[key]["status"] == "not_instrumented" and checks[key]["value"] is None, checks[key]
+        assert checks[key]["missing_signals"], key
+    assert status[2] == status[3] == status[4] == "not_instrumented"
+    exported = s.names()
+    for m in catalog.METRICS:
+        if m.source in ("records", "topology"):
+            assert not any(n == m.name or n.startswith(m.name + "_") for n in exported), m.name
+    assert data["reuse"]["prompt_tokens"] is None
+
+    # kill the worker of group 0: the router marks it unhealthy, the exporter reports it down
+    victim = placed[0][0]
+    s.fleet.kill(victim)
+    wait_for(lambda: s.value(f"{P}_router_worker_healthy", router=s.kind, worker=victim) == 0.0,
+             f"{s.kind} to report {victim} unhealthy through the exporter")
+    wait_for(lambda: s.value(f"{P}_up", target=victim, kind="worker") == 0.0, f"{victim} up=0")
+    assert s.value(f"{P}_up", target=s.kind, kind="router") == 1.0
+    # group 0 moves to a surviving worker and every request still succeeds
+    moved = [ask(s.router.url, ENDPOINT[s.kind], 0, i)[1] for i in range(PER_GROUP, PER_GROUP + 3)]
+    assert victim not in moved
+    data = s.groups()
+    step0 = next(st for st in data["steps"] if st["step"] == 0)
+    targets_up = next(c for c in step0["checks"] if c["key"] == "targets_up")
+    assert targets_up["value"] == 0.0 and targets_up["status"] == "firing"
+    assert data["verdict"]["step"] == 0
