@@ -34,6 +34,7 @@ class Candidate:
     load: float  # requests in flight on the worker, as the router counts them
     capacity: int  # max concurrent requests (load / capacity is the utilisation)
     matched_blocks: int  # leading blocks the router believes are cached there
+    sessions: int = 0  # sessions the router has placed there (tie-break: spread new sessions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,7 @@ def _utilisation(c: Candidate) -> float:
 
 
 def _least_loaded(cands: Sequence[Candidate]) -> Candidate:
-    return min(cands, key=_utilisation)
+    return min(cands, key=lambda c: (_utilisation(c), c.sessions))
 
 
 def _roomy(cands: Sequence[Candidate], params: PolicyParams) -> list[Candidate]:
@@ -110,7 +111,7 @@ def pick_prefix_tree(cands: Sequence[Candidate], block_size: int, params: Policy
     if best_match == 0:
         return _least_loaded(cands).name, "least_loaded"
     roomy = _roomy(cands, params)
-    best = max(roomy, key=lambda c: (c.matched_blocks * block_size - params.load_cost_tokens * c.load, -c.load))
+    best = max(roomy, key=lambda c: (c.matched_blocks * block_size - params.load_cost_tokens * c.load, -c.load, -c.sessions))
     return best.name, "prefix_hit" if best.matched_blocks else "least_loaded"
 
 
@@ -137,7 +138,7 @@ def pick_topology_aware(cands: Sequence[Candidate], prompt_tokens: int, output_t
         in_domain = [c for c in roomy if topology.domain_of(c.name) in domains]
         if in_domain:
             bs = topology.block_size
-            best = max(in_domain, key=lambda c: (c.matched_blocks * bs - params.load_cost_tokens * c.load, -c.load))
+            best = max(in_domain, key=lambda c: (c.matched_blocks * bs - params.load_cost_tokens * c.load, -c.load, -c.sessions))
             return best.name, "prefix_hit"
     classes = preferred_classes(prompt_tokens, output_tokens, topology, [c.name for c in cands], params)
     fitting = [c for c in roomy if topology.worker(c.name).gpu_class in classes] or roomy

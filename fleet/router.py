@@ -164,6 +164,8 @@ class Router:
         self.index = PrefixIndex()
         self.ladder = FallbackLadder(self.config.ladder)
         self.sessions: dict[str, str] = {}  # session key -> anchor (or last) worker
+        self.displaced: dict[str, str] = {}  # session key -> the failed worker it must leave
+        self.anchored: dict[str, int] = dict.fromkeys(topology.names, 0)  # sessions placed per worker
         self.relaxed: dict[str, str] = {}  # relaxed key -> last worker (re-sticky)
         self._inflight: dict[str, list[float]] = {w: [] for w in topology.names}
         self._rr = 0
@@ -199,6 +201,10 @@ class Router:
         self.drained.discard(name)
         self.index.clear(name)
         self._ring = None
+        # Its sessions move hard at their next request, even if it is back by then (empty).
+        for key, w in self.sessions.items():
+            if w == name:
+                self.displaced[key] = name
 
     def drain_worker(self, name: str) -> None:
         """The worker leaves on purpose: it stops taking requests, its sessions move soft."""
@@ -237,7 +243,8 @@ class Router:
 
     def _candidates(self, names: Sequence[str], matches: Mapping[str, int], now: float) -> list[Candidate]:
         topo = self.topology
-        return [Candidate(n, self.load(n, now), topo.worker(n).max_concurrency, matches.get(n, 0)) for n in names]
+        return [Candidate(n, self.load(n, now), topo.worker(n).max_concurrency, matches.get(n, 0),
+                          self.anchored.get(n, 0)) for n in names]
 
     # -- routing -------------------------------------------------------------------------
     def _stateless_pick(self, key: str, cands: list[Candidate]) -> tuple[str, str]:
@@ -276,6 +283,7 @@ class Router:
         warm = [c for c in cands if self.topology.worker(c.name).warm_pool]
         if not warm:
             return None
+        warm = [c for c in warm if c.load < c.capacity] or warm
         if self.config.class_routing and self.config.policy == "topology-aware":
             classes = preferred_classes(req.prompt_tokens, req.output_tokens, self.topology, [c.name for c in warm],
                                         self.config.params)
@@ -293,6 +301,7 @@ class Router:
         bs = self.topology.block_size
         hashes = req.block_hashes
         prev = self.sessions.get(key)
+        displaced = self.displaced.pop(key, None)
         migrated_from = kind = None
         migrate_s = 0.0
         tier: str | None = None
@@ -308,7 +317,9 @@ class Router:
             walk_s = time.perf_counter() - t0 + self.config.walk_delay_s
             cands = self._candidates(names, matches, now)
             best = max(matches.values(), default=0)
-            if prev is not None and prev in self.healthy:
+            if displaced is not None:
+                worker, decision = self._migration_target(displaced, cands), "migrate"
+            elif prev is not None and prev in self.healthy:
                 # Leave the anchor only when most of the prompt is cached elsewhere and not
                 # there (the conversation moved devices); short shared runs do not pull it away.
                 if best - matches.get(prev, 0) <= len(hashes) // 2:
@@ -334,7 +345,9 @@ class Router:
                     worker, decision = self._policy_pick(req, hot)
             predicted = min(matches.get(worker, 0), (req.prompt_tokens - 1) // bs) * bs
 
-        if prev is not None and prev != worker and prev not in self.healthy:
+        if displaced is not None and displaced != worker:
+            migrated_from, kind = displaced, "hard"
+        elif prev is not None and prev != worker and prev not in self.healthy:
             migrated_from = prev
             kind = "soft" if prev in self.drained and prev in self.engines else "hard"
             if kind == "soft":
@@ -351,6 +364,12 @@ class Router:
                 and req.output_tokens <= self.config.ladder.async_max_output
                 and self.ladder.usable("async_prefill", now)):
             tier = "async_prefill"
+            if not self.stateless:
+                # the async lane needs no warm cache: any worker of a fitting class with room
+                cls = preferred_classes(req.prompt_tokens, req.output_tokens, self.topology, names, self.config.params)
+                fit = [c for c in self._candidates(names, {}, now) if self.topology.worker(c.name).gpu_class in cls]
+                worker = min(fit, key=lambda c: (c.load / c.capacity, c.sessions)).name
+                engine = self.engines[worker]
         elif (tier in (None, "warm_pool") and not self.stateless and self.config.downgrade_workers
               and self.topology.downgrade_model and est_prefill >= self.config.ladder.downgrade_ttft_s
               and self.ladder.usable("model_downgrade", now)):
@@ -371,6 +390,10 @@ class Router:
         heapq.heappush(self._inflight[worker], res.finished_at)
         if not self.stateless:
             self.index.add(worker, hashes)
+        if prev != worker:
+            self.anchored[worker] = self.anchored.get(worker, 0) + 1
+            if prev is not None:
+                self.anchored[prev] = max(0, self.anchored.get(prev, 0) - 1)
         self.sessions[key] = worker
         rk = self.ladder.relaxed_key(key)
         if rk is not None:

@@ -19,10 +19,10 @@ from fleet.clock import Clock, VirtualClock
 from fleet.engine import SimEngine, WorkerSpec
 from fleet.fallback import quantile
 from fleet.records import RecordSink
-from fleet.router import Router, RouterConfig
+from fleet.router import Router, RouterConfig, import_prefix
 from fleet.scenarios import Action, Scenario
 from fleet.topology import Topology, WorkerTopo
-from fleet.workloads import generate
+from fleet.workloads import WorkloadGenerator
 
 SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
 SPEC_ACCEPTANCE = 0.85  # per-position acceptance: ≈ 0.73 accepted/draft with 3 draft tokens
@@ -59,7 +59,8 @@ class SimResult:
 class Simulation:
     def __init__(self, scenario: Scenario, topology: Topology, *, policy: str | None = None,
                  clock: Clock | None = None, sink: RecordSink | None = None, duration_s: float | None = None,
-                 seed: int | None = None, sample_every_s: float = 5.0, track_placement: bool = True) -> None:
+                 seed: int | None = None, sample_every_s: float = 5.0, track_placement: bool = True,
+                 prewarm: bool = True) -> None:
         self.scenario = scenario
         self.topology = topology
         self.clock = clock or VirtualClock()
@@ -79,6 +80,13 @@ class Simulation:
         cfg = RouterConfig(policy=policy or scenario.policy)
         self._configure(cfg, scenario.router)
         self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed)
+        self.workload = WorkloadGenerator(scenario.phases(), self.duration_s, self.seed, topology.block_size)
+        if prewarm:
+            # Operators pre-warm the tenants' system prompts on every worker at deploy time, so
+            # a tenant's first session is not a cold miss and its sessions can spread.
+            for i, hashes in enumerate(self.workload.shared_prefixes()):
+                for name in initial:
+                    import_prefix(self.engines[name], f"prewarm-{i}-{name}", hashes)
 
     # the router's sink: keep every record, pass it on
     def emit(self, record: dict) -> None:
@@ -201,7 +209,7 @@ class Simulation:
                 if what:
                     self.events.append((at, what))
 
-        for req in generate(sc.phases(), self.duration_s, self.seed, self.topology.block_size):
+        for req in self.workload.requests():
             until(req.t)
             self._goto(req.t, virtual)
             record = self.router.route(req)
@@ -372,6 +380,7 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
         if r.get("admitted_by_affinity") is not None:
             admitted += 1
             affinity += bool(r["admitted_by_affinity"])
+    last_served = {r["worker"]: r["ts"] for r in recs}
     for r in baseline:
         prompt, cached = r["prompt_tokens"], r.get("cached_tokens") or 0
         if r.get("prefill_s") is not None and prompt - cached > 0 and cached > cold_share * prompt:
@@ -402,8 +411,10 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
             _counter_delta(result.samples, since, until, "spec_draft_tokens")),
         "moe_expert_alignment_rate": _ratio(moe_aligned, moe_hits),
         "continuous_batching_affinity_admission_rate": _ratio(affinity, admitted),
-        "kv_event_staleness": max((result.start + until - result.router.kv_last_batch.get(w, result.start)
-                                   for w in result.router.active()), default=None),
+        # a stream is stale when the worker keeps serving but its events stopped (an idle
+        # worker publishes nothing and is not stale)
+        "kv_event_staleness": max((max(0.0, ts - result.router.kv_last_batch.get(w, result.start))
+                                   for w, ts in last_served.items()), default=None),
         "index_staleness": _ratio(stale, prompt_total),
     }
 

@@ -159,6 +159,11 @@ class WorkloadGenerator:
             self._tenant_cache[i] = (toks, chain_hashes(toks, self.bs))
         return self._tenant_cache[i]
 
+    def shared_prefixes(self) -> list[list[int]]:
+        """Block hashes of every tenant's shared system prompt + tools (first phase's tenants)."""
+        p = self.phases[0][1]
+        return [self._tenant(i, p)[1] for i in range(p.tenants)]
+
     def _extend(self, ctx_hashes: list[int], prompt: list[int]) -> list[int]:
         """Hashes of the full blocks of ``prompt``, reusing those known for its prefix."""
         known = ctx_hashes
