@@ -95,7 +95,7 @@ def test_serves_logs_targets_and_stops_on_sigterm(tmp_path: Path) -> None:
         log = "".join(lines)
         assert "worker w0: metrics http://127.0.0.1:9/metrics" in log
         assert "router gw (vllm-router): metrics http://127.0.0.1:9/metrics" in log
-        for _ in range(50):
+        for _ in range(150):  # generous: CI machines are busy; the scrape interval is 1 s
             text = requests.get(url + "/metrics", timeout=5).text
             if 'prefixscope_up{kind="worker",target="w0"} 0.0' in text:
                 break
@@ -106,8 +106,8 @@ def test_serves_logs_targets_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert "<b>down</b>" in landing and "w0" in landing
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0
-        assert time.monotonic() - started < 3.0
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - started < 5.0, "shutdown should take a second or two"
     finally:
         if proc.poll() is None:
             proc.kill()
