@@ -10,6 +10,9 @@ watches the router and the exporter report it down.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from jsonschema import Draft202012Validator
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog, normalize
@@ -30,6 +34,7 @@ from tests.e2e.routers import ENDPOINT, KINDS, RouterProcess, ask, drive, requir
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 ACCESS_LOG_SCRIPT = REPO / "examples" / "records-from-access-log.py"
+SCHEMA = REPO / "exporter" / "schemas" / "request.v1.json"
 P = catalog.NAMESPACE
 MODEL = "sim-model"
 GROUPS, PER_GROUP = 4, 5
@@ -63,6 +68,13 @@ def test_router_worker_urls_are_mapped_to_configured_names() -> None:
     assert snap.decisions == {"a": 60.0, "http://127.0.0.1:8152": 63.0, "http://127.0.0.1:8153": 33.0}
 
 
+def exported(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample on the exporter's /metrics, keyed by (name, sorted labels)."""
+    text = requests.get(base_url + "/metrics", timeout=5).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
 # ---- the stack --------------------------------------------------------------------------------
 @dataclass
 class Stack:
@@ -72,9 +84,7 @@ class Stack:
     runtime: Runtime
 
     def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = requests.get(self.runtime.url + "/metrics", timeout=5).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
+        return exported(self.runtime.url)
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.samples().get((name, tuple(sorted(labels.items()))))
@@ -231,3 +241,90 @@ def test_router_and_workers_feed_every_group_they_can(stack: Stack) -> None:
     targets_up = next(c for c in step0["checks"] if c["key"] == "targets_up")
     assert targets_up["value"] == 0.0 and targets_up["status"] == "firing"
     assert data["verdict"]["step"] == 0
+
+
+# ---- request records from a gateway's access log ------------------------------------------------
+def access_log(now: float) -> list[str]:
+    """Two sessions behind two upstreams, then three lines the script must skip."""
+    def entry(dt: float, rid: str, upstream: str | None, session: str, prompt: int, cached: int | None) -> str:
+        usage: dict = {"prompt_tokens": prompt, "completion_tokens": 16}
+        if cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now + dt)) + "Z"
+        e = {"time": when, "request_id": rid, "session_id": session, "status": 200,
+             "response": {"model": MODEL, "usage": usage}}
+        if upstream is not None:
+            e["upstream"] = upstream
+        return json.dumps(e)
+
+    return [
+        entry(-10, "r1", "http://10.0.0.5:8000/", "s1", 100, 0),
+        entry(-9, "r2", "10.0.0.5:8000", "s1", 120, 96),
+        entry(-8, "r3", "http://10.0.0.6:8000", "s1", 150, 16),  # moved off a healthy worker: a collision
+        entry(-7, "r4", "http://10.0.0.6:8000", "s2", 80, 0),
+        entry(-6, "r5", "http://10.0.0.6:8000", "s2", 90, None),  # the log lacks the cached count
+        "this is not JSON",
+        entry(-5, "r6", None, "s2", 90, 0),
+        entry(-4, "r7", "http://10.0.0.6:8000", "s2", 90, 91),
+    ]
+
+
+def run_access_log_script(log: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ACCESS_LOG_SCRIPT), str(log), "--worker-name", "10.0.0.5:8000=w0",
+                           "--worker-name", "http://10.0.0.6:8000/=w1", *extra],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_access_log_becomes_schema_valid_records(tmp_path: Path) -> None:
+    log = tmp_path / "access.json"
+    now = time.time()
+    log.write_text("\n".join(access_log(now)) + "\n")
+    done = run_access_log_script(log)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    validator = Draft202012Validator(json.loads(SCHEMA.read_text()))
+    for rec in records:
+        assert list(validator.iter_errors(rec)) == [], rec
+    assert [(r["request_id"], r["worker"]) for r in records] == [
+        ("r1", "w0"), ("r2", "w0"), ("r3", "w1"), ("r4", "w1"), ("r5", "w1")]
+    assert records[1]["cached_tokens"] == 96 and records[1]["prompt_tokens"] == 120
+    assert records[1]["ts"] == float(int(now) - 9) and records[1]["session_key"] == "s1"
+    assert "cached_tokens" not in records[4]  # absent stays absent, never 0
+    assert "line 6: not JSON" in done.stderr and "line 7: no worker" in done.stderr
+    assert "line 8: cached_tokens 91 > prompt_tokens 90" in done.stderr
+    assert "5 records; skipped lines: bad_cached_tokens 1, missing_worker 1, not_json 1" in done.stderr
+
+
+def test_access_log_records_feed_the_session_signals(tmp_path: Path) -> None:
+    log = tmp_path / "access.json"
+    log.write_text("\n".join(access_log(time.time())) + "\n")
+    cfg = Config(source="e2e", listen_address="127.0.0.1:0", http_records=HttpRecords(bearer_token=TOKEN))
+    runtime = Runtime.build(cfg).start()
+    try:
+        url = runtime.url + "/api/v1/records"
+        assert run_access_log_script(log, "--url", url, "--token", "wrong").returncode == 1
+        done = run_access_log_script(log, "--url", url, "--token", TOKEN)
+        assert done.returncode == 0, done.stderr
+        assert "5 records, 5 accepted and 0 rejected by the exporter" in done.stderr
+        got = exported(runtime.url)
+
+        def v(name: str, **labels: str) -> float | None:
+            return got.get((f"{P}_{name}", tuple(sorted(labels.items()))))
+
+        assert v("records_ingested_total", transport="http") == 5
+        # follow-ups: r2, r3 (s1) and r5 (s2); r5 carries no cached count, so no tokens from it
+        assert v("followup_requests_total", model=MODEL) == 3
+        assert v("sticky_collisions_total", model=MODEL) == 1
+        assert v("session_followup_prompt_tokens_total", model=MODEL) == 120 + 150
+        assert v("session_followup_cached_tokens_total", model=MODEL) == 96 + 16
+        for sig in ("records", "session_key", "cached_tokens"):
+            assert v("signal_available", signal=sig) == 1.0, sig
+        for sig in ("block_hashes", "walk_latency", "prefill_timing", "worker_metrics"):
+            assert v("signal_available", signal=sig) == 0.0, sig
+        checks = {c["key"]: c for st in requests.get(runtime.url + "/api/v1/groups", timeout=5).json()["data"]["steps"]
+                  for c in st["checks"]}
+        assert checks["prefix_hit_rate_per_session"]["value"] == pytest.approx(112 / 270)
+        assert checks["sticky_session_collision_rate"]["value"] == pytest.approx(1 / 3)
+        assert checks["prefix_tree_walk_latency"]["status"] == "not_instrumented"
+    finally:
+        runtime.stop()
