@@ -19,10 +19,8 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-
+from alerts.config import load as load_thresholds
 from fleet.cache import Cleared, Removed, Stored
 from fleet.engine import EngineRequest, EngineResult, SimEngine
 from fleet.fallback import FallbackLadder, LadderConfig
@@ -46,12 +44,9 @@ from fleet.workloads import SimRequest
 
 log = logging.getLogger("prefixscope.fleet.router")
 
-THRESHOLDS = Path(__file__).resolve().parents[1] / "alerts" / "thresholds.yaml"
-
-
 def cold_reuse_share() -> float:
-    """The share of a prompt at most reused for a request to count as cold (one place: thresholds.yaml)."""
-    return float(yaml.safe_load(THRESHOLDS.read_text(encoding="utf-8"))["cold_reuse_share"])
+    """The share of a prompt at most reused for a request to count as cold (alerts/thresholds.yaml)."""
+    return float(load_thresholds().cold_reuse_share)
 
 
 class PrefixIndex:

@@ -22,6 +22,7 @@ from fleet.records import RecordSink
 from fleet.router import Router, RouterConfig, import_prefix
 from fleet.scenarios import Action, Scenario
 from fleet.topology import Topology, WorkerTopo
+from fleet.workers import WorkerFleet
 from fleet.workloads import WorkloadGenerator
 
 SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
@@ -60,7 +61,7 @@ class Simulation:
     def __init__(self, scenario: Scenario, topology: Topology, *, policy: str | None = None,
                  clock: Clock | None = None, sink: RecordSink | None = None, duration_s: float | None = None,
                  seed: int | None = None, sample_every_s: float = 5.0, track_placement: bool = True,
-                 prewarm: bool = True) -> None:
+                 prewarm: bool = True, fleet: WorkerFleet | None = None) -> None:
         self.scenario = scenario
         self.topology = topology
         self.clock = clock or VirtualClock()
@@ -74,8 +75,14 @@ class Simulation:
         self.track_placement = track_placement
         self.placements: list[tuple[float, frozenset[str], str]] = []
         self._outer_sink = sink
-        self.engines = {w.name: SimEngine(worker_spec(topology, w, self.seed), self.clock,
-                                          on_events=self._events_for(w.name)) for w in topology.workers}
+        self.fleet = fleet
+        if fleet is None:
+            self.engines = {w.name: SimEngine(worker_spec(topology, w, self.seed), self.clock,
+                                              on_events=self._events_for(w.name)) for w in topology.workers}
+        else:  # real workers (HTTP, /metrics, ZMQ): the router drives their engines in-process
+            self.engines = {}
+            for w in topology.workers:
+                self._adopt(w.name)
         initial = topology.names[: scenario.initial_workers] if scenario.initial_workers else topology.names
         cfg = RouterConfig(policy=policy or scenario.policy)
         self._configure(cfg, scenario.router)
@@ -97,6 +104,22 @@ class Simulation:
     def close(self) -> None:
         if self._outer_sink is not None:
             self._outer_sink.close()
+
+    def _adopt(self, name: str) -> SimEngine:
+        """Take a fleet worker's (new) engine; its KV events go to the publisher and the router."""
+        engine = self.fleet[name].engine  # type: ignore[index]
+        publish, ours = engine.on_events, self._events_for(name)
+
+        def tee(events: list, ts: float) -> None:
+            if publish is not None:
+                publish(events, ts)
+            ours(events, ts)
+        engine.on_events = tee
+        self.engines[name] = engine
+        router = getattr(self, "router", None)
+        if router is not None:
+            router.engines[name] = engine
+        return engine
 
     def _events_for(self, worker: str) -> Callable[[list, float], None]:
         def cb(events: list, ts: float) -> None:
@@ -152,21 +175,28 @@ class Simulation:
         return heap
 
     def _schedule_action(self, push: Callable, a: Action, t: float, w: str) -> None:
-        eng, router = self.engines[w], self.router
+        router = self.router
         if a.action == "set_knob":
-            push(t, lambda: setattr(eng.knobs, a.knob, a.value), f"{w}: {a.knob} = {a.value}")
+            push(t, lambda: setattr(self.engines[w].knobs, a.knob, a.value), f"{w}: {a.knob} = {a.value}")
         elif a.action == "reset_cache":
-            push(t, eng.reset_cache, f"{w}: cache reset")
+            push(t, lambda: self.engines[w].reset_cache(), f"{w}: cache reset")
         elif a.action == "add_worker":
             push(t, lambda: router.add_worker(w), f"{w}: joins the pool")
         elif a.action == "fail":
             def fail() -> None:
-                eng.knobs.healthy = False
+                self.engines[w].knobs.healthy = False
                 router.fail_worker(w)
+                if self.fleet is not None:
+                    self.fleet.kill(w)
 
             def restart() -> None:
-                eng.reset_cache()  # a restarted engine comes back empty
-                eng.knobs.healthy = True
+                if self.fleet is not None:
+                    self.fleet.restart(w)  # a fresh process: new engine, empty cache, sequence 0
+                    self._adopt(w)
+                else:
+                    eng = self.engines[w]
+                    eng.reset_cache()  # a restarted engine comes back empty
+                    eng.knobs.healthy = True
                 router.restore_worker(w, restarted=True)
             push(t, fail, f"{w}: fails")
             if a.restore_after:
@@ -194,7 +224,8 @@ class Simulation:
         self.samples.append(Sample(t, out))
 
     # -- the run -------------------------------------------------------------------------
-    def run(self, on_request: Callable[[dict | None], None] | None = None) -> SimResult:
+    def run(self, on_request: Callable[[dict | None], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> SimResult:
         """Run on the virtual clock (or pace a real clock: the clock's sleep does the waiting)."""
         wall = time.perf_counter()
         heap = self._schedule()
@@ -210,6 +241,8 @@ class Simulation:
                     self.events.append((at, what))
 
         for req in self.workload.requests():
+            if should_stop is not None and should_stop():
+                break
             until(req.t)
             self._goto(req.t, virtual)
             record = self.router.route(req)
@@ -217,8 +250,9 @@ class Simulation:
                 self._placement(record)
             if on_request is not None:
                 on_request(record)
-        until(self.duration_s)
-        self._goto(self.duration_s, virtual)
+        if should_stop is None or not should_stop():
+            until(self.duration_s)
+            self._goto(self.duration_s, virtual)
         return SimResult(sc, self.topology, self.router, self.engines, self.records, self.samples, self.start,
                          time.perf_counter() - wall, self.events, self.placements)
 
@@ -241,6 +275,24 @@ class Simulation:
             self.clock.set(target)  # type: ignore[attr-defined]
         else:
             self.clock.sleep(target - self.clock.now())
+
+
+class ScaledClock:
+    """Real time running ``speed`` times faster (the demo's ``--speed``)."""
+
+    def __init__(self, speed: float = 1.0, start: float | None = None) -> None:
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        self.speed = speed
+        self._wall0 = time.time()
+        self._t0 = self._wall0 if start is None else start
+
+    def now(self) -> float:
+        return self._t0 + (time.time() - self._wall0) * self.speed
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds / self.speed)
 
 
 def run_scenario(scenario: Scenario, topology: Topology, **kwargs: Any) -> SimResult:

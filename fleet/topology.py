@@ -119,8 +119,14 @@ class Topology:
         return replace(self, workers=tuple(grown))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "block_size": self.block_size, "downgrade_model": self.downgrade_model,
-                "workers": [{f: getattr(w, f) for f in w.__slots__} for w in self.workers]}
+        """Plain data in the topology file format (every worker spells out its capabilities)."""
+        data: dict[str, Any] = {"schema": SCHEMA, "model": self.model, "block_size": self.block_size,
+                                "kv_bytes_per_token": self.kv_bytes_per_token,
+                                "gpu_classes": {w.gpu_class: {} for w in self.workers},
+                                "workers": [{f: getattr(w, f) for f in w.__slots__} for w in self.workers]}
+        if self.downgrade_model:
+            data["downgrade_model"] = self.downgrade_model
+        return data
 
 
 # --------------------------------------------------------------------------------------

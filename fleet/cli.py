@@ -1,0 +1,191 @@
+"""``prefixscope sim``: the simulated fleet, its reference router, workloads and fault scenarios.
+
+Real time (the default, and the demo): N workers serve /metrics, KV events and the OpenAI API
+on 127.0.0.1; the reference router drives a scenario (or the storyline: every fault in turn)
+and sends its request records to ``--records-url`` and/or ``--records-file``. ``--accelerated``
+runs the same on a virtual clock without servers and prints each check's raw value before and
+after the fault. ``--no-traffic`` only serves the workers (for external routers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+from alerts.config import load as load_thresholds
+from exporter.catalog import CHECKS_BY_ALERT, CHECKS_BY_KEY
+from fleet.policies import POLICIES
+from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
+from fleet.scenarios import Scenario, ScenarioError, load_preset, preset_names, presets
+from fleet.simulation import ScaledClock, Simulation, signals, worker_spec
+from fleet.topology import Topology, TopologyError, load_topology
+from fleet.workers import FleetOptions, WorkerFleet
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="prefixscope sim", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", type=Path, default=None, help="topology file (default: the packaged 8-worker fleet)")
+    p.add_argument("--workers", type=int, default=None, help="use the first N workers (or grow the fleet to N)")
+    p.add_argument("--policy", choices=POLICIES, default=None, help="routing policy (default: the scenario's)")
+    p.add_argument("--scenario", default="healthy", help="a preset name or a scenario file (default: %(default)s)")
+    p.add_argument("--storyline", action="store_true", help="run every preset in turn (healthy first)")
+    p.add_argument("--list-scenarios", action="store_true", help="list the presets and exit")
+    p.add_argument("--records-url", default=None, help="POST request records as NDJSON here (the exporter's /api/v1/records)")
+    p.add_argument("--records-token", default=os.environ.get("PREFIXSCOPE_RECORDS_TOKEN"),
+                   help="bearer token for --records-url (default: $PREFIXSCOPE_RECORDS_TOKEN)")
+    p.add_argument("--records-file", type=Path, default=None, help="append request records (NDJSON) to this file")
+    p.add_argument("--metrics-flavour", choices=("vllm", "vllm-legacy", "sglang"), default="vllm")
+    p.add_argument("--event-encoding", choices=("array", "map"), default="array",
+                   help="KV-event encoding: array-tagged (vLLM ≤ 0.23) or maps (≥ 0.24)")
+    p.add_argument("--speed", type=float, default=1.0, help="real-time clock multiplier (default: %(default)s)")
+    p.add_argument("--accelerated", action="store_true",
+                   help="virtual clock, no servers: run as fast as possible and print the signals")
+    p.add_argument("--duration", type=float, default=None, help="seconds of simulated time (default: the scenario's)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-traffic", action="store_true", help="only serve the workers (for an external router)")
+    p.add_argument("--manifest", type=Path, default=None,
+                   help="write the workers' endpoints and the topology here once they serve (JSON)")
+    return p.parse_args(argv)
+
+
+def list_scenarios() -> str:
+    rows = [("scenario", "step", "expected alerts", "fault")]
+    for sc in presets():
+        step = "-" if sc.expected_step is None else str(sc.expected_step)
+        rows.append((sc.name, step, ", ".join(sc.expected_alerts) or "none", sc.description))
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows)
+
+
+def _sink(args: argparse.Namespace) -> RecordSink | None:
+    sinks: list[RecordSink] = []
+    if args.records_url:
+        sinks.append(HttpSink(args.records_url, token=args.records_token))
+    if args.records_file:
+        sinks.append(FileSink(args.records_file))
+    return MultiSink(sinks) if sinks else None
+
+
+def signal_table(result, scenario: Scenario) -> str:
+    """Each check's raw value before and after the fault, marked where it crosses its threshold."""
+    th = load_thresholds()
+    before = signals(result, 0.0, scenario.fault_at_s)
+    after = signals(result, scenario.fault_at_s, min(result.scenario.duration_s, scenario.duration_s))
+    expected = {CHECKS_BY_ALERT[a].key for a in scenario.expected_alerts}
+    lines = [f"{'check':<46} {'op':>2} {'threshold':>10} {'warm-up':>12} {'fault':>12}"]
+    for key, after_v in after.items():
+        check = CHECKS_BY_KEY.get(key)
+        if check is None:
+            continue
+        t = th.checks[check.threshold].value
+        mark = " <- expected" if key in expected else ""
+        lines.append(f"{key:<46} {check.op:>2} {t:>10g} {_cell(before[key], check.op, t):>12} "
+                     f"{_cell(after_v, check.op, t):>12}{mark}")
+    return "\n".join(lines)
+
+
+def _cell(v: float | None, op: str, threshold: float) -> str:
+    if v is None:
+        return "n/a"
+    crossed = v > threshold if op == ">" else v < threshold
+    return f"{v:.4g}{' !' if crossed else '  '}"
+
+
+def write_manifest(path: Path, fleet: WorkerFleet, topology: Topology) -> None:
+    """Endpoints plus the effective topology, written atomically (readers poll for the file)."""
+    topo_path = path.with_name(path.stem + ".topology.yaml")
+    topo_path.write_text(yaml.safe_dump(topology.as_dict(), sort_keys=False), encoding="utf-8")
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"workers": fleet.endpoints(), "topology": str(topo_path.resolve())}, indent=2),
+                   encoding="utf-8")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.list_scenarios:
+        print(list_scenarios())
+        return 0
+    try:
+        topology = load_topology(args.topology)
+        if args.workers:
+            topology = topology.with_workers(args.workers)
+        scenarios = [load_preset(n) for n in preset_names()] if args.storyline else [load_preset(args.scenario)]
+    except (TopologyError, ScenarioError) as exc:
+        print(f"prefixscope sim: {exc}", file=sys.stderr)
+        return 2
+    if args.storyline:
+        scenarios.sort(key=lambda s: (s.name != "healthy", s.name))
+    sink = _sink(args)
+    try:
+        if args.accelerated:
+            return _accelerated(args, topology, scenarios, sink)
+        return _real_time(args, topology, scenarios, sink)
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+def _accelerated(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink) -> int:
+    for sc in scenarios:
+        sim = Simulation(sc, topology, policy=args.policy, sink=sink, duration_s=args.duration, seed=args.seed)
+        result = sim.run()
+        print(f"== {sc.name}: {len(result.records)} requests over {sim.duration_s:g} s simulated "
+              f"in {result.wall_s:.2f} s; fault at {sc.fault_at_s:g} s — {sc.fault}")
+        print(signal_table(result, sc))
+    return 0
+
+
+def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    clock = ScaledClock(args.speed)
+    specs = [worker_spec(topology, w) for w in topology.workers]
+    options = FleetOptions(flavour=args.metrics_flavour, encoding=args.event_encoding)
+    with WorkerFleet(specs, clock=clock, options=options) as fleet:
+        for w in fleet:
+            print(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", flush=True)
+        if args.manifest:
+            write_manifest(args.manifest, fleet, topology)
+        if args.no_traffic:
+            print("serving workers only (--no-traffic); Ctrl-C stops", flush=True)
+            stop.wait()
+            return 0
+        while not stop.is_set():
+            for sc in scenarios:
+                if stop.is_set():
+                    break
+                print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
+                sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
+                                 duration_s=args.duration, seed=args.seed, fleet=fleet, track_placement=False)
+                result = sim.run(should_stop=stop.is_set)
+                print(f"scenario {sc.name}: {len(result.records)} requests routed", flush=True)
+                _heal(fleet)
+            if not args.storyline:
+                break
+    return 0
+
+
+def _heal(fleet: WorkerFleet) -> None:
+    """Between storyline scenarios: dead workers restart and fault knobs go back to normal."""
+    for w in fleet:
+        if not w.alive:
+            fleet.restart(w.name)
+    for w in fleet:
+        k = w.engine.knobs
+        k.prefill_slowdown, k.expert_misalignment, k.drop_kv_events = 1.0, 0.0, 0.0
+        k.affinity_admission, k.healthy = True, True
+        k.spec_acceptance = w.spec.spec_acceptance
