@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -26,6 +27,7 @@ from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
 from fleet.scenarios import Scenario, ScenarioError, load_preset, preset_names, presets
 from fleet.simulation import ScaledClock, Simulation, signals, worker_spec
 from fleet.topology import Topology, TopologyError, load_topology
+from fleet.traces import MOONCAKE_BLOCK_SIZE, load_mooncake, replay_requests
 from fleet.workers import FleetOptions, WorkerFleet
 
 
@@ -37,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--policy", choices=POLICIES, default=None, help="routing policy (default: the scenario's)")
     p.add_argument("--scenario", default="healthy", help="a preset name or a scenario file (default: %(default)s)")
     p.add_argument("--storyline", action="store_true", help="run every preset in turn (healthy first)")
+    p.add_argument("--trace", type=Path, default=None,
+                   help="replay a Mooncake-format trace (JSONL) instead of the scenario's workload (block size 512)")
     p.add_argument("--list-scenarios", action="store_true", help="list the presets and exit")
     p.add_argument("--records-url", default=None, help="POST request records as NDJSON here (the exporter's /api/v1/records)")
     p.add_argument("--records-token", default=os.environ.get("PREFIXSCOPE_RECORDS_TOKEN"),
@@ -124,6 +128,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.storyline:
         scenarios.sort(key=lambda s: (s.name != "healthy", s.name))
+    if args.trace is not None:
+        try:
+            trace, errors = load_mooncake(args.trace)
+        except OSError as exc:
+            print(f"prefixscope sim: {args.trace.name}: cannot read trace: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        for e in errors[:5]:
+            print(f"prefixscope sim: {args.trace.name}: {e} (skipped)", file=sys.stderr)
+        if len(errors) > 5:
+            print(f"prefixscope sim: {args.trace.name}: {len(errors) - 5} more bad lines skipped", file=sys.stderr)
+        if not trace:
+            print(f"prefixscope sim: {args.trace.name}: no valid requests", file=sys.stderr)
+            return 2
+        topology = replace(topology, block_size=MOONCAKE_BLOCK_SIZE)
+        args.requests = trace
+        if args.duration is None:
+            args.duration = trace[-1].t + 1
+    else:
+        args.requests = None
     sink = _sink(args)
     try:
         if args.accelerated:
@@ -136,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _accelerated(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink) -> int:
     for sc in scenarios:
-        sim = Simulation(sc, topology, policy=args.policy, sink=sink, duration_s=args.duration, seed=args.seed)
+        sim = Simulation(sc, topology, policy=args.policy, sink=sink, duration_s=args.duration, seed=args.seed,
+                         requests=replay_requests(args.requests) if args.requests else None)
         result = sim.run()
         print(f"== {sc.name}: {len(result.records)} requests over {sim.duration_s:g} s simulated "
               f"in {result.wall_s:.2f} s; fault at {sc.fault_at_s:g} s — {sc.fault}")
@@ -170,7 +194,8 @@ def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Sce
                     break
                 print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
                 sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
-                                 duration_s=args.duration, seed=args.seed, fleet=fleet, track_placement=False)
+                                 duration_s=args.duration, seed=args.seed, fleet=fleet, track_placement=False,
+                                 requests=replay_requests(args.requests) if args.requests else None)
                 result = sim.run(should_stop=stop.is_set)
                 print(f"scenario {sc.name}: {len(result.records)} requests routed", flush=True)
                 _heal(fleet)

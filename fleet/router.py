@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from alerts.config import load as load_thresholds
 from fleet.cache import Cleared, Removed, Stored
-from fleet.engine import EngineRequest, EngineResult, SimEngine
+from fleet.engine import EngineRequest, EngineResult, RequestError, SimEngine
 from fleet.fallback import FallbackLadder, LadderConfig
 from fleet.policies import (
     POLICIES,
@@ -171,6 +171,7 @@ class Router:
         self.kv_last_batch: dict[str, float] = {}
         self.served = 0
         self.unroutable = 0
+        self.rejected = 0
 
     # -- fleet changes -------------------------------------------------------------------
     @property
@@ -373,9 +374,18 @@ class Router:
                 worker, tier, model = min(small, key=lambda w: self.load(w, now)), "model_downgrade", self.topology.downgrade_model
                 engine = self.engines[worker]
 
-        res: EngineResult = engine.execute(EngineRequest(
-            request_id=req.request_id, block_hashes=hashes, prompt_tokens=req.prompt_tokens,
-            max_tokens=max(1, req.output_tokens), output_tokens=max(1, req.output_tokens), arrival=now + migrate_s))
+        try:
+            res: EngineResult = engine.execute(EngineRequest(
+                request_id=req.request_id, block_hashes=hashes, prompt_tokens=req.prompt_tokens,
+                max_tokens=max(1, req.output_tokens), output_tokens=max(1, req.output_tokens),
+                arrival=now + migrate_s))
+        except RequestError as exc:
+            # The engine refuses it (as vLLM answers 400): count it, say so once, route on.
+            self.rejected += 1
+            if self.rejected == 1:
+                log.warning("%s rejected request %s: %s — further rejections are only counted",
+                            worker, req.request_id, exc)
+            return None
         async_wait = None
         if tier == "async_prefill":
             # the async lane runs at background priority: a prefill takes 1/share as long there

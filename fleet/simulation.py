@@ -23,7 +23,7 @@ from fleet.router import Router, RouterConfig, import_prefix
 from fleet.scenarios import Action, Scenario
 from fleet.topology import Topology, WorkerTopo
 from fleet.workers import WorkerFleet
-from fleet.workloads import WorkloadGenerator
+from fleet.workloads import SimRequest, WorkloadGenerator
 
 SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
 SPEC_ACCEPTANCE = 0.85  # per-position acceptance: ≈ 0.73 accepted/draft with 3 draft tokens
@@ -61,7 +61,8 @@ class Simulation:
     def __init__(self, scenario: Scenario, topology: Topology, *, policy: str | None = None,
                  clock: Clock | None = None, sink: RecordSink | None = None, duration_s: float | None = None,
                  seed: int | None = None, sample_every_s: float = 5.0, track_placement: bool = True,
-                 prewarm: bool = True, fleet: WorkerFleet | None = None) -> None:
+                 prewarm: bool = True, fleet: WorkerFleet | None = None,
+                 requests: Iterable[SimRequest] | None = None) -> None:
         self.scenario = scenario
         self.topology = topology
         self.clock = clock or VirtualClock()
@@ -88,7 +89,8 @@ class Simulation:
         self._configure(cfg, scenario.router)
         self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed)
         self.workload = WorkloadGenerator(scenario.phases(), self.duration_s, self.seed, topology.block_size)
-        if prewarm:
+        self._requests = requests  # a replayed trace instead of the scenario's workload
+        if prewarm and requests is None:
             # Operators pre-warm the tenants' system prompts on every worker at deploy time, so
             # a tenant's first session is not a cold miss and its sessions can spread.
             for i, hashes in enumerate(self.workload.shared_prefixes()):
@@ -240,7 +242,9 @@ class Simulation:
                 if what:
                     self.events.append((at, what))
 
-        for req in self.workload.requests():
+        stream = self.workload.requests() if self._requests is None else (
+            r for r in self._requests if r.t <= self.duration_s)
+        for req in stream:
             if should_stop is not None and should_stop():
                 break
             until(req.t)
