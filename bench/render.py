@@ -24,6 +24,7 @@ from exporter.collector import PrefixscopeCollector, families
 from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
+from exporter.prefix_index import STATS_DUTY
 from exporter.state import ClusterState
 from exporter.thresholds import load_thresholds
 from fleet.topology import load_topology
@@ -148,24 +149,32 @@ def run() -> list[dict[str, Any]]:
     ms, text = best_ms(lambda: render_state(st))
     assert text == generate_latest(collector_reg), "the direct renderer must match the collector byte for byte"
 
-    # A live index changes between scrapes (KV events arrive continuously): the tree statistics
-    # are then recomputed by the scrape itself. One stored block per scrape is the worst case.
+    # A live index changes between scrapes (KV events arrive continuously). The tree statistics
+    # of a big tree are then reused for up to STATS_DUTY × their cost (typical scrape), or
+    # recomputed by the scrape itself (the worst case, once per such period).
     fresh = iter(range(1 << 40, (1 << 40) + 1000))
     worker = st.index.workers[0]
 
-    def changed() -> bytes:
+    def changed(full_pass: bool) -> bytes:
         st.apply_kv_batch(KvBatch(worker, 1, st.now, (BlockStored((next(fresh),), None, 16),)), st.now)
+        if full_pass:
+            st.index._stats_cost = 0.0
         return render_state(st)
 
-    changed_ms, _ = best_ms(changed)
+    changed_ms, _ = best_ms(lambda: changed(False))
+    full_ms, _ = best_ms(lambda: changed(True))
     samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     what = f"{WORKERS:,} workers, {samples:,} samples, {len(st.index):,} blocks"
     target = f"< {TARGET_MS:g} ms"
     return [
         {"name": f"render /metrics, index unchanged ({what}; ms)", "value": ms, "baseline": base_ms,
          "ratio": ms / base_ms, "target": target, "ok": ms < TARGET_MS},
-        {"name": "render /metrics after a KV batch (tree statistics recomputed; ms)", "value": changed_ms,
-         "baseline": base_ms, "ratio": changed_ms / base_ms, "target": target, "ok": changed_ms < TARGET_MS},
+        {"name": f"render /metrics after a KV batch (tree statistics <= {STATS_DUTY}x their cost old; ms)",
+         "value": changed_ms, "baseline": base_ms, "ratio": changed_ms / base_ms, "target": target,
+         "ok": changed_ms < TARGET_MS},
+        {"name": "render /metrics after a KV batch with a full tree-statistics pass (worst case; ms)",
+         "value": full_ms, "baseline": base_ms, "ratio": full_ms / base_ms, "target": target,
+         "ok": full_ms < TARGET_MS},
         {"name": "render /metrics through the collector + generate_latest (ms)", "value": coll_ms,
          "baseline": base_ms, "ratio": coll_ms / base_ms, "target": "reference", "ok": True},
     ]

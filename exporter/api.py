@@ -155,7 +155,7 @@ def hotspots(state: ClusterState, query: Mapping[str, str] | None = None) -> dic
 
 def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
     index = st.index
-    stats = index.stats()
+    stats = index.stats(keep_children_depth=4)  # the runs of hot branches (radix depth ≤ 2) need children
     hot = []
     for rank, (b, tok, sessions) in enumerate(st.hot_branches(k), start=1):
         run = 1

@@ -11,6 +11,7 @@ cached until the index changes.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,11 @@ from dataclasses import dataclass, field
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 ROOT = -1  # parent of root-level blocks; block hashes are unsigned, so -1 never collides
+_EDGE_SHIFT = 32  # packed depth: radix edges in the high bits, blocks in the low 32
+_EDGE = 1 << _EDGE_SHIFT
+_BLOCK_MASK = _EDGE - 1
+STATS_FLOOR_S = 0.005  # a pass cheaper than this is always recomputed (small trees stay exact)
+STATS_DUTY = 20  # otherwise at most one pass per 20 × its cost: ≤ 5% of a core
 
 
 @dataclass
@@ -83,6 +89,8 @@ class PrefixIndex:
         self.version = 0
         self._stats: TreeStats | None = None
         self._stats_keep = 0
+        self._stats_at = 0.0
+        self._stats_cost = 0.0  # seconds of the last pass, 0 below STATS_FLOOR_S (always recomputed)
 
     # ---- worker table ------------------------------------------------------------------
     def _worker_id(self, worker: str) -> int:
@@ -216,50 +224,42 @@ class PrefixIndex:
         return self._hits.get(block, 0)
 
     # ---- statistics ----------------------------------------------------------------------
-    def stats(self, keep_children_depth: int = 4) -> TreeStats:
-        """Tree statistics in one pass (cached until the next change)."""
+    def stats(self, keep_children_depth: int = 0) -> TreeStats:
+        """Tree statistics in one pass, with the child lists of the top ``keep_children_depth`` edges.
+
+        Cached until the next change; a tree whose pass costs more than ``STATS_FLOOR_S`` is
+        recomputed at most every ``STATS_DUTY`` × that cost, so tree statistics take at most
+        1/STATS_DUTY of a core however often /metrics is scraped while KV events stream in.
+        """
         cached = self._stats
-        if cached is not None and cached.version == self.version and self._stats_keep >= keep_children_depth:
+        if cached is not None and self._stats_keep >= keep_children_depth and (
+                cached.version == self.version
+                or time.monotonic() - self._stats_at < self._stats_cost * STATS_DUTY):
             return cached
+        started = time.monotonic()
         self._stats_keep = keep_children_depth
         parent, mask = self._parent, self._mask
         nchildren: Counter[int] = Counter(parent.values())
         root_fanout = nchildren.get(ROOT, 0)
         branching = frozenset(h for h, n in nchildren.items() if n > 1 and h != ROOT)
-        # depth[h] = (edges, blocks). A block starts a new radix edge when its parent is the root
-        # (or gone) or branches. Parents usually precede children in insertion order; chains that
-        # do not are resolved by walking up first.
-        depth: dict[int, tuple[int, int]] = {}
-        for h in parent:
-            if h in depth:
-                continue
-            chain = [h]
-            p = parent[h]
-            while p in parent and p not in depth:
-                if len(chain) > len(parent):  # a cycle (colliding hashes): cut it here
-                    break
-                chain.append(p)
-                p = parent[p]
-            for c in reversed(chain):
-                p = parent[c]
-                pd = depth.get(p)
-                if pd is None:
-                    depth[c] = (1, 1)
-                else:
-                    depth[c] = (pd[0] + (p in branching), pd[1] + 1)
-        leaf_depths: list[int] = []
-        leaf_block_depths: list[int] = []
-        for h, (e, b) in depth.items():
-            if h not in nchildren:
-                leaf_depths.append(e)
-                leaf_block_depths.append(b)
+        depth = self._depths(parent, branching)
+        # Leaves are the blocks nobody names as parent: one C-level set difference.
+        leaves = parent.keys() - nchildren.keys()
+        packed = [depth[h] for h in leaves]
+        leaf_depths = [d >> _EDGE_SHIFT for d in packed]
+        leaf_block_depths = [d & _BLOCK_MASK for d in packed]
         fanouts = [nchildren[h] for h in branching if h in parent]
-        replicas: Counter[int] = Counter(m.bit_count() for m in mask.values())
+        replicas: Counter[int] = Counter(map(int.bit_count, mask.values()))
         children: dict[int, list[int]] = {}
-        for h, (e, _b) in depth.items():
-            if e <= keep_children_depth:
-                children.setdefault(parent[h] if parent[h] in parent else ROOT, []).append(h)
-        orphan_roots = sum(1 for h, p in parent.items() if p != ROOT and p not in parent)
+        if keep_children_depth > 0:  # only the JSON tree needs them; /metrics does not
+            limit = (keep_children_depth + 1) << _EDGE_SHIFT
+            for h in [h for h, d in depth.items() if d < limit]:
+                p = parent[h]
+                children.setdefault(p if p in parent else ROOT, []).append(h)
+        # Blocks whose parent left the tree start runs of their own at the root.
+        gone = nchildren.keys() - parent.keys()
+        gone.discard(ROOT)
+        orphan_roots = sum(nchildren[p] for p in gone)
         self._stats = TreeStats(
             version=self.version,
             nodes=root_fanout + orphan_roots + sum(fanouts),
@@ -272,7 +272,46 @@ class PrefixIndex:
             branching=branching,
             children=children,
         )
+        self._stats_at = time.monotonic()
+        cost = self._stats_at - started
+        self._stats_cost = cost if cost > STATS_FLOOR_S else 0.0
         return self._stats
+
+    @staticmethod
+    def _depths(parent: dict[int, int], branching: frozenset[int]) -> dict[int, int]:
+        """Per block its depth packed as ``edges << 32 | blocks``: one int, no tuple per block.
+
+        A block starts a new radix edge when its parent is the root (or gone) or branches.
+        Parents usually precede children in insertion order, so one pass resolves almost all;
+        the few that do not are resolved by walking up first.
+        """
+        first = _EDGE + 1  # depth of a block that starts at the root: 1 edge, 1 block
+        depth: dict[int, int] = {}
+        get = depth.get
+        late: list[int] = []
+        for h, p in parent.items():
+            pd = get(p)
+            if pd is not None:
+                depth[h] = pd + (first if p in branching else 1)
+            elif p in parent:
+                late.append(h)
+            else:  # the root, or a parent that left the tree
+                depth[h] = first
+        for h in late:
+            if h in depth:
+                continue
+            chain = [h]
+            p = parent[h]
+            while p in parent and p not in depth:
+                if len(chain) > len(parent):  # a cycle (colliding hashes): cut it here
+                    break
+                chain.append(p)
+                p = parent[p]
+            for c in reversed(chain):
+                p = parent[c]
+                pd = get(p)
+                depth[c] = first if pd is None else pd + (first if p in branching else 1)
+        return depth
 
     def branch_of(self, block_hashes: Sequence[int], stats: TreeStats) -> int | None:
         """The branch a chain belongs to: the first block of its depth-2 radix node, else of depth 1."""
