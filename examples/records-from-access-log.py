@@ -45,6 +45,8 @@ DEFAULT_FIELDS = {
     "session_key": "session_id",
     "output_tokens": "response.usage.completion_tokens",
     "ttft_s": "ttft_s",
+    "prefill_s": "prefill_s",
+    "queue_s": "queue_s",
 }
 REQUIRED = ("ts", "request_id", "worker", "prompt_tokens")
 INTEGERS = ("prompt_tokens", "cached_tokens", "output_tokens")
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="name an upstream address as the exporter's config names the worker (repeatable)")
     parser.add_argument("--url", help="the exporter's /api/v1/records; without it, NDJSON goes to stdout")
     parser.add_argument("--token", help="bearer token the exporter requires")
+    parser.add_argument("--token-file", help="read the bearer token from this file (keeps it out of the process list)")
     parser.add_argument("--batch", type=int, default=500, help="records per POST (default 500)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per POST (default 10)")
     args = parser.parse_args(argv)
@@ -195,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown record field(s) {', '.join(unknown)}; known: {', '.join(DEFAULT_FIELDS)}")
     workers = {upstream_key(k): v for k, v in _pairs(args.worker_name, "--worker-name").items()}
+    if args.token_file:
+        if args.token:
+            parser.error("give --token or --token-file, not both")
+        with open(args.token_file, encoding="utf-8") as f:
+            args.token = f.read().strip()
 
     skipped: Counter[str] = Counter()
     written = accepted = rejected = 0

@@ -11,6 +11,7 @@ watches the router and the exporter report it down.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -303,7 +304,9 @@ def test_access_log_records_feed_the_session_signals(tmp_path: Path) -> None:
     try:
         url = runtime.url + "/api/v1/records"
         assert run_access_log_script(log, "--url", url, "--token", "wrong").returncode == 1
-        done = run_access_log_script(log, "--url", url, "--token", TOKEN)
+        token_file = tmp_path / "records.token"
+        token_file.write_text(TOKEN + "\n")
+        done = run_access_log_script(log, "--url", url, "--token-file", str(token_file))
         assert done.returncode == 0, done.stderr
         assert "5 records, 5 accepted and 0 rejected by the exporter" in done.stderr
         got = exported(runtime.url)
@@ -328,3 +331,19 @@ def test_access_log_records_feed_the_session_signals(tmp_path: Path) -> None:
         assert checks["prefix_tree_walk_latency"]["status"] == "not_instrumented"
     finally:
         runtime.stop()
+
+
+# ---- docs/routers.md agrees with the catalogue ----------------------------------------------------
+def test_routers_doc_lists_every_check_with_what_feeds_it() -> None:
+    """Each check's row says "fed" exactly when routers and workers alone feed all its signals."""
+    fed_without_records = {"worker_metrics", "kv_events", "spec_decode"}
+    rows = {}
+    for line in (REPO / "docs" / "routers.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].isdigit():
+            for key in re.findall(r"`(\w+)`", cells[1]):
+                rows[key] = cells[3]
+    assert set(rows) == {c.key for c in catalog.CHECKS}
+    for c in catalog.CHECKS:
+        fed = set(c.signals) <= fed_without_records
+        assert rows[c.key].startswith("fed") == fed, (c.key, rows[c.key])
