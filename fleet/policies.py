@@ -41,7 +41,7 @@ class Candidate:
 class PolicyParams:
     # prefix-tree: one in-flight request costs this many matched tokens of preference, so a
     # shared-prefix group stays on one worker until that worker is clearly busier.
-    load_cost_tokens: float = 4096.0
+    load_cost_tokens: float = 1024.0
     # topology-aware (seed §4): long prompts go to the fastest-prefill class, long generations
     # to the fastest-decode class.
     long_prompt_tokens: int = 8192

@@ -246,6 +246,7 @@ def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topol
     domain_node: dict[str, tuple[str, int]] = {}
     for i, w in enumerate(workers_raw):
         where = f"workers[{i}]"
+        problems_before = len(e.lines)
         if not isinstance(w, Mapping):
             e.add(where, f"must be a mapping, got {type(w).__name__}")
             continue
@@ -277,7 +278,7 @@ def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topol
                 caps[f] = 256
             else:
                 e.add(f"{where}.{f}", f"missing (set it on the worker or on gpu_classes.{gclass})")
-        if None in caps.values() or None in (name, node, domain, gclass, gpus, warm):
+        if len(e.lines) > problems_before:
             continue
         workers.append(WorkerTopo(name=name, node=node, nvlink_domain=domain, gpu_class=gclass, gpus=gpus,
                                   warm_pool=warm, **caps))
