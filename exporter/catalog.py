@@ -151,7 +151,7 @@ METRICS: tuple[Metric, ...] = (
     _m("kv_event_sequence_gaps", "counter", "", "Gaps detected in a worker's KV-event sequence numbers.", (W,), 0, "kv_events"),
     _m("kv_event_missed_batches", "counter", "", "Batches missing after sequence gaps (before replay).", (W,), 0, "kv_events"),
     _m("kv_event_replays", "counter", "", "Replay requests sent after gaps, by result (recovered, partial, failed).", (W, "result"), 0, "kv_events"),
-    _m("kv_event_last_timestamp_seconds", "gauge", "seconds", "Wall-clock time the last KV-event batch from the worker was received.", (W,), 0, "kv_events"),
+    _m("kv_event_last_timestamp_seconds", "gauge", "seconds", "Wall-clock time the last KV-event batch from the worker was received (or of the last scrape that found the worker idle, with no events to send).", (W,), 0, "kv_events"),
     _m("kv_event_lag_seconds", "gauge", "seconds", "Receive time minus the batch timestamp of the worker's last KV-event batch.", (W,), 0, "kv_events"),
     _m("kv_event_unknown_parent", "counter", "", "BlockStored events whose parent block is not in the worker's view.", (W,), 0, "kv_events"),
     _m("kv_event_unknown_block_removals", "counter", "", "BlockRemoved hashes that the worker's view did not hold.", (W,), 0, "kv_events"),

@@ -149,7 +149,8 @@ def _evaluate(state: ClusterState, now: float | None) -> Evaluation:
         own = [r for r in results.values() if r.check.group == step.number]
         statuses = {r.status for r in own}
         step_status[step.number] = (FIRING if FIRING in statuses else OK if OK in statuses else NOT_INSTRUMENTED)
-        causes = [r.check.key for r in own if r.status == FIRING and r.check.key != SYMPTOM]
+        # SLOs measure what users feel and the hit rate is the symptom: neither names a step.
+        causes = [r.check.key for r in own if r.status == FIRING and r.check.key != SYMPTOM and r.check.kind != "slo"]
         if verdict is None and causes:
             verdict = {"step": step.number, "title": step.title, "checks": causes}
     return Evaluation(t, state.window_s, signals, results, step_status, verdict, _reuse(state))

@@ -276,6 +276,7 @@ class ClusterState:
             if snapshot.block_size:
                 w.block_size = snapshot.block_size
             model = snapshot.model or UNKNOWN
+            prev_queries = w.last_counters.get("prefix_queried_tokens")
             for fld, metric in SNAPSHOT_COUNTERS.items():
                 value = getattr(snapshot, fld)
                 if value is None:
@@ -293,6 +294,13 @@ class ClusterState:
                     self.win.add(scraped_at, ("worker_delta", fld, snapshot.worker), delta)
             self._update_pool(scraped_at)
             self._expire()
+        # An idle worker (nothing running, no prefix-cache query since the last scrape) has no KV
+        # events to send: its stream is current as of this scrape, not stale.
+        idle = (snapshot.running == 0 and prev_queries is not None
+                and snapshot.prefix_queried_tokens == prev_queries)
+        last = self.health.gauges.get(f"{P}_kv_event_last_timestamp_seconds", {}).get((snapshot.worker,))
+        if idle and last is not None and last < scraped_at:
+            self.health.set(f"{P}_kv_event_last_timestamp_seconds", (snapshot.worker,), scraped_at)
 
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         with self.lock:
@@ -559,10 +567,10 @@ class ClusterState:
                 out[b] = (tok + tokens, sess)
         return out
 
-    def hot_branches(self, k: int | None = None) -> list[tuple[int, float, int]]:
+    def hot_branches(self, k: int | None = None, stats: TreeStats | None = None) -> list[tuple[int, float, int]]:
         """Top-k branches of the window: (first block, hit tokens, sessions)."""
         k = self.top_k if k is None else k
-        hits = self.branch_hits(self.now - self.window_s, self.now)
+        hits = self.branch_hits(self.now - self.window_s, self.now, stats)
         ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], kv[0]))[:k]
         return [(b, tok, len(sess)) for b, (tok, sess) in ranked]
 
@@ -644,7 +652,7 @@ class ClusterState:
             g[f"{P}_session_reshuffle_ratio"] = {(): self.pool_changes[-1].reshuffled_share}
         g[f"{P}_fallback_active"] = {(t,): v for t, v in self.fallback_active().items()}
         g[f"{P}_hot_branch_hit_tokens"] = {(str(i + 1), branch_label(b)): tok
-                                         for i, (b, tok, _s) in enumerate(self.hot_branches())}
+                                         for i, (b, tok, _s) in enumerate(self.hot_branches(stats=stats))}
         for snap in self.routers.values():
             for w, v in snap.decisions.items():
                 out.counters.setdefault(f"{P}_router_decisions", {})[(snap.router, w)] = v

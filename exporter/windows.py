@@ -51,21 +51,24 @@ class WindowedSum:
         self.window_s = window_s
         self._events: deque[tuple[float, Hashable, float]] = deque()
         self.sums: dict[Hashable, float] = {}
+        self._n: Counter[Hashable] = Counter()  # events per key still in the window
 
     def add(self, ts: float, key: Hashable, value: float = 1.0) -> None:
         self._events.append((ts, key, value))
         self.sums[key] = self.sums.get(key, 0.0) + value
+        self._n[key] += 1
 
     def expire(self, now: float) -> None:
         cutoff = now - self.window_s
-        ev, sums = self._events, self.sums
+        ev, sums, n = self._events, self.sums, self._n
         while ev and ev[0][0] <= cutoff:
             _, key, value = ev.popleft()
-            left = sums[key] - value
-            if abs(left) < 1e-9:
-                del sums[key]
+            # A key leaves only with its last event: a sum of zeros (0 stale tokens) is still data.
+            n[key] -= 1
+            if n[key] == 0:
+                del sums[key], n[key]
             else:
-                sums[key] = left
+                sums[key] -= value
 
     def get(self, key: Hashable) -> float | None:
         """The windowed sum, or None when nothing with this key is in the window."""
