@@ -11,7 +11,9 @@ watches the router and the exporter report it down.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -22,11 +24,12 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from jsonschema import Draft202012Validator
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalog, normalize
-from exporter.config import Config, HttpRecords, RouterTarget, WorkerTarget
+from exporter.config import DEFAULT_LISTEN, Config, HttpRecords, RouterTarget, WorkerTarget
 from exporter.main import Runtime
 from fleet.engine import WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
@@ -36,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 ACCESS_LOG_SCRIPT = REPO / "examples" / "records-from-access-log.py"
 SCHEMA = REPO / "exporter" / "schemas" / "request.v1.json"
+RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
 P = catalog.NAMESPACE
 MODEL = "sim-model"
 GROUPS, PER_GROUP = 4, 5
@@ -347,3 +351,21 @@ def test_routers_doc_lists_every_check_with_what_feeds_it() -> None:
     for c in catalog.CHECKS:
         fed = set(c.signals) <= fed_without_records
         assert rows[c.key].startswith("fed") == fed, (c.key, rows[c.key])
+
+
+# ---- examples/prometheus.yml ----------------------------------------------------------------------
+def test_example_prometheus_config_loads_the_generated_rules_and_scrapes_the_default_address() -> None:
+    config = REPO / "examples" / "prometheus.yml"
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing (Debian package prometheus)")
+        pytest.skip("promtool is missing (Debian package prometheus)")
+    done = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rules = sum(len(g["rules"]) for g in yaml.safe_load(RULES.read_text())["groups"])
+    assert f"SUCCESS: {rules} rules found" in done.stdout
+    raw = yaml.safe_load(config.read_text())
+    assert [(config.parent / f).resolve() for f in raw["rule_files"]] == [RULES.resolve()]
+    job = next(j for j in raw["scrape_configs"] if j["job_name"] == catalog.NAMESPACE)
+    assert job["static_configs"][0]["targets"] == [DEFAULT_LISTEN]
