@@ -246,7 +246,7 @@ class WorkloadGenerator:
         out = self._between(s.out_range)
         if p.timestamp_in_system_prompt:
             # The rendered prompt starts with the current time: every block's chain changes.
-            stamp = [b + VOCAB_OFFSET for b in f"{t:016.3f}".encode()[:TIMESTAMP_TOKENS]]
+            stamp = [b + VOCAB_OFFSET for b in f"{t:016.6f}".encode()[:TIMESTAMP_TOKENS]]
             sent = stamp + prompt
             sent_hashes = chain_hashes(sent, self.bs)
         else:
