@@ -151,7 +151,7 @@ class HttpSink:
             self.failed_posts += 1
             if attempt == 0:
                 log.warning("record sink %s: %s; retrying with backoff", self.url, problem)
-            if self._closing and attempt >= 1:
+            if attempt == self.max_retries:
                 break
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
