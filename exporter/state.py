@@ -53,6 +53,12 @@ RECORD_FIELD_SIGNALS: dict[str, str] = {
     "admitted_by_affinity": "affinity_admission",
 }
 
+# Fields that describe an event (a migration, an async-prefill wait): a producer that writes the
+# key with null is saying "it did not happen", so the signal is instrumented. Measurement fields
+# (cached_tokens, prefill_s, ...) stay missing when null — an engine that leaves cached_tokens null
+# (vLLM without --enable-prompt-tokens-details) has not measured it.
+EVENT_FIELDS = frozenset({"migrated_from", "migration_kind", "async_wait_s"})
+
 # WorkerSnapshot counter field -> catalogue counter it is exported as (labels worker, model).
 SNAPSHOT_COUNTERS: dict[str, str] = {
     "prefix_queried_tokens": f"{P}_prefix_cache_queried_tokens",
@@ -330,7 +336,7 @@ class ClusterState:
         model = rec.get("model") or UNKNOWN
         ml = (model,)
         for fld, signal in RECORD_FIELD_SIGNALS.items():
-            if rec.get(fld) is not None:
+            if rec.get(fld) is not None or (fld in EVENT_FIELDS and fld in rec):
                 self.field_seen[signal] = ts
         self.field_seen["records"] = ts
         w = self._worker(worker, ts)
