@@ -58,6 +58,9 @@ class Scenario:
     duration_s: float
     expected_step: int | None
     expected_alerts: tuple[str, ...]
+    # alerts of other checks the fault drags along by its nature (documented, never earlier
+    # in the chain than expected_step, so the verdict stays expected_step)
+    side_effects: tuple[str, ...] = ()
     policy: str = "topology-aware"
     initial_workers: int | None = None  # active at start (the rest join through add_worker)
     workload: WorkloadParams = field(default_factory=WorkloadParams)
@@ -215,7 +218,7 @@ def _actions(e: FieldErrors, raw: Any, duration: float) -> tuple[Action, ...]:
 def parse_scenario(data: Mapping[str, Any], source: str = "<scenario>") -> Scenario:
     e = FieldErrors(source)
     allowed = ("schema", "name", "description", "fault", "fault_at_s", "duration_s", "expected_step",
-               "expected_alerts", "policy", "initial_workers", "workload", "fault_workload", "router",
+               "expected_alerts", "side_effects", "policy", "initial_workers", "workload", "fault_workload", "router",
                "fault_router", "actions", "seed")
     check_keys(e, "", data, allowed)
     if data.get("schema", SCHEMA) != SCHEMA:
@@ -243,6 +246,17 @@ def parse_scenario(data: Mapping[str, Any], source: str = "<scenario>") -> Scena
             e.add(f"expected_alerts[{i}]", f"{a} belongs to step {check.group}, not expected_step {step}")
     if step is None and alerts:
         e.add("expected_alerts", "a scenario without expected_step (healthy) must not expect alerts")
+    side = data.get("side_effects", [])
+    if not isinstance(side, list):
+        e.add("side_effects", f"must be a list of alert names, got {show_value(side)}")
+        side = []
+    for i, a in enumerate(side):
+        check = CHECKS_BY_ALERT.get(a) if isinstance(a, str) else None
+        if check is None:
+            e.add(f"side_effects[{i}]", f"unknown alert {show_value(a)} (not in exporter/catalog.py)")
+        elif step is not None and check.group < step:
+            e.add(f"side_effects[{i}]", f"{a} is step {check.group}, before expected_step {step}: "
+                  "it would take the verdict")
     policy = data.get("policy", "topology-aware")
     if policy not in POLICIES:
         e.add("policy", f"must be one of {', '.join(POLICIES)}, got {show_value(policy)}")
@@ -259,7 +273,7 @@ def parse_scenario(data: Mapping[str, Any], source: str = "<scenario>") -> Scena
     seed = check_value(e, "seed", data.get("seed", 0), "non_negative_int")
     e.raise_if_any(ScenarioError)
     return Scenario(name=name, description=description, fault=fault, fault_at_s=fault_at, duration_s=duration,
-                    expected_step=step, expected_alerts=tuple(alerts), policy=policy, initial_workers=initial,
+                    expected_step=step, expected_alerts=tuple(alerts), side_effects=tuple(side), policy=policy, initial_workers=initial,
                     workload=workload, fault_workload=fault_workload, router=router, fault_router=fault_router,
                     actions=actions, seed=seed or 0, source=source)
 

@@ -1,0 +1,138 @@
+"""Every fault scenario, run on the accelerated clock, moves its own raw signal past its
+threshold (and nothing earlier in the diagnosis chain), while a healthy run moves nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts.config import load as load_thresholds
+from exporter.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
+from fleet.scenarios import PRESET_DIR, ScenarioError, load_preset, load_scenario, preset_names
+from fleet.simulation import SimResult, run_scenario, signals
+from fleet.topology import load_topology
+
+SPEC_MATRIX = {  # SPEC.md's acceptance matrix: scenario -> diagnosis step (None: no alert)
+    "healthy": None, "cache-pressure": 1, "timestamp-in-system-prompt": 1, "hash-mod-reshuffle": 2,
+    "session-key-churn": 2, "warm-pool-saturation": 2, "worker-failures": 2, "slow-gpu-long-prompts": 3,
+    "async-prefill-backlog": 3, "slow-tree-walk": 4, "topology-blind-placement": 4,
+    "cross-node-migration-storm": 4, "spec-decode-drift": 5, "moe-expert-misalignment": 5,
+    "affinity-blind-batching": 5, "dropped-kv-events": 0,
+}
+SYMPTOM = "PrefixHitRateLow"  # starts the walk, never the verdict
+TH = load_thresholds()
+_RUNS: dict[str, SimResult] = {}
+
+
+def _run(name: str) -> SimResult:
+    if name not in _RUNS:
+        _RUNS[name] = run_scenario(load_preset(name), load_topology())
+    return _RUNS[name]
+
+
+def _crossed(values: dict[str, float | None]) -> set[str]:
+    out = set()
+    for key, v in values.items():
+        check = CHECKS_BY_KEY.get(key)
+        if check is None or v is None or check.kind == "slo":
+            continue
+        t = TH.checks[check.threshold].value
+        if (v > t) if check.op == ">" else (v < t):
+            out.add(check.alert)
+    return out
+
+
+def test_the_presets_are_the_acceptance_matrix() -> None:
+    assert set(preset_names()) == set(SPEC_MATRIX)
+    for name, step in SPEC_MATRIX.items():
+        sc = load_preset(name)
+        assert sc.name == name and sc.expected_step == step
+        assert sc.fault and sc.description
+        assert all(CHECKS_BY_ALERT[a].group == step for a in sc.expected_alerts)
+        if step is not None:
+            assert sc.expected_alerts and 0 < sc.fault_at_s < sc.duration_s
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_MATRIX))
+def test_scenario_trips_its_own_checks_and_nothing_earlier(name: str) -> None:
+    sc = load_preset(name)
+    result = _run(name)
+    assert result.wall_s < 10  # ~1–3 s normally; generous for a loaded CI machine
+    warm = _crossed(signals(result, 0.0, sc.fault_at_s))
+    fault = _crossed(signals(result, sc.fault_at_s, sc.duration_s))
+    assert warm == set(), f"the healthy warm-up already crosses {warm}"
+    assert set(sc.expected_alerts) <= fault
+    assert fault <= set(sc.expected_alerts) | set(sc.side_effects) | {SYMPTOM}
+    if sc.expected_step is not None:
+        verdict = min(CHECKS_BY_ALERT[a].group for a in fault if a != SYMPTOM)
+        assert verdict == sc.expected_step
+
+
+def test_healthy_has_every_signal_it_can_measure() -> None:
+    """A healthy run is not quiet because signals are missing: each one has a value."""
+    values = signals(_run("healthy"), 300, 600)
+    measured = {k for k, v in values.items() if v is not None}
+    checklist = {c.key for c in CHECKS if c.kind == "checklist"}
+    # the radix depth needs the exporter's tree, which the records alone cannot give
+    assert checklist - measured == {"prefix_tree_depth_p99"}
+
+
+def test_raw_signals_by_hand_for_two_faults() -> None:
+    """Spot checks against values computed directly from records and engine counters."""
+    r = _run("slow-tree-walk")
+    walks = sorted(x["walk_s"] for x in r.records if x["ts"] >= r.start + 300)
+    assert walks[0] >= 0.008  # every walk after the fault carries the 8 ms delay
+    r = _run("spec-decode-drift")
+    s300 = next(s for s in r.samples if s.t == 300)
+    s600 = r.samples[-1]
+    drafts = sum(s600.workers[w]["spec_draft_tokens"] - s300.workers[w]["spec_draft_tokens"] for w in r.engines)
+    accepted = sum(s600.workers[w]["spec_accepted_tokens"] - s300.workers[w]["spec_accepted_tokens"]
+                   for w in r.engines)
+    # per-position acceptance 0.45 with 3 draft tokens: (0.45 + 0.45² + 0.45³) / 3 ≈ 0.249
+    assert accepted / drafts == pytest.approx((0.45 + 0.45**2 + 0.45**3) / 3, abs=0.02)
+
+
+def _bad(tmp_path: Path, changes: dict) -> Path:
+    data = yaml.safe_load((PRESET_DIR / "worker-failures.yaml").read_text())
+    for k, v in changes.items():
+        if v is None:
+            data.pop(k, None)
+        else:
+            data[k] = v
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"expected_step": 7}, "bad.yaml: expected_step: must be a diagnosis step 0–5 (or null for a healthy run), got 7"),
+    ({"expected_alerts": ["PrefixNope"]}, 'bad.yaml: expected_alerts[0]: unknown alert "PrefixNope" (not in exporter/catalog.py)'),
+    ({"expected_alerts": ["PrefixRouterTreeWalkSlow"]},
+     "bad.yaml: expected_alerts[0]: PrefixRouterTreeWalkSlow belongs to step 4, not expected_step 2"),
+    ({"side_effects": ["PrefixCacheNearCapacity"]},
+     "bad.yaml: side_effects[0]: PrefixCacheNearCapacity is step 1, before expected_step 2: it would take the verdict"),
+    ({"policy": "sticky"}, 'bad.yaml: policy: must be one of random, round-robin, hash-mod, consistent-hash, prefix-tree, topology-aware, got "sticky"'),
+    ({"fault_at_s": 900}, "bad.yaml: fault_at_s: must be before duration_s (600), got 900"),
+    ({"workload": {"chat_sessions_per_s": "lots"}}, 'bad.yaml: workload.chat_sessions_per_s: must be a number ≥ 0, got "lots"'),
+    ({"workload": {"turns": [5, 2]}}, "bad.yaml: workload.turns: must be [low, high] with integers 0 ≤ low ≤ high, got [5, 2]"),
+    ({"workload": {"rekey_prob": 1.5}}, "bad.yaml: workload.rekey_prob: must be a probability between 0 and 1, got 1.5"),
+    ({"fault_router": {"placement": "random"}}, 'bad.yaml: fault_router.placement: must be one of aware, blind, got "random"'),
+    ({"actions": [{"at": 300, "action": "explode", "workers": ["w1"]}]},
+     'bad.yaml: actions[0].action: must be one of set_knob, reset_cache, fail, drain, add_worker, got "explode"'),
+    ({"actions": [{"at": 300, "action": "set_knob", "workers": ["w1"], "knob": "turbo", "value": 1}]},
+     'bad.yaml: actions[0].knob: must be one of prefill_slowdown, spec_acceptance, expert_misalignment, affinity_admission, drop_kv_events, healthy, got "turbo"'),
+    ({"actions": [{"at": 300, "action": "fail"}]}, "bad.yaml: actions[0].workers: name the workers (or a node) the action applies to"),
+    ({"name": ""}, 'bad.yaml: name: must be a non-empty string, got ""'),
+    ({"colour": "red"}, "bad.yaml: colour: unknown field"),
+])
+def test_invalid_scenario_files_name_file_field_and_problem(tmp_path: Path, changes: dict, message: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(_bad(tmp_path, changes))
+    assert message in str(e.value).splitlines() or str(e.value).startswith(message)
+
+
+def test_unknown_preset_lists_the_known_ones() -> None:
+    with pytest.raises(ScenarioError, match=r"^nope: unknown scenario \(presets: affinity-blind-batching, "):
+        load_preset("nope")
