@@ -1,0 +1,143 @@
+"""``prefixscope sim``: listing, accelerated runs, bad input, and the real-time fleet."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+from fleet.cli import main
+from fleet.records import schema_errors
+from fleet.scenarios import preset_names
+from fleet.topology import DEFAULT_TOPOLOGY
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_list_scenarios_shows_every_preset_with_its_step(capsys) -> None:
+    assert main(["--list-scenarios"]) == 0
+    out = capsys.readouterr().out
+    for name in preset_names():
+        assert name in out
+    line = next(x for x in out.splitlines() if x.startswith("worker-failures"))
+    assert " 2 " in line and "PrefixSessionMigrationsHigh" in line
+
+
+def test_accelerated_run_prints_the_signal_table_and_writes_records(tmp_path: Path, capsys) -> None:
+    records = tmp_path / "records.ndjson"
+    rc = main(["--accelerated", "--scenario", "slow-tree-walk", "--duration", "400", "--workers", "4",
+               "--records-file", str(records)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("prefix_tree_walk_latency"))
+    assert row.endswith("! <- expected")  # crossed after the fault, and it is the expected check
+    lines = records.read_text().splitlines()
+    assert len(lines) > 200
+    recs = [json.loads(x) for x in lines]
+    assert {r["worker"] for r in recs} <= {"w0", "w1", "w2", "w3"}
+    assert schema_errors(recs[-1]) == []
+
+
+def test_bad_topology_and_unknown_scenario_stop_with_a_clear_message(tmp_path: Path, capsys) -> None:
+    data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
+    data["workers"][3]["prefill_tps"] = "fast"
+    bad = tmp_path / "topology.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    assert main(["--accelerated", "--topology", str(bad)]) == 2
+    assert 'topology.yaml: workers[3].prefill_tps: must be a positive number, got "fast"' in capsys.readouterr().err
+    assert main(["--accelerated", "--scenario", "no-such-fault"]) == 2
+    assert "no-such-fault: unknown scenario" in capsys.readouterr().err
+
+
+def test_a_bad_trace_line_is_reported_and_the_rest_replayed(tmp_path: Path, capsys) -> None:
+    trace = tmp_path / "trace.jsonl"
+    good = [{"timestamp": i * 1000, "input_length": 2000, "output_length": 20, "hash_ids": [1, 2, 3, 4]}
+            for i in range(30)]
+    trace.write_text("\n".join([json.dumps(g) for g in good[:10]] + ["{oops"] + [json.dumps(g) for g in good[10:]]))
+    assert main(["--accelerated", "--trace", str(trace), "--policy", "prefix-tree"]) == 0
+    captured = capsys.readouterr()
+    assert "trace.jsonl: line 11: not JSON" in captured.err
+    assert "30 requests" in captured.out
+
+
+class _Receiver:
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                outer.lines += self.rfile.read(int(self.headers["Content-Length"])).splitlines()
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/records"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _sim(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "exporter", "sim", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "the fleet did not write its manifest"
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def test_real_time_fleet_serves_workers_and_posts_records(tmp_path: Path) -> None:
+    rx = _Receiver()
+    manifest = tmp_path / "fleet.json"
+    # 60 simulated seconds at 30x: about two seconds of wall time, then it stops by itself
+    proc = _sim("--scenario", "healthy", "--speed", "30", "--duration", "60", "--workers", "3",
+                "--records-url", rx.url, "--manifest", str(manifest), "--metrics-flavour", "vllm-legacy")
+    try:
+        data = _wait_for(manifest, proc)
+        assert [w["name"] for w in data["workers"]] == ["w0", "w1", "w2"]
+        metrics = urllib.request.urlopen(data["workers"][1]["url"] + "/metrics", timeout=5).read().decode()
+        assert "vllm:gpu_prefix_cache_queries_total" in metrics  # the flavour switch reached the workers
+        topo = yaml.safe_load(Path(data["topology"]).read_text())
+        assert [w["name"] for w in topo["workers"]] == ["w0", "w1", "w2"]
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        rx.server.shutdown()
+    recs = [json.loads(x) for x in rx.lines]
+    assert len(recs) > 20 and all(schema_errors(r | {"block_hashes": r["block_hashes"][:4]}) == [] for r in recs)
+    ts = [r["ts"] for r in recs]
+    assert abs(ts[0] - time.time()) < 600  # real-time records carry wall-clock timestamps
+
+
+def test_no_traffic_serves_until_sigterm_and_stops_cleanly(tmp_path: Path) -> None:
+    manifest = tmp_path / "fleet.json"
+    proc = _sim("--no-traffic", "--workers", "2", "--manifest", str(manifest), "--event-encoding", "map")
+    try:
+        data = _wait_for(manifest, proc)
+        health = urllib.request.urlopen(data["workers"][0]["url"] + "/health", timeout=5)
+        assert health.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = proc.stdout.read()
+    assert "serving workers only" in out and "w1: http://127.0.0.1:" in out
