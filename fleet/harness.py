@@ -1,0 +1,356 @@
+"""Replay a scenario through the exporter on the virtual clock, keeping what Prometheus would scrape.
+
+:func:`replay` runs a :class:`~fleet.simulation.Simulation` and, on the way, feeds a real
+:class:`~exporter.state.ClusterState` through the exporter's own adapters, exactly as the live
+exporter is fed:
+
+- KV-cache events are encoded in vLLM's wire format (``encode_batch``), numbered per worker as
+  a publisher numbers them, and handed as three frames to the real subscriber's
+  ``handle_message`` (sequence checks, decode, apply). A batch lost to the ``drop_kv_events``
+  knob keeps its sequence number and never arrives, so the subscriber sees the gap; there is
+  no replay socket, so the loss stays (the stale-index fault). A worker that comes back from a
+  failure starts its sequence at 0 again, as a restarted vLLM process does.
+- Worker /metrics pages are rendered (``render_metrics``) and scraped by the real
+  :class:`~exporter.sources.scrape.Scraper` every ``scrape_every_s``; a failed worker's scrape
+  fails (``up`` = 0, a ``connect`` ingest error).
+- Request records are serialised to NDJSON and go through the record intake's parser and
+  ``deliver`` about once a second, as a gateway pushes them.
+
+After every scrape of the workers the exporter's own /metrics is rendered by the real
+collector and parsed back; :class:`ScrapeHistory` keeps each series with the simulated scrape
+time. That history is what Prometheus would have stored: :meth:`ScrapeHistory.openmetrics`
+writes it for ``promtool tsdb create-blocks-from openmetrics`` (backfill), and
+:meth:`ScrapeHistory.input_series` writes it as ``promtool test rules`` input.
+
+The clock starts at ``start`` (default 0, the time base of ``promtool test rules``, whose
+``time()`` must agree with ``prefixscope_kv_event_last_timestamp_seconds``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporter import catalog, promtext
+from exporter.checks import Evaluation, evaluate
+from exporter.collector import PrefixscopeCollector
+from exporter.health import Health
+from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
+from exporter.sources.records import deliver, parse_lines
+from exporter.sources.scrape import ScrapeFailed, Scraper, ScrapeTarget
+from exporter.state import ClusterState
+from exporter.thresholds import Thresholds, load_thresholds, window_seconds
+from fleet.clock import VirtualClock
+from fleet.kv_publisher import encode_batch
+from fleet.metrics_text import render_metrics
+from fleet.scenarios import Scenario
+from fleet.simulation import SimResult, Simulation
+from fleet.topology import Topology
+
+SCRAPE_EVERY_S = 15.0  # Prometheus's usual scrape interval
+RECORD_FLUSH_S = 1.0  # how often the simulated gateway pushes its buffered records
+SIM_URL = "sim://"  # scrape targets of simulated workers: rendered in-process, not fetched
+
+
+def series_key(name: str, labels: dict[str, str]) -> str:
+    """A series in PromQL selector notation, labels sorted: ``name{a="x",b="y"}``."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+@dataclass
+class ScrapeHistory:
+    """The exporter's /metrics at each scrape: one value (or None: absent) per scrape time."""
+
+    interval_s: float
+    times: list[float] = field(default_factory=list)  # seconds since the start of the run
+    series: dict[str, list[float | None]] = field(default_factory=dict)
+
+    def add(self, t: float, samples: dict[str, float]) -> None:
+        i = len(self.times)
+        self.times.append(t)
+        for key, value in samples.items():
+            col = self.series.get(key)
+            if col is None:
+                col = self.series[key] = [None] * i
+            col.append(value)
+        for col in self.series.values():
+            if len(col) == i:
+                col.append(None)
+
+    def value(self, key: str, i: int = -1) -> float | None:
+        col = self.series.get(key)
+        return None if col is None else col[i]
+
+    def input_series(self) -> list[dict[str, str]]:
+        """``promtool test rules`` input: ``_`` before a series exists, ``stale`` when it goes away.
+
+        Sample ``i`` is at ``i × interval``: the scrapes must be evenly spaced from 0.
+        """
+        for i, t in enumerate(self.times):
+            if not math.isclose(t, i * self.interval_s, abs_tol=1e-6):
+                raise ValueError(f"scrape {i} at {t}s is not at {i} × {self.interval_s}s")
+        out = []
+        for key in sorted(self.series):
+            parts: list[str] = []
+            seen = False
+            prev: float | None = None
+            for v in self.series[key]:
+                if v is None:
+                    parts.append("stale" if seen and prev is not None else "_")
+                else:
+                    parts.append(_number(v))
+                    seen = True
+                prev = v
+            out.append({"series": key, "values": " ".join(parts)})
+        return out
+
+    def openmetrics(self, start: float = 0.0) -> str:
+        """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``, samples at ``start + t``.
+
+        Every series is written untyped, under its sample name, so the stored names are the
+        ones PromQL queries (``..._total``, ``..._bucket``).
+        """
+        lines: list[str] = []
+        for key in sorted(self.series):
+            for t, v in zip(self.times, self.series[key], strict=True):
+                if v is not None:
+                    lines.append(f"{key} {_number(v)} {start + t:.3f}")
+        lines.append("# EOF")
+        return "\n".join(lines) + "\n"
+
+
+def exporter_samples(state: ClusterState, health: Health) -> dict[str, float]:
+    """The exporter's /metrics as the real collector renders it, parsed back into series."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixscopeCollector(state, health))
+    parsed = promtext.parse(generate_latest(registry).decode())
+    if parsed.errors:  # the exporter's own page must always parse
+        raise ValueError(f"the exporter rendered malformed lines: {parsed.errors[:3]}")
+    out: dict[str, float] = {}
+    for name, samples in parsed.samples.items():
+        if name.endswith("_created"):
+            continue  # prometheus_client's creation timestamps: not scraped into rules
+        for s in samples:
+            out[series_key(name, s.labels)] = s.value
+    return out
+
+
+class _SimScraper(Scraper):
+    """The exporter's scraper with the HTTP fetch replaced by rendering the simulated engine."""
+
+    def __init__(self, fetch: Callable[[str], str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._render = fetch
+
+    def _fetch(self, url: str) -> str:
+        return self._render(url)
+
+
+@dataclass
+class ScenarioRun:
+    """A finished run: the simulation's result, the exporter state it fed, and the scrape history."""
+
+    scenario: Scenario
+    result: SimResult
+    state: ClusterState
+    health: Health
+    history: ScrapeHistory
+    clock: VirtualClock
+    start: float
+    kv_batches_sent: dict[str, int]
+    kv_batches_lost: dict[str, int]
+
+    @property
+    def end_s(self) -> float:
+        return self.history.times[-1] if self.history.times else 0.0
+
+    def evaluation(self) -> Evaluation:
+        """The exporter's own check evaluation (and verdict) at the end of the run."""
+        return evaluate(self.state, now=self.clock.now())
+
+
+class _Feed:
+    """Connects one simulation to one exporter state through the exporter's adapters."""
+
+    def __init__(self, sim: Simulation, state: ClusterState, health: Health, clock: VirtualClock,
+                 flavour: str, start: float, scrape_every_s: float) -> None:
+        self.sim, self.state, self.health, self.clock = sim, state, health, clock
+        self.flavour, self.start = flavour, start
+        self.history = ScrapeHistory(scrape_every_s)
+        self.seq: dict[str, int] = {}
+        self.sent: dict[str, int] = {}
+        self.lost: dict[str, int] = {}
+        self.dead: set[str] = set()
+        self.pending: list[bytes] = []
+        self.pending_since: float | None = None
+        names = list(sim.engines)
+        # The subscriber is used without its thread: its sockets are never opened.
+        self.subscriber = KvEventSubscriber({w: KvEndpoint(pub="inproc://unused") for w in names}, state, health,
+                                            clock=clock.now)
+        targets = [ScrapeTarget(w, SIM_URL + w, "worker") for w in names]
+        self.scraper = _SimScraper(self._render, targets, state, health, clock=clock.now,
+                                   max_workers=1)
+        router = sim.router
+        self._router_on_kv = router.on_kv_events
+        router.on_kv_events = self.on_kv_events  # tee: the router sees (or loses) a batch first
+
+    # ---- KV events --------------------------------------------------------------------------
+    def on_kv_events(self, worker: str, events: list, ts: float) -> None:
+        engine = self.sim.engines.get(worker)
+        router = self.sim.router
+        lost_before = router.kv_events_dropped.get(worker, 0)
+        self._router_on_kv(worker, events, ts)
+        if engine is not None and not engine.knobs.healthy:
+            self.dead.add(worker)  # a dead process publishes nothing (not even its restart's clear)
+            return
+        if worker in self.dead:
+            self.dead.discard(worker)
+            self.seq[worker] = 0  # a restarted vLLM process numbers its batches from 0 again
+        seq = self.seq.get(worker, 0)
+        self.seq[worker] = seq + 1
+        self.sent[worker] = self.sent.get(worker, 0) + 1
+        if router.kv_events_dropped.get(worker, 0) > lost_before:
+            self.lost[worker] = self.lost.get(worker, 0) + 1
+            return  # numbered by the publisher, never delivered
+        frames = [b"", seq.to_bytes(8, "big"), encode_batch(events, ts)]
+        self.subscriber.handle_message(worker, frames, max(ts, self.clock.now()))
+
+    # ---- records ------------------------------------------------------------------------------
+    def on_request(self, record: dict | None) -> None:
+        now = self.clock.now()
+        if record is not None:
+            self.pending.append(json.dumps(record, separators=(",", ":")).encode())
+            if self.pending_since is None:
+                self.pending_since = now
+        if self.pending_since is not None and now - self.pending_since >= RECORD_FLUSH_S:
+            self.flush_records()
+
+    def flush_records(self) -> None:
+        if not self.pending:
+            return
+        records, errors = parse_lines(self.pending)
+        deliver(records, errors, self.state, self.health, "http", self.clock.now())
+        self.pending, self.pending_since = [], None
+
+    # ---- scrapes ------------------------------------------------------------------------------
+    def _render(self, url: str) -> str:
+        worker = url.removeprefix(SIM_URL)
+        engine = self.sim.engines[worker]
+        if not engine.knobs.healthy:
+            raise ScrapeFailed("connect", "connection refused (worker is down)")
+        return render_metrics(engine, self.flavour).decode()
+
+    def scrape(self) -> None:
+        self.flush_records()
+        self.scraper.scrape_once()  # one scrape thread: targets in order, the run stays deterministic
+        t = self.clock.now() - self.start
+        self.history.add(round(t, 6), exporter_samples(self.state, self.health))
+
+    def close(self) -> None:
+        self.scraper.close()
+        self.subscriber.close()
+
+
+class _ScrapingSimulation(Simulation):
+    """The simulation, with the exporter's scrape taken right after each engine sample."""
+
+    feed: _Feed | None = None
+
+    def _sample(self) -> None:
+        super()._sample()
+        if self.feed is not None:
+            self.feed.scrape()
+
+
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration (``5m``, ``1h30m``, ``0m``) in seconds."""
+    return float(sum(int(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text)))
+
+
+def settled_duration(scenario: Scenario, thresholds: Thresholds, scrape_every_s: float = SCRAPE_EVERY_S) -> float:
+    """How long to run so that every expected alert has had time to fire.
+
+    An alert needs its rate window filled with the fault, then its ``for`` to elapse, then one
+    rule evaluation: fault + window + ``for`` + two scrapes. A healthy scenario runs as long as
+    the slowest cause alert would need, so that "nothing fires" covers the same span.
+    """
+    alerts = scenario.expected_alerts or tuple(c.alert for c in catalog.CHECKS if c.kind != "slo")
+    longest = max(duration_seconds(thresholds.checks[catalog.CHECKS_BY_ALERT[a].threshold].for_) for a in alerts)
+    need = scenario.fault_at_s + window_seconds(thresholds) + longest + 2 * scrape_every_s
+    return max(scenario.duration_s, math.ceil(need / scrape_every_s) * scrape_every_s)
+
+
+def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float = 0.0, scrape_every_s: float = SCRAPE_EVERY_S,
+           flavour: str = "vllm", thresholds_path: str | Path | None = None,
+           duration_s: float | None = None, seed: int | None = None) -> ScenarioRun:
+    """Run ``scenario`` on a virtual clock through the exporter; see the module docstring."""
+    thresholds = load_thresholds(thresholds_path)
+    clock = VirtualClock(start)
+    health = Health()
+    state = ClusterState(health, thresholds, topology, window_s=window_seconds(thresholds), clock=clock.now)
+    sim = _ScrapingSimulation(scenario, topology, clock=clock, duration_s=duration_s, seed=seed,
+                              sample_every_s=scrape_every_s)
+    feed = _Feed(sim, state, health, clock, flavour, start, scrape_every_s)
+    sim.feed = feed
+    try:
+        result = sim.run(on_request=feed.on_request)
+        feed.flush_records()
+    finally:
+        feed.close()
+        sim.close()
+    return ScenarioRun(scenario, result, state, health, feed.history, clock, start, feed.sent, feed.lost)
+
+
+def run_all(scenarios: Iterable[Scenario], topology: Topology, **kwargs: Any) -> list[ScenarioRun]:
+    return [run_through_exporter(s, topology, **kwargs) for s in scenarios]
+
+
+def firing_alerts_expr() -> str:
+    """PromQL naming every firing alert once, with its step: what the matrix compares."""
+    return 'count by (alertname, step) (ALERTS{alertstate="firing"})'
+
+
+def promtool_test(history: ScrapeHistory, rule_files: Sequence[str], eval_time_s: float,
+                  expected: Iterable[tuple[str, str]], name: str = "scenario") -> dict[str, Any]:
+    """A ``promtool test rules`` document asserting exactly ``expected`` (alertname, step) firing at the end."""
+    return {
+        "rule_files": list(rule_files),
+        "evaluation_interval": f"{int(history.interval_s)}s",
+        "tests": [{
+            "name": name,
+            "interval": f"{int(history.interval_s)}s",
+            "input_series": history.input_series(),
+            "promql_expr_test": [{
+                "expr": firing_alerts_expr(),
+                "eval_time": f"{int(eval_time_s)}s",
+                "exp_samples": [{"labels": f'{{alertname="{a}", step="{s}"}}', "value": 1}
+                                for a, s in sorted(expected)],
+            }],
+        }],
+    }

@@ -1,0 +1,28 @@
+"""The scenario matrix's rows, computed once per session on both cores."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from tests.e2e.harness import PROMTOOL, Row, run_row
+
+WORKERS = 2  # CI's machine has two cores
+
+
+@pytest.fixture(scope="session")
+def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Row]:
+    """Every scenario the selected tests ask for, replayed and evaluated in worker processes."""
+    if PROMTOOL is None:
+        pytest.skip("promtool (Debian package prometheus) is not installed")
+    names = sorted({item.callspec.params["scenario"] for item in request.session.items
+                    if hasattr(item, "callspec") and "scenario" in item.callspec.params
+                    and item.path.name == "test_scenario_matrix.py"})
+    dirs = {n: tmp_path_factory.mktemp(n) for n in names}
+    # fork would copy the test runner's threads' locks; spawn starts clean interpreters
+    with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {n: pool.submit(run_row, n, dirs[n]) for n in names}
+        rows = {n: f.result() for n, f in futures.items()}
+    return rows

@@ -1,0 +1,129 @@
+"""One row of the scenario matrix: a preset through the exporter into Prometheus's rule engine.
+
+:func:`run_row` replays a scenario with :func:`fleet.harness.run_through_exporter` (long enough
+for its alerts' ``for`` to elapse), evaluates the generated alerting and recording rules over
+the scraped history with ``promtool test rules``, and reads the diagnosis chain three ways:
+the exporter's own check evaluation, the console's chain from the exporter's /api/v1/groups,
+and the console's chain from Prometheus's firing alerts. Everything it returns is plain data,
+so rows can run in worker processes.
+
+How the firing set is read: promtool only compares, so a first run expects no firing alert;
+when alerts fire, promtool's failure report lists them ("got: {alertname=..., step=...}"), and a
+second run must then pass expecting exactly that set — so the set used by the assertions is one
+promtool itself confirmed.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
+from console.links import load_thresholds as console_thresholds
+from exporter import api, catalog
+from exporter.thresholds import load_thresholds
+from fleet.harness import promtool_test, run_through_exporter, settled_duration
+from fleet.scenarios import load_preset
+from fleet.topology import load_topology
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
+PROMTOOL = shutil.which("promtool")
+_GOT = re.compile(r'alertname="([^"]+)", step="([^"]*)"')
+
+
+@dataclass
+class Row:
+    name: str
+    expected_step: int | None
+    expected_alerts: tuple[str, ...]
+    end_s: float
+    firing: set[tuple[str, str]]  # (alertname, step) firing in Prometheus at the end, promtool-confirmed
+    confirmed: bool
+    promtool_output: str
+    exporter_verdict: int | None
+    exporter_firing: list[str]
+    console_exporter_verdict: int | None
+    console_prometheus_verdict: int | None
+    values: dict[str, float | None]
+    kv_batches_lost: int
+    kv_missed_batches: float
+    seconds: float
+    events: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        vals = ", ".join(f"{k}={v:.3g}" for k, v in self.values.items() if v is not None)
+        return (f"{self.name}: Prometheus firing {sorted(self.firing)}; exporter verdict step {self.exporter_verdict} "
+                f"(firing {self.exporter_firing}); values at the end: {vals}")
+
+
+def _promtool(workdir: Path, doc: dict) -> subprocess.CompletedProcess[str]:
+    (workdir / "matrix.test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, "test", "rules", "matrix.test.yaml"], cwd=workdir, capture_output=True,
+                          text=True, timeout=300)
+
+
+def firing_in_prometheus(history, end_s: float, workdir: Path) -> tuple[set[tuple[str, str]], bool, str]:
+    """The alerts firing at ``end_s`` under Prometheus's own rule engine (see the module docstring)."""
+    shutil.copy(RULES, workdir / RULES.name)
+    first = _promtool(workdir, promtool_test(history, [RULES.name], end_s, []))
+    if first.returncode == 0:
+        return set(), True, first.stdout
+    got = [line for line in first.stdout.splitlines() + first.stderr.splitlines() if "got:" in line]
+    found = {(a, s) for line in got for a, s in _GOT.findall(line)}
+    if not found:  # not an assertion failure: a bad input file or rule; say what promtool said
+        return set(), False, first.stdout + first.stderr
+    second = _promtool(workdir, promtool_test(history, [RULES.name], end_s, found))
+    return found, second.returncode == 0, second.stdout + second.stderr
+
+
+def run_row(name: str, workdir: Path) -> Row:
+    started = time.perf_counter()
+    scenario = load_preset(name)
+    topology = load_topology()
+    thresholds = console_thresholds()
+    run = run_through_exporter(scenario, topology, duration_s=settled_duration(scenario, load_thresholds()))
+    firing, confirmed, output = firing_in_prometheus(run.history, run.end_s, workdir)
+
+    ev = run.evaluation()
+    groups = api.groups(run.state)
+    console_exp = chain_from_exporter(groups, thresholds)
+    values = {k: r.value for k, r in ev.results.items()}
+    baselines = {k: r.baseline for k, r in ev.results.items()}
+    # The console's Prometheus reading: rule values (the exporter computes the same expressions
+    # over its windows) plus the alerts Prometheus's engine fired.
+    alerts = [{"labels": {"alertname": a, "step": s}, "state": "firing"} for a, s in sorted(firing)]
+    console_prom = chain_from_prometheus(values, baselines, ev.signals, alerts, thresholds, Reuse(None, None, None))
+    missed = sum(run.health.snapshot()[0].get(f"{catalog.NAMESPACE}_kv_event_missed_batches", {}).values())
+    return Row(
+        name=name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts, end_s=run.end_s,
+        firing=firing, confirmed=confirmed, promtool_output=output,
+        exporter_verdict=ev.verdict["step"] if ev.verdict else None,
+        exporter_firing=[k for k, r in ev.results.items() if r.status == "firing"],
+        console_exporter_verdict=console_exp.verdict.number if console_exp.verdict else None,
+        console_prometheus_verdict=console_prom.verdict.number if console_prom.verdict else None,
+        values={k: (None if v is None else float(v)) for k, v in values.items()},
+        kv_batches_lost=sum(run.kv_batches_lost.values()), kv_missed_batches=float(missed),
+        seconds=time.perf_counter() - started,
+        events=[f"{t:.0f}s {what}" for t, what in run.result.events[:20]],
+    )
+
+
+def allowed_alongside(step: int) -> set[str]:
+    """Alerts that may fire with a fault of ``step``: the step's own, the symptom, and the SLOs.
+
+    The cluster hit rate is the symptom that starts the walk and the SLOs measure what users
+    feel; neither names a step, so either may co-fire with any fault. Any other step's cause
+    alert must stay silent — the chain would otherwise name the wrong step.
+    """
+    own = {c.alert for c in catalog.checks_for_step(step)}
+    symptom = {catalog.CHECKS_BY_KEY["prefix_hit_rate_total"].alert}
+    slos = {c.alert for c in catalog.CHECKS if c.kind == "slo"}
+    return own | symptom | slos

@@ -1,0 +1,74 @@
+"""The acceptance matrix: every fault scenario of the SPEC ends in the right alert and diagnosis.
+
+Each preset of fleet/scenarios runs on the virtual clock through the exporter's real adapters
+(KV events on vLLM's wire format, rendered worker /metrics through the scraper, NDJSON records
+through the intake); the exporter's /metrics, as the real collector renders it every 15 s,
+goes through Prometheus's own rule engine (``promtool test rules``) with the generated rules.
+See docs/scenario-matrix.md for what is asserted and why.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter import catalog
+from fleet.scenarios import load_preset, preset_names
+from tests.e2e.harness import Row, allowed_alongside
+
+# The SPEC's acceptance matrix: scenario -> the step the chain must name (None: healthy).
+SPEC_MATRIX: dict[str, int | None] = {
+    "healthy": None,
+    "cache-pressure": 1,
+    "timestamp-in-system-prompt": 1,
+    "hash-mod-reshuffle": 2,
+    "session-key-churn": 2,
+    "warm-pool-saturation": 2,
+    "worker-failures": 2,
+    "slow-gpu-long-prompts": 3,
+    "async-prefill-backlog": 3,
+    "slow-tree-walk": 4,
+    "topology-blind-placement": 4,
+    "cross-node-migration-storm": 4,
+    "spec-decode-drift": 5,
+    "moe-expert-misalignment": 5,
+    "affinity-blind-batching": 5,
+    "dropped-kv-events": 0,
+}
+
+SCENARIOS = preset_names()
+
+
+def test_every_spec_scenario_has_a_preset_with_its_step() -> None:
+    assert sorted(SCENARIOS) == sorted(SPEC_MATRIX)
+    for name, step in SPEC_MATRIX.items():
+        sc = load_preset(name)
+        assert sc.expected_step == step, name
+        assert bool(sc.expected_alerts) == (step is not None), name
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_prometheus_fires_exactly_the_expected_alerts(scenario: str, matrix_rows: dict[str, Row]) -> None:
+    row = matrix_rows[scenario]
+    assert row.confirmed, f"promtool did not confirm the firing set:\n{row.promtool_output}"
+    names = {a for a, _step in row.firing}
+    for alert, step in row.firing:  # the rule files label each alert with its catalogue step
+        assert step == str(catalog.CHECKS_BY_ALERT[alert].group), (alert, step)
+    if row.expected_step is None:
+        assert names == set(), row.describe()
+        return
+    missing = set(row.expected_alerts) - names
+    assert not missing, f"expected alerts did not fire: {sorted(missing)}\n{row.describe()}"
+    unrelated = names - allowed_alongside(row.expected_step)
+    assert not unrelated, f"alerts of other steps fired: {sorted(unrelated)}\n{row.describe()}"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_chain_names_the_expected_step(scenario: str, matrix_rows: dict[str, Row]) -> None:
+    row = matrix_rows[scenario]
+    verdicts = {
+        "exporter (checks.py)": row.exporter_verdict,
+        "console from /api/v1/groups": row.console_exporter_verdict,
+        "console from Prometheus": row.console_prometheus_verdict,
+    }
+    wrong = {k: v for k, v in verdicts.items() if v != row.expected_step}
+    assert not wrong, f"expected step {row.expected_step}, got {wrong}\n{row.describe()}"
