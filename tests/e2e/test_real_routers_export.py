@@ -231,6 +231,8 @@ def test_router_and_workers_feed_every_group_they_can(stack: Stack) -> None:
             assert not any(n == m.name or n.startswith(m.name + "_") for n in exported), m.name
     assert data["reuse"]["prompt_tokens"] is None
 
+    assert s.value(f"{P}_worker_pool_size") == 3.0
+
     # kill the worker of group 0: the router marks it unhealthy, the exporter reports it down
     victim = placed[0][0]
     s.fleet.kill(victim)
@@ -238,6 +240,8 @@ def test_router_and_workers_feed_every_group_they_can(stack: Stack) -> None:
              f"{s.kind} to report {victim} unhealthy through the exporter")
     wait_for(lambda: s.value(f"{P}_up", target=victim, kind="worker") == 0.0, f"{victim} up=0")
     assert s.value(f"{P}_up", target=s.kind, kind="router") == 1.0
+    # the worker the router reports down, under its configured name, leaves the healthy pool
+    wait_for(lambda: s.value(f"{P}_worker_pool_size") == 2.0, "the healthy pool to shrink to 2")
     # group 0 moves to a surviving worker and every request still succeeds
     moved = [ask(s.router.url, ENDPOINT[s.kind], 0, i)[1] for i in range(PER_GROUP, PER_GROUP + 3)]
     assert victim not in moved
@@ -369,3 +373,15 @@ def test_example_prometheus_config_loads_the_generated_rules_and_scrapes_the_def
     assert [(config.parent / f).resolve() for f in raw["rule_files"]] == [RULES.resolve()]
     job = next(j for j in raw["scrape_configs"] if j["job_name"] == catalog.NAMESPACE)
     assert job["static_configs"][0]["targets"] == [DEFAULT_LISTEN]
+
+
+# ---- a killed worker stops answering, also on open connections ------------------------------------
+def test_killed_worker_drops_keep_alive_connections() -> None:
+    """Routers and scrapers keep connections open; a dead worker must not answer on them."""
+    with WorkerFleet([WorkerSpec("w0")], options=FleetOptions(delay_scale=0.0)) as fleet:
+        session = requests.Session()
+        url = fleet["w0"].url + "/health"
+        assert session.get(url, timeout=5).status_code == 200
+        fleet.kill("w0")
+        with pytest.raises(requests.ConnectionError):
+            session.get(url, timeout=5)
