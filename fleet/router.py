@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from alerts.config import load as load_thresholds
 from fleet.cache import Cleared, Removed, Stored
+from fleet.clock import VirtualClock
 from fleet.engine import EngineRequest, EngineResult, RequestError, SimEngine
 from fleet.fallback import FallbackLadder, LadderConfig
 from fleet.policies import (
@@ -43,6 +44,9 @@ from fleet.topology import Topology
 from fleet.workloads import SimRequest
 
 log = logging.getLogger("prefixscope.fleet.router")
+
+WALK_S_PER_BLOCK = 1e-6  # modelled index-walk cost per prompt block on a virtual clock (≈ measured)
+
 
 def cold_reuse_share() -> float:
     """The share of a prompt at most reused for a request to count as cold (alerts/thresholds.yaml)."""
@@ -310,7 +314,10 @@ class Router:
         else:
             t0 = time.perf_counter()
             matches = self.index.match(hashes)
-            walk_s = time.perf_counter() - t0 + self.config.walk_delay_s
+            # Measured on a real clock; modelled on a virtual one, so that a replay does not
+            # depend on how busy the machine running it is.
+            spent = WALK_S_PER_BLOCK * len(hashes) if isinstance(self.clock, VirtualClock) else time.perf_counter() - t0
+            walk_s = spent + self.config.walk_delay_s
             cands = self._candidates(names, matches, now)
             best = max(matches.values(), default=0)
             if displaced is not None:
