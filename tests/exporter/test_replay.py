@@ -8,10 +8,7 @@ from pathlib import Path
 import pytest
 
 from exporter import replay as rp
-
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl"
-needs_mooncake = pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"shared data folder absent ({MOONCAKE.name})")
+from tests.shared_data import MOONCAKE, require
 
 
 def mooncake_lines(*rows: tuple[int, int, list[int]]) -> list[str]:
@@ -97,18 +94,16 @@ def test_cli_prints_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "prefix_hit_rate_total" in capsys.readouterr().out
 
 
-@needs_mooncake
 def test_mooncake_one_worker_sequential_gives_the_published_share() -> None:
-    trace = rp.load_trace(MOONCAKE)
+    trace = rp.load_trace(require(MOONCAKE))
     assert len(trace.requests) == 3993 and trace.skipped == 0
     result = rp.replay(trace, workers=1, policy="round-robin", capacity_blocks=10**7)
     # data README: token-weighted prefix hit share 0.651 with one global cache, sequential
     assert round(result["prefix_hit_rate_total"], 3) == 0.651
 
 
-@needs_mooncake
 def test_mooncake_policies_and_timing_order() -> None:
-    trace = rp.load_trace(MOONCAKE)
+    trace = rp.load_trace(require(MOONCAKE))
     trace.requests = trace.requests[:1200]  # enough shared prefixes to separate the policies
     rate = {p: rp.replay(trace, 8, p, capacity_blocks=100_000)["prefix_hit_rate_total"]
             for p in ("round-robin", "consistent-hash", "prefix-tree")}

@@ -7,17 +7,12 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.routers import require_routers_bin
-
-REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO / ".." / "shared" / "data"
+from tests.shared_data import MOONCAKE, require
 
 
 @pytest.fixture
 def mooncake_trace() -> Path:
-    path = SHARED_DATA / "mooncake_synthetic_trace.jsonl"
-    if not path.exists():
-        pytest.skip(f"the shared data folder is absent ({path.name} not found beside the repository)")
-    return path
+    return require(MOONCAKE)
 
 
 @pytest.fixture
