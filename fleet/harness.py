@@ -38,7 +38,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter import catalog, promtext
+from exporter import api, catalog, promtext
 from exporter.checks import Evaluation, evaluate
 from exporter.collector import PrefixscopeCollector
 from exporter.health import Health
@@ -181,6 +181,8 @@ class ScenarioRun:
     start: float
     kv_batches_sent: dict[str, int]
     kv_batches_lost: dict[str, int]
+    # seconds since the start -> (check evaluation, /api/v1/groups) taken right after that scrape
+    checkpoints: dict[float, tuple[Evaluation, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def end_s(self) -> float:
@@ -199,6 +201,8 @@ class _Feed:
         self.sim, self.state, self.health, self.clock = sim, state, health, clock
         self.flavour, self.start = flavour, start
         self.history = ScrapeHistory(scrape_every_s)
+        self.checkpoint_at: set[float] = set()
+        self.checkpoints: dict[float, tuple[Evaluation, dict[str, Any]]] = {}
         self.seq: dict[str, int] = {}
         self.sent: dict[str, int] = {}
         self.lost: dict[str, int] = {}
@@ -265,8 +269,10 @@ class _Feed:
     def scrape(self) -> None:
         self.flush_records()
         self.scraper.scrape_once()  # one scrape thread: targets in order, the run stays deterministic
-        t = self.clock.now() - self.start
-        self.history.add(round(t, 6), exporter_samples(self.state, self.health))
+        t = round(self.clock.now() - self.start, 6)
+        self.history.add(t, exporter_samples(self.state, self.health))
+        if t in self.checkpoint_at:
+            self.checkpoints[t] = (evaluate(self.state, now=self.clock.now()), api.groups(self.state))
 
     def close(self) -> None:
         self.scraper.close()
@@ -308,8 +314,13 @@ def settled_duration(scenario: Scenario, thresholds: Thresholds, scrape_every_s:
 
 def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float = 0.0, scrape_every_s: float = SCRAPE_EVERY_S,
            flavour: str = "vllm", thresholds_path: str | Path | None = None,
-           duration_s: float | None = None, seed: int | None = None) -> ScenarioRun:
-    """Run ``scenario`` on a virtual clock through the exporter; see the module docstring."""
+           duration_s: float | None = None, seed: int | None = None,
+           checkpoints: Iterable[float] = ()) -> ScenarioRun:
+    """Run ``scenario`` on a virtual clock through the exporter; see the module docstring.
+
+    At each of ``checkpoints`` (seconds since the start, on the scrape grid) the exporter's check
+    evaluation and its /api/v1/groups payload are kept, as they read at that moment.
+    """
     thresholds = load_thresholds(thresholds_path)
     clock = VirtualClock(start)
     health = Health()
@@ -317,6 +328,7 @@ def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float
     sim = _ScrapingSimulation(scenario, topology, clock=clock, duration_s=duration_s, seed=seed,
                               sample_every_s=scrape_every_s)
     feed = _Feed(sim, state, health, clock, flavour, start, scrape_every_s)
+    feed.checkpoint_at = {round(float(t), 6) for t in checkpoints}
     sim.feed = feed
     try:
         result = sim.run(on_request=feed.on_request)
@@ -324,33 +336,38 @@ def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float
     finally:
         feed.close()
         sim.close()
-    return ScenarioRun(scenario, result, state, health, feed.history, clock, start, feed.sent, feed.lost)
+    return ScenarioRun(scenario, result, state, health, feed.history, clock, start, feed.sent, feed.lost,
+                       feed.checkpoints)
 
 
 def run_all(scenarios: Iterable[Scenario], topology: Topology, **kwargs: Any) -> list[ScenarioRun]:
     return [run_through_exporter(s, topology, **kwargs) for s in scenarios]
 
 
-def firing_alerts_expr() -> str:
-    """PromQL naming every firing alert once, with its step: what the matrix compares."""
-    return 'count by (alertname, step) (ALERTS{alertstate="firing"})'
+def fired_during_expr(seconds: float) -> str:
+    """PromQL naming, once with its step, every alert that was firing at some evaluation in the last ``seconds``."""
+    return f'count by (alertname, step) (max_over_time(ALERTS{{alertstate="firing"}}[{int(seconds)}s]))'
 
 
-def promtool_test(history: ScrapeHistory, rule_files: Sequence[str], eval_time_s: float,
-                  expected: Iterable[tuple[str, str]], name: str = "scenario") -> dict[str, Any]:
-    """A ``promtool test rules`` document asserting exactly ``expected`` (alertname, step) firing at the end."""
+def promtool_test(history: ScrapeHistory, rule_files: Sequence[str],
+                  windows: Sequence[tuple[float, float, Iterable[tuple[str, str]]]], name: str = "scenario") -> dict[str, Any]:
+    """A ``promtool test rules`` document over ``history``.
+
+    Each window ``(since_s, until_s, expected)`` asserts that exactly the ``(alertname, step)``
+    pairs of ``expected`` were firing at some rule evaluation in ``(since_s, until_s]``.
+    """
+    interval = f"{int(history.interval_s)}s"
     return {
         "rule_files": list(rule_files),
-        "evaluation_interval": f"{int(history.interval_s)}s",
+        "evaluation_interval": interval,
         "tests": [{
             "name": name,
-            "interval": f"{int(history.interval_s)}s",
+            "interval": interval,
             "input_series": history.input_series(),
             "promql_expr_test": [{
-                "expr": firing_alerts_expr(),
-                "eval_time": f"{int(eval_time_s)}s",
-                "exp_samples": [{"labels": f'{{alertname="{a}", step="{s}"}}', "value": 1}
-                                for a, s in sorted(expected)],
-            }],
+                "expr": fired_during_expr(until - since),
+                "eval_time": f"{int(until)}s",
+                "exp_samples": [{"labels": f'{{alertname="{a}", step="{s}"}}', "value": 1} for a, s in sorted(expected)],
+            } for since, until, expected in windows],
         }],
     }

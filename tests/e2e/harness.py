@@ -15,20 +15,27 @@ promtool itself confirmed.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import load_thresholds as console_thresholds
-from exporter import api, catalog
+from exporter import catalog
 from exporter.thresholds import load_thresholds
-from fleet.harness import promtool_test, run_through_exporter, settled_duration
+from fleet.harness import (
+    SCRAPE_EVERY_S,
+    duration_seconds,
+    promtool_test,
+    run_through_exporter,
+    settled_duration,
+)
 from fleet.scenarios import load_preset
 from fleet.topology import load_topology
 
@@ -36,6 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
 PROMTOOL = shutil.which("promtool")
 _GOT = re.compile(r'alertname="([^"]+)", step="([^"]*)"')
+_TIME = re.compile(r"time: (\w+),")
 
 
 @dataclass
@@ -43,8 +51,10 @@ class Row:
     name: str
     expected_step: int | None
     expected_alerts: tuple[str, ...]
-    end_s: float
-    firing: set[tuple[str, str]]  # (alertname, step) firing in Prometheus at the end, promtool-confirmed
+    chain_at_s: float  # when the chain was read (the scenario's own end)
+    end_s: float  # when the run ended (every expected alert's `for` elapsed)
+    warmup_firing: set[tuple[str, str]]  # (alertname, step) that fired before the fault
+    firing: set[tuple[str, str]]  # ... that fired from the fault to the end; both promtool-confirmed
     confirmed: bool
     promtool_output: str
     exporter_verdict: int | None
@@ -55,12 +65,12 @@ class Row:
     kv_batches_lost: int
     kv_missed_batches: float
     seconds: float
-    events: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         vals = ", ".join(f"{k}={v:.3g}" for k, v in self.values.items() if v is not None)
-        return (f"{self.name}: Prometheus firing {sorted(self.firing)}; exporter verdict step {self.exporter_verdict} "
-                f"(firing {self.exporter_firing}); values at the end: {vals}")
+        return (f"{self.name}: fired in Prometheus before the fault {sorted(self.warmup_firing)}, after it "
+                f"{sorted(self.firing)}; exporter verdict at {self.chain_at_s:g}s: step {self.exporter_verdict} "
+                f"(firing {self.exporter_firing}); values: {vals}")
 
 
 def _promtool(workdir: Path, doc: dict) -> subprocess.CompletedProcess[str]:
@@ -70,41 +80,64 @@ def _promtool(workdir: Path, doc: dict) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300)
 
 
-def firing_in_prometheus(history, end_s: float, workdir: Path) -> tuple[set[tuple[str, str]], bool, str]:
-    """The alerts firing at ``end_s`` under Prometheus's own rule engine (see the module docstring)."""
+Window = tuple[float, float]  # (since_s, until_s]
+Fired = dict[Window, set[tuple[str, str]]]
+
+
+def _discover(output: str, windows: list[Window]) -> Fired | None:
+    """The firing sets promtool reported per failed expectation (by eval time), or None if it said something else."""
+    by_end = {until: (since, until) for since, until in windows}
+    found: Fired = {w: set() for w in windows}
+    current: Window | None = None
+    failures = 0
+    for line in output.splitlines():
+        if m := _TIME.search(line):
+            current = by_end.get(duration_seconds(m.group(1)))
+        elif "got:" in line and current is not None:
+            found[current] |= set(_GOT.findall(line))
+            failures += 1
+    return found if failures else None
+
+
+def fired_in_prometheus(history, windows: list[Window], workdir: Path) -> tuple[Fired, bool, str]:
+    """Alerts that fired in each window under Prometheus's own rule engine (see the module docstring)."""
     shutil.copy(RULES, workdir / RULES.name)
-    first = _promtool(workdir, promtool_test(history, [RULES.name], end_s, []))
+    first = _promtool(workdir, promtool_test(history, [RULES.name], [(a, b, ()) for a, b in windows]))
     if first.returncode == 0:
-        return set(), True, first.stdout
-    got = [line for line in first.stdout.splitlines() + first.stderr.splitlines() if "got:" in line]
-    found = {(a, s) for line in got for a, s in _GOT.findall(line)}
-    if not found:  # not an assertion failure: a bad input file or rule; say what promtool said
-        return set(), False, first.stdout + first.stderr
-    second = _promtool(workdir, promtool_test(history, [RULES.name], end_s, found))
+        return {w: set() for w in windows}, True, first.stdout
+    found = _discover(first.stdout + first.stderr, windows)
+    if found is None:  # not an assertion failure: a bad input file or rule; say what promtool said
+        return {w: set() for w in windows}, False, first.stdout + first.stderr
+    second = _promtool(workdir, promtool_test(history, [RULES.name], [(a, b, found[(a, b)]) for a, b in windows]))
     return found, second.returncode == 0, second.stdout + second.stderr
 
 
 def run_row(name: str, workdir: Path) -> Row:
     started = time.perf_counter()
     scenario = load_preset(name)
-    topology = load_topology()
     thresholds = console_thresholds()
-    run = run_through_exporter(scenario, topology, duration_s=settled_duration(scenario, load_thresholds()))
-    firing, confirmed, output = firing_in_prometheus(run.history, run.end_s, workdir)
+    interval = SCRAPE_EVERY_S
+    # The chain is read where the scenario ends (its fault has filled the 5m window); the run goes
+    # on until the slowest expected alert's `for` has surely elapsed.
+    chain_at = math.floor(scenario.duration_s / interval) * interval
+    run = run_through_exporter(scenario, load_topology(), scrape_every_s=interval, checkpoints=[chain_at],
+                               duration_s=settled_duration(scenario, load_thresholds(), interval))
+    warmup, fault = (0.0, scenario.fault_at_s), (scenario.fault_at_s, run.end_s)
+    fired, confirmed, output = fired_in_prometheus(run.history, [warmup, fault], workdir)
 
-    ev = run.evaluation()
-    groups = api.groups(run.state)
+    ev, groups = run.checkpoints[chain_at]
     console_exp = chain_from_exporter(groups, thresholds)
     values = {k: r.value for k, r in ev.results.items()}
     baselines = {k: r.baseline for k, r in ev.results.items()}
     # The console's Prometheus reading: rule values (the exporter computes the same expressions
-    # over its windows) plus the alerts Prometheus's engine fired.
-    alerts = [{"labels": {"alertname": a, "step": s}, "state": "firing"} for a, s in sorted(firing)]
+    # over its windows) with the alerts Prometheus's engine fired for the fault.
+    alerts = [{"labels": {"alertname": a, "step": s}, "state": "firing"} for a, s in sorted(fired[fault])]
     console_prom = chain_from_prometheus(values, baselines, ev.signals, alerts, thresholds, Reuse(None, None, None))
     missed = sum(run.health.snapshot()[0].get(f"{catalog.NAMESPACE}_kv_event_missed_batches", {}).values())
     return Row(
-        name=name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts, end_s=run.end_s,
-        firing=firing, confirmed=confirmed, promtool_output=output,
+        name=name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts,
+        chain_at_s=chain_at, end_s=run.end_s, warmup_firing=fired[warmup], firing=fired[fault],
+        confirmed=confirmed, promtool_output=output,
         exporter_verdict=ev.verdict["step"] if ev.verdict else None,
         exporter_firing=[k for k, r in ev.results.items() if r.status == "firing"],
         console_exporter_verdict=console_exp.verdict.number if console_exp.verdict else None,
@@ -112,7 +145,6 @@ def run_row(name: str, workdir: Path) -> Row:
         values={k: (None if v is None else float(v)) for k, v in values.items()},
         kv_batches_lost=sum(run.kv_batches_lost.values()), kv_missed_batches=float(missed),
         seconds=time.perf_counter() - started,
-        events=[f"{t:.0f}s {what}" for t, what in run.result.events[:20]],
     )
 
 
