@@ -416,15 +416,19 @@ class ClusterState:
         segment = rec.get("segment") or UNKNOWN
         turn = self.sessions.observe(str(key), ts, worker, hashes, segment, self.pool_epoch)
         ml = (model,)
+        prev = turn.previous_worker
         if turn.turn == 1:
             self.session_events.append((ts, segment, turn.rekey_of is not None))
             self._zero(f"{P}_session_rekeys", (segment,))
-            if turn.rekey_of is not None:
-                self._inc(ts, f"{P}_session_rekeys", (segment,))
-            return
+            if turn.rekey_of is None:
+                return
+            self._inc(ts, f"{P}_session_rekeys", (segment,))
+            # A re-keyed conversation's turn is a follow-up of the session it continues: sticky
+            # routing should have sent it back to that session's worker.
+            continued = self.sessions.get(turn.rekey_of)
+            prev = continued.worker if continued is not None else None
         self._inc(ts, f"{P}_followup_requests", ml)
         self._zero(f"{P}_sticky_collisions", ml)
-        prev = turn.previous_worker
         if prev is not None and prev != worker and not rec.get("migrated_from") and self.is_healthy(prev):
             self._inc(ts, f"{P}_sticky_collisions", ml)
         if cached is not None:
