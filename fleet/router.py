@@ -5,7 +5,8 @@ The router keeps, for stateful policies (``prefix-tree``, ``topology-aware``), a
 sends a request (optimistic) and removed by the engines' KV events. If events are lost the
 belief goes stale, and ``predicted_cached_tokens`` drifts above what the engine reports.
 
-Per request it measures its own index walk (wall time plus the injectable ``walk_delay_s``),
+Per request it measures its own index walk (wall time on a real clock, a per-block model on a
+virtual one, plus the injectable ``walk_delay_s``),
 follows the session anchor, migrates sessions whose worker left (soft: the KV is moved over
 NVLink or the network; hard: the new worker recomputes), runs the fallback ladder for new and
 cold sessions, executes on the engine and emits one ``prefixscope.request/v1`` record.
@@ -288,7 +289,8 @@ class Router:
             classes = preferred_classes(req.prompt_tokens, req.output_tokens, self.topology, [c.name for c in warm],
                                         self.config.params)
             warm = [c for c in warm if self.topology.worker(c.name).gpu_class in classes] or warm
-        return min(warm, key=lambda c: c.load / c.capacity).name
+        # ties (idle warm pool) go to the emptier cache, so cold prompts do not pile on one worker
+        return min(warm, key=lambda c: (c.load / c.capacity, self.index.blocks(c.name) / c.capacity)).name
 
     def route(self, req: SimRequest) -> dict | None:
         """Route and execute one request; returns its record (None when no worker is healthy)."""
@@ -371,7 +373,7 @@ class Router:
                 # the async lane needs no warm cache: any worker of a fitting class with room
                 cls = preferred_classes(req.prompt_tokens, req.output_tokens, self.topology, names, self.config.params)
                 fit = [c for c in self._candidates(names, {}, now) if self.topology.worker(c.name).gpu_class in cls]
-                worker = min(fit, key=lambda c: (c.load / c.capacity, c.sessions)).name
+                worker = min(fit, key=lambda c: (c.load / c.capacity, self.index.blocks(c.name))).name
                 engine = self.engines[worker]
         elif (tier in (None, "warm_pool") and not self.stateless and self.config.downgrade_workers
               and self.topology.downgrade_model and est_prefill >= self.config.ladder.downgrade_ttft_s

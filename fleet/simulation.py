@@ -94,7 +94,7 @@ class Simulation:
             # Operators pre-warm the tenants' system prompts on every worker at deploy time, so
             # a tenant's first session is not a cold miss and its sessions can spread.
             for i, hashes in enumerate(self.workload.shared_prefixes()):
-                for name in initial:
+                for name in self.engines:  # standby workers too: they are warmed before they join
                     import_prefix(self.engines[name], f"prewarm-{i}-{name}", hashes)
 
     # the router's sink: keep every record, pass it on

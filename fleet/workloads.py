@@ -62,6 +62,7 @@ class WorkloadParams:
     rekey_segments: tuple[str, ...] = ("web", "mobile")
     fork_prob: float = 0.0  # per follow-up turn: a sub-agent session starts from this context
     timestamp_in_system_prompt: bool = False
+    timestamp_segments: tuple[str, ...] = ("web", "mobile", "api")  # whose template renders it
     segments: tuple[tuple[str, float], ...] = (("web", 0.5), ("mobile", 0.3), ("api", 0.2))
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> WorkloadParams:
@@ -244,7 +245,7 @@ class WorkloadGenerator:
         prompt = s.ctx + self._tokens(self._between(p.user_tokens))
         hashes = self._extend(s.ctx_hashes, prompt)
         out = self._between(s.out_range)
-        if p.timestamp_in_system_prompt:
+        if p.timestamp_in_system_prompt and s.segment in p.timestamp_segments:
             # The rendered prompt starts with the current time: every block's chain changes.
             stamp = [b + VOCAB_OFFSET for b in f"{t:016.6f}".encode()[:TIMESTAMP_TOKENS]]
             sent = stamp + prompt

@@ -82,7 +82,7 @@ for _f in fields(WorkloadParams):
     _d = _f.default
     _WORKLOAD_KINDS[_f.name] = ("bool" if isinstance(_d, bool) else "range" if isinstance(_d, tuple) and len(_d) == 2
                                 and all(isinstance(x, int) for x in _d) else "segments" if _f.name == "segments"
-                                else "names" if _f.name == "rekey_segments" else "choice" if _f.name == "rekey_mode"
+                                else "names" if _f.name in ("rekey_segments", "timestamp_segments") else "choice" if _f.name == "rekey_mode"
                                 else "non_negative_int" if isinstance(_d, int) else "non_negative")
 
 
