@@ -6,6 +6,11 @@ every counter and histogram of the catalogue, each kept twice — cumulative for
 in a sliding window (keyed by input timestamps) for the exporter's own check evaluation.
 One lock guards everything; sources hand over whole batches, so it is taken once per batch.
 
+Tree statistics (depths, fan-out, duplication) are never computed by a reader: ``refresh_tree_stats``
+copies the tree under the lock (C-level copies, the only ingest pause) and runs the pass outside
+it; /metrics, the checks and the API read the latest completed pass. The exporter's runtime calls
+it in the background (``exporter.tree_refresher``); tests and offline replays call it explicitly.
+
 KV-event stream health split: sources count what they see on the wire (sequence gaps, missed
 batches, replays, decode errors); the state counts what applying the events did (batches,
 events applied, unknown parents and removals, restarts, last batch time and lag).
@@ -28,7 +33,7 @@ from exporter.model import (
     RouterSnapshot,
     WorkerSnapshot,
 )
-from exporter.prefix_index import PrefixIndex, TreeStats
+from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats
 from exporter.sessions import SessionTable
 from exporter.windows import Cumulative, LabelValues, WindowedBuckets, WindowedSum
 
@@ -37,6 +42,10 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor
 HISTORY_S = 3600.0  # how far back /api/v1/changes can look
 MAX_HISTORY_EVENTS = 200_000
 UNKNOWN = "unknown"
+# Child lists every statistics pass keeps: the API's default tree depth (4 edges) + 1, which also
+# covers the hot branches' runs (radix depth ≤ 2). A deeper tree request runs a pass of its own.
+TREE_CHILDREN_DEPTH = 5
+NO_TREE = TreeStats(version=-1)  # before the first pass: no branching known, chains map to their first block
 
 # Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
 RECORD_FIELD_SIGNALS: dict[str, str] = {
@@ -58,6 +67,7 @@ RECORD_FIELD_SIGNALS: dict[str, str] = {
 # (cached_tokens, prefill_s, ...) stay missing when null — an engine that leaves cached_tokens null
 # (vLLM without --enable-prompt-tokens-details) has not measured it.
 EVENT_FIELDS = frozenset({"migrated_from", "migration_kind", "async_wait_s"})
+MIGRATION_KINDS = ("soft", "hard")
 
 # WorkerSnapshot counter field -> catalogue counter it is exported as (labels worker, model).
 SNAPSHOT_COUNTERS: dict[str, str] = {
@@ -85,6 +95,15 @@ class WorkerInfo:
     scraped_at: float | None = None
     block_size: int | None = None
     last_counters: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TreeStatsTiming:
+    """Cost of the latest statistics pass: the copy under the state lock, and the pass outside it."""
+
+    copy_s: float
+    pass_s: float
+    blocks: int
 
 
 @dataclass
@@ -117,6 +136,9 @@ class ClusterState:
         self.cold_reuse_share = float(getattr(thresholds, "cold_reuse_share", 0.1))
         self.lock = threading.Lock()
         self.index = PrefixIndex()
+        self._tree_stats: TreeStats | None = None  # the latest completed pass (swapped whole)
+        self._refresh_lock = threading.Lock()  # one pass at a time
+        self.tree_stats_timing: TreeStatsTiming | None = None
         self.sessions = SessionTable(max_sessions=max_sessions)
         self.cum = Cumulative()
         self.win = WindowedSum(self.window_s)  # key (metric, labels)
@@ -447,6 +469,13 @@ class ClusterState:
                     self._reshuffle_counted.clear()
 
     def _migration(self, rec: dict, ts: float, worker: str) -> None:
+        if "migrated_from" in rec:
+            # A producer that reports migrations (even "none this time") gets both kinds at 0, so
+            # the per-minute rates read 0 rather than "no data" until the first migration.
+            for k in MIGRATION_KINDS:
+                self._zero(f"{P}_session_migrations", (k,))
+                if self.topology is not None:
+                    self._zero(f"{P}_cross_node_migrations", (k,))
         src = rec.get("migrated_from")
         if not src:
             return
@@ -498,9 +527,39 @@ class ClusterState:
         out["warm_pool"] = self.topology is not None and bool(self.topology.warm_pool)
         return out
 
-    def tree_stats(self) -> TreeStats:
+    def tree_stats(self) -> TreeStats | None:
+        """The latest completed statistics pass (None before the first one): never computes."""
+        return self._tree_stats
+
+    def refresh_tree_stats(self) -> TreeStats:
+        """Run a statistics pass now if the index changed since the latest one; return the latest.
+
+        Only the copy holds the state lock; the pass runs outside it and its result is swapped
+        in whole, so readers see either the previous pass or this one.
+        """
+        with self._refresh_lock:  # a concurrent caller waits, then finds the statistics current
+            with self.lock:
+                latest = self._tree_stats
+                if latest is not None and latest.version == self.index.version:
+                    return latest
+                t0 = time.perf_counter()
+                tree = self.index.copy_for_stats()
+                t1 = time.perf_counter()
+            stats = compute_stats(tree, TREE_CHILDREN_DEPTH)
+            self.tree_stats_timing = TreeStatsTiming(t1 - t0, time.perf_counter() - t1, stats.blocks)
+            self._tree_stats = stats
+            return stats
+
+    def tree_stats_with_children(self, depth: int) -> TreeStats | None:
+        """The latest statistics if they keep child lists ``depth`` edges deep, else a pass of
+        their own for this one request (copied under the lock, computed outside it).
+        None before the first pass: the tree is missing until the statistics exist."""
+        latest = self._tree_stats
+        if latest is None or latest.children_depth >= depth:
+            return latest
         with self.lock:
-            return self.index.stats()
+            tree = self.index.copy_for_stats()
+        return compute_stats(tree, depth)
 
     def worker_capacity(self, name: str) -> int | None:
         w = self.workers.get(name)
@@ -564,7 +623,7 @@ class ClusterState:
 
     def branch_hits(self, start: float, end: float, stats: TreeStats | None = None) -> dict[int, tuple[float, set]]:
         """Hit tokens and sessions per branch for hits with start < ts ≤ end."""
-        stats = stats or self.index.stats()
+        stats = stats or self._tree_stats or NO_TREE
         out: dict[int, tuple[float, set]] = {}
         for ts, chain, tokens, session in self.hit_events:
             if start < ts <= end:
@@ -652,10 +711,11 @@ class ClusterState:
         ranks = self.removal_ranks(values)
         g[f"{P}_worker_effective_cache_value_tokens"] = {(w,): v for w, v in values.items()}
         g[f"{P}_worker_removal_rank"] = {(w,): float(r) for w, r in ranks.items()}
-        stats = self.index.stats()
-        g[f"{P}_prefix_tree_root_fanout"] = {(): float(stats.root_fanout)}
-        g[f"{P}_prefix_tree_nodes"] = {(): float(stats.nodes)}
-        g[f"{P}_prefix_tree_blocks"] = {(): float(stats.blocks)}
+        stats = self._tree_stats  # the latest background pass; None (missing) before the first
+        if stats is not None:
+            g[f"{P}_prefix_tree_root_fanout"] = {(): float(stats.root_fanout)}
+            g[f"{P}_prefix_tree_nodes"] = {(): float(stats.nodes)}
+            g[f"{P}_prefix_tree_blocks"] = {(): float(stats.blocks)}
         g[f"{P}_worker_pool_size"] = {(): float(len(self.pool))}
         out.counters.setdefault(f"{P}_worker_pool_changes", {}).setdefault((), 0.0)
         if self.pool_changes and self.pool_changes[-1].reshuffled_share is not None:
@@ -675,10 +735,11 @@ class ClusterState:
         g[f"{P}_exporter_build_info"] = {(__version__,): 1.0}
         gh = out.gaugehistograms
         gh[f"{P}_session_hit_ratio"] = self.session_hit_ratios()
-        gh[f"{P}_prefix_tree_leaf_depth"] = stats.leaf_depths
-        gh[f"{P}_prefix_tree_leaf_block_depth"] = stats.leaf_block_depths
-        gh[f"{P}_prefix_tree_node_fanout"] = stats.fanouts
-        gh[f"{P}_prefix_tree_block_replicas"] = stats.replicas
+        if stats is not None:
+            gh[f"{P}_prefix_tree_leaf_depth"] = stats.leaf_depths
+            gh[f"{P}_prefix_tree_leaf_block_depth"] = stats.leaf_block_depths
+            gh[f"{P}_prefix_tree_node_fanout"] = stats.fanouts
+            gh[f"{P}_prefix_tree_block_replicas"] = stats.replicas
         out.signals = signals
         return out
 

@@ -97,7 +97,9 @@ def test_serves_logs_targets_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert "router gw (vllm-router): metrics http://127.0.0.1:9/metrics" in log
         for _ in range(150):  # generous: CI machines are busy; the scrape interval is 1 s
             text = requests.get(url + "/metrics", timeout=5).text
-            if 'prefixscope_up{kind="worker",target="w0"} 0.0' in text:
+            # worker and router are scraped concurrently: wait for both results
+            if ('prefixscope_up{kind="worker",target="w0"} 0.0' in text
+                    and 'prefixscope_up{kind="router",target="gw"} 0.0' in text):
                 break
             time.sleep(0.1)
         assert 'prefixscope_up{kind="worker",target="w0"} 0.0' in text
