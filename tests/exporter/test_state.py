@@ -87,3 +87,23 @@ def test_signals_absent_until_a_source_carries_them():
     st.ingest_records([rec(100, "r", "w0", 10, walk_s=0.001)], 100)
     s = st.signals()
     assert s["records"] and s["walk_latency"] and not s["session_key"] and not s["kv_events"]
+
+
+def test_migration_signal_from_null_fields_reads_zero_not_missing():
+    st = make()
+    st.ingest_records([rec(100, "r1", "w0", 64, migrated_from=None, migration_kind=None)], 100)
+    assert st.signals()["migrations"] is True
+    c = st.cum.counters
+    assert c[f"{P}_session_migrations"] == {("soft",): 0.0, ("hard",): 0.0}
+    # a measurement field written as null has not been measured: still missing
+    st.ingest_records([rec(101, "r2", "w0", 64, cached_tokens=None)], 101)
+    assert st.signals()["cached_tokens"] is False
+    st.ingest_records([rec(102, "r3", "w1", 64, migrated_from="w0", migration_kind="soft")], 102)
+    assert c[f"{P}_session_migrations"] == {("soft",): 1.0, ("hard",): 0.0}
+
+
+def test_records_without_migration_fields_leave_the_signal_missing():
+    st = make()
+    st.ingest_records([rec(100, "r1", "w0", 64)], 100)
+    assert st.signals()["migrations"] is False
+    assert f"{P}_session_migrations" not in st.cum.counters
