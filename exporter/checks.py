@@ -85,6 +85,8 @@ class _Evaluator:
             return histogram_quantile(float(m[1]), metric.buckets, counts)
         if m := _PER_MINUTE.match(expr):
             total = st.window_counter(m[1])
+            if total is None and st.cum.counters.get(m[1]):
+                total = 0.0  # the counter is exported and did not move: Prometheus reads a rate of 0
             return None if total is None else total / st.window_s * 60.0
         if m := _INCREASE.match(expr):
             return st.health_increase(m[1])

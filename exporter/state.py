@@ -262,8 +262,8 @@ class ClusterState:
     def health_increase(self, name: str) -> float | None:
         """Increase of a health counter over the window (None before any sample)."""
         dq = self._health_samples.get(name)
-        if not dq:
-            return None
+        if not dq or not self.health.counters.get(name):
+            return None  # no series on /metrics either: Prometheus reads no data, so do we
         total = sum(dict(self.health.counters.get(name, {})).values())
         return max(0.0, total - dq[0][1])  # dq[0] is the last sample at or before the window start
 
@@ -288,6 +288,7 @@ class ClusterState:
         h.inc(f"{P}_kv_event_unknown_parent", lab, res.unknown_parent)
         h.inc(f"{P}_kv_event_unknown_block_removals", lab, res.unknown_removals)
         h.inc(f"{P}_worker_restarts", lab, 0)
+        h.inc(f"{P}_kv_event_missed_batches", lab, 0)  # a stream with no gap reads 0, not missing
         h.set(f"{P}_kv_event_last_timestamp_seconds", lab, received_at)
         h.set(f"{P}_kv_event_lag_seconds", lab, max(0.0, received_at - batch.ts))
 
