@@ -270,6 +270,9 @@ class _Feed:
         self.flush_records()
         self.scraper.scrape_once()  # one scrape thread: targets in order, the run stays deterministic
         t = round(self.clock.now() - self.start, 6)
+        refresh = getattr(self.state, "refresh_tree_stats", None)
+        if refresh is not None:  # the live exporter refreshes its tree statistics in the background
+            refresh()
         self.history.add(t, exporter_samples(self.state, self.health))
         if t in self.checkpoint_at:
             self.checkpoints[t] = (evaluate(self.state, now=self.clock.now()), api.groups(self.state))

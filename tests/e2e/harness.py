@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 import yaml
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
@@ -31,6 +33,7 @@ from exporter import catalog
 from exporter.thresholds import load_thresholds
 from fleet.harness import (
     SCRAPE_EVERY_S,
+    ScrapeHistory,
     duration_seconds,
     promtool_test,
     run_through_exporter,
@@ -159,3 +162,76 @@ def allowed_alongside(step: int) -> set[str]:
     symptom = {catalog.CHECKS_BY_KEY["prefix_hit_rate_total"].alert}
     slos = {c.alert for c in catalog.CHECKS if c.kind == "slo"}
     return own | symptom | slos
+
+
+# ---- a real Prometheus over the backfilled history ---------------------------------------------
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BackfilledPrometheus:
+    """``/usr/bin/prometheus`` on 127.0.0.1 over a scrape history written as TSDB blocks."""
+
+    def __init__(self, history: ScrapeHistory, start: float, workdir: Path) -> None:
+        assert PROMETHEUS is not None and PROMTOOL is not None
+        self.workdir = workdir
+        (workdir / "history.om").write_text(history.openmetrics(start), encoding="utf-8")
+        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"], cwd=workdir,
+                       check=True, capture_output=True, timeout=120)
+        (workdir / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n", encoding="utf-8")
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.log = (workdir / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, "--config.file=prometheus.yml", "--storage.tsdb.path=data",
+             f"--web.listen-address={self.url.removeprefix('http://')}", "--storage.tsdb.retention.time=2d"],
+            cwd=workdir, stdout=subprocess.DEVNULL, stderr=self.log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited: {(workdir / 'prometheus.log').read_text()[-2000:]}")
+            try:
+                if requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        self.close()
+        raise TimeoutError("prometheus did not become ready within 30 s")
+
+    def query(self, expr: str, at: float) -> float | None:
+        """An instant query; the single result's value, or None when the result is empty."""
+        r = requests.get(f"{self.url}/api/v1/query", params={"query": expr, "time": f"{at:.3f}"}, timeout=10)
+        r.raise_for_status()
+        result = r.json()["data"]["result"]
+        if not result:
+            return None
+        assert len(result) == 1, (expr, result)
+        return float(result[0]["value"][1])
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def expanded(expr: str) -> str:
+    """A check's expression with recording-rule names replaced by their expressions.
+
+    A Prometheus serving backfilled blocks evaluates rules only from now on, so the history is
+    queried with the rules' own expressions instead.
+    """
+    rule = catalog.RULES_BY_NAME.get(expr)
+    if rule is not None:
+        return rule.expr
+    for name, rule in catalog.RULES_BY_NAME.items():
+        expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", f"({rule.expr})", expr)
+    return expr

@@ -9,11 +9,16 @@ See docs/scenario-matrix.md for what is asserted and why.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from exporter import catalog
+from fleet.harness import run_through_exporter
 from fleet.scenarios import load_preset, preset_names
-from tests.e2e.harness import Row, allowed_alongside
+from fleet.topology import load_topology
+from tests.e2e.harness import PROMETHEUS, PROMTOOL, BackfilledPrometheus, Row, allowed_alongside, expanded
 
 # The SPEC's acceptance matrix: scenario -> the step the chain must name (None: healthy).
 SPEC_MATRIX: dict[str, int | None] = {
@@ -73,3 +78,39 @@ def test_the_chain_names_the_expected_step(scenario: str, matrix_rows: dict[str,
     }
     wrong = {k: v for k, v in verdicts.items() if v != row.expected_step}
     assert not wrong, f"expected step {row.expected_step}, got {wrong}\n{row.describe()}"
+
+
+# ---- the exporter's own numbers against a real Prometheus over the same scrapes --------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["healthy", "dropped-kv-events"])
+def test_exporter_check_values_agree_with_prometheus(scenario: str, tmp_path: Path) -> None:
+    """/api/v1/groups says it computes the catalogue's PromQL over its own windows; Prometheus,
+    querying the scraped history, must read the same numbers (rate extrapolation and window edges
+    aside) at the moment the chain is read."""
+    if PROMETHEUS is None or PROMTOOL is None:
+        pytest.skip("prometheus/promtool (Debian package prometheus) are not installed")
+    sc = load_preset(scenario)
+    start = float(int(time.time() - 2 * 3600) // 900 * 900)  # recent, on the scrape grid
+    run = run_through_exporter(sc, load_topology(), start=start, checkpoints=[sc.duration_s])
+    ev, _groups = run.checkpoints[sc.duration_s]
+    prom = BackfilledPrometheus(run.history, start, tmp_path)
+    compared, disagree = [], []
+    try:
+        for key, res in ev.results.items():
+            check = res.check
+            exprs = [("value", check.value, res.value)]
+            if check.baseline is not None:
+                exprs.append(("baseline", check.baseline, res.baseline))
+            for what, expr, mine in exprs:
+                theirs = prom.query(expanded(expr), start + sc.duration_s)
+                if mine is None or theirs is None:
+                    if (mine is None) != (theirs is None):
+                        disagree.append(f"{key} {what}: exporter {mine}, Prometheus {theirs}")
+                    continue
+                compared.append(key)
+                if theirs != pytest.approx(mine, rel=0.1, abs=0.01):
+                    disagree.append(f"{key} {what}: exporter {mine:.4g}, Prometheus {theirs:.4g}")
+    finally:
+        prom.close()
+    assert not disagree, "\n".join(disagree)
+    assert len(compared) >= 12, compared  # most checks have data in both scenarios
