@@ -141,3 +141,13 @@ def test_invalid_scenario_files_name_file_field_and_problem(tmp_path: Path, chan
 def test_unknown_preset_lists_the_known_ones() -> None:
     with pytest.raises(ScenarioError, match=r"^nope: unknown scenario \(presets: affinity-blind-batching, "):
         load_preset("nope")
+
+
+def test_docs_list_every_preset_with_its_step_and_alerts() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scenarios.md").read_text()
+    for name in preset_names():
+        sc = load_preset(name)
+        row = next(line for line in doc.splitlines() if line.startswith(f"| `{name}` |"))
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[2] == ("—" if sc.expected_step is None else str(sc.expected_step))
+        assert all(f"`{a}`" in cells[3] for a in sc.expected_alerts)
