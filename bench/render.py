@@ -7,6 +7,11 @@ baseline, measured in the same run, renders the very same samples from plain
 ``Gauge``/``Counter``/``Histogram`` children on a fresh registry through ``generate_latest``
 (no state maths at all), so a ratio below 1 means a scrape costs less than bare
 prometheus_client text generation of the same samples.
+
+A scrape never runs a tree-statistics pass: it renders the latest pass of the background
+refresher. That pass is measured on its own rows (information, not a scrape cost): its copy
+step holds the state lock — the ingest pause each pass causes — and the pass itself runs
+outside the lock.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from exporter.collector import PrefixscopeCollector, families
 from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
-from exporter.prefix_index import STATS_DUTY
 from exporter.state import ClusterState
 from exporter.thresholds import load_thresholds
 from fleet.topology import load_topology
@@ -142,6 +146,7 @@ def best_ms(fn: Callable[[], Any], repeats: int = REPEATS) -> tuple[float, Any]:
 
 def run() -> list[dict[str, Any]]:
     st = build_state()
+    st.refresh_tree_stats()  # as the runtime's refresher has done before any scrape
     collector_reg = _registry(PrefixscopeCollector(st))
     base_reg = baseline_registry(list(families(st.snapshot_for(lambda s: s.series()))))
     base_ms, _ = best_ms(lambda: generate_latest(base_reg))
@@ -149,32 +154,42 @@ def run() -> list[dict[str, Any]]:
     ms, text = best_ms(lambda: render_state(st))
     assert text == generate_latest(collector_reg), "the direct renderer must match the collector byte for byte"
 
-    # A live index changes between scrapes (KV events arrive continuously). The tree statistics
-    # of a big tree are then reused for up to STATS_DUTY × their cost (typical scrape), or
-    # recomputed by the scrape itself (the worst case, once per such period).
+    # A live index changes between scrapes (KV events arrive continuously): the scrape still
+    # renders the latest completed statistics and never runs a pass itself.
     fresh = iter(range(1 << 40, (1 << 40) + 1000))
     worker = st.index.workers[0]
 
-    def changed(full_pass: bool) -> bytes:
+    def kv_batch() -> None:
         st.apply_kv_batch(KvBatch(worker, 1, st.now, (BlockStored((next(fresh),), None, 16),)), st.now)
-        if full_pass:
-            st.index._stats_cost = 0.0
+
+    def changed() -> bytes:
+        kv_batch()
         return render_state(st)
 
-    changed_ms, _ = best_ms(lambda: changed(False))
-    full_ms, _ = best_ms(lambda: changed(True))
+    changed_ms, _ = best_ms(changed)
+    # The background pass after a change: its copy under the lock, and the pass outside it.
+    copy_s, pass_s = [], []
+    for _ in range(REPEATS):
+        kv_batch()
+        st.refresh_tree_stats()
+        timing = st.tree_stats_timing
+        assert timing is not None
+        copy_s.append(timing.copy_s)
+        pass_s.append(timing.pass_s)
+    copy_ms, pass_ms = min(copy_s) * 1000.0, min(pass_s) * 1000.0
     samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     what = f"{WORKERS:,} workers, {samples:,} samples, {len(st.index):,} blocks"
     target = f"< {TARGET_MS:g} ms"
     return [
         {"name": f"render /metrics, index unchanged ({what}; ms)", "value": ms, "baseline": base_ms,
          "ratio": ms / base_ms, "target": target, "ok": ms < TARGET_MS},
-        {"name": f"render /metrics after a KV batch (tree statistics <= {STATS_DUTY}x their cost old; ms)",
+        {"name": "render /metrics after a KV batch (latest background tree statistics, no pass; ms)",
          "value": changed_ms, "baseline": base_ms, "ratio": changed_ms / base_ms, "target": target,
          "ok": changed_ms < TARGET_MS},
-        {"name": "render /metrics after a KV batch with a full tree-statistics pass (worst case; ms)",
-         "value": full_ms, "baseline": base_ms, "ratio": full_ms / base_ms, "target": target,
-         "ok": full_ms < TARGET_MS},
+        {"name": f"background tree-statistics pass, outside the lock ({len(st.index):,} blocks; ms)",
+         "value": pass_ms, "baseline": base_ms, "ratio": pass_ms / base_ms, "target": "information", "ok": True},
+        {"name": "... its copy step under the state lock = ingest pause per pass (ms)",
+         "value": copy_ms, "baseline": base_ms, "ratio": copy_ms / base_ms, "target": "information", "ok": True},
         {"name": "render /metrics through the collector + generate_latest (ms)", "value": coll_ms,
          "baseline": base_ms, "ratio": coll_ms / base_ms, "target": "reference", "ok": True},
     ]

@@ -2,7 +2,9 @@
 
 Each builder takes the state and the query parameters and returns the ``data`` part of the
 answer; a bad parameter raises :class:`ApiError` (the HTTP edge answers 400). Values without a
-source are ``None`` (null), never 0.
+source are ``None`` (null), never 0. Tree statistics come from the latest completed background
+pass (``ClusterState.refresh_tree_stats``); no builder runs one, except a tree request deeper
+than the pass keeps child lists for, which gets a pass of its own outside the state lock.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import Any
 
 from exporter import catalog
 from exporter.checks import evaluate
-from exporter.prefix_index import ROOT
+from exporter.prefix_index import ROOT, TreeStats
 from exporter.server import BadRequest
-from exporter.state import ClusterState, branch_label
+from exporter.state import NO_TREE, ClusterState, branch_label
 from exporter.windows import bucket_counts, histogram_quantile
 
 P = catalog.NAMESPACE
@@ -90,12 +92,13 @@ def tree(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[st
     by = query.get("by", "hits")
     if by not in ("hits", "blocks"):
         raise ApiError(f"by: expected hits or blocks, got {by!r}")
-    return state.snapshot_for(lambda st: _tree(st, max_depth, limit, by))
+    stats = state.tree_stats_with_children(max_depth + 1)  # before the lock: it may copy under it
+    return state.snapshot_for(lambda st: _tree(st, stats, max_depth, limit, by))
 
 
-def _tree(st: ClusterState, max_depth: int, limit: int, by: str) -> dict[str, Any]:
+def _tree(st: ClusterState, latest: TreeStats | None, max_depth: int, limit: int, by: str) -> dict[str, Any]:
     index = st.index
-    stats = index.stats(keep_children_depth=max_depth + 1)
+    stats = latest or NO_TREE
     kids = stats.children
     budget = [limit]
 
@@ -132,6 +135,9 @@ def _tree(st: ClusterState, max_depth: int, limit: int, by: str) -> dict[str, An
         return out
 
     root = {"id": "root", "children": children(kids.get(ROOT, []), 0, 1)}
+    if latest is None:  # no statistics pass yet: the tree is missing, not empty
+        return {"root": root, "stats": {"nodes": None, "blocks": None, "root_fanout": None,
+                                        "depth_p99": None, "block_depth_p99": None}}
     depth_p99 = _p99(catalog.DEPTH_BUCKETS, stats.leaf_depths)
     block_p99 = _p99(catalog.DEPTH_BUCKETS, stats.leaf_block_depths)
     return {"root": root, "stats": {"nodes": stats.nodes, "blocks": stats.blocks, "root_fanout": stats.root_fanout,
@@ -155,9 +161,10 @@ def hotspots(state: ClusterState, query: Mapping[str, str] | None = None) -> dic
 
 def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
     index = st.index
-    stats = index.stats(keep_children_depth=4)  # the runs of hot branches (radix depth ≤ 2) need children
+    latest = st.tree_stats()  # its child lists cover the runs of hot branches (radix depth ≤ 2)
+    stats = latest or NO_TREE
     hot = []
-    for rank, (b, tok, sessions) in enumerate(st.hot_branches(k), start=1):
+    for rank, (b, tok, sessions) in enumerate(st.hot_branches(k, stats), start=1):
         run = 1
         cur = b
         kids = stats.children
@@ -168,9 +175,12 @@ def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
                     "workers": index.holders(b), "sessions": sessions})
     reps = stats.replicas
     total = sum(reps.values())
-    dup = {"blocks_on_1": reps.get(1, 0), "blocks_on_2": reps.get(2, 0),
-           "blocks_on_3_plus": sum(n for r, n in reps.items() if r >= 3),
-           "duplicated_share": (sum(n for r, n in reps.items() if r >= 2) / total) if total else None}
+    dup: dict[str, Any] = {
+        "blocks_on_1": reps.get(1, 0), "blocks_on_2": reps.get(2, 0),
+        "blocks_on_3_plus": sum(n for r, n in reps.items() if r >= 3),
+        "duplicated_share": (sum(n for r, n in reps.items() if r >= 2) / total) if total else None}
+    if latest is None:  # no statistics pass yet: missing, never 0
+        dup = dict.fromkeys(dup)
     values = st.effective_cache_values()
     ranks = st.removal_ranks(values)
     workers = []
@@ -183,7 +193,8 @@ def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
             "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,
         })
     return {"hot_branches": hot,
-            "fanout": {"buckets": _histogram_pairs(stats.fanouts), "root_fanout": stats.root_fanout},
+            "fanout": {"buckets": _histogram_pairs(stats.fanouts),
+                       "root_fanout": stats.root_fanout if latest is not None else None},
             "depth": {"buckets": _histogram_pairs(stats.leaf_depths)},
             "duplication": dup, "workers": workers}
 
@@ -200,7 +211,7 @@ def _changes(st: ClusterState, t_from: float | None, t_to: float | None) -> dict
     w = st.window_s
     to = st.now if t_to is None else t_to
     frm = to - w if t_from is None else t_from
-    stats = st.index.stats()
+    stats = st.tree_stats()
     before = st.branch_hits(frm - w, frm, stats)
     after = st.branch_hits(to - w, to, stats)
     lost = []

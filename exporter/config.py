@@ -68,6 +68,7 @@ class Config:
     thresholds: Path = PACKAGED_THRESHOLDS
     scrape_interval: float = 5.0
     scrape_timeout: float = 2.0
+    tree_stats_interval: float = 1.0  # background tree-statistics pass, at most this often
     window: float | None = None  # None: the thresholds file's window
     listen_address: str = DEFAULT_LISTEN
     log_level: str = "info"
@@ -246,7 +247,7 @@ def _records(r: _Reader, raw: Any) -> tuple[HttpRecords, FileRecords]:
 
 
 TOP_LEVEL = ("workers", "fleet_manifest", "routers", "records", "topology", "thresholds",
-             "scrape_interval", "scrape_timeout", "window")
+             "scrape_interval", "scrape_timeout", "tree_stats_interval", "window")
 
 
 def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None) -> Config:
@@ -265,10 +266,13 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
         thresholds=r.path(d.get("thresholds"), "thresholds") or PACKAGED_THRESHOLDS,
         scrape_interval=r.convert(d.get("scrape_interval", 5.0), "scrape_interval", parse_duration),
         scrape_timeout=r.convert(d.get("scrape_timeout", 2.0), "scrape_timeout", parse_duration),
+        tree_stats_interval=r.convert(d.get("tree_stats_interval", 1.0), "tree_stats_interval", parse_duration),
         window=r.convert(d["window"], "window", parse_duration) if d.get("window") is not None else None,
     )
     if cfg.scrape_timeout > cfg.scrape_interval:
         raise r.fail("scrape_timeout", f"{cfg.scrape_timeout:g}s exceeds scrape_interval {cfg.scrape_interval:g}s")
+    if cfg.tree_stats_interval <= 0:
+        raise r.fail("tree_stats_interval", "must be greater than 0")
     return cfg
 
 

@@ -6,7 +6,8 @@ traceback. SIGTERM and SIGINT stop every thread within a second or two.
 
 Threads: one scrape loop (every ``scrape_interval``; /metrics never triggers a scrape, it
 renders the latest state), one KV-event subscriber for all workers, one tailer per record
-file, and the HTTP server's request threads.
+file, one tree-statistics refresher (every ``tree_stats_interval`` when the index changed;
+/metrics never runs a statistics pass either), and the HTTP server's request threads.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, delive
 from exporter.sources.scrape import Scraper, ScrapeTarget
 from exporter.state import ClusterState
 from exporter.thresholds import load_thresholds, window_seconds
+from exporter.tree_refresher import TreeStatsRefresher
 from fleet.topology import TopologyError, load_topology
 
 log = logging.getLogger("prefixscope.export")
@@ -85,7 +87,7 @@ class Runtime:
 
     def __init__(self, cfg: Config, workers: tuple[WorkerTarget, ...], health: Health, state: ClusterState,
                  server: ExporterServer, subscriber: KvEventSubscriber | None, tails: list[RecordFileTail],
-                 scraper: Scraper, clock: Callable[[], float]) -> None:
+                 scraper: Scraper, clock: Callable[[], float], refresher: TreeStatsRefresher | None = None) -> None:
         self.cfg = cfg
         self.workers = workers
         self.health = health
@@ -95,6 +97,7 @@ class Runtime:
         self.tails = tails
         self.scraper = scraper
         self.clock = clock
+        self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
         self.started_at = clock()
 
     @property
@@ -183,6 +186,7 @@ class Runtime:
         for tail in self.tails:
             tail.start()
         self.scraper.start()
+        self.refresher.start()
         self.server.start()
         return self
 
@@ -194,6 +198,7 @@ class Runtime:
         for tail in self.tails:
             tail.close(timeout=1.0)
         self.scraper.close(timeout=self.cfg.scrape_timeout + 1.0)
+        self.refresher.close(timeout=2.0)
 
     # ---- views for the landing page and /healthz --------------------------------------------
     def target_status(self) -> list[TargetStatus]:

@@ -5,13 +5,13 @@ one ``dict[int, int]`` maps a block hash to its parent hash and another maps it 
 the workers holding it (bit i = worker i of a small worker-id table). A block leaves the tree
 when its mask drops to 0. Hit counters are kept per block, only for blocks that were hit.
 
-Tree statistics (radix depth, fan-out, duplication) are computed in one pass on demand and
-cached until the index changes.
+Tree statistics (radix depth, fan-out, duplication) are one pass over a copy of the tree:
+:meth:`PrefixIndex.copy_for_stats` takes the copy with C-level dict/list copies (the only step
+that needs the caller's lock) and :func:`compute_stats` does the pass on it, without the lock.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +22,6 @@ ROOT = -1  # parent of root-level blocks; block hashes are unsigned, so -1 never
 _EDGE_SHIFT = 32  # packed depth: radix edges in the high bits, blocks in the low 32
 _EDGE = 1 << _EDGE_SHIFT
 _BLOCK_MASK = _EDGE - 1
-STATS_FLOOR_S = 0.005  # a pass cheaper than this is always recomputed (small trees stay exact)
-STATS_DUTY = 20  # otherwise at most one pass per 20 × its cost: ≤ 5% of a core
 
 
 @dataclass
@@ -51,6 +49,16 @@ class TreeStats:
     replicas: Counter[int] = field(default_factory=Counter)  # workers per block -> number of blocks
     branching: frozenset[int] = frozenset()  # blocks with two or more children
     children: dict[int, list[int]] = field(default_factory=dict)  # only for the top of the tree
+    children_depth: int = 0  # ``children`` covers blocks within this many radix edges of the root
+
+
+@dataclass(frozen=True)
+class TreeCopy:
+    """What a statistics pass reads, copied from the index at one version."""
+
+    version: int
+    parent: dict[int, int]  # block -> parent (ROOT for root-level blocks)
+    masks: list[int]  # the holder bitmask of every block (only their bit counts matter)
 
 
 @dataclass(frozen=True)
@@ -87,10 +95,6 @@ class PrefixIndex:
         self._resident: list[int] = []  # resident block count per worker id
         self._free_ids: list[int] = []
         self.version = 0
-        self._stats: TreeStats | None = None
-        self._stats_keep = 0
-        self._stats_at = 0.0
-        self._stats_cost = 0.0  # seconds of the last pass, 0 below STATS_FLOOR_S (always recomputed)
 
     # ---- worker table ------------------------------------------------------------------
     def _worker_id(self, worker: str) -> int:
@@ -224,94 +228,13 @@ class PrefixIndex:
         return self._hits.get(block, 0)
 
     # ---- statistics ----------------------------------------------------------------------
+    def copy_for_stats(self) -> TreeCopy:
+        """The input of a statistics pass: C-level copies, so the caller's lock is held only briefly."""
+        return TreeCopy(self.version, self._parent.copy(), list(self._mask.values()))
+
     def stats(self, keep_children_depth: int = 0) -> TreeStats:
-        """Tree statistics in one pass, with the child lists of the top ``keep_children_depth`` edges.
-
-        Cached until the next change; a tree whose pass costs more than ``STATS_FLOOR_S`` is
-        recomputed at most every ``STATS_DUTY`` × that cost, so tree statistics take at most
-        1/STATS_DUTY of a core however often /metrics is scraped while KV events stream in.
-        """
-        cached = self._stats
-        if cached is not None and self._stats_keep >= keep_children_depth and (
-                cached.version == self.version
-                or time.monotonic() - self._stats_at < self._stats_cost * STATS_DUTY):
-            return cached
-        started = time.monotonic()
-        self._stats_keep = keep_children_depth
-        parent, mask = self._parent, self._mask
-        nchildren: Counter[int] = Counter(parent.values())
-        root_fanout = nchildren.get(ROOT, 0)
-        branching = frozenset(h for h, n in nchildren.items() if n > 1 and h != ROOT)
-        depth = self._depths(parent, branching)
-        # Leaves are the blocks nobody names as parent: one C-level set difference.
-        leaves = parent.keys() - nchildren.keys()
-        packed = [depth[h] for h in leaves]
-        leaf_depths = [d >> _EDGE_SHIFT for d in packed]
-        leaf_block_depths = [d & _BLOCK_MASK for d in packed]
-        fanouts = [nchildren[h] for h in branching if h in parent]
-        replicas: Counter[int] = Counter(map(int.bit_count, mask.values()))
-        children: dict[int, list[int]] = {}
-        if keep_children_depth > 0:  # only the JSON tree needs them; /metrics does not
-            limit = (keep_children_depth + 1) << _EDGE_SHIFT
-            for h in [h for h, d in depth.items() if d < limit]:
-                p = parent[h]
-                children.setdefault(p if p in parent else ROOT, []).append(h)
-        # Blocks whose parent left the tree start runs of their own at the root.
-        gone = nchildren.keys() - parent.keys()
-        gone.discard(ROOT)
-        orphan_roots = sum(nchildren[p] for p in gone)
-        self._stats = TreeStats(
-            version=self.version,
-            nodes=root_fanout + orphan_roots + sum(fanouts),
-            blocks=len(mask),
-            root_fanout=root_fanout + orphan_roots,
-            leaf_depths=leaf_depths,
-            leaf_block_depths=leaf_block_depths,
-            fanouts=fanouts,
-            replicas=replicas,
-            branching=branching,
-            children=children,
-        )
-        self._stats_at = time.monotonic()
-        cost = self._stats_at - started
-        self._stats_cost = cost if cost > STATS_FLOOR_S else 0.0
-        return self._stats
-
-    @staticmethod
-    def _depths(parent: dict[int, int], branching: frozenset[int]) -> dict[int, int]:
-        """Per block its depth packed as ``edges << 32 | blocks``: one int, no tuple per block.
-
-        A block starts a new radix edge when its parent is the root (or gone) or branches.
-        Parents usually precede children in insertion order, so one pass resolves almost all;
-        the few that do not are resolved by walking up first.
-        """
-        first = _EDGE + 1  # depth of a block that starts at the root: 1 edge, 1 block
-        depth: dict[int, int] = {}
-        get = depth.get
-        late: list[int] = []
-        for h, p in parent.items():
-            pd = get(p)
-            if pd is not None:
-                depth[h] = pd + (first if p in branching else 1)
-            elif p in parent:
-                late.append(h)
-            else:  # the root, or a parent that left the tree
-                depth[h] = first
-        for h in late:
-            if h in depth:
-                continue
-            chain = [h]
-            p = parent[h]
-            while p in parent and p not in depth:
-                if len(chain) > len(parent):  # a cycle (colliding hashes): cut it here
-                    break
-                chain.append(p)
-                p = parent[p]
-            for c in reversed(chain):
-                p = parent[c]
-                pd = get(p)
-                depth[c] = first if pd is None else pd + (first if p in branching else 1)
-        return depth
+        """A statistics pass over the current tree, synchronously (tests and offline tools)."""
+        return compute_stats(self.copy_for_stats(), keep_children_depth)
 
     def branch_of(self, block_hashes: Sequence[int], stats: TreeStats) -> int | None:
         """The branch a chain belongs to: the first block of its depth-2 radix node, else of depth 1."""
@@ -324,3 +247,81 @@ class PrefixIndex:
             if block_hashes[i + 1] not in self._mask:
                 break
         return block_hashes[0]
+
+
+def compute_stats(tree: TreeCopy, keep_children_depth: int = 0) -> TreeStats:
+    """Tree statistics in one pass, with the child lists of the top ``keep_children_depth`` edges.
+
+    Pure: reads only ``tree`` (a copy), so it runs without any lock while ingest goes on.
+    """
+    parent = tree.parent
+    nchildren: Counter[int] = Counter(parent.values())
+    root_fanout = nchildren.get(ROOT, 0)
+    branching = frozenset(h for h, n in nchildren.items() if n > 1 and h != ROOT)
+    depth = _depths(parent, branching)
+    # Leaves are the blocks nobody names as parent: one C-level set difference.
+    leaves = parent.keys() - nchildren.keys()
+    packed = [depth[h] for h in leaves]
+    leaf_depths = [d >> _EDGE_SHIFT for d in packed]
+    leaf_block_depths = [d & _BLOCK_MASK for d in packed]
+    fanouts = [nchildren[h] for h in branching if h in parent]
+    replicas: Counter[int] = Counter(map(int.bit_count, tree.masks))
+    children: dict[int, list[int]] = {}
+    if keep_children_depth > 0:  # only the JSON tree and hotspots need them; /metrics does not
+        limit = (keep_children_depth + 1) << _EDGE_SHIFT
+        for h in [h for h, d in depth.items() if d < limit]:
+            p = parent[h]
+            children.setdefault(p if p in parent else ROOT, []).append(h)
+    # Blocks whose parent left the tree start runs of their own at the root.
+    gone = nchildren.keys() - parent.keys()
+    gone.discard(ROOT)
+    orphan_roots = sum(nchildren[p] for p in gone)
+    return TreeStats(
+        version=tree.version,
+        nodes=root_fanout + orphan_roots + sum(fanouts),
+        blocks=len(tree.masks),
+        root_fanout=root_fanout + orphan_roots,
+        leaf_depths=leaf_depths,
+        leaf_block_depths=leaf_block_depths,
+        fanouts=fanouts,
+        replicas=replicas,
+        branching=branching,
+        children=children,
+        children_depth=keep_children_depth,
+    )
+
+
+def _depths(parent: dict[int, int], branching: frozenset[int]) -> dict[int, int]:
+    """Per block its depth packed as ``edges << 32 | blocks``: one int, no tuple per block.
+
+    A block starts a new radix edge when its parent is the root (or gone) or branches.
+    Parents usually precede children in insertion order, so one pass resolves almost all;
+    the few that do not are resolved by walking up first.
+    """
+    first = _EDGE + 1  # depth of a block that starts at the root: 1 edge, 1 block
+    depth: dict[int, int] = {}
+    get = depth.get
+    late: list[int] = []
+    for h, p in parent.items():
+        pd = get(p)
+        if pd is not None:
+            depth[h] = pd + (first if p in branching else 1)
+        elif p in parent:
+            late.append(h)
+        else:  # the root, or a parent that left the tree
+            depth[h] = first
+    for h in late:
+        if h in depth:
+            continue
+        chain = [h]
+        p = parent[h]
+        while p in parent and p not in depth:
+            if len(chain) > len(parent):  # a cycle (colliding hashes): cut it here
+                break
+            chain.append(p)
+            p = parent[p]
+        for c in reversed(chain):
+            p = parent[c]
+            pd = get(p)
+            depth[c] = first if pd is None else pd + (first if p in branching else 1)
+    return depth

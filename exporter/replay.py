@@ -295,6 +295,7 @@ class Replay:
 
     def _result(self, hit_total: int, prompt_total: int) -> dict[str, Any]:
         self.state.window_s = max(1.0, self.clock.now() - self.start)  # per-minute rates over the run
+        self.state.refresh_tree_stats()  # the tree depth check reads the final tree, not a background pass
         groups = api.groups(self.state)
         values: dict[str, float | None] = {}
         status: dict[str, str] = {}

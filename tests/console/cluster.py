@@ -34,6 +34,7 @@ def build_state() -> ClusterState:
                "cached_tokens": 32 if i < 3 else 64} for i in range(10)]
     state.ingest_records(first, 960.0)
     state.ingest_records(follow, 985.0)
+    state.refresh_tree_stats()  # what the exporter's background refresher does within a second
     return state
 
 

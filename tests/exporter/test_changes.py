@@ -52,6 +52,7 @@ def history() -> ClusterState:
         rec(423, "s4", "w0", 48, session_key="m", segment="mobile", block_hashes=[S1, S2, Z1], cached_tokens=0),
         rec(500, "b3", "w0", 16, cached_tokens=0),
     ], 500)
+    st.refresh_tree_stats()  # branches are read against the latest statistics pass
     return st
 
 

@@ -62,6 +62,7 @@ def full_state() -> ClusterState:
          "migrated_from": "w0", "migration_kind": "soft"},
         {**base, "ts": 113, "request_id": "3", "worker": "w0", "prompt_tokens": 64, "cached_tokens": 32},
     ], 113)
+    st.refresh_tree_stats()  # as the runtime's background refresher does
     return st
 
 

@@ -51,6 +51,7 @@ def busy_state() -> ClusterState:
         {**base, "ts": 112, "request_id": "2", "worker": PLAIN, "prompt_tokens": 64, "cached_tokens": 48,
          "migrated_from": ODD, "migration_kind": "soft"},
     ], 112)
+    st.refresh_tree_stats()  # as the runtime's background refresher does
     return st
 
 
@@ -122,18 +123,3 @@ def test_server_serves_the_direct_text_and_openmetrics_from_the_registry():
         assert om.text.endswith("# EOF\n") and "prefixscope_worker_resident_blocks" in om.text
     finally:
         srv.stop()
-
-
-def test_big_tree_statistics_are_reused_for_a_bounded_time_small_ones_never():
-    from exporter.prefix_index import PrefixIndex
-
-    idx = PrefixIndex()
-    idx.apply("w0", [BlockStored((1, 2), None, 16)])
-    first = idx.stats()
-    idx.apply("w0", [BlockStored((3,), 2, 16)])
-    assert idx.stats().blocks == 3  # a cheap pass: always recomputed after a change
-    idx.apply("w0", [BlockStored((4,), 3, 16)])
-    idx._stats_cost = 60.0  # as if the last pass had taken a minute: reused for up to 20 minutes
-    assert idx.stats().blocks == 3 and first.blocks == 2
-    idx._stats_cost = 0.0
-    assert idx.stats().blocks == 4

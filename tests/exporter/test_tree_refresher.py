@@ -1,0 +1,167 @@
+"""Tree statistics off the scrape path: explicit refresh, stale-until-refreshed reads, the background thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from exporter import api, checks
+from exporter import state as state_module
+from exporter.config import Config
+from exporter.exposition import render_state
+from exporter.health import Health
+from exporter.main import Runtime
+from exporter.model import BlockStored, KvBatch
+from exporter.prefix_index import PrefixIndex, compute_stats
+from exporter.state import ClusterState
+from exporter.thresholds import load_thresholds
+from exporter.tree_refresher import TreeStatsRefresher
+
+P = "prefixscope"
+
+
+def stored(hashes, parent=None):
+    return BlockStored(tuple(hashes), parent, 16)
+
+
+def fed_state() -> ClusterState:
+    # w0: 1-2-3 and 2-4 ; w1: 1-2  → runs [1,2] → [3], [4]: 3 nodes, 4 blocks, 2 of them on both
+    st = ClusterState(Health(), load_thresholds(), clock=lambda: 200.0)
+    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (stored([1, 2, 3]), stored([4], parent=2))), 100.0)
+    st.apply_kv_batch(KvBatch("w1", 0, 99.0, (stored([1, 2]),)), 100.0)
+    return st
+
+
+def tree_gauges(st: ClusterState) -> dict[str, float | None]:
+    series = st.snapshot_for(lambda s: s.series())
+    return {name: series.gauges.get(f"{P}_prefix_tree_{name}", {}).get(()) for name in ("nodes", "blocks", "root_fanout")}
+
+
+def test_statistics_become_visible_after_an_explicit_refresh_and_stay_until_the_next():
+    st = fed_state()
+    # Before any pass the tree is missing (no samples), not zero; the KV signal itself is there.
+    assert tree_gauges(st) == {"nodes": None, "blocks": None, "root_fanout": None}
+    text = render_state(st)
+    assert b'prefixscope_signal_available{signal="kv_events"} 1.0' in text
+    assert b"\nprefixscope_prefix_tree_nodes " not in text
+    assert b"prefixscope_prefix_tree_leaf_depth_bucket" not in text
+
+    first = st.refresh_tree_stats()
+    assert tree_gauges(st) == {"nodes": 3.0, "blocks": 4.0, "root_fanout": 1.0}
+    assert sorted(first.leaf_depths) == [2, 2] and first.replicas == {2: 2, 1: 2}
+    text = render_state(st)
+    assert b"\nprefixscope_prefix_tree_nodes 3.0\n" in text
+    assert b'prefixscope_prefix_tree_block_replicas_bucket{le="2.0"} 4.0' in text
+
+    # New blocks: readers keep serving the latest completed pass until the next refresh.
+    st.apply_kv_batch(KvBatch("w1", 1, 101.0, (stored([5], parent=2),)), 101.0)
+    assert tree_gauges(st) == {"nodes": 3.0, "blocks": 4.0, "root_fanout": 1.0}
+    assert st.tree_stats() is first
+    second = st.refresh_tree_stats()
+    assert second is not first and second.version == st.index.version
+    assert tree_gauges(st) == {"nodes": 4.0, "blocks": 5.0, "root_fanout": 1.0}
+    assert st.refresh_tree_stats() is second  # unchanged index: no new pass
+    timing = st.tree_stats_timing
+    assert timing is not None and timing.blocks == 5 and timing.copy_s >= 0 and timing.pass_s >= 0
+
+
+def test_no_reader_ever_runs_a_pass(monkeypatch: pytest.MonkeyPatch):
+    st = fed_state()
+    st.ingest_records([{"ts": 101, "request_id": "a", "worker": "w0", "prompt_tokens": 64,
+                        "block_hashes": [1, 2, 3], "cached_tokens": 48, "session_key": "s"}], 101)
+    st.refresh_tree_stats()
+    st.apply_kv_batch(KvBatch("w0", 1, 102.0, (stored([6], parent=3),)), 102.0)  # the index moved on
+    passes: list[int] = []
+    real = state_module.compute_stats
+
+    def counted(tree, depth=0):
+        passes.append(tree.version)
+        return real(tree, depth)
+
+    monkeypatch.setattr(state_module, "compute_stats", counted)
+    routes = api.ApiBuilders(st).routes()
+    render_state(st)
+    checks.evaluate(st)
+    for name in ("groups", "hotspots", "changes"):
+        routes[name]({})
+    tree = routes["tree"]({})  # the default depth is covered by the background pass's child lists
+    assert passes == []
+    assert tree["stats"]["blocks"] == 4  # the latest pass, taken before block 6 arrived
+    assert routes["hotspots"]({})["duplication"]["blocks_on_2"] == 2
+
+
+def test_a_deeper_tree_request_gets_a_pass_of_its_own():
+    # 1-2-…-8 on w0, and a sibling leaf under each of 1..7 on w1: block 8 sits 8 radix edges deep.
+    st = ClusterState(Health(), load_thresholds(), clock=lambda: 200.0)
+    chain = list(range(1, 9))
+    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (stored(chain),)), 100.0)
+    st.apply_kv_batch(KvBatch("w1", 0, 99.0, tuple(stored([100 + k], parent=k) for k in range(1, 8))), 100.0)
+    st.refresh_tree_stats()
+
+    def deepest(node, level=0):
+        return max([level, *(deepest(c, level + 1) for c in node["children"])])
+
+    routes = api.ApiBuilders(st).routes()
+    assert deepest(routes["tree"]({"depth": "4"})["root"]) == 4
+    assert deepest(routes["tree"]({"depth": "10"})["root"]) == 8
+    assert routes["tree"]({"depth": "10"})["stats"]["nodes"] == 15  # 8 on the chain + 7 siblings
+
+
+def test_tree_request_before_any_pass_reports_missing_statistics():
+    out = api.ApiBuilders(fed_state()).routes()["tree"]({})
+    assert out["stats"] == {"nodes": None, "blocks": None, "root_fanout": None, "depth_p99": None,
+                            "block_depth_p99": None}
+    hot = api.ApiBuilders(fed_state()).routes()["hotspots"]({})
+    assert hot["duplication"]["duplicated_share"] is None and hot["fanout"]["root_fanout"] is None
+
+
+def test_the_pass_reads_a_copy_so_ingest_during_it_changes_nothing():
+    idx = PrefixIndex()
+    idx.apply("w0", [stored([1, 2, 3])])
+    copy = idx.copy_for_stats()
+    idx.apply("w0", [stored([4], parent=2), stored([9])])
+    s = compute_stats(copy)
+    assert (s.version, s.blocks, s.nodes, s.leaf_block_depths) == (1, 3, 1, [3])
+    now = idx.stats()
+    assert (now.blocks, now.root_fanout, sorted(now.leaf_block_depths)) == (5, 2, [1, 3, 3])
+
+
+def test_background_refresher_picks_up_changes_and_stops():
+    st = fed_state()
+    refresher = TreeStatsRefresher(st, interval=0.05).start()
+    try:
+        deadline = time.monotonic() + 10
+        while st.tree_stats() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert st.tree_stats() is not None and st.tree_stats().blocks == 4
+        st.apply_kv_batch(KvBatch("w1", 1, 101.0, (stored([5], parent=2),)), 101.0)
+        while st.tree_stats().blocks != 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert st.tree_stats().blocks == 5
+    finally:
+        refresher.close(timeout=5)
+    assert not refresher.running
+    with pytest.raises(ValueError):
+        TreeStatsRefresher(st, interval=0)
+
+
+def test_runtime_serves_background_statistics_and_its_thread_stops_with_it():
+    runtime = Runtime.build(Config(listen_address="127.0.0.1:0", tree_stats_interval=0.05)).start()
+    try:
+        assert runtime.refresher.running
+        runtime.state.apply_kv_batch(KvBatch("w0", 0, time.time(), (stored([1, 2, 3]),)), time.time())
+        deadline = time.monotonic() + 10
+        body = b""
+        while time.monotonic() < deadline:
+            body = requests.get(runtime.url + "/metrics", timeout=5).content
+            if b"\nprefixscope_prefix_tree_blocks 3.0\n" in body:
+                break
+            time.sleep(0.02)
+        assert b"\nprefixscope_prefix_tree_blocks 3.0\n" in body
+    finally:
+        runtime.stop()
+    assert not runtime.refresher.running
+    assert "prefixscope-tree-stats" not in {t.name for t in threading.enumerate()}
