@@ -11,7 +11,7 @@ Invalid files raise :class:`ScenarioError` with ``file: field: problem`` lines.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -215,6 +215,20 @@ def _actions(e: FieldErrors, raw: Any, duration: float) -> tuple[Action, ...]:
     return tuple(out)
 
 
+def _alerts(e: FieldErrors, field: str, raw: Any, problem: Callable[[str, int], str | None]) -> list[str]:
+    """A list of catalogue alert names; ``problem(alert, step)`` adds a check of its own."""
+    if not isinstance(raw, list):
+        e.add(field, f"must be a list of alert names, got {show_value(raw)}")
+        return []
+    for i, a in enumerate(raw):
+        check = CHECKS_BY_ALERT.get(a) if isinstance(a, str) else None
+        if check is None:
+            e.add(f"{field}[{i}]", f"unknown alert {show_value(a)} (not in exporter/catalog.py)")
+        elif (msg := problem(a, check.group)) is not None:
+            e.add(f"{field}[{i}]", msg)
+    return raw
+
+
 def parse_scenario(data: Mapping[str, Any], source: str = "<scenario>") -> Scenario:
     e = FieldErrors(source)
     allowed = ("schema", "name", "description", "fault", "fault_at_s", "duration_s", "expected_step",
@@ -234,29 +248,17 @@ def parse_scenario(data: Mapping[str, Any], source: str = "<scenario>") -> Scena
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 5):
         e.add("expected_step", f"must be a diagnosis step 0–5 (or null for a healthy run), got {show_value(step)}")
         step = None
-    alerts = data.get("expected_alerts", [])
-    if not isinstance(alerts, list):
-        e.add("expected_alerts", f"must be a list of alert names, got {show_value(alerts)}")
-        alerts = []
-    for i, a in enumerate(alerts):
-        check = CHECKS_BY_ALERT.get(a) if isinstance(a, str) else None
-        if check is None:
-            e.add(f"expected_alerts[{i}]", f"unknown alert {show_value(a)} (not in exporter/catalog.py)")
-        elif step is not None and check.group != step:
-            e.add(f"expected_alerts[{i}]", f"{a} belongs to step {check.group}, not expected_step {step}")
+    def same_step(a: str, group: int) -> str | None:
+        return None if step is None or group == step else f"{a} belongs to step {group}, not expected_step {step}"
+
+    def not_earlier(a: str, group: int) -> str | None:
+        return (f"{a} is step {group}, before expected_step {step}: it would take the verdict"
+                if step is not None and group < step else None)
+
+    alerts = _alerts(e, "expected_alerts", data.get("expected_alerts", []), same_step)
     if step is None and alerts:
         e.add("expected_alerts", "a scenario without expected_step (healthy) must not expect alerts")
-    side = data.get("side_effects", [])
-    if not isinstance(side, list):
-        e.add("side_effects", f"must be a list of alert names, got {show_value(side)}")
-        side = []
-    for i, a in enumerate(side):
-        check = CHECKS_BY_ALERT.get(a) if isinstance(a, str) else None
-        if check is None:
-            e.add(f"side_effects[{i}]", f"unknown alert {show_value(a)} (not in exporter/catalog.py)")
-        elif step is not None and check.group < step:
-            e.add(f"side_effects[{i}]", f"{a} is step {check.group}, before expected_step {step}: "
-                  "it would take the verdict")
+    side = _alerts(e, "side_effects", data.get("side_effects", []), not_earlier)
     policy = data.get("policy", "topology-aware")
     if policy not in POLICIES:
         e.add("policy", f"must be one of {', '.join(POLICIES)}, got {show_value(policy)}")

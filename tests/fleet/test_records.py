@@ -73,8 +73,8 @@ def test_file_sink_appends_whole_lines(tmp_path: Path) -> None:
     assert [json.loads(x).get("request_id") for x in lines] == [None, "r0", "r1", "r2", "r3", "r4"]
 
 
-class _Receiver:
-    """A real HTTP server that answers 503 to its first ``fail_first`` POSTs."""
+class RecordReceiver:
+    """A real HTTP server taking NDJSON POSTs; it answers 503 to its first ``fail_first``."""
 
     def __init__(self, fail_first: int = 0, status: int = 200) -> None:
         self.bodies: list[bytes] = []
@@ -102,13 +102,17 @@ class _Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/records"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    @property
+    def lines(self) -> list[bytes]:
+        return [line for body in self.bodies for line in body.splitlines()]
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
 
 
 def test_http_sink_batches_ndjson_and_retries_with_backoff() -> None:
-    rx = _Receiver(fail_first=2)
+    rx = RecordReceiver(fail_first=2)
     try:
         sink = HttpSink(rx.url, batch_size=4, flush_interval_s=0.05, backoff_s=0.01, token="s3cret")
         for i in range(10):
@@ -137,7 +141,7 @@ def test_http_sink_never_blocks_routing_and_bounds_its_buffer() -> None:
 
 
 def test_a_rejected_batch_is_counted_not_retried() -> None:
-    rx = _Receiver(status=400)
+    rx = RecordReceiver(status=400)
     try:
         sink = HttpSink(rx.url, batch_size=2, flush_interval_s=0.05, backoff_s=0.01)
         sink.emit({"request_id": "r1"})

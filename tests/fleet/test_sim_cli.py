@@ -6,10 +6,8 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -18,6 +16,7 @@ from fleet.cli import main
 from fleet.records import schema_errors
 from fleet.scenarios import preset_names
 from fleet.topology import DEFAULT_TOPOLOGY
+from tests.fleet.test_records import RecordReceiver
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,27 +67,6 @@ def test_a_bad_trace_line_is_reported_and_the_rest_replayed(tmp_path: Path, caps
     assert "30 requests" in captured.out
 
 
-class _Receiver:
-    def __init__(self) -> None:
-        self.lines: list[bytes] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                outer.lines += self.rfile.read(int(self.headers["Content-Length"])).splitlines()
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/records"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 def _sim(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "exporter", "sim", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -104,7 +82,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 30) -> dict
 
 
 def test_real_time_fleet_serves_workers_and_posts_records(tmp_path: Path) -> None:
-    rx = _Receiver()
+    rx = RecordReceiver()
     manifest = tmp_path / "fleet.json"
     # 60 simulated seconds at 30x: about two seconds of wall time, then it stops by itself
     proc = _sim("--scenario", "healthy", "--speed", "30", "--duration", "60", "--workers", "3",
@@ -120,7 +98,7 @@ def test_real_time_fleet_serves_workers_and_posts_records(tmp_path: Path) -> Non
     finally:
         if proc.poll() is None:
             proc.kill()
-        rx.server.shutdown()
+        rx.close()
     recs = [json.loads(x) for x in rx.lines]
     assert len(recs) > 20 and all(schema_errors(r | {"block_hashes": r["block_hashes"][:4]}) == [] for r in recs)
     ts = [r["ts"] for r in recs]
