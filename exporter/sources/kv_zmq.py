@@ -16,6 +16,14 @@ Sequence tracking, per worker:
 * the first batch seen from a worker (or after its restart) with seq > 0 is not a gap — we
   joined late — but the replay from 0 teaches us the blocks it already caches.
 
+At start, once the SUB sockets are connected, every worker with a replay endpoint is asked for
+a replay from seq 0 (all at once, each bounded by ``replay_timeout``), so an idle worker's cache
+is known without waiting for its next batch. The last replayed seq becomes a mark: live
+messages that raced the replay (seq ≤ mark, same payload as the replayed batch) are skipped
+as duplicates; a seq ≤ mark with another payload is a restart. The first live seq past the
+mark ends the startup phase (batches between are fetched without counting a gap, as on a
+late join); so does ``replay_timeout`` after the replay, by when every racing message is in.
+
 BlockStored is idempotent in the state, so a replayed block that was also seen is harmless.
 Per-batch stream health and restarts are counted by the sink (``ClusterState``); this adapter
 counts gaps, missed batches, replays and frame/decode errors.
@@ -40,6 +48,9 @@ log = logging.getLogger("prefixscope.kv_events")
 SOURCE = "kv_events"
 END_SEQ = b"\xff" * 8  # the replay's end marker: -1 as a signed 8-byte big-endian integer
 MAX_DRAIN = 256  # messages taken from one socket per poll round, so one busy worker cannot starve others
+# Payload digests kept per worker to recognise live duplicates of the startup replay: racing
+# messages are the newest ones, queued in the SUB socket (receive HWM 1000 by default).
+STARTUP_DEDUP = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +75,16 @@ class KvEventSubscriber:
         self.poll_ms = max(1, int(poll_interval * 1000))
         self.clock = clock
         self._next: dict[str, int] = {}
+        # worker -> last seq its startup replay applied, until its first live message past it
+        self.replayed_at_start: dict[str, int] = {}
+        self._startup_mark: dict[str, int] = {}
+        # worker -> digests (seq -> hash of the payload) of its startup replay, until _startup_until
+        self._startup: dict[str, dict[int, int]] = {}
+        self._startup_until = 0.0  # clock time after which no racing duplicate can still arrive
         self._ctx = zmq.Context()
         self._stop = threading.Event()
         self._connected = threading.Event()
+        self._started = threading.Event()
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -79,6 +97,10 @@ class KvEventSubscriber:
     def wait_connected(self, timeout: float = 5.0) -> bool:
         """True once every SUB socket is created and connecting (subscriptions still propagate)."""
         return self._connected.wait(timeout)
+
+    def wait_started(self, timeout: float = 10.0) -> bool:
+        """True once the startup replays have been applied (or timed out) and live messages flow."""
+        return self._started.wait(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -109,6 +131,8 @@ class KvEventSubscriber:
                 sockets[sock] = worker
                 poller.register(sock, zmq.POLLIN)
             self._connected.set()
+            self._startup_replays()
+            self._started.set()
             while not self._stop.is_set():
                 for sock, _ in poller.poll(self.poll_ms):
                     worker = sockets[sock]
@@ -123,6 +147,7 @@ class KvEventSubscriber:
             self.health.error(SOURCE, "subscriber", "subscriber thread stopped; see the log")
         finally:
             self._connected.set()
+            self._started.set()
             for sock in sockets:
                 sock.close(0)
 
@@ -134,6 +159,8 @@ class KvEventSubscriber:
                               f"{len(frames)} frame(s) of sizes {[len(f) for f in frames][:5]}")
             return
         seq = int.from_bytes(frames[1], "big")
+        if self._startup_mark and self._after_startup_replay(worker, seq, frames[2], received_at):
+            return
         expected = self._next.get(worker)
         if expected is None:
             if seq > 0:  # joined a running worker: learn what it already caches
@@ -157,6 +184,24 @@ class KvEventSubscriber:
         batch = kvcodec.decode_batch(frames[2], worker, seq, self.health)
         if batch is not None:
             self._apply(batch, received_at)
+
+    def _after_startup_replay(self, worker: str, seq: int, payload: bytes, received_at: float) -> bool:
+        """Handle a live message against the worker's startup replay; True if nothing more is to do."""
+        if self._startup and received_at > self._startup_until:  # every racing message is in by now
+            self._startup.clear()
+        mark = self._startup_mark.get(worker)
+        if mark is None:
+            return False
+        if seq <= mark:
+            if self._startup.get(worker, {}).get(seq) == hash(payload):
+                return True  # applied already from the replay
+            # the same seq with other content: a new process; the usual check sees the seq go back
+        elif seq > mark + 1:  # published between the replay's answer and our subscription: not a gap
+            self._replay(worker, mark + 1, seq)
+            self._next[worker] = seq
+        del self._startup_mark[worker]
+        self._startup.pop(worker, None)
+        return False
 
     def _apply(self, batch: KvBatch, received_at: float) -> None:
         # Per-batch stream health (batches, events applied, last timestamp, lag) and the restart
@@ -193,22 +238,12 @@ class KvEventSubscriber:
             timeout_ms = int(self.replay_timeout * 1000)
             nxt = start
             while nxt < end and not self._stop.is_set() and sock.poll(timeout_ms, zmq.POLLIN):
-                frames = sock.recv_multipart()
-                if frames and frames[0] == b"":
-                    frames = frames[1:]
-                if len(frames) == 3:
-                    seq8, payload = frames[1], frames[2]
-                elif len(frames) == 2:
-                    seq8, payload = frames
-                else:
-                    self.health.error(SOURCE, "frame", f"worker {worker}: replay reply of {len(frames)} frame(s)")
+                reply = self._reply(worker, sock.recv_multipart())
+                if reply is None:
                     continue
-                if seq8 == END_SEQ:
+                seq, payload = reply
+                if seq < 0:
                     break
-                if len(seq8) != 8:
-                    self.health.error(SOURCE, "frame", f"worker {worker}: replay seq of {len(seq8)} bytes")
-                    continue
-                seq = int.from_bytes(seq8, "big")
                 if seq < nxt or seq >= end:
                     continue
                 nxt = seq + 1  # a jump here means the worker's buffer no longer holds the batches between
@@ -221,3 +256,103 @@ class KvEventSubscriber:
         finally:
             sock.close(0)
         return got
+
+    def _reply(self, worker: str, frames: list[bytes]) -> tuple[int, bytes] | None:
+        """One replay reply as (seq, payload); seq -1 is the end marker; None (counted) if malformed.
+
+        Replies come as ``[topic, seq8, payload]`` (vLLM ≥ 0.26) or ``[seq8, payload]`` (≤ 0.25).
+        """
+        if frames and frames[0] == b"":
+            frames = frames[1:]
+        if len(frames) == 3:
+            seq8, payload = frames[1], frames[2]
+        elif len(frames) == 2:
+            seq8, payload = frames
+        else:
+            self.health.error(SOURCE, "frame", f"worker {worker}: replay reply of {len(frames)} frame(s)")
+            return None
+        if seq8 == END_SEQ:
+            return -1, b""
+        if len(seq8) != 8:
+            self.health.error(SOURCE, "frame", f"worker {worker}: replay seq of {len(seq8)} bytes")
+            return None
+        return int.from_bytes(seq8, "big"), payload
+
+    def _startup_replays(self) -> None:
+        """Replay every worker's buffer from seq 0 at once (one DEALER each), applying in seq order.
+
+        Each worker's replay ends at its end marker or after ``replay_timeout`` without a reply;
+        live messages meanwhile wait in the SUB sockets.
+        """
+        socks: dict[zmq.Socket, str] = {}
+        deadline: dict[zmq.Socket, float] = {}
+        nxt: dict[str, int] = {}
+        digests: dict[str, dict[int, int]] = {}
+        poller = zmq.Poller()
+        try:
+            for worker, ep in self.endpoints.items():
+                if ep.replay is None:
+                    continue
+                sock = self._ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                try:
+                    sock.connect(ep.replay)
+                    sock.send_multipart([b"", (0).to_bytes(8, "big")])
+                except zmq.ZMQError as exc:
+                    self.health.error(SOURCE, "replay", f"worker {worker}: replay from {ep.replay} failed: {exc}")
+                    sock.close(0)
+                    continue
+                socks[sock] = worker
+                nxt[worker], digests[worker] = 0, {}
+                poller.register(sock, zmq.POLLIN)
+            timeout = self.replay_timeout
+            deadline.update((sock, time.monotonic() + timeout) for sock in socks)
+            while socks and not self._stop.is_set():
+                now = time.monotonic()
+                for sock in [k for k, t in deadline.items() if t <= now]:  # silent too long: give up on it
+                    log.warning("worker %s: no complete replay within %.1fs at start", socks[sock], timeout)
+                    self._end_startup(poller, socks, deadline, sock)
+                if not socks:
+                    break
+                wait_ms = max(1, int((min(deadline.values()) - now) * 1000))
+                for sock, _ in poller.poll(wait_ms):
+                    worker = socks[sock]
+                    deadline[sock] = time.monotonic() + timeout
+                    for _ in range(MAX_DRAIN):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        reply = self._reply(worker, frames)
+                        if reply is None:
+                            continue
+                        seq, payload = reply
+                        if seq < 0:
+                            self._end_startup(poller, socks, deadline, sock)
+                            break
+                        if seq < nxt[worker]:
+                            continue
+                        nxt[worker] = seq + 1
+                        digests[worker][seq] = hash(payload)
+                        batch = kvcodec.decode_batch(payload, worker, seq, self.health)
+                        if batch is not None:
+                            self._apply(batch, self.clock())
+        finally:
+            for sock in list(socks):
+                self._end_startup(poller, socks, deadline, sock)
+        for worker, seen in digests.items():
+            if seen:
+                mark = nxt[worker] - 1
+                self._next[worker] = mark + 1
+                self.replayed_at_start[worker] = self._startup_mark[worker] = mark
+                self._startup[worker] = {q: d for q, d in seen.items() if q > mark - STARTUP_DEDUP}
+                log.info("worker %s: rebuilt from its replay at start (seq 0..%d)", worker, mark)
+        self._startup_until = self.clock() + self.replay_timeout
+
+    @staticmethod
+    def _end_startup(poller: zmq.Poller, socks: dict[zmq.Socket, str], deadline: dict[zmq.Socket, float],
+                     sock: zmq.Socket) -> None:
+        poller.unregister(sock)
+        socks.pop(sock, None)
+        deadline.pop(sock, None)
+        sock.close(0)

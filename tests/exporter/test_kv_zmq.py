@@ -93,6 +93,8 @@ class VllmLikePublisher:
         self.truth: set[int] = set()
         self.seq = 0
         self.replay_requests: list[int] = []
+        self.answering = threading.Event()  # cleared: replay requests wait (to stage a race)
+        self.answering.set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()
@@ -137,6 +139,9 @@ class VllmLikePublisher:
             self.replay_requests.append(start)
             if not self.answer:
                 continue
+            while not self.answering.wait(0.05):
+                if self._stop.is_set():
+                    return
             for seq in sorted(s for s in self.buffer if s >= start):
                 if self.reply_shape == "0.26":
                     self.replay.send_multipart([ident, b"", self.topic, seq.to_bytes(8, "big"), self.buffer[seq]])
@@ -192,6 +197,7 @@ def _start(pubs: dict[str, VllmLikePublisher], sink: RecordingSink, health: Heal
     assert sub.wait_connected()
     for p in pubs.values():
         p.wait_subscribed()
+    assert sub.wait_started()  # the startup replays are done: what follows is live traffic
     return sub
 
 
@@ -231,7 +237,7 @@ def test_gap_is_replayed_in_order_and_no_block_is_lost(ctx: zmq.Context, reply_s
         pub.close()
     assert sink.seqs("w0") == [0, 1, 2, 3, 4, 5]
     assert sink.resident["w0"] == pub.truth == {2, 3, 4, 5, 6}
-    assert pub.replay_requests == [2]
+    assert pub.replay_requests == [0, 2]  # the (empty) startup replay, then the gap's
     c = _counters(health)
     assert c["prefixscope_kv_event_sequence_gaps"] == {("w0",): 1.0}
     assert c["prefixscope_kv_event_missed_batches"] == {("w0",): 2.0}
@@ -411,3 +417,121 @@ def test_dropped_batches_recovered_and_restart_clears_the_view(encoding: str, re
     finally:
         sub.close()
         pub.close()
+
+
+# ---- the startup replay --------------------------------------------------------------------------
+def _fleet_publisher(pub_ep: str, replay_ep: str) -> KvEventPublisher:
+    """The fleet's vLLM-format publisher on fixed ports (a restarted worker binds them again)."""
+    for _ in range(50):  # the previous process's sockets may still be closing
+        try:
+            return KvEventPublisher(pub_ep, replay_ep)
+        except RuntimeError:
+            time.sleep(0.05)
+    raise AssertionError("could not bind the publisher's endpoints")
+
+
+def _resident(state: ClusterState, worker: str) -> set[int]:
+    return {h for h in state.index._mask if state.index.holds(worker, h)}
+
+
+def test_idle_worker_is_fully_known_after_start() -> None:
+    health = Health()
+    state = ClusterState(health, load_thresholds())
+    busy = KvEventPublisher()
+    silent = KvEventPublisher()  # has a replay socket, never published
+    try:
+        # Published before the exporter started, then idle: only the replay can tell.
+        busy.publish([Stored((1, 2, 3), None, (), 16)], 1.0)
+        busy.publish([Stored((4,), 2, (), 16), Removed((3,))], 2.0)
+        busy.publish([Stored((5, 6), 4, (), 16)], 3.0)
+        assert busy.flush()
+        sub = KvEventSubscriber({"w0": KvEndpoint(busy.endpoint, busy.replay_endpoint),
+                                 "w1": KvEndpoint(silent.endpoint, silent.replay_endpoint)},
+                                state, health, replay_timeout=1.0, poll_interval=0.02)
+        with sub:
+            assert sub.wait_started()
+            assert _resident(state, "w0") == {1, 2, 4, 5, 6}
+            assert state.index.resident_blocks("w1") is None  # nothing to learn: still unknown
+            assert sub.replayed_at_start == {"w0": 2}
+    finally:
+        busy.close()
+        silent.close()
+    c = _counters(health)
+    assert c["prefixscope_kv_event_batches"] == {("w0",): 3.0}
+    assert c["prefixscope_worker_restarts"] == {("w0",): 0.0}
+    assert "prefixscope_kv_event_sequence_gaps" not in c and "prefixscope_ingest_errors" not in c
+
+
+def test_live_batches_racing_the_startup_replay_are_applied_once(ctx: zmq.Context) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    pub.publish([("stored", [1])], send=False)  # before the exporter started
+    pub.answering.clear()  # the worker is slow to answer the startup replay ...
+    sub = KvEventSubscriber({"w0": pub.endpoint()}, sink, health, replay_timeout=2.0, poll_interval=0.02)
+    sub.start()
+    try:
+        assert sub.wait_connected()
+        pub.wait_subscribed()
+        wait_for(lambda: pub.replay_requests == [0])
+        for h in (2, 3):  # ... and publishes live meanwhile: seqs 1, 2 arrive live and in the replay
+            pub.publish([("stored", [h], h - 1)])
+        pub.answering.set()
+        assert sub.wait_started()
+        pub.publish([("stored", [4], 3)])  # seq 3: the first live batch past the replay
+        wait_for(lambda: len(sink.seqs("w0")) == 4)
+        time.sleep(0.1)  # a double application would have landed by now
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.seqs("w0") == [0, 1, 2, 3]
+    assert sink.restarts == [] and sink.resident["w0"] == {1, 2, 3, 4}
+    assert sub.replayed_at_start == {"w0": 2}
+    c = _counters(health)
+    assert "prefixscope_kv_event_sequence_gaps" not in c and "prefixscope_kv_event_replays" not in c
+
+
+def test_restart_after_the_startup_replay_is_still_detected(ctx: zmq.Context) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    for h in (1, 2, 3):
+        pub.publish([("stored", [h])], send=False)
+    sub = _start({"w0": pub}, sink, health)  # replayed seq 0..2 at start
+    try:
+        pub.restart()
+        pub.publish([("stored", [10])])  # seq 0 again, other content: a new process
+        wait_for(lambda: len(sink.seqs("w0")) == 4)
+        pub.publish([("stored", [11], 10)])
+        wait_for(lambda: len(sink.seqs("w0")) == 5)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.restarts == ["w0"]
+    assert sink.resident["w0"] == {10, 11}
+    assert sink.seqs("w0") == [0, 1, 2, 0, 1]
+
+
+def test_fleet_publisher_restart_after_start_clears_the_rebuilt_view() -> None:
+    pub_ep, replay_ep = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
+    health = Health()
+    state = ClusterState(health, load_thresholds())
+    pub = _fleet_publisher(pub_ep, replay_ep)
+    for h in (1, 2, 3, 4):
+        pub.publish([Stored((h,), h - 1 if h > 1 else None, (), 16)], float(h))
+    assert pub.flush()
+    sub = KvEventSubscriber({"w0": KvEndpoint(pub_ep, replay_ep)}, state, health, replay_timeout=1.0,
+                            poll_interval=0.02)
+    try:
+        sub.start()
+        assert sub.wait_started()
+        assert _resident(state, "w0") == {1, 2, 3, 4} and sub.replayed_at_start == {"w0": 3}
+        pub.close()
+        pub = _fleet_publisher(pub_ep, replay_ep)  # the worker restarts: seq 0, an empty cache
+        time.sleep(0.3)  # let the SUB socket reconnect; a batch lost meanwhile is resent below
+        deadline = time.monotonic() + 10
+        while _resident(state, "w0") != {20} and time.monotonic() < deadline:
+            pub.publish([Stored((20,), None, (), 16)], 9.0)  # seq stays below the mark (3)
+            assert pub.flush()
+            time.sleep(0.25)
+    finally:
+        sub.close()
+        pub.close()
+    assert _resident(state, "w0") == {20}
+    assert _counters(health)["prefixscope_worker_restarts"] == {("w0",): 1.0}
