@@ -271,8 +271,6 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     )
     if cfg.scrape_timeout > cfg.scrape_interval:
         raise r.fail("scrape_timeout", f"{cfg.scrape_timeout:g}s exceeds scrape_interval {cfg.scrape_interval:g}s")
-    if cfg.tree_stats_interval <= 0:
-        raise r.fail("tree_stats_interval", "must be greater than 0")
     return cfg
 
 

@@ -62,6 +62,8 @@ def test_full_config_is_parsed_into_frozen_values(tmp_path: Path) -> None:
 def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, "{}\n"))
     assert (cfg.listen_address, cfg.scrape_interval, cfg.window) == ("127.0.0.1:9400", 5.0, None)
+    assert cfg.tree_stats_interval == 1.0
+    assert load_config(write(tmp_path, "tree_stats_interval: 250ms\n")).tree_stats_interval == 0.25
     assert cfg.http_records.enabled and cfg.http_records.bearer_token is None
     over = cfg.with_overrides(listen_address="127.0.0.1:0", log_level=None)
     assert over.listen_address == "127.0.0.1:0" and over.log_level == "info"
@@ -84,6 +86,7 @@ def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
      "exporter.yaml: routers[0].kind: must be one of auto, sglang-router, vllm-router"),
     ("scrape_interval: soon\n", 'exporter.yaml: scrape_interval: not a duration: "soon"'),
     ("scrape_interval: 1s\nscrape_timeout: 2s\n", "exporter.yaml: scrape_timeout: 2s exceeds scrape_interval 1s"),
+    ("tree_stats_interval: 0\n", "exporter.yaml: tree_stats_interval: must be positive: 0"),
     ("records: {http: {max_body_bytes: -5}}\n", "exporter.yaml: records.http.max_body_bytes: expected a positive integer"),
     ("records: {http: {bearer_token_file: nope.txt}}\n", 'exporter.yaml: records.http.bearer_token_file: file not found: "nope.txt"'),
     ("records: {http: {bearer_token: a, bearer_token_file: nope.txt}}\n", "exporter.yaml: records.http.bearer_token_file: file not found"),
