@@ -87,7 +87,7 @@ Window = tuple[float, float]  # (since_s, until_s]
 Fired = dict[Window, set[tuple[str, str]]]
 
 
-def _discover(output: str, windows: list[Window]) -> Fired | None:
+def discover(output: str, windows: list[Window]) -> Fired | None:
     """The firing sets promtool reported per failed expectation (by eval time), or None if it said something else."""
     by_end = {until: (since, until) for since, until in windows}
     found: Fired = {w: set() for w in windows}
@@ -108,7 +108,7 @@ def fired_in_prometheus(history, windows: list[Window], workdir: Path) -> tuple[
     first = _promtool(workdir, promtool_test(history, [RULES.name], [(a, b, ()) for a, b in windows]))
     if first.returncode == 0:
         return {w: set() for w in windows}, True, first.stdout
-    found = _discover(first.stdout + first.stderr, windows)
+    found = discover(first.stdout + first.stderr, windows)
     if found is None:  # not an assertion failure: a bad input file or rule; say what promtool said
         return {w: set() for w in windows}, False, first.stdout + first.stderr
     second = _promtool(workdir, promtool_test(history, [RULES.name], [(a, b, found[(a, b)]) for a, b in windows]))
