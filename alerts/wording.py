@@ -10,7 +10,7 @@ from __future__ import annotations
 from exporter.catalog import RULES_BY_NAME, Check
 
 SUMMARIES: dict[str, str] = {
-    "PrefixTelemetryTargetDown": "A prefixscope scrape target is down.",
+    "PrefixTelemetryTargetDown": "A scrape target that still serves traffic is down: part of the fleet is unobserved.",
     "PrefixTelemetryKvEventsStale": "A worker's KV-event stream has been silent for more than {threshold}.",
     "PrefixTelemetryKvEventGaps": "KV-event batches are being lost before the index sees them.",
     "PrefixTelemetryIndexStale": "The router's prefix index predicts cache hits the engines do not deliver.",
@@ -53,6 +53,8 @@ def threshold_text(check: Check, value: float) -> str:
         return f"{value:g} ×"
     if unit == "batches":
         return f"{value:g} batches"
+    if unit == "targets":
+        return f"{value:g} targets"
     return f"{value:g}"
 
 

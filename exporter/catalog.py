@@ -143,6 +143,7 @@ METRICS: tuple[Metric, ...] = (
     # ---- group 0: telemetry health --------------------------------------------------------
     _m("up", "gauge", "", "1 if the last scrape of the target succeeded, 0 if it failed.", ("target", "kind"), 0, "exporter"),
     _m("scrape_duration_seconds", "gauge", "seconds", "Duration of the last scrape of the target.", ("target", "kind"), 0, "exporter"),
+    _m("telemetry_blind_targets", "gauge", "", "Scrape targets failing while traffic still reaches them (a router target, or a worker that served after its scrapes began to fail); a worker that left the pool is not counted.", (), 0, "exporter"),
     _m("signal_available", "gauge", "", "1 if the named input signal has a source, 0 if it is not instrumented.", ("signal",), 0, "exporter"),
     _m("ingest_errors", "counter", "", "Inputs rejected, by source and kind of error (the rest of each batch is kept).", ("source", "kind"), 0, "exporter"),
     _m("records_ingested", "counter", "", "Request records accepted, by transport.", ("transport",), 0, "records"),
@@ -321,8 +322,9 @@ RULES_BY_NAME: dict[str, RecordingRule] = {r.record: r for r in RECORDING_RULES}
 CHECKS: tuple[Check, ...] = (
     # ---- step 0: telemetry health ---------------------------------------------------------
     Check("targets_up", 0, "Scrape targets up", "PrefixTelemetryTargetDown",
-          f"min({P}_up)", "<", "targets_up", "ratio", (),
-          "A worker or router /metrics target failed its last scrape.", "health"),
+          f"max({P}_telemetry_blind_targets)", ">", "targets_up", "targets", (),
+          "A router, or a worker that still serves traffic, fails its /metrics scrape: the chain would "
+          "read part of the fleet blind. (A worker that failed and left the pool shows in step 2.)", "health"),
     Check("kv_event_staleness", 0, "KV-event stream fresh", "PrefixTelemetryKvEventsStale",
           f"max(time() - {P}_kv_event_last_timestamp_seconds)", ">", "kv_event_staleness", "seconds", ("kv_events",),
           "A worker's KV-event stream has gone quiet while it serves traffic; the index is going stale.", "health"),

@@ -91,6 +91,7 @@ def branch_label(block: int) -> str:
 class WorkerInfo:
     name: str
     last_seen: float = 0.0  # newest evidence of life: record served, scrape, KV batch
+    last_served: float = 0.0  # newest evidence of traffic: a record, or a router decision count rising
     snapshot: WorkerSnapshot | None = None
     scraped_at: float | None = None
     block_size: int | None = None
@@ -133,6 +134,7 @@ class ClusterState:
         self.clock = clock
         self.top_k = top_k
         self.health_recency_s = health_recency_s
+        self.down_since: dict[tuple[str, ...], float] = {}  # (target, kind) -> first failing observation
         self.cold_reuse_share = float(getattr(thresholds, "cold_reuse_share", 0.1))
         self.lock = threading.Lock()
         self.index = PrefixIndex()
@@ -234,7 +236,37 @@ class ClusterState:
             return False
         return worker not in (down if down is not None else self._explicitly_down())
 
+    def _track_down_targets(self) -> None:
+        """Remember since when each scrape target has been failing (cleared when it answers again)."""
+        for key, v in dict(self.health.gauges.get(f"{P}_up", {})).items():
+            if v == 0:
+                self.down_since.setdefault(key, self.now)
+            else:
+                self.down_since.pop(key, None)
+
+    def blind_targets(self) -> int:
+        """Targets that fail their scrape while traffic still reaches them.
+
+        A router target that is down always blinds us. A worker target that is down blinds us
+        only if it served traffic after its scrapes began to fail (records or router decisions
+        show it); a worker whose traffic stopped when it went down has left the pool — a fleet
+        event the chain reads in step 2 (migrations, pool changes), not broken telemetry. With no
+        traffic source at all (no records, no router) every down target counts: nothing says
+        whether it still serves.
+        """
+        traffic_known = "records" in self.field_seen or bool(self.routers)
+        n = 0
+        for (target, kind), since in self.down_since.items():
+            if kind != "worker" or not traffic_known:
+                n += 1
+                continue
+            w = self.workers.get(target)
+            if w is not None and w.last_served > since:
+                n += 1
+        return n
+
     def _update_pool(self, ts: float) -> None:
+        self._track_down_targets()
         down = self._explicitly_down()
         pool = frozenset(w for w in self.workers if self.is_healthy(w, down))
         if pool == self.pool:
@@ -334,6 +366,10 @@ class ClusterState:
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         with self.lock:
             self._advance(scraped_at)
+            prev = self.routers.get(snapshot.router)
+            for worker, n in snapshot.decisions.items():
+                if prev is not None and n > prev.decisions.get(worker, 0.0) and worker in self.workers:
+                    self.workers[worker].last_served = max(self.workers[worker].last_served, scraped_at)
             self.routers[snapshot.router] = snapshot
             self._update_pool(scraped_at)
             self._expire()
@@ -363,6 +399,7 @@ class ClusterState:
                 self.field_seen[signal] = ts
         self.field_seen["records"] = ts
         w = self._worker(worker, ts)
+        w.last_served = max(w.last_served, ts)
         cached = rec.get("cached_tokens")
         predicted = rec.get("predicted_cached_tokens")
         hashes = rec.get("block_hashes") or None
@@ -690,6 +727,9 @@ class ClusterState:
         for name, s in self.cum.histograms.items():
             out.histograms[name] = {k: list(v) for k, v in s.items()}
         g = out.gauges
+        if f"{P}_up" in h_gauges:
+            self._track_down_targets()
+            g[f"{P}_telemetry_blind_targets"] = {(): float(self.blind_targets())}
         for w in self.workers_seen():
             info = self.workers.get(w)
             snap = info.snapshot if info else None

@@ -52,12 +52,7 @@ SPEC_MATRIX: dict[str, int | None] = {
 SCENARIOS = preset_names()
 # Scenarios whose verdict the product does not get right yet: strict, so a fix turns them red
 # until the mark goes. Each reason says what happens and where the fix belongs.
-KNOWN_WRONG: dict[str, str] = {
-    "worker-failures": (
-        "a crashed worker fails its /metrics scrape, so PrefixTelemetryTargetDown (step 0) fires "
-        "alongside PrefixSessionMigrationsHigh and the chain stops at step 0; targets_up cannot yet "
-        "tell a dead worker (step 2's migrations) from a broken scrape path"),
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _params() -> list:

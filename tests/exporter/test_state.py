@@ -107,3 +107,30 @@ def test_records_without_migration_fields_leave_the_signal_missing():
     st.ingest_records([rec(100, "r1", "w0", 64)], 100)
     assert st.signals()["migrations"] is False
     assert f"{P}_session_migrations" not in st.cum.counters
+
+
+def _up(st: ClusterState, target: str, kind: str, value: float) -> None:
+    st.health.set(f"{P}_up", (target, kind), value)
+
+
+def test_a_down_worker_blinds_us_only_while_traffic_still_reaches_it():
+    st = make()
+    st.ingest_records([rec(100, "r1", "w0", 64), rec(100, "r2", "w1", 64)], 100)
+    _up(st, "w0", "worker", 0.0)
+    st.ingest_records([rec(110, "r3", "w1", 64)], 110)  # w0 went down at ~110 and gets no traffic
+    assert st.blind_targets() == 0  # it left the pool: a fleet event, not blind telemetry
+    st.ingest_records([rec(120, "r4", "w0", 64)], 120)  # the router still sends w0 traffic
+    assert st.blind_targets() == 1
+    assert st.series().gauges[f"{P}_telemetry_blind_targets"] == {(): 1.0}
+    _up(st, "w0", "worker", 1.0)  # its metrics endpoint answers again
+    st.ingest_records([rec(130, "r5", "w0", 64)], 130)
+    assert st.blind_targets() == 0
+
+
+def test_without_a_traffic_source_every_down_target_counts():
+    st = make()
+    _up(st, "w0", "worker", 0.0)
+    _up(st, "gw", "router", 1.0)
+    assert st.series().gauges[f"{P}_telemetry_blind_targets"] == {(): 1.0}
+    _up(st, "gw", "router", 0.0)
+    assert st.series().gauges[f"{P}_telemetry_blind_targets"] == {(): 2.0}
