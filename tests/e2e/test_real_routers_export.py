@@ -248,8 +248,10 @@ def test_router_and_workers_feed_every_group_they_can(stack: Stack) -> None:
     data = s.groups()
     step0 = next(st for st in data["steps"] if st["step"] == 0)
     targets_up = next(c for c in step0["checks"] if c["key"] == "targets_up")
-    assert targets_up["value"] == 0.0 and targets_up["status"] == "firing"
-    assert data["verdict"]["step"] == 0
+    # the dead worker left the pool (no traffic reached it after its scrapes began to fail): a
+    # fleet event, not blind telemetry, so step 0 stays ok and does not take the verdict
+    assert targets_up["value"] == 0.0 and targets_up["status"] == "ok"
+    assert data["verdict"] is None or data["verdict"]["step"] != 0
 
 
 # ---- request records from a gateway's access log ------------------------------------------------
