@@ -90,12 +90,11 @@ class Simulation:
         self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed)
         self.workload = WorkloadGenerator(scenario.phases(), self.duration_s, self.seed, topology.block_size)
         self._requests = requests  # a replayed trace instead of the scenario's workload
-        if prewarm and requests is None:
-            # Operators pre-warm the tenants' system prompts on every worker at deploy time, so
-            # a tenant's first session is not a cold miss and its sessions can spread.
-            for i, hashes in enumerate(self.workload.shared_prefixes()):
-                for name in self.engines:  # standby workers too: they are warmed before they join
-                    import_prefix(self.engines[name], f"prewarm-{i}-{name}", hashes)
+        # Operators pre-warm the tenants' system prompts on every worker when it starts, so a
+        # tenant's first session is not a cold miss and its sessions can spread.
+        self._prewarm = self.workload.shared_prefixes() if prewarm and requests is None else []
+        for name in self.engines:  # standby workers too: they are warmed before they join
+            self._warm(name)
 
     # the router's sink: keep every record, pass it on
     def emit(self, record: dict) -> None:
@@ -106,6 +105,10 @@ class Simulation:
     def close(self) -> None:
         if self._outer_sink is not None:
             self._outer_sink.close()
+
+    def _warm(self, name: str) -> None:
+        for i, hashes in enumerate(self._prewarm):
+            import_prefix(self.engines[name], f"prewarm-{i}-{name}", hashes)
 
     def _adopt(self, name: str) -> SimEngine:
         """Take a fleet worker's (new) engine; its KV events go to the publisher and the router."""
@@ -200,6 +203,7 @@ class Simulation:
                     eng.reset_cache()  # a restarted engine comes back empty
                     eng.knobs.healthy = True
                 router.restore_worker(w, restarted=True)
+                self._warm(w)
             push(t, fail, f"{w}: fails")
             if a.restore_after:
                 push(t + a.restore_after, restart, f"{w}: restarted")
