@@ -202,3 +202,23 @@ def test_re_sticky_exit_condition_and_warm_pool_activity() -> None:
     ladder.observe(2.0, "warm_pool", prompt_tokens=1000, cached_tokens=0, ttft_s=3.0)
     assert ladder.active(3.0)["warm_pool"]  # cluster TTFT p99 (3 s) above the 2 s target
     assert ladder.relaxed_key("abcdefgh") == "abcd"
+
+
+def test_a_cold_prefill_past_the_ttft_limit_is_downgraded_to_the_small_model() -> None:
+    f = Fleet(downgrade_workers=("w7",))
+    # 48000 cold tokens on a 20k tokens/s worker: an estimated 2.4 s prefill, past the 2 s limit;
+    # a 500-token answer is too long for the async lane
+    rec = f.send("m1", _tokens(20, 48000), "mia", out=500)
+    assert rec["fallback_tier"] == "model_downgrade"
+    assert (rec["worker"], rec["model"]) == ("w7", f.topo.downgrade_model)
+    small = f.send("m2", _tokens(21, 2000), "noah", out=500)  # a cheap miss stays on the main model
+    assert small["model"] == f.topo.model and small["fallback_tier"] != "model_downgrade"
+
+
+def test_model_downgrade_exits_past_its_share_of_traffic() -> None:
+    ladder = FallbackLadder(LadderConfig(min_samples=10, downgrade_max_share=0.2))
+    for i in range(8):
+        ladder.observe(float(i), None, prompt_tokens=100, cached_tokens=90, ttft_s=0.1)
+    for i in range(3):
+        ladder.observe(10.0 + i, "model_downgrade", prompt_tokens=100, cached_tokens=0, ttft_s=0.5)
+    assert not ladder.usable("model_downgrade", 13.0)  # 3 of 11 requests (27 %) > 20 %
