@@ -18,8 +18,7 @@ def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     if PROMTOOL is None:
         pytest.skip("promtool (Debian package prometheus) is not installed")
     names = sorted({item.callspec.params["scenario"] for item in request.session.items
-                    if hasattr(item, "callspec") and "scenario" in item.callspec.params
-                    and item.path.name == "test_scenario_matrix.py"})
+                    if "matrix_rows" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
     dirs = {n: tmp_path_factory.mktemp(n) for n in names}
     # fork would copy the test runner's threads' locks; spawn starts clean interpreters
     with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -68,6 +68,7 @@ def test_every_spec_scenario_has_a_preset_with_its_step() -> None:
         assert bool(sc.expected_alerts) == (step is not None), name
 
 
+@pytest.mark.slow  # the whole matrix takes two to three minutes on two cores
 @pytest.mark.parametrize("scenario", _params())
 def test_prometheus_fires_the_expected_alerts_and_nothing_unrelated(scenario: str, matrix_rows: dict[str, Row]) -> None:
     row = matrix_rows[scenario]
@@ -85,6 +86,7 @@ def test_prometheus_fires_the_expected_alerts_and_nothing_unrelated(scenario: st
     assert not unrelated, f"alerts of other steps fired: {sorted(unrelated)}\n{row.describe()}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", _params())
 def test_the_chain_names_the_expected_step(scenario: str, matrix_rows: dict[str, Row]) -> None:
     row = matrix_rows[scenario]
