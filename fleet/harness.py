@@ -181,6 +181,8 @@ class ScenarioRun:
     start: float
     kv_batches_sent: dict[str, int]
     kv_batches_lost: dict[str, int]
+    # per worker, every batch its publisher numbered: (seq, delivered); seq restarts at 0 after a restart
+    kv_timeline: dict[str, list[tuple[int, bool]]]
     # seconds since the start -> (check evaluation, /api/v1/groups) taken right after that scrape
     checkpoints: dict[float, tuple[Evaluation, dict[str, Any]]] = field(default_factory=dict)
 
@@ -206,6 +208,7 @@ class _Feed:
         self.seq: dict[str, int] = {}
         self.sent: dict[str, int] = {}
         self.lost: dict[str, int] = {}
+        self.timeline: dict[str, list[tuple[int, bool]]] = {}
         self.dead: set[str] = set()
         self.pending: list[bytes] = []
         self.pending_since: float | None = None
@@ -216,16 +219,15 @@ class _Feed:
         targets = [ScrapeTarget(w, SIM_URL + w, "worker") for w in names]
         self.scraper = _SimScraper(self._render, targets, state, health, clock=clock.now,
                                    max_workers=1)
-        router = sim.router
-        self._router_on_kv = router.on_kv_events
-        router.on_kv_events = self.on_kv_events  # tee: the router sees (or loses) a batch first
 
     # ---- KV events --------------------------------------------------------------------------
-    def on_kv_events(self, worker: str, events: list, ts: float) -> None:
+    def on_kv_events(self, worker: str, events: list, ts: float, routed: bool = False) -> None:
+        """One engine batch: the router sees (or loses) it first, then the exporter's subscriber."""
         engine = self.sim.engines.get(worker)
         router = self.sim.router
         lost_before = router.kv_events_dropped.get(worker, 0)
-        self._router_on_kv(worker, events, ts)
+        if not routed:
+            router.on_kv_events(worker, events, ts)
         if engine is not None and not engine.knobs.healthy:
             self.dead.add(worker)  # a dead process publishes nothing (not even its restart's clear)
             return
@@ -235,7 +237,9 @@ class _Feed:
         seq = self.seq.get(worker, 0)
         self.seq[worker] = seq + 1
         self.sent[worker] = self.sent.get(worker, 0) + 1
-        if router.kv_events_dropped.get(worker, 0) > lost_before:
+        delivered = router.kv_events_dropped.get(worker, 0) == lost_before
+        self.timeline.setdefault(worker, []).append((seq, delivered))
+        if not delivered:
             self.lost[worker] = self.lost.get(worker, 0) + 1
             return  # numbered by the publisher, never delivered
         frames = [b"", seq.to_bytes(8, "big"), encode_batch(events, ts)]
@@ -283,9 +287,31 @@ class _Feed:
 
 
 class _ScrapingSimulation(Simulation):
-    """The simulation, with the exporter's scrape taken right after each engine sample."""
+    """The simulation, its engines' KV events teed to the exporter, its scrape right after each sample."""
 
-    feed: _Feed | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.feed: _Feed | None = None
+        # Batches published while the fleet starts (pre-warmed system prompts), before the feed
+        # exists: the exporter runs from the start, so they are handed over when it attaches.
+        self._early: list[tuple[str, list, float]] = []
+        super().__init__(*args, **kwargs)
+
+    def attach(self, feed: _Feed) -> None:
+        self.feed = feed
+        for worker, events, ts in self._early:
+            feed.on_kv_events(worker, events, ts, routed=True)
+        self._early.clear()
+
+    def _events_for(self, worker: str) -> Callable[[list, float], None]:
+        route = super()._events_for(worker)
+
+        def cb(events: list, ts: float) -> None:
+            if self.feed is not None:
+                self.feed.on_kv_events(worker, events, ts)
+            else:
+                route(events, ts)
+                self._early.append((worker, events, ts))
+        return cb
 
     def _sample(self) -> None:
         super()._sample()
@@ -332,7 +358,7 @@ def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float
                               sample_every_s=scrape_every_s)
     feed = _Feed(sim, state, health, clock, flavour, start, scrape_every_s)
     feed.checkpoint_at = {round(float(t), 6) for t in checkpoints}
-    sim.feed = feed
+    sim.attach(feed)
     try:
         result = sim.run(on_request=feed.on_request)
         feed.flush_records()
@@ -340,7 +366,7 @@ def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float
         feed.close()
         sim.close()
     return ScenarioRun(scenario, result, state, health, feed.history, clock, start, feed.sent, feed.lost,
-                       feed.checkpoints)
+                       feed.timeline, feed.checkpoints)
 
 
 def run_all(scenarios: Iterable[Scenario], topology: Topology, **kwargs: Any) -> list[ScenarioRun]:

@@ -17,7 +17,7 @@ import pytest
 from exporter import catalog
 from exporter.thresholds import load_thresholds
 from fleet.harness import ScrapeHistory, duration_seconds, run_through_exporter, series_key, settled_duration
-from fleet.scenarios import load_preset, preset_names
+from fleet.scenarios import load_preset, parse_scenario, preset_names
 from fleet.topology import load_topology
 from tests.e2e.harness import (
     PROMETHEUS,
@@ -192,3 +192,61 @@ def test_unrelated_alerts_are_those_of_other_steps_that_name_a_cause() -> None:
     assert {"PrefixStickyCollisionsHigh", "PrefixWarmPoolSaturated", "PrefixSessionMigrationsHigh"} <= allowed
     assert {"PrefixHitRateLow", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"} <= allowed  # symptom, SLOs
     assert "PrefixTelemetryTargetDown" not in allowed and "PrefixSessionHitRateLow" not in allowed
+
+
+# ---- the harness feeds the exporter as the live wire would ----------------------------------------
+def _expected_stream_health(timeline: list[tuple[int, bool]]) -> tuple[int, int, int]:
+    """(gaps, missed batches, restarts) a subscriber must count for one worker's batches.
+
+    Lost batches show up only when a later batch of the same process arrives (a gap of that many);
+    lost batches before a process's first delivered batch look like joining late, not a gap;
+    a sequence back at 0 after delivered batches is a restart.
+    """
+    gaps = missed = restarts = 0
+    pending, seen, prev_seq = 0, False, -1
+    for seq, delivered in timeline:
+        if seq <= prev_seq:  # a new process
+            pending = 0
+            if seen:
+                restarts += delivered  # noticed only if its batch arrives ...
+                seen = seen and not delivered
+        prev_seq = seq
+        if not delivered:
+            pending += 1
+            continue
+        if seen and pending:
+            gaps, missed = gaps + 1, missed + pending
+        pending, seen = 0, True
+    return gaps, missed, restarts
+
+
+def test_kv_stream_health_matches_what_the_publishers_lost() -> None:
+    sc = parse_scenario({
+        "name": "kv-faults", "description": "partial KV-event loss and a worker restart", "fault": "see actions",
+        "fault_at_s": 60, "duration_s": 240, "expected_step": 0, "expected_alerts": ["PrefixTelemetryKvEventGaps"],
+        "workload": {"chat_sessions_per_s": 1.0},
+        "actions": [
+            {"at": 60, "action": "set_knob", "workers": ["w1", "w2"], "knob": "drop_kv_events", "value": 0.3},
+            {"at": 120, "action": "fail", "workers": ["w3"], "restore_after": 20},
+        ],
+    })
+    run = run_through_exporter(sc, load_topology(), checkpoints=[240.0])
+    counters = run.health.snapshot()[0]
+
+    def counted(metric: str, worker: str) -> float:
+        return counters.get(f"{catalog.NAMESPACE}_{metric}", {}).get((worker,), 0.0)
+
+    assert run.kv_batches_lost.get("w1", 0) > 10 and run.kv_batches_lost.get("w2", 0) > 10  # the fault bit
+    restarted = 0
+    for worker, timeline in run.kv_timeline.items():
+        gaps, missed, restarts = _expected_stream_health(timeline)
+        assert counted("kv_event_sequence_gaps", worker) == gaps, worker
+        assert counted("kv_event_missed_batches", worker) == missed, worker
+        assert counted("worker_restarts", worker) == restarts, worker
+        restarted += restarts
+    assert restarted == 1  # w3 came back and published again
+    # A worker whose every batch arrived: the exporter's view holds exactly the engine's blocks.
+    assert all(delivered for _seq, delivered in run.kv_timeline["w0"])
+    assert run.state.index.resident_blocks("w0") == run.result.engines["w0"].cache.resident_blocks
+    ev, _groups = run.checkpoints[240.0]
+    assert ev.results["kv_event_gaps"].status == "firing"
