@@ -1,6 +1,6 @@
 """Replay a scenario through the exporter on the virtual clock, keeping what Prometheus would scrape.
 
-:func:`replay` runs a :class:`~fleet.simulation.Simulation` and, on the way, feeds a real
+:func:`run_through_exporter` runs a :class:`~fleet.simulation.Simulation` and, on the way, feeds a real
 :class:`~exporter.state.ClusterState` through the exporter's own adapters, exactly as the live
 exporter is fed:
 
@@ -8,8 +8,10 @@ exporter is fed:
   a publisher numbers them, and handed as three frames to the real subscriber's
   ``handle_message`` (sequence checks, decode, apply). A batch lost to the ``drop_kv_events``
   knob keeps its sequence number and never arrives, so the subscriber sees the gap; there is
-  no replay socket, so the loss stays (the stale-index fault). A worker that comes back from a
-  failure starts its sequence at 0 again, as a restarted vLLM process does.
+  no replay socket, so the loss stays (the stale-index fault). A dead worker publishes nothing;
+  when it comes back it numbers its batches from 0 again, as a restarted vLLM process does.
+  Batches published while the fleet starts (pre-warmed system prompts) reach the exporter too:
+  it runs from the start.
 - Worker /metrics pages are rendered (``render_metrics``) and scraped by the real
   :class:`~exporter.sources.scrape.Scraper` every ``scrape_every_s``; a failed worker's scrape
   fails (``up`` = 0, a ``connect`` ingest error).
@@ -98,10 +100,6 @@ class ScrapeHistory:
         for col in self.series.values():
             if len(col) == i:
                 col.append(None)
-
-    def value(self, key: str, i: int = -1) -> float | None:
-        col = self.series.get(key)
-        return None if col is None else col[i]
 
     def input_series(self) -> list[dict[str, str]]:
         """``promtool test rules`` input: ``_`` before a series exists, ``stale`` when it goes away.
@@ -367,10 +365,6 @@ def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float
         sim.close()
     return ScenarioRun(scenario, result, state, health, feed.history, clock, start, feed.sent, feed.lost,
                        feed.timeline, feed.checkpoints)
-
-
-def run_all(scenarios: Iterable[Scenario], topology: Topology, **kwargs: Any) -> list[ScenarioRun]:
-    return [run_through_exporter(s, topology, **kwargs) for s in scenarios]
 
 
 def fired_during_expr(seconds: float) -> str:

@@ -13,7 +13,7 @@ WORKERS = 2  # CI's machine has two cores
 
 
 @pytest.fixture(scope="session")
-def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Row]:
+def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Row | BaseException]:
     """Every scenario the selected tests ask for, replayed and evaluated in worker processes."""
     if PROMTOOL is None:
         pytest.skip("promtool (Debian package prometheus) is not installed")
@@ -23,5 +23,10 @@ def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     # fork would copy the test runner's threads' locks; spawn starts clean interpreters
     with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {n: pool.submit(run_row, n, dirs[n]) for n in names}
-        rows = {n: f.result() for n, f in futures.items()}
+        rows: dict[str, Row | BaseException] = {}
+        for n, f in futures.items():
+            try:
+                rows[n] = f.result()
+            except Exception as exc:  # one broken scenario fails its own tests, not the matrix
+                rows[n] = exc
     return rows

@@ -55,6 +55,13 @@ SCENARIOS = preset_names()
 KNOWN_WRONG: dict[str, str] = {}
 
 
+def _row(rows: dict[str, Row | BaseException], scenario: str) -> Row:
+    row = rows[scenario]
+    if isinstance(row, BaseException):
+        pytest.fail(f"{scenario} could not be replayed: {type(row).__name__}: {row}")
+    return row
+
+
 def _params() -> list:
     return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[n])) if n in KNOWN_WRONG else n
             for n in SCENARIOS]
@@ -70,8 +77,8 @@ def test_every_spec_scenario_has_a_preset_with_its_step() -> None:
 
 @pytest.mark.slow  # the whole matrix takes two to three minutes on two cores
 @pytest.mark.parametrize("scenario", _params())
-def test_prometheus_fires_the_expected_alerts_and_nothing_unrelated(scenario: str, matrix_rows: dict[str, Row]) -> None:
-    row = matrix_rows[scenario]
+def test_prometheus_fires_the_expected_alerts_and_nothing_unrelated(scenario: str, matrix_rows: dict) -> None:
+    row = _row(matrix_rows, scenario)
     assert row.confirmed, f"promtool did not confirm the firing sets:\n{row.promtool_output}"
     for alert, step in row.warmup_firing | row.firing:  # the rule files label each alert with its catalogue step
         assert step == str(catalog.CHECKS_BY_ALERT[alert].group), (alert, step)
@@ -88,8 +95,8 @@ def test_prometheus_fires_the_expected_alerts_and_nothing_unrelated(scenario: st
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", _params())
-def test_the_chain_names_the_expected_step(scenario: str, matrix_rows: dict[str, Row]) -> None:
-    row = matrix_rows[scenario]
+def test_the_chain_names_the_expected_step(scenario: str, matrix_rows: dict) -> None:
+    row = _row(matrix_rows, scenario)
     verdicts = {
         "exporter (checks.py)": row.exporter_verdict,
         "console from /api/v1/groups": row.console_exporter_verdict,
