@@ -30,7 +30,7 @@ import yaml
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import load_thresholds as console_thresholds
 from exporter import catalog
-from exporter.thresholds import load_thresholds
+from exporter.thresholds import load_thresholds, window_seconds
 from fleet.harness import (
     SCRAPE_EVERY_S,
     ScrapeHistory,
@@ -40,11 +40,22 @@ from fleet.harness import (
     settled_duration,
 )
 from fleet.scenarios import load_preset
+from fleet.simulation import signals
 from fleet.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
 PROMTOOL = shutil.which("promtool")
+# Checks whose value the fleet's own recount (fleet.simulation.signals: records and engine
+# counters over the same window) defines the same way: a windowed ratio or rate. Quantiles are
+# left out (the exporter interpolates in histogram buckets, as Prometheus does), and so are
+# gauges the fleet averages or maxes over the window where the exporter reads the current value.
+GROUND_TRUTH_KEYS = (
+    "prefix_hit_rate_total", "prefix_hit_rate_per_session", "sticky_session_collision_rate",
+    "session_migration_count_per_minute", "cold_prefill_cost_per_request", "topology_aware_placement_hit_rate",
+    "cross_node_migration_count_per_minute", "speculative_decoding_acceptance_rate",
+    "continuous_batching_affinity_admission_rate", "moe_expert_alignment_rate", "index_staleness",
+)
 _GOT = re.compile(r'alertname="([^"]+)", step="([^"]*)"')
 _TIME = re.compile(r"time: (\w+),")
 
@@ -68,6 +79,7 @@ class Row:
     kv_batches_lost: int
     kv_missed_batches: float
     seconds: float
+    truth: dict[str, tuple[float | None, float | None]]  # key -> (the fleet's ground truth, the exporter's value)
 
     def describe(self) -> str:
         vals = ", ".join(f"{k}={v:.3g}" for k, v in self.values.items() if v is not None)
@@ -136,6 +148,7 @@ def run_row(name: str, workdir: Path) -> Row:
     # over its windows) with the alerts Prometheus's engine fired for the fault.
     alerts = [{"labels": {"alertname": a, "step": s}, "state": "firing"} for a, s in sorted(fired[fault])]
     console_prom = chain_from_prometheus(values, baselines, ev.signals, alerts, thresholds, Reuse(None, None, None))
+    truth = signals(run.result, chain_at - window_seconds(load_thresholds()), chain_at)
     missed = sum(run.health.snapshot()[0].get(f"{catalog.NAMESPACE}_kv_event_missed_batches", {}).values())
     return Row(
         name=name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts,
@@ -148,6 +161,7 @@ def run_row(name: str, workdir: Path) -> Row:
         values={k: (None if v is None else float(v)) for k, v in values.items()},
         kv_batches_lost=sum(run.kv_batches_lost.values()), kv_missed_batches=float(missed),
         seconds=time.perf_counter() - started,
+        truth={k: (truth.get(k), values.get(k)) for k in GROUND_TRUTH_KEYS},
     )
 
 

@@ -106,6 +106,25 @@ def test_the_chain_names_the_expected_step(scenario: str, matrix_rows: dict) -> 
     assert not wrong, f"expected step {row.expected_step}, got {wrong}\n{row.describe()}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_exporter_measures_what_the_fleet_did(scenario: str, matrix_rows: dict) -> None:
+    """Every windowed ratio the exporter derives from its inputs equals the fleet's own recount
+    from its records and engine counters over the same five minutes (window edges aside)."""
+    row = _row(matrix_rows, scenario)
+    wrong = []
+    for key, (truth, measured) in row.truth.items():
+        if truth is None or measured is None:
+            # the fleet counts an empty share as 0 where the exporter says "no data" (e.g. no
+            # router prediction under a hash policy); a missing value is only wrong the other way
+            if measured is None and truth:
+                wrong.append(f"{key}: fleet {truth:.4g}, exporter missing")
+            continue
+        if measured != pytest.approx(truth, rel=0.1, abs=0.01):
+            wrong.append(f"{key}: fleet {truth:.4g}, exporter {measured:.4g}")
+    assert not wrong, "\n".join(wrong)
+
+
 # ---- the exporter's own numbers against a real Prometheus over the same scrapes --------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["healthy", "dropped-kv-events"])
