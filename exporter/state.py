@@ -419,15 +419,16 @@ class ClusterState:
         hit_on_worker = 0
         if hashes:
             match = self.index.longest_match(hashes)
-            self._inc(ts, f"{P}_reuse_available_tokens", ml, min(prompt, match.blocks * bs))
             hit_on_worker = match.per_worker.get(worker, 0)
-            # Placement is judged by what the router faced. A record arrives after its response,
-            # when the chosen worker already holds this request's own blocks, so its depth is the
-            # cached tokens the engine reported at admission (the other workers' are unaffected).
+            # Availability and placement are judged by what the router faced. A record arrives
+            # after its response, when the chosen worker already holds this request's own blocks,
+            # so its depth is the cached tokens the engine reported at admission (the other
+            # workers' are unaffected).
             depths = dict(match.per_worker)
             if cached is not None:
                 depths[worker] = min(len(hashes), cached // bs)
             best = max(depths.values(), default=0)
+            self._inc(ts, f"{P}_reuse_available_tokens", ml, min(prompt, best * bs))
             if topo is not None and best > 0 and worker in topo:
                 domains = {topo.domain_of(x) for x, d in depths.items() if d == best and x in topo}
                 self._inc(ts, f"{P}_placement_decisions", ml)

@@ -134,3 +134,13 @@ def test_without_a_traffic_source_every_down_target_counts():
     assert st.series().gauges[f"{P}_telemetry_blind_targets"] == {(): 1.0}
     _up(st, "gw", "router", 0.0)
     assert st.series().gauges[f"{P}_telemetry_blind_targets"] == {(): 2.0}
+
+
+def test_available_tokens_ignore_the_requests_own_fresh_blocks():
+    # The record arrives after its response: w0 already holds the blocks this cold request stored.
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 100.5, (BlockStored((1, 2, 3, 4), None, 16),)), 100.5)
+    st.apply_kv_batch(KvBatch("w1", 0, 99.0, (BlockStored((1,), None, 16),)), 99.0)
+    st.ingest_records([rec(100, "r", "w0", 64, block_hashes=[1, 2, 3, 4], block_size=16, cached_tokens=0)], 101)
+    # what the router faced: w0 had nothing (it reported 0 cached), w1 had one block
+    assert st.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 16
