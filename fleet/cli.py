@@ -22,6 +22,7 @@ import yaml
 
 from alerts.config import load as load_thresholds
 from exporter.catalog import CHECKS_BY_ALERT, CHECKS_BY_KEY
+from fleet.control import FleetControl
 from fleet.policies import POLICIES
 from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
 from fleet.scenarios import Scenario, ScenarioError, load_preset, preset_names, presets
@@ -39,6 +40,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--policy", choices=POLICIES, default=None, help="routing policy (default: the scenario's)")
     p.add_argument("--scenario", default="healthy", help="a preset name or a scenario file (default: %(default)s)")
     p.add_argument("--storyline", action="store_true", help="run every preset in turn (healthy first)")
+    p.add_argument("--repeat", action="store_true",
+                   help="real time: run the scenario (or storyline) again and again until stopped")
     p.add_argument("--trace", type=Path, default=None,
                    help="replay a Mooncake-format trace (JSONL) instead of the scenario's workload (block size 512)")
     p.add_argument("--list-scenarios", action="store_true", help="list the presets and exit")
@@ -57,6 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-traffic", action="store_true", help="only serve the workers (for an external router)")
     p.add_argument("--manifest", type=Path, default=None,
                    help="write the workers' endpoints and the topology here once they serve (JSON)")
+    p.add_argument("--control-port", type=int, default=0,
+                   help="real time: the control endpoint's port on 127.0.0.1 (kill/restart a worker; "
+                        "default: a free port, named in the manifest)")
     return p.parse_args(argv)
 
 
@@ -103,13 +109,15 @@ def _cell(v: float | None, op: str, threshold: float) -> str:
     return f"{v:.4g}{' !' if crossed else '  '}"
 
 
-def write_manifest(path: Path, fleet: WorkerFleet, topology: Topology) -> None:
+def write_manifest(path: Path, fleet: WorkerFleet, topology: Topology, control_url: str | None = None) -> None:
     """Endpoints plus the effective topology, written atomically (readers poll for the file)."""
     topo_path = path.with_name(path.stem + ".topology.yaml")
     topo_path.write_text(yaml.safe_dump(topology.as_dict(), sort_keys=False), encoding="utf-8")
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"workers": fleet.endpoints(), "topology": str(topo_path.resolve())}, indent=2),
-                   encoding="utf-8")
+    body: dict = {"workers": fleet.endpoints(), "topology": str(topo_path.resolve())}
+    if control_url:
+        body["control"] = control_url
+    tmp.write_text(json.dumps(body, indent=2), encoding="utf-8")
     tmp.replace(path)
 
 
@@ -180,27 +188,39 @@ def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Sce
     specs = [worker_spec(topology, w) for w in topology.workers]
     options = FleetOptions(flavour=args.metrics_flavour, encoding=args.event_encoding)
     with WorkerFleet(specs, clock=clock, options=options) as fleet:
-        for w in fleet:
-            print(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", flush=True)
-        if args.manifest:
-            write_manifest(args.manifest, fleet, topology)
-        if args.no_traffic:
-            print("serving workers only (--no-traffic); Ctrl-C stops", flush=True)
-            stop.wait()
-            return 0
-        while not stop.is_set():
-            for sc in scenarios:
-                if stop.is_set():
-                    break
-                print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
-                sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
-                                 duration_s=args.duration, seed=args.seed, fleet=fleet, track_placement=False,
-                                 requests=replay_requests(args.requests) if args.requests else None)
-                result = sim.run(should_stop=stop.is_set)
-                print(f"scenario {sc.name}: {len(result.records)} requests routed", flush=True)
-                _heal(fleet)
-            if not args.storyline:
+        control = FleetControl(fleet, port=args.control_port).start()
+        try:
+            return _drive(args, topology, scenarios, sink, fleet, control, clock, stop)
+        finally:
+            control.stop()
+
+
+def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink, fleet: WorkerFleet,
+           control: FleetControl, clock: ScaledClock, stop: threading.Event) -> int:
+    for w in fleet:
+        print(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", flush=True)
+    print(f"control: {control.url}/workers (POST /workers/<name>/kill or /restart)", flush=True)
+    if args.manifest:
+        write_manifest(args.manifest, fleet, topology, control.url)
+    if args.no_traffic:
+        print("serving workers only (--no-traffic); Ctrl-C stops", flush=True)
+        while not stop.wait(0.2):
+            control.apply(None)
+        return 0
+    while not stop.is_set():
+        for sc in scenarios:
+            if stop.is_set():
                 break
+            print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
+            sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
+                             duration_s=args.duration, seed=args.seed, fleet=fleet, track_placement=False,
+                             requests=replay_requests(args.requests) if args.requests else None)
+            result = sim.run(on_request=lambda _record, sim=sim: control.apply(sim), should_stop=stop.is_set)
+            print(f"scenario {sc.name}: {len(result.records)} requests routed", flush=True)
+            control.apply(None)
+            _heal(fleet)
+        if not (args.storyline or args.repeat):
+            break
     return 0
 
 

@@ -4,8 +4,10 @@ Starts, in order: the simulated fleet with the reference router (real time), the
 (reading the fleet's manifest, receiving its request records), Prometheus on 127.0.0.1 with the
 generated rules (when Debian's ``prometheus`` is installed; otherwise the demo runs on the
 exporter alone and says so), and the console. It prints the URLs, runs the default storyline
-(healthy, then a fault every few minutes) or ``--scenario NAME``, and on Ctrl-C or SIGTERM stops
-every process it started.
+(healthy, then every fault in turn, over and over) or ``--scenario NAME`` (repeated), and keeps
+running through faults: a killed worker is a migration, a stopped Prometheus sends the console
+to the exporter, an exporter or console that exits is started again (bounded backoff). Only
+the fleet exiting ends the demo. Ctrl-C or SIGTERM stops every process it started.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,12 +32,44 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "generated" / "prefixscope.rules.yaml"
+PROMETHEUS_ENV = "PREFIXSCOPE_PROMETHEUS"  # the Prometheus binary (default: `prometheus` on PATH)
+HOST = "127.0.0.1"
+
+# What the demo does when a child exits.
+ESSENTIAL = "essential"  # the demo ends (the fleet: without it there is nothing to observe)
+RESTART = "restart"  # started again after a bounded backoff (exporter, console)
+OPTIONAL = "optional"  # reported once and left down (Prometheus: the console falls back)
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+STABLE_AFTER_S = 60.0  # a child that ran this long restarts without delay again
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = HOST) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def choose_port(requested: int, host: str = HOST) -> tuple[int, str | None]:
+    """``requested`` if it can be bound, else a free port; 0 asks for a free port. Returns (port, note)."""
+    if requested == 0:
+        return free_port(host), None
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers themselves bind
+        try:
+            s.bind((host, requested))
+        except OSError:
+            port = free_port(host)
+            return port, f"port {requested} is in use; using {port}"
+    return requested, None
+
+
+def next_backoff(previous_s: float | None, ran_s: float) -> float:
+    """Delay before the next restart: doubling from BACKOFF_FIRST_S up to BACKOFF_MAX_S, reset after a stable run."""
+    if previous_s is None or ran_s >= STABLE_AFTER_S:
+        return BACKOFF_FIRST_S
+    return min(BACKOFF_MAX_S, previous_s * 2)
 
 
 def exporter_config(manifest: Path, topology: Path | None, scrape_interval: float) -> dict:
@@ -60,8 +95,24 @@ def prometheus_config(exporter_address: str, rules: Path, interval_s: int = 5) -
     }
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
-    """Poll ``url`` until it answers 2xx; give up early when ``proc`` has exited."""
+def find_prometheus(flag: str | None) -> tuple[str | None, str]:
+    """The Prometheus binary to run (flag, then $PREFIXSCOPE_PROMETHEUS, then PATH) and why not, if none."""
+    wanted = flag or os.environ.get(PROMETHEUS_ENV)
+    if wanted:
+        found = shutil.which(wanted)
+        if found is None:
+            return None, f"Prometheus: {wanted} is not an executable"
+        return found, ""
+    found = shutil.which("prometheus")
+    if found is None:
+        return None, ("Prometheus: not installed (install it with: apt-get install prometheus, as root; "
+                      "then run the demo again)")
+    return found, ""
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
+              stop: threading.Event | None = None) -> bool:
+    """Poll ``url`` until it answers 2xx; give up early when ``proc`` has exited or ``stop`` is set."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -72,40 +123,95 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
                     return True
         except OSError:
             pass
-        time.sleep(0.25)
+        if stop is not None and stop.wait(0.25):
+            return False
+        if stop is None:
+            time.sleep(0.25)
     return False
 
 
 @dataclass
+class Child:
+    name: str
+    cmd: list[str]
+    policy: str
+    proc: subprocess.Popen
+    started_at: float
+    backoff_s: float | None = None
+    restart_at: float | None = None  # set while a restart is pending
+    reported: bool = False  # the exit was seen (and its process group cleaned up)
+
+
+@dataclass
 class Supervisor:
-    """Starts child processes in their own process groups and stops all of them."""
+    """Starts children in their own process groups, restarts or reports them, and stops all of them."""
 
     logs: Path
-    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    say: Callable[[str], None] = print
+    clock: Callable[[], float] = time.monotonic
+    children: dict[str, Child] = field(default_factory=dict)
 
-    def start(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 — owned by the child for its lifetime
-        proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, cwd=ROOT)
-        self.procs.append((name, proc))
+    def _spawn(self, name: str, cmd: Sequence[str]) -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", "ab") as log:  # the child keeps its own copy of the fd
+            return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=ROOT)
+
+    def start(self, name: str, cmd: Sequence[str], policy: str = RESTART) -> subprocess.Popen:
+        proc = self._spawn(name, cmd)
+        self.children[name] = Child(name, list(cmd), policy, proc, self.clock())
         return proc
 
-    def dead(self) -> list[str]:
-        return [name for name, p in self.procs if p.poll() is not None]
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.proc.pid for c in self.children.values() if c.proc.poll() is None}
+
+    def check(self) -> str | None:
+        """One supervision round; returns the name of an ESSENTIAL child that exited, else None."""
+        now = self.clock()
+        for c in self.children.values():
+            code = c.proc.poll()
+            if code is None:
+                continue
+            if not c.reported:
+                c.reported = True
+                _kill_group(c.proc.pid, signal.SIGKILL)  # whatever the exited leader left behind
+                if c.policy == OPTIONAL:
+                    self.say(f"{c.name} stopped (exit code {code}); the console falls back to the exporter alone")
+            if c.policy == ESSENTIAL:
+                return c.name
+            if c.policy == OPTIONAL:
+                continue
+            if c.restart_at is None:
+                c.backoff_s = next_backoff(c.backoff_s, now - c.started_at)
+                c.restart_at = now + c.backoff_s
+                self.say(f"{c.name} exited (exit code {code}); starting it again in {c.backoff_s:g} s")
+            elif now >= c.restart_at:
+                c.proc = self._spawn(c.name, c.cmd)
+                c.started_at, c.restart_at, c.reported = now, None, False
+                self.say(f"{c.name} started again (pid {c.proc.pid})")
+        return None
+
+    def exit_code(self, name: str) -> int | None:
+        return self.children[name].proc.poll()
 
     def stop(self, grace_s: float = 5.0) -> None:
-        for _, p in reversed(self.procs):
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)
+        """SIGTERM every running child's process group (newest first), SIGKILL what outlives the grace period."""
+        # Only groups whose leader we have not reaped yet: a reaped pid may belong to someone else by now.
+        procs = [c.proc for c in reversed(list(self.children.values())) if c.proc.poll() is None]
+        for p in procs:
+            _kill_group(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for _, p in self.procs:
+        for p in procs:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
+                _kill_group(p.pid, signal.SIGKILL)
                 p.wait()
+            _kill_group(p.pid, signal.SIGKILL)  # anything the leader left behind in its group
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _prefixscope(*args: str) -> list[str]:
@@ -116,17 +222,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="prefixscope demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default=None,
-                   help="run one fault scenario (see 'prefixscope sim --list-scenarios'); default: the storyline")
+                   help="run one fault scenario, repeated (see 'prefixscope sim --list-scenarios'); default: the storyline")
     p.add_argument("--workers", type=int, default=None, help="override the number of simulated workers")
-    p.add_argument("--exporter-port", type=int, default=9400)
+    p.add_argument("--exporter-port", type=int, default=9400, help="0 picks a free port; a busy port is replaced by a free one")
     p.add_argument("--prometheus-port", type=int, default=9090)
     p.add_argument("--console-port", type=int, default=8501)
     p.add_argument("--run-dir", type=Path, default=ROOT / ".demo",
                    help="where configs, logs and Prometheus data go (default %(default)s)")
+    p.add_argument("--prometheus-bin", default=None,
+                   help=f"the Prometheus binary (default ${PROMETHEUS_ENV}, else 'prometheus' on PATH)")
     p.add_argument("--no-prometheus", action="store_true", help="run on the exporter alone")
     p.add_argument("--no-console", action="store_true")
+    p.add_argument("--kill-worker-after", type=float, default=None, metavar="SECONDS",
+                   help="kill the first worker this long after the demo is up (it restarts when the scenario ends)")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: run until Ctrl-C)")
     return p.parse_args(argv)
+
+
+def post(url: str, timeout_s: float = 15.0) -> str:
+    """POST without a body; the answer's text, or the error."""
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.read().decode(errors="replace")
+    except OSError as exc:
+        return str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,97 +255,133 @@ def main(argv: list[str] | None = None) -> int:
     if run.exists():
         shutil.rmtree(run)
     (run / "logs").mkdir(parents=True)
-    sup = Supervisor(run / "logs")
-    stopping = False
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    sup = Supervisor(run / "logs", say=say)
+    stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        stop.set()
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-
-    host = "127.0.0.1"
-    exporter_addr = f"{host}:{args.exporter_port}"
-    exporter_url = f"http://{exporter_addr}"
-    manifest = run / "fleet.json"
     try:
-        # 1. the fleet (real time) with the reference router, posting records to the exporter
-        sim_cmd = _prefixscope("sim", "--manifest", str(manifest),
-                               "--records-url", f"{exporter_url}/api/v1/records")
-        sim_cmd += ["--scenario", args.scenario] if args.scenario else ["--storyline"]
-        if args.workers:
-            sim_cmd += ["--workers", str(args.workers)]
-        sim = sup.start("sim", sim_cmd)
-        deadline = time.monotonic() + 60
-        while not manifest.exists():
-            if sim.poll() is not None or time.monotonic() > deadline:
-                print(f"the simulated fleet did not start; see {run / 'logs' / 'sim.log'}", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        # The manifest is written atomically once every worker serves: endpoints + topology.
-        data = json.loads(manifest.read_text())
-        topology = data.get("topology")
-
-        # 2. the exporter
-        cfg_path = run / "exporter.yaml"
-        cfg_path.write_text(yaml.safe_dump(exporter_config(manifest, Path(topology) if topology else None, 5.0)))
-        exp = sup.start("exporter", _prefixscope("export", "--config.file", str(cfg_path),
-                                                 "--web.listen-address", exporter_addr))
-        if not wait_http(f"{exporter_url}/healthz", 30, exp):
-            print(f"the exporter did not start; see {run / 'logs' / 'exporter.log'}", file=sys.stderr)
-            return 1
-
-        # 3. Prometheus with the generated rules, when it is installed
-        prom_url = None
-        prometheus = shutil.which("prometheus")
-        if args.no_prometheus:
-            print("Prometheus: off (--no-prometheus); the console runs on the exporter alone")
-        elif prometheus is None:
-            print("Prometheus: not installed — the console runs on the exporter alone. "
-                  "Install it with: apt-get install prometheus (as root), then run the demo again.")
-        else:
-            prom_cfg = run / "prometheus.yml"
-            prom_cfg.write_text(yaml.safe_dump(prometheus_config(exporter_addr, RULES)))
-            prom = sup.start("prometheus", [prometheus, f"--config.file={prom_cfg}",
-                                            f"--storage.tsdb.path={run / 'prometheus-data'}",
-                                            f"--web.listen-address={host}:{args.prometheus_port}",
-                                            "--storage.tsdb.retention.time=6h", "--web.enable-lifecycle"])
-            prom_url = f"http://{host}:{args.prometheus_port}"
-            if not wait_http(f"{prom_url}/-/ready", 30, prom):
-                print(f"Prometheus did not start; see {run / 'logs' / 'prometheus.log'}", file=sys.stderr)
-                return 1
-
-        # 4. the console
-        console_url = None
-        if not args.no_console:
-            cmd = _prefixscope("console", "--exporter-url", exporter_url, "--port", str(args.console_port))
-            if prom_url:
-                cmd += ["--prometheus-url", prom_url]
-            con = sup.start("console", cmd)
-            console_url = f"http://{host}:{args.console_port}/"
-            if not wait_http(f"http://{host}:{args.console_port}/_stcore/health", 60, con):
-                print(f"the console did not start; see {run / 'logs' / 'console.log'}", file=sys.stderr)
-                return 1
-
-        print("\nprefixscope demo is running:")
-        print(f"  console      {console_url or '(off)'}")
-        print(f"  exporter     {exporter_url}/  (metrics: {exporter_url}/metrics)")
-        print(f"  prometheus   {prom_url or '(not running)'}")
-        print(f"  fleet        {len(data['workers'])} simulated workers (manifest {manifest})")
-        print(f"  logs         {run / 'logs'}")
-        print("Press Ctrl-C to stop.\n", flush=True)
-
-        started = time.monotonic()
-        while not stopping:
-            dead = sup.dead()
-            if dead:
-                print(f"stopped: {', '.join(dead)} exited; see {run / 'logs'}", file=sys.stderr)
-                return 1
-            if args.duration is not None and time.monotonic() - started >= args.duration:
-                break
-            time.sleep(0.5)
-        return 0
+        return _run(args, run, sup, stop, say)
     finally:
         sup.stop()
-        print("prefixscope demo stopped; every process it started has exited.", flush=True)
+        say("prefixscope demo stopped; every process it started has exited.")
+
+
+def _port(requested: int, what: str, say: Callable[[str], None]) -> int:
+    port, note = choose_port(requested)
+    if note:
+        say(f"{what}: {note}")
+    return port
+
+
+def _launch(sup: Supervisor, name: str, cmd: Sequence[str], policy: str, ready_url: str, timeout_s: float,
+            stop: threading.Event, say: Callable[[str], None]) -> int | None:
+    """Start a child and wait until ``ready_url`` answers: None when ready, else the demo's exit code."""
+    proc = sup.start(name, cmd, policy)
+    if wait_http(ready_url, timeout_s, proc, stop):
+        return None
+    if stop.is_set():
+        return 0
+    say(f"{name} did not start; see {sup.logs / (name + '.log')}")
+    return 1
+
+
+def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.Event,
+         say: Callable[[str], None]) -> int:
+    logs = run / "logs"
+    exporter_addr = f"{HOST}:{_port(args.exporter_port, 'exporter', say)}"
+    exporter_url = f"http://{exporter_addr}"
+    manifest = run / "fleet.json"
+
+    # 1. the fleet (real time) with the reference router, posting records to the exporter; it
+    # repeats its scenario(s) so the demo only ends when asked to
+    sim_cmd = _prefixscope("sim", "--manifest", str(manifest), "--repeat",
+                           "--records-url", f"{exporter_url}/api/v1/records")
+    sim_cmd += ["--scenario", args.scenario] if args.scenario else ["--storyline"]
+    if args.workers:
+        sim_cmd += ["--workers", str(args.workers)]
+    sim = sup.start("sim", sim_cmd, ESSENTIAL)
+    deadline = time.monotonic() + 60
+    while not manifest.exists():  # written atomically once every worker serves
+        if sim.poll() is not None or time.monotonic() > deadline:
+            say(f"the simulated fleet did not start; see {logs / 'sim.log'}")
+            return 1
+        if stop.wait(0.2):
+            return 0
+    data = json.loads(manifest.read_text())
+    topology = data.get("topology")
+    control = data.get("control")
+
+    # 2. the exporter: restarted if it exits; a new one replays every worker's KV events from seq 0
+    cfg_path = run / "exporter.yaml"
+    cfg_path.write_text(yaml.safe_dump(exporter_config(manifest, Path(topology) if topology else None, 5.0)))
+    exp_cmd = _prefixscope("export", "--config.file", str(cfg_path), "--web.listen-address", exporter_addr)
+    if (code := _launch(sup, "exporter", exp_cmd, RESTART, f"{exporter_url}/healthz", 30, stop, say)) is not None:
+        return code
+
+    # 3. Prometheus with the generated rules, when it is installed; if it stops, the console
+    # falls back to the exporter, so it is reported and left down
+    prom_url = None
+    prometheus, missing = find_prometheus(args.prometheus_bin)
+    if args.no_prometheus:
+        say("Prometheus: off (--no-prometheus); the console runs on the exporter alone")
+    elif prometheus is None:
+        say(f"{missing} — the console runs on the exporter alone.")
+    else:
+        prom_port = _port(args.prometheus_port, "Prometheus", say)
+        prom_cfg = run / "prometheus.yml"
+        prom_cfg.write_text(yaml.safe_dump(prometheus_config(exporter_addr, RULES)))
+        prom_cmd = [prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={run / 'prometheus-data'}",
+                    f"--web.listen-address={HOST}:{prom_port}", "--storage.tsdb.retention.time=6h",
+                    "--web.enable-lifecycle"]
+        prom_url = f"http://{HOST}:{prom_port}"
+        if (code := _launch(sup, "prometheus", prom_cmd, OPTIONAL, f"{prom_url}/-/ready", 30, stop, say)) is not None:
+            return code
+
+    # 4. the console
+    console_url = None
+    if not args.no_console:
+        console_port = _port(args.console_port, "console", say)
+        cmd = _prefixscope("console", "--exporter-url", exporter_url, "--port", str(console_port))
+        if prom_url:
+            cmd += ["--prometheus-url", prom_url]
+        console_url = f"http://{HOST}:{console_port}/"
+        if (code := _launch(sup, "console", cmd, RESTART, f"{console_url}_stcore/health", 60, stop, say)) is not None:
+            return code
+
+    first = data["workers"][0]["name"]
+    say("\nprefixscope demo is running:")
+    say(f"  console      {console_url or '(off)'}")
+    say(f"  exporter     {exporter_url}/  (metrics: {exporter_url}/metrics)")
+    say(f"  prometheus   {prom_url or '(not running)'}")
+    say(f"  fleet        {len(data['workers'])} simulated workers (manifest {manifest})")
+    if control:
+        say(f"  control      {control}/workers  (kill a worker: curl -X POST {control}/workers/{first}/kill)")
+    say(f"  logs         {logs}")
+    say(f"  pids         {' '.join(f'{n}={p}' for n, p in sup.pids().items())}")
+    say("Press Ctrl-C to stop.\n")
+
+    started = time.monotonic()
+    kill_at = None if args.kill_worker_after is None else started + args.kill_worker_after
+    while not stop.wait(0.25):
+        dead = sup.check()
+        if dead is not None:
+            say(f"the simulated fleet exited (exit code {sup.exit_code(dead)}); the demo stops. "
+                f"See {logs / (dead + '.log')}")
+            return 1
+        if kill_at is not None and time.monotonic() >= kill_at:
+            kill_at = None
+            if control:
+                say(f"killing worker {first}: {post(f'{control}/workers/{first}/kill')}")
+            else:
+                say("cannot kill a worker: the fleet has no control endpoint")
+        if args.duration is not None and time.monotonic() - started >= args.duration:
+            break
+    return 0

@@ -188,29 +188,32 @@ class Simulation:
         elif a.action == "add_worker":
             push(t, lambda: router.add_worker(w), f"{w}: joins the pool")
         elif a.action == "fail":
-            def fail() -> None:
-                self.engines[w].knobs.healthy = False
-                router.fail_worker(w)
-                if self.fleet is not None:
-                    self.fleet.kill(w)
-
-            def restart() -> None:
-                if self.fleet is not None:
-                    self.fleet.restart(w)  # a fresh process: new engine, empty cache, sequence 0
-                    self._adopt(w)
-                else:
-                    eng = self.engines[w]
-                    eng.reset_cache()  # a restarted engine comes back empty
-                    eng.knobs.healthy = True
-                router.restore_worker(w, restarted=True)
-                self._warm(w)
-            push(t, fail, f"{w}: fails")
+            push(t, lambda: self.fail_worker(w), f"{w}: fails")
             if a.restore_after:
-                push(t + a.restore_after, restart, f"{w}: restarted")
+                push(t + a.restore_after, lambda: self.restart_worker(w), f"{w}: restarted")
         elif a.action == "drain":
             push(t, lambda: router.drain_worker(w), f"{w}: drains")
             if a.restore_after:
                 push(t + a.restore_after, lambda: router.restore_worker(w, restarted=False), f"{w}: back in the pool")
+
+    def fail_worker(self, w: str) -> None:
+        """The worker dies: the router takes it out of the pool (its sessions migrate), the process goes."""
+        self.engines[w].knobs.healthy = False
+        self.router.fail_worker(w)
+        if self.fleet is not None:
+            self.fleet.kill(w)
+
+    def restart_worker(self, w: str) -> None:
+        """The worker comes back as a fresh process (empty cache, KV-event sequence 0) and rejoins."""
+        if self.fleet is not None:
+            self.fleet.restart(w)
+            self._adopt(w)
+        else:
+            eng = self.engines[w]
+            eng.reset_cache()  # a restarted engine comes back empty
+            eng.knobs.healthy = True
+        self.router.restore_worker(w, restarted=True)
+        self._warm(w)
 
     def _sample(self) -> None:
         t = self.clock.now() - self.start
