@@ -1,0 +1,382 @@
+"""``prefixscope demo`` end to end, plus its supervisor's rules on real child processes.
+
+The slow test runs the demo as a user does (a real subprocess: fleet, exporter, Prometheus,
+console on free ports), checks every part serves, then injects the faults one by one — a worker
+killed, Prometheus stopped, the exporter killed — and ends with SIGINT: exit 0, no process of
+the demo left, every port free.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import catalog
+from fleet.demo import (
+    BACKOFF_FIRST_S,
+    BACKOFF_MAX_S,
+    ESSENTIAL,
+    OPTIONAL,
+    PROMETHEUS_ENV,
+    RESTART,
+    STABLE_AFTER_S,
+    Supervisor,
+    choose_port,
+    find_prometheus,
+    next_backoff,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PROMETHEUS = "/usr/bin/prometheus"
+UP = f"{catalog.NAMESPACE}_up"
+RESIDENT = f"{catalog.NAMESPACE}_worker_resident_blocks"
+RECORDS = f"{catalog.NAMESPACE}_records_ingested"
+PROMPT_TOKENS = f"{catalog.NAMESPACE}_request_prompt_tokens"
+
+
+def wait_for(what: str, fn: Callable[[], object], timeout_s: float, every_s: float = 0.25) -> object:
+    """Poll ``fn`` until it returns something truthy (exceptions count as not yet); fail after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (OSError, requests.RequestException, ValueError, KeyError) as exc:
+            last = exc
+        time.sleep(every_s)
+    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")
+
+
+# ---- the supervisor's rules (fast) ----------------------------------------------------------
+def test_backoff_doubles_up_to_its_cap_and_resets_after_a_stable_run() -> None:
+    delays = []
+    d = None
+    for _ in range(8):
+        d = next_backoff(d, ran_s=0.5)
+        delays.append(d)
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert (BACKOFF_FIRST_S, BACKOFF_MAX_S) == (1.0, 30.0)
+    assert next_backoff(30.0, ran_s=STABLE_AFTER_S) == BACKOFF_FIRST_S
+
+
+def test_a_busy_port_is_replaced_by_a_free_one() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        port, note = choose_port(taken)
+        assert port != taken and note == f"port {taken} is in use; using {port}"
+    free, note = choose_port(0)
+    assert free > 0 and note is None
+
+
+def test_prometheus_binary_from_flag_env_or_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    missing = str(tmp_path / "prometheus")
+    assert find_prometheus(missing) == (None, f"Prometheus: {missing} is not an executable")
+    monkeypatch.setenv(PROMETHEUS_ENV, missing)
+    assert find_prometheus(None) == (None, f"Prometheus: {missing} is not an executable")
+    monkeypatch.setenv(PROMETHEUS_ENV, sys.executable)  # any executable stands in for the path lookup
+    assert find_prometheus(None) == (sys.executable, "")
+    monkeypatch.delenv(PROMETHEUS_ENV)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    binary, why = find_prometheus(None)
+    assert binary is None and why.startswith("Prometheus: not installed")
+
+
+@dataclass
+class FakeClock:
+    t: float = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class Said:
+    lines: list[str] = field(default_factory=list)
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _exit_soon(code: int) -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.exit({code})"]
+
+
+def test_supervisor_restarts_reports_and_ends_on_the_essential_child(tmp_path: Path) -> None:
+    clock, said = FakeClock(), Said()
+    sup = Supervisor(tmp_path, say=said, clock=clock)
+    try:
+        exp = sup.start("exporter", _exit_soon(3), RESTART)
+        prom = sup.start("prometheus", _exit_soon(0), OPTIONAL)
+        exp.wait(10)
+        prom.wait(10)
+        assert sup.check() is None
+        assert said.lines == ["exporter exited (exit code 3); starting it again in 1 s",
+                              "prometheus stopped (exit code 0); the console falls back to the exporter alone"]
+        assert sup.check() is None and len(said.lines) == 2  # reported once, restart not due yet
+        clock.t = 1.0
+        assert sup.check() is None
+        again = sup.children["exporter"].proc
+        assert again is not exp and said.lines[-1] == f"exporter started again (pid {again.pid})"
+        again.wait(10)
+        clock.t = 1.5  # it ran half a second: the next delay doubles
+        sup.check()
+        assert said.lines[-1] == "exporter exited (exit code 3); starting it again in 2 s"
+        fleet = sup.start("sim", _exit_soon(1), ESSENTIAL)
+        fleet.wait(10)
+        assert sup.check() == "sim" and sup.exit_code("sim") == 1
+    finally:
+        sup.stop(grace_s=2)
+
+
+def test_stop_ends_each_child_with_its_whole_process_group(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path, say=Said())
+    # The child starts a grandchild that would outlive it, and ignores SIGTERM itself.
+    script = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print(p.pid, flush=True); time.sleep(60)")
+    proc = sup.start("stubborn", [sys.executable, "-c", script], RESTART)
+    log = tmp_path / "stubborn.log"
+    grandchild = int(wait_for("the grandchild's pid", lambda: log.read_text().strip(), 10))
+    started = time.monotonic()
+    sup.stop(grace_s=1.0)
+    assert time.monotonic() - started < 5
+    assert proc.poll() is not None
+    # SIGKILLed members may linger as zombies until init reaps them; none may still run.
+    wait_for("the grandchild to be gone", lambda: not _alive(grandchild), 5)
+    assert _sessions_of({proc.pid}) == []
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# ---- the demo as a user runs it (slow) --------------------------------------------------------
+class Demo:
+    """``prefixscope demo`` as a subprocess; its output is collected line by line."""
+
+    def __init__(self, run_dir: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.run_dir = run_dir
+        args = [*args, "--run-dir", str(run_dir)]
+        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", "demo", *args], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_line(self, pattern: str, timeout_s: float) -> re.Match:
+        def found() -> re.Match | None:
+            assert self.proc.poll() is None or self.lines, "the demo exited"
+            return re.search(pattern, self.text, re.M)
+        return wait_for(f"{pattern!r} in the demo's output:\n{self.text}", found, timeout_s)  # type: ignore[return-value]
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample of metric family ``name`` on the exporter's /metrics, by sorted labels."""
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name or (fam.name == name and s.name == f"{name}_total"):
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def resident(url: str, worker: str) -> float | None:
+    return samples(url, RESIDENT).get((("worker", worker),))
+
+
+def up_of(url: str, worker: str) -> float | None:
+    return samples(url, UP).get((("kind", "worker"), ("target", worker)))
+
+
+def _sessions_of(pids: set[int]) -> list[int]:
+    """Processes still running in the sessions (process groups) the demo's children led."""
+    left = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) in pids and _alive(int(entry)):
+                    left.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return left
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    d = Demo(tmp_path / "run", ["--scenario", "healthy", "--workers", "3", "--exporter-port", "0",
+                                "--prometheus-port", "0", "--console-port", "0"])
+    try:
+        yield d
+    finally:
+        d.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_demo_serves_survives_faults_and_stops_clean(demo: Demo) -> None:
+    demo.wait_line(r"^Press Ctrl-C to stop\.", 90)
+    out = demo.text
+    exporter = re.search(r"^  exporter +(http://\S+?)/ ", out, re.M).group(1)
+    console = re.search(r"^  console +(http://\S+?)/$", out, re.M).group(1)
+    prom_line = re.search(r"^  prometheus +(\S+)", out, re.M).group(1)
+    control = re.search(r"^  control +(http://\S+?)/workers", out, re.M).group(1)
+    pids = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", re.search(r"^  pids +(.*)$", out, re.M).group(1))}
+    workers = [w["name"] for w in requests.get(f"{control}/workers", timeout=5).json()["workers"]]
+    assert len(workers) == 3
+    ports = {int(u.rsplit(":", 1)[1]) for u in (exporter, console, control)}
+    ports |= {int(w["url"].rsplit(":", 1)[1]) for w in requests.get(f"{control}/workers", timeout=5).json()["workers"]}
+
+    # every part serves: workers scraped, records flowing, the chain evaluated
+    wait_for("every worker up", lambda: all(up_of(exporter, w) == 1 for w in workers), 30)
+    wait_for("resident blocks from KV events", lambda: all((resident(exporter, w) or 0) > 0 for w in workers), 30)
+    wait_for("records ingested over HTTP", lambda: samples(exporter, RECORDS).get((("transport", "http"),), 0) > 0, 45)
+    assert sum(samples(exporter, PROMPT_TOKENS).values()) > 0
+    groups = requests.get(f"{exporter}/api/v1/groups", timeout=10).json()["data"]
+    assert "verdict" in groups
+    assert [s["step"] for s in groups["steps"]] == [s.number for s in catalog.STEPS]
+    assert any(s["status"] != "not_instrumented" for s in groups["steps"] if s["step"] in (0, 1, 2))
+    assert groups["signals"]["records"] and groups["signals"]["kv_events"]
+    assert requests.get(f"{console}/_stcore/health", timeout=10).status_code == 200
+
+    prom = prom_line if os.access(PROMETHEUS, os.X_OK) else None
+    if prom is not None:
+        ports.add(int(prom.rsplit(":", 1)[1]))
+
+        def rules_ok() -> bool:
+            data = requests.get(f"{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
+            rules = [r for g in data for r in g["rules"]]
+            names = {r["name"] for r in rules if r["type"] == "recording"}
+            return (names >= {r.record for r in catalog.RECORDING_RULES}
+                    and all(r["health"] == "ok" for r in rules)
+                    and all(r.get("lastEvaluation", "").startswith("20") for r in rules))
+        wait_for("Prometheus's rules loaded and evaluated healthy", rules_ok, 30)
+        query = f"{prom}/api/v1/query"
+        wait_for("Prometheus scraping the exporter", lambda: [
+            s["value"][1] for s in requests.get(query, params={"query": 'up{job="prefixscope"}'}, timeout=5)
+            .json()["data"]["result"]] == ["1"], 30)
+        ratio = "worker:prefixscope_worker_resident_blocks_per_capacity:ratio"
+        assert ratio in {r.record for r in catalog.RECORDING_RULES}
+        wait_for("a recording rule with values", lambda: len(
+            requests.get(query, params={"query": ratio}, timeout=5).json()["data"]["result"]) == 3, 30)
+    else:
+        assert prom_line == "(not running)"
+
+    # a worker killed mid-run: its target goes down, the demo carries on
+    victim = workers[0]
+    r = requests.post(f"{control}/workers/{victim}/kill", timeout=20)
+    assert r.status_code == 200, r.text
+    wait_for(f"{UP} of {victim} to drop to 0", lambda: up_of(exporter, victim) == 0, 20)
+    assert demo.running()
+
+    # Prometheus stopped: announced, the demo carries on, the console falls back to the exporter
+    if prom is not None:
+        os.kill(pids["prometheus"], signal.SIGTERM)
+        demo.wait_line(r"^prometheus stopped \(exit code \d+\); the console falls back", 20)
+        assert demo.running()
+        _console_falls_back(exporter, prom)
+
+    # the exporter killed: started again, and the new one knows the workers' caches from replay
+    before = {w: resident(exporter, w) for w in workers[1:]}
+    os.kill(pids["exporter"], signal.SIGKILL)
+    demo.wait_line(r"^exporter exited \(exit code -9\); starting it again in 1 s", 10)
+    restarted = int(demo.wait_line(r"^exporter started again \(pid (\d+)\)", 15).group(1))
+    # Right after its start, before live traffic could rebuild much: the startup replay from seq 0
+    # brings back (about) what the old exporter knew; live traffic alone adds a few blocks a second.
+    wait_for("resident blocks again, from replay", lambda: all(
+        (resident(exporter, w) or 0) >= 0.5 * (before[w] or 0) > 0 for w in workers[1:]), 20)
+    log = demo.run_dir / "logs" / "exporter.log"
+    # once per exporter (the first one and the restarted one); the dead worker's replay times out first
+    wait_for("the restarted exporter's replay from seq 0", lambda: all(
+        len(re.findall(rf"worker {w}: rebuilt from its replay at start", log.read_text())) == 2
+        for w in workers[1:]), 15)
+    wait_for(f"{UP} of the surviving workers", lambda: all(up_of(exporter, w) == 1 for w in workers[1:]), 20)
+    assert up_of(exporter, victim) == 0
+    assert demo.running()
+
+    # Ctrl-C: exit 0 within seconds, nothing left behind
+    demo.proc.send_signal(signal.SIGINT)
+    assert demo.proc.wait(15) == 0
+    demo._reader.join(5)
+    assert demo.lines[-1] == "prefixscope demo stopped; every process it started has exited."
+    leaders = set(pids.values()) | {restarted}
+    assert _sessions_of(leaders | {demo.proc.pid}) == []
+    assert all(not _alive(p) for p in leaders)
+    busy = [p for p in ports if not _port_free(p)]
+    assert busy == []
+
+
+def _console_falls_back(exporter: str, prom: str) -> None:
+    """The console's diagnosis page, as Streamlit renders it, against the demo's live sources."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from console.settings import EXPORTER_ENV
+    from console.settings import PROMETHEUS_ENV as CONSOLE_PROMETHEUS_ENV
+
+    app = REPO / "console" / "streamlit_app.py"
+    saved = {k: os.environ.get(k) for k in (EXPORTER_ENV, CONSOLE_PROMETHEUS_ENV)}
+    os.environ[EXPORTER_ENV], os.environ[CONSOLE_PROMETHEUS_ENV] = exporter, prom
+    st.cache_data.clear()
+    try:
+        at = AppTest.from_file(str(app), default_timeout=60).run()
+        assert not at.exception, at.exception
+        assert any(f"Prometheus at {prom} is unavailable" in w.value for w in at.warning), \
+            [w.value for w in at.warning]
+    finally:
+        st.cache_data.clear()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
