@@ -8,6 +8,8 @@ the demo left, every port free.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -204,10 +206,23 @@ class Demo:
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def pids(self) -> dict[str, int]:
+        """The children the demo announced (the ``pids`` line; restarts update them)."""
+        m = re.search(r"^  pids +(.*)$", self.text, re.M)
+        pids = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))} if m else {}
+        for name, pid in re.findall(r"^(\w+) started again \(pid (\d+)\)", self.text, re.M):
+            pids[name] = int(pid)
+        return pids
+
     def kill(self) -> None:
+        """Cleanup after a failed test: the demo and every child group it announced."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        for pid in self.pids().values():
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -271,7 +286,7 @@ def test_the_demo_serves_survives_faults_and_stops_clean(demo: Demo) -> None:
     console = re.search(r"^  console +(http://\S+?)/$", out, re.M).group(1)
     prom_line = re.search(r"^  prometheus +(\S+)", out, re.M).group(1)
     control = re.search(r"^  control +(http://\S+?)/workers", out, re.M).group(1)
-    pids = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", re.search(r"^  pids +(.*)$", out, re.M).group(1))}
+    pids = demo.pids()
     workers = [w["name"] for w in requests.get(f"{control}/workers", timeout=5).json()["workers"]]
     assert len(workers) == 3
     ports = {int(u.rsplit(":", 1)[1]) for u in (exporter, console, control)}
@@ -380,3 +395,33 @@ def _console_falls_back(exporter: str, prom: str) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_without_prometheus_it_runs_on_the_exporter_and_ends_when_the_fleet_dies(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-prometheus"
+    env = dict(os.environ, **{PROMETHEUS_ENV: str(missing)})
+    demo = Demo(tmp_path / "run", ["--scenario", "healthy", "--workers", "2", "--exporter-port", "0",
+                                   "--no-console"], env=env)
+    try:
+        demo.wait_line(r"^Press Ctrl-C to stop\.", 60)
+        out = demo.text
+        assert f"Prometheus: {missing} is not an executable — the console runs on the exporter alone." in out
+        assert re.search(r"^  prometheus +\(not running\)$", out, re.M)
+        exporter = re.search(r"^  exporter +(http://\S+?)/ ", out, re.M).group(1)
+        pids = demo.pids()
+        assert set(pids) == {"sim", "exporter"}
+        workers = [w["name"] for w in json.loads((demo.run_dir / "fleet.json").read_text())["workers"]]
+        wait_for("both workers up", lambda: [up_of(exporter, w) for w in workers] == [1, 1], 30)
+
+        # the fleet is what the demo shows: when it dies, the demo says so and stops everything
+        os.kill(pids["sim"], signal.SIGKILL)
+        assert demo.proc.wait(20) == 1
+        demo._reader.join(5)
+        assert "the simulated fleet exited (exit code -9); the demo stops." in demo.text
+        assert demo.lines[-1] == "prefixscope demo stopped; every process it started has exited."
+        assert _sessions_of(set(pids.values()) | {demo.proc.pid}) == []
+        assert _port_free(int(exporter.rsplit(":", 1)[1]))
+    finally:
+        demo.kill()
