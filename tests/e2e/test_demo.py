@@ -425,3 +425,22 @@ def test_without_prometheus_it_runs_on_the_exporter_and_ends_when_the_fleet_dies
         assert _port_free(int(exporter.rsplit(":", 1)[1]))
     finally:
         demo.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_sigterm_stops_it_like_ctrl_c(tmp_path: Path) -> None:
+    demo = Demo(tmp_path / "run", ["--scenario", "healthy", "--workers", "2", "--exporter-port", "0",
+                                   "--no-prometheus", "--no-console"])
+    try:
+        demo.wait_line(r"^Press Ctrl-C to stop\.", 60)
+        assert "Prometheus: off (--no-prometheus); the console runs on the exporter alone" in demo.text
+        pids = demo.pids()
+        workers = json.loads((demo.run_dir / "fleet.json").read_text())["workers"]
+        ports = [int(w["url"].rsplit(":", 1)[1]) for w in workers]
+        demo.proc.send_signal(signal.SIGTERM)
+        assert demo.proc.wait(15) == 0
+        assert _sessions_of(set(pids.values()) | {demo.proc.pid}) == []
+        assert all(_port_free(p) for p in ports)
+    finally:
+        demo.kill()
