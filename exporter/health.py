@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Iterable
 
 from exporter.catalog import METRICS_BY_NAME
 
@@ -26,27 +27,64 @@ class Health:
         self.counters: dict[str, dict[LabelValues, float]] = defaultdict(dict)
         self.gauges: dict[str, dict[LabelValues, float]] = defaultdict(dict)
         self._logged: set[tuple[str, str]] = set()
+        self._checked: set[tuple[str, int]] = set()  # (metric, label count) pairs already validated
+        self._totals: dict[str, float] = {}  # counter -> sum over its label sets (read per KV batch)
+        self._gauge_writes: dict[str, int] = {}  # gauge -> sets and removes so far (a change marker)
 
-    @staticmethod
-    def _check(metric: str, labels: LabelValues) -> None:
+    def _check(self, metric: str, labels: LabelValues) -> None:
+        key = (metric, len(labels))
+        if key in self._checked:
+            return
         m = METRICS_BY_NAME.get(metric)
         if m is None or len(m.labels) != len(labels):
             raise KeyError(f"{metric}{labels} is not a catalogue metric with these labels")
+        self._checked.add(key)
+
+    def _inc(self, metric: str, labels: LabelValues, n: float) -> None:  # caller holds the lock
+        series = self.counters[metric]
+        series[labels] = series.get(labels, 0.0) + n
+        self._totals[metric] = self._totals.get(metric, 0.0) + n
+
+    def _set(self, metric: str, labels: LabelValues, value: float) -> None:  # caller holds the lock
+        self.gauges[metric][labels] = value
+        self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+
+    def update(self, incs: Iterable[tuple[str, LabelValues, float]] = (),
+               sets: Iterable[tuple[str, LabelValues, float]] = ()) -> None:
+        """Several increments and gauge sets under one lock (per-batch accounting on hot paths)."""
+        incs, sets = list(incs), list(sets)
+        for metric, labels, _v in incs:
+            self._check(metric, labels)
+        for metric, labels, _v in sets:
+            self._check(metric, labels)
+        with self._lock:
+            for metric, labels, n in incs:
+                self._inc(metric, labels, n)
+            for metric, labels, value in sets:
+                self._set(metric, labels, value)
 
     def inc(self, metric: str, labels: LabelValues = (), n: float = 1.0) -> None:
         self._check(metric, labels)
         with self._lock:
-            series = self.counters[metric]
-            series[labels] = series.get(labels, 0.0) + n
+            self._inc(metric, labels, n)
 
     def set(self, metric: str, labels: LabelValues, value: float) -> None:
         self._check(metric, labels)
         with self._lock:
-            self.gauges[metric][labels] = value
+            self._set(metric, labels, value)
 
     def remove(self, metric: str, labels: LabelValues) -> None:
         with self._lock:
-            self.gauges.get(metric, {}).pop(labels, None)
+            if self.gauges.get(metric, {}).pop(labels, None) is not None:
+                self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+
+    def total(self, metric: str) -> float | None:
+        """Σ of a counter over its label sets; None while it has no series (nothing on /metrics)."""
+        return self._totals.get(metric) if self.counters.get(metric) else None
+
+    def gauge_writes(self, metric: str) -> int:
+        """How often a gauge was set or removed: unchanged means its values are unchanged."""
+        return self._gauge_writes.get(metric, 0)
 
     def error(self, source: str, kind: str, context: str, n: int = 1) -> None:
         """Count ``n`` rejected inputs; log the first of each (source, kind) with context."""

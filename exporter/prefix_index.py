@@ -12,9 +12,11 @@ that needs the caller's lock) and :func:`compute_stats` does the pass on it, wit
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, compress, groupby, repeat
+from operator import and_, attrgetter, eq, not_, or_
 
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
@@ -22,6 +24,9 @@ ROOT = -1  # parent of root-level blocks; block hashes are unsigned, so -1 never
 _EDGE_SHIFT = 32  # packed depth: radix edges in the high bits, blocks in the low 32
 _EDGE = 1 << _EDGE_SHIFT
 _BLOCK_MASK = _EDGE - 1
+_HASHES = attrgetter("hashes")
+_BULK = 8  # stored runs at least this long go through bulk dict updates; shorter ones are walked
+_consume = deque(maxlen=0).extend  # runs an iterator to its end at C speed (bulk deletes)
 
 
 @dataclass
@@ -33,6 +38,8 @@ class ApplyResult:
     cleared: int = 0
     unknown_parent: int = 0
     unknown_removals: int = 0
+    stored_events: int = 0
+    removed_events: int = 0
 
 
 @dataclass
@@ -134,45 +141,110 @@ class PrefixIndex:
 
     # ---- events --------------------------------------------------------------------------
     def apply(self, worker: str, events: Iterable[KvEvent]) -> ApplyResult:
-        """Apply one worker's events in order; malformed references are counted, never fatal."""
+        """Apply one worker's events in order; malformed references are counted, never fatal.
+
+        Consecutive events of one type form a group (``groupby``, C-level). A group of removals
+        (vLLM sends one event per evicted block) is applied as one batch of hashes and a long
+        stored run as bulk dict updates: the cost is the dict operations, about two per block.
+        """
         wid = self._worker_id(worker)
         bit = 1 << wid
         mask, parent = self._mask, self._parent
+        get = mask.get
         res = ApplyResult()
-        for ev in events:
-            if isinstance(ev, BlockStored):
-                prev = ROOT if ev.parent is None else ev.parent
-                if ev.parent is not None and not mask.get(ev.parent, 0) & bit:
-                    res.unknown_parent += 1
-                    if ev.parent not in mask:
-                        prev = ROOT  # kept as a root-level orphan run
-                added = 0
-                for h in ev.hashes:
-                    m = mask.get(h, 0)
-                    if not m & bit:
-                        mask[h] = m | bit
-                        added += 1
-                        if not m:
-                            parent[h] = prev
-                    prev = h
-                self._resident[wid] += added
-                res.stored += len(ev.hashes)
-            elif isinstance(ev, BlockRemoved):
-                removed = 0
-                for h in ev.hashes:
-                    m = mask.get(h, 0)
-                    if not m & bit:
-                        res.unknown_removals += 1
+        resident = 0
+        for kind, group in groupby(events, type):
+            if kind is BlockRemoved:
+                evs = list(group)
+                hashes = list(chain.from_iterable(map(_HASHES, evs)))
+                res.removed_events += len(evs)
+                res.removed += len(hashes)
+                resident -= self._remove(bit, hashes, res)
+            elif kind is BlockStored:
+                evs = list(group)
+                res.stored_events += len(evs)
+                res.stored += sum(map(len, map(_HASHES, evs)))
+                unknown = 0
+                for ev in evs:
+                    hs, p = ev.hashes, ev.parent
+                    prev = ROOT
+                    if p is not None:
+                        pm = get(p, 0)
+                        if not pm & bit:
+                            unknown += 1
+                        if pm:  # a parent nobody holds leaves the run a root-level orphan
+                            prev = p
+                    if len(hs) >= _BULK:
+                        resident += self._store_run(bit, hs, prev)
                         continue
-                    removed += 1
-                    self._drop(h, m & ~bit)
-                self._resident[wid] -= removed
-                res.removed += len(ev.hashes)
-            elif isinstance(ev, AllBlocksCleared):
-                self.clear_worker(worker)
-                res.cleared += 1
+                    for h in hs:
+                        m = get(h, 0)
+                        if not m & bit:
+                            mask[h] = m | bit
+                            resident += 1
+                            if not m:
+                                parent[h] = prev
+                        prev = h
+                res.unknown_parent += unknown
+            elif kind is AllBlocksCleared:
+                for _ev in group:
+                    self._resident[wid] += resident
+                    resident = 0
+                    self.clear_worker(worker)
+                    res.cleared += 1
+        self._resident[wid] += resident
         self.version += 1
         return res
+
+    def _store_run(self, bit: int, hs: tuple[int, ...], prev: int) -> int:
+        """A long stored run in bulk, with the ordered walk's result; returns the blocks new to the worker."""
+        mask, parent = self._mask, self._parent
+        n = len(hs)
+        before = len(mask)
+        if mask.keys().isdisjoint(hs):  # the usual case: every block is new to the tree
+            mask.update(zip(hs, repeat(bit), strict=False))
+            if len(mask) - before == n:
+                parent.update(zip(hs, chain((prev,), hs), strict=False))
+                return n
+            _consume(map(mask.pop, hs, repeat(None)))  # the chain names a block twice: undo, walk it
+        elif len(set(hs)) == n:
+            held = list(map(mask.get, hs, repeat(0)))
+            mask.update(zip(hs, map(or_, held, repeat(bit)), strict=True))
+            parent.update(compress(zip(hs, chain((prev,), hs), strict=False), map(not_, held)))  # only blocks new to the tree
+            return n - list(map(and_, held, repeat(bit))).count(bit)
+        added = 0
+        for h in hs:
+            m = mask.get(h, 0)
+            if not m & bit:
+                mask[h] = m | bit
+                added += 1
+                if not m:
+                    parent[h] = prev
+            prev = h
+        return added
+
+    def _remove(self, bit: int, hashes: list[int], res: ApplyResult) -> int:
+        """Removals for the worker of ``bit``, in bulk; returns the blocks it actually held.
+
+        Each hash is popped once (a hash named twice pops 0 the second time: unknown, as the
+        ordered walk counts it); blocks other workers still hold are put back without this bit.
+        """
+        mask, hits = self._mask, self._hits
+        n = len(hashes)
+        held = list(map(mask.pop, hashes, repeat(0)))
+        if held.count(bit) == n:  # the usual case: every block was held by this worker alone
+            gone: Iterable[int] = hashes
+            removed = n
+        else:
+            removed = list(map(and_, held, repeat(bit))).count(bit)
+            res.unknown_removals += n - removed
+            rest = list(map(and_, held, repeat(~bit)))
+            mask.update(compress(zip(hashes, rest, strict=True), rest))
+            gone = list(compress(hashes, map(eq, held, repeat(bit))))
+        _consume(map(self._parent.__delitem__, gone))
+        if hits:
+            _consume(map(hits.pop, gone, repeat(None)))
+        return removed
 
     def _drop(self, h: int, remaining: int) -> None:
         """Set a block's holder mask; with no holder left the block leaves the tree."""

@@ -18,9 +18,10 @@ events applied, unknown parents and removals, restarts, last batch time and lag)
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,8 @@ from typing import Any
 from exporter import __version__, catalog
 from exporter.health import Health
 from exporter.model import (
+    AllBlocksCleared,
+    BlockRemoved,
     BlockStored,
     KvBatch,
     RouterSnapshot,
@@ -76,6 +79,20 @@ SNAPSHOT_COUNTERS: dict[str, str] = {
     "spec_draft_tokens": f"{P}_spec_decode_draft_tokens",
     "spec_accepted_tokens": f"{P}_spec_decode_accepted_tokens",
 }
+
+
+# Series every KV batch updates (names from the catalogue, resolved once).
+_KV_BATCHES = f"{P}_kv_event_batches"
+_KV_APPLIED = f"{P}_kv_events_applied"
+_KV_UNKNOWN_PARENT = f"{P}_kv_event_unknown_parent"
+_KV_UNKNOWN_REMOVALS = f"{P}_kv_event_unknown_block_removals"
+_KV_MISSED = f"{P}_kv_event_missed_batches"
+_KV_LAST_TS = f"{P}_kv_event_last_timestamp_seconds"
+_KV_LAG = f"{P}_kv_event_lag_seconds"
+_WORKER_RESTARTS = f"{P}_worker_restarts"
+_INGEST_ERRORS = f"{P}_ingest_errors"
+_UP = f"{P}_up"
+_STORED, _REMOVED, _CLEARED = BlockStored.__name__, BlockRemoved.__name__, AllBlocksCleared.__name__  # event label
 
 
 def _m(name: str) -> catalog.Metric:
@@ -158,6 +175,9 @@ class ClusterState:
         self.hit_events: deque[tuple[float, tuple[int, ...], float, str | None]] = deque(maxlen=MAX_HISTORY_EVENTS)
         self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=MAX_HISTORY_EVENTS)
         self.pool: frozenset[str] = frozenset()
+        self._pool_stable_until = -math.inf  # input time until which no pool member can age out
+        self._pool_up_writes = -1  # Health's write count of the up gauges at the last pool update
+        self._kv_workers: set[str] = set()  # workers whose KV health series exist
         self.pool_epoch = 0
         self.pool_changes: deque[PoolChange] = deque(maxlen=100)
         self._reshuffle_counted: dict[str, int] = {}
@@ -265,10 +285,21 @@ class ClusterState:
                 n += 1
         return n
 
+    def _pool_unchanged(self, worker: str) -> bool:
+        """True when a KV batch from ``worker`` cannot change the pool (so ``_update_pool`` may be
+        skipped): it is in the pool, no member can have aged out yet, and no scrape target changed
+        its up state since the last full update (routers change the pool only via observe_router)."""
+        return (worker in self.pool and self.now <= self._pool_stable_until
+                and self.health.gauge_writes(_UP) == self._pool_up_writes)
+
     def _update_pool(self, ts: float) -> None:
+        self._pool_up_writes = self.health.gauge_writes(_UP)
         self._track_down_targets()
         down = self._explicitly_down()
         pool = frozenset(w for w in self.workers if self.is_healthy(w, down))
+        # Members only get fresher, so until then none of them can age out of the pool.
+        self._pool_stable_until = min((self.workers[w].last_seen for w in pool), default=-math.inf) \
+            + self.health_recency_s
         if pool == self.pool:
             return
         before, self.pool = self.pool, pool
@@ -280,9 +311,8 @@ class ClusterState:
 
     def _sample_health(self) -> None:
         """Keep (time, total) samples of the health counters the checks read as increase/rate."""
-        counters = self.health.counters
-        for name in (f"{P}_kv_event_missed_batches", f"{P}_ingest_errors"):
-            total = sum(dict(counters.get(name, {})).values())
+        for name in (_KV_MISSED, _INGEST_ERRORS):
+            total = self.health.total(name) or 0.0
             dq = self._health_samples.get(name)
             if dq is None:  # counting starts from 0, so the first error inside the window shows
                 dq = self._health_samples[name] = deque([(self.started_at or self.now, 0.0)])
@@ -294,35 +324,42 @@ class ClusterState:
     def health_increase(self, name: str) -> float | None:
         """Increase of a health counter over the window (None before any sample)."""
         dq = self._health_samples.get(name)
-        if not dq or not self.health.counters.get(name):
+        total = self.health.total(name)
+        if not dq or total is None:
             return None  # no series on /metrics either: Prometheus reads no data, so do we
-        total = sum(dict(self.health.counters.get(name, {})).values())
         return max(0.0, total - dq[0][1])  # dq[0] is the last sample at or before the window start
 
     # ---- StateSink ---------------------------------------------------------------------------
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        worker = batch.worker
         with self.lock:
             self._advance(received_at)
             self.kv_seen = True
-            w = self._worker(batch.worker, received_at)
-            res = self.index.apply(batch.worker, batch.events)
+            w = self._worker(worker, received_at)
+            res = self.index.apply(worker, batch.events)
             if not w.block_size:
                 w.block_size = next((ev.block_size for ev in batch.events
                                      if isinstance(ev, BlockStored) and ev.block_size), None)
-            self._update_pool(received_at)
+            if not self._pool_unchanged(worker):
+                self._update_pool(received_at)
             self._expire()
-        lab = (batch.worker,)
-        h = self.health
-        h.inc(f"{P}_kv_event_batches", lab)
-        # One C-level pass over the batch: Counter counts with a builtin helper.
-        for cls, n in Counter(map(type, batch.events)).items():
-            h.inc(f"{P}_kv_events_applied", (batch.worker, cls.__name__), n)
-        h.inc(f"{P}_kv_event_unknown_parent", lab, res.unknown_parent)
-        h.inc(f"{P}_kv_event_unknown_block_removals", lab, res.unknown_removals)
-        h.inc(f"{P}_worker_restarts", lab, 0)
-        h.inc(f"{P}_kv_event_missed_batches", lab, 0)  # a stream with no gap reads 0, not missing
-        h.set(f"{P}_kv_event_last_timestamp_seconds", lab, received_at)
-        h.set(f"{P}_kv_event_lag_seconds", lab, max(0.0, received_at - batch.ts))
+            first = worker not in self._kv_workers
+            self._kv_workers.add(worker)
+        lab = (worker,)
+        # The batch's whole health accounting in one Health call (one lock round trip).
+        incs = [(_KV_BATCHES, lab, 1.0)]
+        if first:  # these series exist from a worker's first batch: a stream with no gap reads 0, not missing
+            incs += [(_WORKER_RESTARTS, lab, 0), (_KV_MISSED, lab, 0), (_KV_UNKNOWN_PARENT, lab, 0),
+                     (_KV_UNKNOWN_REMOVALS, lab, 0)]
+        if res.unknown_parent:
+            incs.append((_KV_UNKNOWN_PARENT, lab, res.unknown_parent))
+        if res.unknown_removals:
+            incs.append((_KV_UNKNOWN_REMOVALS, lab, res.unknown_removals))
+        for name, n in ((_STORED, res.stored_events), (_REMOVED, res.removed_events), (_CLEARED, res.cleared)):
+            if n:
+                incs.append((_KV_APPLIED, (worker, name), n))
+        self.health.update(incs, [(_KV_LAST_TS, lab, received_at),
+                                  (_KV_LAG, lab, max(0.0, received_at - batch.ts))])
 
     def worker_restarted(self, worker: str) -> None:
         with self.lock:
