@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -121,3 +126,30 @@ def test_a_worker_killed_mid_run_is_a_hard_migration_not_a_crash():
         assert after and all(rec["worker"] != victim for rec in after)
         hard = [rec for rec in after if rec["migrated_from"] == victim]
         assert hard and {rec["migration_kind"] for rec in hard} == {"hard"}
+
+
+def test_a_fleet_serving_without_traffic_takes_commands_from_its_manifests_control_url(tmp_path: Path) -> None:
+    manifest = tmp_path / "fleet.json"
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "sim", "--no-traffic", "--workers", "2",
+                             "--manifest", str(manifest)], cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not manifest.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the fleet did not start"
+            time.sleep(0.1)
+        data = json.loads(manifest.read_text())
+        control, worker = data["control"], data["workers"][1]
+        assert control.startswith("http://127.0.0.1:")
+        r = requests.post(f"{control}/workers/{worker['name']}/kill", timeout=15)
+        assert r.status_code == 200 and r.json()["result"] == f"{worker['name']} killed"
+        with pytest.raises(requests.ConnectionError):
+            requests.get(worker["url"] + "/health", timeout=2)
+        assert requests.post(f"{control}/workers/{worker['name']}/restart", timeout=15).status_code == 200
+        assert requests.get(worker["url"] + "/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
