@@ -184,7 +184,7 @@ def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Sce
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    clock = ScaledClock(args.speed)
+    clock = StoppableClock(args.speed, stop)
     specs = [worker_spec(topology, w) for w in topology.workers]
     options = FleetOptions(flavour=args.metrics_flavour, encoding=args.event_encoding)
     with WorkerFleet(specs, clock=clock, options=options) as fleet:
@@ -195,8 +195,21 @@ def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Sce
             control.stop()
 
 
+class StoppableClock(ScaledClock):
+    """Real time whose waits end at once when the fleet is told to stop (a quiet workload may
+    otherwise sleep seconds until its next arrival before it sees Ctrl-C)."""
+
+    def __init__(self, speed: float, stop: threading.Event) -> None:
+        super().__init__(speed)
+        self._stop = stop
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._stop.wait(seconds / self.speed)
+
+
 def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink, fleet: WorkerFleet,
-           control: FleetControl, clock: ScaledClock, stop: threading.Event) -> int:
+           control: FleetControl, clock: StoppableClock, stop: threading.Event) -> int:
     for w in fleet:
         print(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", flush=True)
     print(f"control: {control.url}/workers (POST /workers/<name>/kill or /restart)", flush=True)

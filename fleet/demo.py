@@ -194,9 +194,15 @@ class Supervisor:
         return self.children[name].proc.poll()
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every running child's process group (newest first), SIGKILL what outlives the grace period."""
+        """Stop every running child: the fleet first, so its last records still reach the exporter,
+        then the others together; SIGTERM to each process group, SIGKILL what outlives ``grace_s``."""
         # Only groups whose leader we have not reaped yet: a reaped pid may belong to someone else by now.
-        procs = [c.proc for c in reversed(list(self.children.values())) if c.proc.poll() is None]
+        running = [c for c in reversed(list(self.children.values())) if c.proc.poll() is None]
+        self._stop_all([c.proc for c in running if c.policy == ESSENTIAL], grace_s)
+        self._stop_all([c.proc for c in running if c.policy != ESSENTIAL], grace_s)
+
+    @staticmethod
+    def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
         for p in procs:
             _kill_group(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s

@@ -360,8 +360,10 @@ def test_the_demo_serves_survives_faults_and_stops_clean(demo: Demo) -> None:
     assert demo.running()
 
     # Ctrl-C: exit 0 within seconds, nothing left behind
+    asked = time.monotonic()
     demo.proc.send_signal(signal.SIGINT)
     assert demo.proc.wait(15) == 0
+    assert time.monotonic() - asked < 5  # the fleet's last records reach the exporter, nobody waits out a grace period
     demo._reader.join(5)
     assert demo.lines[-1] == "prefixscope demo stopped; every process it started has exited."
     leaders = set(pids.values()) | {restarted}
@@ -438,8 +440,10 @@ def test_sigterm_stops_it_like_ctrl_c(tmp_path: Path) -> None:
         pids = demo.pids()
         workers = json.loads((demo.run_dir / "fleet.json").read_text())["workers"]
         ports = [int(w["url"].rsplit(":", 1)[1]) for w in workers]
+        asked = time.monotonic()
         demo.proc.send_signal(signal.SIGTERM)
         assert demo.proc.wait(15) == 0
+        assert time.monotonic() - asked < 5
         assert _sessions_of(set(pids.values()) | {demo.proc.pid}) == []
         assert all(_port_free(p) for p in ports)
     finally:
