@@ -17,7 +17,7 @@ from exporter import catalog
 from exporter.checks import evaluate
 from exporter.prefix_index import ROOT, TreeStats
 from exporter.server import BadRequest
-from exporter.state import NO_TREE, ClusterState, branch_label
+from exporter.state import NO_TREE, TREE_CHILDREN_DEPTH, ClusterState, branch_label
 from exporter.windows import bucket_counts, histogram_quantile
 
 P = catalog.NAMESPACE
@@ -87,12 +87,12 @@ def _hex(block: int) -> str:
 
 def tree(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
     query = query or {}
-    max_depth = _int(query, "depth", 4, 1, 16)
+    max_depth = _int(query, "depth", TREE_CHILDREN_DEPTH, 1, 16)  # the background pass covers the default
     limit = _int(query, "limit", 200, 1, 10_000)
     by = query.get("by", "hits")
     if by not in ("hits", "blocks"):
         raise ApiError(f"by: expected hits or blocks, got {by!r}")
-    stats = state.tree_stats_with_children(max_depth + 1)  # before the lock: it may copy under it
+    stats = state.tree_stats_with_children(max_depth)  # before the lock: it may copy under it
     return state.snapshot_for(lambda st: _tree(st, stats, max_depth, limit, by))
 
 
@@ -102,14 +102,7 @@ def _tree(st: ClusterState, latest: TreeStats | None, max_depth: int, limit: int
     kids = stats.children
     budget = [limit]
 
-    def run_of(first: int) -> list[int]:
-        """The blocks of one radix node: follow single children until a branch or a leaf."""
-        run = [first]
-        cur = first
-        while len(kids.get(cur, ())) == 1 and cur not in stats.branching:
-            cur = kids[cur][0]
-            run.append(cur)
-        return run
+    run_of = stats.run  # the blocks of one radix node, up to the next branch or leaf
 
     def node(first: int, depth_blocks: int, edge_depth: int) -> dict[str, Any]:
         run = run_of(first)
@@ -161,17 +154,11 @@ def hotspots(state: ClusterState, query: Mapping[str, str] | None = None) -> dic
 
 def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
     index = st.index
-    latest = st.tree_stats()  # its child lists cover the runs of hot branches (radix depth ≤ 2)
+    latest = st.tree_stats()  # its kept runs cover the hot branches (radix depth ≤ 2)
     stats = latest or NO_TREE
     hot = []
     for rank, (b, tok, sessions) in enumerate(st.hot_branches(k, stats), start=1):
-        run = 1
-        cur = b
-        kids = stats.children
-        while len(kids.get(cur, ())) == 1 and cur not in stats.branching:
-            cur = kids[cur][0]
-            run += 1
-        hot.append({"rank": rank, "branch": branch_label(b), "hit_tokens": tok, "blocks": run,
+        hot.append({"rank": rank, "branch": branch_label(b), "hit_tokens": tok, "blocks": len(stats.run(b)),
                     "workers": index.holders(b), "sessions": sessions})
     reps = stats.replicas
     total = sum(reps.values())

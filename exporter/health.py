@@ -13,6 +13,7 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
+from itertools import chain
 
 from exporter.catalog import METRICS_BY_NAME
 
@@ -53,15 +54,20 @@ class Health:
                sets: Iterable[tuple[str, LabelValues, float]] = ()) -> None:
         """Several increments and gauge sets under one lock (per-batch accounting on hot paths)."""
         incs, sets = list(incs), list(sets)
-        for metric, labels, _v in incs:
-            self._check(metric, labels)
-        for metric, labels, _v in sets:
-            self._check(metric, labels)
+        checked = self._checked
+        for metric, labels, _v in chain(incs, sets):
+            if (metric, len(labels)) not in checked:
+                self._check(metric, labels)
         with self._lock:
+            counters, totals = self.counters, self._totals
             for metric, labels, n in incs:
-                self._inc(metric, labels, n)
+                series = counters[metric]
+                series[labels] = series.get(labels, 0.0) + n
+                totals[metric] = totals.get(metric, 0.0) + n
+            gauges, writes = self.gauges, self._gauge_writes
             for metric, labels, value in sets:
-                self._set(metric, labels, value)
+                gauges[metric][labels] = value
+                writes[metric] = writes.get(metric, 0) + 1
 
     def inc(self, metric: str, labels: LabelValues = (), n: float = 1.0) -> None:
         self._check(metric, labels)

@@ -12,6 +12,7 @@ that needs the caller's lock) and :func:`compute_stats` does the pass on it, wit
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -55,8 +56,16 @@ class TreeStats:
     fanouts: list[int] = field(default_factory=list)  # children of each branching block (not the root)
     replicas: Counter[int] = field(default_factory=Counter)  # workers per block -> number of blocks
     branching: frozenset[int] = frozenset()  # blocks with two or more children
-    children: dict[int, list[int]] = field(default_factory=dict)  # only for the top of the tree
-    children_depth: int = 0  # ``children`` covers blocks within this many radix edges of the root
+    # The top of the tree (radix nodes within ``children_depth`` edges of the root), for the API:
+    # ROOT or a branching block -> first blocks of its child runs, and first block -> its run
+    # (the blocks up to the next branch or leaf; one-block runs are left out).
+    children: dict[int, list[int]] = field(default_factory=dict)
+    children_depth: int = 0
+    runs: dict[int, Sequence[int]] = field(default_factory=dict)
+
+    def run(self, first: int) -> Sequence[int]:
+        """The blocks of the radix node starting at ``first`` (just ``first`` outside the kept top)."""
+        return self.runs.get(first) or (first,)
 
 
 @dataclass(frozen=True)
@@ -175,8 +184,10 @@ class PrefixIndex:
                         if pm:  # a parent nobody holds leaves the run a root-level orphan
                             prev = p
                     if len(hs) >= _BULK:
-                        resident += self._store_run(bit, hs, prev)
-                        continue
+                        added = self._store_run(bit, hs, prev)
+                        if added >= 0:
+                            resident += added
+                            continue
                     for h in hs:
                         m = get(h, 0)
                         if not m & bit:
@@ -197,7 +208,8 @@ class PrefixIndex:
         return res
 
     def _store_run(self, bit: int, hs: tuple[int, ...], prev: int) -> int:
-        """A long stored run in bulk, with the ordered walk's result; returns the blocks new to the worker."""
+        """A long stored run in bulk, with the ordered walk's result: the blocks new to the worker,
+        or -1 (nothing changed) when the chain names a block twice and only the walk is exact."""
         mask, parent = self._mask, self._parent
         n = len(hs)
         before = len(mask)
@@ -206,22 +218,14 @@ class PrefixIndex:
             if len(mask) - before == n:
                 parent.update(zip(hs, chain((prev,), hs), strict=False))
                 return n
-            _consume(map(mask.pop, hs, repeat(None)))  # the chain names a block twice: undo, walk it
-        elif len(set(hs)) == n:
-            held = list(map(mask.get, hs, repeat(0)))
-            mask.update(zip(hs, map(or_, held, repeat(bit)), strict=True))
-            parent.update(compress(zip(hs, chain((prev,), hs), strict=False), map(not_, held)))  # only blocks new to the tree
-            return n - list(map(and_, held, repeat(bit))).count(bit)
-        added = 0
-        for h in hs:
-            m = mask.get(h, 0)
-            if not m & bit:
-                mask[h] = m | bit
-                added += 1
-                if not m:
-                    parent[h] = prev
-            prev = h
-        return added
+            _consume(map(mask.pop, hs, repeat(None)))  # a block named twice: undo
+            return -1
+        if len(set(hs)) != n:
+            return -1
+        held = list(map(mask.get, hs, repeat(0)))
+        mask.update(zip(hs, map(or_, held, repeat(bit)), strict=True))
+        parent.update(compress(zip(hs, chain((prev,), hs), strict=False), map(not_, held)))  # only blocks new to the tree
+        return n - list(map(and_, held, repeat(bit))).count(bit)
 
     def _remove(self, bit: int, hashes: list[int], res: ApplyResult) -> int:
         """Removals for the worker of ``bit``, in bulk; returns the blocks it actually held.
@@ -322,78 +326,105 @@ class PrefixIndex:
 
 
 def compute_stats(tree: TreeCopy, keep_children_depth: int = 0) -> TreeStats:
-    """Tree statistics in one pass, with the child lists of the top ``keep_children_depth`` edges.
+    """Tree statistics in one pass, with the runs and child lists of the top ``keep_children_depth`` edges.
 
-    Pure: reads only ``tree`` (a copy), so it runs without any lock while ingest goes on.
+    Pure: reads only ``tree`` (a copy), so it runs without any lock while ingest goes on. Nothing
+    per block is built beyond one Counter of parents: depths are walked run by run (see
+    :class:`_RunWalk`) and only the kept runs are stored, as 8-byte arrays.
     """
     parent = tree.parent
     nchildren: Counter[int] = Counter(parent.values())
     root_fanout = nchildren.get(ROOT, 0)
     branching = frozenset(h for h, n in nchildren.items() if n > 1 and h != ROOT)
-    depth = _depths(parent, branching)
-    # Leaves are the blocks nobody names as parent: one C-level set difference.
-    leaves = parent.keys() - nchildren.keys()
-    packed = [depth[h] for h in leaves]
-    leaf_depths = [d >> _EDGE_SHIFT for d in packed]
-    leaf_block_depths = [d & _BLOCK_MASK for d in packed]
     fanouts = [nchildren[h] for h in branching if h in parent]
-    replicas: Counter[int] = Counter(map(int.bit_count, tree.masks))
-    children: dict[int, list[int]] = {}
-    if keep_children_depth > 0:  # only the JSON tree and hotspots need them; /metrics does not
-        limit = (keep_children_depth + 1) << _EDGE_SHIFT
-        for h in [h for h, d in depth.items() if d < limit]:
-            p = parent[h]
-            children.setdefault(p if p in parent else ROOT, []).append(h)
     # Blocks whose parent left the tree start runs of their own at the root.
     gone = nchildren.keys() - parent.keys()
     gone.discard(ROOT)
     orphan_roots = sum(nchildren[p] for p in gone)
+    # Leaves are the blocks nobody names as parent: one C-level set difference.
+    leaves = parent.keys() - nchildren.keys()
+    del nchildren, gone  # the largest transient: free it before the walk
+    walk = _RunWalk(parent, branching, keep_children_depth)
+    packed = [walk.depth(h) for h in leaves]
+    for h in branching:  # runs ending in a branch are kept too (for the tree's top)
+        if h in parent:
+            walk.depth(h)
+    replicas: Counter[int] = Counter(map(int.bit_count, tree.masks))
     return TreeStats(
         version=tree.version,
         nodes=root_fanout + orphan_roots + sum(fanouts),
         blocks=len(tree.masks),
         root_fanout=root_fanout + orphan_roots,
-        leaf_depths=leaf_depths,
-        leaf_block_depths=leaf_block_depths,
+        leaf_depths=[d >> _EDGE_SHIFT for d in packed],
+        leaf_block_depths=[d & _BLOCK_MASK for d in packed],
         fanouts=fanouts,
         replicas=replicas,
         branching=branching,
-        children=children,
+        children=walk.children,
         children_depth=keep_children_depth,
+        runs=walk.runs,
     )
 
 
-def _depths(parent: dict[int, int], branching: frozenset[int]) -> dict[int, int]:
-    """Per block its depth packed as ``edges << 32 | blocks``: one int, no tuple per block.
+class _RunWalk:
+    """Depths run by run: from a run's end (a leaf or a branching block) up to its start.
 
-    A block starts a new radix edge when its parent is the root (or gone) or branches.
-    Parents usually precede children in insertion order, so one pass resolves almost all;
-    the few that do not are resolved by walking up first.
+    A run's start hangs off the root, a parent that left the tree, or a branching block; only
+    branching blocks' depths are remembered, so every block is visited once and nothing per
+    block is kept. Depths are packed as ``edges << 32 | blocks``. Runs within ``keep`` edges of
+    the root are stored (``runs``, ``children``) for the API's view of the top of the tree.
     """
-    first = _EDGE + 1  # depth of a block that starts at the root: 1 edge, 1 block
-    depth: dict[int, int] = {}
-    get = depth.get
-    late: list[int] = []
-    for h, p in parent.items():
-        pd = get(p)
-        if pd is not None:
-            depth[h] = pd + (first if p in branching else 1)
-        elif p in parent:
-            late.append(h)
-        else:  # the root, or a parent that left the tree
-            depth[h] = first
-    for h in late:
-        if h in depth:
-            continue
-        chain = [h]
-        p = parent[h]
-        while p in parent and p not in depth:
-            if len(chain) > len(parent):  # a cycle (colliding hashes): cut it here
-                break
-            chain.append(p)
+
+    def __init__(self, parent: dict[int, int], branching: frozenset[int], keep: int) -> None:
+        self.parent, self.branching = parent, branching
+        self.limit = (keep + 1) << _EDGE_SHIFT  # packed depths below this are within ``keep`` edges
+        self.known: dict[int, int] = {}  # branching block -> packed depth
+        self.runs: dict[int, Sequence[int]] = {}
+        self.children: dict[int, list[int]] = {}
+
+    def _up(self, end: int) -> tuple[list[int], int]:
+        """The run ending at ``end`` (end first) and the parent of its start."""
+        parent, branching = self.parent, self.branching
+        run = [end]
+        p = parent[end]
+        while p not in branching and p in parent:
+            run.append(p)
             p = parent[p]
-        for c in reversed(chain):
-            p = parent[c]
-            pd = get(p)
-            depth[c] = first if pd is None else pd + (first if p in branching else 1)
-    return depth
+            if len(run) > len(parent):  # a cycle (colliding hashes): cut it here
+                break
+        return run, p
+
+    def depth(self, end: int) -> int:
+        """Packed depth of a run end; resolves the branching ancestors it needs (no recursion)."""
+        known, parent = self.known, self.parent
+        if end in known:
+            return known[end]
+        stack: list[tuple[int, list[int], int]] = []
+        busy: set[int] = set()  # ends waiting for their parent's depth (a repeat means a cycle)
+        x, (run, p) = end, self._up(end)
+        while True:
+            hangs = p in parent  # a branching block in the tree; else the root or a departed parent
+            if hangs and p not in known and p not in busy:
+                busy.add(x)
+                stack.append((x, run, p))
+                x, (run, p) = p, self._up(p)
+                continue
+            d = (known.get(p, 0) if hangs else 0) + _EDGE + len(run)
+            if x in self.branching:
+                known[x] = d
+            if d < self.limit:
+                self._keep(run, p if hangs else ROOT)
+            if not stack:
+                return d
+            x, run, p = stack.pop()
+            busy.discard(x)
+
+    def _keep(self, run: list[int], under: int) -> None:
+        first = run[-1]
+        self.children.setdefault(under, []).append(first)
+        if len(run) > 1:  # a one-block run needs no entry: ``TreeStats.run`` returns the block itself
+            run.reverse()
+            try:
+                self.runs[first] = array("Q", run)
+            except OverflowError:  # hashes outside u64 (not from the decoder): keep a tuple
+                self.runs[first] = tuple(run)

@@ -45,9 +45,9 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor
 HISTORY_S = 3600.0  # how far back /api/v1/changes can look
 MAX_HISTORY_EVENTS = 200_000
 UNKNOWN = "unknown"
-# Child lists every statistics pass keeps: the API's default tree depth (4 edges) + 1, which also
-# covers the hot branches' runs (radix depth ≤ 2). A deeper tree request runs a pass of its own.
-TREE_CHILDREN_DEPTH = 5
+# Radix edges whose runs and child lists every statistics pass keeps: the API's default tree depth,
+# which also covers the hot branches' runs (radix depth ≤ 2). A deeper tree request runs a pass of its own.
+TREE_CHILDREN_DEPTH = 4
 NO_TREE = TreeStats(version=-1)  # before the first pass: no branching known, chains map to their first block
 
 # Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
@@ -634,7 +634,7 @@ class ClusterState:
             return stats
 
     def tree_stats_with_children(self, depth: int) -> TreeStats | None:
-        """The latest statistics if they keep child lists ``depth`` edges deep, else a pass of
+        """The latest statistics if they keep the runs ``depth`` edges deep, else a pass of
         their own for this one request (copied under the lock, computed outside it).
         None before the first pass: the tree is missing until the statistics exist."""
         latest = self._tree_stats
