@@ -6,8 +6,12 @@ a quarter of them also cached on a second worker. Memory is the process's RSS gr
 operator sees), measured after a garbage collection. The baseline, in the same run, is a bare
 ``set`` of the same block hashes — the least any hash-keyed index must hold.
 
-At this size the background tree-statistics pass is also timed (information rows): its copy
-step, which holds the state lock and so pauses ingest, and the pass itself, outside the lock.
+The target is the index plus the tree statistics the background refresher holds between
+passes (its latest pass: depth and fan-out values, the kept runs of the tree's top), as RSS
+growth once the copy and the pass's working memory are freed. Information rows: the index
+alone; the process's peak while the next pass runs (Linux VmHWM, reset just before it), which
+is what the host must have room for; the pass's copy step, which holds the state lock and so
+pauses ingest; and the pass itself, outside the lock.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ import time
 from typing import Any
 
 from exporter.model import BlockStored
-from exporter.prefix_index import PrefixIndex, TreeCopy, compute_stats
+from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats
 from exporter.state import TREE_CHILDREN_DEPTH
 
 BLOCKS = 3_000_000
 WORKERS = 16
 BRANCH = 32
 DUPLICATED = 0.25  # share of branches also resident on a second worker
-TARGET_BYTES = 200.0
+TARGET_BYTES = 220.0  # the index (~175 B) and the statistics the refresher holds between passes
 
 
 def rss_bytes() -> int:
@@ -77,6 +81,37 @@ def hashes_only(blocks: int = BLOCKS, seed: int = 11) -> set[int]:
     return out
 
 
+def peak_rss_bytes() -> int | None:
+    """The process's peak RSS since the last :func:`reset_peak` (Linux VmHWM), if readable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak() -> bool:
+    """Restart the peak-RSS mark at the current RSS (Linux ``clear_refs`` 5); False if not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _timed_pass(index: PrefixIndex) -> tuple[TreeStats, float, float]:
+    """One background statistics pass as the refresher runs it: (statistics, copy ms, pass ms)."""
+    t0 = time.perf_counter()
+    tree = index.copy_for_stats()
+    t1 = time.perf_counter()
+    stats = compute_stats(tree, TREE_CHILDREN_DEPTH)
+    return stats, (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
+
+
 def run() -> list[dict[str, Any]]:
     base_bytes, hashes = _grown(hashes_only)
     distinct = len(hashes)
@@ -84,35 +119,37 @@ def run() -> list[dict[str, Any]]:
     index = PrefixIndex()
     index_bytes, resident = _grown(lambda: fill(index))
     assert len(index) == distinct, (len(index), distinct)
+    # Between passes the refresher holds the latest statistics; the copy and the pass's
+    # working memory are gone. That is the steady state an operator sees.
+    held_bytes, (stats, copy_ms, pass_ms) = _grown(lambda: _timed_pass(index))
+    # The next pass runs while those are still held: its peak is the process's high-water mark.
     gc.collect()
-    t0 = time.perf_counter()
-    tree = index.copy_for_stats()
-    copy_ms = (time.perf_counter() - t0) * 1000.0
-    timed: list[float] = []
-
-    def background_pass(tree: TreeCopy = tree) -> object:  # what the refresher keeps, child lists included
-        t = time.perf_counter()
-        out = compute_stats(tree, TREE_CHILDREN_DEPTH)
-        timed.append(time.perf_counter() - t)
-        return out
-
-    stats_bytes, _stats = _grown(background_pass)
-    pass_ms = timed[0] * 1000.0
-    del tree, background_pass
-    per_block = index_bytes / distinct
+    before = rss_bytes()
+    measured = reset_peak()
+    _next, _copy_ms, _pass_ms = _timed_pass(index)
+    peak = peak_rss_bytes() if measured else None
+    del _next
     base = base_bytes / distinct
-    with_stats = (index_bytes + stats_bytes) / distinct
+    per_block = index_bytes / distinct
+    with_stats = (index_bytes + held_bytes) / distinct
+    peak_per_block = None if peak is None else (index_bytes + held_bytes + peak - before) / distinct
     return [
-        {"name": f"prefix index bytes per resident block ({distinct:,} blocks, {resident:,} worker copies)",
-         "value": per_block, "baseline": base, "ratio": per_block / base,
-         "target": f"<= {TARGET_BYTES:g} B", "ok": per_block <= TARGET_BYTES},
-        {"name": "... per block with the latest tree statistics held (as the refresher keeps them)",
+        {"name": f"prefix index + held tree statistics, bytes per resident block ({distinct:,} blocks, "
+                 f"{resident:,} worker copies; RSS between passes)",
          "value": with_stats, "baseline": base, "ratio": with_stats / base,
-         "target": "reference", "ok": True},
+         "target": f"<= {TARGET_BYTES:g} B", "ok": with_stats <= TARGET_BYTES},
+        {"name": "... the prefix index alone",
+         "value": per_block, "baseline": base, "ratio": per_block / base, "target": "information", "ok": True},
+        {"name": "... peak during the next statistics pass (copy and pass working memory on top)",
+         "value": peak_per_block, "baseline": base, "ratio": None if peak_per_block is None else peak_per_block / base,
+         "target": "information", "ok": True},
         {"name": f"tree-statistics copy under the state lock = ingest pause per pass ({distinct:,} blocks; ms)",
          "value": copy_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
         {"name": "... the background pass on that copy, outside the lock (ms)",
          "value": pass_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
+        {"name": f"... runs kept for the API's top {TREE_CHILDREN_DEPTH} radix edges (blocks in them)",
+         "value": sum(map(len, stats.runs.values())), "baseline": None, "ratio": None,
+         "target": "information", "ok": True},
     ]
 
 

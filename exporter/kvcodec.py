@@ -185,26 +185,26 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
                 tag = ev["type"]
                 if tag == "BlockStored":
                     hs, bs, p = ev["block_hashes"], ev["block_size"], ev.get("parent_block_hash")
-                    if type(hs) is tuple and min(hs) >= 0 and type(bs) is int and bs > 0 \
+                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0 and type(bs) is int and bs > 0 \
                             and (p is None or (type(p) is int and p >= 0)):
                         append(new_stored(hs, p, bs, len(ev.get("token_ids") or ()), ev.get("medium", "GPU")))
                         continue
                 elif tag == "BlockRemoved":
                     hs = ev["block_hashes"]
-                    if type(hs) is tuple and min(hs) >= 0:
+                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0:
                         append(new_removed(hs, ev.get("medium", "GPU")))
                         continue
             elif type(ev) is tuple:
                 tag, n = ev[0], len(ev)
                 if tag == "BlockStored":
                     hs, p, bs = ev[1], ev[2], ev[4]
-                    if type(hs) is tuple and min(hs) >= 0 and type(bs) is int and bs > 0 \
+                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0 and type(bs) is int and bs > 0 \
                             and (p is None or (type(p) is int and p >= 0)):
                         append(new_stored(hs, p, bs, len(ev[3] or ()), ev[6] if n > 6 else "GPU"))
                         continue
                 elif tag == "BlockRemoved":
                     hs = ev[1]
-                    if type(hs) is tuple and min(hs) >= 0:
+                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0:
                         append(new_removed(hs, ev[2] if n > 2 else "GPU"))
                         continue
         except Exception:  # any surprise is re-read (and reported) by the careful path

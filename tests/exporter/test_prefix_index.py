@@ -1,5 +1,7 @@
 """The prefix index and tree statistics against hand-computed values."""
 
+from array import array
+
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
 from exporter.prefix_index import PrefixIndex
 
@@ -70,3 +72,143 @@ def test_radix_depth_counts_branches_not_blocks():
     assert sorted(s.leaf_depths) == [2, 2]
     assert sorted(s.leaf_block_depths) == [5, 6]
     assert s.nodes == 3
+
+
+# ---- batched apply: the same result as applying every hash in order --------------------------
+
+class OrderedModel:
+    """The index's semantics written as the plain ordered walk: one event, one hash at a time."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int | None] = {}
+        self.held: dict[int, set[str]] = {}
+        self.resident: dict[str, int] = {}
+
+    def apply(self, worker, events):
+        out = {"stored": 0, "removed": 0, "cleared": 0, "unknown_parent": 0, "unknown_removals": 0}
+        self.resident.setdefault(worker, 0)
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                out["stored"] += len(ev.hashes)
+                prev = ev.parent
+                if prev is not None and worker not in self.held.get(prev, ()):
+                    out["unknown_parent"] += 1
+                    if prev not in self.held:
+                        prev = None
+                for h in ev.hashes:
+                    if worker not in self.held.get(h, ()):
+                        if h not in self.held:
+                            self.parent[h] = prev
+                        self.held.setdefault(h, set()).add(worker)
+                        self.resident[worker] += 1
+                    prev = h
+            elif isinstance(ev, BlockRemoved):
+                out["removed"] += len(ev.hashes)
+                for h in ev.hashes:
+                    if worker not in self.held.get(h, ()):
+                        out["unknown_removals"] += 1
+                        continue
+                    self._drop(h, worker)
+            else:
+                out["cleared"] += 1
+                for h in [h for h, ws in self.held.items() if worker in ws]:
+                    self._drop(h, worker)
+        return out
+
+    def _drop(self, h, worker):
+        self.held[h].discard(worker)
+        self.resident[worker] -= 1
+        if not self.held[h]:
+            del self.held[h], self.parent[h]
+
+
+def test_batched_apply_matches_the_ordered_walk():
+    import random
+
+    for seed in range(300):
+        rng = random.Random(seed)
+        universe = rng.choice([8, 30, 500])  # small universes repeat hashes inside one event
+        idx, model = PrefixIndex(), OrderedModel()
+        for _ in range(30):
+            worker = f"w{rng.randrange(3)}"
+            events = []
+            for _ in range(rng.randint(0, 8)):
+                r = rng.random()
+                if r < 0.45:  # short runs are walked, runs of 8+ go through the bulk path
+                    n = rng.choice([1, 3, 8, 12])
+                    events.append(stored([rng.randrange(universe) for _ in range(n)],
+                                         rng.choice([None, rng.randrange(universe)])))
+                elif r < 0.96:
+                    events.append(BlockRemoved(tuple(rng.randrange(universe) for _ in range(rng.randint(1, 3)))))
+                else:
+                    events.append(AllBlocksCleared())
+            res = idx.apply(worker, events)
+            want = model.apply(worker, events)
+            assert {k: getattr(res, k) for k in want} == want, seed
+            assert res.stored_events + res.removed_events + res.cleared == len(events)
+        assert len(idx) == len(model.held), seed
+        for h in range(universe):
+            assert sorted(idx.holders(h)) == sorted(model.held.get(h, ())), (seed, h)
+            assert idx.parent(h) == model.parent.get(h), (seed, h)
+        assert idx.resident_by_worker() == model.resident, seed
+
+
+def test_one_batch_of_removals_by_hand():
+    idx = PrefixIndex()
+    idx.apply("w0", [stored(range(1, 11))])  # 1..10: a bulk-stored run
+    idx.apply("w1", [stored([1, 2])])
+    idx.record_hits([1, 2, 3], 3, 16)
+    # vLLM sends one event per evicted block; 2 twice (the second is unknown), 99 never stored.
+    res = idx.apply("w0", [BlockRemoved((h,)) for h in (3, 2, 2, 99, 1)])
+    assert (res.removed, res.removed_events, res.unknown_removals) == (5, 5, 2)
+    assert idx.resident_by_worker() == {"w0": 7, "w1": 2}
+    assert idx.holders(1) == ["w1"] and idx.holders(3) == []
+    assert idx.hit_tokens(1) == 16 and idx.hit_tokens(3) == 0  # hits leave with the block
+    assert idx.parent(4) == 3 and len(idx) == 9  # 4's parent left: it stays, a root-level orphan later
+
+
+def test_long_run_naming_a_block_twice_is_applied_in_order():
+    idx = PrefixIndex()
+    res = idx.apply("w0", [stored([5, 6, 7, 8, 6, 9, 10, 11, 12])])  # 6 repeats: collision
+    assert idx.resident_blocks("w0") == 8 and res.stored == 9
+    assert idx.parent(6) == 5 and idx.parent(9) == 6  # the first occurrence keeps its parent
+
+
+# ---- statistics walked run by run --------------------------------------------------------------
+
+def test_kept_runs_are_the_top_of_the_tree():
+    # 10-11-12-13 then branches 20 / 30-31 (edge 2), and 31 branches into 40 / 50-51 (edge 3)
+    idx = PrefixIndex()
+    idx.apply("w0", [stored([10, 11, 12, 13, 20]), stored([30, 31, 40], parent=13), stored([50, 51], parent=31)])
+    top = idx.stats(keep_children_depth=1)
+    assert top.children == {-1: [10]} and top.run(10) == array("Q", [10, 11, 12, 13])
+    assert top.run(30) == (30,)  # beyond the kept top: just the block
+    two = idx.stats(keep_children_depth=2)
+    assert sorted(two.children[13]) == [20, 30] and 31 not in two.children
+    assert list(two.run(30)) == [30, 31] and two.run(20) == (20,)
+    three = idx.stats(keep_children_depth=3)
+    assert sorted(three.children[31]) == [40, 50] and list(three.run(50)) == [50, 51]
+    assert sorted(three.leaf_depths) == [2, 3, 3] and sorted(three.leaf_block_depths) == [5, 7, 8]
+    assert idx.stats().children == {} and idx.stats().runs == {}
+
+
+def test_depths_when_a_parent_is_stored_after_its_child_and_orphans():
+    idx = PrefixIndex()
+    idx.apply("w0", [stored([1, 2, 3])])
+    idx.apply("w0", [BlockRemoved((1,))])  # 2-3 now hang off a departed parent: a root-level run
+    s = idx.stats(keep_children_depth=2)
+    assert (s.root_fanout, s.nodes, s.leaf_block_depths) == (1, 1, [2])
+    assert s.children == {-1: [2]} and list(s.run(2)) == [2, 3]
+    idx.apply("w0", [stored([1])])  # 1 is back, inserted after its child: 2 still names it
+    s = idx.stats(keep_children_depth=2)
+    assert (s.root_fanout, s.nodes, s.leaf_block_depths) == (1, 1, [3])
+    assert list(s.run(1)) == [1, 2, 3]
+
+
+def test_a_parent_cycle_from_colliding_hashes_ends():
+    idx = PrefixIndex()
+    idx.apply("w0", [stored([1, 2]), stored([7], parent=1)])
+    idx.apply("w0", [BlockRemoved((1,))])
+    idx.apply("w0", [stored([1], parent=2)])  # 1 -> 2 -> 1, with 7 hanging off 1
+    s = idx.stats(keep_children_depth=4)
+    assert s.blocks == 3 and s.branching == frozenset({1})

@@ -1,7 +1,7 @@
 """ClusterState metrics against hand-computed values on crafted records and KV batches."""
 
 from exporter.health import Health
-from exporter.model import BlockStored, KvBatch
+from exporter.model import BlockRemoved, BlockStored, KvBatch
 from exporter.state import ClusterState
 from exporter.thresholds import load_thresholds
 
@@ -144,3 +144,40 @@ def test_available_tokens_ignore_the_requests_own_fresh_blocks():
     st.ingest_records([rec(100, "r", "w0", 64, block_hashes=[1, 2, 3, 4], block_size=16, cached_tokens=0)], 101)
     # what the router faced: w0 had nothing (it reported 0 cached), w1 had one block
     assert st.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 16
+
+
+def test_kv_batches_keep_the_worker_pool_exact():
+    # A batch skips the pool update only when it cannot change the pool: these are the moments it must not.
+    st = ClusterState(Health(), load_thresholds(), window_s=300, health_recency_s=60)
+
+    def kv(worker, ts):
+        st.apply_kv_batch(KvBatch(worker, 0, ts, ()), ts)
+
+    kv("w0", 100.0)
+    kv("w1", 100.0)
+    for ts in (110.0, 150.0, 160.0):
+        kv("w0", ts)
+    assert st.pool == {"w0", "w1"}  # w1 was seen 60 s ago: still in
+    kv("w0", 161.0)
+    assert st.pool == {"w0"} and [c.ts for c in st.pool_changes] == [161.0]
+    st.health.set(f"{P}_up", ("w0", "worker"), 0.0)  # a failed scrape, outside the state
+    kv("w0", 162.0)
+    assert st.pool == frozenset() and st.down_since[("w0", "worker")] == 162.0
+    st.health.set(f"{P}_up", ("w0", "worker"), 1.0)
+    kv("w0", 163.0)
+    assert st.pool == {"w0"} and [c.ts for c in st.pool_changes] == [161.0, 162.0]  # from empty: no change
+
+
+def test_kv_batch_health_series():
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 99.5, (BlockStored((1, 2), None, 16), BlockStored((3,), 2, 16),
+                                               BlockRemoved((3, 7)))), 100.0)
+    st.apply_kv_batch(KvBatch("w0", 1, 100.0, (BlockStored((9,), 42, 16),)), 101.0)
+    c, g = st.health.snapshot()
+    w0 = ("w0",)
+    assert c[f"{P}_kv_event_batches"] == {w0: 2.0}
+    assert c[f"{P}_kv_events_applied"] == {("w0", "BlockStored"): 3.0, ("w0", "BlockRemoved"): 1.0}
+    assert c[f"{P}_kv_event_unknown_block_removals"] == {w0: 1.0}
+    assert c[f"{P}_kv_event_unknown_parent"] == {w0: 1.0}
+    assert c[f"{P}_worker_restarts"] == {w0: 0.0} and c[f"{P}_kv_event_missed_batches"] == {w0: 0.0}
+    assert g[f"{P}_kv_event_lag_seconds"] == {w0: 1.0} and g[f"{P}_kv_event_last_timestamp_seconds"] == {w0: 101.0}
