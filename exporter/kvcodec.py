@@ -8,8 +8,9 @@ is folded with ``& 0xFFFF_FFFF_FFFF_FFFF``) or digest bytes (the last 8 bytes, b
 vLLM's int conversion and llm-d do).
 
 A payload is decoded with one ``msgpack.unpackb`` call (``use_list=False`` so the hash
-arrays arrive as tuples ready for the event values); per event there is one tag dispatch and,
-for the usual all-int hash arrays, one C-level ``min`` to rule out negative values.
+arrays arrive as tuples ready for the event values); per event there is one tag dispatch, a
+sign check of the hashes (the one hash of a single-block event, else one C-level ``min``) and
+the event object built with its slots filled directly (see :func:`_maker`).
 """
 
 from __future__ import annotations

@@ -81,22 +81,22 @@ SNAPSHOT_COUNTERS: dict[str, str] = {
 }
 
 
-# Series every KV batch updates (names from the catalogue, resolved once).
-_KV_BATCHES = f"{P}_kv_event_batches"
-_KV_APPLIED = f"{P}_kv_events_applied"
-_KV_UNKNOWN_PARENT = f"{P}_kv_event_unknown_parent"
-_KV_UNKNOWN_REMOVALS = f"{P}_kv_event_unknown_block_removals"
-_KV_MISSED = f"{P}_kv_event_missed_batches"
-_KV_LAST_TS = f"{P}_kv_event_last_timestamp_seconds"
-_KV_LAG = f"{P}_kv_event_lag_seconds"
-_WORKER_RESTARTS = f"{P}_worker_restarts"
-_INGEST_ERRORS = f"{P}_ingest_errors"
-_UP = f"{P}_up"
-_STORED, _REMOVED, _CLEARED = BlockStored.__name__, BlockRemoved.__name__, AllBlocksCleared.__name__  # event label
-
-
 def _m(name: str) -> catalog.Metric:
     return catalog.METRICS_BY_NAME[f"{P}_{name}"]
+
+
+# Series every KV batch updates, looked up in the catalogue once (a missing one fails at import).
+_KV_BATCHES = _m("kv_event_batches").name
+_KV_APPLIED = _m("kv_events_applied").name
+_KV_UNKNOWN_PARENT = _m("kv_event_unknown_parent").name
+_KV_UNKNOWN_REMOVALS = _m("kv_event_unknown_block_removals").name
+_KV_MISSED = _m("kv_event_missed_batches").name
+_KV_LAST_TS = _m("kv_event_last_timestamp_seconds").name
+_KV_LAG = _m("kv_event_lag_seconds").name
+_WORKER_RESTARTS = _m("worker_restarts").name
+_INGEST_ERRORS = _m("ingest_errors").name
+_UP = _m("up").name
+_STORED, _REMOVED, _CLEARED = BlockStored.__name__, BlockRemoved.__name__, AllBlocksCleared.__name__  # event label
 
 
 def branch_label(block: int) -> str:

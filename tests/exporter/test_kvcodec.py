@@ -127,3 +127,15 @@ def test_fast_path_agrees_with_the_careful_readers() -> None:
             except (kvcodec.BadEvent, KeyError, TypeError, ValueError, IndexError):
                 expected = ()
             assert got == expected, ev
+
+
+def test_fast_path_events_are_the_model_classes_with_every_field():
+    payload = msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [5, 6], "parent_block_hash": 4,
+                                    "token_ids": list(range(32)), "block_size": 16, "medium": "CPU"},
+                                   {"type": "BlockRemoved", "block_hashes": [5]}], 0])
+    stored, removed = kvcodec.decode_batch(payload, "w0", 0).events
+    assert type(stored) is BlockStored and type(removed) is BlockRemoved
+    assert (stored.hashes, stored.parent, stored.block_size, stored.token_count, stored.medium) == ((5, 6), 4, 16, 32, "CPU")
+    assert removed == BlockRemoved((5,)) and hash(removed) == hash(BlockRemoved((5,), "GPU"))
+    with pytest.raises(AttributeError):  # still frozen
+        removed.medium = "CPU"  # type: ignore[misc]
