@@ -11,13 +11,15 @@ passes (its latest pass: depth and fan-out values, the kept runs of the tree's t
 growth once the copy and the pass's working memory are freed. Information rows: the index
 alone; the process's peak while the next pass runs (Linux VmHWM, reset just before it), which
 is what the host must have room for; the pass's copy step, which holds the state lock and so
-pauses ingest; and the pass itself, outside the lock.
+pauses ingest; the pass itself, outside the lock; and the longest time another thread could not
+run meanwhile (one long C-level call holds the GIL and stalls ingest just as the lock does).
 """
 
 from __future__ import annotations
 
 import gc
 import random
+import threading
 import time
 from typing import Any
 
@@ -103,6 +105,33 @@ def reset_peak() -> bool:
         return False
 
 
+class StallMeter:
+    """A thread that wakes every millisecond and remembers the longest gap between wake-ups: how
+    long the measured code kept every other thread (ingest) from running."""
+
+    def __init__(self) -> None:
+        self.longest_ms = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def _tick(self) -> None:
+        last = time.perf_counter()
+        while not self._stop.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            self.longest_ms = max(self.longest_ms, (now - last) * 1000.0)
+            last = now
+
+    def __enter__(self) -> StallMeter:
+        self._thread.start()
+        time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _timed_pass(index: PrefixIndex) -> tuple[TreeStats, float, float]:
     """One background statistics pass as the refresher runs it: (statistics, copy ms, pass ms)."""
     t0 = time.perf_counter()
@@ -126,7 +155,8 @@ def run() -> list[dict[str, Any]]:
     gc.collect()
     before = rss_bytes()
     measured = reset_peak()
-    _next, _copy_ms, _pass_ms = _timed_pass(index)
+    with StallMeter() as stalls:
+        _next, _copy_ms, _pass_ms = _timed_pass(index)
     peak = peak_rss_bytes() if measured else None
     del _next
     base = base_bytes / distinct
@@ -147,6 +177,8 @@ def run() -> list[dict[str, Any]]:
          "value": copy_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
         {"name": "... the background pass on that copy, outside the lock (ms)",
          "value": pass_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
+        {"name": "... longest stall of another thread during copy + pass (GIL held by one C call; ms)",
+         "value": stalls.longest_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
         {"name": f"... runs kept for the API's top {TREE_CHILDREN_DEPTH} radix edges (blocks in them)",
          "value": sum(map(len, stats.runs.values())), "baseline": None, "ratio": None,
          "target": "information", "ok": True},

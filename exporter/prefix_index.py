@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress, groupby, repeat
+from itertools import chain, compress, filterfalse, groupby, islice, repeat
 from operator import and_, attrgetter, eq, not_, or_
 
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -27,6 +27,7 @@ _EDGE = 1 << _EDGE_SHIFT
 _BLOCK_MASK = _EDGE - 1
 _HASHES = attrgetter("hashes")
 _BULK = 8  # stored runs at least this long go through bulk dict updates; shorter ones are walked
+_CHUNK = 1 << 16  # entries per C-level step of a statistics pass (~10 ms each at most)
 _consume = deque(maxlen=0).extend  # runs an iterator to its end at C speed (bulk deletes)
 
 
@@ -331,25 +332,35 @@ def compute_stats(tree: TreeCopy, keep_children_depth: int = 0) -> TreeStats:
     Pure: reads only ``tree`` (a copy), so it runs without any lock while ingest goes on. Nothing
     per block is built beyond one Counter of parents: depths are walked run by run (see
     :class:`_RunWalk`) and only the kept runs are stored, as 8-byte arrays.
+
+    The bulk C-level steps go in chunks (:func:`_chunks`): one C call over millions of entries
+    would hold the GIL for its whole length and stall ingest in the other threads just as a lock would.
     """
     parent = tree.parent
-    nchildren: Counter[int] = Counter(parent.values())
+    nchildren: Counter[int] = Counter()
+    for chunk in _chunks(parent.values()):
+        nchildren.update(chunk)
     root_fanout = nchildren.get(ROOT, 0)
     branching = frozenset(h for h, n in nchildren.items() if n > 1 and h != ROOT)
     fanouts = [nchildren[h] for h in branching if h in parent]
     # Blocks whose parent left the tree start runs of their own at the root.
-    gone = nchildren.keys() - parent.keys()
-    gone.discard(ROOT)
-    orphan_roots = sum(nchildren[p] for p in gone)
-    # Leaves are the blocks nobody names as parent: one C-level set difference.
-    leaves = parent.keys() - nchildren.keys()
-    del nchildren, gone  # the largest transient: free it before the walk
+    orphan_roots = -root_fanout
+    for chunk in _chunks(nchildren):
+        orphan_roots += sum(map(nchildren.__getitem__, filterfalse(parent.__contains__, chunk)))
+    # Leaves are the blocks nobody names as parent.
+    leaves: list[int] = []
+    for chunk in _chunks(parent):
+        leaves.extend(filterfalse(nchildren.__contains__, chunk))
+    del nchildren  # the largest transient: free it before the walk
     walk = _RunWalk(parent, branching, keep_children_depth)
     packed = [walk.depth(h) for h in leaves]
+    del leaves
     for h in branching:  # runs ending in a branch are kept too (for the tree's top)
         if h in parent:
             walk.depth(h)
-    replicas: Counter[int] = Counter(map(int.bit_count, tree.masks))
+    replicas: Counter[int] = Counter()
+    for chunk in _chunks(tree.masks):
+        replicas.update(map(int.bit_count, chunk))
     return TreeStats(
         version=tree.version,
         nodes=root_fanout + orphan_roots + sum(fanouts),
@@ -364,6 +375,13 @@ def compute_stats(tree: TreeCopy, keep_children_depth: int = 0) -> TreeStats:
         children_depth=keep_children_depth,
         runs=walk.runs,
     )
+
+
+def _chunks(items: Iterable[int], size: int = _CHUNK) -> Iterator[list[int]]:
+    """``items`` in lists of ``size``: between them the interpreter can hand the GIL to other threads."""
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
 
 
 class _RunWalk:
