@@ -212,3 +212,16 @@ def test_a_parent_cycle_from_colliding_hashes_ends():
     idx.apply("w0", [stored([1], parent=2)])  # 1 -> 2 -> 1, with 7 hanging off 1
     s = idx.stats(keep_children_depth=4)
     assert s.blocks == 3 and s.branching == frozenset({1})
+
+
+def test_statistics_over_more_blocks_than_one_chunk_of_the_pass():
+    # 2,200 runs of 32 blocks under one shared block: 70,401 blocks, beyond one 65,536-entry chunk.
+    idx = PrefixIndex()
+    idx.apply("w0", [stored([7])])
+    idx.apply("w0", [stored(range(1000 + 32 * i, 1032 + 32 * i), parent=7) for i in range(2200)])
+    idx.apply("w1", [stored(range(1000, 1032), parent=7)])  # one run on a second worker too
+    s = idx.stats(keep_children_depth=2)
+    assert (s.blocks, s.root_fanout, s.nodes, s.fanouts) == (70_401, 1, 2201, [2200])
+    assert s.leaf_depths == [2] * 2200 and s.leaf_block_depths == [33] * 2200
+    assert s.replicas == {1: 70_401 - 32, 2: 32}
+    assert len(s.children[7]) == 2200 and list(s.run(1000)) == list(range(1000, 1032))
