@@ -274,16 +274,15 @@ class ClusterState:
         traffic source at all (no records, no router) every down target counts: nothing says
         whether it still serves.
         """
-        traffic_known = "records" in self.field_seen or bool(self.routers)
-        n = 0
-        for (target, kind), since in self.down_since.items():
-            if kind != "worker" or not traffic_known:
-                n += 1
-                continue
-            w = self.workers.get(target)
-            if w is not None and w.last_served > since:
-                n += 1
-        return n
+        return sum(1 for (target, kind) in self.down_since if not self._left_pool(target, kind))
+
+    def _left_pool(self, target: str, kind: str) -> bool:
+        """A down worker target with no traffic since it went down (see :meth:`blind_targets`)."""
+        since = self.down_since.get((target, kind))
+        if since is None or kind != "worker" or not ("records" in self.field_seen or self.routers):
+            return False
+        w = self.workers.get(target)
+        return w is None or w.last_served <= since
 
     def _pool_unchanged(self, worker: str) -> bool:
         """True when a KV batch from ``worker`` cannot change the pool (so ``_update_pool`` may be
@@ -775,6 +774,12 @@ class ClusterState:
         if f"{P}_up" in h_gauges:
             self._track_down_targets()
             g[f"{P}_telemetry_blind_targets"] = {(): float(self.blind_targets())}
+            # A worker that left the pool has no KV stream to keep fresh: its silence is the
+            # fleet event step 2 reads, not a stale index, so its freshness series go away.
+            for target, kind in self.down_since:
+                if self._left_pool(target, kind):
+                    for name in (f"{P}_kv_event_last_timestamp_seconds", f"{P}_kv_event_lag_seconds"):
+                        g.get(name, {}).pop((target,), None)
         for w in self.workers_seen():
             info = self.workers.get(w)
             snap = info.snapshot if info else None

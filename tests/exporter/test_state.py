@@ -181,3 +181,16 @@ def test_kv_batch_health_series():
     assert c[f"{P}_kv_event_unknown_parent"] == {w0: 1.0}
     assert c[f"{P}_worker_restarts"] == {w0: 0.0} and c[f"{P}_kv_event_missed_batches"] == {w0: 0.0}
     assert g[f"{P}_kv_event_lag_seconds"] == {w0: 1.0} and g[f"{P}_kv_event_last_timestamp_seconds"] == {w0: 101.0}
+
+
+def test_a_worker_that_left_the_pool_has_no_kv_freshness_series():
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1,), None, 16),)), 99.0)
+    st.apply_kv_batch(KvBatch("w1", 0, 99.0, (BlockStored((2,), None, 16),)), 99.0)
+    st.ingest_records([rec(100, "r1", "w0", 64), rec(100, "r2", "w1", 64)], 100)
+    _up(st, "w0", "worker", 0.0)  # w0 dies; its traffic stops
+    st.ingest_records([rec(110, "r3", "w1", 64)], 110)
+    last = st.series().gauges[f"{P}_kv_event_last_timestamp_seconds"]
+    assert ("w0",) not in last and ("w1",) in last
+    st.ingest_records([rec(120, "r4", "w0", 64)], 120)  # traffic reaches w0 again: blind, and stale
+    assert ("w0",) in st.series().gauges[f"{P}_kv_event_last_timestamp_seconds"]
