@@ -10,7 +10,7 @@ PIP         := $(VENV)/bin/pip
 SUDO        := $(shell [ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n")
 PYTEST_ARGS ?=
 
-.PHONY: setup system-packages routers demo test test-fast lint bench generate check-generated clean
+.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench generate check-generated clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,12 @@ $(VENV)/.installed: pyproject.toml
 
 # Debian's prometheus (promtool for the rule tests, the server for the demo) and chromium
 # (the console's browser test). Without root this prints what to run and carries on.
-system-packages:
+define apt_install
 	@missing=""; \
-	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	for pkg in $(1); do \
+	  case $$pkg in prometheus) bin=promtool ;; *) bin=$$pkg ;; esac; \
+	  command -v $$bin >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then \
 	    echo "installing Debian packages:$$missing"; \
@@ -33,6 +35,13 @@ system-packages:
 	    echo "not root: install these yourself for the full demo and test suite: apt-get install$$missing"; \
 	  fi; \
 	fi
+endef
+
+system-packages:
+	$(call apt_install,prometheus chromium)
+
+demo-packages:
+	$(call apt_install,prometheus)
 
 # The two real routers live in their own venv: they are binaries we drive, not libraries.
 $(ROUTERS)/.installed:
@@ -45,7 +54,7 @@ routers: $(ROUTERS)/.installed
 
 setup: $(VENV)/.installed system-packages routers
 
-demo: setup
+demo: $(VENV)/.installed demo-packages
 	$(VENV)/bin/prefixscope demo $(DEMO_ARGS)
 
 test: setup
