@@ -1,6 +1,6 @@
 """A hand-computed cluster as OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
-The scenario matches ``payloads``: the hit rate falls (0.41, the symptom) because sticky
+The scenario: the hit rate falls (0.41, the symptom) because sticky
 sessions fail (12% collisions, step 2). Counters grow linearly, so every 5m rate ratio is
 exact: hit 41/100, follow-up cached 86/100, collisions 12/100, placement 95/100, spec 75/100,
 affinity 80/100; reuse per 1000 prompt tokens: 800 available, 420 predicted, 400 achieved,

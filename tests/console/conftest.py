@@ -18,7 +18,7 @@ from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
 from exporter.catalog import SIGNALS
 from exporter.server import ExporterServer, ServerDeps
-from tests.console import backfill, cluster, payloads
+from tests.console import backfill, cluster, topology_cluster
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -49,9 +49,9 @@ def exporter_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def documented_exporter_url() -> Iterator[str]:
-    """The exporter HTTP server answering docs/api.md's example payloads (topology, changes)."""
-    yield from _serve(payloads.API)
+def topology_exporter_url() -> Iterator[str]:
+    """The real exporter over a 2-node ClusterState in which a worker leaves (topology_cluster.py)."""
+    yield from _serve(topology_cluster.routes())
 
 
 @pytest.fixture
@@ -68,10 +68,10 @@ def exporter_only(monkeypatch: pytest.MonkeyPatch, exporter_url: str) -> str:
 
 
 @pytest.fixture
-def documented_only(monkeypatch: pytest.MonkeyPatch, documented_exporter_url: str) -> str:
-    monkeypatch.setenv(EXPORTER_ENV, documented_exporter_url)
+def topology_only(monkeypatch: pytest.MonkeyPatch, topology_exporter_url: str) -> str:
+    monkeypatch.setenv(EXPORTER_ENV, topology_exporter_url)
     monkeypatch.delenv(PROMETHEUS_ENV, raising=False)
-    return documented_exporter_url
+    return topology_exporter_url
 
 
 def _free_port() -> int:

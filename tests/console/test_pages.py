@@ -68,17 +68,34 @@ def test_prefix_tree_page(exporter_only: str) -> None:
     assert not at.exception
 
 
-def test_prefix_tree_page_documented_shapes(documented_only: str) -> None:
+def test_prefix_tree_page_with_a_topology_and_a_pool_change(topology_only: str) -> None:
+    """Hand-computed from topology_cluster.py (its docstring lays out every input)."""
     at = run("prefix_tree")
     m = metrics(at)
-    assert (m["Nodes"], m["Blocks"], m["Root fan-out"], m["Depth p99 (edges)"]) == ("3", "20", "2", "2")
-    assert m["Duplicated share"] == "18.0%" and m["On 3+ workers"] == "3"
-    hot = at.dataframe[0].value
-    assert list(hot["branch"]) == ["3f2a9c01", "77e10000"] and list(hot["workers"]) == ["w0, w3", "w1"]
-    tables = [d.value for d in at.dataframe]
-    assert any("segment" in t.columns and t["rekeys"].tolist() == [42] for t in tables)
-    assert any("reshuffled_share" in t.columns for t in tables)
-    assert any("before_hit_tokens" in t.columns and t["after_hit_tokens"].tolist() == [0] for t in tables)
+    # Radix nodes S, A, B, C; blocks 2 + 3 + 2 + 2; root children S1 and C1.
+    assert (m["Nodes"], m["Blocks"], m["Root fan-out"]) == ("4", "9", "2")
+    # Leaf depths in edges: A 2, B 2, C 1 → cumulative (le=1: 1, le=2: 3); rank 0.99 × 3 = 2.97
+    # falls in (1, 2]: 1 + (2.97 − 1) / 2 = 1.985.
+    assert m["Depth p99 (edges)"] == "1.985"
+    # S on w0, w1, w2 (2 blocks), A on w0, w1 (3), B on w2 and C on w3 (4): 5 of 9 duplicated.
+    assert (m["Blocks on 1 worker"], m["On 2 workers"], m["On 3+ workers"]) == ("4", "3", "2")
+    assert m["Duplicated share"] == "55.6%"
+    hot, lost, rekeyed, pools = (d.value for d in at.dataframe)
+    # Hits of the last 5 minutes: A 80 + 80 (u0, u1), C 32 + 32 (m0b, m1), S 32 (v0 on w0).
+    assert hot.to_dict("records") == [
+        {"rank": 1, "branch": "1a1a0000", "hit_tokens": 160.0, "blocks": 3, "workers": "w0, w1", "sessions": 2},
+        {"rank": 2, "branch": "1c1c0000", "hit_tokens": 64.0, "blocks": 2, "workers": "w3", "sessions": 2},
+        {"rank": 3, "branch": "51510000", "hit_tokens": 32.0, "blocks": 2, "workers": "w0, w1, w2", "sessions": 1}]
+    # B had 64 + 64 (v0, v1 on w2) in the earlier window and nothing once w2 left; A (160 → 160)
+    # and C (32 → 64) did not lose.
+    assert lost.to_dict("records") == [{"branch": "1b1b0000", "before_hit_tokens": 128.0, "after_hit_tokens": 0.0}]
+    # New mobile keys in the later window: m0b (continues m0) and m1 → 1 re-key of 2.
+    assert rekeyed.to_dict("records") == [{"segment": "mobile", "rekeys": 1, "share": 0.5}]
+    # Pool 4 → 3 when w2 aged out; of u0, u1, v0, v1 (served before and after) v0 and v1 moved: 2 / 4.
+    (pool,) = pools.to_dict("records")
+    assert (pool["before"], pool["after"], pool["reshuffled_share"]) == (4, 3, 0.5)
+    at.radio(key="tree_by").set_value("blocks").run()
+    assert not at.exception
 
 
 def test_workers_page(exporter_only: str) -> None:
@@ -91,15 +108,30 @@ def test_workers_page(exporter_only: str) -> None:
     assert ranking["used"].round(3).tolist() == [0.02, 0.04]
 
 
-def test_workers_page_documented_shapes(documented_only: str) -> None:
+def test_workers_page_with_a_topology_and_a_pool_change(topology_only: str) -> None:
+    """Hand-computed from topology_cluster.py (its docstring lays out every input)."""
     at = run("workers")
+    m = metrics(at)
+    assert m["Resident blocks vs capacity"] == "1.0%"  # max over workers: w2's 4 / 400
+    # Placements in the last 5 minutes (best holder's domain vs the chosen worker's): u0, u1
+    # (n0-d0 → w0, w1), v1 (w2's n1-d0 → w3), m0b, m1 (w3) hit; v0 (w2's n1-d0 → w0) misses: 5 / 6.
+    assert m["Topology-aware placement"] == "83.3%"
+    # 2 migrations (v0 hard, v1 soft) in 300 s → 0.4/min; only v0 crossed nodes (n1 → n0) → 0.2/min.
+    assert m["Session migrations per minute"] == "0.4/min"
+    assert m["Cross-node migrations per minute"] == "0.2/min"
     ranking = at.dataframe[0].value
-    assert list(ranking["worker"]) == ["w1", "w0", "w3"]
-    assert ranking["used"].round(3).tolist() == [0.25, 0.9, 0.875]
+    # Effective cache value = resident blocks × 16 × hit ratio of the window's records:
+    # w3 2 × 16 × (0 + 32 + 32) / (80 + 112 + 48) = 8.53; w0 5 × 16 × (80 + 32) / (96 + 80) = 50.9;
+    # w1 5 × 16 × 80 / 96 = 66.7; w2 served nothing in the window: no value, unranked, last.
+    assert list(ranking["worker"]) == ["w3", "w0", "w1", "w2"]
+    assert ranking["effective_cache_value_tokens"].round(2).tolist()[:3] == [8.53, 50.91, 66.67]
+    assert ranking["effective_cache_value_tokens"].isna().tolist() == [False, False, False, True]
+    assert ranking["used"].tolist() == [2 / 400, 5 / 1000, 5 / 1000, 4 / 400]
+    assert ranking["warm_pool"].tolist() == [True, False, False, False]
     domains = at.dataframe[1].value
     assert domains.to_dict("records") == [
-        {"nvlink_domain": "n0-d0", "node": "n0", "workers": "w0, w1", "resident_blocks": 11500.0},
-        {"nvlink_domain": "n1-d0", "node": "n1", "workers": "w3", "resident_blocks": 7000.0}]
+        {"nvlink_domain": "n0-d0", "node": "n0", "workers": "w0, w1", "resident_blocks": 10.0},
+        {"nvlink_domain": "n1-d0", "node": "n1", "workers": "w2, w3", "resident_blocks": 6.0}]
 
 
 def test_alerts_page_falls_back_to_the_exporters_firing_checks(exporter_only: str) -> None:

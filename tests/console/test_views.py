@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from console.alert_groups import group_alerts
 from console.tree_view import bucket_rows, icicle_columns, removal_ranking
-from tests.console import payloads
+from tests.console import topology_cluster
 
 
 def alert(name: str, state: str = "firing", active: str = "2026-11-29T10:00:00Z", **labels: str) -> dict:
@@ -36,13 +36,18 @@ def test_unknown_alerts_are_kept_but_not_linked() -> None:
 
 
 def test_icicle_columns_use_unique_paths_and_chosen_size() -> None:
-    cols = icicle_columns(payloads.tree()["root"], "hits")
-    assert cols["ids"] == ["root", "root/3f2a9c0100000000", "root/3f2a9c0100000000/aa00000000000001",
-                           "root/77e1000000000000"]
-    assert cols["parents"] == ["", "root", "root/3f2a9c0100000000", "root"]
-    assert cols["values"] == [0.0, 40960.0, 8192.0, 1024.0]
-    assert cols["workers"][1] == "w0, w3"
-    assert icicle_columns(payloads.tree()["root"], "blocks")["values"] == [0.0, 12.0, 3.0, 5.0]
+    api = topology_cluster.routes(1_800_000_000.0)
+    root = api["tree"]({})["root"]
+    s, a, b, c = "root/5151000000000001", "root/5151000000000001/1a1a000000000001", \
+        "root/5151000000000001/1b1b000000000001", "root/1c1c000000000001"
+    cols = icicle_columns(root, "hits")
+    assert cols["ids"] == ["root", s, a, b, c]
+    assert cols["parents"] == ["", "root", s, s, "root"]
+    # Hit tokens per node = 16 per hit per block (topology_cluster.py): S 7 hits × 2 blocks,
+    # A 4 × 3, B 2 × 2, C 3 × 2.
+    assert cols["values"] == [0.0, 224.0, 192.0, 64.0, 96.0]
+    assert cols["workers"][1:] == ["w0, w1, w2", "w0, w1", "w2", "w3"]
+    assert icicle_columns(root, "blocks")["values"] == [0.0, 2.0, 3.0, 2.0, 2.0]
 
 
 def test_bucket_rows_skip_malformed_pairs() -> None:
@@ -51,6 +56,8 @@ def test_bucket_rows_skip_malformed_pairs() -> None:
 
 
 def test_removal_ranking_puts_unranked_workers_last() -> None:
-    workers = [*payloads.WORKERS, {"worker": "w9", "resident_blocks": None, "capacity_blocks": None}]
-    assert [r["worker"] for r in removal_ranking(workers)] == ["w1", "w0", "w3", "w9"]
+    workers = topology_cluster.routes(1_800_000_000.0)["hotspots"]({})["workers"]
+    workers = [*workers, {"worker": "w9", "resident_blocks": None, "capacity_blocks": None}]
+    # Ranked by effective cache value (w3 < w0 < w1); w2 has none in the window, w9 no data at all.
+    assert [r["worker"] for r in removal_ranking(workers)] == ["w3", "w0", "w1", "w2", "w9"]
     assert removal_ranking(workers)[-1]["used"] is None
