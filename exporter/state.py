@@ -459,8 +459,10 @@ class ClusterState:
             # Availability and placement are judged by what the router faced. A record arrives
             # after its response, when the chosen worker already holds this request's own blocks,
             # so its depth is the cached tokens the engine reported at admission (the other
-            # workers' are unaffected).
-            depths = dict(match.per_worker)
+            # workers' are unaffected). A worker that left the pool holds nothing the router could
+            # use, whatever its last view says.
+            depths = {w: d for w, d in match.per_worker.items()
+                      if w == worker or not self._left_pool(w, "worker")}
             if cached is not None:
                 depths[worker] = min(len(hashes), cached // bs)
             best = max(depths.values(), default=0)

@@ -194,3 +194,13 @@ def test_a_worker_that_left_the_pool_has_no_kv_freshness_series():
     assert ("w0",) not in last and ("w1",) in last
     st.ingest_records([rec(120, "r4", "w0", 64)], 120)  # traffic reaches w0 again: blind, and stale
     assert ("w0",) in st.series().gauges[f"{P}_kv_event_last_timestamp_seconds"]
+
+
+def test_a_worker_that_left_the_pool_offers_no_reusable_tokens():
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16),)), 99.0)
+    st.ingest_records([rec(100, "r1", "w0", 64), rec(100, "r2", "w1", 64)], 100)
+    _up(st, "w0", "worker", 0.0)  # w0 dies with its cache; traffic goes elsewhere
+    st.ingest_records([rec(110, "r3", "w1", 64)], 110)
+    st.ingest_records([rec(120, "r4", "w1", 64, block_hashes=[1, 2, 3, 4], block_size=16, cached_tokens=0)], 120)
+    assert st.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 0
