@@ -34,7 +34,7 @@ from exporter.state import ClusterState
 from exporter.thresholds import load_thresholds
 from fleet.cache import CacheEvent, Cleared, Removed, Stored
 from fleet.clock import VirtualClock
-from fleet.engine import EngineRequest, EngineResult, SimEngine
+from fleet.engine import QueuedRequest, SimEngine
 from fleet.policies import POLICIES
 from fleet.router import Router, RouterConfig
 from fleet.simulation import worker_spec
@@ -165,13 +165,16 @@ def load_trace(path: Path, block_size: int | None = None) -> Trace:
 
 # ---- the simulated fleet ------------------------------------------------------------------
 class _ReplayEngine(SimEngine):
-    """A SimEngine that remembers how many leading blocks were resident when a request arrived."""
+    """A SimEngine that remembers how many leading blocks (the trace's partial last block
+    included) were resident when each request was admitted."""
 
-    last_match = 0
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.matches: dict[str, int] = {}
 
-    def execute(self, req: EngineRequest) -> EngineResult:
-        self.last_match = self.lookup(req.block_hashes or ())
-        return super().execute(req)
+    def _start(self, w: QueuedRequest, t: float, forced: bool) -> None:
+        self.matches[w.req.request_id] = self.cache.match(w.req.block_hashes or ())
+        super()._start(w, t, forced)
 
 
 def _to_model(events: list[CacheEvent], block_size: int) -> tuple[KvEvent, ...]:
@@ -221,8 +224,12 @@ class Replay:
             spec = replace(worker_spec(topology, w, seed), spec_tokens=0, max_model_len=10**9)
             self.engines[w.name] = _ReplayEngine(spec, self.clock, on_events=self._on_events(w.name))
             self.seqs[w.name] = 0
-        self.router = Router(topology, self.engines, self.clock, config=RouterConfig(policy=policy), seed=seed)
+        # Records arrive when an engine admits the request (later than its arrival when timed).
+        self.router = Router(topology, self.engines, self.clock, config=RouterConfig(policy=policy), sink=self,
+                             seed=seed)
         self.tallies = {name: _Tally() for name in self.engines}
+        self._routed: dict[str, TraceRequest] = {}  # request id -> its trace line, until admitted
+        self.hit_total = self.prompt_total = 0
 
     def _on_events(self, worker: str):
         bs = self.topology.block_size
@@ -250,7 +257,6 @@ class Replay:
     def run(self) -> dict[str, Any]:
         self._snapshot()  # counters start at zero, so the first real scrape counts as an increase
         next_snapshot = self.start + SNAPSHOT_EVERY_S
-        hit_total = prompt_total = 0
         for i, tr in enumerate(self.trace.requests):
             arrival = self.start + tr.t
             if self.timed:
@@ -268,30 +274,40 @@ class Replay:
                              turn=1, prompt_tokens=len(tr.block_hashes) * tr.block_size,
                              block_hashes=list(tr.block_hashes), output_tokens=max(1, tr.output_tokens),
                              segment=tr.segment, kind="trace", block_size=tr.block_size)
-            record = self.router.route(req)
-            if record is None:
-                continue
-            worker = record["worker"]
-            hit = tr.hit_tokens(self.engines[worker].last_match)
-            t = self.tallies[worker]
-            t.queried += tr.prompt_tokens
-            t.hits += hit
-            hit_total += hit
-            prompt_total += tr.prompt_tokens
-            record["prompt_tokens"] = tr.prompt_tokens
-            record["session_key"] = tr.session_key
-            record["cached_tokens"] = hit
-            if record.get("predicted_cached_tokens") is not None:
-                record["predicted_cached_tokens"] = min(record["predicted_cached_tokens"], tr.prompt_tokens)
-            for fld in SIMULATED_ONLY:
-                record.pop(fld, None)
-            self.state.ingest_records([record], self.clock.now())
+            self._routed[req.request_id] = tr
+            dropped = self.router.unroutable + self.router.rejected
+            if self.router.route(req) is None and self.router.unroutable + self.router.rejected > dropped:
+                del self._routed[req.request_id]  # never admitted (a waiting one stays until it is)
             if i % 256 == 0:
                 for e in self.engines.values():
                     e.tick()
         self.clock.set(max(e.finish_all() for e in self.engines.values()))
         self._snapshot()
-        return self._result(hit_total, prompt_total)
+        return self._result(self.hit_total, self.prompt_total)
+
+    # the router's sink: a request was admitted
+    def emit(self, record: dict[str, Any]) -> None:
+        tr = self._routed.pop(record["request_id"], None)
+        if tr is None:
+            return
+        worker = record["worker"]
+        hit = tr.hit_tokens(self.engines[worker].matches.pop(record["request_id"], 0))
+        t = self.tallies[worker]
+        t.queried += tr.prompt_tokens
+        t.hits += hit
+        self.hit_total += hit
+        self.prompt_total += tr.prompt_tokens
+        record["prompt_tokens"] = tr.prompt_tokens
+        record["session_key"] = tr.session_key
+        record["cached_tokens"] = hit
+        if record.get("predicted_cached_tokens") is not None:
+            record["predicted_cached_tokens"] = min(record["predicted_cached_tokens"], tr.prompt_tokens)
+        for fld in SIMULATED_ONLY:
+            record.pop(fld, None)
+        self.state.ingest_records([record], self.clock.now())
+
+    def close(self) -> None:
+        pass
 
     def _result(self, hit_total: int, prompt_total: int) -> dict[str, Any]:
         self.state.window_s = max(1.0, self.clock.now() - self.start)  # per-minute rates over the run

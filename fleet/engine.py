@@ -1,11 +1,20 @@
 """A simulated vLLM engine: paged prefix cache, continuous-batching slots and a timing model.
 
 The engine is pure (no I/O): it takes a clock, and reports KV-cache events to a callback.
-Requests occupy one of ``max_running`` slots from admission until their last token; a request
-that finds every slot busy waits for the earliest one to free (FCFS). Times are modelled, not
-slept: :meth:`SimEngine.execute` returns when each phase *will* happen on the clock, and the
-engine applies the consequences (blocks visible at prefill end, references dropped at finish,
-histograms observed) as the clock reaches them — on the next call, or on :meth:`tick`.
+Requests occupy one of ``max_running`` slots from admission until their last token. A request
+that finds every slot busy waits; when a slot frees at time t the scheduler picks among the
+requests that arrived by t: with ``affinity_admission`` on, the longest resident prefix looked
+up at t (arrival order among equals), except that a request waiting longer than
+``admission_aging_s`` goes first so cold requests cannot starve; off, arrival order (FCFS).
+Cache blocks are taken at admission, so a block computed while a request waited can be hit.
+
+Times are modelled, not slept: :meth:`SimEngine.submit` returns the result when a slot was free,
+else a :class:`Pending` handle completed when the clock (via :meth:`tick` or any later call)
+reaches the admission; :meth:`SimEngine.execute` drives the engine's own schedule ahead until
+the request is admitted, for callers that need a result at once. The engine applies the
+consequences (blocks visible at prefill end, references dropped at finish, histograms observed)
+as the clock reaches them. Handle callbacks run after the engine's lock is released, so they may
+call back into the engine or take their own locks.
 
 Timing model (per request):
 - prefill = overhead + uncached tokens / prefill_tps × (1 + context / attention_knee_tokens)
@@ -19,6 +28,7 @@ Timing model (per request):
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import random
 import threading
@@ -33,6 +43,8 @@ from fleet.hashing import chain_hashes
 
 EventCallback = Callable[[list[CacheEvent], float], None]
 
+log = logging.getLogger("prefixscope.fleet.engine")
+
 
 @dataclass(slots=True)
 class WorkerSpec:
@@ -44,6 +56,9 @@ class WorkerSpec:
     num_gpu_blocks: int = 8192
     block_size: int = 16
     max_running: int = 32
+    # A waiting request older than this is admitted next whatever its prefix (aging against
+    # starvation under affinity admission); a few typical prefills, so affinity still reorders.
+    admission_aging_s: float = 2.0
     gpus: int = 1
     attention_knee_tokens: float = 32768.0  # context length at which a prompt token costs twice as much
     prefill_overhead_s: float = 0.002  # scheduling and launch cost per request
@@ -65,6 +80,8 @@ class WorkerSpec:
             raise ValueError("num_gpu_blocks, block_size and max_running must be positive")
         if self.spec_tokens < 0:
             raise ValueError("spec_tokens must be ≥ 0")
+        if self.admission_aging_s < 0:
+            raise ValueError("admission_aging_s must be ≥ 0")
 
 
 @dataclass(slots=True)
@@ -123,6 +140,65 @@ class EngineResult:
     @property
     def finished_at(self) -> float:
         return self.arrival + self.e2e_s
+
+
+ResultCallback = Callable[[EngineResult], None]
+
+
+class Pending:
+    """A submitted request still waiting for a slot; completed at its admission."""
+
+    __slots__ = ("_callbacks", "_event", "_lock", "arrival", "request_id", "result")
+
+    def __init__(self, request_id: str, arrival: float) -> None:
+        self.request_id = request_id
+        self.arrival = arrival
+        self.result: EngineResult | None = None  # set at admission (under the engine's lock)
+        self._event = threading.Event()
+        self._callbacks: list[ResultCallback] = []
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> EngineResult | None:
+        """The result once admitted, or None if ``timeout`` passed first."""
+        self._event.wait(timeout)
+        return self.result if self._event.is_set() else None
+
+    def add_done_callback(self, fn: ResultCallback) -> None:
+        """Call ``fn(result)`` at admission (at once if the request was already admitted)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self.result)  # type: ignore[arg-type]
+
+    def _complete(self) -> None:
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self.result)  # type: ignore[arg-type]
+            except Exception:  # one consumer's failure must not stop the engine's clock
+                log.exception("admission callback for %s failed", self.request_id)
+
+
+@dataclass(slots=True)
+class QueuedRequest:
+    """A validated request in the waiting queue."""
+
+    req: EngineRequest
+    handle: Pending
+    seq: int  # submission order: breaks ties between equal arrivals
+    prompt_tokens: int
+    hashes: list[int]
+    tokens: Sequence[int] | None
+    output_tokens: int
+    reason: str
+    max_hit: int  # hit blocks at most (the last-token rule)
 
 
 @dataclass(slots=True)
@@ -190,8 +266,12 @@ class SimEngine:
         self.cache = PagedPrefixCache(spec.num_gpu_blocks, spec.block_size)
         self.counters = EngineCounters(created=clock.now())
         self._lock = threading.RLock()
-        self._slots: list[float] = []  # end times of requests holding a slot (heap)
-        self._inflight: dict[str, tuple[float, float]] = {}  # request id -> (start, end)
+        self._running = 0  # admitted and not finished, in the engine's own schedule
+        self._inflight: dict[str, tuple[float, float]] = {}  # admitted request id -> (start, end)
+        self._ends: list[tuple[float, str]] = []  # (end, request id) heap, to forget finished ones
+        self._waiting: list[QueuedRequest] = []  # in arrival order
+        self._waiting_ids: set[str] = set()
+        self._admitted: list[Pending] = []  # admitted since the last _fire
         self._due: list[_Due] = []
         self._seq = 0
 
@@ -200,27 +280,36 @@ class SimEngine:
         """Leading cached blocks for these hashes (the router's belief / "available" tokens)."""
         with self._lock:
             self._advance(self.clock.now())
-            return self.cache.match(block_hashes)
+            m = self.cache.match(block_hashes)
+        self._fire()
+        return m
 
     def load(self) -> tuple[int, int]:
         """(running, waiting) at the clock's now."""
         with self._lock:
-            now = self.clock.now()
-            self._advance(now)
-            running = sum(1 for s, e in self._inflight.values() if s <= now < e)
-            return running, len(self._inflight) - running
+            counts = self._load(self.clock.now())
+        self._fire()
+        return counts
+
+    def _load(self, now: float) -> tuple[int, int]:
+        self._advance(now)
+        self._forget(now)
+        running = sum(1 for s, e in self._inflight.values() if s <= now < e)
+        return running, len(self._inflight) - running + len(self._waiting)
 
     def snapshot(self) -> EngineSnapshot:
         with self._lock:
             now = self.clock.now()
-            running, waiting = self.load()
+            running, waiting = self._load(now)
             c = self.counters
             copy = replace(
                 c,
                 requests_success=dict(c.requests_success),
                 **{k: array("d", getattr(c, k)) for k in _OBSERVATIONS},
             )
-            return EngineSnapshot(now, running, waiting, self.cache.usage, self.cache.resident_blocks, copy)
+            snap = EngineSnapshot(now, running, waiting, self.cache.usage, self.cache.resident_blocks, copy)
+        self._fire()
+        return snap
 
     @property
     def kv_usage(self) -> float:
@@ -235,54 +324,103 @@ class SimEngine:
         """Apply everything that is due on the clock (the real-time fleet calls this often)."""
         with self._lock:
             self._advance(self.clock.now())
+        self._fire()
 
     def finish_all(self) -> float:
-        """Run every admitted request to completion regardless of the clock; returns the time of
-        the last completion (the caller may advance its clock there)."""
+        """Run every request, waiting ones included, to completion regardless of the clock;
+        returns the time of the last completion (the caller may advance its clock there)."""
         with self._lock:
             last = self.clock.now()
             while self._due:
                 last = max(last, self._due[0].t)
                 self._advance(self._due[0].t)
-            return last
+        self._fire()
+        return last
 
     def reset_cache(self) -> None:
         with self._lock:
             self._emit(self.cache.reset(), self.clock.now())
 
-    def execute(self, req: EngineRequest) -> EngineResult:
+    @property
+    def waiting(self) -> int:
+        """Requests submitted and not yet admitted."""
+        return len(self._waiting)
+
+    def submit(self, req: EngineRequest) -> EngineResult | Pending:
+        """Admit ``req`` if a slot is free at its arrival (its result), else queue it (a handle).
+
+        Raises :class:`RequestError` at once for a request the engine cannot run.
+        """
         with self._lock:
-            return self._execute(req)
+            handle = self._submit(req)
+        self._fire()
+        return handle.result if handle.result is not None else handle
+
+    def execute(self, req: EngineRequest) -> EngineResult:
+        """Submit and, if the request must wait, run the engine's schedule ahead of the clock
+        until it is admitted (the engine applies due work as its own time passes; the clock
+        itself is not moved)."""
+        with self._lock:
+            handle = self._submit(req)
+            while handle.result is None and self._due:
+                self._advance(self._due[0].t)
+        self._fire()
+        if handle.result is None:  # a waiting request implies a running one, so a due finish
+            raise RuntimeError(f"request {req.request_id!r} was never admitted")
+        return handle.result
 
     # -- internals ------------------------------------------------------------------------
     def _emit(self, events: list[CacheEvent], ts: float) -> None:
         if events and self.on_events is not None:
             self.on_events(events, ts)
 
+    def _fire(self) -> None:
+        """Complete the handles admitted so far, outside the engine's lock."""
+        if not self._admitted:
+            return
+        with self._lock:
+            ready, self._admitted = self._admitted, []
+        for handle in ready:
+            handle._complete()
+
+    def _forget(self, now: float) -> None:
+        ends, inflight = self._ends, self._inflight
+        while ends and ends[0][0] <= now:
+            end, rid = heapq.heappop(ends)
+            if inflight.get(rid, (0.0, -1.0))[1] == end:
+                del inflight[rid]
+
     def _advance(self, t: float) -> None:
-        due, c = self._due, self.counters
+        """Apply the due work up to ``t``; every time slots free, admit waiting requests."""
+        due = self._due
         while due and due[0].t <= t:
-            d = heapq.heappop(due)
-            r = d.result
-            if d.kind == "commit":
-                self._emit(self.cache.commit(r.request_id), d.t)
-                c.prompt_tokens += r.prompt_tokens
-                c.ttft.append(r.ttft_s)
-                c.queue.append(r.queue_s)
-                c.prefill.append(r.prefill_s)
-                c.prompt_lengths.append(r.prompt_tokens)
-            else:
-                self.cache.release(r.request_id)
-                self._inflight.pop(r.request_id, None)
-                c.generation_tokens += r.output_tokens
-                c.requests_success[r.finished_reason] = c.requests_success.get(r.finished_reason, 0) + 1
-                c.spec_drafts += r.spec_drafts
-                c.spec_draft_tokens += r.spec_draft_tokens
-                c.spec_accepted_tokens += r.spec_accepted_tokens
-                c.decode.append(r.decode_s)
-                c.inference.append(r.prefill_s + r.decode_s)
-                c.e2e.append(r.e2e_s)
-                c.generation_lengths.append(r.output_tokens)
+            t0 = due[0].t
+            while due and due[0].t == t0:  # all that happens at t0, before anyone is admitted
+                self._apply(heapq.heappop(due))
+            if self._waiting:
+                self._admit(t0)
+
+    def _apply(self, d: _Due) -> None:
+        c, r = self.counters, d.result
+        if d.kind == "commit":
+            self._emit(self.cache.commit(r.request_id), d.t)
+            c.prompt_tokens += r.prompt_tokens
+            c.ttft.append(r.ttft_s)
+            c.queue.append(r.queue_s)
+            c.prefill.append(r.prefill_s)
+            c.prompt_lengths.append(r.prompt_tokens)
+        else:
+            self.cache.release(r.request_id)
+            self._running -= 1
+            c.generation_tokens += r.output_tokens
+            c.requests_success[r.finished_reason] = c.requests_success.get(r.finished_reason, 0) + 1
+            c.spec_drafts += r.spec_drafts
+            c.spec_draft_tokens += r.spec_draft_tokens
+            c.spec_accepted_tokens += r.spec_accepted_tokens
+            c.decode.append(r.decode_s)
+            c.inference.append(r.prefill_s + r.decode_s)
+            c.e2e.append(r.e2e_s)
+            c.generation_lengths.append(r.output_tokens)
 
     def _push(self, t: float, kind: str, result: EngineResult) -> None:
         self._seq += 1
@@ -336,11 +474,14 @@ class SimEngine:
         step_s = base_step * (1.0 + self.spec.spec_step_overhead * k)
         return steps * step_s, steps, steps * k, accepted
 
-    def _execute(self, req: EngineRequest) -> EngineResult:
-        spec, knobs = self.spec, self.knobs
+    def _submit(self, req: EngineRequest) -> Pending:
+        spec = self.spec
         if not isinstance(req.request_id, str) or not req.request_id:
             raise RequestError("request_id must be a non-empty string")
-        if req.request_id in self._inflight:
+        now = self.clock.now()
+        arrival = now if req.arrival is None else float(req.arrival)
+        self._forget(min(now, arrival))
+        if req.request_id in self._inflight or req.request_id in self._waiting_ids:
             raise RequestError(f"request {req.request_id!r} is already running")
         n, hashes, tokens = self._prompt(req)
         max_tokens = int(req.max_tokens)
@@ -357,21 +498,61 @@ class SimEngine:
         else:
             out, reason = max_tokens, "length"
 
-        now = self.clock.now()
-        arrival = now if req.arrival is None else float(req.arrival)
         self._advance(arrival)
+        self._seq += 1
+        w = QueuedRequest(req, Pending(req.request_id, arrival), self._seq, n, hashes, tokens, out, reason,
+                     (n - 1) // spec.block_size)
+        queue = self._waiting
+        if queue and queue[-1].handle.arrival > arrival:  # out of order (rare): keep arrival order
+            i = len(queue)
+            while i and queue[i - 1].handle.arrival > arrival:
+                i -= 1
+            queue.insert(i, w)
+        else:
+            queue.append(w)
+        self._waiting_ids.add(req.request_id)
+        self._admit(arrival)
+        self._advance(now)
+        return w.handle
 
-        slots = self._slots
-        while slots and slots[0] <= arrival:
-            heapq.heappop(slots)
-        start = arrival if len(slots) < spec.max_running else heapq.heappop(slots)
+    def _admit(self, t: float) -> None:
+        """Fill free slots at ``t`` from the requests that arrived by then."""
+        queue, cap = self._waiting, self.spec.max_running
+        while self._running < cap and queue and queue[0].handle.arrival <= t:
+            i, forced = self._pick(t)
+            w = queue.pop(i)
+            self._waiting_ids.discard(w.req.request_id)
+            self._start(w, t, forced)
 
+    def _pick(self, t: float) -> tuple[int, bool]:
+        """(index in the waiting queue, admitted by the aging bound) of the next admission."""
+        queue = self._waiting
+        if not self.knobs.affinity_admission or len(queue) == 1:
+            return 0, False
+        if t - queue[0].handle.arrival > self.spec.admission_aging_s:
+            return 0, True
+        match = self.cache.match
+        best_i, best = 0, -1
+        for i, w in enumerate(queue):
+            if w.handle.arrival > t:
+                break
+            m = min(match(w.hashes), w.max_hit)
+            if m > best:  # strictly longer: arrival order among equals
+                best_i, best = i, m
+                if m == w.max_hit and i == 0:
+                    break  # the oldest request with its whole prefix resident: nobody beats it
+        return best_i, False
+
+    def _start(self, w: QueuedRequest, t: float, forced: bool) -> None:
+        """Admit a waiting request at ``t``: take its blocks, model its times, schedule its work."""
+        spec, knobs, req = self.spec, self.knobs, w.req
+        n, hashes, out = w.prompt_tokens, w.hashes, w.output_tokens
         bs = spec.block_size
         extra = math.ceil((n + out) / bs) - len(hashes)
         hit_blocks, events = self.cache.acquire(
-            req.request_id, hashes, tokens, extra_blocks=extra, max_hit_blocks=(n - 1) // bs
+            req.request_id, hashes, w.tokens, extra_blocks=extra, max_hit_blocks=w.max_hit
         )
-        self._emit(events, arrival)
+        self._emit(events, t)
         cached = hit_blocks * bs
         uncached = n - cached
         context = cached + uncached / 2.0
@@ -381,14 +562,15 @@ class SimEngine:
         )
         rng = random.Random(f"{spec.seed}:{spec.name}:{req.request_id}")
         decode_s, drafts, draft_tokens, accepted = self._decode(out, rng)
-        queue_s = start - arrival
+        arrival = w.handle.arrival
+        queue_s = t - arrival
         result = EngineResult(
             request_id=req.request_id,
             worker=spec.name,
             prompt_tokens=n,
             cached_tokens=cached,
             output_tokens=out,
-            finished_reason=reason,
+            finished_reason=w.reason,
             arrival=arrival,
             queue_s=queue_s,
             prefill_s=prefill_s,
@@ -401,16 +583,19 @@ class SimEngine:
             spec_draft_tokens=draft_tokens,
             spec_accepted_tokens=accepted,
             expert_signature=self._signature(req, hashes, n, rng),
-            # an affinity-aware scheduler picks waiting requests by their cached prefix
-            admitted_by_affinity=knobs.affinity_admission and hit_blocks > 0,
+            # Chosen for its resident prefix: the pick is by prefix, so a request with one was
+            # either picked ahead of earlier arrivals or had none ahead of it; an aging-forced
+            # admission was not chosen for its prefix.
+            admitted_by_affinity=knobs.affinity_admission and hit_blocks > 0 and not forced,
         )
         c = self.counters
         c.prefix_queries += n  # vLLM counts at lookup, in tokens
         c.prefix_hits += cached
-        end = start + prefill_s + decode_s
-        heapq.heappush(slots, end)
-        self._inflight[req.request_id] = (start, end)
-        self._push(start + prefill_s, "commit", result)
+        end = t + prefill_s + decode_s
+        self._running += 1
+        self._inflight[req.request_id] = (t, end)
+        heapq.heappush(self._ends, (end, req.request_id))
+        self._push(t + prefill_s, "commit", result)
         self._push(end, "finish", result)
-        self._advance(now)
-        return result
+        w.handle.result = result
+        self._admitted.append(w.handle)

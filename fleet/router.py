@@ -9,7 +9,10 @@ Per request it measures its own index walk (wall time on a real clock, a per-blo
 virtual one, plus the injectable ``walk_delay_s``),
 follows the session anchor, migrates sessions whose worker left (soft: the KV is moved over
 NVLink or the network; hard: the new worker recomputes), runs the fallback ladder for new and
-cold sessions, executes on the engine and emits one ``prefixscope.request/v1`` record.
+cold sessions and submits to the engine. Its own state (index, sessions) changes at routing;
+the ``prefixscope.request/v1`` record is built and emitted when the engine admits the request,
+which under load is later than its arrival (``ts`` stays the arrival time, so records may reach
+the sink slightly out of ``ts`` order). Until then the request counts towards its worker's load.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import heapq
 import logging
 import random
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from alerts.config import load as load_thresholds
 from fleet.cache import Cleared, Removed, Stored
 from fleet.clock import VirtualClock
-from fleet.engine import EngineRequest, EngineResult, RequestError, SimEngine
+from fleet.engine import EngineRequest, EngineResult, Pending, RequestError, SimEngine
 from fleet.fallback import FallbackLadder, LadderConfig
 from fleet.policies import (
     POLICIES,
@@ -146,6 +150,23 @@ def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int]) -> 
         engine._emit(events, engine.clock.now())
 
 
+@dataclass(slots=True)
+class _Routed:
+    """What the router decided for a request, kept until the engine admits it."""
+
+    req: SimRequest
+    now: float  # arrival at the router: the record's ts
+    worker: str
+    model: str
+    decision: str
+    tier: str | None
+    predicted: int | None
+    walk_s: float | None
+    migrated_from: str | None
+    kind: str | None
+    migrate_s: float
+
+
 class Router:
     def __init__(self, topology: Topology, engines: Mapping[str, SimEngine], clock, *,
                  config: RouterConfig | None = None, sink: RecordSink | None = None,
@@ -167,7 +188,10 @@ class Router:
         self.displaced: dict[str, str] = {}  # session key -> the failed worker it must leave
         self.anchored: dict[str, int] = dict.fromkeys(topology.names, 0)  # sessions placed per worker
         self.relaxed: dict[str, str] = {}  # relaxed key -> last worker (re-sticky)
-        self._inflight: dict[str, list[float]] = {w: [] for w in topology.names}
+        self._inflight: dict[str, list[float]] = {w: [] for w in topology.names}  # finish times (heaps)
+        self._waiting: dict[str, int] = dict.fromkeys(topology.names, 0)  # submitted, not yet admitted
+        # Admissions may complete on another thread (the real-time fleet's tick loop).
+        self._lock = threading.RLock()
         self._rr = 0
         self._ring: HashRing | None = None
         self._cold_share = cold_reuse_share()
@@ -175,6 +199,7 @@ class Router:
         self.kv_events_dropped: dict[str, int] = dict.fromkeys(topology.names, 0)
         self.kv_last_batch: dict[str, float] = {}
         self.served = 0
+        self.deferred = 0  # requests whose admission (and record) came after their arrival
         self.unroutable = 0
         self.rejected = 0
 
@@ -192,6 +217,7 @@ class Router:
         if name not in self.pool:
             self.pool.append(name)
         self._inflight.setdefault(name, [])
+        self._waiting.setdefault(name, 0)
         self.healthy.add(name)
         self.drained.discard(name)
         self._ring = None
@@ -237,10 +263,24 @@ class Router:
 
     # -- views ---------------------------------------------------------------------------
     def load(self, worker: str, now: float) -> int:
+        """Requests sent to ``worker`` and not finished by ``now`` (waiting ones included)."""
         heap = self._inflight[worker]
         while heap and heap[0] <= now:
             heapq.heappop(heap)
-        return len(heap)
+        return len(heap) + self._waiting.get(worker, 0)
+
+    @property
+    def waiting(self) -> int:
+        """Requests submitted to an engine and not yet admitted (no record yet)."""
+        return sum(self._waiting.values())
+
+    def settle(self) -> None:
+        """Run every engine with waiting requests to completion, so their records are emitted
+        (the end of a run: nothing is left without a record)."""
+        for name, n in list(self._waiting.items()):
+            engine = self.engines.get(name)
+            if n and engine is not None:
+                engine.finish_all()
 
     def _candidates(self, names: Sequence[str], matches: Mapping[str, int], now: float) -> list[Candidate]:
         topo = self.topology
@@ -293,7 +333,13 @@ class Router:
         return min(warm, key=lambda c: (c.load / c.capacity, self.index.blocks(c.name) / c.capacity)).name
 
     def route(self, req: SimRequest) -> dict | None:
-        """Route and execute one request; returns its record (None when no worker is healthy)."""
+        """Route and submit one request. Returns its record when the engine admitted it at once;
+        None when it waits for a slot (its record goes to the sink at admission), when no worker
+        is healthy, or when the engine refused it."""
+        with self._lock:
+            return self._route(req)
+
+    def _route(self, req: SimRequest) -> dict | None:
         now = self.clock.now()
         names = self.active()
         if not names:
@@ -384,7 +430,7 @@ class Router:
                 engine = self.engines[worker]
 
         try:
-            res: EngineResult = engine.execute(EngineRequest(
+            res = engine.submit(EngineRequest(
                 request_id=req.request_id, block_hashes=hashes, prompt_tokens=req.prompt_tokens,
                 max_tokens=max(1, req.output_tokens), output_tokens=max(1, req.output_tokens),
                 arrival=now + migrate_s))
@@ -395,13 +441,6 @@ class Router:
                 log.warning("%s rejected request %s: %s — further rejections are only counted",
                             worker, req.request_id, exc)
             return None
-        async_wait = None
-        if tier == "async_prefill":
-            # the async lane runs at background priority: a prefill takes 1/share as long there
-            job = res.queue_s + res.prefill_s / max(1e-6, self.config.async_share)
-            start = self.ladder.async_start(now, job)
-            async_wait = start - now + job
-        heapq.heappush(self._inflight[worker], res.finished_at)
         if not self.stateless:
             self.index.add(worker, hashes)
         if prev != worker:
@@ -412,6 +451,30 @@ class Router:
         rk = self.ladder.relaxed_key(key)
         if rk is not None:
             self.relaxed[rk] = worker
+        routed = _Routed(req, now, worker, model, decision, tier, predicted, walk_s, migrated_from, kind, migrate_s)
+        if isinstance(res, Pending):
+            self.deferred += 1
+            self._waiting[worker] = self._waiting.get(worker, 0) + 1
+            res.add_done_callback(lambda result: self._admitted(routed, result, waited=True))
+            return None
+        return self._admitted(routed, res)
+
+    def _admitted(self, r: _Routed, res: EngineResult, waited: bool = False) -> dict:
+        """The engine admitted the request: account its load, build and emit its record."""
+        with self._lock:
+            if waited:
+                self._waiting[r.worker] -= 1
+            return self._record(r, res)
+
+    def _record(self, r: _Routed, res: EngineResult) -> dict:
+        req, now, worker, tier, migrate_s = r.req, r.now, r.worker, r.tier, r.migrate_s
+        async_wait = None
+        if tier == "async_prefill":
+            # the async lane runs at background priority: a prefill takes 1/share as long there
+            job = res.queue_s + res.prefill_s / max(1e-6, self.config.async_share)
+            start = self.ladder.async_start(now, job)
+            async_wait = start - now + job
+        heapq.heappush(self._inflight[worker], res.finished_at)
         ttft = res.ttft_s + migrate_s + (async_wait - res.ttft_s if async_wait is not None else 0.0)
         self.ladder.observe(now, tier, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
                             ttft_s=ttft, async_wait_s=async_wait)
@@ -422,23 +485,23 @@ class Router:
             "request_id": req.request_id,
             "session_key": req.session_key,
             "worker": worker,
-            "model": model,
+            "model": r.model,
             "prompt_tokens": res.prompt_tokens,
             "output_tokens": res.output_tokens,
-            "block_hashes": list(hashes),
+            "block_hashes": list(req.block_hashes),
             "block_size": req.block_size,
             "cached_tokens": res.cached_tokens,
-            "predicted_cached_tokens": predicted,
+            "predicted_cached_tokens": r.predicted,
             "ttft_s": ttft,
             "prefill_s": res.prefill_s,
             "queue_s": res.queue_s,
-            "walk_s": walk_s,
-            "decision": decision,
+            "walk_s": r.walk_s,
+            "decision": r.decision,
             "fallback_tier": tier,
             "async_wait_s": async_wait,
-            "migrated_from": migrated_from,
-            "migration_kind": kind,
-            "migrate_s": migrate_s if kind == "soft" else None,
+            "migrated_from": r.migrated_from,
+            "migration_kind": r.kind,
+            "migrate_s": migrate_s if r.kind == "soft" else None,
             "expert_signature": res.expert_signature,
             "admitted_by_affinity": res.admitted_by_affinity,
             "segment": req.segment,

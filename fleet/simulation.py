@@ -76,6 +76,7 @@ class Simulation:
         self.track_placement = track_placement
         self.placements: list[tuple[float, frozenset[str], str]] = []
         self._outer_sink = sink
+        self._fresh: list[dict] = []  # records emitted since the run loop last handed them on
         self.fleet = fleet
         if fleet is None:
             self.engines = {w.name: SimEngine(worker_spec(topology, w, self.seed), self.clock,
@@ -96,11 +97,23 @@ class Simulation:
         for name in self.engines:  # standby workers too: they are warmed before they join
             self._warm(name)
 
-    # the router's sink: keep every record, pass it on
+    # the router's sink (called when an engine admits a request): keep every record, pass it on
     def emit(self, record: dict) -> None:
         self.records.append(record)
+        if self.track_placement:
+            self._placement(record)
+        self._fresh.append(record)
         if self._outer_sink is not None:
             self._outer_sink.emit(record)
+
+    def _hand_on(self, on_request: Callable[[dict | None], None] | None) -> None:
+        """Give the records emitted since the last call to ``on_request`` (None if there were none:
+        it is still called once per routed request)."""
+        fresh, self._fresh = self._fresh, []
+        if on_request is None:
+            return
+        for record in fresh or (None,):
+            on_request(record)
 
     def close(self) -> None:
         if self._outer_sink is not None:
@@ -256,22 +269,22 @@ class Simulation:
                 break
             until(req.t)
             self._goto(req.t, virtual)
-            record = self.router.route(req)
-            if record is not None and self.track_placement:
-                self._placement(record)
-            if on_request is not None:
-                on_request(record)
+            self.router.route(req)
+            self._hand_on(on_request)
         if should_stop is None or not should_stop():
             until(self.duration_s)
             self._goto(self.duration_s, virtual)
+        self.router.settle()  # requests still waiting for a slot are admitted and recorded
+        if self._fresh:
+            self._hand_on(on_request)
         return SimResult(sc, self.topology, self.router, self.engines, self.records, self.samples, self.start,
                          time.perf_counter() - wall, self.events, self.placements)
 
     def _placement(self, record: dict) -> None:
         """Ground truth for topology-aware placement: where the longest cached prefix lives.
 
-        Looked up right after routing: the request's own blocks only become visible at the end
-        of its prefill, so the caches still show what the router faced.
+        Looked up at admission: the request's own blocks only become visible at the end of its
+        prefill, so the caches still show what the request faced.
         """
         hashes = record["block_hashes"]
         depth = {name: eng.cache.match(hashes) for name, eng in self.engines.items()}

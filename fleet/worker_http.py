@@ -23,7 +23,7 @@ from typing import Any
 
 from fleet import tokenizer
 from fleet.clock import RealClock
-from fleet.engine import EngineRequest, EngineResult, RequestError, SimEngine
+from fleet.engine import EngineRequest, EngineResult, Pending, RequestError, SimEngine
 from fleet.metrics_text import CONTENT_TYPE, render_metrics
 
 log = logging.getLogger("prefixscope.fleet.http")
@@ -31,6 +31,7 @@ log = logging.getLogger("prefixscope.fleet.http")
 WORKER_HEADER = "x-prefixscope-worker"
 MAX_BODY = 8 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 16
+ADMISSION_POLL_S = 0.005  # how often a waiting request checks the clock for a free slot
 _WORDS = ("the", "cache", "prefix", "block", "token", "router", "worker", "hit", "warm", "sim")
 
 RequestCallback = Callable[[EngineResult, dict[str, str], str], None]
@@ -193,10 +194,30 @@ class WorkerServer:
         if self._thread is not None:
             self._thread.join(5)
 
-    def wait(self, seconds: float) -> None:
-        """Let modelled time pass for a response (only on the real clock)."""
-        if self.realtime and seconds > 0 and self.delay_scale > 0:
-            time.sleep(seconds * self.delay_scale)
+    @property
+    def paced(self) -> bool:
+        """Responses wait for modelled time (a real clock and a non-zero delay scale)."""
+        return self.realtime and self.delay_scale > 0
+
+    def run(self, req: EngineRequest) -> EngineResult:
+        """Submit to the engine; a request that finds every slot busy waits for its admission."""
+        if not self.paced:
+            return self.engine.execute(req)  # no time passes: run the engine's schedule ahead
+        res = self.engine.submit(req)
+        if not isinstance(res, Pending):
+            return res
+        while True:
+            result = res.wait(ADMISSION_POLL_S)
+            if result is not None:
+                return result
+            self.engine.tick()  # a slot frees on the clock; nobody else may be ticking this engine
+
+    def wait_until(self, t: float) -> None:
+        """Let the clock reach ``t`` (an absolute first-token or finish time; real clock only)."""
+        if self.paced:
+            remaining = t - self.engine.clock.now()
+            if remaining > 0:
+                time.sleep(remaining * self.delay_scale)
         self.engine.tick()
 
 
@@ -350,7 +371,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(503, "engine is unhealthy")
         sig = body.get("expert_signature") if isinstance(body.get("expert_signature"), str) else None
         try:
-            result = eng.execute(EngineRequest(rid, token_ids=toks, max_tokens=max_tokens, expert_signature=sig))
+            result = self.worker.run(EngineRequest(rid, token_ids=toks, max_tokens=max_tokens, expert_signature=sig))
         except RequestError as e:
             raise ApiError(400, str(e), e.param) from None
         cb = self.worker.on_request
@@ -388,7 +409,7 @@ class _Handler(BaseHTTPRequestHandler):
         text = fake_text(r.output_tokens)
         obj = "chat.completion" if chat else "text_completion"
         if not stream:
-            w.wait(r.e2e_s)
+            w.wait_until(r.finished_at)
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                           "finish_reason": r.finished_reason}
@@ -425,9 +446,9 @@ class _Handler(BaseHTTPRequestHandler):
 
         if chat:
             emit(piece(None, None, role=True))
-        w.wait(r.ttft_s)
+        w.wait_until(r.first_token_at)
         emit(piece(text[:1], None))
-        w.wait(r.decode_s)
+        w.wait_until(r.finished_at)
         if len(text) > 1:
             emit(piece(text[1:], None))
         emit(piece(None if chat else "", r.finished_reason))
@@ -446,7 +467,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "streaming /generate is not supported by the simulator", "stream")
         rid = "gnt-" + uuid.uuid4().hex
         r = self._run(rid, toks, max_new, body)
-        self.worker.wait(r.e2e_s)
+        self.worker.wait_until(r.finished_at)
         finish = {"type": r.finished_reason, "length": r.output_tokens} if r.finished_reason == "length" else {
             "type": "stop", "matched": None}
         self._json(200, {"text": fake_text(r.output_tokens), "meta_info": {

@@ -4,7 +4,7 @@ import pytest
 
 from fleet.cache import Stored
 from fleet.clock import VirtualClock
-from fleet.engine import EngineRequest, RequestError, SimEngine, WorkerSpec
+from fleet.engine import EngineRequest, Pending, RequestError, SimEngine, WorkerSpec
 
 
 def make(**kw):
@@ -169,3 +169,106 @@ def test_bad_requests_raise_request_error(req):
     with pytest.raises(RequestError):
         eng.execute(req)
     assert eng.counters.prefix_queries == 0
+
+
+# -- admission order in continuous batching ------------------------------------------------
+P = list(range(1, 65))  # 4 full blocks, made resident before each scenario below
+
+
+def near(x: float):
+    return pytest.approx(x, abs=1e-6)  # times near 1.8e9 s carry ~1e-7 s of float error
+
+
+def _queue_behind_busy(aging_s: float = 2.0, affinity: bool = True):
+    """One slot, warm prefix P; at T a cold 100-token request takes the slot until T+0.1; at
+    T+0.01 'older' arrives (1 block of P resident + 84 cold tokens), at T+0.02 'hot' (all of P
+    resident + 16 tokens). Returns the engine, clock, T and the three submissions."""
+    eng, clock, _events = make(max_running=1, admission_aging_s=aging_s)
+    run(eng, clock, "warm", P)
+    eng.knobs.affinity_admission = affinity
+    t0 = clock.now()
+    busy = eng.submit(EngineRequest("busy", token_ids=[7] * 100, max_tokens=1))
+    clock.advance(0.01)
+    older = eng.submit(EngineRequest("older", token_ids=[*P[:16], *range(1000, 1084)], max_tokens=1))
+    clock.advance(0.01)
+    hot = eng.submit(EngineRequest("hot", token_ids=[*P, *range(2000, 2016)], max_tokens=1))
+    return eng, clock, t0, busy, older, hot
+
+
+def test_submit_returns_a_result_when_a_slot_is_free_else_a_pending_handle():
+    eng, clock, _t0, busy, older, hot = _queue_behind_busy()
+    assert busy.queue_s == 0.0 and busy.prefill_s == near(0.1)
+    assert isinstance(older, Pending) and isinstance(hot, Pending)
+    assert not older.done and older.wait(0) is None
+    assert eng.load() == (1, 2) and eng.waiting == 2
+    admitted = []
+    hot.add_done_callback(lambda r: admitted.append(r.request_id))
+    older.add_done_callback(lambda r: admitted.append(r.request_id))
+    clock.advance(1.0)
+    eng.tick()
+    assert admitted == ["hot", "older"] and older.done and hot.done
+    assert eng.load() == (0, 0)
+
+
+def test_affinity_admits_a_later_request_with_a_resident_prefix_ahead_of_an_earlier_colder_one():
+    eng, clock, t0, _, older, hot = _queue_behind_busy()
+    clock.advance(1.0)
+    eng.tick()
+    h, o = hot.result, older.result
+    # at T+0.1 the slot frees: hot (4 resident blocks, last-token rule keeps all 4 of 5) beats older (1)
+    assert h.arrival == near(t0 + 0.02) and h.queue_s == near(0.08)
+    assert h.cached_tokens == 64 and h.prefill_s == near(16 / 1000)
+    # older follows when hot ends at T+0.116, 0.106 s after its arrival
+    assert o.queue_s == near(0.106) and o.cached_tokens == 16
+    assert h.queue_s < o.queue_s
+    assert h.admitted_by_affinity and o.admitted_by_affinity  # older: nothing earlier was waiting
+    assert h.first_token_at == near(t0 + 0.116)
+
+
+def test_aging_bound_admits_the_long_waiting_request_first():
+    eng, clock, _t0, _, older, hot = _queue_behind_busy(aging_s=0.05)
+    clock.advance(1.0)
+    eng.tick()
+    o, h = older.result, hot.result
+    # at T+0.1 older has waited 0.09 s > 0.05 s: forced in, though hot has the longer prefix
+    assert o.queue_s == near(0.09) and o.cached_tokens == 16
+    assert not o.admitted_by_affinity  # forced by the bound, not chosen for its prefix
+    # hot, alone in the queue when older ends at T+0.1+0.084, is admitted for its prefix
+    assert h.queue_s == near(0.1 + 0.084 - 0.02)
+    assert h.admitted_by_affinity
+
+
+def test_knob_off_keeps_first_come_first_served_and_never_flags():
+    eng, clock, _t0, _, older, hot = _queue_behind_busy(affinity=False)
+    clock.advance(1.0)
+    eng.tick()
+    o, h = older.result, hot.result
+    assert o.queue_s == near(0.09)
+    assert h.queue_s == near(0.1 + 0.084 - 0.02)
+    assert not o.admitted_by_affinity and not h.admitted_by_affinity
+
+
+def test_a_queued_request_hits_blocks_computed_while_it_waited():
+    eng, clock, events = make(max_running=1)
+    a = eng.submit(EngineRequest("a", token_ids=P, max_tokens=1))  # cold: prefill 0.064 s
+    clock.advance(0.01)
+    b = eng.submit(EngineRequest("b", token_ids=[*P, *range(500, 516)], max_tokens=1))
+    assert isinstance(b, Pending)
+    clock.advance(0.1)
+    eng.tick()
+    r = b.result
+    # a's blocks are stored at the end of its prefill, the instant its slot frees: b takes them
+    assert r.queue_s == near(0.054) and r.cached_tokens == 64
+    stored = [(ts, ev.hashes) for ts, evs in events for ev in evs if isinstance(ev, Stored)]
+    assert stored[0] == (near(a.arrival + 0.064), tuple(a.block_hashes))
+    assert stored[1][1] == (r.block_hashes[4],)  # only b's one new block is stored
+    assert eng.counters.prefix_hits == 64
+
+
+def test_execute_runs_the_schedule_ahead_until_admission_without_moving_the_clock():
+    eng, clock, _ = make(max_running=1)
+    t0 = clock.now()
+    a = eng.execute(EngineRequest("a", token_ids=P, max_tokens=1))
+    b = eng.execute(EngineRequest("b", token_ids=P, max_tokens=1))
+    assert b.queue_s == near(a.prefill_s) and b.cached_tokens == 48  # a's blocks, last-token rule
+    assert clock.now() == t0 and eng.load() == (1, 1)

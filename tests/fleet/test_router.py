@@ -222,3 +222,58 @@ def test_model_downgrade_exits_past_its_share_of_traffic() -> None:
     for i in range(3):
         ladder.observe(10.0 + i, "model_downgrade", prompt_tokens=100, cached_tokens=0, ttft_s=0.5)
     assert not ladder.usable("model_downgrade", 13.0)  # 3 of 11 requests (27 %) > 20 %
+
+
+def test_a_request_waiting_for_a_slot_is_recorded_at_admission_with_its_arrival_ts() -> None:
+    f = Fleet()
+    for e in f.engines.values():
+        e.spec.max_running = 1
+    a = f.send("a", _tokens(40, 320), "kay", out=200)  # holds its worker's only slot ~2.5 s
+    arrival = f.clock.advance(0.5)
+    assert f.router.route(_req("b", _tokens(41, 320), "kay", out=5)) is None  # sticky, waits
+    assert f.router.waiting == 1 and f.router.deferred == 1
+    assert f.router.load(a["worker"], arrival) == 2  # the waiting request counts as load
+    assert [r["request_id"] for r in f.sink.records] == ["a"]
+    f.clock.advance(0.1)
+    c = f.router.route(_req("c", _tokens(42, 320), "other", out=5))  # another worker, at once
+    assert c is not None and c["worker"] != a["worker"]
+    f.clock.advance(10.0)
+    for e in f.engines.values():
+        e.tick()
+    recs = {r["request_id"]: r for r in f.sink.records}
+    assert [r["request_id"] for r in f.sink.records] == ["a", "c", "b"]  # b's record came last
+    b = recs["b"]
+    assert b["ts"] == round(arrival, 6) and b["worker"] == a["worker"]
+    a_end = a["ts"] + a["ttft_s"] + f.engines[a["worker"]].counters.decode[0]
+    assert b["queue_s"] == pytest.approx(a_end - arrival, abs=1e-5)
+    assert f.router.waiting == 0 and f.router.load(a["worker"], f.clock.now()) == 0
+
+
+def test_the_exporter_takes_records_slightly_out_of_ts_order() -> None:
+    from exporter.health import Health
+    from exporter.state import ClusterState
+    from exporter.thresholds import load_thresholds
+
+    f = Fleet()
+    for e in f.engines.values():
+        e.spec.max_running = 1
+    for i in range(12):  # two sessions on their anchors, queueing behind each other
+        f.clock.advance(0.2)
+        f.router.route(_req(f"r{i}", _tokens(50 + i, 200), f"s{i % 2}", out=60))
+    f.clock.advance(30.0)
+    f.router.settle()
+    recs = f.sink.records
+    assert len(recs) == 12
+    assert [r["ts"] for r in recs] != sorted(r["ts"] for r in recs)  # arrival order was broken
+    states = []
+    for batch in (recs, sorted(recs, key=lambda r: r["ts"])):
+        st = ClusterState(Health(), load_thresholds(), f.topo, window_s=300)
+        st.ingest_records([dict(r) for r in batch], f.clock.now())
+        states.append(st)
+    ooo, ordered = states
+    assert ooo.cum.counters == ordered.cum.counters
+    assert ooo.win.sums == ordered.win.sums
+    assert ooo.now == ordered.now
+    for st in states:  # windows still expire everything once the clock has moved on
+        st.win.expire(ooo.now + 301)
+        assert st.win.sums == {}

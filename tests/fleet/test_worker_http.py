@@ -187,3 +187,35 @@ def test_unhealthy_knob_and_kill_restart_resets_cache_and_sequence():
             assert topic == b"kv@w0@sim-model" and int.from_bytes(seq, "big") == 0
         finally:
             sub.close(0)
+
+
+def test_on_the_real_clock_a_request_waits_for_a_free_slot_then_for_its_own_times():
+    import threading
+
+    from fleet.clock import RealClock
+    from fleet.engine import SimEngine
+    from fleet.worker_http import WorkerServer
+
+    # one slot; a 2000-token cold prompt takes 0.2 s of prefill, a 200-token one 0.02 s
+    spec = WorkerSpec("solo", block_size=16, max_running=1, prefill_tps=10000.0, prefill_overhead_s=0.0,
+                      attention_knee_tokens=1e12)
+    seen = []
+    server = WorkerServer(SimEngine(spec, RealClock()), on_request=lambda r, h, p: seen.append(r)).start()
+    try:
+        long_prompt = list(range(1, 2001))
+        t0 = time.monotonic()
+        first = threading.Thread(target=lambda: post(server.url, "/v1/completions",
+                                                     {"prompt": long_prompt, "max_tokens": 1}))
+        first.start()
+        time.sleep(0.05)  # the first request holds the slot
+        r = post(server.url, "/v1/completions", {"prompt": list(range(5000, 5200)), "max_tokens": 1})
+        waited = time.monotonic() - t0
+        first.join(10)
+        assert r.status_code == 200
+        second = next(x for x in seen if x.prompt_tokens == 200)
+        # admitted when the first one's slot freed (~0.15 s after it arrived), answered after its prefill
+        assert 0.1 < second.queue_s < 0.2
+        assert waited >= 0.2 + 0.02 - 0.01
+        assert server.engine.load() == (0, 0)
+    finally:
+        server.stop()
