@@ -189,7 +189,7 @@ class Router:
         self.anchored: dict[str, int] = dict.fromkeys(topology.names, 0)  # sessions placed per worker
         self.relaxed: dict[str, str] = {}  # relaxed key -> last worker (re-sticky)
         self._inflight: dict[str, list[float]] = {w: [] for w in topology.names}  # finish times (heaps)
-        self._waiting: dict[str, int] = dict.fromkeys(topology.names, 0)  # submitted, not yet admitted
+        self._waiting: dict[str, set[str]] = {w: set() for w in topology.names}  # ids submitted, not admitted
         # Admissions may complete on another thread (the real-time fleet's tick loop).
         self._lock = threading.RLock()
         self._rr = 0
@@ -217,7 +217,7 @@ class Router:
         if name not in self.pool:
             self.pool.append(name)
         self._inflight.setdefault(name, [])
-        self._waiting.setdefault(name, 0)
+        self._waiting.setdefault(name, set())
         self.healthy.add(name)
         self.drained.discard(name)
         self._ring = None
@@ -227,6 +227,7 @@ class Router:
         self.healthy.discard(name)
         self.drained.discard(name)
         self.index.clear(name)
+        self._waiting[name] = set()  # what waited there is no load on the worker that comes back
         self._ring = None
         # Its sessions move hard at their next request, even if it is back by then (empty).
         for key, w in self.sessions.items():
@@ -267,19 +268,18 @@ class Router:
         heap = self._inflight[worker]
         while heap and heap[0] <= now:
             heapq.heappop(heap)
-        return len(heap) + self._waiting.get(worker, 0)
+        return len(heap) + len(self._waiting.get(worker, ()))
 
     @property
     def waiting(self) -> int:
         """Requests submitted to an engine and not yet admitted (no record yet)."""
-        return sum(self._waiting.values())
+        return sum(len(ids) for ids in self._waiting.values())
 
     def settle(self) -> None:
         """Run every engine with waiting requests to completion, so their records are emitted
         (the end of a run: nothing is left without a record)."""
-        for name, n in list(self._waiting.items()):
-            engine = self.engines.get(name)
-            if n and engine is not None:
+        for engine in list(self.engines.values()):
+            if engine.waiting:
                 engine.finish_all()
 
     def _candidates(self, names: Sequence[str], matches: Mapping[str, int], now: float) -> list[Candidate]:
@@ -341,6 +341,12 @@ class Router:
 
     def _route(self, req: SimRequest) -> dict | None:
         now = self.clock.now()
+        # Engines admit lazily, when touched: bring those with waiting requests up to now, so
+        # their records go out and their load is current before this request is placed.
+        for name, ids in list(self._waiting.items()):
+            engine = self.engines.get(name)
+            if ids and engine is not None:
+                engine.tick()
         names = self.active()
         if not names:
             self.unroutable += 1
@@ -454,7 +460,7 @@ class Router:
         routed = _Routed(req, now, worker, model, decision, tier, predicted, walk_s, migrated_from, kind, migrate_s)
         if isinstance(res, Pending):
             self.deferred += 1
-            self._waiting[worker] = self._waiting.get(worker, 0) + 1
+            self._waiting.setdefault(worker, set()).add(req.request_id)
             res.add_done_callback(lambda result: self._admitted(routed, result, waited=True))
             return None
         return self._admitted(routed, res)
@@ -463,7 +469,7 @@ class Router:
         """The engine admitted the request: account its load, build and emit its record."""
         with self._lock:
             if waited:
-                self._waiting[r.worker] -= 1
+                self._waiting.get(r.worker, set()).discard(r.req.request_id)
             return self._record(r, res)
 
     def _record(self, r: _Routed, res: EngineResult) -> dict:

@@ -3,6 +3,8 @@ threshold (and nothing earlier in the diagnosis chain), while a healthy run move
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from alerts.config import load as load_thresholds
 from exporter.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 from fleet.harness import settled_duration
 from fleet.scenarios import PRESET_DIR, ScenarioError, load_preset, load_scenario, preset_names
-from fleet.simulation import SimResult, run_scenario, signals
+from fleet.simulation import SimResult, Simulation, run_scenario, signals
 from fleet.topology import load_topology
 
 SPEC_MATRIX = {  # SPEC.md's acceptance matrix: scenario -> diagnosis step (None: no alert)
@@ -151,3 +153,23 @@ def test_docs_list_every_preset_with_its_step_and_alerts() -> None:
         cells = [c.strip() for c in row.split("|")]
         assert cells[2] == ("—" if sc.expected_step is None else str(sc.expected_step))
         assert all(f"`{a}`" in cells[3] for a in sc.expected_alerts)
+
+
+def test_a_saturated_run_records_every_request_once_admitted_and_hands_each_on() -> None:
+    topo = load_topology()
+    topo = replace(topo, workers=tuple(replace(w, max_concurrency=1) for w in topo.workers))
+    sc = load_preset("healthy")
+    handed: list[dict] = []
+    res = run_scenario(sc, topo, duration_s=60, prewarm=False, track_placement=False)
+    ids = [r["request_id"] for r in res.records]
+    assert res.router.deferred > 0 and res.router.waiting == 0  # requests queued, none left behind
+    assert len(ids) == len(set(ids)) == res.router.served
+    assert max(r["queue_s"] for r in res.records) > 0
+    # out of ts order only by how long a request waited for its slot (until the next arrival)
+    late = max(a["ts"] - b["ts"] for a, b in pairwise(res.records))
+    ts = sorted(r["ts"] for r in res.records)
+    gap = max(b - a for a, b in pairwise(ts))
+    assert 0 < late <= max(r["queue_s"] for r in res.records) + gap + 1e-6
+    sim = Simulation(sc, topo, duration_s=60, prewarm=False, track_placement=False)
+    sim.run(on_request=lambda r: handed.append(r) if r is not None else None)
+    assert sorted(r["request_id"] for r in handed) == sorted(ids)
