@@ -199,23 +199,26 @@ def test_on_the_real_clock_a_request_waits_for_a_free_slot_then_for_its_own_time
     # one slot; a 2000-token cold prompt takes 0.2 s of prefill, a 200-token one 0.02 s
     spec = WorkerSpec("solo", block_size=16, max_running=1, prefill_tps=10000.0, prefill_overhead_s=0.0,
                       attention_knee_tokens=1e12)
-    seen = []
-    server = WorkerServer(SimEngine(spec, RealClock()), on_request=lambda r, h, p: seen.append(r)).start()
+    seen = {}
+    server = WorkerServer(SimEngine(spec, RealClock()),
+                          on_request=lambda r, h, p: seen.setdefault(r.prompt_tokens, r)).start()
     try:
-        long_prompt = list(range(1, 2001))
-        t0 = time.monotonic()
         first = threading.Thread(target=lambda: post(server.url, "/v1/completions",
-                                                     {"prompt": long_prompt, "max_tokens": 1}))
+                                                     {"prompt": list(range(1, 2001)), "max_tokens": 1}))
         first.start()
-        time.sleep(0.05)  # the first request holds the slot
+        deadline = time.monotonic() + 5
+        while server.engine.load()[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)  # until the first request holds the slot
+        t0 = time.monotonic()
         r = post(server.url, "/v1/completions", {"prompt": list(range(5000, 5200)), "max_tokens": 1})
-        waited = time.monotonic() - t0
+        answered_s = time.monotonic() - t0
         first.join(10)
         assert r.status_code == 200
-        second = next(x for x in seen if x.prompt_tokens == 200)
-        # admitted when the first one's slot freed (~0.15 s after it arrived), answered after its prefill
-        assert 0.1 < second.queue_s < 0.2
-        assert waited >= 0.2 + 0.02 - 0.01
+        a, b = seen[2000], seen[200]
+        assert b.queue_s > 0
+        assert b.arrival + b.queue_s == pytest.approx(a.finished_at, abs=1e-6)  # admitted as a's slot freed
+        assert b.prefill_s == pytest.approx(0.02)
+        assert answered_s >= b.e2e_s - 0.01  # the answer waited for the queue and its prefill
         assert server.engine.load() == (0, 0)
     finally:
         server.stop()
