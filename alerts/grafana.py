@@ -11,10 +11,10 @@ import hashlib
 
 from grafanalib import core as g
 
-from alerts.config import Thresholds
 from alerts.rules import step_group_name
-from alerts.wording import description, summary
-from exporter.catalog import CHECKS, STEPS, Check
+from prefixscope.catalog import CHECKS, STEPS, Check
+from prefixscope.thresholds import Thresholds
+from prefixscope.wording import description, summary
 
 DATASOURCE_UID = "prometheus"
 FOLDER = "prefixscope"

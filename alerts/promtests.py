@@ -3,7 +3,7 @@
 Input series are synthesised from the *shape* of each check's PromQL (counter ratio, histogram
 quantile, gauge aggregate, staleness, increase), so a new catalogue check with a new shape
 stops generation with a message naming it instead of silently going untested. Expected
-annotations are rendered with :mod:`alerts.humanize`; promtool compares them with the real
+annotations are rendered with :mod:`prefixscope.units`; promtool compares them with the real
 template engine.
 """
 
@@ -13,10 +13,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alerts.config import Thresholds
-from alerts.humanize import render_value_template
 from alerts.rules import alert_rule
-from exporter.catalog import CHECKS, METRICS_BY_NAME, RULES_BY_NAME, Check
+from prefixscope.catalog import CHECKS, METRICS_BY_NAME, RULES_BY_NAME, Check
+from prefixscope.durations import parse_duration
+from prefixscope.thresholds import Thresholds
+from prefixscope.units import render_value_template
 
 INTERVAL_S = 60
 TAIL_MINUTES = 10  # evaluate this long after `for` has elapsed: rate windows are full by then
@@ -34,10 +35,7 @@ class Synth:
 
 
 def _minutes(duration: str) -> int:
-    total = 0
-    for n, unit in re.findall(r"(\d+)(ms|s|m|h|d)", duration):
-        total += int(n) * {"ms": 0, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
-    return -(-total // 60)
+    return -(-int(parse_duration(duration)) // 60)
 
 
 def _labels_for(metric_name: str, extra: dict[str, str] | None = None) -> dict[str, str]:

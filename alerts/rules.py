@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-from alerts.config import Thresholds
-from alerts.wording import description, summary
-from exporter.catalog import CHECKS, RECORDING_RULES, STEPS, Check
+from prefixscope.catalog import CHECKS, RECORDING_RULES, STEPS, Check
+from prefixscope.thresholds import Thresholds
+from prefixscope.wording import description, summary
 
 RECORD_NAME_RE = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 ALERT_NAME_RE = re.compile(r"^Prefix[A-Z][A-Za-z0-9]+$")

@@ -71,7 +71,7 @@ def _decode(data: list[bytes], health: Health) -> None:
 
 def _fresh_state() -> Any:
     from exporter.state import ClusterState
-    from exporter.thresholds import load_thresholds
+    from prefixscope.thresholds import load_thresholds
 
     return ClusterState(Health(), load_thresholds())
 

@@ -30,8 +30,8 @@ from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
 from fleet.topology import load_topology
+from prefixscope.thresholds import load_thresholds
 
 WORKERS = 1000
 BLOCKS_PER_WORKER = 200  # resident blocks per worker (a shared system prompt plus own branches)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.catalog import CHECKS_BY_ALERT
+from prefixscope.catalog import CHECKS_BY_ALERT
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 

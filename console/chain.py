@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from console.links import Thresholds
-from exporter.catalog import CHECKS, STEPS, Check
+from prefixscope.catalog import CHECKS, STEPS, Check
 
 Status = Literal["ok", "firing", "not_instrumented"]
 SYMPTOM_KEY = "prefix_hit_rate_total"

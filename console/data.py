@@ -21,7 +21,7 @@ from console.http_json import SourceUnavailable
 from console.links import load_thresholds
 from console.prom import PrometheusClient
 from console.settings import DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
-from exporter.catalog import CHECKS, CHECKS_BY_KEY
+from prefixscope.catalog import CHECKS, CHECKS_BY_KEY
 
 TTL_S = 15
 RANGES_S = {"15 minutes": 900, "1 hour": 3600, "6 hours": 21600, "24 hours": 86400}

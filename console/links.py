@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 import yaml
 
-from alerts import config as alerts_config
-from exporter.catalog import CHECKS_BY_ALERT, STEPS
+from prefixscope import thresholds as alerts_config
+from prefixscope.catalog import CHECKS_BY_ALERT, STEPS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS_FILE = alerts_config.DEFAULT_PATH
@@ -34,7 +34,7 @@ class Thresholds:
 
 @lru_cache(maxsize=4)
 def load_thresholds(path: Path = THRESHOLDS_FILE) -> Thresholds:
-    """The validated threshold file (alerts.config), flattened to what the console shows."""
+    """The validated threshold file (prefixscope.thresholds), flattened to what the console shows."""
     th = alerts_config.load(path)
     return Thresholds(
         values={k: c.value for k, c in th.checks.items()},

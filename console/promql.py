@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from exporter.catalog import CHECKS_BY_KEY, METRICS, RECORDING_RULES, Check
+from prefixscope.catalog import CHECKS_BY_KEY, METRICS, RECORDING_RULES, Check
 
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -15,11 +15,11 @@ import attr
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
-from alerts.config import Thresholds
-from alerts.config import load as load_thresholds
-from alerts.wording import threshold_text
 from dashboards import queries as q
-from exporter.catalog import Check
+from prefixscope.catalog import Check
+from prefixscope.thresholds import Thresholds
+from prefixscope.thresholds import load as load_thresholds
+from prefixscope.wording import threshold_text
 
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

@@ -2,7 +2,7 @@
 
 from dashboards import queries as q
 from dashboards.common import check_panel, finalize, row, stat, target, timeseries
-from exporter.catalog import STEPS, checks_for_step
+from prefixscope.catalog import STEPS, checks_for_step
 
 TITLE = "Prefix locality — diagnosis chain"
 

@@ -6,7 +6,7 @@ worker-labelled ones (the ``$node`` variable narrows ``$worker`` through the top
 
 from __future__ import annotations
 
-from exporter.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check
+from prefixscope.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check
 
 
 def metric(name: str) -> str:
@@ -16,7 +16,7 @@ def metric(name: str) -> str:
 
 def rule(name: str) -> str:
     if name not in RULES_BY_NAME:
-        raise KeyError(f"{name} is not a recording rule in exporter/catalog.py")
+        raise KeyError(f"{name} is not a recording rule in prefixscope/catalog.py")
     return name
 
 

@@ -13,12 +13,12 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from exporter import catalog
 from exporter.checks import evaluate
 from exporter.prefix_index import ROOT, TreeStats
 from exporter.server import BadRequest
 from exporter.state import NO_TREE, TREE_CHILDREN_DEPTH, ClusterState, branch_label
 from exporter.windows import bucket_counts, histogram_quantile
+from prefixscope import catalog
 
 P = catalog.NAMESPACE
 

@@ -14,18 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter import catalog
 from exporter.state import ClusterState, Series
-from exporter.thresholds import threshold_value
 from exporter.windows import bucket_counts, histogram_quantile
+from prefixscope import catalog
+from prefixscope.durations import parse_duration
+from prefixscope.thresholds import threshold_value
 
 OK, FIRING, NOT_INSTRUMENTED = "ok", "firing", "not_instrumented"
 # Checks whose firing names a cause inside step 1; the global hit rate is only the symptom.
 SYMPTOM = "prefix_hit_rate_total"
 
-_DURATIONS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATIO = re.compile(r"^sum \(rate\((\w+)_total\[\w+\]\)\) / sum \(rate\((\w+)_total\[\w+\]\)\)$")
-_RATE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \(rate\((\w+)_bucket(\{[^}]*\})?\[(\d+)([smh])\]\)\)\)$")
+_RATE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \(rate\((\w+)_bucket(\{[^}]*\})?\[(\w+)\]\)\)\)$")
 _GAUGE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \((\w+)_bucket\)\)$")
 _PER_MINUTE = re.compile(r"^sum\(rate\((\w+)_total\[\w+\]\)\) \* 60$")
 _INCREASE = re.compile(r"^sum\(increase\((\w+)_total\[\w+\]\)\)$")
@@ -72,7 +72,7 @@ class _Evaluator:
             num, den = st.window_counter(m[1]), st.window_counter(m[2])
             return (num or 0.0) / den if den else None
         if m := _RATE_QUANTILE.match(expr):
-            window = float(m[4]) * _DURATIONS[m[5]]
+            window = parse_duration(m[4])
             where = _label_filter(m[2], m[3]) if m[3] else None
             got = st.window_buckets(m[2], window, where)
             return histogram_quantile(float(m[1]), got[0], got[1]) if got else None

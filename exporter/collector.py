@@ -1,6 +1,6 @@
 """The Prometheus collector: every catalogue metric, built fresh on each scrape from the state.
 
-Names, help, label names and buckets come from ``exporter.catalog``; values from
+Names, help, label names and buckets come from ``prefixscope.catalog``; values from
 ``ClusterState.series()`` (which includes the exporter's own ``Health``). A metric whose
 source signal is absent is not emitted at all, and ``prefixscope_signal_available{signal}``
 says 0 — a missing signal is never rendered as zero. Sample output::
@@ -26,10 +26,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from exporter import catalog
 from exporter.health import Health
 from exporter.state import ClusterState, Series
 from exporter.windows import bucket_counts
+from prefixscope import catalog
 
 # A metric is emitted only when the signal named by its catalogue ``source`` is available.
 ALWAYS = {"exporter"}

@@ -7,7 +7,6 @@ without reading code. Loading never raises anything but :class:`ConfigError`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+
+from prefixscope.durations import seconds
 
 PACKAGED_THRESHOLDS = Path(__file__).resolve().parent.parent / "alerts" / "thresholds.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9400"
@@ -78,24 +79,9 @@ class Config:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
 def parse_duration(value: Any) -> float:
-    """Seconds from a number or a Prometheus-style string (``500ms``, ``5s``, ``1m``)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ValueError(f'not a duration: "{value}" (use e.g. 5s, 500ms, 1m)')
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-    if seconds <= 0:
-        raise ValueError(f"must be positive: {value!r}")
-    return seconds
+    """Seconds from a number of seconds or a Prometheus duration (``500ms``, ``5s``, ``1h30m``)."""
+    return seconds(value)
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:

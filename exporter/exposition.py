@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 
-from exporter import catalog
 from exporter.collector import ALWAYS, _le
 from exporter.state import ClusterState, Series
 from exporter.windows import bucket_counts
+from prefixscope import catalog
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INF = math.inf

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from itertools import chain
 
-from exporter.catalog import METRICS_BY_NAME
+from prefixscope.catalog import METRICS_BY_NAME
 
 log = logging.getLogger("prefixscope.ingest")
 

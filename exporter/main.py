@@ -24,8 +24,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from alerts.config import ConfigError as ThresholdsError
-from exporter import __version__
 from exporter.api import ApiBuilders
 from exporter.collector import PrefixscopeCollector
 from exporter.config import (
@@ -46,9 +44,11 @@ from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
 from exporter.sources.scrape import Scraper, ScrapeTarget
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds, window_seconds
 from exporter.tree_refresher import TreeStatsRefresher
-from fleet.topology import TopologyError, load_topology
+from prefixscope import __version__
+from prefixscope.thresholds import ConfigError as ThresholdsError
+from prefixscope.thresholds import load_thresholds, window_seconds
+from prefixscope.topology import TopologyError, load_topology
 
 log = logging.getLogger("prefixscope.export")
 

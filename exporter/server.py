@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from exporter import __version__, catalog
+from prefixscope import __version__, catalog
 
 log = logging.getLogger("prefixscope.server")
 

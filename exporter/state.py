@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter import __version__, catalog
 from exporter.health import Health
 from exporter.model import (
     AllBlocksCleared,
@@ -39,6 +38,7 @@ from exporter.model import (
 from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats
 from exporter.sessions import SessionTable
 from exporter.windows import Cumulative, LabelValues, WindowedBuckets, WindowedSum
+from prefixscope import __version__, catalog
 
 P = catalog.NAMESPACE
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says

@@ -20,8 +20,6 @@ from pathlib import Path
 
 import yaml
 
-from alerts.config import load as load_thresholds
-from exporter.catalog import CHECKS_BY_ALERT, CHECKS_BY_KEY
 from fleet.control import FleetControl
 from fleet.policies import POLICIES
 from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
@@ -30,6 +28,8 @@ from fleet.simulation import ScaledClock, Simulation, signals, worker_spec
 from fleet.topology import Topology, TopologyError, load_topology
 from fleet.traces import MOONCAKE_BLOCK_SIZE, load_mooncake, replay_requests
 from fleet.workers import FleetOptions, WorkerFleet
+from prefixscope.catalog import CHECKS_BY_ALERT, CHECKS_BY_KEY
+from prefixscope.thresholds import load as load_thresholds
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -22,10 +22,12 @@ from typing import Protocol
 import requests
 from jsonschema import Draft202012Validator
 
+from prefixscope import REQUEST_SCHEMA_PATH
+
 log = logging.getLogger("prefixscope.fleet.records")
 
 SCHEMA_NAME = "prefixscope.request/v1"
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "exporter" / "schemas" / "request.v1.json"
+SCHEMA_PATH = REQUEST_SCHEMA_PATH
 
 
 @cache

@@ -25,7 +25,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from alerts.config import load as load_thresholds
 from fleet.cache import Cleared, Removed, Stored
 from fleet.clock import VirtualClock
 from fleet.engine import EngineRequest, EngineResult, Pending, RequestError, SimEngine
@@ -47,6 +46,7 @@ from fleet.policies import (
 from fleet.records import SCHEMA_NAME, RecordSink
 from fleet.topology import Topology
 from fleet.workloads import SimRequest
+from prefixscope.thresholds import load as load_thresholds
 
 log = logging.getLogger("prefixscope.fleet.router")
 

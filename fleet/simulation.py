@@ -4,7 +4,7 @@ On a :class:`~fleet.clock.VirtualClock` the driver jumps from one request arriva
 so ten simulated minutes take seconds; fleet actions (knobs, cache resets, failures, drains,
 scale-out) fire at their scenario times, and every ``sample_every_s`` the engines' gauges and
 counters are sampled (what a scrape of their /metrics would read). :func:`signals` turns a run
-into the raw value behind each checklist item of ``exporter/catalog.py`` for a time window.
+into the raw value behind each checklist item of ``prefixscope/catalog.py`` for a time window.
 """
 
 from __future__ import annotations

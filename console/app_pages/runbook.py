@@ -3,7 +3,7 @@
 import streamlit as st
 
 from console.links import load_thresholds, runbook_markdown, runbook_url
-from exporter.catalog import CHECKS
+from prefixscope.catalog import CHECKS
 
 st.title("Runbooks")
 alerts = sorted({c.alert for c in CHECKS})

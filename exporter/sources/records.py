@@ -27,11 +27,12 @@ import jsonschema
 
 from exporter.health import Health
 from exporter.model import StateSink
+from prefixscope import REQUEST_SCHEMA_PATH
 
 log = logging.getLogger("prefixscope.records")
 
 SOURCE = "records"
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "request.v1.json"
+SCHEMA_PATH = REQUEST_SCHEMA_PATH
 SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 STATUS_TOO_LARGE = 413

@@ -3,7 +3,7 @@
 A scenario runs a healthy warm-up, then injects its fault at ``fault_at_s``: a change of the
 workload (``fault_workload``), of the router (``fault_router``) and/or timed fleet ``actions``
 (engine knobs, cache resets, failures, drains, scale-out). Each preset states which diagnosis
-step (0–5) it must trip and which alerts of ``exporter/catalog.py`` (``expected_step``,
+step (0–5) it must trip and which alerts of ``prefixscope/catalog.py`` (``expected_step``,
 ``expected_alerts``); the format is documented in docs/scenarios.md.
 
 Invalid files raise :class:`ScenarioError` with ``file: field: problem`` lines.
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from exporter.catalog import CHECKS_BY_ALERT
 from fleet.engine import Knobs
 from fleet.policies import POLICIES
-from fleet.topology import FieldErrors, check_keys, check_value, load_yaml_mapping, show_value
 from fleet.workloads import WorkloadParams
+from prefixscope.catalog import CHECKS_BY_ALERT
+from prefixscope.topology import FieldErrors, check_keys, check_value, load_yaml_mapping, show_value
 
 SCHEMA = "prefixscope.scenario/v1"
 PRESET_DIR = Path(__file__).resolve().parent
@@ -223,7 +223,7 @@ def _alerts(e: FieldErrors, field: str, raw: Any, problem: Callable[[str, int], 
     for i, a in enumerate(raw):
         check = CHECKS_BY_ALERT.get(a) if isinstance(a, str) else None
         if check is None:
-            e.add(f"{field}[{i}]", f"unknown alert {show_value(a)} (not in exporter/catalog.py)")
+            e.add(f"{field}[{i}]", f"unknown alert {show_value(a)} (not in prefixscope/catalog.py)")
         elif (msg := problem(a, check.group)) is not None:
             e.add(f"{field}[{i}]", msg)
     return raw

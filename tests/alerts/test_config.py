@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import config, generate
-from exporter.catalog import CHECKS
+from alerts import generate
+from prefixscope import thresholds as config
+from prefixscope.catalog import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import config, generate, rules
-from exporter.catalog import CHECKS, RECORDING_RULES
+from alerts import generate, rules
+from prefixscope import thresholds as config
+from prefixscope.catalog import CHECKS, RECORDING_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = ROOT / "alerts" / "generated"

@@ -12,7 +12,7 @@ from exporter.api import ApiBuilders
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
+from prefixscope.thresholds import load_thresholds
 
 NOW = 1_000.0
 CHAIN = [11, 12, 13, 14]

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
-from exporter.catalog import SIGNALS
 from exporter.server import ExporterServer, ServerDeps
+from prefixscope.catalog import SIGNALS
 from tests.console import backfill, cluster, topology_cluster
 
 PROMETHEUS = "/usr/bin/prometheus"

@@ -32,7 +32,7 @@ PAGES = {
 def console_url(exporter_url: str) -> Iterator[str]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in (EXPORTER_ENV, PROMETHEUS_ENV)}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "console", "--exporter-url", exporter_url,
+    proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "console", "--exporter-url", exporter_url,
                              "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

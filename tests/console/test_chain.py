@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from console.chain import NO_DATA, Reuse, chain_from_prometheus, reuse_reading
 from console.links import load_thresholds
-from exporter.catalog import CHECKS, SIGNALS
+from prefixscope.catalog import CHECKS, SIGNALS
 
 ALL_SIGNALS = dict.fromkeys(SIGNALS, True)
 HEALTHY = {c.key: (0.95 if c.op == "<" else 0.0) for c in CHECKS}

@@ -38,8 +38,8 @@ from exporter.api import ApiBuilders
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
-from fleet.topology import parse_topology
+from prefixscope.thresholds import load_thresholds
+from prefixscope.topology import parse_topology
 
 BS = 16
 S = [0x5151_0000_0000_0001, 0x5151_0000_0000_0002]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.catalog import METRICS, NAMESPACE, RULES_BY_NAME
+from prefixscope.catalog import METRICS, NAMESPACE, RULES_BY_NAME
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _BRACES = re.compile(r"\{[^}]*\}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from alerts import config
-from exporter.catalog import CHECKS, STEPS
+from prefixscope import thresholds as config
+from prefixscope.catalog import CHECKS, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 PROV = yaml.safe_load((ROOT / "alerts" / "generated" / "grafana-alerting.yaml").read_text(encoding="utf-8"))

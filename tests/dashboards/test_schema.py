@@ -9,9 +9,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from alerts import config
 from dashboards.common import SCHEMA_VERSION
-from exporter.catalog import CHECKS, STEPS
+from prefixscope import thresholds as config
+from prefixscope.catalog import CHECKS, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = sorted((ROOT / "dashboards" / "generated").glob("*.json"))

@@ -1,6 +1,6 @@
 """One row of the scenario matrix: a preset through the exporter into Prometheus's rule engine.
 
-:func:`run_row` replays a scenario with :func:`fleet.harness.run_through_exporter` (long enough
+:func:`run_row` replays a scenario with :func:`lab.harness.run_through_exporter` (long enough
 for its alerts' ``for`` to elapse), evaluates the generated alerting and recording rules over
 the scraped history with ``promtool test rules``, and reads the diagnosis chain three ways:
 the exporter's own check evaluation, the console's chain from the exporter's /api/v1/groups,
@@ -29,9 +29,10 @@ import yaml
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import load_thresholds as console_thresholds
-from exporter import catalog
-from exporter.thresholds import load_thresholds, window_seconds
-from fleet.harness import (
+from fleet.scenarios import load_preset
+from fleet.simulation import signals
+from fleet.topology import load_topology
+from lab.harness import (
     SCRAPE_EVERY_S,
     ScrapeHistory,
     duration_seconds,
@@ -39,9 +40,8 @@ from fleet.harness import (
     run_through_exporter,
     settled_duration,
 )
-from fleet.scenarios import load_preset
-from fleet.simulation import signals
-from fleet.topology import load_topology
+from prefixscope import catalog
+from prefixscope.thresholds import load_thresholds, window_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"

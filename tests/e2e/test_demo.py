@@ -26,8 +26,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import catalog
-from fleet.demo import (
+from lab.demo import (
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
     ESSENTIAL,
@@ -40,6 +39,7 @@ from fleet.demo import (
     find_prometheus,
     next_backoff,
 )
+from prefixscope import catalog
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
@@ -181,7 +181,7 @@ class Demo:
     def __init__(self, run_dir: Path, args: list[str], env: dict[str, str] | None = None) -> None:
         self.run_dir = run_dir
         args = [*args, "--run-dir", str(run_dir)]
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", "demo", *args], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "demo", *args], cwd=REPO, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self.lines: list[str] = []

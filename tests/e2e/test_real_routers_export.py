@@ -28,17 +28,18 @@ import yaml
 from jsonschema import Draft202012Validator
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import catalog, normalize
+from exporter import normalize
 from exporter.config import DEFAULT_LISTEN, Config, HttpRecords, RouterTarget, WorkerTarget
 from exporter.main import Runtime
 from fleet.engine import WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
+from prefixscope import catalog
 from tests.e2e.routers import ENDPOINT, KINDS, RouterProcess, ask, drive, require_routers_bin, start_router
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 ACCESS_LOG_SCRIPT = REPO / "examples" / "records-from-access-log.py"
-SCHEMA = REPO / "exporter" / "schemas" / "request.v1.json"
+SCHEMA = REPO / "prefixscope" / "schemas" / "request.v1.json"
 RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
 P = catalog.NAMESPACE
 MODEL = "sim-model"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter import catalog
-from exporter.thresholds import load_thresholds
-from fleet.harness import ScrapeHistory, duration_seconds, run_through_exporter, series_key, settled_duration
 from fleet.scenarios import load_preset, parse_scenario, preset_names
 from fleet.topology import load_topology
+from lab.harness import ScrapeHistory, duration_seconds, run_through_exporter, series_key, settled_duration
+from prefixscope import catalog
+from prefixscope.thresholds import load_thresholds
 from tests.e2e.harness import (
     PROMETHEUS,
     PROMTOOL,

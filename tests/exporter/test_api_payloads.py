@@ -6,7 +6,7 @@ from exporter.api import ApiBuilders, ApiError
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
+from prefixscope.thresholds import load_thresholds
 
 
 def state() -> ClusterState:

@@ -4,7 +4,7 @@ from exporter.checks import evaluate
 from exporter.health import Health
 from exporter.model import WorkerSnapshot
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
+from prefixscope.thresholds import load_thresholds
 
 
 def make() -> ClusterState:

@@ -6,12 +6,12 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter import catalog
 from exporter.collector import PrefixscopeCollector
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
+from prefixscope import catalog
+from prefixscope.thresholds import load_thresholds
 
 
 class Topo:

@@ -20,7 +20,7 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def run_export(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "export", *args], cwd=REPO, env=ENV,
+    return subprocess.run([sys.executable, "-m", "prefixscope", "export", *args], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -77,7 +77,7 @@ def test_serves_logs_targets_and_stops_on_sigterm(tmp_path: Path) -> None:
     cfg.write_text("scrape_interval: 1s\nscrape_timeout: 500ms\n"
                    "workers:\n  - {name: w0, metrics_url: 'http://127.0.0.1:9/metrics'}\n"
                    "routers:\n  - {name: gw, metrics_url: 'http://127.0.0.1:9/metrics', kind: vllm-router}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "export", "--config.file", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "export", "--config.file", str(cfg),
                              "--web.listen-address", "127.0.0.1:0"], cwd=REPO, env=ENV,
                             stderr=subprocess.PIPE, text=True)
     try:

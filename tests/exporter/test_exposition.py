@@ -15,8 +15,8 @@ from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
 from exporter.server import ExporterServer, ServerDeps
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
-from fleet.topology import parse_topology
+from prefixscope.thresholds import load_thresholds
+from prefixscope.topology import parse_topology
 
 # Label values that need escaping, and one that merely looks odd.
 ODD = 'w"q\\uote\nline'

@@ -30,9 +30,9 @@ from exporter.model import (
 )
 from exporter.sources.kv_zmq import END_SEQ, KvEndpoint, KvEventSubscriber
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
 from fleet.cache import Removed, Stored
 from fleet.kv_publisher import KvEventPublisher
+from prefixscope.thresholds import load_thresholds
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TOKENS = list(range(16))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import replay as rp
+from lab import replay as rp
 from tests.shared_data import MOONCAKE, require
 
 

@@ -3,7 +3,7 @@
 from exporter.health import Health
 from exporter.model import BlockRemoved, BlockStored, KvBatch
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
+from prefixscope.thresholds import load_thresholds
 
 P = "prefixscope"
 SYS = [1, 2]  # a shared two-block system prompt

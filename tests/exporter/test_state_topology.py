@@ -8,8 +8,8 @@ from exporter.checks import evaluate
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
-from fleet.topology import parse_topology
+from prefixscope.thresholds import load_thresholds
+from prefixscope.topology import parse_topology
 
 P = "prefixscope"
 MODEL = ("unknown",)

@@ -17,8 +17,8 @@ from exporter.main import Runtime
 from exporter.model import BlockStored, KvBatch
 from exporter.prefix_index import PrefixIndex, compute_stats
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
 from exporter.tree_refresher import TreeStatsRefresher
+from prefixscope.thresholds import load_thresholds
 
 P = "prefixscope"
 

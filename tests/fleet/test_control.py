@@ -130,7 +130,7 @@ def test_a_worker_killed_mid_run_is_a_hard_migration_not_a_crash():
 
 def test_a_fleet_serving_without_traffic_takes_commands_from_its_manifests_control_url(tmp_path: Path) -> None:
     manifest = tmp_path / "fleet.json"
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "sim", "--no-traffic", "--workers", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "sim", "--no-traffic", "--workers", "2",
                              "--manifest", str(manifest)], cwd=Path(__file__).resolve().parents[2],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.config import load as load_thresholds
-from exporter.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
-from fleet.harness import settled_duration
 from fleet.scenarios import PRESET_DIR, ScenarioError, load_preset, load_scenario, preset_names
 from fleet.simulation import SimResult, Simulation, run_scenario, signals
 from fleet.topology import load_topology
+from lab.harness import settled_duration
+from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
+from prefixscope.thresholds import load as load_thresholds
 
 SPEC_MATRIX = {  # SPEC.md's acceptance matrix: scenario -> diagnosis step (None: no alert)
     "healthy": None, "cache-pressure": 1, "timestamp-in-system-prompt": 1, "hash-mod-reshuffle": 2,
@@ -115,7 +115,7 @@ def _bad(tmp_path: Path, changes: dict) -> Path:
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"expected_step": 7}, "bad.yaml: expected_step: must be a diagnosis step 0–5 (or null for a healthy run), got 7"),
-    ({"expected_alerts": ["PrefixNope"]}, 'bad.yaml: expected_alerts[0]: unknown alert "PrefixNope" (not in exporter/catalog.py)'),
+    ({"expected_alerts": ["PrefixNope"]}, 'bad.yaml: expected_alerts[0]: unknown alert "PrefixNope" (not in prefixscope/catalog.py)'),
     ({"expected_alerts": ["PrefixRouterTreeWalkSlow"]},
      "bad.yaml: expected_alerts[0]: PrefixRouterTreeWalkSlow belongs to step 4, not expected_step 2"),
     ({"side_effects": ["PrefixCacheNearCapacity"]},

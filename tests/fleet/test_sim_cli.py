@@ -68,7 +68,7 @@ def test_a_bad_trace_line_is_reported_and_the_rest_replayed(tmp_path: Path, caps
 
 
 def _sim(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "exporter", "sim", *args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "prefixscope", "sim", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -100,7 +100,7 @@ def test_a_missing_capability_names_the_worker_and_where_to_set_it(tmp_path: Pat
     with pytest.raises(TopologyError) as e:
         load_topology(_write(tmp_path, data))
     lines = str(e.value).splitlines()
-    assert "bad.yaml: workers[4].decode_tps: missing (set it on the worker or on gpu_classes.A100)" in lines
+    assert "bad.yaml: workers[4].decode_tps: missing (the simulator needs it; set it on the worker or on gpu_classes.A100)" in lines
     assert len(lines) == 4  # one line per A100 worker: every problem is reported at once
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.catalog import CHECKS, STEPS
+from prefixscope.catalog import CHECKS, STEPS
 from tests.dashboards.promql_names import metric_names, unknown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_runbook_structure(alert: str) -> None:
 
 def test_runbooks_name_the_metrics_of_their_own_check() -> None:
     """A runbook is specific: its Diagnosis queries the check's own value (or its inputs)."""
-    from exporter.catalog import RULES_BY_NAME
+    from prefixscope.catalog import RULES_BY_NAME
 
     for check in CHECKS:
         diagnosis = _sections((RUNBOOKS / f"{check.alert}.md").read_text(encoding="utf-8"))["Diagnosis"]

@@ -7,22 +7,20 @@ and all problems are collected before failing, so one run shows everything to fi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from exporter.catalog import CHECKS
+from prefixscope.catalog import CHECKS, Check
+from prefixscope.durations import is_duration, parse_duration
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PATH = REPO_ROOT / "alerts" / "thresholds.yaml"
 RUNBOOKS_DIR = REPO_ROOT / "runbooks"
 SCHEMA = "prefixscope.thresholds/v1"
 SEVERITIES = ("critical", "warning", "info")
-# Prometheus duration syntax as rule files accept it (a subset: one or more number+unit pairs).
-DURATION_RE = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 
 TOP_LEVEL = ("schema", "window", "cold_reuse_share", "runbook_url_base", "dashboard_url_base", "checks")
 CHECK_FIELDS = ("value", "for", "severity")
@@ -53,6 +51,17 @@ class Thresholds:
 
     def runbook_url(self, alert: str) -> str:
         return f"{self.runbook_url_base}{alert}.md"
+
+    @property
+    def window_s(self) -> float:
+        """The rate window in seconds (the exporter's windows and every generated rule)."""
+        return parse_duration(self.window)
+
+    def value(self, check: Check) -> float:
+        return self.checks[check.threshold].value
+
+    def for_s(self, check: Check) -> float:
+        return parse_duration(self.checks[check.threshold].for_)
 
 
 def _display(path: Path) -> str:
@@ -93,8 +102,8 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
     if "schema" in data and data["schema"] != SCHEMA:
         bad("schema", f"expected {SCHEMA}, got {_got(data['schema'])}")
     window = data.get("window")
-    if "window" in data and not (isinstance(window, str) and DURATION_RE.match(window)):
-        bad("window", f"expected a duration like 5m, got {_got(window)}")
+    if "window" in data and not is_duration(window):
+        bad("window", f"expected a duration like 5m or 1h30m, got {_got(window)}")
     share = data.get("cold_reuse_share")
     if "cold_reuse_share" in data and not (_number(share) and 0 <= share <= 1):
         bad("cold_reuse_share", f"expected a number between 0 and 1, got {_got(share)}")
@@ -112,7 +121,7 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
     for key, entry in raw_checks.items():
         where = f"checks.{key}"
         if key not in known:
-            bad(where, "unknown key: no check in exporter/catalog.py uses this threshold")
+            bad(where, "unknown key: no check in prefixscope/catalog.py uses this threshold")
             continue
         if not isinstance(entry, dict):
             bad(where, f"expected a mapping with {', '.join(CHECK_FIELDS)}, got {_got(entry)}")
@@ -127,7 +136,7 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
         value, for_, severity = entry.get("value"), entry.get("for"), entry.get("severity")
         if "value" in entry and not _number(value):
             bad(f"{where}.value", f"expected a number, got {_got(value)}")
-        if "for" in entry and not (isinstance(for_, str) and DURATION_RE.match(for_)):
+        if "for" in entry and not (is_duration(for_)):
             bad(f"{where}.for", f"expected a duration like 5m, got {_got(for_)}")
         if "severity" in entry and severity not in SEVERITIES:
             bad(f"{where}.severity", f"expected one of {', '.join(SEVERITIES)}, got {_got(severity)}")
@@ -155,3 +164,16 @@ def load(path: Path = DEFAULT_PATH, runbooks_dir: Path | None = None) -> Thresho
     except yaml.YAMLError as exc:
         raise ConfigError([f"{source}: not valid YAML: {exc}"]) from exc
     return parse(data, source, runbooks_dir)
+
+
+def load_thresholds(path: str | Path | None = None) -> Thresholds:
+    """Read and validate the threshold file (alerts/thresholds.yaml by default)."""
+    return load(Path(path) if path is not None else DEFAULT_PATH)
+
+
+def window_seconds(thresholds: Thresholds) -> float:
+    return thresholds.window_s
+
+
+def threshold_value(thresholds: Thresholds, check: Check) -> float:
+    return thresholds.value(check)

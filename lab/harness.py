@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter import api, catalog, promtext
+from exporter import api, promtext
 from exporter.checks import Evaluation, evaluate
 from exporter.collector import PrefixscopeCollector
 from exporter.health import Health
@@ -48,13 +47,15 @@ from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import deliver, parse_lines
 from exporter.sources.scrape import ScrapeFailed, Scraper, ScrapeTarget
 from exporter.state import ClusterState
-from exporter.thresholds import Thresholds, load_thresholds, window_seconds
 from fleet.clock import VirtualClock
 from fleet.kv_publisher import encode_batch
 from fleet.metrics_text import render_metrics
 from fleet.scenarios import Scenario
 from fleet.simulation import SimResult, Simulation
 from fleet.topology import Topology
+from prefixscope import catalog
+from prefixscope.durations import parse_duration
+from prefixscope.thresholds import Thresholds, load_thresholds, window_seconds
 
 SCRAPE_EVERY_S = 15.0  # Prometheus's usual scrape interval
 RECORD_FLUSH_S = 1.0  # how often the simulated gateway pushes its buffered records
@@ -317,13 +318,9 @@ class _ScrapingSimulation(Simulation):
             self.feed.scrape()
 
 
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
 def duration_seconds(text: str) -> float:
     """A Prometheus duration (``5m``, ``1h30m``, ``0m``) in seconds."""
-    return float(sum(int(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text)))
+    return parse_duration(text)
 
 
 def settled_duration(scenario: Scenario, thresholds: Thresholds, scrape_every_s: float = SCRAPE_EVERY_S) -> float:

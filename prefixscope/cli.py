@@ -13,11 +13,11 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("fleet.cli", "run the simulated fleet (workers, reference router, workloads, fault scenarios)"),
     "export": ("exporter.main", "run the exporter (Prometheus /metrics and the JSON API)"),
-    "replay": ("exporter.replay", "what-if: replay a trace through a simulated fleet and print the five groups"),
-    "catalog": ("exporter.catalog_cli", "print the metric catalogue (table or JSON)"),
+    "replay": ("lab.replay", "what-if: replay a trace through a simulated fleet and print the five groups"),
+    "catalog": ("prefixscope.catalog_cli", "print the metric catalogue (table or JSON)"),
     "generate": ("alerts.generate", "write (or --check) rules, dashboards, alert provisioning and docs"),
     "console": ("console.launch", "run the on-call console (Streamlit)"),
-    "demo": ("fleet.demo", "run the whole demo: fleet, exporter, Prometheus and console"),
+    "demo": ("lab.demo", "run the whole demo: fleet, exporter, Prometheus and console"),
 }
 
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     if args[0] in ("-V", "--version"):
-        from exporter import __version__
+        from prefixscope import __version__
 
         print(f"prefixscope {__version__}")
         return 0

@@ -26,12 +26,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exporter import api, catalog
+from exporter import api
 from exporter.health import Health
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent, WorkerSnapshot
 from exporter.sources.records import validate
 from exporter.state import ClusterState
-from exporter.thresholds import load_thresholds
 from fleet.cache import CacheEvent, Cleared, Removed, Stored
 from fleet.clock import VirtualClock
 from fleet.engine import QueuedRequest, SimEngine
@@ -40,6 +39,8 @@ from fleet.router import Router, RouterConfig
 from fleet.simulation import worker_spec
 from fleet.topology import Topology, TopologyError, load_topology
 from fleet.workloads import SimRequest
+from prefixscope import catalog
+from prefixscope.thresholds import load_thresholds
 
 log = logging.getLogger("prefixscope.replay")
 

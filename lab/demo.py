@@ -221,7 +221,7 @@ def _kill_group(pgid: int, sig: signal.Signals) -> None:
 
 
 def _prefixscope(*args: str) -> list[str]:
-    return [sys.executable, "-m", "exporter", *args]
+    return [sys.executable, "-m", "prefixscope", *args]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -61,7 +61,7 @@ def humanize_percentage(v: float) -> str:
 
 
 def render_value_template(template: str, value: float) -> str:
-    """Render the value placeholders :mod:`alerts.wording` emits (and nothing else)."""
+    """Render the value placeholders :mod:`prefixscope.wording` emits (and nothing else)."""
     return (template
             .replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
             .replace("{{ $value | humanizeDuration }}", humanize_duration(value))

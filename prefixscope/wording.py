@@ -7,7 +7,7 @@ value through Prometheus's template functions, chosen per unit.
 
 from __future__ import annotations
 
-from exporter.catalog import RULES_BY_NAME, Check
+from prefixscope.catalog import RULES_BY_NAME, Check
 
 SUMMARIES: dict[str, str] = {
     "PrefixTelemetryTargetDown": "A scrape target that still serves traffic is down: part of the fleet is unobserved.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from exporter import catalog
+from prefixscope import catalog
 
 
 def main(argv: list[str]) -> int:
