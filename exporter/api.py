@@ -172,7 +172,7 @@ def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
     ranks = st.removal_ranks(values)
     workers = []
     for w in st.workers_seen():
-        t = st._topo(w)
+        t = st.topo_of(w)
         workers.append({
             "worker": w, "resident_blocks": index.resident_blocks(w), "capacity_blocks": st.worker_capacity(w),
             "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),

@@ -8,8 +8,11 @@ does not carry that signal (which is different from zero).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from prefixscope.records import RequestRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,5 +98,5 @@ class StateSink(Protocol):
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         """A successful scrape of a router's /metrics."""
 
-    def ingest_records(self, records: list[dict], received_at: float) -> None:
+    def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None:
         """Request records that passed the prefixscope.request/v1 schema."""

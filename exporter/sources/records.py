@@ -5,7 +5,8 @@ compiled once. Most records are valid, so each is first checked by a fast path c
 the same schema file (required fields, and type/bounds/enum of the fields present); only a
 record the fast path does not accept goes through the full ``jsonschema`` validator, which
 then decides and words the error. The fast path never accepts what the validator rejects
-for this flat schema, so the answer is the validator's either way.
+for this flat schema, so the answer is the validator's either way. Each accepted object becomes
+a :class:`prefixscope.records.RequestRecord`; that typed value is what the sink receives.
 
 The HTTP edge maps :class:`BodyTooLarge` to 413 and "nothing valid" (``records == []`` and
 ``errors``) to 400; :func:`deliver` hands the result to the sink and counts it.
@@ -23,18 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from exporter.health import Health
 from exporter.model import StateSink
 from prefixscope import REQUEST_SCHEMA_PATH
+from prefixscope.records import SCHEMA, VALIDATOR, InvalidRecord, RequestRecord, schema_error
 
 log = logging.getLogger("prefixscope.records")
 
 SOURCE = "records"
 SCHEMA_PATH = REQUEST_SCHEMA_PATH
-SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
-VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+__all__ = ["SCHEMA", "SCHEMA_PATH", "VALIDATOR", "BodyTooLarge", "RecordError", "RecordFileTail", "deliver",
+           "parse_lines", "parse_ndjson", "validate"]
 STATUS_TOO_LARGE = 413
 STATUS_NOTHING_VALID = 400
 MAX_ERRORS_REPORTED = 50  # per body: a sender gets the first ones, all are counted
@@ -138,23 +138,18 @@ FAST_OK = _compile(SCHEMA)
 
 def validate(record: Any) -> str | None:
     """None if the record is valid, else the validator's message (with the field's path)."""
-    if FAST_OK(record):
-        return None
-    error = jsonschema.exceptions.best_match(VALIDATOR.iter_errors(record))
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    return f"{where}: {error.message}" if where else error.message
+    return None if FAST_OK(record) else schema_error(record)
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")  # NaN/Infinity would poison every sum downstream
 
 
-def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[dict], list[RecordError]]:
-    records: list[dict] = []
+def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[RequestRecord], list[RecordError]]:
+    """Valid records (as :class:`RequestRecord`) and per-line errors of NDJSON lines."""
+    records: list[RequestRecord] = []
     errors: list[RecordError] = []
-    loads = json.loads
+    loads, build = json.loads, RequestRecord.from_json
     for i, line in enumerate(lines, first_line):
         if not line.strip():
             continue
@@ -166,25 +161,25 @@ def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[dict], li
         if type(rec) is not dict:
             errors.append(RecordError(i, "not_object", f"expected a JSON object, got {type(rec).__name__}"))
             continue
-        if FAST_OK(rec):
-            records.append(rec)
-            continue
-        message = validate(rec)
-        if message is None:
-            records.append(rec)
-        else:
+        message = None if FAST_OK(rec) else schema_error(rec)
+        if message is not None:
             errors.append(RecordError(i, "schema", message))
+            continue
+        try:
+            records.append(build(rec))
+        except InvalidRecord as exc:  # schema-valid objects convert; this guards the two drifting apart
+            errors.append(RecordError(i, "schema", str(exc)))
     return records, errors
 
 
-def parse_ndjson(body: bytes, limit: int) -> tuple[list[dict], list[RecordError]]:
+def parse_ndjson(body: bytes, limit: int) -> tuple[list[RequestRecord], list[RecordError]]:
     """Split an NDJSON body into valid records and per-line errors; BodyTooLarge past ``limit``."""
     if len(body) > limit:
         raise BodyTooLarge(f"body of {len(body)} bytes exceeds the limit of {limit} bytes")
     return parse_lines(body.split(b"\n"))
 
 
-def deliver(records: list[dict], errors: list[RecordError], sink: StateSink, health: Health,
+def deliver(records: list[RequestRecord], errors: list[RecordError], sink: StateSink, health: Health,
             transport: str, received_at: float, where: str = "") -> None:
     """Hand valid records to the sink; count them and every rejected line by kind."""
     if records:

@@ -12,6 +12,7 @@ import pytest
 from exporter.health import Health
 from exporter.sources import records
 from exporter.sources.records import BodyTooLarge, RecordFileTail, deliver, parse_ndjson
+from prefixscope.records import RequestRecord
 
 GOOD = {"ts": 1795947861.5, "request_id": "r1", "worker": "w0", "prompt_tokens": 512}
 
@@ -22,9 +23,9 @@ def _line(**kw) -> bytes:
 
 class Sink:
     def __init__(self) -> None:
-        self.records: list[dict] = []
+        self.records: list[RequestRecord] = []
 
-    def ingest_records(self, recs: list[dict], received_at: float) -> None:
+    def ingest_records(self, recs: list[RequestRecord], received_at: float) -> None:
         self.records.extend(recs)
 
     def apply_kv_batch(self, batch, received_at) -> None: ...
@@ -41,8 +42,10 @@ def test_valid_body_with_every_optional_field() -> None:
                  admitted_by_affinity=True, segment="mobile", schema="prefixscope.request/v1", extra="kept")
     recs, errors = parse_ndjson(b"\n".join([_line(), full, b"", _line(request_id="r3")]) + b"\n", 1 << 20)
     assert errors == []
-    assert [r["request_id"] for r in recs] == ["r1", "r1", "r3"]
-    assert recs[1]["extra"] == "kept"
+    assert [r.request_id for r in recs] == ["r1", "r1", "r3"]
+    assert all(isinstance(r, RequestRecord) for r in recs)
+    assert (recs[1].block_hashes, recs[1].segment, recs[1].migration_kind) == ((0, 2**64 - 1), "mobile", "soft")
+    assert recs[1].reports("async_wait_s") and not recs[0].reports("async_wait_s")  # explicit null vs absent
 
 
 BAD_LINES = [
@@ -68,7 +71,7 @@ BAD_LINES = [
 @pytest.mark.parametrize(("line", "kind"), BAD_LINES)
 def test_each_bad_line_rejected_with_its_kind(line: bytes, kind: str) -> None:
     recs, errors = parse_ndjson(_line() + b"\n" + line + b"\n" + _line(request_id="r2"), 1 << 20)
-    assert [r["request_id"] for r in recs] == ["r1", "r2"]
+    assert [r.request_id for r in recs] == ["r1", "r2"]
     assert len(errors) == 1 and errors[0].line == 2 and errors[0].kind == kind
 
 
@@ -118,7 +121,7 @@ def test_deliver_counts_accepted_and_rejected_by_kind() -> None:
 
 # ---- the file tailer ------------------------------------------------------------------------
 def _ids(sink: Sink) -> list[str]:
-    return [r["request_id"] for r in sink.records]
+    return [r.request_id for r in sink.records]
 
 
 def test_tail_follows_appends_and_waits_for_partial_lines(tmp_path: Path) -> None:

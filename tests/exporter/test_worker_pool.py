@@ -1,0 +1,57 @@
+"""The worker pool and the hotspots history, on their own."""
+
+from exporter.health import Health
+from exporter.hotspots import Hotspots, branch_label
+from exporter.input_time import InputTime
+from exporter.prefix_index import PrefixIndex, TreeStats
+from exporter.worker_pool import WorkerPool
+
+UP = "prefixscope_up"
+
+
+def pool() -> tuple[WorkerPool, InputTime, Health]:
+    t, h = InputTime(), Health()
+    return WorkerPool(h, t, health_recency_s=60.0), t, h
+
+
+def test_growth_while_discovering_is_not_a_change_then_changes_count() -> None:
+    p, t, _ = pool()
+    t.advance(100.0)
+    p.served("w0", 100.0)
+    assert p.update(100.0) is False and p.pool == {"w0"}
+    t.advance(130.0)
+    p.served("w1", 130.0)
+    assert p.update(130.0) is False and p.epoch == 0  # still discovering (< 60 s after the first input)
+    t.advance(170.0)
+    p.served("w1", 170.0)
+    assert p.update(170.0) is True  # w0 aged out: a pool change
+    assert p.pool == {"w1"} and p.epoch == 1 and (p.changes[-1].before, p.changes[-1].after) == (2, 1)
+
+
+def test_down_worker_with_no_traffic_left_the_pool_one_with_traffic_blinds() -> None:
+    p, t, h = pool()
+    t.advance(100.0)
+    p.served("w0", 100.0)
+    p.served("w1", 100.0)
+    h.set(UP, ("w0", "worker"), 0.0)
+    h.set(UP, ("w1", "worker"), 0.0)
+    t.advance(110.0)
+    p.track_down_targets()
+    p.served("w1", 120.0)  # traffic still reaches w1
+    assert p.left_pool("w0", "worker") and not p.left_pool("w1", "worker")
+    assert p.blind_targets() == 1 and p.left_pool_targets() == [("w0", "worker")]
+    assert not p.is_healthy("w0") and "w0" in p.explicitly_down()
+
+
+def test_hotspots_rank_branches_and_forget_after_an_hour() -> None:
+    hs = Hotspots(PrefixIndex())
+    stats = TreeStats(version=-1)  # no branching known: a chain's branch is its first block
+    hs.hit(100.0, [1, 2, 3], 2, 32.0, "s1")
+    hs.hit(110.0, [1, 9], 1, 16.0, "s2")
+    hs.hit(120.0, [5], 1, 40.0, None)
+    assert hs.hot_branches(5, 0.0, 200.0, stats) == [(1, 48.0, 2), (5, 40.0, 0)]
+    assert hs.hit_events[0][1] == (1, 2)  # only the hit blocks of the chain are kept
+    assert branch_label(1) == "00000000"
+    hs.new_session(100.0, "web", False)
+    hs.expire(3700.0)
+    assert list(hs.session_events) == [] and [e[0] for e in hs.hit_events] == [110.0, 120.0]
