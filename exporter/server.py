@@ -2,7 +2,9 @@
 
 The server holds no state and computes nothing: it renders a private ``CollectorRegistry``,
 calls the JSON payload builders it is given and hands record bodies to an intake callable.
-Every error answer is JSON (``{"status": "error", "error": ...}``) with a 4xx/5xx code.
+Routing is a table (``exporter.routes``): method + path → handler. Handlers return a response
+or raise ``HttpError``; the one error path turns every exception into a JSON answer
+(``{"status": "error", "error": ...}``) with its 4xx/5xx code, logged once.
 """
 
 from __future__ import annotations
@@ -10,12 +12,11 @@ from __future__ import annotations
 import gzip
 import hmac
 import html
-import json
 import logging
-import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -23,12 +24,23 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from exporter.routes import (
+    BadRequest,
+    HttpError,
+    Request,
+    Response,
+    RouteTable,
+    error_response,
+    json_response,
+)
 from prefixscope import __version__, catalog
 
 log = logging.getLogger("prefixscope.server")
 
 API_PREFIX = "/api/v1/"
 RECORDS_PATH = API_PREFIX + "records"
+BODYLESS = frozenset({"GET", "HEAD"})
+__all__ = ["BadRequest", "Endpoints", "ExporterServer", "HttpError", "IntakeResult", "ServerDeps", "TargetStatus"]
 
 
 @dataclass(frozen=True)
@@ -46,10 +58,6 @@ class IntakeResult:
     accepted: int
     rejected: int
     errors: list[dict[str, Any]]  # [{"line": n, "error": "..."}]
-
-
-class BadRequest(ValueError):
-    """Raised by an API builder for an invalid query parameter (answered as 400)."""
 
 
 Query = Mapping[str, str]
@@ -71,97 +79,48 @@ class ServerDeps:
     render_text: Callable[[], bytes] | None = None
 
 
-def _finite(value: Any) -> Any:
-    """NaN/inf are not JSON: a non-finite value means "no value", so it becomes null (never 0)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+class Endpoints:
+    """The exporter's endpoints over its dependencies; :meth:`routes` is the route table."""
 
+    def __init__(self, deps: ServerDeps) -> None:
+        self.deps = deps
 
-def _json_bytes(payload: Any) -> bytes:
-    return json.dumps(_finite(payload), default=str, separators=(",", ":"), allow_nan=False).encode()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server_version = f"prefixscope/{__version__}"
-    protocol_version = "HTTP/1.1"
-    deps: ServerDeps  # set on the subclass built per server
-
-    # ---- plumbing ---------------------------------------------------------------------
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _send(self, code: int, body: bytes, ctype: str, headers: Mapping[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _json(self, code: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
-        self._send(code, _json_bytes(payload), "application/json", headers)
-
-    def _error(self, code: int, message: str, headers: Mapping[str, str] | None = None) -> None:
-        self._json(code, {"status": "error", "error": message}, headers)
-
-    def _route(self) -> tuple[str, dict[str, str]]:
-        parts = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        return (parts.path.rstrip("/") or "/"), query
-
-    # ---- GET ----------------------------------------------------------------------------
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def do_GET(self) -> None:
-        path, query = self._route()
-        try:
-            if path == "/":
-                self._send(200, self._landing().encode(), "text/html; charset=utf-8")
-            elif path == "/metrics":
-                self._metrics()
-            elif path == "/healthz":
-                ok, detail = self.deps.healthz()
-                self._json(200 if ok else 503, {"status": "ok" if ok else "error", "data": detail})
-            elif path == RECORDS_PATH:
-                self._error(405, "use POST with an NDJSON body", {"Allow": "POST"})
-            elif path.startswith(API_PREFIX) and path[len(API_PREFIX):] in self._api():
-                self._api_get(path[len(API_PREFIX):], query)
-            else:
-                self._error(404, f"no such endpoint: {path}")
-        except Exception:  # a bug in one builder must not take the server down
-            log.exception("error serving GET %s", self.path)
-            self._error(500, "internal error; see the exporter log")
-
-    def _api(self) -> Mapping[str, ApiBuilder]:
+    def api(self) -> Mapping[str, ApiBuilder]:
         return {"catalog": lambda _q: catalog.as_dict(), **self.deps.api}
 
-    def _api_get(self, name: str, query: dict[str, str]) -> None:
-        try:
-            data = self._api()[name](query)
-        except BadRequest as exc:
-            self._error(400, str(exc))
-            return
-        self._json(200, {"status": "ok", "data": data})
+    def routes(self) -> RouteTable:
+        table = (RouteTable()
+                 .add("GET", "/", self.landing)
+                 .add("GET", "/metrics", self.metrics)
+                 .add("GET", "/healthz", self.healthz)
+                 .add("POST", RECORDS_PATH, self.records, wrong_method_hint="use POST with an NDJSON body"))
+        for name, builder in self.api().items():
+            table.add("GET", API_PREFIX + name, partial(self.api_get, builder))
+        return table
 
-    def _metrics(self) -> None:
-        encoder, ctype = choose_encoder(self.headers.get("Accept"))
+    # ---- GET ----------------------------------------------------------------------------
+    def landing(self, _req: Request) -> Response:
+        return Response(200, self._landing().encode(), "text/html; charset=utf-8")
+
+    def healthz(self, _req: Request) -> Response:
+        ok, detail = self.deps.healthz()
+        return json_response(200 if ok else 503, {"status": "ok" if ok else "error", "data": detail})
+
+    @staticmethod
+    def api_get(builder: ApiBuilder, req: Request) -> Response:
+        return json_response(200, {"status": "ok", "data": builder(req.query)})  # BadRequest: 400
+
+    def metrics(self, req: Request) -> Response:
+        encoder, ctype = choose_encoder(req.header("Accept"))
         if self.deps.render_text is not None and not ctype.startswith("application/openmetrics-text"):
             body = self.deps.render_text()
         else:
             body = encoder(self.deps.registry)
         headers = {}
-        if "gzip" in (self.headers.get("Accept-Encoding") or ""):
+        if "gzip" in (req.header("Accept-Encoding") or ""):
             body = gzip.compress(body, compresslevel=5)
             headers["Content-Encoding"] = "gzip"
-        self._send(200, body, ctype, headers)
+        return Response(200, body, ctype, headers)
 
     def _landing(self) -> str:
         rows = "".join(
@@ -169,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
             f"<td>{'up' if t.up else 'not yet scraped' if t.up is None else '<b>down</b>'}</td></tr>"
             for t in self.deps.targets()
         ) or '<tr><td colspan="4">no targets configured</td></tr>'
-        api = "".join(f'<li><a href="{API_PREFIX}{n}">{API_PREFIX}{n}</a></li>' for n in self._api())
+        api = "".join(f'<li><a href="{API_PREFIX}{n}">{API_PREFIX}{n}</a></li>' for n in self.api())
         intake = (f"<li>POST {RECORDS_PATH} (NDJSON, prefixscope.request/v1)</li>"
                   if self.deps.ingest_ndjson else "<li>record intake over HTTP is disabled</li>")
         return (
@@ -184,79 +143,80 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     # ---- POST ---------------------------------------------------------------------------
-    def do_POST(self) -> None:
-        path, _ = self._route()
-        if path != RECORDS_PATH:
-            if path in ("/", "/metrics", "/healthz") or path[len(API_PREFIX):] in self._api():
-                self._error(405, "method not allowed", {"Allow": "GET"})
-            else:
-                self._error(404, f"no such endpoint: {path}")
-            self.close_connection = True
-            return
-        try:
-            self._records()
-        except Exception:
-            log.exception("error serving POST %s", self.path)
-            self.close_connection = True
-            self._error(500, "internal error; see the exporter log")
-
-    def _authorised(self) -> bool:
+    def _authorised(self, req: Request) -> bool:
         token = self.deps.bearer_token
         if token is None:
             return True
-        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        scheme, _, given = (req.header("Authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
-    def _records(self) -> None:
+    def records(self, req: Request) -> Response:
         deps = self.deps
         if deps.ingest_ndjson is None:
-            self.close_connection = True
-            self._error(404, "record intake over HTTP is disabled in the exporter's config")
-            return
-        if not self._authorised():
-            # The body is not read: close so it is not parsed as the next request.
-            self.close_connection = True
-            self._error(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="prefixscope"'})
-            return
-        length_header = self.headers.get("Content-Length")
+            raise HttpError("record intake over HTTP is disabled in the exporter's config", 404)
+        if not self._authorised(req):
+            raise HttpError("missing or wrong bearer token", 401, {"WWW-Authenticate": 'Bearer realm="prefixscope"'})
+        length_header = req.header("Content-Length")
         if length_header is None or not length_header.isdigit():
-            self.close_connection = True
-            self._error(411, "Content-Length is required")
-            return
+            raise HttpError("Content-Length is required", 411)
         length = int(length_header)
         if length > deps.max_body_bytes:
-            self.close_connection = True
-            self._error(413, f"body of {length} bytes exceeds the limit of {deps.max_body_bytes} bytes")
-            return
-        body = self.rfile.read(length)
-        result = deps.ingest_ndjson(body)
+            raise HttpError(f"body of {length} bytes exceeds the limit of {deps.max_body_bytes} bytes", 413)
+        result = deps.ingest_ndjson(req.read_body(length))
         data = {"accepted": result.accepted, "rejected": result.rejected, "errors": result.errors}
         if result.accepted == 0 and result.rejected > 0:
-            self._json(400, {"status": "error", "error": "no valid record in the body", "data": data})
-        else:
-            self._json(200, {"status": "ok", "data": data})
+            return json_response(400, {"status": "error", "error": "no valid record in the body", "data": data})
+        return json_response(200, {"status": "ok", "data": data})
 
-    def do_PUT(self) -> None:
-        self._not_allowed()
 
-    def do_DELETE(self) -> None:
-        self._not_allowed()
+class _Handler(BaseHTTPRequestHandler):
+    server_version = f"prefixscope/{__version__}"
+    protocol_version = "HTTP/1.1"
+    routes: RouteTable  # set on the subclass built per server
 
-    def do_PATCH(self) -> None:
-        self._not_allowed()
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
 
-    def _not_allowed(self) -> None:
-        self.close_connection = True
-        path, _ = self._route()
-        self._error(405, f"method {self.command} not allowed on {path}",
-                    {"Allow": "POST" if path == RECORDS_PATH else "GET"})
+    def _dispatch(self) -> None:
+        """Route the request; every failure becomes one JSON error answer, logged once."""
+        parts = urlsplit(self.path)
+        path = parts.path.rstrip("/") or "/"
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        req = Request(self.command, path, query, self.headers, self.rfile.read)
+        try:
+            response = self.routes.resolve(self.command, path)(req)
+        except HttpError as exc:
+            log.debug("%s %s: %d %s", self.command, self.path, exc.status, exc.message)
+            response = self._failed(error_response(exc))
+        except Exception:  # a bug in one handler must not take the server down
+            log.exception("error serving %s %s", self.command, self.path)
+            response = self._failed(error_response(HttpError("internal error; see the exporter log", 500)))
+        self._send(response)
+
+    def _failed(self, response: Response) -> Response:
+        # A request that may carry a body we did not read: close, so it is not parsed as the next request.
+        if self.command not in BODYLESS:
+            self.close_connection = True
+        return response
+
+    def _send(self, response: Response) -> None:
+        self.send_response(response.status)
+        self.send_header("Content-Type", response.content_type)
+        self.send_header("Content-Length", str(len(response.body)))
+        for k, v in response.headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(response.body)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = _dispatch
 
 
 class ExporterServer:
     """A ``ThreadingHTTPServer`` on ``host:port`` (port 0 picks a free one), served from a thread."""
 
     def __init__(self, host: str, port: int, deps: ServerDeps) -> None:
-        handler = type("Handler", (_Handler,), {"deps": deps})
+        handler = type("Handler", (_Handler,), {"routes": Endpoints(deps).routes()})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
