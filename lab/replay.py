@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from exporter import api
-from exporter.health import Health
+from exporter.bootstrap import bootstrap
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent, WorkerSnapshot
 from exporter.sources.records import validate
-from exporter.state import ClusterState
 from fleet.cache import CacheEvent, Cleared, Removed, Stored
 from fleet.clock import VirtualClock
 from fleet.engine import QueuedRequest, SimEngine
@@ -42,7 +41,6 @@ from fleet.topology import Topology, TopologyError, load_topology
 from fleet.traces import MOONCAKE_BLOCK_SIZE, blocks_for, parse_mooncake
 from fleet.workloads import SimRequest
 from prefixscope import catalog
-from prefixscope.thresholds import load_thresholds
 from prefixscope.units import format_reading
 
 log = logging.getLogger("prefixscope.replay")
@@ -210,12 +208,11 @@ class Replay:
         self.timed = timed
         self.clock = VirtualClock()
         self.start = self.clock.now()
-        self.health = Health()
         # One window over the whole run: the what-if answers for the trace, not its last 5 minutes.
         # The run's virtual length is known only at the end (sequential runs stretch it), so the
         # windows keep everything and the rate divisor is set to the real span before evaluating.
-        self.state = ClusterState(self.health, load_thresholds(), topology, window_s=UNBOUNDED_WINDOW_S,
-                                  clock=self.clock.now)
+        parts = bootstrap(topology=topology, window_s=UNBOUNDED_WINDOW_S, clock=self.clock.now)
+        self.health, self.state = parts.health, parts.state
         self.engines: dict[str, _ReplayEngine] = {}
         self.seqs: dict[str, int] = {}
         for w in topology.workers:
