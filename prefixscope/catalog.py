@@ -8,6 +8,9 @@ metric or threshold that is not declared here does not exist. Threshold *values*
 Groups follow the seed's SRE checklist: 0 is telemetry health (the step added in front of
 the diagnosis chain), 1–5 are the five checklist groups, and ``None`` marks the
 "beyond the checklist" series (reuse decomposition, hotspots, autoscaling, fallback ladder).
+
+Rows name every field (the row types are keyword-only), so whoever edits a table sees what each
+value is.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class Check:
     value: str  # PromQL for the key number
     op: Literal["<", ">"]
     threshold: str  # key in alerts/thresholds.yaml
-    unit: str  # ratio, seconds, blocks, usd, per_minute, depth
+    unit: str  # a unit of prefixscope.units: ratio, ratio_to_baseline, seconds, usd, per_minute, per_second, depth, …
     signals: tuple[str, ...]
     meaning: str  # what the key number is (the alert description and the docs open with it)
     summary: str  # what it means when it fires, for people; ``{threshold}`` is filled in by wording.summary
