@@ -70,10 +70,9 @@ def _decode(data: list[bytes], health: Health) -> None:
 
 
 def _fresh_state() -> Any:
-    from exporter.state import ClusterState
-    from prefixscope.thresholds import load_thresholds
+    from exporter.bootstrap import bootstrap
 
-    return ClusterState(Health(), load_thresholds())
+    return bootstrap().state
 
 
 def _ingest(data: list[bytes], state: Any) -> None:

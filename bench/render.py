@@ -25,13 +25,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import Metric
 
+from exporter.bootstrap import bootstrap
 from exporter.collector import PrefixscopeCollector, families
 from exporter.exposition import render_state
-from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
 from exporter.state import ClusterState
 from fleet.topology import load_topology
-from prefixscope.thresholds import load_thresholds
 
 WORKERS = 1000
 BLOCKS_PER_WORKER = 200  # resident blocks per worker (a shared system prompt plus own branches)
@@ -48,8 +47,8 @@ def build_state(workers: int = WORKERS, seed: int = 7) -> ClusterState:
     topo = load_topology().with_workers(workers)
     names = list(topo.names)
     now = 10_000.0
-    health = Health()
-    st = ClusterState(health, load_thresholds(), topology=topo, clock=lambda: now + 60)
+    parts = bootstrap(topology=topo, clock=lambda: now + 60)
+    health, st = parts.health, parts.state
     system = tuple(range(1, 9))  # shared 8-block system prompt
     for i, w in enumerate(names):
         health.set(f"{P}_up", (w, "worker"), 1.0)

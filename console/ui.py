@@ -6,6 +6,7 @@ import streamlit as st
 
 from console.chain import NO_DATA, CheckState, Status
 from console.http_json import SourceUnavailable
+from prefixscope.units import format_reading
 
 # Streamlit's bundled Material icons and colour directives: no emoji font needed on the viewer.
 STATUS_TEXT: dict[str, str] = {
@@ -17,23 +18,7 @@ STATUS_TEXT: dict[str, str] = {
 
 def fmt(value: float | None, unit: str) -> str:
     """A number in its unit; a missing value is "—" (missing), never 0."""
-    if value is None:
-        return "—"
-    if unit == "ratio":
-        return f"{value:.1%}"
-    if unit == "ratio_to_baseline":
-        return f"{value:.2f}× baseline"
-    if unit == "seconds":
-        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
-    if unit == "usd":
-        return f"${value:.4f}"
-    if unit == "per_minute":
-        return f"{value:.1f}/min"
-    if unit == "per_second":
-        return f"{value:.2f}/s"
-    if unit == "tokens":
-        return f"{value:,.0f} tokens"
-    return f"{value:g}"
+    return format_reading(value, unit)
 
 
 def status_text(status: Status) -> str:

@@ -1,5 +1,8 @@
 """``prefixscope export``: wire the sources, the cluster state and the HTTP server together.
 
+The parts themselves (health, state, collector, sources) come from :mod:`exporter.bootstrap`;
+this module adds the HTTP server, the tree-statistics refresher and the process lifecycle.
+
 Flags follow the Go exporters (``--config.file``, ``--web.listen-address``, ``--log.level``) and
 override the config file. A bad config or flag prints one clear line and exits 2, never a
 traceback. SIGTERM and SIGINT stop every thread within a second or two.
@@ -25,7 +28,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from exporter.api import ApiBuilders
-from exporter.collector import PrefixscopeCollector
+from exporter.bootstrap import bootstrap
 from exporter.config import (
     DEFAULT_LISTEN,
     LOG_LEVELS,
@@ -33,22 +36,17 @@ from exporter.config import (
     ConfigError,
     WorkerTarget,
     load_config,
-    load_fleet_manifest,
     parse_listen_address,
 )
 from exporter.exposition import render_state
 from exporter.health import Health
-from exporter.normalize import worker_names_by_url
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
-from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
+from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
-from exporter.sources.scrape import Scraper, ScrapeTarget
+from exporter.sources.scrape import Scraper
 from exporter.state import ClusterState
 from exporter.tree_refresher import TreeStatsRefresher
 from prefixscope import __version__
-from prefixscope.thresholds import ConfigError as ThresholdsError
-from prefixscope.thresholds import load_thresholds, window_seconds
-from prefixscope.topology import TopologyError, load_topology
 
 log = logging.getLogger("prefixscope.export")
 
@@ -111,31 +109,12 @@ class Runtime:
 
         Raises ConfigError for any invalid referenced file, OSError if the address is taken.
         """
-        try:
-            thresholds = load_thresholds(cfg.thresholds)
-        except ThresholdsError as exc:
-            raise ConfigError(f"{cfg.source}: thresholds: {exc}") from None
-        try:
-            topology = load_topology(cfg.topology) if cfg.topology is not None else None
-        except (TopologyError, OSError) as exc:
-            raise ConfigError(f"{cfg.source}: topology: {exc}") from None
-        workers = configured_workers(cfg)
-        window = cfg.window if cfg.window is not None else window_seconds(thresholds)
-
-        health = Health()
-        state = ClusterState(health, thresholds, topology, window_s=window, clock=clock)
+        parts = bootstrap(cfg, clock=clock, with_sources=True)
+        assert parts.sources is not None
+        health, state, sources = parts.health, parts.state, parts.sources
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(PrefixscopeCollector(state, health))
+        registry.register(parts.collector)
         api = ApiBuilders(state)
-
-        endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
-        subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
-        tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
-        targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
-        names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
-        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
-        scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
-                          clock=clock)
 
         def ingest(body: bytes) -> IntakeResult:
             records, errors = parse_ndjson(body, cfg.http_records.max_body_bytes)
@@ -162,7 +141,8 @@ class Runtime:
             render_text=lambda: render_state(state),
         )
         server = ExporterServer(host, port, deps)
-        runtime = cls(cfg, workers, health, state, server, subscriber, tails, scraper, clock)
+        runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
+                      sources.scraper, clock)
         return runtime
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -226,14 +206,6 @@ class Runtime:
         up = sum(1 for o in self.scraper.last.values() if o.up)
         return not stalled, {"version": __version__, "seconds_since_scrape": since if last is not None else None,
                              "targets_scraped": len(self.scraper.targets), "targets_up": up}
-
-
-def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:
-    """The config's workers plus the fleet manifest's (a name in the config wins)."""
-    if cfg.fleet_manifest is None:
-        return cfg.workers
-    names = {w.name for w in cfg.workers}
-    return cfg.workers + tuple(w for w in load_fleet_manifest(cfg.fleet_manifest, cfg.source) if w.name not in names)
 
 
 def _configure_logging(level: str) -> None:

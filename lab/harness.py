@@ -40,6 +40,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter import api, promtext
+from exporter.bootstrap import bootstrap
 from exporter.checks import Evaluation, evaluate
 from exporter.collector import PrefixscopeCollector
 from exporter.health import Health
@@ -345,10 +346,9 @@ def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float
     At each of ``checkpoints`` (seconds since the start, on the scrape grid) the exporter's check
     evaluation and its /api/v1/groups payload are kept, as they read at that moment.
     """
-    thresholds = load_thresholds(thresholds_path)
     clock = VirtualClock(start)
-    health = Health()
-    state = ClusterState(health, thresholds, topology, window_s=window_seconds(thresholds), clock=clock.now)
+    parts = bootstrap(thresholds=load_thresholds(thresholds_path), topology=topology, clock=clock.now)
+    health, state = parts.health, parts.state
     sim = _ScrapingSimulation(scenario, topology, clock=clock, duration_s=duration_s, seed=seed,
                               sample_every_s=scrape_every_s)
     feed = _Feed(sim, state, health, clock, flavour, start, scrape_every_s)

@@ -4,7 +4,8 @@ the exporter's state on a virtual clock, and print the five groups keyed by the 
 Trace formats (detected per file from the first valid line):
 
 - Mooncake (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``): one id per
-  ``--block-size`` tokens (default 512), the last block holding the remainder;
+  ``--block-size`` tokens (default 512), the last block holding the remainder; read by the
+  simulator's reader, :func:`fleet.traces.parse_mooncake`;
 - recorded ``prefixscope.request/v1`` records (``ts``, ``prompt_tokens``, ``block_hashes``, ...).
 
 Hit accounting follows one rule: a block counts as hit when it and every block before it are
@@ -27,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from exporter import api
-from exporter.health import Health
+from exporter.bootstrap import bootstrap
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent, WorkerSnapshot
 from exporter.sources.records import validate
-from exporter.state import ClusterState
 from fleet.cache import CacheEvent, Cleared, Removed, Stored
 from fleet.clock import VirtualClock
 from fleet.engine import QueuedRequest, SimEngine
@@ -38,13 +38,13 @@ from fleet.policies import POLICIES
 from fleet.router import Router, RouterConfig
 from fleet.simulation import worker_spec
 from fleet.topology import Topology, TopologyError, load_topology
+from fleet.traces import MOONCAKE_BLOCK_SIZE, blocks_for, parse_mooncake
 from fleet.workloads import SimRequest
 from prefixscope import catalog
-from prefixscope.thresholds import load_thresholds
+from prefixscope.units import format_reading
 
 log = logging.getLogger("prefixscope.replay")
 
-MOONCAKE_BLOCK_SIZE = 512
 RECORDS_BLOCK_SIZE = 16  # vLLM's default, when neither a record nor the flag says
 SNAPSHOT_EVERY_S = 15.0  # virtual seconds between the worker-counter "scrapes" fed to the state
 # Record fields the simulation invents rather than the trace: dropped so their checks read null.
@@ -68,13 +68,8 @@ class TraceRequest:
     session_key: str | None = None
     segment: str | None = None
 
-    def block_tokens(self, i: int) -> int:
-        """Tokens in block ``i``: full blocks, the last one holding the remainder."""
-        if i < len(self.block_hashes) - 1:
-            return self.block_size
-        return self.prompt_tokens - self.block_size * (len(self.block_hashes) - 1)
-
     def hit_tokens(self, hit_blocks: int) -> int:
+        """Tokens of the first ``hit_blocks`` blocks (all of them: the prompt, partial last block included)."""
         if hit_blocks >= len(self.block_hashes):
             return self.prompt_tokens
         return hit_blocks * self.block_size
@@ -88,21 +83,6 @@ class Trace:
     first_error: str | None
 
 
-def _mooncake(obj: dict, block_size: int) -> tuple[float, int, int, tuple[int, ...], int]:
-    ids = obj["hash_ids"]
-    n, out = obj["input_length"], obj["output_length"]
-    if not isinstance(ids, list) or not ids or not all(isinstance(h, int) and h >= 0 for h in ids):
-        raise ValueError("hash_ids: expected a non-empty list of non-negative integers")
-    if not isinstance(n, int) or not isinstance(out, int) or out < 0:
-        raise ValueError("input_length and output_length must be integers")
-    if not (len(ids) - 1) * block_size < n <= len(ids) * block_size:
-        raise ValueError(f"input_length {n} does not fit {len(ids)} blocks of {block_size} tokens")
-    ts = obj["timestamp"]
-    if not isinstance(ts, int | float) or isinstance(ts, bool):
-        raise ValueError("timestamp: expected a number (milliseconds)")
-    return ts / 1000.0, n, out, tuple(ids), block_size
-
-
 def _record(obj: dict, block_size: int | None) -> tuple[float, int, int, tuple[int, ...], int]:
     problem = validate(obj)
     if problem is not None:
@@ -111,18 +91,40 @@ def _record(obj: dict, block_size: int | None) -> tuple[float, int, int, tuple[i
     if not hashes:
         raise ValueError("block_hashes: a replayed record needs its chained block hashes")
     bs = obj.get("block_size") or block_size or RECORDS_BLOCK_SIZE
-    n = obj["prompt_tokens"]
-    if not (len(hashes) - 1) * bs < n <= len(hashes) * bs:
-        # A gateway may hash full blocks only: the tail then belongs to no block and is never a hit.
-        n = min(n, len(hashes) * bs) if n > len(hashes) * bs else n
-        if n <= (len(hashes) - 1) * bs:
-            raise ValueError(f"prompt_tokens {obj['prompt_tokens']} does not fit {len(hashes)} blocks of {bs}")
+    # A gateway may hash full blocks only: a tail beyond the last block belongs to no block and is
+    # never a hit, so the prompt is cut to the blocks it names.
+    n = min(obj["prompt_tokens"], len(hashes) * bs)
+    if blocks_for(n, bs) != len(hashes):
+        raise ValueError(f"prompt_tokens {obj['prompt_tokens']} does not fit {len(hashes)} blocks of {bs}")
     return float(obj["ts"]), n, int(obj.get("output_tokens") or 1), tuple(hashes), bs
+
+
+def _detect_format(lines: list[str | bytes]) -> str:
+    """``mooncake`` when the first JSON object carries ``hash_ids``, else ``records``."""
+    for raw in lines:
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return "mooncake" if "hash_ids" in obj else "records"
+    return "records"
+
+
+def _mooncake_trace(lines: list[str | bytes], block_size: int) -> Trace:
+    parsed, errors = parse_mooncake(lines, block_size)
+    if not parsed:
+        raise TraceError(f"no valid request in the trace{f' ({errors[0]})' if errors else ''}")
+    reqs = [TraceRequest(t=r.t, line=r.line, prompt_tokens=r.input_length, output_tokens=r.output_length,
+                         block_hashes=r.hash_ids, block_size=block_size) for r in parsed]
+    return Trace("mooncake", reqs, len(errors), errors[0] if errors else None)
 
 
 def parse_trace(lines: Iterable[str | bytes], block_size: int | None = None) -> Trace:
     """Pure: trace lines → requests sorted by time (stable, so ties keep file order)."""
-    fmt: str | None = None
+    lines = list(lines)
+    if _detect_format(lines) == "mooncake":
+        return _mooncake_trace(lines, block_size or MOONCAKE_BLOCK_SIZE)
     rows: list[tuple[float, int, int, int, tuple[int, ...], int, dict]] = []
     skipped, first_error = 0, None
     for lineno, raw in enumerate(lines, 1):
@@ -132,12 +134,7 @@ def parse_trace(lines: Iterable[str | bytes], block_size: int | None = None) -> 
             obj = json.loads(raw)
             if not isinstance(obj, dict):
                 raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-            if fmt is None:
-                fmt = "mooncake" if "hash_ids" in obj else "records"
-            if fmt == "mooncake":
-                ts, n, out, hashes, bs = _mooncake(obj, block_size or MOONCAKE_BLOCK_SIZE)
-            else:
-                ts, n, out, hashes, bs = _record(obj, block_size)
+            ts, n, out, hashes, bs = _record(obj, block_size)
         except (ValueError, KeyError, TypeError) as exc:
             skipped += 1
             if first_error is None:
@@ -149,11 +146,9 @@ def parse_trace(lines: Iterable[str | bytes], block_size: int | None = None) -> 
         raise TraceError(f"no valid request in the trace{f' ({first_error})' if first_error else ''}")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
-    reqs = [TraceRequest(ts - t0, line, n, out, hashes, bs,
-                         obj.get("session_key") if fmt == "records" else None,
-                         obj.get("segment") if fmt == "records" else None)
+    reqs = [TraceRequest(ts - t0, line, n, out, hashes, bs, obj.get("session_key"), obj.get("segment"))
             for ts, line, n, out, hashes, bs, obj in rows]
-    return Trace(fmt or "records", reqs, skipped, first_error)
+    return Trace("records", reqs, skipped, first_error)
 
 
 def load_trace(path: Path, block_size: int | None = None) -> Trace:
@@ -213,12 +208,11 @@ class Replay:
         self.timed = timed
         self.clock = VirtualClock()
         self.start = self.clock.now()
-        self.health = Health()
         # One window over the whole run: the what-if answers for the trace, not its last 5 minutes.
         # The run's virtual length is known only at the end (sequential runs stretch it), so the
         # windows keep everything and the rate divisor is set to the real span before evaluating.
-        self.state = ClusterState(self.health, load_thresholds(), topology, window_s=UNBOUNDED_WINDOW_S,
-                                  clock=self.clock.now)
+        parts = bootstrap(topology=topology, window_s=UNBOUNDED_WINDOW_S, clock=self.clock.now)
+        self.health, self.state = parts.health, parts.state
         self.engines: dict[str, _ReplayEngine] = {}
         self.seqs: dict[str, int] = {}
         for w in topology.workers:
@@ -356,7 +350,7 @@ def _table(result: dict[str, Any]) -> str:
     for key, check in catalog.CHECKS_BY_KEY.items():
         if key in result:
             value = result[key]
-            shown = "null (not in the trace)" if value is None else f"{value:.4g}"
+            shown = "null (not in the trace)" if value is None else format_reading(value, check.unit)
             lines.append(f"  step {check.group}  {key:<45} {shown:<24} {result['status'][key]}")
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ so ``prefixscope --help`` stays fast (nothing heavy is imported until a subcomma
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # name -> (module with main(argv) -> int, one-line description)
@@ -50,4 +51,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefixscope: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``prefixscope catalog | head``): stop quietly, as Unix tools do.
+
+    stdout is pointed at /dev/null so the interpreter's final flush cannot raise again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13  # what a shell reports for a process ended by SIGPIPE

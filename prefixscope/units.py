@@ -1,12 +1,69 @@
-"""Python ports of Prometheus's template functions (Prometheus 2.x ``template.go``).
+"""Values for people: the one place that knows how each catalogue unit reads.
 
-Used to predict the exact rendered annotations in the generated promtool tests; promtool then
-checks the prediction against the real implementation.
+Two readings of one unit, from one table (``_FORMATS``):
+
+- a *setting* — a threshold as configured — is printed exactly (``0.85`` reads ``85%``,
+  ``0.005`` seconds ``5 ms``), so the person sees the number they wrote; alert summaries,
+  descriptions, docs and dashboards use it (through :mod:`prefixscope.wording`);
+- a *reading* — a measured value — is rounded for a glance (``84.7%``, ``12.5 ms``,
+  ``$0.0123``); the console uses it.
+
+A missing reading is "—", never 0. Unknown units print the bare number.
+
+The second half of the module ports Prometheus's template functions (Prometheus 2.x
+``template.go``): alert descriptions carry the live value through them, and the generated
+promtool tests predict the rendered annotations with these ports (promtool then checks the
+prediction against the real implementation).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
+MISSING = "—"
+
+
+def _seconds(v: float, setting: bool) -> str:
+    if abs(v) < 1:
+        return f"{v * 1000:g} ms" if setting else f"{v * 1000:.1f} ms"
+    return f"{v:g} s" if setting else f"{v:.2f} s"
+
+
+# unit -> (as a setting, as a reading)
+_FORMATS: dict[str, tuple[Callable[[float], str], Callable[[float], str]]] = {
+    "ratio": (lambda v: f"{v * 100:g}%", lambda v: f"{v:.1%}"),
+    "ratio_to_baseline": (lambda v: f"{v:g} ×", lambda v: f"{v:.2f}× baseline"),
+    "seconds": (lambda v: _seconds(v, True), lambda v: _seconds(v, False)),
+    "usd": (lambda v: f"{v:g} USD", lambda v: f"${v:.4f}"),
+    "per_minute": (lambda v: f"{v:g} per minute", lambda v: f"{v:.1f}/min"),
+    "per_second": (lambda v: f"{v:g} per second", lambda v: f"{v:.2f}/s"),
+    "tokens": (lambda v: f"{v:g} tokens", lambda v: f"{v:,.0f} tokens"),
+    "blocks": (lambda v: f"{v:g} blocks", lambda v: f"{v:,.0f} blocks"),
+    "batches": (lambda v: f"{v:g} batches", lambda v: f"{v:g} batches"),
+    "targets": (lambda v: f"{v:g} targets", lambda v: f"{v:g} targets"),
+    # depth (prefix-tree edges) and unitless counts read as bare numbers
+    "depth": (lambda v: f"{v:g}", lambda v: f"{v:g}"),
+}
+
+
+def _bare(v: float) -> str:
+    return f"{v:g}"
+
+
+def format_setting(value: float, unit: str) -> str:
+    """A configured value (a threshold) in its unit, exactly as configured."""
+    return _FORMATS.get(unit, (_bare, _bare))[0](value)
+
+
+def format_reading(value: float | None, unit: str) -> str:
+    """A measured value in its unit, rounded for reading; a missing value is "—" (never 0)."""
+    if value is None:
+        return MISSING
+    return _FORMATS.get(unit, (_bare, _bare))[1](value)
+
+
+# ---- Prometheus template functions ---------------------------------------------------------
 
 
 def _g4(v: float) -> str:
@@ -60,8 +117,20 @@ def humanize_percentage(v: float) -> str:
     return f"{v * 100:.4g}%"
 
 
+def prometheus_value_template(unit: str) -> str:
+    """The Prometheus template that prints an alert's ``$value`` in ``unit`` (for descriptions)."""
+    if unit == "ratio":
+        return "{{ $value | humanizePercentage }}"
+    if unit in ("seconds", "ratio_to_baseline"):
+        # For baseline checks $value is the left-hand side of `value > k * baseline`: a time.
+        return "{{ $value | humanizeDuration }}"
+    if unit == "usd":
+        return '{{ $value | printf "%.3f" }} USD'
+    return "{{ $value | humanize }}"
+
+
 def render_value_template(template: str, value: float) -> str:
-    """Render the value placeholders :mod:`prefixscope.wording` emits (and nothing else)."""
+    """Render the placeholders :func:`prometheus_value_template` emits (and nothing else)."""
     return (template
             .replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
             .replace("{{ $value | humanizeDuration }}", humanize_duration(value))

@@ -46,7 +46,8 @@ def test_catalogue_rules_are_well_formed() -> None:
 
 def test_division_before_aggregation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     bad = rules.RECORDING_RULES[0].__class__(
-        "cluster:bad_ratio:ratio_rate5m", "rate(a_total[5m]) / sum (rate(b_total[5m]))", 1, "bad")
+        record="cluster:bad_ratio:ratio_rate5m", expr="rate(a_total[5m]) / sum (rate(b_total[5m]))", group=1,
+        help="bad")
     monkeypatch.setattr(rules, "RECORDING_RULES", (bad,))
     assert rules.recording_rule_problems() == [
         "cluster:bad_ratio:ratio_rate5m: 'rate(a_total[5m])' is divided before it is aggregated "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.traces import load_mooncake, parse_mooncake, replay_requests
 from lab import replay as rp
 from tests.shared_data import MOONCAKE, require
 
@@ -111,3 +112,34 @@ def test_mooncake_policies_and_timing_order() -> None:
     assert rate["round-robin"] < rate["prefix-tree"]
     timed = rp.replay(trace, 8, "prefix-tree", capacity_blocks=100_000, timed=True)["prefix_hit_rate_total"]
     assert timed <= rate["prefix-tree"]
+
+
+def test_one_mooncake_reader_for_the_simulator_and_the_replay() -> None:
+    """``prefixscope replay`` and ``prefixscope sim --trace`` read the trace into the same requests."""
+    path = require(MOONCAKE)
+    sim, errors = load_mooncake(path)
+    what_if = rp.load_trace(path)
+    assert errors == [] and what_if.skipped == 0 and what_if.format == "mooncake"
+    assert [(r.t, r.line, r.input_length, r.output_length, r.hash_ids) for r in sim] == \
+        [(r.t, r.line, r.prompt_tokens, r.output_tokens, r.block_hashes) for r in what_if.requests]
+    # The partial last block: the simulator replays full blocks only (vLLM never caches a partial
+    # block); the what-if counts it, padding the prompt to whole blocks.
+    first_sim, first_what_if = next(replay_requests(sim)), what_if.requests[0]
+    assert len(first_sim.block_hashes) == 40160 // 512 and len(first_what_if.block_hashes) == 40160 // 512 + 1
+    assert first_what_if.hit_tokens(len(first_what_if.block_hashes)) == 40160
+
+
+def test_mooncake_errors_read_the_same_on_both_paths() -> None:
+    lines = [*mooncake_lines((5, 1000, [1, 2])), "{not json",
+             *mooncake_lines((-1, 10, [1]), (6, 1000, [1]), (1005, 600, [1, 9]))]
+    sim, errors = parse_mooncake(lines)
+    what_if = rp.parse_trace(lines)
+    assert [(r.t, r.hash_ids) for r in sim] == [(r.t, r.block_hashes) for r in what_if.requests] == \
+        [(0.0, (1, 2)), (1.0, (1, 9))]
+    assert what_if.skipped == len(errors) == 3 and what_if.first_error == errors[0]
+    assert errors[0] == "line 2: not JSON (Expecting property name enclosed in double quotes)"
+
+
+def test_out_of_order_mooncake_lines_replay_in_time_order() -> None:
+    sim, _ = parse_mooncake(mooncake_lines((2000, 10, [1]), (1000, 10, [2]), (1000, 10, [3])))
+    assert [(r.t, r.line) for r in sim] == [(0.0, 2), (0.0, 3), (1.0, 1)]

@@ -1,0 +1,110 @@
+"""The composition root: the one place that builds the exporter's parts.
+
+Everything that holds an exporter — the ``prefixscope export`` process, the what-if replay, the
+scenario harness, the benchmarks — asks :func:`bootstrap` for its parts instead of wiring
+``Health``, ``ClusterState`` and the collector by hand, so a new collaborator of the state (or a
+new default) is added here once. Parts come from a config file's settings, from explicit
+arguments, or both (an explicit argument wins):
+
+- thresholds: ``thresholds=`` › ``cfg.thresholds`` › the packaged alerts/thresholds.yaml;
+- topology: ``topology=`` › ``cfg.topology`` › none;
+- window: ``window_s=`` › ``cfg.window`` › the thresholds' rate window;
+- clock: ``clock=`` (``time.time`` for a live exporter, a virtual clock for simulations).
+
+With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, record-file
+tailers, scraper) — created, not started. A problem with a referenced file is a ConfigError.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from exporter.collector import PrefixscopeCollector
+from exporter.config import Config, ConfigError, WorkerTarget, load_fleet_manifest
+from exporter.health import Health
+from exporter.normalize import worker_names_by_url
+from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
+from exporter.sources.records import RecordFileTail
+from exporter.sources.scrape import Scraper, ScrapeTarget
+from exporter.state import ClusterState
+from prefixscope.thresholds import ConfigError as ThresholdsError
+from prefixscope.thresholds import Thresholds, load_thresholds, window_seconds
+from prefixscope.topology import Topology, TopologyError, load_topology
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The config's inputs, created but not started."""
+
+    workers: tuple[WorkerTarget, ...]
+    subscriber: KvEventSubscriber | None  # None when no worker publishes KV events
+    tails: list[RecordFileTail]
+    scraper: Scraper
+
+
+@dataclass(frozen=True)
+class ExporterParts:
+    health: Health
+    state: ClusterState
+    collector: PrefixscopeCollector
+    thresholds: Thresholds
+    topology: Topology | None
+    window_s: float
+    clock: Clock
+    sources: Sources | None = None  # only with ``with_sources=True``
+
+
+def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None,
+              topology: Topology | None = None, window_s: float | None = None, clock: Clock = time.time,
+              with_sources: bool = False) -> ExporterParts:
+    """Build health, state (thresholds, topology, window, clock) and collector, and optionally the sources.
+
+    Raises ConfigError when the config names a thresholds or topology file that cannot be used.
+    """
+    cfg = cfg if cfg is not None else Config()
+    if thresholds is None:
+        try:
+            thresholds = load_thresholds(cfg.thresholds)
+        except ThresholdsError as exc:
+            raise ConfigError(f"{cfg.source}: thresholds: {exc}") from None
+    if topology is None and cfg.topology is not None:
+        try:
+            topology = load_topology(cfg.topology)
+        except (TopologyError, OSError) as exc:
+            raise ConfigError(f"{cfg.source}: topology: {exc}") from None
+    if window_s is None:
+        window_s = cfg.window if cfg.window is not None else window_seconds(thresholds)
+
+    health = Health()
+    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock)
+    parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
+                          thresholds=thresholds, topology=topology, window_s=window_s, clock=clock)
+    if not with_sources:
+        return parts
+    return replace(parts, sources=build_sources(cfg, state, health, clock))
+
+
+def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock = time.time) -> Sources:
+    """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
+    workers = configured_workers(cfg)
+    endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
+    subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
+    tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
+    targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
+    names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
+    targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
+    scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
+                      clock=clock)
+    return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper)
+
+
+def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:
+    """The config's workers plus the fleet manifest's (a name in the config wins)."""
+    if cfg.fleet_manifest is None:
+        return cfg.workers
+    names = {w.name for w in cfg.workers}
+    return cfg.workers + tuple(w for w in load_fleet_manifest(cfg.fleet_manifest, cfg.source) if w.name not in names)

@@ -1,0 +1,69 @@
+"""The composition root: every holder of an exporter gets its parts from ``exporter.bootstrap``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from exporter.bootstrap import bootstrap
+from exporter.config import Config, ConfigError, RouterTarget, WorkerTarget
+from fleet.topology import load_topology
+from prefixscope.thresholds import load_thresholds, window_seconds
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_the_packaged_thresholds_and_their_window() -> None:
+    parts = bootstrap(clock=lambda: 42.0)
+    assert parts.state.health is parts.health and parts.state.thresholds is parts.thresholds
+    assert parts.window_s == parts.state.window_s == window_seconds(load_thresholds())
+    assert parts.topology is None and parts.state.topology is None
+    assert parts.state.clock() == 42.0 and parts.sources is None
+    assert any(f.name == "prefixscope_signal_available" for f in parts.collector.collect())
+
+
+def test_explicit_arguments_win_over_the_config(tmp_path: Path) -> None:
+    topo = load_topology()
+    cfg = Config(window=60.0, thresholds=tmp_path / "absent.yaml")
+    thresholds = load_thresholds()
+    parts = bootstrap(cfg, thresholds=thresholds, topology=topo, window_s=1e9)
+    assert parts.thresholds is thresholds and parts.state.topology is topo and parts.state.window_s == 1e9
+
+
+def test_the_config_window_and_files_are_used() -> None:
+    assert bootstrap(Config(window=60.0)).state.window_s == 60.0
+
+
+def test_an_unusable_thresholds_file_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "thresholds.yaml"
+    bad.write_text("checks: [1, 2]\n")
+    with pytest.raises(ConfigError, match=r"^exporter\.yaml: thresholds: "):
+        bootstrap(Config(source="exporter.yaml", thresholds=bad))
+
+
+def test_sources_are_built_from_the_config_but_not_started(tmp_path: Path) -> None:
+    cfg = Config(workers=(WorkerTarget("w0", metrics_url="http://127.0.0.1:1/metrics"),
+                          WorkerTarget("w1", kv_events="tcp://127.0.0.1:2")),
+                 routers=(RouterTarget("r", "http://127.0.0.1:3/metrics"),))
+    parts = bootstrap(cfg, with_sources=True)
+    sources = parts.sources
+    assert sources is not None and [w.name for w in sources.workers] == ["w0", "w1"]
+    assert [(t.name, t.kind) for t in sources.scraper.targets] == [("w0", "worker"), ("r", "router")]
+    assert sources.subscriber is not None and sources.tails == []
+    assert bootstrap(Config(), with_sources=True).sources.subscriber is None  # type: ignore[union-attr]
+
+
+def test_nothing_but_the_bootstrap_builds_a_cluster_state() -> None:
+    """Tests may build one by hand; product code asks exporter.bootstrap."""
+    allowed = {Path("exporter/state.py"), Path("exporter/bootstrap.py")}
+    offenders = []
+    for path in ROOT.glob("*/**/*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("tests", ".venv", "node_modules") or rel in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ClusterState":
+                offenders.append(f"{rel}:{node.lineno}")
+    assert offenders == []

@@ -1,0 +1,70 @@
+"""Values for people: one table of units, read as a configured setting or as a measured reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixscope import catalog
+from prefixscope.units import (
+    MISSING,
+    format_reading,
+    format_setting,
+    prometheus_value_template,
+    render_value_template,
+)
+from prefixscope.wording import summary, threshold_text
+
+
+@pytest.mark.parametrize(("value", "unit", "setting", "reading"), [
+    (0.85, "ratio", "85%", "85.0%"),
+    (0.4123, "ratio", "41.23%", "41.2%"),
+    (1.5, "ratio_to_baseline", "1.5 ×", "1.50× baseline"),
+    (0.005, "seconds", "5 ms", "5.0 ms"),
+    (0.0125, "seconds", "12.5 ms", "12.5 ms"),
+    (2.5, "seconds", "2.5 s", "2.50 s"),
+    (0.05, "usd", "0.05 USD", "$0.0500"),
+    (3, "per_minute", "3 per minute", "3.0/min"),
+    (0.5, "per_second", "0.5 per second", "0.50/s"),
+    (12345, "tokens", "12345 tokens", "12,345 tokens"),
+    (24000, "blocks", "24000 blocks", "24,000 blocks"),
+    (5, "batches", "5 batches", "5 batches"),
+    (0, "targets", "0 targets", "0 targets"),
+    (32, "depth", "32", "32"),
+    (3.96, "depth", "3.96", "3.96"),
+    (7, "", "7", "7"),
+    (7, "a unit nobody declared", "7", "7"),
+])
+def test_setting_and_reading_per_unit(value: float, unit: str, setting: str, reading: str) -> None:
+    assert format_setting(value, unit) == setting
+    assert format_reading(value, unit) == reading
+
+
+def test_a_missing_reading_is_a_dash_never_zero() -> None:
+    assert format_reading(None, "ratio") == MISSING == "—"
+    assert format_reading(0.0, "ratio") == "0.0%"
+
+
+def test_every_check_unit_has_a_format() -> None:
+    """A new unit in the catalogue must be taught here, or its thresholds would read as bare numbers."""
+    from prefixscope.units import _FORMATS
+
+    assert {c.unit for c in catalog.CHECKS} <= set(_FORMATS)
+
+
+def test_alert_wording_reads_thresholds_through_the_units() -> None:
+    hit = catalog.CHECKS_BY_KEY["prefix_hit_rate_total"]
+    assert threshold_text(hit, 0.6) == "60%"
+    assert summary(hit, 0.6) == "Cluster prefix-cache hit rate is below 60%."
+    stale = catalog.CHECKS_BY_KEY["kv_event_staleness"]
+    assert summary(stale, 30) == "A worker's KV-event stream has been silent for more than 30 s."
+
+
+@pytest.mark.parametrize(("unit", "value", "shown"), [
+    ("ratio", 0.4567, "45.67%"),
+    ("seconds", 0.0123, "12.3ms"),
+    ("seconds", 90.0, "1m 30s"),
+    ("usd", 0.01234, "0.012 USD"),
+    ("per_minute", 1500.0, "1.5k"),
+])
+def test_prometheus_templates_render_as_prometheus_would(unit: str, value: float, shown: str) -> None:
+    assert render_value_template(prometheus_value_template(unit), value) == shown
