@@ -1,31 +1,34 @@
 """The exporter's YAML config, validated at start into frozen dataclasses.
 
-Every problem is reported as ``<file>: <field path>: <problem>`` (for example
-``exporter.yaml: workers[2].metrics_url: not a URL: "foo"``) so an operator can fix the file
-without reading code. Loading never raises anything but :class:`ConfigError`.
+The file's shape is ``prefixscope/schemas/exporter-config.v1.json``; the code adds the checks
+that span fields and the files the config names. Every problem is reported, all at once, as
+``<file>: <field path>: <problem>`` (for example ``exporter.yaml: workers[2].metrics_url:
+expected an http:// or https:// URL, got "foo"``) so an operator can fix the file without
+reading code. Loading never raises anything but :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
 from prefixscope.durations import seconds
+from prefixscope.validation import InvalidFile, Problems, read_yaml
 
 PACKAGED_THRESHOLDS = Path(__file__).resolve().parent.parent / "alerts" / "thresholds.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 ROUTER_KINDS = ("auto", "sglang-router", "vllm-router")
+SCHEMA_FILE = "exporter-config.v1.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-class ConfigError(ValueError):
-    """A config problem, already phrased for the operator."""
+class ConfigError(InvalidFile):
+    """A config problem, already phrased for the operator (one line per problem)."""
 
 
 @dataclass(frozen=True)
@@ -91,189 +94,117 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), int(port)
 
 
-class _Reader:
-    """Walks the YAML tree, remembering the field path for messages."""
+class _Files:
+    """Paths of the config, relative to its directory (like Prometheus's rule_files); a file
+    that must exist and does not is a problem at its field."""
 
-    def __init__(self, file: str, base_dir: Path) -> None:
-        self.file = file
+    def __init__(self, problems: Problems, base_dir: Path) -> None:
+        self.problems = problems
         self.base_dir = base_dir
 
-    def fail(self, where: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.file}: {where}: {problem}" if where else f"{self.file}: {problem}")
-
-    def mapping(self, value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise self.fail(where, f"expected a mapping, got {type(value).__name__}")
-        unknown = sorted(str(k) for k in value if k not in allowed)
-        if unknown:
-            raise self.fail(where, f"unknown field(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
-        return value
-
-    def string(self, value: Any, where: str, required: bool = False) -> str | None:
-        if value is None:
-            if required:
-                raise self.fail(where, "required")
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(where, f"expected a non-empty string, got {value!r}")
-        return value
-
-    def url(self, value: Any, where: str, schemes: tuple[str, ...], required: bool = False) -> str | None:
-        text = self.string(value, where, required)
-        if text is None:
-            return None
-        parts = urlsplit(text)
-        if parts.scheme not in schemes or not parts.netloc:
-            raise self.fail(where, f'not a URL: "{text}" (expected {" or ".join(s + "://" for s in schemes)}...)')
-        return text
-
-    def boolean(self, value: Any, where: str, default: bool) -> bool:
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(where, f"expected true or false, got {value!r}")
-        return value
-
     def path(self, value: Any, where: str, must_exist: bool = True) -> Path | None:
-        text = self.string(value, where)
-        if text is None:
+        if not isinstance(value, str) or self.problems.has(where):
             return None
-        p = Path(text)
+        p = Path(value)
         if not p.is_absolute():
-            p = self.base_dir / p  # relative to the config file, like Prometheus's rule_files
+            p = self.base_dir / p
         if must_exist and not p.is_file():
-            raise self.fail(where, f'file not found: "{text}"')
+            self.problems.add(where, f'file not found: "{value}"')
+            return None
         return p
 
-    def convert(self, value: Any, where: str, fn: Callable[[Any], Any]) -> Any:
-        try:
-            return fn(value)
-        except (TypeError, ValueError) as exc:
-            raise self.fail(where, str(exc)) from None
 
-    def items(self, value: Any, where: str) -> list[Any]:
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise self.fail(where, f"expected a list, got {type(value).__name__}")
-        return value
+def _section(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = d.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
-def _workers(r: _Reader, raw: Any) -> tuple[WorkerTarget, ...]:
+def _entries(d: Mapping[str, Any], key: str) -> list[tuple[int, Mapping[str, Any]]]:
+    value = d.get(key)
+    return [(i, v) for i, v in enumerate(value) if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def _workers(problems: Problems, d: Mapping[str, Any]) -> tuple[WorkerTarget, ...]:
     out: list[WorkerTarget] = []
     seen: set[str] = set()
-    for i, item in enumerate(r.items(raw, "workers")):
+    for i, w in _entries(d, "workers"):
         where = f"workers[{i}]"
-        d = r.mapping(item, where, ("name", "metrics_url", "kv_events", "replay", "topic", "optional"))
-        name = r.string(d.get("name"), f"{where}.name", required=True)
-        assert name is not None
-        if name in seen:
-            raise r.fail(f"{where}.name", f'duplicate worker name "{name}"')
-        seen.add(name)
-        topic = d.get("topic", "")
-        if not isinstance(topic, str):
-            raise r.fail(f"{where}.topic", f"expected a string, got {topic!r}")
-        w = WorkerTarget(
-            name=name,
-            metrics_url=r.url(d.get("metrics_url"), f"{where}.metrics_url", ("http", "https")),
-            kv_events=r.url(d.get("kv_events"), f"{where}.kv_events", ("tcp", "ipc", "inproc")),
-            replay=r.url(d.get("replay"), f"{where}.replay", ("tcp", "ipc", "inproc")),
-            topic=topic,
-            optional=r.boolean(d.get("optional"), f"{where}.optional", False),
-        )
-        if w.metrics_url is None and w.kv_events is None:
-            raise r.fail(where, "needs metrics_url or kv_events (or both)")
-        if w.replay is not None and w.kv_events is None:
-            raise r.fail(f"{where}.replay", "replay needs kv_events")
-        out.append(w)
+        name = w.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                problems.add(f"{where}.name", f'duplicate worker name "{name}"')
+            seen.add(name)
+        if w.get("metrics_url") is None and w.get("kv_events") is None:
+            problems.add(where, "needs metrics_url or kv_events (or both)")
+        if w.get("replay") is not None and w.get("kv_events") is None:
+            problems.add(f"{where}.replay", "replay needs kv_events")
+        out.append(WorkerTarget(name=name, metrics_url=w.get("metrics_url"), kv_events=w.get("kv_events"),
+                                replay=w.get("replay"), topic=w.get("topic", ""), optional=bool(w.get("optional"))))
     return tuple(out)
 
 
-def _routers(r: _Reader, raw: Any) -> tuple[RouterTarget, ...]:
-    out: list[RouterTarget] = []
-    for i, item in enumerate(r.items(raw, "routers")):
-        where = f"routers[{i}]"
-        d = r.mapping(item, where, ("name", "metrics_url", "kind"))
-        kind = d.get("kind", "auto")
-        if kind not in ROUTER_KINDS:
-            raise r.fail(f"{where}.kind", f"must be one of {', '.join(ROUTER_KINDS)}, got {kind!r}")
-        out.append(RouterTarget(
-            name=r.string(d.get("name"), f"{where}.name", required=True) or "",
-            metrics_url=r.url(d.get("metrics_url"), f"{where}.metrics_url", ("http", "https"), required=True) or "",
-            kind=kind,
-        ))
-    return tuple(out)
+def _routers(d: Mapping[str, Any]) -> tuple[RouterTarget, ...]:
+    return tuple(RouterTarget(name=r.get("name"), metrics_url=r.get("metrics_url"), kind=r.get("kind", "auto"))
+                 for _, r in _entries(d, "routers"))
 
 
-def _records(r: _Reader, raw: Any) -> tuple[HttpRecords, FileRecords]:
-    d = r.mapping(raw, "records", ("http", "file"))
-    h = r.mapping(d.get("http"), "records.http", ("enabled", "bearer_token", "bearer_token_file", "max_body_bytes"))
-    token = r.string(h.get("bearer_token"), "records.http.bearer_token")
-    token_file = r.path(h.get("bearer_token_file"), "records.http.bearer_token_file")
-    if token is not None and token_file is not None:
-        raise r.fail("records.http", "set bearer_token or bearer_token_file, not both")
+def _records(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple[HttpRecords, FileRecords]:
+    h = _section(_section(d, "records"), "http")
+    token = h.get("bearer_token")
+    if token is not None and h.get("bearer_token_file") is not None:
+        problems.add("records.http", "set bearer_token or bearer_token_file, not both")
+    token_file = files.path(h.get("bearer_token_file"), "records.http.bearer_token_file")
     if token_file is not None:
-        token = token_file.read_text(encoding="utf-8").strip()
-        if not token:
-            raise r.fail("records.http.bearer_token_file", f'file is empty: "{token_file}"')
-    max_body = h.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
-    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body <= 0:
-        raise r.fail("records.http.max_body_bytes", f"expected a positive integer, got {max_body!r}")
-    http = HttpRecords(r.boolean(h.get("enabled"), "records.http.enabled", True), token, max_body)
-    f = r.mapping(d.get("file"), "records.file", ("paths",))
-    paths = []
-    for i, p in enumerate(r.items(f.get("paths"), "records.file.paths")):
-        # A tailed file may not exist yet (the router creates it later): do not require it.
-        path = r.path(p, f"records.file.paths[{i}]", must_exist=False)
-        assert path is not None
-        paths.append(path)
-    return http, FileRecords(tuple(paths))
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.add("records.http.bearer_token_file", f'cannot read "{token_file}": {exc}')
+        if token_file is not None and not token:
+            problems.add("records.http.bearer_token_file", f'file is empty: "{token_file}"')
+    enabled = h.get("enabled")
+    http = HttpRecords(True if enabled is None else enabled, token, h.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    paths = _section(_section(d, "records"), "file").get("paths") or []
+    # A tailed file may not exist yet (the router creates it later): do not require it.
+    tailed = [files.path(p, f"records.file.paths[{i}]", must_exist=False) for i, p in enumerate(paths)]
+    return http, FileRecords(tuple(p for p in tailed if p is not None))
 
 
-TOP_LEVEL = ("workers", "fleet_manifest", "routers", "records", "topology", "thresholds",
-             "scrape_interval", "scrape_timeout", "tree_stats_interval", "window")
+def _seconds(problems: Problems, d: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    value = d.get(key)
+    if value is None or problems.has(key):
+        return default
+    return seconds(value)
 
 
 def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None) -> Config:
-    """Validate an already-loaded YAML document."""
-    r = _Reader(file, base_dir or Path.cwd())
-    d = r.mapping(raw, "", TOP_LEVEL)
-    http, files = _records(r, d.get("records"))
-    cfg = Config(
-        source=file,
-        workers=_workers(r, d.get("workers")),
-        fleet_manifest=r.path(d.get("fleet_manifest"), "fleet_manifest", must_exist=False),
-        routers=_routers(r, d.get("routers")),
-        http_records=http,
-        file_records=files,
-        topology=r.path(d.get("topology"), "topology"),
-        thresholds=r.path(d.get("thresholds"), "thresholds") or PACKAGED_THRESHOLDS,
-        scrape_interval=r.convert(d.get("scrape_interval", 5.0), "scrape_interval", parse_duration),
-        scrape_timeout=r.convert(d.get("scrape_timeout", 2.0), "scrape_timeout", parse_duration),
-        tree_stats_interval=r.convert(d.get("tree_stats_interval", 1.0), "tree_stats_interval", parse_duration),
-        window=r.convert(d["window"], "window", parse_duration) if d.get("window") is not None else None,
-    )
-    if cfg.scrape_timeout > cfg.scrape_interval:
-        raise r.fail("scrape_timeout", f"{cfg.scrape_timeout:g}s exceeds scrape_interval {cfg.scrape_interval:g}s")
-    return cfg
+    """Validate an already-loaded YAML document (``schemas/exporter-config.v1.json``, then the
+    checks that span fields and the files it names); every problem at once."""
+    problems = Problems(file)
+    problems.check_schema(raw, SCHEMA_FILE)
+    d: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    files = _Files(problems, base_dir or Path.cwd())
+    workers = _workers(problems, d)
+    http, tailed = _records(problems, files, d)
+    topology = files.path(d.get("topology"), "topology")
+    thresholds = files.path(d.get("thresholds"), "thresholds")
+    fleet_manifest = files.path(d.get("fleet_manifest"), "fleet_manifest", must_exist=False)
+    interval = _seconds(problems, d, "scrape_interval", 5.0)
+    timeout = _seconds(problems, d, "scrape_timeout", 2.0)
+    if interval is not None and timeout is not None and timeout > interval:
+        problems.add("scrape_timeout", f"{timeout:g}s exceeds scrape_interval {interval:g}s")
+    tree_stats = _seconds(problems, d, "tree_stats_interval", 1.0)
+    window = _seconds(problems, d, "window", None)
+    problems.raise_if_any(ConfigError)
+    return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
+                  http_records=http, file_records=tailed, topology=topology,
+                  thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
+                  scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window)
 
 
 def load_config(path: str | Path) -> Config:
     """Read and validate a config file; every failure is a :class:`ConfigError`."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{p.name}: invalid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    return parse_config(raw, p.name, p.resolve().parent)
+    return parse_config(read_yaml(p, p.name, ConfigError), p.name, p.resolve().parent)
 
 
 def load_fleet_manifest(path: Path, source: str = "<config>") -> tuple[WorkerTarget, ...]:

@@ -58,7 +58,7 @@ def cold_reuse_share() -> float:
     return float(load_thresholds().cold_reuse_share)
 
 
-class PrefixIndex:
+class BlockHolderIndex:
     """Block hash → bitmask of workers believed to hold it; walks a chain in one pass."""
 
     def __init__(self) -> None:
@@ -151,20 +151,29 @@ def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int]) -> 
 
 
 @dataclass(slots=True)
-class _Routed:
-    """What the router decided for a request, kept until the engine admits it."""
+class RouteDecision:
+    """One request on its way through the router: what each stage decided.
+
+    ``choose`` sets worker, decision and (stateful policies) walk_s and predicted; ``migrate``
+    sets migrated_from, kind and migrate_s; ``escalate`` may move the request to a fallback
+    tier (tier, worker, model). The record is built from it when the engine admits the request.
+    """
 
     req: SimRequest
     now: float  # arrival at the router: the record's ts
-    worker: str
+    key: str  # the session key (the request id when keyless)
+    names: list[str]  # the healthy workers at arrival
+    prev: str | None  # the worker the session was last sent to
+    displaced: str | None  # the failed worker the session must leave
     model: str
-    decision: str
-    tier: str | None
-    predicted: int | None
-    walk_s: float | None
-    migrated_from: str | None
-    kind: str | None
-    migrate_s: float
+    worker: str = ""
+    decision: str = ""
+    tier: str | None = None
+    predicted: int | None = None
+    walk_s: float | None = None
+    migrated_from: str | None = None
+    kind: str | None = None  # migration kind: "soft" (KV moved) or "hard" (recomputed)
+    migrate_s: float = 0.0
 
 
 class Router:
@@ -182,7 +191,7 @@ class Router:
         self.pool: list[str] = list(pool if pool is not None else topology.names)
         self.healthy: set[str] = set(self.pool)
         self.drained: set[str] = set()
-        self.index = PrefixIndex()
+        self.index = BlockHolderIndex()
         self.ladder = FallbackLadder(self.config.ladder)
         self.sessions: dict[str, str] = {}  # session key -> anchor (or last) worker
         self.displaced: dict[str, str] = {}  # session key -> the failed worker it must leave
@@ -341,138 +350,174 @@ class Router:
 
     def _route(self, req: SimRequest) -> dict | None:
         now = self.clock.now()
-        # Engines admit lazily, when touched: bring those with waiting requests up to now, so
-        # their records go out and their load is current before this request is placed.
-        for name, ids in list(self._waiting.items()):
-            engine = self.engines.get(name)
-            if ids and engine is not None:
-                engine.tick()
+        self._catch_up_engines()
         names = self.active()
         if not names:
             self.unroutable += 1
             return None
         key = req.session_key or req.request_id
-        bs = self.topology.block_size
-        hashes = req.block_hashes
-        prev = self.sessions.get(key)
-        displaced = self.displaced.pop(key, None)
-        migrated_from = kind = None
-        migrate_s = 0.0
-        tier: str | None = None
-        walk_s: float | None = None
-        predicted: int | None = None
-        model = self.topology.model
+        d = RouteDecision(req, now, key, names, prev=self.sessions.get(key), displaced=self.displaced.pop(key, None),
+                          model=self.topology.model)
+        self._choose(d)
+        self._migrate(d)
+        self._escalate(d)
+        res = self._submit(d)
+        if res is None:
+            return None
+        self._remember(d)
+        if isinstance(res, Pending):
+            self.deferred += 1
+            self._waiting.setdefault(d.worker, set()).add(req.request_id)
+            res.add_done_callback(lambda result: self._admitted(d, result, waited=True))
+            return None
+        return self._admitted(d, res)
 
+    def _catch_up_engines(self) -> None:
+        """Engines admit lazily, when touched: bring those with waiting requests up to now, so
+        their records go out and their load is current before the next request is placed."""
+        for name, ids in list(self._waiting.items()):
+            engine = self.engines.get(name)
+            if ids and engine is not None:
+                engine.tick()
+
+    # choose: which worker, and why ------------------------------------------------------
+    def _choose(self, d: RouteDecision) -> None:
         if self.stateless:
-            worker, decision = self._stateless_pick(key, self._candidates(names, {}, now))
-        else:
-            t0 = time.perf_counter()
-            matches = self.index.match(hashes)
-            # Measured on a real clock; modelled on a virtual one, so that a replay does not
-            # depend on how busy the machine running it is.
-            spent = WALK_S_PER_BLOCK * len(hashes) if isinstance(self.clock, VirtualClock) else time.perf_counter() - t0
-            walk_s = spent + self.config.walk_delay_s
-            cands = self._candidates(names, matches, now)
-            best = max(matches.values(), default=0)
-            if displaced is not None:
-                worker, decision = self._migration_target(displaced, cands), "migrate"
-            elif prev is not None and prev in self.healthy:
-                # Leave the anchor only when most of the prompt is cached elsewhere and not
-                # there (the conversation moved devices); short shared runs do not pull it away.
-                if best - matches.get(prev, 0) <= len(hashes) // 2:
-                    worker, decision = prev, "sticky"
-                else:
-                    worker, decision = self._policy_pick(req, cands)
-            elif prev is not None:
-                worker, decision = self._migration_target(prev, cands), "migrate"
+            d.worker, d.decision = self._stateless_pick(d.key, self._candidates(d.names, {}, d.now))
+            return
+        matches = self._walk(d)
+        cands = self._candidates(d.names, matches, d.now)
+        best = max(matches.values(), default=0)
+        if d.displaced is not None:
+            d.worker, d.decision = self._migration_target(d.displaced, cands), "migrate"
+        elif d.prev is not None and d.prev in self.healthy:
+            # Leave the anchor only when most of the prompt is cached elsewhere and not
+            # there (the conversation moved devices); short shared runs do not pull it away.
+            if best - matches.get(d.prev, 0) <= len(d.req.block_hashes) // 2:
+                d.worker, d.decision = d.prev, "sticky"
             else:
-                rk = self.ladder.relaxed_key(key)
-                re_sticky = self.relaxed.get(rk) if rk is not None else None
-                cold = best * bs <= self._cold_share * req.prompt_tokens
-                if (re_sticky is not None and re_sticky in self.healthy and cold
-                        and self.ladder.usable("re_sticky", now)):
-                    worker, decision, tier = re_sticky, "fallback", "re_sticky"
-                elif cold and self.ladder.usable("warm_pool", now) and (warm := self._warm_pick(req, cands)):
-                    worker, decision, tier = warm, "fallback", "warm_pool"
-                elif self.config.placement == "blind":
-                    hot = [c for c in cands if not self.topology.worker(c.name).warm_pool] or cands
-                    worker, decision = min(hot, key=lambda c: c.load / c.capacity).name, "least_loaded"
-                else:
-                    hot = [c for c in cands if not self.topology.worker(c.name).warm_pool] or cands
-                    worker, decision = self._policy_pick(req, hot)
-            predicted = min(matches.get(worker, 0), (req.prompt_tokens - 1) // bs) * bs
+                d.worker, d.decision = self._policy_pick(d.req, cands)
+        elif d.prev is not None:
+            d.worker, d.decision = self._migration_target(d.prev, cands), "migrate"
+        else:
+            self._place_new_session(d, cands, best)
+        d.predicted = self._cached_prefix(d.req, matches.get(d.worker, 0))
 
-        if displaced is not None and displaced != worker:
-            migrated_from, kind = displaced, "hard"
-        elif prev is not None and prev != worker and prev not in self.healthy:
-            migrated_from = prev
-            kind = "soft" if prev in self.drained and prev in self.engines else "hard"
-            if kind == "soft":
-                moved = self.engines[prev].lookup(hashes)
-                if moved:
-                    import_prefix(self.engines[worker], f"{req.request_id}-import", hashes[:moved])
-                    migrate_s = self.topology.transfer_seconds(moved * bs, prev, worker)
-                    if predicted is not None:
-                        predicted = min(moved, (req.prompt_tokens - 1) // bs) * bs
+    def _walk(self, d: RouteDecision) -> dict[str, int]:
+        """The index walk: blocks of the prompt each worker is believed to hold; sets walk_s."""
+        hashes = d.req.block_hashes
+        t0 = time.perf_counter()
+        matches = self.index.match(hashes)
+        # Measured on a real clock; modelled on a virtual one, so that a replay does not
+        # depend on how busy the machine running it is.
+        spent = WALK_S_PER_BLOCK * len(hashes) if isinstance(self.clock, VirtualClock) else time.perf_counter() - t0
+        d.walk_s = spent + self.config.walk_delay_s
+        return matches
 
-        engine = self.engines[worker]
-        est_prefill = (req.prompt_tokens - (predicted or 0)) / self.topology.worker(worker).prefill_tps
-        if (tier in (None, "warm_pool") and not self.stateless and est_prefill >= self.config.ladder.async_min_prefill_s
-                and req.output_tokens <= self.config.ladder.async_max_output
-                and self.ladder.usable("async_prefill", now)):
-            tier = "async_prefill"
-            if not self.stateless:
-                # the async lane needs no warm cache: any worker of a fitting class with room
-                cls = preferred_classes(req.prompt_tokens, req.output_tokens, self.topology, names, self.config.params)
-                fit = [c for c in self._candidates(names, {}, now) if self.topology.worker(c.name).gpu_class in cls]
-                worker = min(fit, key=lambda c: (c.load / c.capacity, self.index.blocks(c.name))).name
-                engine = self.engines[worker]
-        elif (tier in (None, "warm_pool") and not self.stateless and self.config.downgrade_workers
-              and self.topology.downgrade_model and est_prefill >= self.config.ladder.downgrade_ttft_s
-              and self.ladder.usable("model_downgrade", now)):
+    def _place_new_session(self, d: RouteDecision, cands: list[Candidate], best: int) -> None:
+        """A session without a worker: the fallback ladder for cold prompts, else the policy."""
+        rk = self.ladder.relaxed_key(d.key)
+        re_sticky = self.relaxed.get(rk) if rk is not None else None
+        cold = best * self.topology.block_size <= self._cold_share * d.req.prompt_tokens
+        if re_sticky is not None and re_sticky in self.healthy and cold and self.ladder.usable("re_sticky", d.now):
+            d.worker, d.decision, d.tier = re_sticky, "fallback", "re_sticky"
+        elif cold and self.ladder.usable("warm_pool", d.now) and (warm := self._warm_pick(d.req, cands)):
+            d.worker, d.decision, d.tier = warm, "fallback", "warm_pool"
+        else:
+            hot = [c for c in cands if not self.topology.worker(c.name).warm_pool] or cands
+            if self.config.placement == "blind":
+                d.worker, d.decision = min(hot, key=lambda c: c.load / c.capacity).name, "least_loaded"
+            else:
+                d.worker, d.decision = self._policy_pick(d.req, hot)
+
+    def _cached_prefix(self, req: SimRequest, blocks: int) -> int:
+        """Tokens of ``blocks`` leading cached blocks the engine can reuse (never the last token)."""
+        bs = self.topology.block_size
+        return min(blocks, (req.prompt_tokens - 1) // bs) * bs
+
+    # migrate: the session leaves a worker that is gone -----------------------------------
+    def _migrate(self, d: RouteDecision) -> None:
+        """Hard when the old worker failed (the new one recomputes), soft when it was drained
+        (its blocks move over NVLink or the network, and the transfer delays the request)."""
+        if d.displaced is not None and d.displaced != d.worker:
+            d.migrated_from, d.kind = d.displaced, "hard"
+            return
+        prev = d.prev
+        if prev is None or prev == d.worker or prev in self.healthy:
+            return
+        d.migrated_from = prev
+        d.kind = "soft" if prev in self.drained and prev in self.engines else "hard"
+        if d.kind != "soft":
+            return
+        hashes = d.req.block_hashes
+        moved = self.engines[prev].lookup(hashes)
+        if moved:
+            import_prefix(self.engines[d.worker], f"{d.req.request_id}-import", hashes[:moved])
+            d.migrate_s = self.topology.transfer_seconds(moved * self.topology.block_size, prev, d.worker)
+            if d.predicted is not None:
+                d.predicted = self._cached_prefix(d.req, moved)
+
+    # escalate: long cold prefills go to the async lane or the smaller model ----------------
+    def _escalate(self, d: RouteDecision) -> None:
+        if d.tier not in (None, "warm_pool") or self.stateless:
+            return
+        lad = self.config.ladder
+        est_prefill = (d.req.prompt_tokens - (d.predicted or 0)) / self.topology.worker(d.worker).prefill_tps
+        if (est_prefill >= lad.async_min_prefill_s and d.req.output_tokens <= lad.async_max_output
+                and self.ladder.usable("async_prefill", d.now)):
+            d.tier = "async_prefill"
+            # the async lane needs no warm cache: any worker of a fitting class with room
+            cls = preferred_classes(d.req.prompt_tokens, d.req.output_tokens, self.topology, d.names,
+                                    self.config.params)
+            fit = [c for c in self._candidates(d.names, {}, d.now) if self.topology.worker(c.name).gpu_class in cls]
+            d.worker = min(fit, key=lambda c: (c.load / c.capacity, self.index.blocks(c.name))).name
+        elif (self.config.downgrade_workers and self.topology.downgrade_model and est_prefill >= lad.downgrade_ttft_s
+              and self.ladder.usable("model_downgrade", d.now)):
             small = [w for w in self.config.downgrade_workers if w in self.healthy]
             if small:
-                worker, tier, model = min(small, key=lambda w: self.load(w, now)), "model_downgrade", self.topology.downgrade_model
-                engine = self.engines[worker]
+                d.worker = min(small, key=lambda w: self.load(w, d.now))
+                d.tier, d.model = "model_downgrade", self.topology.downgrade_model
 
+    # submit: hand the request to the engine ----------------------------------------------
+    def _submit(self, d: RouteDecision) -> EngineResult | Pending | None:
+        """The engine's answer; None when it refused the request (counted, logged once)."""
+        req = d.req
         try:
-            res = engine.submit(EngineRequest(
-                request_id=req.request_id, block_hashes=hashes, prompt_tokens=req.prompt_tokens,
+            return self.engines[d.worker].submit(EngineRequest(
+                request_id=req.request_id, block_hashes=req.block_hashes, prompt_tokens=req.prompt_tokens,
                 max_tokens=max(1, req.output_tokens), output_tokens=max(1, req.output_tokens),
-                arrival=now + migrate_s))
+                arrival=d.now + d.migrate_s))
         except RequestError as exc:
             # The engine refuses it (as vLLM answers 400): count it, say so once, route on.
             self.rejected += 1
             if self.rejected == 1:
                 log.warning("%s rejected request %s: %s — further rejections are only counted",
-                            worker, req.request_id, exc)
+                            d.worker, req.request_id, exc)
             return None
+
+    # remember: the router's belief after sending -----------------------------------------
+    def _remember(self, d: RouteDecision) -> None:
+        """Optimistic index entries, the session's anchor and its relaxed key."""
+        worker, prev = d.worker, d.prev
         if not self.stateless:
-            self.index.add(worker, hashes)
+            self.index.add(worker, d.req.block_hashes)
         if prev != worker:
             self.anchored[worker] = self.anchored.get(worker, 0) + 1
             if prev is not None:
                 self.anchored[prev] = max(0, self.anchored.get(prev, 0) - 1)
-        self.sessions[key] = worker
-        rk = self.ladder.relaxed_key(key)
+        self.sessions[d.key] = worker
+        rk = self.ladder.relaxed_key(d.key)
         if rk is not None:
             self.relaxed[rk] = worker
-        routed = _Routed(req, now, worker, model, decision, tier, predicted, walk_s, migrated_from, kind, migrate_s)
-        if isinstance(res, Pending):
-            self.deferred += 1
-            self._waiting.setdefault(worker, set()).add(req.request_id)
-            res.add_done_callback(lambda result: self._admitted(routed, result, waited=True))
-            return None
-        return self._admitted(routed, res)
 
-    def _admitted(self, r: _Routed, res: EngineResult, waited: bool = False) -> dict:
+    def _admitted(self, r: RouteDecision, res: EngineResult, waited: bool = False) -> dict:
         """The engine admitted the request: account its load, build and emit its record."""
         with self._lock:
             if waited:
                 self._waiting.get(r.worker, set()).discard(r.req.request_id)
             return self._record(r, res)
 
-    def _record(self, r: _Routed, res: EngineResult) -> dict:
+    def _record(self, r: RouteDecision, res: EngineResult) -> dict:
         req, now, worker, tier, migrate_s = r.req, r.now, r.worker, r.tier, r.migrate_s
         async_wait = None
         if tier == "async_prefill":

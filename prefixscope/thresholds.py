@@ -2,7 +2,9 @@
 
 Every problem is reported with the file and the dotted path of the entry, e.g.
 ``alerts/thresholds.yaml: checks.prefix_hit_rate_total.value: expected a number, got "high"``,
-and all problems are collected before failing, so one run shows everything to fix.
+and all problems are collected before failing, so one run shows everything to fix. The shape
+of the file is ``prefixscope/schemas/thresholds.v1.json``; the code adds what a schema cannot
+know: every catalogue check has an entry, no entry lacks a check, each alert has a runbook.
 """
 
 from __future__ import annotations
@@ -11,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from prefixscope.catalog import CHECKS, Check
-from prefixscope.durations import is_duration, parse_duration
+from prefixscope.durations import parse_duration
+from prefixscope.validation import InvalidFile, Problems, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PATH = REPO_ROOT / "alerts" / "thresholds.yaml"
@@ -22,16 +23,11 @@ RUNBOOKS_DIR = REPO_ROOT / "runbooks"
 SCHEMA = "prefixscope.thresholds/v1"
 SEVERITIES = ("critical", "warning", "info")
 
-TOP_LEVEL = ("schema", "window", "cold_reuse_share", "runbook_url_base", "dashboard_url_base", "checks")
-CHECK_FIELDS = ("value", "for", "severity")
+SCHEMA_FILE = "thresholds.v1.json"
 
 
-class ConfigError(ValueError):
+class ConfigError(InvalidFile):
     """The threshold config is invalid; ``problems`` holds one line per bad entry."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -71,99 +67,33 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _got(value: Any) -> str:
-    if isinstance(value, str):
-        return f'"{value}"'
-    if value is None:
-        return "nothing"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _number(value: Any) -> bool:
-    # bool is an int in Python, but `value: true` is a typo, not a threshold.
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path | None = None) -> Thresholds:
-    """Validate parsed YAML; with ``runbooks_dir``, also require ``<Alert>.md`` for every check."""
-    problems: list[str] = []
-
-    def bad(where: str, msg: str) -> None:
-        problems.append(f"{source}: {where}: {msg}")
-
-    if not isinstance(data, dict):
-        raise ConfigError([f"{source}: expected a mapping at the top level, got {_got(data)}"])
-    for key in data:
-        if key not in TOP_LEVEL:
-            bad(str(key), f"unknown key (allowed: {', '.join(TOP_LEVEL)})")
-    for key in TOP_LEVEL:
-        if key not in data:
-            bad(key, "missing")
-    if "schema" in data and data["schema"] != SCHEMA:
-        bad("schema", f"expected {SCHEMA}, got {_got(data['schema'])}")
-    window = data.get("window")
-    if "window" in data and not is_duration(window):
-        bad("window", f"expected a duration like 5m or 1h30m, got {_got(window)}")
-    share = data.get("cold_reuse_share")
-    if "cold_reuse_share" in data and not (_number(share) and 0 <= share <= 1):
-        bad("cold_reuse_share", f"expected a number between 0 and 1, got {_got(share)}")
-    for key in ("runbook_url_base", "dashboard_url_base"):
-        if key in data and not (isinstance(data[key], str) and data[key].endswith("/")):
-            bad(key, f"expected a URL ending in /, got {_got(data[key])}")
-
-    checks: dict[str, CheckThreshold] = {}
-    raw_checks = data.get("checks")
-    if "checks" in data and not isinstance(raw_checks, dict):
-        bad("checks", f"expected a mapping of threshold entries, got {_got(raw_checks)}")
-        raw_checks = {}
-    raw_checks = raw_checks or {}
+    """Validate parsed YAML against ``schemas/thresholds.v1.json`` and the catalogue; with
+    ``runbooks_dir``, also require ``<Alert>.md`` for every check."""
+    problems = Problems(source)
+    problems.check_schema(data, SCHEMA_FILE)
+    raw_checks = data.get("checks") if isinstance(data, dict) else None
+    raw_checks = raw_checks if isinstance(raw_checks, dict) else {}
     known = {c.threshold for c in CHECKS}
-    for key, entry in raw_checks.items():
-        where = f"checks.{key}"
+    for key in raw_checks:
         if key not in known:
-            bad(where, "unknown key: no check in prefixscope/catalog.py uses this threshold")
-            continue
-        if not isinstance(entry, dict):
-            bad(where, f"expected a mapping with {', '.join(CHECK_FIELDS)}, got {_got(entry)}")
-            continue
-        before = len(problems)
-        for field in entry:
-            if field not in CHECK_FIELDS:
-                bad(f"{where}.{field}", f"unknown key (allowed: {', '.join(CHECK_FIELDS)})")
-        for field in CHECK_FIELDS:
-            if field not in entry:
-                bad(f"{where}.{field}", "missing")
-        value, for_, severity = entry.get("value"), entry.get("for"), entry.get("severity")
-        if "value" in entry and not _number(value):
-            bad(f"{where}.value", f"expected a number, got {_got(value)}")
-        if "for" in entry and not (is_duration(for_)):
-            bad(f"{where}.for", f"expected a duration like 5m, got {_got(for_)}")
-        if "severity" in entry and severity not in SEVERITIES:
-            bad(f"{where}.severity", f"expected one of {', '.join(SEVERITIES)}, got {_got(severity)}")
-        if len(problems) == before:
-            checks[key] = CheckThreshold(float(value), for_, severity)
+            problems.add(f"checks.{key}", "unknown key: no check in prefixscope/catalog.py uses this threshold")
     for check in CHECKS:
-        if check.threshold not in raw_checks:
-            bad(f"checks.{check.threshold}", f"missing: the catalogue check {check.key} ({check.alert}) needs it")
+        where = f"checks.{check.threshold}"
+        if isinstance(data, dict) and isinstance(data.get("checks"), dict) and check.threshold not in raw_checks:
+            problems.add(where, f"missing: the catalogue check {check.key} ({check.alert}) needs it")
         if runbooks_dir is not None and not (runbooks_dir / f"{check.alert}.md").is_file():
-            bad(f"checks.{check.threshold}", f"runbook {_display(runbooks_dir / (check.alert + '.md'))} for {check.alert} is missing")
-    if problems:
-        raise ConfigError(problems)
-    return Thresholds(window, float(share), data["runbook_url_base"], data["dashboard_url_base"], checks)
+            problems.add(where, f"runbook {_display(runbooks_dir / (check.alert + '.md'))} for {check.alert} is missing")
+    problems.raise_if_any(ConfigError)
+    checks = {key: CheckThreshold(float(e["value"]), e["for"], e["severity"]) for key, e in raw_checks.items()}
+    return Thresholds(data["window"], float(data["cold_reuse_share"]), data["runbook_url_base"],
+                      data["dashboard_url_base"], checks)
 
 
 def load(path: Path = DEFAULT_PATH, runbooks_dir: Path | None = None) -> Thresholds:
     """Read and validate the threshold file (see :func:`parse`)."""
     source = _display(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{source}: cannot read: {exc.strerror}"]) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{source}: not valid YAML: {exc}"]) from exc
-    return parse(data, source, runbooks_dir)
+    return parse(read_yaml(path, source, ConfigError), source, runbooks_dir)
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:

@@ -9,38 +9,34 @@ vector (seed §4: prefill_tps, decode_tps, intra-/inter-node bandwidth) that onl
 needs; :meth:`Topology.require_simulator_fields` says what a file lacks for it. A worker may
 override any class field.
 
-Validation collects every problem and raises :class:`TopologyError` whose message names the
-file, the field and the problem, e.g. ``default.yaml: workers[3].prefill_tps: must be a
-positive number, got "fast"``.
+Validation (``prefixscope/schemas/topology.v1.json``, then the checks that span workers: unique
+names, an NVLink domain within one node, GPU classes defined) collects every problem and raises
+:class:`TopologyError` whose message names the file, the field and the problem, e.g.
+``default.yaml: workers[3].prefill_tps: expected a positive number, got "fast"``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
+from prefixscope.validation import InvalidFile, Problems, read_yaml, show
 
 SCHEMA = "prefixscope.topology/v1"
 
-# Capability fields a GPU class defines and a worker may override: (name, kind).
-CAPABILITY_FIELDS: tuple[tuple[str, str], ...] = (
-    ("prefill_tps", "positive"),
-    ("decode_tps", "positive"),
-    ("kv_blocks", "positive_int"),
-    ("intra_node_gbps", "positive"),
-    ("inter_node_gbps", "positive"),
-    ("price_per_gpu_hour", "non_negative"),
-    ("max_concurrency", "positive_int"),
-)
+SCHEMA_FILE = "topology.v1.json"
+
+# Capability fields a GPU class defines and a worker may override (their types: the schema).
+CAPABILITY_FIELDS = ("prefill_tps", "decode_tps", "kv_blocks", "intra_node_gbps", "inter_node_gbps",
+                     "price_per_gpu_hour", "max_concurrency")
+INTEGER_FIELDS = frozenset({"kv_blocks", "max_concurrency"})
 # What only the simulator needs: a real cluster's topology file may leave these out.
 SIMULATOR_FIELDS = ("prefill_tps", "decode_tps", "kv_blocks", "intra_node_gbps", "inter_node_gbps")
 
 
-class TopologyError(ValueError):
+class TopologyError(InvalidFile):
     """An invalid topology file; the message lists ``file: field: problem`` lines."""
 
 
@@ -146,160 +142,57 @@ class Topology:
 
 
 # --------------------------------------------------------------------------------------
-# Validation
+# Validation: the schema (schemas/topology.v1.json), then what spans entries
 # --------------------------------------------------------------------------------------
-def show_value(v: Any) -> str:
-    return f'"{v}"' if isinstance(v, str) else repr(v)
+def _placement_problems(problems: Problems, data: Mapping[str, Any]) -> None:
+    """Unique names, NVLink domains within one node, GPU classes defined (when any are)."""
+    workers = data.get("workers") if isinstance(data.get("workers"), list) else []
+    classes = data.get("gpu_classes") if isinstance(data.get("gpu_classes"), Mapping) else {}
+    seen: set[str] = set()
+    domain_node: dict[str, tuple[str, int]] = {}
+    for i, w in enumerate(workers):
+        if not isinstance(w, Mapping):
+            continue
+        where = f"workers[{i}]"
+        name, node, domain, gclass = (w.get(k) for k in ("name", "node", "nvlink_domain", "gpu_class"))
+        if isinstance(name, str):
+            if name in seen:
+                problems.add(f"{where}.name", f"duplicate worker name {show(name)}")
+            seen.add(name)
+        if isinstance(domain, str) and isinstance(node, str):
+            prev = domain_node.setdefault(domain, (node, i))
+            if prev[0] != node:
+                problems.add(f"{where}.nvlink_domain", f"domain {show(domain)} is on node {show(prev[0])} "
+                             f"(workers[{prev[1]}]); an NVLink domain cannot span nodes")
+        if isinstance(gclass, str) and classes and gclass not in classes:
+            problems.add(f"{where}.gpu_class", f"unknown GPU class {show(gclass)} (defined: {', '.join(map(str, classes))})")
 
 
-class FieldErrors:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.lines: list[str] = []
-
-    def add(self, field: str, problem: str) -> None:
-        self.lines.append(f"{self.source}: {field}: {problem}")
-
-    def raise_if_any(self, cls: type[ValueError]) -> None:
-        if self.lines:
-            raise cls("\n".join(self.lines))
-
-
-def check_value(errors: FieldErrors, field: str, value: Any, kind: str) -> Any:
-    """Validate one scalar; returns the value (converted) or None after recording a problem."""
-    if kind in ("positive", "non_negative", "positive_int", "non_negative_int", "ratio"):
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if kind.endswith("_int"):
-            ok = ok and float(value).is_integer()
-        if ok and kind.startswith("positive"):
-            ok = value > 0
-        if ok and kind.startswith("non_negative"):
-            ok = value >= 0
-        if ok and kind == "ratio":
-            ok = 0 <= value <= 1
-        if not ok:
-            what = {"positive": "a positive number", "non_negative": "a number ≥ 0",
-                    "positive_int": "a positive integer", "non_negative_int": "an integer ≥ 0",
-                    "ratio": "a number between 0 and 1"}[kind]
-            errors.add(field, f"must be {what}, got {show_value(value)}")
-            return None
-        return int(value) if kind.endswith("_int") else float(value)
-    if kind == "name":
-        if not isinstance(value, str) or not value.strip():
-            errors.add(field, f"must be a non-empty string, got {show_value(value)}")
-            return None
-        return value
-    if kind == "bool":
-        if not isinstance(value, bool):
-            errors.add(field, f"must be true or false, got {show_value(value)}")
-            return None
-        return value
-    raise AssertionError(kind)
-
-
-def check_keys(errors: FieldErrors, where: str, data: Mapping, allowed: Iterable[str]) -> None:
-    allowed = set(allowed)
-    for k in data:
-        if k not in allowed:
-            errors.add(f"{where}{k}" if where else str(k), f"unknown field (allowed: {', '.join(sorted(allowed))})")
-
-
-def load_yaml_mapping(path: Path, error_cls: type[ValueError]) -> dict:
-    """Read a YAML file that must hold a mapping; problems name the file."""
-    name = path.name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise error_cls(f"{name}: cannot read file: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "document"
-        raise error_cls(f"{name}: {where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict):
-        raise error_cls(f"{name}: (top level): must be a mapping, got {type(data).__name__}")
-    return data
+def _worker(w: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> WorkerTopo:
+    """A validated worker entry, its missing capabilities taken from its GPU class."""
+    inherited = classes.get(w["gpu_class"], {})
+    caps = {f: w.get(f, inherited.get(f)) for f in CAPABILITY_FIELDS if f in w or f in inherited}
+    for f in caps:
+        caps[f] = int(caps[f]) if f in INTEGER_FIELDS else float(caps[f])
+    return WorkerTopo(name=w["name"], node=w["node"], nvlink_domain=w["nvlink_domain"], gpu_class=w["gpu_class"],
+                      gpus=int(w.get("gpus", 1)), warm_pool=w.get("warm_pool", False), **caps)
 
 
 def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topology:
-    """Validate plain data (a parsed topology file) into a :class:`Topology`."""
-    e = FieldErrors(source)
-    if not isinstance(data, Mapping):
-        e.add("(top level)", f"must be a mapping, got {type(data).__name__}")
-        e.raise_if_any(TopologyError)
-    check_keys(e, "", data, ("schema", "model", "downgrade_model", "block_size", "kv_bytes_per_token",
-                             "gpu_classes", "workers"))
-    if data.get("schema", SCHEMA) != SCHEMA:
-        e.add("schema", f"must be {SCHEMA!r}, got {show_value(data.get('schema'))}")
-    model = check_value(e, "model", data.get("model"), "name")
-    downgrade = data.get("downgrade_model")
-    if downgrade is not None:
-        downgrade = check_value(e, "downgrade_model", downgrade, "name")
-    block_size = check_value(e, "block_size", data.get("block_size", 16), "positive_int")
-    kv_bytes = check_value(e, "kv_bytes_per_token", data.get("kv_bytes_per_token", 131072), "positive_int")
-
-    classes_raw = data.get("gpu_classes", {})
-    classes: dict[str, dict[str, Any]] = {}
-    if not isinstance(classes_raw, Mapping):
-        e.add("gpu_classes", f"must be a mapping of class name to capabilities, got {type(classes_raw).__name__}")
-        classes_raw = {}
-    for cname, caps in classes_raw.items():
-        where = f"gpu_classes.{cname}"
-        if not isinstance(caps, Mapping):
-            e.add(where, f"must be a mapping, got {type(caps).__name__}")
-            continue
-        check_keys(e, where + ".", caps, (f for f, _ in CAPABILITY_FIELDS))
-        classes[str(cname)] = {f: check_value(e, f"{where}.{f}", caps[f], kind)
-                               for f, kind in CAPABILITY_FIELDS if f in caps}
-
-    workers_raw = data.get("workers")
-    workers: list[WorkerTopo] = []
-    if not isinstance(workers_raw, list) or not workers_raw:
-        e.add("workers", f"must be a non-empty list, got {show_value(workers_raw)}")
-        workers_raw = []
-    seen: set[str] = set()
-    domain_node: dict[str, tuple[str, int]] = {}
-    for i, w in enumerate(workers_raw):
-        where = f"workers[{i}]"
-        problems_before = len(e.lines)
-        if not isinstance(w, Mapping):
-            e.add(where, f"must be a mapping, got {type(w).__name__}")
-            continue
-        check_keys(e, where + ".", w, ("name", "node", "nvlink_domain", "gpu_class", "gpus", "warm_pool",
-                                       *(f for f, _ in CAPABILITY_FIELDS)))
-        name = check_value(e, f"{where}.name", w.get("name"), "name")
-        if name is not None and name in seen:
-            e.add(f"{where}.name", f"duplicate worker name {show_value(name)}")
-        seen.add(name)
-        node = check_value(e, f"{where}.node", w.get("node"), "name")
-        domain = check_value(e, f"{where}.nvlink_domain", w.get("nvlink_domain"), "name")
-        if domain is not None and node is not None:
-            prev = domain_node.setdefault(domain, (node, i))
-            if prev[0] != node:
-                e.add(f"{where}.nvlink_domain", f"domain {show_value(domain)} is on node {show_value(prev[0])} "
-                      f"(workers[{prev[1]}]); an NVLink domain cannot span nodes")
-        gclass = check_value(e, f"{where}.gpu_class", w.get("gpu_class"), "name")
-        if gclass is not None and classes and gclass not in classes:
-            e.add(f"{where}.gpu_class", f"unknown GPU class {show_value(gclass)} (defined: {', '.join(classes) or 'none'})")
-        gpus = check_value(e, f"{where}.gpus", w.get("gpus", 1), "positive_int")
-        warm = check_value(e, f"{where}.warm_pool", w.get("warm_pool", False), "bool")
-        caps: dict[str, Any] = {}
-        for f, kind in CAPABILITY_FIELDS:
-            if f in w:
-                caps[f] = check_value(e, f"{where}.{f}", w[f], kind)
-            elif gclass in classes and f in classes[gclass]:
-                caps[f] = classes[gclass][f]
-        if len(e.lines) > problems_before:
-            continue
-        workers.append(WorkerTopo(name=name, node=node, nvlink_domain=domain, gpu_class=gclass, gpus=gpus,
-                                  warm_pool=warm, **caps))
-    e.raise_if_any(TopologyError)
-    return Topology(model=model, block_size=block_size, workers=tuple(workers), downgrade_model=downgrade,
-                    kv_bytes_per_token=kv_bytes, source=source)
+    """Validate plain data (a parsed topology file) into a :class:`Topology`; every problem at once."""
+    problems = Problems(source)
+    problems.check_schema(data, SCHEMA_FILE)
+    if isinstance(data, Mapping):
+        _placement_problems(problems, data)
+    problems.raise_if_any(TopologyError)
+    classes = data.get("gpu_classes") or {}
+    return Topology(model=data["model"], block_size=int(data.get("block_size", 16)),
+                    workers=tuple(_worker(w, classes) for w in data["workers"]),
+                    downgrade_model=data.get("downgrade_model"),
+                    kv_bytes_per_token=int(data.get("kv_bytes_per_token", 131072)), source=source)
 
 
 def load_topology(path: str | Path) -> Topology:
     """Load and validate a topology file."""
     p = Path(path)
-    return parse_topology(load_yaml_mapping(p, TopologyError), p.name)
+    return parse_topology(read_yaml(p, p.name, TopologyError), p.name)

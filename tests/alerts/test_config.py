@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from alerts import generate
+from prefixscope import SCHEMAS_DIR
 from prefixscope import thresholds as config
 from prefixscope.catalog import CHECKS
 
@@ -45,7 +47,7 @@ def test_wrong_type_names_the_entry() -> None:
 def test_boolean_is_not_a_number() -> None:
     data = _data()
     data["checks"]["kv_event_gaps"]["value"] = True
-    assert _problems(data) == ["alerts/thresholds.yaml: checks.kv_event_gaps.value: expected a number, got bool True"]
+    assert _problems(data) == ["alerts/thresholds.yaml: checks.kv_event_gaps.value: expected a number, got true"]
 
 
 def test_unknown_keys_at_every_level() -> None:
@@ -55,9 +57,9 @@ def test_unknown_keys_at_every_level() -> None:
     data["checks"]["targets_up"]["labels"] = {"team": "x"}
     problems = _problems(data)
     assert len(problems) == 3
-    assert problems[0].startswith("alerts/thresholds.yaml: thresholds_extra: unknown key")
-    assert any("checks.not_a_check: unknown key" in p for p in problems)
-    assert any("checks.targets_up.labels: unknown key (allowed: value, for, severity)" in p for p in problems)
+    assert problems[0].startswith("alerts/thresholds.yaml: thresholds_extra: unknown field (allowed: schema, window, ")
+    assert any("checks.not_a_check: unknown key: no check in prefixscope/catalog.py" in p for p in problems)
+    assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity)" in problems
 
 
 def test_missing_entry_names_the_check_and_alert() -> None:
@@ -73,7 +75,7 @@ def test_bad_duration_and_severity() -> None:
     data["checks"]["ingest_errors"]["for"] = "five minutes"
     data["checks"]["ingest_errors"]["severity"] = "page"
     assert _problems(data) == [
-        'alerts/thresholds.yaml: checks.ingest_errors.for: expected a duration like 5m, got "five minutes"',
+        'alerts/thresholds.yaml: checks.ingest_errors.for: expected a duration like 5m or 1h30m, got "five minutes"',
         'alerts/thresholds.yaml: checks.ingest_errors.severity: expected one of critical, warning, info, got "page"',
     ]
 
@@ -103,3 +105,51 @@ def test_not_yaml_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("checks: [unclosed\n", encoding="utf-8")
     with pytest.raises(config.ConfigError, match="not valid YAML"):
         config.load(bad)
+
+
+def test_every_problem_is_reported_at_once_with_file_and_path() -> None:
+    data = _data()
+    data["window"] = 5
+    data["cold_reuse_share"] = 1.5
+    del data["dashboard_url_base"]
+    data["runbook_url_base"] = "https://example.com/runbooks"
+    data["checks"]["prefix_hit_rate_total"]["value"] = "high"
+    del data["checks"]["targets_up"]["severity"]
+    data["checks"]["kv_event_gaps"] = "warning"
+    assert set(_problems(data)) == {
+        "alerts/thresholds.yaml: dashboard_url_base: missing",
+        "alerts/thresholds.yaml: window: expected a duration like 5m or 1h30m, got 5",
+        "alerts/thresholds.yaml: cold_reuse_share: expected a number between 0 and 1, got 1.5",
+        'alerts/thresholds.yaml: runbook_url_base: expected a URL ending in /, got "https://example.com/runbooks"',
+        'alerts/thresholds.yaml: checks.prefix_hit_rate_total.value: expected a number, got "high"',
+        "alerts/thresholds.yaml: checks.targets_up.severity: missing",
+        'alerts/thresholds.yaml: checks.kv_event_gaps: expected a mapping, got "warning"',
+    }
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    assert _problems([1, 2]) == ["alerts/thresholds.yaml: (top level): expected a mapping, got [1, 2]"]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("duration", ["1h30m", "90s", "1d", "500ms"])
+def test_any_prometheus_duration_is_accepted(duration: str) -> None:
+    data = _data()
+    data["window"] = duration
+    data["checks"]["prefix_hit_rate_total"]["for"] = duration
+    th = config.parse(data)
+    assert th.window == duration and th.checks["prefix_hit_rate_total"].for_ == duration
+    if duration == "1h30m":
+        assert th.window_s == 5400.0
+
+
+@pytest.mark.parametrize("duration", ["1.5h", "30m1h", "5 m", "-5m"])
+def test_what_is_not_a_prometheus_duration_is_refused(duration: str) -> None:
+    data = _data()
+    data["window"] = duration
+    assert _problems(data) == [f'alerts/thresholds.yaml: window: expected a duration like 5m or 1h30m, got "{duration}"']
+
+
+def test_the_schema_knows_the_severities() -> None:
+    schema = json.loads((SCHEMAS_DIR / config.SCHEMA_FILE).read_text())
+    assert tuple(schema["$defs"]["check"]["properties"]["severity"]["enum"]) == config.SEVERITIES
+    assert schema["properties"]["schema"]["const"] == config.SCHEMA

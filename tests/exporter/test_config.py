@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from exporter.config import PACKAGED_THRESHOLDS, ConfigError, load_config, parse_duration
+from exporter.config import (
+    PACKAGED_THRESHOLDS,
+    ROUTER_KINDS,
+    SCHEMA_FILE,
+    ConfigError,
+    load_config,
+    parse_duration,
+)
+from prefixscope import SCHEMAS_DIR
 
 
 def write(tmp_path: Path, text: str, name: str = "exporter.yaml") -> Path:
@@ -72,33 +81,33 @@ def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "message"), [
     ("workers:\n  - {name: a, metrics_url: http://h/metrics}\n  - {name: b, metrics_url: http://h/metrics}\n"
      "  - {name: c, metrics_url: foo}\n",
-     'exporter.yaml: workers[2].metrics_url: not a URL: "foo"'),
-    ("workers:\n  - {metrics_url: http://h/metrics}\n", "exporter.yaml: workers[0].name: required"),
+     'exporter.yaml: workers[2].metrics_url: expected an http:// or https:// URL, got "foo"'),
+    ("workers:\n  - {metrics_url: http://h/metrics}\n", "exporter.yaml: workers[0].name: missing"),
     ("workers:\n  - {name: a}\n", "exporter.yaml: workers[0]: needs metrics_url or kv_events"),
-    ("workers:\n  - {name: a, kv_events: http://h:1}\n", 'exporter.yaml: workers[0].kv_events: not a URL: "http://h:1"'),
+    ("workers:\n  - {name: a, kv_events: http://h:1}\n", 'exporter.yaml: workers[0].kv_events: expected a ZMQ endpoint (tcp://, ipc:// or inproc://), got "http://h:1"'),
     ("workers:\n  - {name: a, metrics_url: http://h/m, replay: tcp://h:2}\n",
      "exporter.yaml: workers[0].replay: replay needs kv_events"),
     ("workers:\n  - {name: a, metrics_url: http://h/m}\n  - {name: a, metrics_url: http://h/m}\n",
      'exporter.yaml: workers[1].name: duplicate worker name "a"'),
     ("workers:\n  - {name: a, metrics_url: http://h/m, colour: red}\n",
-     "exporter.yaml: workers[0]: unknown field(s) colour"),
+     "exporter.yaml: workers[0].colour: unknown field (allowed: name, metrics_url, "),
     ("routers:\n  - {name: r, metrics_url: http://h/m, kind: nginx}\n",
-     "exporter.yaml: routers[0].kind: must be one of auto, sglang-router, vllm-router"),
-    ("scrape_interval: soon\n", 'exporter.yaml: scrape_interval: not a duration: "soon"'),
+     'exporter.yaml: routers[0].kind: expected one of auto, sglang-router, vllm-router, got "nginx"'),
+    ("scrape_interval: soon\n", 'exporter.yaml: scrape_interval: expected a positive number of seconds or a duration like 500ms, 5m or 1h30m, got "soon"'),
     ("scrape_interval: 1s\nscrape_timeout: 2s\n", "exporter.yaml: scrape_timeout: 2s exceeds scrape_interval 1s"),
-    ("tree_stats_interval: 0\n", "exporter.yaml: tree_stats_interval: must be positive: 0"),
-    ("records: {http: {max_body_bytes: -5}}\n", "exporter.yaml: records.http.max_body_bytes: expected a positive integer"),
+    ("tree_stats_interval: 0\n", "exporter.yaml: tree_stats_interval: expected a positive number of seconds or a duration like 500ms, 5m or 1h30m, got 0"),
+    ("records: {http: {max_body_bytes: -5}}\n", "exporter.yaml: records.http.max_body_bytes: expected a positive integer, got -5"),
     ("records: {http: {bearer_token_file: nope.txt}}\n", 'exporter.yaml: records.http.bearer_token_file: file not found: "nope.txt"'),
     ("records: {http: {bearer_token: a, bearer_token_file: nope.txt}}\n", "exporter.yaml: records.http.bearer_token_file: file not found"),
     ("topology: missing.yaml\n", 'exporter.yaml: topology: file not found: "missing.yaml"'),
-    ("wokers: []\n", "exporter.yaml: unknown field(s) wokers"),
-    ("- just\n- a list\n", "exporter.yaml: expected a mapping, got list"),
-    ("workers: [\n", "exporter.yaml: invalid YAML at line 2"),
+    ("wokers: []\n", "exporter.yaml: wokers: unknown field (allowed: workers, fleet_manifest, "),
+    ("- just\n- a list\n", 'exporter.yaml: (top level): expected a mapping, got ["just", "a list"]'),
+    ("workers: [\n", "exporter.yaml: line 2: not valid YAML"),
 ])
 def test_bad_config_names_file_field_and_problem(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text))
-    assert str(err.value).startswith(message), str(err.value)
+    assert any(line.startswith(message) for line in err.value.problems), str(err.value)
 
 
 def test_token_and_token_file_together_are_refused(tmp_path: Path) -> None:
@@ -127,3 +136,54 @@ def test_example_config_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "exporter.yaml"
     cfg = load_config(example)
     assert cfg.workers or cfg.fleet_manifest is not None
+
+
+def test_every_problem_is_reported_at_once_with_file_and_path(tmp_path: Path) -> None:
+    text = """
+workers:
+  - {name: a, metrics_url: http://h/m}
+  - {name: a, metrics_url: ftp://h/m, optional: maybe}
+  - {name: c}
+routers:
+  - {metrics_url: http://h/m, kind: nginx}
+records: {http: {bearer_token: t, bearer_token_file: t.txt, max_body_bytes: 1.5}}
+topology: nowhere.yaml
+scrape_interval: 1s
+scrape_timeout: 2s
+window: soon
+colour: red
+"""
+    (tmp_path / "t.txt").write_text("x")
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
+    assert set(err.value.problems) == {
+        "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, topology, "
+        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, window)",
+        'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
+        'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
+        'exporter.yaml: workers[1].name: duplicate worker name "a"',
+        "exporter.yaml: workers[2]: needs metrics_url or kv_events (or both)",
+        "exporter.yaml: routers[0].name: missing",
+        'exporter.yaml: routers[0].kind: expected one of auto, sglang-router, vllm-router, got "nginx"',
+        "exporter.yaml: records.http.max_body_bytes: expected a positive integer, got 1.5",
+        "exporter.yaml: records.http: set bearer_token or bearer_token_file, not both",
+        'exporter.yaml: topology: file not found: "nowhere.yaml"',
+        f'exporter.yaml: window: expected {durations}, got "soon"',
+        "exporter.yaml: scrape_timeout: 2s exceeds scrape_interval 1s",
+    }
+
+
+def test_durations_take_the_prometheus_grammar_or_plain_seconds(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "scrape_interval: 1h30m\nscrape_timeout: 1m30s\ntree_stats_interval: 2.5\n"
+                                      "window: 1d\n"))
+    assert (cfg.scrape_interval, cfg.scrape_timeout, cfg.tree_stats_interval, cfg.window) == (5400.0, 90.0, 2.5, 86400.0)
+
+
+def test_empty_file_is_the_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "")).workers == ()
+
+
+def test_the_schema_knows_the_router_kinds() -> None:
+    schema = json.loads((SCHEMAS_DIR / SCHEMA_FILE).read_text())
+    assert tuple(schema["$defs"]["router"]["properties"]["kind"]["enum"]) == ROUTER_KINDS

@@ -30,7 +30,7 @@ def test_bad_config_exits_2_with_one_clear_line(tmp_path: Path) -> None:
                    "  - {name: c, metrics_url: foo}\n")
     r = run_export("--config.file", str(cfg))
     assert r.returncode == 2
-    assert r.stderr.startswith('prefixscope export: exporter.yaml: workers[2].metrics_url: not a URL: "foo"')
+    assert r.stderr.startswith('prefixscope export: exporter.yaml: workers[2].metrics_url: expected an http:// or https:// URL, got "foo"')
     assert r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr
 

@@ -11,7 +11,7 @@ from fleet.engine import SimEngine
 from fleet.fallback import FallbackLadder, LadderConfig
 from fleet.hashing import chain_hashes
 from fleet.records import ListSink
-from fleet.router import PrefixIndex, Router, RouterConfig
+from fleet.router import BlockHolderIndex, Router, RouterConfig
 from fleet.simulation import worker_spec
 from fleet.topology import load_topology
 from fleet.workloads import SimRequest
@@ -54,7 +54,7 @@ class Fleet:
 
 
 def test_prefix_index_walks_every_worker_in_one_pass() -> None:
-    idx = PrefixIndex()
+    idx = BlockHolderIndex()
     idx.add("w0", [1, 2, 3, 4])
     idx.add("w1", [1, 2, 9])
     idx.add("w2", [5])

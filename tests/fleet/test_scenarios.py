@@ -3,17 +3,32 @@ threshold (and nothing earlier in the diagnosis chain), while a healthy run move
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import fields, replace
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 import yaml
 
-from fleet.scenarios import PRESET_DIR, ScenarioError, load_preset, load_scenario, preset_names
+from fleet.engine import Knobs
+from fleet.policies import POLICIES
+from fleet.scenarios import (
+    ACTIONS,
+    KNOBS,
+    PRESET_DIR,
+    ROUTER_FIELDS,
+    SCHEMA_FILE,
+    ScenarioError,
+    load_preset,
+    load_scenario,
+    preset_names,
+)
 from fleet.simulation import SimResult, Simulation, run_scenario, signals
 from fleet.topology import load_topology
+from fleet.workloads import WORKLOAD_FIELDS
 from lab.harness import settled_duration
+from prefixscope import SCHEMAS_DIR
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 from prefixscope.thresholds import load as load_thresholds
 
@@ -114,30 +129,86 @@ def _bad(tmp_path: Path, changes: dict) -> Path:
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"expected_step": 7}, "bad.yaml: expected_step: must be a diagnosis step 0–5 (or null for a healthy run), got 7"),
+    ({"expected_step": 7}, "bad.yaml: expected_step: expected an integer between 0 and 5, got 7"),
     ({"expected_alerts": ["PrefixNope"]}, 'bad.yaml: expected_alerts[0]: unknown alert "PrefixNope" (not in prefixscope/catalog.py)'),
     ({"expected_alerts": ["PrefixRouterTreeWalkSlow"]},
      "bad.yaml: expected_alerts[0]: PrefixRouterTreeWalkSlow belongs to step 4, not expected_step 2"),
     ({"side_effects": ["PrefixCacheNearCapacity"]},
      "bad.yaml: side_effects[0]: PrefixCacheNearCapacity is step 1, before expected_step 2: it would take the verdict"),
-    ({"policy": "sticky"}, 'bad.yaml: policy: must be one of random, round-robin, hash-mod, consistent-hash, prefix-tree, topology-aware, got "sticky"'),
+    ({"policy": "sticky"}, 'bad.yaml: policy: expected one of random, round-robin, hash-mod, consistent-hash, prefix-tree, topology-aware, got "sticky"'),
     ({"fault_at_s": 900}, "bad.yaml: fault_at_s: must be before duration_s (600), got 900"),
-    ({"workload": {"chat_sessions_per_s": "lots"}}, 'bad.yaml: workload.chat_sessions_per_s: must be a number ≥ 0, got "lots"'),
-    ({"workload": {"turns": [5, 2]}}, "bad.yaml: workload.turns: must be [low, high] with integers 0 ≤ low ≤ high, got [5, 2]"),
-    ({"workload": {"rekey_prob": 1.5}}, "bad.yaml: workload.rekey_prob: must be a probability between 0 and 1, got 1.5"),
-    ({"fault_router": {"placement": "random"}}, 'bad.yaml: fault_router.placement: must be one of aware, blind, got "random"'),
+    ({"workload": {"chat_sessions_per_s": "lots"}}, 'bad.yaml: workload.chat_sessions_per_s: expected a number ≥ 0, got "lots"'),
+    ({"workload": {"turns": [5, 2]}}, "bad.yaml: workload.turns: expected [low, high] with low ≤ high, got [5, 2]"),
+    ({"workload": {"rekey_prob": 1.5}}, "bad.yaml: workload.rekey_prob: expected a number between 0 and 1, got 1.5"),
+    ({"fault_router": {"placement": "random"}}, 'bad.yaml: fault_router.placement: expected one of aware, blind, got "random"'),
     ({"actions": [{"at": 300, "action": "explode", "workers": ["w1"]}]},
-     'bad.yaml: actions[0].action: must be one of set_knob, reset_cache, fail, drain, add_worker, got "explode"'),
+     'bad.yaml: actions[0].action: expected one of set_knob, reset_cache, fail, drain, add_worker, got "explode"'),
     ({"actions": [{"at": 300, "action": "set_knob", "workers": ["w1"], "knob": "turbo", "value": 1}]},
-     'bad.yaml: actions[0].knob: must be one of prefill_slowdown, spec_acceptance, expert_misalignment, affinity_admission, drop_kv_events, healthy, got "turbo"'),
+     'bad.yaml: actions[0].knob: expected one of prefill_slowdown, spec_acceptance, expert_misalignment, affinity_admission, drop_kv_events, healthy, got "turbo"'),
     ({"actions": [{"at": 300, "action": "fail"}]}, "bad.yaml: actions[0].workers: name the workers (or a node) the action applies to"),
-    ({"name": ""}, 'bad.yaml: name: must be a non-empty string, got ""'),
-    ({"colour": "red"}, "bad.yaml: colour: unknown field"),
+    ({"name": ""}, 'bad.yaml: name: expected a non-empty string, got ""'),
+    ({"colour": "red"}, "bad.yaml: colour: unknown field (allowed: schema, name, description, "),
+    ({"workload": {"turns": [3, -1]}}, "bad.yaml: workload.turns[1]: expected an integer ≥ 0, got -1"),
+    ({"actions": [{"at": 300, "action": "set_knob", "workers": ["w1"], "knob": "healthy"}]},
+     "bad.yaml: actions[0].value: missing"),
+    ({"actions": [{"at": 300, "action": "set_knob", "workers": ["w1"], "knob": "healthy", "value": 0}]},
+     "bad.yaml: actions[0].value: expected true or false, got 0"),
+    ({"actions": [{"at": "700s", "action": "fail", "workers": ["w1"]}]},
+     'bad.yaml: actions[0].at: must be within the run (duration_s 600), got "700s"'),
+    ({"duration_s": "ten minutes"},
+     'bad.yaml: duration_s: expected a positive number of seconds or a duration like 500ms, 5m or 1h30m, got "ten minutes"'),
 ])
 def test_invalid_scenario_files_name_file_field_and_problem(tmp_path: Path, changes: dict, message: str) -> None:
     with pytest.raises(ScenarioError) as e:
         load_scenario(_bad(tmp_path, changes))
     assert message in str(e.value).splitlines() or str(e.value).startswith(message)
+
+
+def test_every_problem_of_a_scenario_file_is_reported_at_once(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(_bad(tmp_path, {"description": None, "fault_at_s": "soon", "expected_step": 2,
+                                      "expected_alerts": ["PrefixNope", "PrefixRouterTreeWalkSlow"],
+                                      "workload": {"turns": [5, 2], "tenants": -1},
+                                      "router": {"async_slots": 0},
+                                      "actions": [{"at": 300, "action": "drain"}, {"action": "fail", "workers": ["w1"]}]}))
+    assert set(e.value.problems) == {
+        "bad.yaml: description: missing",
+        'bad.yaml: fault_at_s: expected a number of seconds ≥ 0 or a duration like 500ms, 5m or 1h30m, got "soon"',
+        'bad.yaml: expected_alerts[0]: unknown alert "PrefixNope" (not in prefixscope/catalog.py)',
+        "bad.yaml: expected_alerts[1]: PrefixRouterTreeWalkSlow belongs to step 4, not expected_step 2",
+        "bad.yaml: workload.turns: expected [low, high] with low ≤ high, got [5, 2]",
+        "bad.yaml: workload.tenants: expected an integer ≥ 0, got -1",
+        "bad.yaml: router.async_slots: expected a positive integer, got 0",
+        "bad.yaml: actions[0].workers: name the workers (or a node) the action applies to",
+        "bad.yaml: actions[1].at: missing",
+    }
+
+
+def test_times_take_seconds_or_prometheus_durations(tmp_path: Path) -> None:
+    sc = load_scenario(_bad(tmp_path, {
+        "fault_at_s": "5m", "duration_s": "1h30m", "router": {"walk_delay_s": "8ms"},
+        "workload": {"think_s": "1m30s"},
+        "actions": [{"at": "10m", "action": "fail", "workers": ["w1"], "every": "1m", "until": "1h",
+                     "restore_after": "500ms"}]}))
+    assert (sc.fault_at_s, sc.duration_s, sc.router["walk_delay_s"], sc.workload.think_s) == (300.0, 5400.0, 0.008, 90.0)
+    a = sc.actions[0]
+    assert (a.at, a.every, a.until, a.restore_after) == (600.0, 60.0, 3600.0, 0.5)
+    numbers = load_scenario(_bad(tmp_path, {"fault_at_s": 300, "duration_s": 5400}))
+    assert (numbers.fault_at_s, numbers.duration_s) == (300.0, 5400.0)
+
+
+def test_the_schema_names_what_the_simulator_knows() -> None:
+    """The scenario schema's lists are the simulator's: a new knob, policy or workload field
+    must be added to prefixscope/schemas/scenario.v1.json too."""
+    schema = json.loads((SCHEMAS_DIR / SCHEMA_FILE).read_text())
+    defs, props = schema["$defs"], schema["properties"]
+    assert set(defs["workload"]["properties"]) == WORKLOAD_FIELDS
+    assert tuple(props["policy"]["enum"]) == POLICIES
+    assert tuple(defs["action"]["properties"]["knob"]["enum"]) == KNOBS
+    assert tuple(defs["action"]["properties"]["action"]["enum"]) == ACTIONS
+    assert tuple(defs["router"]["properties"]) == ROUTER_FIELDS
+    bool_knobs = {f.name for f in fields(Knobs) if isinstance(f.default, bool)}
+    assert set(defs["action"]["allOf"][1]["if"]["properties"]["knob"]["enum"]) == bool_knobs
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:

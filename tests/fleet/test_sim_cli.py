@@ -51,7 +51,7 @@ def test_bad_topology_and_unknown_scenario_stop_with_a_clear_message(tmp_path: P
     bad = tmp_path / "topology.yaml"
     bad.write_text(yaml.safe_dump(data))
     assert main(["--accelerated", "--topology", str(bad)]) == 2
-    assert 'topology.yaml: workers[3].prefill_tps: must be a positive number, got "fast"' in capsys.readouterr().err
+    assert 'topology.yaml: workers[3].prefill_tps: expected a positive number, got "fast"' in capsys.readouterr().err
     assert main(["--accelerated", "--scenario", "no-such-fault"]) == 2
     assert "no-such-fault: unknown scenario" in capsys.readouterr().err
 

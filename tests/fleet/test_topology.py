@@ -70,7 +70,7 @@ def test_bad_value_names_file_field_and_problem(tmp_path: Path) -> None:
     data["workers"][3]["prefill_tps"] = "fast"
     with pytest.raises(TopologyError) as e:
         load_topology(_write(tmp_path, data, "topology.yaml"))
-    assert str(e.value) == 'topology.yaml: workers[3].prefill_tps: must be a positive number, got "fast"'
+    assert str(e.value) == 'topology.yaml: workers[3].prefill_tps: expected a positive number, got "fast"'
 
 
 @pytest.mark.parametrize(("mutate", "expected"), [
@@ -79,12 +79,13 @@ def test_bad_value_names_file_field_and_problem(tmp_path: Path) -> None:
     (lambda d: d["workers"][1].update(nvlink_domain="node-b/nvl0"),
      'bad.yaml: workers[4].nvlink_domain: domain "node-b/nvl0" is on node "node-a" (workers[1]); an NVLink domain cannot span nodes'),
     (lambda d: d["workers"][5].update(name="w4"), 'bad.yaml: workers[5].name: duplicate worker name "w4"'),
-    (lambda d: d["workers"][0].update(warm_pool="yes"), 'bad.yaml: workers[0].warm_pool: must be true or false, got "yes"'),
-    (lambda d: d["workers"][0].update(gpus=1.5), "bad.yaml: workers[0].gpus: must be a positive integer, got 1.5"),
+    (lambda d: d["workers"][0].update(warm_pool="yes"), 'bad.yaml: workers[0].warm_pool: expected true or false, got "yes"'),
+    (lambda d: d["workers"][0].update(gpus=1.5), "bad.yaml: workers[0].gpus: expected a positive integer, got 1.5"),
     (lambda d: d["gpu_classes"]["A100"].update(kv_blocks=-1),
-     "bad.yaml: gpu_classes.A100.kv_blocks: must be a positive integer, got -1"),
-    (lambda d: d["workers"][0].update(colour="red"), "bad.yaml: workers[0].colour: unknown field"),
-    (lambda d: d.update(workers=[]), "bad.yaml: workers: must be a non-empty list, got []"),
+     "bad.yaml: gpu_classes.A100.kv_blocks: expected a positive integer, got -1"),
+    (lambda d: d["workers"][0].update(colour="red"), "bad.yaml: workers[0].colour: unknown field (allowed: name, node, "),
+    (lambda d: d["workers"][6].pop("node"), "bad.yaml: workers[6].node: missing"),
+    (lambda d: d.update(workers=[]), "bad.yaml: workers: expected a non-empty list, got []"),
 ])
 def test_each_problem_is_reported_with_its_field(tmp_path: Path, mutate, expected: str) -> None:
     data = _default_data()
@@ -109,5 +110,36 @@ def test_unreadable_or_malformed_files(tmp_path: Path) -> None:
         load_topology(tmp_path / "nope.yaml")
     with pytest.raises(TopologyError, match=r"^bad.yaml: line \d+: not valid YAML"):
         load_topology(_write(tmp_path, "model: x\nworkers: [\n"))
-    with pytest.raises(TopologyError, match=r"^bad.yaml: \(top level\): must be a mapping, got list"):
+    with pytest.raises(TopologyError, match=r"^bad.yaml: \(top level\): expected a mapping, got \[1\]"):
         load_topology(_write(tmp_path, "- 1\n"))
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    data = _default_data()
+    data["block_size"] = 0
+    data["workers"][1]["gpus"] = "two"
+    data["workers"][2]["gpu_class"] = "B200"
+    data["workers"][5]["nvlink_domain"] = "node-a/nvl0"
+    del data["workers"][7]["name"]
+    data["gpu_classes"]["H100"]["prefill_tps"] = -5
+    with pytest.raises(TopologyError) as e:
+        load_topology(_write(tmp_path, data, "topology.yaml"))
+    assert set(e.value.problems) == {
+        "topology.yaml: block_size: expected a positive integer, got 0",
+        'topology.yaml: workers[1].gpus: expected a positive integer, got "two"',
+        'topology.yaml: workers[2].gpu_class: unknown GPU class "B200" (defined: A100, H100)',
+        'topology.yaml: workers[5].nvlink_domain: domain "node-a/nvl0" is on node "node-a" (workers[0]); '
+        "an NVLink domain cannot span nodes",
+        "topology.yaml: workers[7].name: missing",
+        "topology.yaml: gpu_classes.H100.prefill_tps: expected a positive number, got -5",
+    }
+
+
+def test_placement_alone_is_a_valid_topology_file() -> None:
+    """A real cluster's file may leave out every simulator capability; the exporter needs none."""
+    t = parse_topology({"model": "m", "workers": [{"name": "a", "node": "n", "nvlink_domain": "n/0", "gpu_class": "H100"}]},
+                       "real.yaml")
+    w = t.worker("a")
+    assert (w.gpus, w.warm_pool, w.prefill_tps, w.kv_blocks) == (1, False, None, None)
+    with pytest.raises(TopologyError, match=r"^real.yaml: workers\[0\].prefill_tps: missing \(the simulator needs it"):
+        t.require_simulator_fields()
