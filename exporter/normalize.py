@@ -253,7 +253,13 @@ def parse_worker(worker: str, text: str, deadline: float | None = None) -> tuple
     ``deadline`` (``time.monotonic()``) bounds the parse (``promtext.ParseTimeout``).
     """
     parsed, rejected = check_values(promtext.parse(text, WORKER_NAMES, deadline))
-    return worker_from_parsed(worker, parsed), parsed.errors + rejected
+    snap = worker_from_parsed(worker, parsed)
+    for name in snap.__slots__:  # finite samples can still sum past the float range
+        value = getattr(snap, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            setattr(snap, name, None)
+            rejected.append(ParseError(0, f"{name} {value!r}", "the samples' sum is not a finite number", "bad_value"))
+    return snap, parsed.errors + rejected
 
 
 def _by_label(samples: Iterable[Sample], label: str, rename: dict[str, str] | None = None) -> dict[str, float]:
@@ -326,4 +332,9 @@ def parse_router(router: str, text: str, kind: str = "auto", worker_names: Mappi
     parsed, rejected = check_values(promtext.parse(text, ROUTER_NAMES, deadline))
     if kind != "auto" and not parsed.samples and not parsed.other_names:
         raise UnrecognisedMetrics(f"no metric at all among {parsed.lines} sample lines")
-    return router_from_parsed(router, parsed, kind, worker_names), parsed.errors + rejected
+    snap = router_from_parsed(router, parsed, kind, worker_names)
+    for values in (snap.decisions, snap.healthy, snap.prefix_outcomes):
+        for key in [k for k, v in values.items() if not math.isfinite(v)]:  # sums past the float range
+            rejected.append(ParseError(0, f"{key} {values.pop(key)!r}", "the samples' sum is not a finite number",
+                                       "bad_value"))
+    return snap, parsed.errors + rejected

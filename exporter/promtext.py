@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from exporter.labels import label_value_problem
+from exporter.labels import MAX_LABEL_VALUE_CHARS, label_value_problem
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # One step of the label scanner each: all anchored at a position, none can backtrack far.
@@ -89,9 +89,12 @@ def parse_labels(block: str) -> dict[str, str]:
             if _BLANK_RE.match(block, pos).end() == n and (pos == 0 or block[pos - 1] == ","):
                 return labels  # empty block, or a trailing comma
             raise ValueError("malformed label block")
-        pos = head.end()
+        pos = value_start = head.end()
         parts: list[str] = []
         while True:
+            if pos - value_start > 2 * MAX_LABEL_VALUE_CHARS:  # even all escapes would be too long
+                raise LabelValueError(f"label value longer than {MAX_LABEL_VALUE_CHARS} characters "
+                                      f"for label {head.group(1)}")
             end = _PLAIN_RE.match(block, pos).end()
             parts.append(block[pos:end])
             if end >= n:
