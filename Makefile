@@ -10,7 +10,7 @@ PIP         := $(VENV)/bin/pip
 SUDO        := $(shell [ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n")
 PYTEST_ARGS ?=
 
-.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench generate check-generated clean
+.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench generate check-generated clean fuzz
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,3 +77,7 @@ check-generated: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(ROUTERS) .pytest_cache
+
+# ≥ 1,000,000 generated inputs across the KV-event decoder and the text parser; fails on any crash.
+fuzz: $(VENV)/.installed
+	nice $(PY) -m fuzz.run $(FUZZ_ARGS)

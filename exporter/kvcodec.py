@@ -3,9 +3,13 @@
 The batch is always the array ``[ts, events, dp_rank]`` (dp_rank may be missing or nil).
 Events are either arrays with the tag first and positional fields (vLLM ≤ 0.23; trailing
 fields optional, extra trailing fields tolerated) or maps with a ``"type"`` key (≥ 0.24;
-fields equal to their default omitted). Block hashes are unsigned 64-bit ints (negative i64
-is folded with ``& 0xFFFF_FFFF_FFFF_FFFF``) or digest bytes (the last 8 bytes, big-endian, as
-vLLM's int conversion and llm-d do).
+fields equal to their default omitted). Block hashes (and parents) are unsigned 64-bit ints
+or non-empty digest bytes (the last 8 bytes, big-endian, as vLLM's int conversion and llm-d do),
+nothing else: a float, bool, string, negative or out-of-range hash means the publisher does not
+speak this format, so the whole batch is rejected as a ``decode`` error (dropping just that
+event would break the parent chain of the events after it). Other unreadable events are
+counted (``bad_event``, ``unknown_event``) and left out, the rest of the batch kept. A batch
+timestamp must be a finite number. ``decode_batch`` never raises.
 
 A payload is decoded with one ``msgpack.unpackb`` call (``use_list=False`` so the hash
 arrays arrive as tuples ready for the event values); per event there is one tag dispatch, a
@@ -16,6 +20,7 @@ the event object built with its slots filled directly (see :func:`_maker`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +34,7 @@ MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 EVENT_NAMES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 _CLEARED = AllBlocksCleared()
 _EXCERPT = 64
+_INT_ONLY = frozenset((int,))
 
 
 def _maker(cls: type, *names: str) -> Callable[..., Any]:
@@ -77,24 +83,37 @@ class BadEvent(ValueError):
     """A known event type whose fields cannot be read."""
 
 
+class BadHash(ValueError):
+    """A block hash that is neither an unsigned 64-bit int nor digest bytes: the batch is rejected."""
+
+
+def _plain(hs: object) -> bool:
+    """True for a non-empty tuple of ints in 0..2^64-1, the common case (type checks at C speed)."""
+    if type(hs) is not tuple:
+        return False
+    if len(hs) == 1:
+        h = hs[0]
+        return type(h) is int and 0 <= h <= MASK64
+    return _INT_ONLY.issuperset(map(type, hs)) and min(hs) >= 0 and max(hs) <= MASK64
+
+
 def _hash(h: object) -> int:
-    if isinstance(h, int) and not isinstance(h, bool):
-        return h & MASK64
+    if type(h) is int:
+        if 0 <= h <= MASK64:
+            return h
+        raise BadHash(f"block hash {h} outside 0..2^64-1")
     if isinstance(h, bytes | bytearray | memoryview):
         b = bytes(h)
         if not b:
-            raise BadEvent("empty hash bytes")
+            raise BadHash("empty hash bytes")
         return int.from_bytes(b[-8:], "big")
-    raise BadEvent(f"block hash of type {type(h).__name__}")
+    raise BadHash(f"block hash of type {type(h).__name__}: {_excerpt(h)}")
 
 
 def _hashes(hs: object) -> tuple[int, ...]:
     if type(hs) is tuple:
-        try:
-            if min(hs, default=0) >= 0:  # all non-negative ints: msgpack never yields ≥ 2^64
-                return hs
-        except TypeError:  # bytes (or garbage) among the hashes
-            pass
+        if _INT_ONLY.issuperset(map(type, hs)) and min(hs, default=0) >= 0 and max(hs, default=0) <= MASK64:
+            return hs
         return tuple([_hash(h) for h in hs])
     if isinstance(hs, list):
         return tuple([_hash(h) for h in hs])
@@ -103,6 +122,12 @@ def _hashes(hs: object) -> tuple[int, ...]:
 
 def _parent(p: object) -> int | None:
     return None if p is None else _hash(p)
+
+
+def _medium(m: object) -> str | None:
+    if m is None or type(m) is str:
+        return m
+    raise BadEvent(f"medium of type {type(m).__name__}")
 
 
 def _token_count(tokens: object) -> int:
@@ -122,11 +147,11 @@ def _from_array(ev: tuple) -> KvEvent:
         if n < 5:
             raise BadEvent(f"BlockStored with {n - 1} fields")
         return BlockStored(_hashes(ev[1]), _parent(ev[2]), _block_size(ev[4]), _token_count(ev[3]),
-                           ev[6] if n > 6 else "GPU")
+                           _medium(ev[6] if n > 6 else "GPU"))
     if tag == "BlockRemoved":
         if n < 2:
             raise BadEvent("BlockRemoved without block_hashes")
-        return BlockRemoved(_hashes(ev[1]), ev[2] if n > 2 else "GPU")
+        return BlockRemoved(_hashes(ev[1]), _medium(ev[2] if n > 2 else "GPU"))
     if tag == "AllBlocksCleared":
         return _CLEARED
     raise KeyError(tag)
@@ -140,11 +165,11 @@ def _from_map(ev: dict) -> KvEvent:
         except KeyError as missing:
             raise BadEvent(f"BlockStored without {missing}") from None
         return BlockStored(_hashes(hashes), _parent(ev.get("parent_block_hash")), _block_size(size),
-                           _token_count(ev.get("token_ids")), ev.get("medium", "GPU"))
+                           _token_count(ev.get("token_ids")), _medium(ev.get("medium", "GPU")))
     if tag == "BlockRemoved":
         if "block_hashes" not in ev:
             raise BadEvent("BlockRemoved without block_hashes")
-        return BlockRemoved(_hashes(ev["block_hashes"]), ev.get("medium", "GPU"))
+        return BlockRemoved(_hashes(ev["block_hashes"]), _medium(ev.get("medium", "GPU")))
     if tag == "AllBlocksCleared":
         return _CLEARED
     raise KeyError(tag)
@@ -158,8 +183,9 @@ def _excerpt(obj: object) -> str:
 def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None) -> KvBatch | None:
     """Decode one payload; ``None`` (and a ``decode`` error) when it is not a batch at all.
 
+    A hash that is not an unsigned 64-bit int or bytes rejects the whole batch (``decode``).
     Unknown event types and unreadable events are counted (``unknown_event``, ``bad_event``)
-    and left out; the rest of the batch is kept in order.
+    and left out; the rest of the batch is kept in order. Never raises.
     """
     try:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=False)
@@ -168,14 +194,14 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
             health.error(SOURCE, "decode", f"worker {worker} seq {seq}: not msgpack ({exc})")
         return None
     if type(obj) is not tuple or len(obj) < 2 or type(obj[1]) is not tuple \
-            or not isinstance(obj[0], int | float) or isinstance(obj[0], bool):
+            or type(obj[0]) not in (int, float) or not math.isfinite(obj[0]):
         if health is not None:
             health.error(SOURCE, "decode", f"worker {worker} seq {seq}: not a [ts, events, dp_rank] batch: {_excerpt(obj)}")
         return None
     dp_rank = obj[2] if len(obj) > 2 and type(obj[2]) is int else None
     events: list[KvEvent] = []
     append = events.append
-    new_stored, new_removed = _new_stored, _new_removed
+    new_stored, new_removed, plain = _new_stored, _new_removed, _plain
     for ev in obj[1]:
         # Fast path for the well-formed common shapes (int hashes, positive int block size),
         # inline so a typical event costs a few dict/tuple reads; anything unusual (bytes or
@@ -186,27 +212,29 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
                 tag = ev["type"]
                 if tag == "BlockStored":
                     hs, bs, p = ev["block_hashes"], ev["block_size"], ev.get("parent_block_hash")
-                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0 and type(bs) is int and bs > 0 \
-                            and (p is None or (type(p) is int and p >= 0)):
-                        append(new_stored(hs, p, bs, len(ev.get("token_ids") or ()), ev.get("medium", "GPU")))
+                    if plain(hs) and type(bs) is int and bs > 0 \
+                            and (p is None or (type(p) is int and 0 <= p <= MASK64)) \
+                            and ((m := ev.get("medium", "GPU")) is None or type(m) is str):
+                        append(new_stored(hs, p, bs, len(t) if type(t := ev.get("token_ids")) is tuple else 0, m))
                         continue
                 elif tag == "BlockRemoved":
                     hs = ev["block_hashes"]
-                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0:
-                        append(new_removed(hs, ev.get("medium", "GPU")))
+                    if plain(hs) and ((m := ev.get("medium", "GPU")) is None or type(m) is str):
+                        append(new_removed(hs, m))
                         continue
             elif type(ev) is tuple:
                 tag, n = ev[0], len(ev)
                 if tag == "BlockStored":
                     hs, p, bs = ev[1], ev[2], ev[4]
-                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0 and type(bs) is int and bs > 0 \
-                            and (p is None or (type(p) is int and p >= 0)):
-                        append(new_stored(hs, p, bs, len(ev[3] or ()), ev[6] if n > 6 else "GPU"))
+                    if plain(hs) and type(bs) is int and bs > 0 \
+                            and (p is None or (type(p) is int and 0 <= p <= MASK64)) \
+                            and ((m := ev[6] if n > 6 else "GPU") is None or type(m) is str):
+                        append(new_stored(hs, p, bs, len(t) if type(t := ev[3]) is tuple else 0, m))
                         continue
                 elif tag == "BlockRemoved":
                     hs = ev[1]
-                    if type(hs) is tuple and (hs[0] if len(hs) == 1 else min(hs)) >= 0:
-                        append(new_removed(hs, ev[2] if n > 2 else "GPU"))
+                    if plain(hs) and ((m := ev[2] if n > 2 else "GPU") is None or type(m) is str):
+                        append(new_removed(hs, m))
                         continue
         except Exception:  # any surprise is re-read (and reported) by the careful path
             pass
@@ -217,6 +245,10 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
                 append(_from_array(ev))
             else:
                 raise BadEvent("event is neither a tagged array nor a map")
+        except BadHash as exc:
+            if health is not None:
+                health.error(SOURCE, "decode", f"worker {worker} seq {seq}: batch rejected: {exc}: {_excerpt(ev)}")
+            return None
         except KeyError as tag:
             if health is not None:
                 health.error(SOURCE, "unknown_event", f"worker {worker} seq {seq}: event type {tag}: {_excerpt(ev)}")

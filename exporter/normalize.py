@@ -9,11 +9,19 @@ Routers: sglang-router (``smg_*``) and vllm-router (``vllm_router_*``), detected
 present. Both label a worker by the URL they route to; given the configured workers, that URL is
 mapped to the worker's name so router series join the worker's own series (and a worker the
 router reports unhealthy is the same worker the exporter scrapes).
+
+Values are checked before they are used (:func:`check_values`): a counter must be a finite
+number ≥ 0, a ratio lie in [0, 1], a queue length be finite and ≥ 0, and ``cache_config_info``'s
+``num_gpu_blocks``/``block_size`` be positive integers (or ``None``, vLLM's "not sized yet").
+A sample that breaks its rule (``+Inf``, ``NaN``, a negative counter, ``num_gpu_blocks="-5"``)
+is reported with the kind ``bad_value`` and its whole family is dropped from this scrape (the
+other engines' samples alone would make a partial sum): the signal is missing, never wrong.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 
 from exporter import promtext
 from exporter.model import RouterSnapshot, WorkerSnapshot
@@ -56,6 +64,69 @@ VR_HEALTH = "vllm_router_worker_health"
 ROUTER_NAMES = frozenset({SMG_DECISIONS, SMG_HEALTH, VR_DECISIONS, VR_PREFIX, VR_HEALTH})
 # vllm-router's outcome label values → the catalogue's outcome values.
 VR_OUTCOMES = {"prefix_hit": "hit", "prefix_miss": "miss"}
+
+
+# ---- value rules ------------------------------------------------------------------------
+def _count(v: float) -> bool:
+    return 0.0 <= v < math.inf  # False for NaN too
+
+
+def _ratio(v: float) -> bool:
+    return 0.0 <= v <= 1.0
+
+
+ValueRule = tuple[str, Callable[[float], bool]]
+COUNT: ValueRule = ("a finite number ≥ 0", _count)
+RATIO: ValueRule = ("a ratio in [0, 1]", _ratio)
+VALUE_RULES: dict[str, ValueRule] = {
+    **dict.fromkeys((V_QUERIES, V_HITS, V_QUERIES_OLD, V_HITS_OLD, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
+                     V_RUNNING, V_WAITING, S_PROMPT, S_CACHED, S_REQUESTS, S_RUNNING, S_QUEUE,
+                     SMG_DECISIONS, VR_DECISIONS, VR_PREFIX), COUNT),
+    **dict.fromkeys((V_USAGE, V_USAGE_OLD, S_USAGE, S_HIT_RATE, SMG_HEALTH, VR_HEALTH), RATIO),
+}
+# Integer labels of vLLM's cache_config_info; "None" is vLLM's own "not sized yet".
+POSITIVE_INT_LABELS = {V_CACHE_CONFIG: ("num_gpu_blocks", "block_size")}
+
+
+def _label_problem(name: str, sample: Sample) -> str | None:
+    for label in POSITIVE_INT_LABELS.get(name, ()):
+        raw = sample.labels.get(label)
+        if raw is None or raw == "None":
+            continue
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18 and int(raw) > 0):
+            return f"{label}={raw[:40]!r} is not a positive integer"
+    return None
+
+
+def check_values(parsed: ParseResult) -> tuple[ParseResult, list[ParseError]]:
+    """``parsed`` without the samples that break their name's value rule, and one error for each.
+
+    One bad sample drops its whole name (a sum over the remaining engines would be wrong); a
+    dropped name counts as present without samples (like an idle engine's families), so the
+    page is still recognised and the signal stays missing.
+    """
+    kept: dict[str, list[Sample]] = {}
+    other = set(parsed.other_names)
+    rejected: list[ParseError] = []
+    for name, samples in parsed.samples.items():
+        rule = VALUE_RULES.get(name)
+        bad = 0
+        for s in samples:
+            if rule is not None and not rule[1](s.value):
+                problem = f"value {s.value!r} is not {rule[0]}"
+            else:
+                problem = _label_problem(name, s)
+            if problem is not None:
+                bad += 1
+                excerpt = f"{name}{{{','.join(f'{k}={v!r}' for k, v in s.labels.items())}}} {s.value!r}"
+                rejected.append(ParseError(0, excerpt[:promtext.EXCERPT_CHARS], problem, "bad_value"))
+        if not bad:
+            kept[name] = samples
+        else:
+            other.add(name)
+    if not rejected:
+        return parsed, []
+    return ParseResult(samples=kept, errors=parsed.errors, lines=parsed.lines, other_names=other), rejected
 
 
 class UnrecognisedMetrics(ValueError):
@@ -176,10 +247,19 @@ def worker_from_parsed(worker: str, parsed: ParseResult) -> WorkerSnapshot:
     raise UnrecognisedMetrics(f"no vLLM or SGLang metric among {parsed.lines} sample lines")
 
 
-def parse_worker(worker: str, text: str) -> tuple[WorkerSnapshot, list[ParseError]]:
-    """Worker /metrics text → snapshot and malformed lines; raises UnrecognisedMetrics."""
-    parsed = promtext.parse(text, WORKER_NAMES)
-    return worker_from_parsed(worker, parsed), parsed.errors
+def parse_worker(worker: str, text: str, deadline: float | None = None) -> tuple[WorkerSnapshot, list[ParseError]]:
+    """Worker /metrics text → snapshot and rejected lines and values; raises UnrecognisedMetrics.
+
+    ``deadline`` (``time.monotonic()``) bounds the parse (``promtext.ParseTimeout``).
+    """
+    parsed, rejected = check_values(promtext.parse(text, WORKER_NAMES, deadline))
+    snap = worker_from_parsed(worker, parsed)
+    for name in snap.__slots__:  # finite samples can still sum past the float range
+        value = getattr(snap, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            setattr(snap, name, None)
+            rejected.append(ParseError(0, f"{name} {value!r}", "the samples' sum is not a finite number", "bad_value"))
+    return snap, parsed.errors + rejected
 
 
 def _by_label(samples: Iterable[Sample], label: str, rename: dict[str, str] | None = None) -> dict[str, float]:
@@ -246,10 +326,15 @@ def router_from_parsed(router: str, parsed: ParseResult, kind: str = "auto",
     raise UnrecognisedMetrics(f"no sglang-router or vllm-router metric among {parsed.lines} sample lines")
 
 
-def parse_router(router: str, text: str, kind: str = "auto",
-                 worker_names: Mapping[str, str] | None = None) -> tuple[RouterSnapshot, list[ParseError]]:
-    """Router /metrics text → snapshot and malformed lines; raises UnrecognisedMetrics."""
-    parsed = promtext.parse(text, ROUTER_NAMES)
+def parse_router(router: str, text: str, kind: str = "auto", worker_names: Mapping[str, str] | None = None,
+                 deadline: float | None = None) -> tuple[RouterSnapshot, list[ParseError]]:
+    """Router /metrics text → snapshot and rejected lines and values; raises UnrecognisedMetrics."""
+    parsed, rejected = check_values(promtext.parse(text, ROUTER_NAMES, deadline))
     if kind != "auto" and not parsed.samples and not parsed.other_names:
         raise UnrecognisedMetrics(f"no metric at all among {parsed.lines} sample lines")
-    return router_from_parsed(router, parsed, kind, worker_names), parsed.errors
+    snap = router_from_parsed(router, parsed, kind, worker_names)
+    for values in (snap.decisions, snap.healthy, snap.prefix_outcomes):
+        for key in [k for k, v in values.items() if not math.isfinite(v)]:  # sums past the float range
+            rejected.append(ParseError(0, f"{key} {values.pop(key)!r}", "the samples' sum is not a finite number",
+                                       "bad_value"))
+    return snap, parsed.errors + rejected

@@ -1,23 +1,41 @@
-"""Subscriber for vLLM KV-cache events from many workers, on one thread.
+"""Subscriber for vLLM KV-cache events from many workers: one thread applies, replays run beside it.
 
 Each worker's ZMQ PUB endpoint gets its own SUB socket (so the socket, not the topic, names
 the worker); one ``zmq.Poller`` serves them all. Messages are three frames
-``[topic, seq (8 bytes, big-endian), msgpack payload]``.
+``[topic, seq (8 bytes, big-endian), msgpack payload]``. The topic frame must equal the
+worker's configured topic exactly (ZMQ's subscription is only a prefix match, and ``""`` would
+match every topic); a message with another topic is not this worker's: dropped and counted
+(``topic``).
 
-Sequence tracking, per worker:
+Sequence tracking, per worker, in this order:
 
-* the next expected seq is the last one + 1;
-* a jump forward is a gap: it is counted, the missed batches are requested from the worker's
-  ROUTER replay endpoint (if it has one) and applied in order *before* the batch that revealed
-  the gap; only batches older than that one are taken from the replay, so the live stream never
-  delivers one twice;
-* a seq of 0 after others, or one that goes backwards, means the worker restarted (vLLM's
-  counter starts at 0 per process): its view is cleared through ``sink.worker_restarted``;
+* the next expected seq is the last one + 1 (0 before the first message);
+* a seq at least ``MAX_SEQ_JUMP`` (2^40) past the expected one cannot be real — no worker
+  publishes a trillion batches between two messages we see, while a corrupt or random 8-byte
+  seq lands there with probability 1 - 2^-24 — so the message is dropped and counted
+  (``sequence``) and the expected seq stays: one corrupt message costs only itself (this covers
+  the replay's end marker 0xFF×8 arriving on the live stream, too);
+* a smaller jump forward is a gap: it is counted, the missed batches are requested from the
+  worker's ROUTER replay endpoint (if it has one) and applied in order *before* the batch that
+  revealed the gap; only batches older than that one are taken from the replay, so the live
+  stream never delivers one twice;
+* a seq of 0 after others, or any seq below the expected one, means the worker restarted
+  (vLLM's counter starts at 0 per process and PUB never reorders): its view is cleared through
+  ``sink.worker_restarted``;
 * the first batch seen from a worker (or after its restart) with seq > 0 is not a gap — we
   joined late — but the replay from 0 teaches us the blocks it already caches.
 
+Replays after start run on a thread of their own per worker (a fresh DEALER each), so a worker
+whose replay endpoint is slow or silent delays nobody else: while its replay is out, that
+worker's live messages wait in order in a per-worker queue and every other worker's messages
+are applied as they come. The subscriber thread applies the replayed batches, then the waiting
+ones, when the replay ends (its end marker, ``replay_timeout`` without a reply, or
+``REPLAY_TOTAL_TIMEOUTS`` × ``replay_timeout`` in all). All state is applied on the subscriber
+thread, in each worker's order.
+
 At start, once the SUB sockets are connected, every worker with a replay endpoint is asked for
-a replay from seq 0 (all at once, each bounded by ``replay_timeout``), so an idle worker's cache
+a replay from seq 0 (all at once, each bounded by ``replay_timeout`` per reply and
+``REPLAY_TOTAL_TIMEOUTS`` × ``replay_timeout`` in all), so an idle worker's cache
 is known without waiting for its next batch. The last replayed seq becomes a mark: live
 messages that raced the replay (seq ≤ mark, same payload as the replayed batch) are skipped
 as duplicates; a seq ≤ mark with another payload is a restart. The first live seq past the
@@ -32,10 +50,11 @@ counts gaps, missed batches, replays and frame/decode errors.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
@@ -51,6 +70,9 @@ MAX_DRAIN = 256  # messages taken from one socket per poll round, so one busy wo
 # Payload digests kept per worker to recognise live duplicates of the startup replay: racing
 # messages are the newest ones, queued in the SUB socket (receive HWM 1000 by default).
 STARTUP_DEDUP = 2048
+MAX_SEQ_JUMP = 1 << 40  # a forward jump this large is a corrupt seq, not a gap (see above)
+REPLAY_TOTAL_TIMEOUTS = 10  # a replay ends after this many replay_timeouts in all, however it drips
+_STOP_CHECK_S = 0.1  # how often a waiting replay thread looks at the stop flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +82,17 @@ class KvEndpoint:
     pub: str
     replay: str | None = None
     topic: str = ""
+
+
+@dataclass(slots=True)
+class _Replay:
+    """One replay in flight for a worker and what waits for it (all touched on the subscriber thread)."""
+
+    start: int
+    end: int
+    gap: bool  # a gap's replay is counted (recovered/partial/failed); a late join's is not
+    then: tuple[int, bytes, float]  # the live message that asked for it: (seq, payload, received_at)
+    waiting: list[tuple[list[bytes], float]] = field(default_factory=list)  # later live messages
 
 
 class KvEventSubscriber:
@@ -81,6 +114,10 @@ class KvEventSubscriber:
         # worker -> digests (seq -> hash of the payload) of its startup replay, until _startup_until
         self._startup: dict[str, dict[int, int]] = {}
         self._startup_until = 0.0  # clock time after which no racing duplicate can still arrive
+        self._topics = {w: ep.topic.encode() for w, ep in self.endpoints.items()}
+        self._replays: dict[str, _Replay] = {}  # workers with a replay in flight
+        self._replayed: queue.SimpleQueue[tuple[str, list[tuple[int, bytes]]]] = queue.SimpleQueue()
+        self._replay_threads: dict[str, threading.Thread] = {}
         self._ctx = zmq.Context()
         self._stop = threading.Event()
         self._connected = threading.Event()
@@ -104,11 +141,13 @@ class KvEventSubscriber:
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():  # its sockets are still open: term() would block
-                log.warning("KV-event subscriber thread did not stop within %.1fs", timeout)
+        threads = [self._thread] if self._thread is not None else []
+        for t in threads:  # the subscriber thread first: after it, no replay thread is started
+            t.join(timeout)
+            if t.is_alive():  # its sockets are still open: term() would block
+                log.warning("KV-event thread %s did not stop within %.1fs", t.name, timeout)
                 return
+            threads.extend(th for th in self._replay_threads.values() if th not in threads)
         self._ctx.term()
 
     def __enter__(self) -> KvEventSubscriber:
@@ -142,6 +181,7 @@ class KvEventSubscriber:
                         except zmq.Again:
                             break
                         self.handle_message(worker, frames, self.clock())
+                self.finish_replays()
         except Exception:  # the loop must not die silently: say why, then stop
             log.exception("KV-event subscriber stopped on an unexpected error")
             self.health.error(SOURCE, "subscriber", "subscriber thread stopped; see the log")
@@ -153,35 +193,49 @@ class KvEventSubscriber:
 
     # ---- one message ----------------------------------------------------------------------
     def handle_message(self, worker: str, frames: list[bytes], received_at: float) -> None:
-        """Sequence-check, decode and apply one live message (called on the subscriber thread)."""
+        """Check, sequence, decode and apply one live message (called on the subscriber thread)."""
+        pending = self._replays.get(worker)
+        if pending is not None:  # its replay is out: keep the worker's order
+            pending.waiting.append((frames, received_at))
+            return
         if len(frames) != 3 or len(frames[1]) != 8:
             self.health.error(SOURCE, "frame", f"worker {worker}: expected [topic, seq8, payload], got "
                               f"{len(frames)} frame(s) of sizes {[len(f) for f in frames][:5]}")
             return
-        seq = int.from_bytes(frames[1], "big")
-        if self._startup_mark and self._after_startup_replay(worker, seq, frames[2], received_at):
+        if frames[0] != self._topics[worker]:
+            self.health.error(SOURCE, "topic", f"worker {worker}: topic {frames[0][:64]!r}, "
+                              f"expected exactly {self._topics[worker]!r}: message dropped")
             return
+        seq = int.from_bytes(frames[1], "big")
         expected = self._next.get(worker)
+        if seq - (expected or 0) >= MAX_SEQ_JUMP:
+            self.health.error(SOURCE, "sequence", f"worker {worker}: seq {seq} after "
+                              f"{'none' if expected is None else expected - 1}: a jump of 2^40 or more "
+                              "cannot be real; message dropped")
+            return
+        payload = frames[2]
+        if self._startup_mark and self._after_startup_replay(worker, seq, payload, received_at):
+            return
+        replay: tuple[int, bool] | None = None  # (start, counted as a gap)
         if expected is None:
             if seq > 0:  # joined a running worker: learn what it already caches
-                self._replay(worker, 0, seq)
+                replay = (0, False)
         elif seq > expected:
             missing = seq - expected
             self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
             self.health.inc("prefixscope_kv_event_missed_batches", (worker,), missing)
-            if self.endpoints[worker].replay is not None:
-                got = self._replay(worker, expected, seq)
-                result = "recovered" if got == missing else "partial" if got else "failed"
-                self.health.inc("prefixscope_kv_event_replays", (worker, result))
-                if got != missing:
-                    log.warning("worker %s: replay of seq %d..%d gave %d of %d batches", worker, expected, seq - 1, got, missing)
+            replay = (expected, True)
         elif seq < expected:
             log.info("worker %s: KV-event sequence went from %d to %d: worker restarted", worker, expected - 1, seq)
             self._safely(worker, lambda: self.sink.worker_restarted(worker))
             if seq > 0:
-                self._replay(worker, 0, seq)
+                replay = (0, False)
         self._next[worker] = seq + 1
-        batch = kvcodec.decode_batch(frames[2], worker, seq, self.health)
+        if replay is None or not self._start_replay(worker, replay[0], seq, replay[1], (seq, payload, received_at)):
+            self._decode_and_apply(worker, seq, payload, received_at)
+
+    def _decode_and_apply(self, worker: str, seq: int, payload: bytes, received_at: float) -> None:
+        batch = kvcodec.decode_batch(payload, worker, seq, self.health)
         if batch is not None:
             self._apply(batch, received_at)
 
@@ -192,16 +246,18 @@ class KvEventSubscriber:
         mark = self._startup_mark.get(worker)
         if mark is None:
             return False
-        if seq <= mark:
-            if self._startup.get(worker, {}).get(seq) == hash(payload):
-                return True  # applied already from the replay
-            # the same seq with other content: a new process; the usual check sees the seq go back
-        elif seq > mark + 1:  # published between the replay's answer and our subscription: not a gap
-            self._replay(worker, mark + 1, seq)
-            self._next[worker] = seq
+        if seq <= mark and self._startup.get(worker, {}).get(seq) == hash(payload):
+            return True  # applied already from the replay
+        # seq <= mark with other content: a new process; the usual check sees the seq go back
         del self._startup_mark[worker]
         self._startup.pop(worker, None)
-        return False
+        if seq <= mark + 1:
+            return False
+        # published between the replay's answer and our subscription: not a gap
+        self._next[worker] = seq + 1
+        if not self._start_replay(worker, mark + 1, seq, False, (seq, payload, received_at)):
+            self._decode_and_apply(worker, seq, payload, received_at)
+        return True
 
     def _apply(self, batch: KvBatch, received_at: float) -> None:
         # Per-batch stream health (batches, events applied, last timestamp, lag) and the restart
@@ -219,25 +275,52 @@ class KvEventSubscriber:
         return True
 
     # ---- replay ---------------------------------------------------------------------------
-    def _replay(self, worker: str, start: int, end: int) -> int:
-        """Ask the worker's replay socket for seq ``start``.. and apply those < ``end`` in order.
+    def _start_replay(self, worker: str, start: int, end: int, gap: bool, then: tuple[int, bytes, float]) -> bool:
+        """Send the worker's replay request off on its own thread; False if it has no replay endpoint.
 
-        Replies come as ``[topic, seq8, payload]`` (vLLM ≥ 0.26) or ``[seq8, payload]`` (≤ 0.25)
-        until the end marker; the wait for each reply is bounded by ``replay_timeout``.
-        Returns the number of batches in ``[start, end)`` received.
+        ``then`` (the live message that revealed the need) and the worker's later live messages
+        wait until :meth:`finish_replays` has applied the replayed batches.
         """
         endpoint = self.endpoints[worker].replay
         if endpoint is None or end <= start:
-            return 0
-        sock = self._ctx.socket(zmq.DEALER)  # a fresh socket: no late reply of an earlier request
+            return False
+        self._replays[worker] = _Replay(start, end, gap, then)
+        thread = threading.Thread(target=self._fetch_replay, args=(worker, endpoint, start, end),
+                                  name=f"prefixscope-kv-replay-{worker}", daemon=True)
+        self._replay_threads[worker] = thread
+        thread.start()
+        return True
+
+    def _fetch_replay(self, worker: str, endpoint: str, start: int, end: int) -> None:
+        """On the worker's replay thread: collect batches ``start``..``end-1`` in order, hand them over.
+
+        Replies come as ``[topic, seq8, payload]`` (vLLM ≥ 0.26) or ``[seq8, payload]`` (≤ 0.25)
+        until the end marker; the wait for each reply is bounded by ``replay_timeout``, the whole
+        replay by ``REPLAY_TOTAL_TIMEOUTS`` of them. Decoding and applying stay on the subscriber thread.
+        """
+        got: list[tuple[int, bytes]] = []
+        try:
+            sock = self._ctx.socket(zmq.DEALER)  # a fresh socket: no late reply of an earlier request
+        except zmq.ZMQError as exc:  # the context is closing
+            self.health.error(SOURCE, "replay", f"worker {worker}: replay from {endpoint} failed: {exc}")
+            self._replayed.put((worker, got))
+            return
         sock.setsockopt(zmq.LINGER, 0)
-        got = 0
         try:
             sock.connect(endpoint)
             sock.send_multipart([b"", start.to_bytes(8, "big")])  # REQ-style envelope for the ROUTER
-            timeout_ms = int(self.replay_timeout * 1000)
+            now = time.monotonic()
+            hard_end = now + self.replay_timeout * REPLAY_TOTAL_TIMEOUTS
+            reply_by = now + self.replay_timeout
             nxt = start
-            while nxt < end and not self._stop.is_set() and sock.poll(timeout_ms, zmq.POLLIN):
+            while nxt < end and not self._stop.is_set():
+                now = time.monotonic()
+                wait = min(reply_by, hard_end) - now
+                if wait <= 0:
+                    break
+                if not sock.poll(max(1, int(min(wait, _STOP_CHECK_S) * 1000)), zmq.POLLIN):
+                    continue
+                reply_by = time.monotonic() + self.replay_timeout
                 reply = self._reply(worker, sock.recv_multipart())
                 if reply is None:
                     continue
@@ -247,15 +330,38 @@ class KvEventSubscriber:
                 if seq < nxt or seq >= end:
                     continue
                 nxt = seq + 1  # a jump here means the worker's buffer no longer holds the batches between
-                got += 1
-                batch = kvcodec.decode_batch(payload, worker, seq, self.health)
-                if batch is not None:
-                    self._apply(batch, self.clock())
+                got.append((seq, payload))
         except zmq.ZMQError as exc:
             self.health.error(SOURCE, "replay", f"worker {worker}: replay from {endpoint} failed: {exc}")
         finally:
             sock.close(0)
-        return got
+            self._replayed.put((worker, got))
+
+    def finish_replays(self) -> None:
+        """Apply every replay that has come back, then the live messages that waited for it."""
+        while True:
+            try:
+                worker, got = self._replayed.get_nowait()
+            except queue.Empty:
+                return
+            pending = self._replays.pop(worker)
+            self._replay_threads.pop(worker, None)
+            for seq, payload in got:
+                self._decode_and_apply(worker, seq, payload, self.clock())
+            if pending.gap:
+                missing = pending.end - pending.start
+                result = "recovered" if len(got) == missing else "partial" if got else "failed"
+                self.health.inc("prefixscope_kv_event_replays", (worker, result))
+                if len(got) != missing:
+                    log.warning("worker %s: replay of seq %d..%d gave %d of %d batches", worker,
+                                pending.start, pending.end - 1, len(got), missing)
+            self._decode_and_apply(worker, *pending.then)
+            for i, (frames, received_at) in enumerate(pending.waiting):
+                self.handle_message(worker, frames, received_at)
+                later = self._replays.get(worker)
+                if later is not None:  # another replay went out: the rest waits behind it
+                    later.waiting.extend(pending.waiting[i + 1:])
+                    break
 
     def _reply(self, worker: str, frames: list[bytes]) -> tuple[int, bytes] | None:
         """One replay reply as (seq, payload); seq -1 is the end marker; None (counted) if malformed.
@@ -306,6 +412,7 @@ class KvEventSubscriber:
                 nxt[worker], digests[worker] = 0, {}
                 poller.register(sock, zmq.POLLIN)
             timeout = self.replay_timeout
+            hard_end = time.monotonic() + timeout * REPLAY_TOTAL_TIMEOUTS  # however slowly it drips
             deadline.update((sock, time.monotonic() + timeout) for sock in socks)
             while socks and not self._stop.is_set():
                 now = time.monotonic()
@@ -317,7 +424,7 @@ class KvEventSubscriber:
                 wait_ms = max(1, int((min(deadline.values()) - now) * 1000))
                 for sock, _ in poller.poll(wait_ms):
                     worker = socks[sock]
-                    deadline[sock] = time.monotonic() + timeout
+                    deadline[sock] = min(time.monotonic() + timeout, hard_end)
                     for _ in range(MAX_DRAIN):
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)

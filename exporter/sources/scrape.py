@@ -1,10 +1,15 @@
 """Concurrent scrapes of worker and router /metrics → normalised snapshots → the sink.
 
-A small thread pool scrapes every target each round with a per-target deadline (connect, each
-read and the whole body). Each scrape sets ``prefixscope_up{target,kind}`` and
-``prefixscope_scrape_duration_seconds{target,kind}``; a target that fails, hangs or answers
-with something that is not a worker's or router's metrics page gets up=0 and an ingest error
-of its kind (``http_status``, ``timeout``, ``connect``, ``garbage``), and never raises.
+Every round scrapes all targets at once on one thread (``exporter.sources.http_get``), each
+under a hard deadline of ``timeout`` seconds that covers connecting, the headers, the body
+and parsing it, so a target that hangs or drips its answer costs only itself. Redirects are
+not followed; bodies are capped at ``max_body_bytes`` (before and after gzip). Each scrape sets
+``prefixscope_up{target,kind}`` and ``prefixscope_scrape_duration_seconds{target,kind}``; a
+target that fails gets up=0 and an ingest error of its kind (``http_status``, ``redirect``,
+``timeout``, ``connect``, ``too_large``, ``garbage``), and nothing raises. Lines and values of
+a page that is otherwise fine are rejected one by one (``malformed_line``, ``label_value``,
+``bad_value``) and the target stays up. Bytes that are not UTF-8 are kept as surrogate escapes,
+so a label value holding them is rejected rather than silently rewritten.
 """
 
 from __future__ import annotations
@@ -13,14 +18,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import requests
-
-from exporter import normalize
+from exporter import normalize, promtext
 from exporter.health import Health
 from exporter.model import StateSink
+from exporter.sources import http_get
 
 log = logging.getLogger("prefixscope.scrape")
 
@@ -48,10 +51,7 @@ class ScrapeOutcome:
     error: str | None = None
 
 
-class ScrapeFailed(Exception):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+ScrapeFailed = http_get.FetchFailed  # one target's scrape failed, with the kind it is counted under
 
 
 class Scraper:
@@ -59,7 +59,8 @@ class Scraper:
 
     def __init__(self, targets: Iterable[ScrapeTarget], sink: StateSink, health: Health, *,
                  timeout: float = 2.0, interval: float = 5.0, max_workers: int = 8,
-                 clock: Callable[[], float] = time.time) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, clock: Callable[[], float] = time.time) -> None:
+        # max_workers is accepted for callers of the thread-pool scraper; one thread serves every target now.
         self.targets = list(targets)
         for t in self.targets:
             if t.kind not in SOURCES:
@@ -68,10 +69,8 @@ class Scraper:
         self.health = health
         self.timeout = timeout
         self.interval = interval
+        self.max_body_bytes = max_body_bytes
         self.clock = clock
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(self.targets) or 1)),
-                                        thread_name_prefix="prefixscope-scrape")
-        self._local = threading.local()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -86,7 +85,6 @@ class Scraper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -96,59 +94,69 @@ class Scraper:
 
     # ---- scraping -------------------------------------------------------------------------
     def scrape_once(self) -> list[ScrapeOutcome]:
-        outcomes = list(self._pool.map(self._scrape, self.targets))
+        """Scrape every target now; returns when each has an outcome (by its deadline at the latest)."""
+        if type(self)._fetch is not Scraper._fetch:
+            # A subclass supplies the pages itself (the lab renders simulated engines): one after
+            # another, in order, so a simulated run stays deterministic.
+            outcomes = []
+            for target in self.targets:
+                scraped_at, started = self.clock(), time.perf_counter()
+                try:
+                    page: str | ScrapeFailed = self._fetch(target.url)
+                except ScrapeFailed as exc:
+                    page = exc
+                except Exception as exc:  # never let one target's surprise stop the round
+                    log.exception("scrape of %s failed", target.url)
+                    page = ScrapeFailed("internal", f"{type(exc).__name__}: {exc}")
+                outcomes.append(self._conclude(target, page, scraped_at, started, None))
+        else:
+            outcomes = self._scrape_http(self.targets)
         with self._lock:
             self.last.update((o.target.name, o) for o in outcomes)
         return outcomes
 
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = requests.Session()
-            session.headers["Accept"] = ACCEPT
-        return session
+    def _scrape_http(self, targets: list[ScrapeTarget]) -> list[ScrapeOutcome]:
+        scraped_at, started = self.clock(), time.perf_counter()
+        outcomes: list[ScrapeOutcome | None] = [None] * len(targets)
+
+        def done(index: int, body: bytes | ScrapeFailed, deadline: float) -> None:
+            page = body if isinstance(body, ScrapeFailed) else body.decode("utf-8", "surrogateescape")
+            outcomes[index] = self._conclude(targets[index], page, scraped_at, started, deadline)
+
+        http_get.fetch_all([t.url for t in targets], self.timeout, self.max_body_bytes, ACCEPT, done)
+        return [o for o in outcomes if o is not None]
 
     def _fetch(self, url: str) -> str:
-        deadline = time.monotonic() + self.timeout
-        try:
-            with self._session().get(url, timeout=self.timeout, stream=True) as resp:
-                if resp.status_code != 200:
-                    raise ScrapeFailed("http_status", f"HTTP {resp.status_code}")
-                body = bytearray()
-                raw = resp.raw
-                while True:
-                    # read1 returns what has arrived, so the whole-body deadline is checked as it trickles in
-                    chunk = raw.read1(65536, decode_content=True)  # gzip from prometheus_client
-                    if not chunk:
-                        break
-                    body += chunk
-                    if time.monotonic() > deadline:
-                        raise ScrapeFailed("timeout", f"body not complete within {self.timeout:g}s")
-                    if len(body) > MAX_BODY_BYTES:
-                        raise ScrapeFailed("too_large", f"body exceeds {MAX_BODY_BYTES} bytes")
-                return body.decode("utf-8", "replace")
-        except requests.Timeout:
-            raise ScrapeFailed("timeout", f"no answer within {self.timeout:g}s") from None
-        except requests.RequestException as exc:
-            raise ScrapeFailed("connect", f"{type(exc).__name__}: {exc}") from None
+        """One page, on its own (a subclass may replace it; then targets are fetched through it in turn)."""
+        got: list[bytes | ScrapeFailed] = []
+        http_get.fetch_all([url], self.timeout, self.max_body_bytes, ACCEPT, lambda _i, body, _d: got.append(body))
+        if isinstance(got[0], ScrapeFailed):
+            raise got[0]
+        return got[0].decode("utf-8", "surrogateescape")
 
-    def _scrape(self, target: ScrapeTarget) -> ScrapeOutcome:
+    def _conclude(self, target: ScrapeTarget, page: str | ScrapeFailed, scraped_at: float, started: float,
+                  deadline: float | None) -> ScrapeOutcome:
+        """Parse and hand on one fetched page (or count its failure); never raises."""
         source = SOURCES[target.kind]
-        scraped_at = self.clock()
-        started = time.perf_counter()
         error: str | None = None
         try:
-            text = self._fetch(target.url)
+            if isinstance(page, ScrapeFailed):
+                raise page
             try:
                 if target.kind == "worker":
-                    worker, errors = normalize.parse_worker(target.name, text)
+                    worker, errors = normalize.parse_worker(target.name, page, deadline)
                 else:
-                    router, errors = normalize.parse_router(target.name, text, target.router_kind,
-                                                            dict(target.worker_names))
+                    router, errors = normalize.parse_router(target.name, page, target.router_kind,
+                                                            dict(target.worker_names), deadline)
             except normalize.UnrecognisedMetrics as exc:
                 raise ScrapeFailed("garbage", str(exc)) from None
-            if errors:
-                self.health.error(source, "malformed_line", f"{target.name} ({target.url}): {errors[0]}", len(errors))
+            except promtext.ParseTimeout as exc:
+                raise ScrapeFailed("timeout", f"not parsed within {self.timeout:g}s: {exc}") from None
+            by_kind: dict[str, list[promtext.ParseError]] = {}
+            for e in errors:
+                by_kind.setdefault(e.kind, []).append(e)
+            for kind, errs in by_kind.items():
+                self.health.error(source, kind, f"{target.name} ({target.url}): {errs[0]}", len(errs))
             if target.kind == "worker":
                 self.sink.observe_worker(worker, scraped_at)
             else:

@@ -535,3 +535,103 @@ def test_fleet_publisher_restart_after_start_clears_the_rebuilt_view() -> None:
         pub.close()
     assert _resident(state, "w0") == {20}
     assert _counters(health)["prefixscope_worker_restarts"] == {("w0",): 1.0}
+
+
+# ---- hostile or broken streams ---------------------------------------------------------------------
+@pytest.mark.parametrize("configured", ["", "kv@w", "kv@w@m2"])
+def test_topic_must_match_exactly(ctx: zmq.Context, configured: str) -> None:
+    pub, sink, health = VllmLikePublisher(ctx, topic="kv@w@m"), RecordingSink(), Health()
+    ep = pub.endpoint(with_replay=False)
+    sub = KvEventSubscriber({"w0": KvEndpoint(ep.pub, None, configured)}, sink, health, poll_interval=0.02)
+    sub.start()
+    try:
+        assert sub.wait_connected()
+        pub.wait_subscribed()
+        assert sub.wait_started()
+        pub.publish([("stored", [1])])  # another topic that the prefix subscription may let through
+        pub.pub.send_multipart([configured.encode(), (0).to_bytes(8, "big"),
+                                msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [7], "block_size": 16}], 0])])
+        wait_for(lambda: len(sink.seqs("w0")) == 1)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.resident["w0"] == {7}  # only the exact topic's message
+    errors = _counters(health).get("prefixscope_ingest_errors", {})
+    assert errors == ({} if configured == "kv@w@m2" else {("kv_events", "topic"): 1.0})
+
+
+@pytest.mark.parametrize("seq8", [b"\xff" * 8, b"\x9c\x41\x07\x88\x12\x00\xab\x3e", ((1 << 40) + 1).to_bytes(8, "big")])  # expected 1: a jump of 2^40
+def test_an_impossible_sequence_number_costs_only_its_message(ctx: zmq.Context, seq8: bytes) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    sub = _start({"w0": pub}, sink, health)
+    try:
+        pub.publish([("stored", [1])])
+        pub.pub.send_multipart([pub.topic, seq8, msgpack.packb([1.0, [], 0])])
+        pub.publish([("stored", [2], 1)])
+        wait_for(lambda: len(sink.seqs("w0")) == 2)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.seqs("w0") == [0, 1] and sink.restarts == [] and sink.resident["w0"] == {1, 2}
+    c = _counters(health)
+    assert c["prefixscope_ingest_errors"] == {("kv_events", "sequence"): 1.0}
+    assert "prefixscope_kv_event_missed_batches" not in c and "prefixscope_kv_event_sequence_gaps" not in c
+
+
+def test_first_message_with_an_impossible_sequence_number_is_dropped(ctx: zmq.Context) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), RecordingSink(), Health()
+    sub = _start({"w0": pub}, sink, health, replay=False)
+    try:
+        pub.pub.send_multipart([pub.topic, b"\x80" + b"\x00" * 7, msgpack.packb([1.0, [], 0])])
+        pub.publish([("stored", [1])])
+        wait_for(lambda: len(sink.seqs("w0")) == 1)
+    finally:
+        sub.close()
+        pub.close()
+    assert sink.seqs("w0") == [0]
+    assert _counters(health)["prefixscope_ingest_errors"] == {("kv_events", "sequence"): 1.0}
+
+
+def test_a_slow_replay_delays_only_its_own_worker(ctx: zmq.Context) -> None:
+    slow, healthy = VllmLikePublisher(ctx), VllmLikePublisher(ctx)
+    sink, health = RecordingSink(), Health()
+    sub = _start({"slow": slow, "ok": healthy}, sink, health, timeout=30.0)  # the slow replay must be released
+    try:
+        slow.publish([("stored", [1])])
+        wait_for(lambda: sink.seqs("slow") == [0])
+        slow.answering.clear()  # from now on its replay endpoint does not answer
+        slow.publish([("stored", [2], 1)], send=False)  # lost: seq 2 reveals the gap, its replay hangs
+        slow.publish([("stored", [3], 2)])
+        wait_for(lambda: len(slow.replay_requests) == 2)
+        slow.publish([("stored", [4], 3)])  # waits behind the replay, in order
+        for h in (10, 11, 12):
+            healthy.publish([("stored", [h])])
+        wait_for(lambda: len(sink.seqs("ok")) == 3)  # the healthy worker is not held up ...
+        assert sink.seqs("slow") == [0]  # ... while the slow one's replay is still out
+        assert "prefixscope_kv_event_replays" not in _counters(health)
+        slow.answering.set()
+        wait_for(lambda: len(sink.seqs("slow")) == 4)
+    finally:
+        sub.close()
+        slow.close()
+        healthy.close()
+    assert sink.seqs("slow") == [0, 1, 2, 3] and sink.resident["slow"] == {1, 2, 3, 4}
+    assert sink.seqs("ok") == [0, 1, 2]
+    assert _counters(health)["prefixscope_kv_event_replays"] == {("slow", "recovered"): 1.0}
+
+
+def test_close_does_not_wait_for_a_silent_replay(ctx: zmq.Context) -> None:
+    silent = VllmLikePublisher(ctx)
+    sink, health = RecordingSink(), Health()
+    sub = _start({"w0": silent}, sink, health, timeout=30.0)
+    silent.answering.clear()
+    try:
+        silent.publish([("stored", [1])], send=False)
+        silent.publish([("stored", [2], 1)])
+        wait_for(lambda: len(silent.replay_requests) == 2)
+    finally:
+        started = time.monotonic()
+        sub.close()
+        silent.close()
+    assert time.monotonic() - started < 5.0  # not the 30 s replay timeout
+    assert all(not t.is_alive() for t in sub._replay_threads.values())

@@ -1,4 +1,4 @@
-"""KV-event payload decoding: both encodings, int/bytes/negative hashes, bad input counted."""
+"""KV-event payload decoding: both encodings, int/bytes hashes, bad input counted."""
 
 from __future__ import annotations
 
@@ -52,8 +52,37 @@ def test_bytes_hashes_use_last_8_bytes_big_endian() -> None:
     assert batch.events == (BlockStored((BIG,), 42, 16, 16, "GPU"), BlockRemoved((BIG,), "GPU"))
 
 
-def test_negative_i64_folded_to_u64() -> None:
-    assert _decode("kv_negative_i64.msgpack").events[0].hashes == (BIG,)
+def test_negative_i64_hash_rejects_the_batch() -> None:
+    health = Health()
+    assert _decode("kv_negative_i64.msgpack", health) is None
+    assert _errors(health) == {("kv_events", "decode"): 1.0}
+
+
+@pytest.mark.parametrize("bad", [1.5, True, False, -1, "abc", b"", None, [1], {"h": 1}])
+@pytest.mark.parametrize("where", ["hash", "parent", "removed"])
+def test_a_hash_that_is_not_u64_or_bytes_rejects_the_batch(bad: object, where: str) -> None:
+    if where == "parent" and bad is None:
+        return  # no parent: the first block of a chain
+    stored = {"type": "BlockStored", "block_hashes": [bad if where == "hash" else 5, 6], "block_size": 16,
+              "parent_block_hash": bad if where == "parent" else 4}
+    removed = ["BlockRemoved", [7, bad] if where == "removed" else [7]]
+    for events in ([stored, removed], [removed, stored]):
+        health = Health()
+        assert kvcodec.decode_batch(msgpack.packb([1.0, events, 0], use_bin_type=True), "w0", 1, health) is None
+        assert _errors(health) == {("kv_events", "decode"): 1.0}
+
+
+@pytest.mark.parametrize("ts", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_batch_timestamp_is_a_decode_error(ts: float) -> None:
+    health = Health()
+    assert kvcodec.decode_batch(msgpack.packb([ts, [], 0]), "w0", 1, health) is None
+    assert _errors(health) == {("kv_events", "decode"): 1.0}
+
+
+def test_largest_u64_and_single_byte_hashes_are_accepted() -> None:
+    obj = [5.0, [["BlockStored", [2**64 - 1, b"\x07"], 2**64 - 1, [], 16]], 0]
+    batch = kvcodec.decode_batch(msgpack.packb(obj, use_bin_type=True), "w", 2)
+    assert batch.events == (BlockStored((2**64 - 1, 7), 2**64 - 1, 16, 0, "GPU"),)
 
 
 def test_unknown_event_counted_rest_kept() -> None:
@@ -80,7 +109,7 @@ def test_not_a_batch_is_a_decode_error(obj: object) -> None:
 def test_bad_events_counted_rest_kept() -> None:
     obj = [5.0, [
         ["BlockStored", [1], None],                                 # too few fields
-        ["BlockStored", ["str-hash"], None, [], 16, None, "GPU"],   # hash of the wrong type
+        ["BlockStored", [4], None, [], 16, None, 7],                # medium of the wrong type
         {"type": "BlockStored", "block_hashes": [2], "block_size": 0},  # impossible block size
         {"type": "BlockRemoved"},                                   # no hashes
         "a string",                                                 # not an event
@@ -94,7 +123,7 @@ def test_bad_events_counted_rest_kept() -> None:
 
 
 def test_empty_events_and_mixed_hash_types() -> None:
-    obj = [5.0, [["BlockStored", [1, b"\x00" * 7 + b"\x02", -1], None, [], 16]], 3]
+    obj = [5.0, [["BlockStored", [1, b"\x00" * 7 + b"\x02", 2**64 - 1], None, [], 16]], 3]
     batch = kvcodec.decode_batch(msgpack.packb(obj, use_bin_type=True), "w", 2)
     assert batch.events[0].hashes == (1, 2, 2**64 - 1)
     assert kvcodec.decode_batch(msgpack.packb([5.0, [], 0]), "w", 3).events == ()
@@ -105,13 +134,13 @@ def test_fast_path_agrees_with_the_careful_readers() -> None:
     import random
 
     rng = random.Random(3)
-    hashes = [[1, 2], [2**64 - 1], [], [-5], [b"\x00" * 31 + b"\x07"], [1, b"\x01"], ["x"], None]
-    parents = [None, 0, 7, 2**63, -1, b"\x00\x09", "p"]
+    hashes = [[1, 2], [2**64 - 1], [], [-5], [b"\x00" * 31 + b"\x07"], [1, b"\x01"], ["x"], None, [1.0], [True, 2]]
+    parents = [None, 0, 7, 2**63, -1, b"\x00\x09", "p", 1.0, False]
     sizes = [16, 1, 0, -16, 16.0, None, "16"]
-    tokens = [None, [], list(range(32)), 5]
+    tokens = [None, [], list(range(32)), 5, "abc"]
     for _ in range(2000):
         hs, p, bs, tok = rng.choice(hashes), rng.choice(parents), rng.choice(sizes), rng.choice(tokens)
-        medium = rng.choice(["GPU", "CPU", None])
+        medium = rng.choice(["GPU", "CPU", None, 3])
         events = [
             {"type": "BlockStored", "block_hashes": hs, "parent_block_hash": p, "token_ids": tok, "block_size": bs, "medium": medium},
             ["BlockStored", hs, p, tok, bs, None, medium, None],
@@ -120,10 +149,13 @@ def test_fast_path_agrees_with_the_careful_readers() -> None:
         ]
         for ev in events:
             packed = msgpack.packb([1.0, [ev], 0], use_bin_type=True)
-            got = kvcodec.decode_batch(packed, "w", 0, Health()).events
+            batch = kvcodec.decode_batch(packed, "w", 0, Health())
+            got = None if batch is None else batch.events
             raw = msgpack.unpackb(packed, raw=False, strict_map_key=False, use_list=False)[1][0]
             try:
                 expected = ((kvcodec._from_map if isinstance(raw, dict) else kvcodec._from_array)(raw),)
+            except kvcodec.BadHash:
+                expected = None
             except (kvcodec.BadEvent, KeyError, TypeError, ValueError, IndexError):
                 expected = ()
             assert got == expected, ev

@@ -103,3 +103,33 @@ def test_router_health_zero_and_policy_sum() -> None:
     snap, _ = normalize.parse_router("r", text)
     assert snap.decisions == {"http://a": 7.0} and snap.healthy == {"http://a": 0.0}
     assert snap.prefix_outcomes == {}
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    ('vllm:prefix_cache_queries_total{engine="0"} +Inf', "prefix_queried_tokens"),
+    ('vllm:prefix_cache_queries_total{engine="0"} -5', "prefix_queried_tokens"),
+    ('vllm:num_requests_running{engine="0"} NaN', "running"),
+    ('vllm:kv_cache_usage_perc{engine="0"} 1.5', "kv_usage_ratio"),
+    ('vllm:cache_config_info{engine="0",num_gpu_blocks="-5",block_size="16"} 1', "num_gpu_blocks"),
+    ('vllm:cache_config_info{engine="0",num_gpu_blocks="100",block_size="0x10"} 1', "block_size"),
+])
+def test_impossible_values_are_rejected_and_the_signal_is_missing(line: str, field: str) -> None:
+    other = 'vllm:prefix_cache_queries_total{engine="1"} 7' if "queries" in line else 'vllm:prefix_cache_hits_total 1'
+    snap, errors = normalize.parse_worker("w", f"{line}\n{other}\n")
+    assert getattr(snap, field) is None  # not a partial sum over the other engine either
+    assert [e.kind for e in errors] == ["bad_value"]
+
+
+def test_unsized_pool_is_not_an_error_and_sums_past_the_float_range_are() -> None:
+    snap, errors = normalize.parse_worker("w", 'vllm:cache_config_info{num_gpu_blocks="None",block_size="16"} 1\n'
+                                               'vllm:num_requests_running{engine="0"} 1e308\n'
+                                               'vllm:num_requests_running{engine="1"} 1e308\n')
+    assert snap.num_gpu_blocks is None and snap.block_size == 16 and snap.running is None
+    assert [e.kind for e in errors] == ["bad_value"]
+
+
+def test_router_values_checked_too() -> None:
+    snap, errors = normalize.parse_router("r", 'vllm_router_policy_decisions_total{worker="http://a"} -1\n'
+                                               'vllm_router_worker_health{worker="http://a"} 1\n')
+    assert snap.decisions == {} and snap.healthy == {"http://a": 1.0}
+    assert [e.kind for e in errors] == ["bad_value"]

@@ -111,3 +111,28 @@ def test_simulated_worker_pages_match_prometheus_client(flavour: str) -> None:
     result = promtext.parse(text)
     assert result.errors == [] and result.lines > 100
     assert _ours(result) == _reference(text)
+
+
+@pytest.mark.parametrize("value", ["x" * 1_000_000, "\\\\" * 500_000, '\\"' * 500_000])
+def test_long_label_lines_are_read_in_one_pass(value: str) -> None:
+    # A backtracking label regex needs minutes for these (quadratic); the scanner, milliseconds.
+    for line in (f'm{{a="{value}"}} 1', f'm{{a="{value} 1', f'm{{a="{value}}} 1', f'm{{a="{value}", b="x"}} 1'):
+        result = promtext.parse(line + "\nm 2")
+        assert [s.value for s in result.values("m")] == [2.0] and len(result.errors) == 1
+
+
+def test_label_value_with_a_lone_surrogate_or_undecodable_bytes_is_rejected() -> None:
+    text = b'm{a="ok"} 1\nm{a="\xed\xa0\x80"} 2\nm{a="\xff"} 3\n'.decode("utf-8", "surrogateescape") + 'm{a="\ud800"} 4\n'
+    result = promtext.parse(text)
+    assert [s.value for s in result.values("m")] == [1.0]
+    assert [(e.line, e.kind) for e in result.errors] == [(2, "label_value"), (3, "label_value"), (4, "label_value")]
+
+
+def test_lines_end_at_newline_only() -> None:
+    result = promtext.parse('m{a="x\u2028y\x85z"} 1\r\nm 2\r\n')
+    assert [s.labels for s in result.values("m")] == [{"a": "x\u2028y\x85z"}, {}] and result.errors == []
+
+
+def test_a_parse_past_its_deadline_stops() -> None:
+    with pytest.raises(promtext.ParseTimeout):
+        promtext.parse("m 1\n" * (promtext.DEADLINE_EVERY * 2), deadline=0.0)
