@@ -26,11 +26,16 @@ def test_unknown_command_exits_2(capsys) -> None:
 def test_a_closed_pipe_ends_the_command_quietly() -> None:
     """``prefixscope catalog | head`` must not end in a BrokenPipeError traceback."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "catalog", "--format", "json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.read(10)
-    proc.stdout.close()  # the reader goes away with most of the output unread
+    # The reader is gone before the command writes anything: every write meets a closed pipe,
+    # whatever the size of the output and however fast the machine is.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "catalog", "--format", "json"],
+                                stdout=write_end, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    assert proc.stderr is not None
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert "Traceback" not in err and "BrokenPipeError" not in err
