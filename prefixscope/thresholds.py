@@ -102,8 +102,8 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
     if "schema" in data and data["schema"] != SCHEMA:
         bad("schema", f"expected {SCHEMA}, got {_got(data['schema'])}")
     window = data.get("window")
-    if "window" in data and not is_duration(window):
-        bad("window", f"expected a duration like 5m or 1h30m, got {_got(window)}")
+    if "window" in data and not (is_duration(window) and parse_duration(window) > 0):
+        bad("window", f"expected a positive duration like 5m or 1h30m, got {_got(window)}")
     share = data.get("cold_reuse_share")
     if "cold_reuse_share" in data and not (_number(share) and 0 <= share <= 1):
         bad("cold_reuse_share", f"expected a number between 0 and 1, got {_got(share)}")

@@ -8,11 +8,10 @@ the cache's resident set) or with a recount from the records the test itself emi
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -23,6 +22,7 @@ from exporter.main import Runtime
 from fleet.engine import EngineResult, WorkerSpec
 from fleet.records import HttpSink
 from fleet.workers import FleetOptions, WorkerFleet
+from tests.support import require_tool, wait_for
 
 TOKEN = "fleet-token"
 BLOCK = 16
@@ -65,15 +65,6 @@ class Cluster:
             if got_name == name and got_labels == want:
                 return float(value)
         return None
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -231,15 +222,15 @@ def test_worker_restart_clears_its_view(cluster: Cluster) -> None:
     assert view_matches_cache(c, "w1")  # the other worker's view is untouched
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
 def test_promtool_accepts_the_live_metrics(cluster: Cluster) -> None:
+    promtool = require_tool("promtool")
     c = cluster
     for i in range(4):
         c.ask(f"w{i % 2}", prompt(f"p{i}", 4), session=f"s{i % 2}")
     settle(c)
     wait_for(lambda: c.metric("prefixscope_up", target="w0", kind="worker") == 1.0, what="scraped")
     text = requests.get(c.url + "/metrics", timeout=5).text
-    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
