@@ -63,8 +63,11 @@ test: setup
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# ruff, then the import layers of pyproject.toml's [tool.importlinter] (run from the checkout,
+# so the working copy's packages are the ones checked).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python -m bench

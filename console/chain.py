@@ -1,8 +1,9 @@
 """The ordered diagnosis chain (steps 0–5) as plain values, from Prometheus or the exporter.
 
-Pure: callers pass query results in, nothing here does I/O. The verdict is the first step
-whose own *cause* checks fire. The cluster hit rate is the symptom that starts the walk, and
-SLO checks measure what users feel; neither names a step by itself.
+Pure: callers pass query results in, nothing here does I/O. How statuses make a step's colour
+and the verdict is prefixscope.diagnosis, the rule the exporter's /api/v1/groups uses too: the
+verdict is the first step whose own *cause* checks fire; the cluster hit rate is the symptom
+that starts the walk and SLO checks measure what users feel, so neither colours or names a step.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from console.links import Thresholds
+from prefixscope import diagnosis
 from prefixscope.catalog import CHECKS, STEPS, Check
+from prefixscope.diagnosis import STATUSES, Status, is_cause
 
-Status = Literal["ok", "firing", "not_instrumented"]
-SYMPTOM_KEY = "prefix_hit_rate_total"
+SYMPTOM_KEY = diagnosis.SYMPTOM
 NO_DATA = "no data"
-
-
-def is_cause(check: Check) -> bool:
-    return check.kind != "slo" and check.key != SYMPTOM_KEY
 
 
 @dataclass(frozen=True)
@@ -34,9 +32,7 @@ class CheckState:
 
     @property
     def breaches(self) -> bool:
-        if self.value is None:
-            return False
-        return self.value < self.threshold if self.check.op == "<" else self.value > self.threshold
+        return diagnosis.check_status(self.check.op, self.value, self.threshold) == diagnosis.FIRING
 
     @property
     def cause(self) -> bool:
@@ -89,24 +85,17 @@ class Chain:
 
     @property
     def verdict(self) -> StepState | None:
-        return next((s for s in self.steps if s.firing_causes), None)
-
-
-def step_status(checks: Iterable[CheckState]) -> Status:
-    """Firing if a cause fires; ok if any cause was measured; otherwise not instrumented."""
-    causes = [c for c in checks if c.cause]
-    if any(c.status == "firing" for c in causes):
-        return "firing"
-    if any(c.status == "ok" for c in causes):
-        return "ok"
-    return "not_instrumented"
+        found = diagnosis.verdict({c.check.key: c.status for s in self.steps for c in s.checks})
+        return next((s for s in self.steps if s.number == found.step.number), None) if found else None
 
 
 def _steps(states: Mapping[str, CheckState]) -> tuple[StepState, ...]:
+    statuses = {key: s.status for key, s in states.items()}
     out = []
     for step in STEPS:
         checks = tuple(states[c.key] for c in CHECKS if c.group == step.number and c.key in states)
-        out.append(StepState(step.number, step.title, step.question, step_status(checks), checks))
+        out.append(StepState(step.number, step.title, step.question,
+                             diagnosis.step_status(step.number, statuses), checks))
     return tuple(out)
 
 
@@ -160,8 +149,8 @@ def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
             if check.baseline is not None and value is not None:
                 value = value / base if base else None
             status = raw.get("status")
-            if status not in ("ok", "firing", "not_instrumented"):
-                status = "not_instrumented"
+            if status not in STATUSES:
+                status = diagnosis.NOT_INSTRUMENTED
             missing = tuple(str(s) for s in raw.get("missing_signals") or ())
             if status == "not_instrumented" and not missing:
                 missing = (NO_DATA,)

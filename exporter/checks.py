@@ -16,13 +16,10 @@ from typing import Any
 
 from exporter.state import ClusterState, Series
 from exporter.windows import bucket_counts, histogram_quantile
-from prefixscope import catalog
+from prefixscope import catalog, diagnosis
+from prefixscope.diagnosis import Status
 from prefixscope.durations import parse_duration
 from prefixscope.thresholds import threshold_value
-
-OK, FIRING, NOT_INSTRUMENTED = "ok", "firing", "not_instrumented"
-# Checks whose firing names a cause inside step 1; the global hit rate is only the symptom.
-SYMPTOM = "prefix_hit_rate_total"
 
 _RATIO = re.compile(r"^sum \(rate\((\w+)_total\[\w+\]\)\) / sum \(rate\((\w+)_total\[\w+\]\)\)$")
 _RATE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \(rate\((\w+)_bucket(\{[^}]*\})?\[(\w+)\]\)\)\)$")
@@ -42,7 +39,7 @@ class CheckResult:
     value: float | None
     threshold: float
     baseline: float | None
-    status: str
+    status: Status
     missing_signals: list[str] = field(default_factory=list)
 
 
@@ -52,7 +49,7 @@ class Evaluation:
     window_s: float
     signals: dict[str, bool]
     results: dict[str, CheckResult]
-    step_status: dict[int, str]
+    step_status: dict[int, Status]
     verdict: dict[str, Any] | None
     reuse: dict[str, float | None]
 
@@ -117,12 +114,6 @@ def _label_filter(metric: str, matchers: str) -> Callable[[tuple[str, ...]], boo
     return lambda labels: all(labels[i] == v for i, v in wanted)
 
 
-def _status(check: catalog.Check, value: float | None, limit: float | None) -> str:
-    if value is None or limit is None:
-        return NOT_INSTRUMENTED
-    return FIRING if (value < limit if check.op == "<" else value > limit) else OK
-
-
 def evaluate(state: ClusterState, now: float | None = None) -> Evaluation:
     """All checks, per-step status, the verdict and the reuse decomposition, in one pass."""
     return state.snapshot_for(lambda st: _evaluate(st, now))
@@ -144,18 +135,15 @@ def _evaluate(state: ClusterState, now: float | None) -> Evaluation:
                 baseline = ev.value(check.baseline)
         limit = thr * baseline if check.baseline is not None and baseline is not None else (
             None if check.baseline is not None else thr)
-        results[check.key] = CheckResult(check, value, thr, baseline, _status(check, value, limit), missing)
-    step_status: dict[int, str] = {}
-    verdict = None
-    for step in catalog.STEPS:
-        own = [r for r in results.values() if r.check.group == step.number]
-        statuses = {r.status for r in own}
-        step_status[step.number] = (FIRING if FIRING in statuses else OK if OK in statuses else NOT_INSTRUMENTED)
-        # SLOs measure what users feel and the hit rate is the symptom: neither names a step.
-        causes = [r.check.key for r in own if r.status == FIRING and r.check.key != SYMPTOM and r.check.kind != "slo"]
-        if verdict is None and causes:
-            verdict = {"step": step.number, "title": step.title, "checks": causes}
-    return Evaluation(t, state.window_s, signals, results, step_status, verdict, _reuse(state))
+        status = diagnosis.check_status(check.op, value, limit)
+        results[check.key] = CheckResult(check, value, thr, baseline, status, missing)
+    # The rule (symptom and SLOs colour no step, the first firing cause step is the verdict)
+    # lives in prefixscope.diagnosis, shared with the console.
+    statuses = {key: r.status for key, r in results.items()}
+    found = diagnosis.verdict(statuses)
+    verdict = found.as_dict() if found is not None else None
+    return Evaluation(t, state.window_s, signals, results, diagnosis.step_statuses(statuses), verdict,
+                      _reuse(state))
 
 
 def _reuse(state: ClusterState) -> dict[str, float | None]:

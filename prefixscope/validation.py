@@ -26,7 +26,7 @@ import yaml
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError
 
 from prefixscope import SCHEMAS_DIR
-from prefixscope.durations import DurationError, is_duration, seconds
+from prefixscope.durations import DurationError, is_duration, parse_duration, seconds
 
 TOP_LEVEL = "(top level)"
 
@@ -59,6 +59,11 @@ def _seconds_ok(value: object, positive: bool) -> bool:
 @FORMATS.checks("duration")
 def _is_duration(value: object) -> bool:
     return not isinstance(value, str) or is_duration(value)
+
+
+@FORMATS.checks("positive-duration")
+def _is_positive_duration(value: object) -> bool:
+    return not isinstance(value, str) or (is_duration(value) and parse_duration(value) > 0)
 
 
 @FORMATS.checks("seconds")
@@ -96,6 +101,7 @@ def _is_url_prefix(value: object) -> bool:
 # What a value of each format looks like, for "expected …, got …".
 FORMAT_NOUNS = {
     "duration": "a duration like 5m or 1h30m",
+    "positive-duration": "a positive duration like 5m or 1h30m",
     "seconds": "a number of seconds ≥ 0 or a duration like 500ms, 5m or 1h30m",
     "positive-seconds": "a positive number of seconds or a duration like 500ms, 5m or 1h30m",
     "http-url": "an http:// or https:// URL",

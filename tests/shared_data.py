@@ -6,10 +6,9 @@ because CI always has the folder and a skip there would hide a broken path.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
+from tests.support import unavailable
 
 SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 MOONCAKE = SHARED_DATA / "mooncake_synthetic_trace.jsonl"
@@ -18,7 +17,4 @@ MOONCAKE = SHARED_DATA / "mooncake_synthetic_trace.jsonl"
 def require(path: Path) -> Path:
     if path.is_file():
         return path
-    message = f"the shared data folder is absent ({path.name} not found beside the repository)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable(f"the shared data folder is absent ({path.name} not found beside the repository)")

@@ -118,7 +118,7 @@ def test_every_problem_is_reported_at_once_with_file_and_path() -> None:
     data["checks"]["kv_event_gaps"] = "warning"
     assert set(_problems(data)) == {
         "alerts/thresholds.yaml: dashboard_url_base: missing",
-        "alerts/thresholds.yaml: window: expected a duration like 5m or 1h30m, got 5",
+        "alerts/thresholds.yaml: window: expected a positive duration like 5m or 1h30m, got 5",
         "alerts/thresholds.yaml: cold_reuse_share: expected a number between 0 and 1, got 1.5",
         'alerts/thresholds.yaml: runbook_url_base: expected a URL ending in /, got "https://example.com/runbooks"',
         'alerts/thresholds.yaml: checks.prefix_hit_rate_total.value: expected a number, got "high"',
@@ -146,7 +146,7 @@ def test_any_prometheus_duration_is_accepted(duration: str) -> None:
 def test_what_is_not_a_prometheus_duration_is_refused(duration: str) -> None:
     data = _data()
     data["window"] = duration
-    assert _problems(data) == [f'alerts/thresholds.yaml: window: expected a duration like 5m or 1h30m, got "{duration}"']
+    assert _problems(data) == [f'alerts/thresholds.yaml: window: expected a positive duration like 5m or 1h30m, got "{duration}"']
 
 
 def test_the_schema_knows_the_severities() -> None:

@@ -6,17 +6,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.support import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = ROOT / "alerts" / "generated"
-PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed")
 
 
 def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run([require_tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_check_rules_on_the_rule_file() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
 from exporter.server import ExporterServer, ServerDeps
 from prefixscope.catalog import SIGNALS
 from tests.console import backfill, cluster, topology_cluster
+from tests.support import free_port, require_file, require_tool, wait_for
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -57,7 +57,7 @@ def topology_exporter_url() -> Iterator[str]:
 @pytest.fixture
 def closed_url() -> str:
     """A URL on 127.0.0.1 where nothing listens (the port was free a moment ago)."""
-    return f"http://127.0.0.1:{_free_port()}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 @pytest.fixture
@@ -74,12 +74,6 @@ def topology_only(monkeypatch: pytest.MonkeyPatch, topology_exporter_url: str) -
     return topology_exporter_url
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Real Prometheus on 127.0.0.1 with the generated rules and a backfilled cluster.
@@ -87,11 +81,8 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     The generated alerts keep their expressions but get ``for: 0s``: the test cannot wait
     minutes for them, and ``for`` is Prometheus's job, not the console's.
     """
-    for tool in (PROMETHEUS, PROMTOOL):
-        if not Path(tool).exists():
-            pytest.skip(f"{tool} is not installed (apt-get install prometheus)")
-    if not GENERATED_RULES.exists():
-        pytest.skip("alerts/generated/prefixscope.rules.yaml is missing (run prefixscope generate)")
+    prometheus, promtool = require_tool(PROMETHEUS), require_tool(PROMTOOL)
+    require_file(GENERATED_RULES, "the generated rules (run prefixscope generate)")
     tmp = tmp_path_factory.mktemp("prometheus")
     rules = yaml.safe_load(GENERATED_RULES.read_text(encoding="utf-8"))
     for group in rules["groups"]:
@@ -102,10 +93,10 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (tmp / "prometheus.yml").write_text(
         "global: {scrape_interval: 15s, evaluation_interval: 1s}\nrule_files: [rules.yaml]\n", encoding="utf-8")
     (tmp / "backfill.om").write_text(backfill.openmetrics(list(SIGNALS), time.time() - 2), encoding="utf-8")
-    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "backfill.om"), str(tmp / "data")],
+    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "backfill.om"), str(tmp / "data")],
                    check=True, capture_output=True, timeout=60)
-    port = _free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+    port = free_port()
+    proc = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d"],
                             stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
     url = f"http://127.0.0.1:{port}"
@@ -121,16 +112,12 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait()
 
 
-def _wait_for_alerts(url: str, names: set[str], proc: subprocess.Popen, tmp: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _wait_for_alerts(url: str, names: set[str], proc: subprocess.Popen, tmp: Path, timeout: float = 120.0) -> None:
+    def firing() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"prometheus exited: {(tmp / 'prometheus.log').read_text()[-2000:]}")
-        try:
-            alerts = requests.get(f"{url}/api/v1/alerts", timeout=2).json()["data"]["alerts"]
-            if names <= {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}:
-                return
-        except (requests.RequestException, ValueError, KeyError):
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"alerts {sorted(names)} did not fire within {timeout}s")
+        alerts = requests.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+        return names <= {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+
+    wait_for(firing, f"alerts {sorted(names)} to fire", timeout, every=0.3,
+             ignore=(requests.RequestException, ValueError, KeyError))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 import requests
 
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
-from tests.console.conftest import _free_port
+from tests.support import free_port, require_tool, wait_for
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
@@ -30,22 +29,18 @@ PAGES = {
 
 @pytest.fixture
 def console_url(exporter_url: str) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in (EXPORTER_ENV, PROMETHEUS_ENV)}
     proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "console", "--exporter-url", exporter_url,
                              "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "console exited"
-            try:
-                if requests.get(f"{url}/_stcore/health", timeout=1).text == "ok":
-                    break
-            except requests.RequestException:
-                time.sleep(0.2)
-        else:
-            raise TimeoutError("console did not become healthy in 30 s")
+            return requests.get(f"{url}/_stcore/health", timeout=5).text == "ok"
+
+        wait_for(healthy, "the console to answer /_stcore/health", timeout=120, every=0.2,
+                 ignore=(requests.RequestException,))
         yield url
     finally:
         proc.terminate()
@@ -57,13 +52,12 @@ def console_url(exporter_url: str) -> Iterator[str]:
 
 
 def test_every_page_renders_in_chromium(console_url: str) -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    chromium = require_tool(CHROMIUM)
     from playwright.sync_api import expect, sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+        browser = p.chromium.launch(executable_path=chromium, headless=True,
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                                           "--disable-component-update", "--disable-sync", "--no-first-run"])
         try:

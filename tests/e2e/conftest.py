@@ -3,30 +3,51 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from tests.e2e.harness import PROMTOOL, Row, run_row
+from tests.e2e.harness import Row, run_row
+from tests.support import require_tool
 
 WORKERS = 2  # CI's machine has two cores
+# A safety net against a hung row, not a budget: one row takes 10–40 s on an idle 2-core machine
+# and several times that on a loaded one. The fixture's wait grows with the rows it computes.
+ROW_SAFETY_NET_S = 300.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The session fixture below replays every scenario once, inside the setup of whichever matrix
+    # test runs first; pytest-timeout would charge all of it to that one test. Time only the test
+    # bodies; the fixture has its own limit, proportional to its work.
+    for item in items:
+        if "matrix_rows" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(func_only=True))
 
 
 @pytest.fixture(scope="session")
 def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Row | BaseException]:
     """Every scenario the selected tests ask for, replayed and evaluated in worker processes."""
-    if PROMTOOL is None:
-        pytest.skip("promtool (Debian package prometheus) is not installed")
+    require_tool("promtool")
     names = sorted({item.callspec.params["scenario"] for item in request.session.items
                     if "matrix_rows" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
     dirs = {n: tmp_path_factory.mktemp(n) for n in names}
+    deadline = time.monotonic() + ROW_SAFETY_NET_S * max(1, len(names))
     # fork would copy the test runner's threads' locks; spawn starts clean interpreters
-    with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
+    rows: dict[str, Row | BaseException] = {}
+    try:
         futures = {n: pool.submit(run_row, n, dirs[n]) for n in names}
-        rows: dict[str, Row | BaseException] = {}
         for n, f in futures.items():
             try:
-                rows[n] = f.result()
+                rows[n] = f.result(timeout=max(0.0, deadline - time.monotonic()))
             except Exception as exc:  # one broken scenario fails its own tests, not the matrix
                 rows[n] = exc
+    finally:
+        if any(isinstance(r, FutureTimeout) for r in rows.values()):
+            for proc in list(getattr(pool, "_processes", {}).values()):  # a hung row: stop it
+                proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
     return rows

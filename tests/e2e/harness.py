@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from lab.harness import (
 )
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds, window_seconds
+from tests.support import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
@@ -182,12 +182,6 @@ def allowed_alongside(step: int) -> set[str]:
 PROMETHEUS = shutil.which("prometheus")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class BackfilledPrometheus:
     """``/usr/bin/prometheus`` on 127.0.0.1 over a scrape history written as TSDB blocks."""
 
@@ -198,24 +192,22 @@ class BackfilledPrometheus:
         subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"], cwd=workdir,
                        check=True, capture_output=True, timeout=120)
         (workdir / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n", encoding="utf-8")
-        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.url = f"http://127.0.0.1:{free_port()}"
         self.log = (workdir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(
             [PROMETHEUS, "--config.file=prometheus.yml", "--storage.tsdb.path=data",
              f"--web.listen-address={self.url.removeprefix('http://')}", "--storage.tsdb.retention.time=2d"],
             cwd=workdir, stdout=subprocess.DEVNULL, stderr=self.log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {(workdir / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        self.close()
-        raise TimeoutError("prometheus did not become ready within 30 s")
+        try:
+            wait_for(self._ready, "prometheus to be ready", timeout=120, every=0.2, ignore=(requests.RequestException,))
+        except BaseException:
+            self.close()
+            raise
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited: {(self.workdir / 'prometheus.log').read_text()[-2000:]}")
+        return requests.get(f"{self.url}/-/ready", timeout=5).status_code == 200
 
     def query(self, expr: str, at: float) -> float | None:
         """An instant query; the single result's value, or None when the result is empty."""

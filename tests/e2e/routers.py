@@ -9,8 +9,6 @@ every worker is healthy; vllm-router blocks until its workers answer /health, ch
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import time
 from collections import defaultdict
@@ -20,34 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import pytest
 import requests
 
 from fleet.worker_http import WORKER_HEADER
+from tests.support import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-ROUTERS_BIN = REPO / ".routers" / "bin"
 KINDS = ("sglang-router", "vllm-router")
 # The endpoint each router is driven through: vllm-router's prefix matching needs the worker's
 # render endpoint, which the simulated workers answer for chat.
 ENDPOINT = {"sglang-router": "completions", "vllm-router": "chat"}
 TOPICS = ("databases", "compilers", "gardening", "astronomy", "cooking")
-
-
-def require_routers_bin() -> Path:
-    """The router venv's bin folder; skip without it locally, fail in CI (env ``CI`` set)."""
-    if not (ROUTERS_BIN / "python").exists():
-        msg = "the router venv .routers is missing (run `make routers`)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return ROUTERS_BIN
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -40,6 +40,8 @@ from lab.demo import (
     next_backoff,
 )
 from prefixscope import catalog
+from tests import support
+from tests.support import port_free
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
@@ -49,19 +51,12 @@ RECORDS = f"{catalog.NAMESPACE}_records_ingested"
 PROMPT_TOKENS = f"{catalog.NAMESPACE}_request_prompt_tokens"
 
 
-def wait_for(what: str, fn: Callable[[], object], timeout_s: float, every_s: float = 0.25) -> object:
-    """Poll ``fn`` until it returns something truthy (exceptions count as not yet); fail after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except (OSError, requests.RequestException, ValueError, KeyError) as exc:
-            last = exc
-        time.sleep(every_s)
-    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")
+NOT_YET = (OSError, requests.RequestException, ValueError, KeyError)  # a server still starting
+
+
+def wait_for(what: str, fn: Callable[[], object], timeout_s: float) -> object:
+    """Poll ``fn`` until it returns something truthy (the errors above count as not yet)."""
+    return support.wait_for(fn, what, timeout_s, every=0.25, ignore=NOT_YET)
 
 
 # ---- the supervisor's rules (fast) ----------------------------------------------------------
@@ -257,15 +252,6 @@ def _sessions_of(pids: set[int]) -> list[int]:
     return left
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
@@ -369,7 +355,7 @@ def test_the_demo_serves_survives_faults_and_stops_clean(demo: Demo) -> None:
     leaders = set(pids.values()) | {restarted}
     assert _sessions_of(leaders | {demo.proc.pid}) == []
     assert all(not _alive(p) for p in leaders)
-    busy = [p for p in ports if not _port_free(p)]
+    busy = [p for p in ports if not port_free(p)]
     assert busy == []
 
 
@@ -424,7 +410,7 @@ def test_without_prometheus_it_runs_on_the_exporter_and_ends_when_the_fleet_dies
         assert "the simulated fleet exited (exit code -9); the demo stops." in demo.text
         assert demo.lines[-1] == "prefixscope demo stopped; every process it started has exited."
         assert _sessions_of(set(pids.values()) | {demo.proc.pid}) == []
-        assert _port_free(int(exporter.rsplit(":", 1)[1]))
+        assert port_free(int(exporter.rsplit(":", 1)[1]))
     finally:
         demo.kill()
 
@@ -445,6 +431,6 @@ def test_sigterm_stops_it_like_ctrl_c(tmp_path: Path) -> None:
         assert demo.proc.wait(15) == 0
         assert time.monotonic() - asked < 5
         assert _sessions_of(set(pids.values()) | {demo.proc.pid}) == []
-        assert all(_port_free(p) for p in ports)
+        assert all(port_free(p) for p in ports)
     finally:
         demo.kill()

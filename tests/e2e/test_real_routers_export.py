@@ -11,14 +11,12 @@ watches the router and the exporter report it down.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,8 @@ from exporter.main import Runtime
 from fleet.engine import WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
 from prefixscope import catalog
-from tests.e2e.routers import ENDPOINT, KINDS, RouterProcess, ask, drive, require_routers_bin, start_router
+from tests.e2e.routers import ENDPOINT, KINDS, RouterProcess, ask, drive, start_router
+from tests.support import require_routers_bin, require_tool, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -102,15 +101,6 @@ class Stack:
         r = requests.get(self.runtime.url + "/api/v1/groups", timeout=5)
         assert r.status_code == 200, r.text
         return r.json()["data"]
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 @pytest.fixture(params=KINDS)
@@ -363,11 +353,7 @@ def test_routers_doc_lists_every_check_with_what_feeds_it() -> None:
 # ---- examples/prometheus.yml ----------------------------------------------------------------------
 def test_example_prometheus_config_loads_the_generated_rules_and_scrapes_the_default_address() -> None:
     config = REPO / "examples" / "prometheus.yml"
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing (Debian package prometheus)")
-        pytest.skip("promtool is missing (Debian package prometheus)")
+    promtool = require_tool("promtool")
     done = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     rules = sum(len(g["rules"]) for g in yaml.safe_load(RULES.read_text())["groups"])

@@ -20,14 +20,13 @@ from lab.harness import ScrapeHistory, duration_seconds, run_through_exporter, s
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
 from tests.e2e.harness import (
-    PROMETHEUS,
-    PROMTOOL,
     BackfilledPrometheus,
     Row,
     allowed_alongside,
     discover,
     expanded,
 )
+from tests.support import require_tool
 
 # The SPEC's acceptance matrix: scenario -> the step the chain must name (None: healthy).
 SPEC_MATRIX: dict[str, int | None] = {
@@ -132,8 +131,7 @@ def test_exporter_check_values_agree_with_prometheus(scenario: str, tmp_path: Pa
     """/api/v1/groups says it computes the catalogue's PromQL over its own windows; Prometheus,
     querying the scraped history, must read the same numbers (rate extrapolation and window edges
     aside) at the moment the chain is read."""
-    if PROMETHEUS is None or PROMTOOL is None:
-        pytest.skip("prometheus/promtool (Debian package prometheus) are not installed")
+    require_tool("prometheus"), require_tool("promtool")
     sc = load_preset(scenario)
     start = float(int(time.time() - 2 * 3600) // 900 * 900)  # recent, on the scrape grid
     run = run_through_exporter(sc, load_topology(), start=start, checkpoints=[sc.duration_s])

@@ -1,6 +1,5 @@
 """The collector: promtool-clean exposition, every catalogue metric when all inputs are present."""
 
-import shutil
 import subprocess
 
 import pytest
@@ -12,6 +11,7 @@ from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
 from exporter.state import ClusterState
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
+from tests.support import require_tool
 
 
 class Topo:
@@ -87,9 +87,8 @@ def test_absent_signal_is_not_emitted_and_flagged():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_promtool_check_metrics_is_clean():
-    out = subprocess.run(["promtool", "check", "metrics"], input=exposition(full_state()).encode(),
+    out = subprocess.run([require_tool("promtool"), "check", "metrics"], input=exposition(full_state()).encode(),
                          capture_output=True, timeout=60)
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
     assert out.stdout.decode().strip() == "" and out.stderr.decode().strip() == ""

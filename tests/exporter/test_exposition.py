@@ -1,7 +1,6 @@
 """The direct text renderer: the same samples as the collector, escaping, promtool-clean."""
 
 import math
-import shutil
 import subprocess
 
 import pytest
@@ -17,6 +16,7 @@ from exporter.server import ExporterServer, ServerDeps
 from exporter.state import ClusterState
 from prefixscope.thresholds import load_thresholds
 from prefixscope.topology import parse_topology
+from tests.support import require_tool
 
 # Label values that need escaping, and one that merely looks odd.
 ODD = 'w"q\\uote\nline'
@@ -100,9 +100,8 @@ def test_empty_state_renders_only_what_has_a_source():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_promtool_check_metrics_is_clean():
-    out = subprocess.run(["promtool", "check", "metrics"], input=render_state(busy_state()),
+    out = subprocess.run([require_tool("promtool"), "check", "metrics"], input=render_state(busy_state()),
                          capture_output=True, timeout=60)
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
     assert out.stdout.decode().strip() == "" and out.stderr.decode().strip() == ""

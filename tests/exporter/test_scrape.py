@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import pytest
 from exporter.health import Health
 from exporter.model import RouterSnapshot, WorkerSnapshot
 from exporter.sources.scrape import Scraper, ScrapeTarget
+from tests.support import free_port, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HANG_S = 3.0
@@ -102,12 +102,6 @@ def _fields(snap: WorkerSnapshot) -> dict:
     return {f: getattr(snap, f) for f in snap.__slots__}
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_workers_and_routers_scraped_and_normalised(base_url: str) -> None:
     sink, health = Sink(), Health()
     targets = [ScrapeTarget("w0", f"{base_url}/vllm_0_33_dp2.txt", "worker"),
@@ -138,7 +132,7 @@ def test_failures_set_up_zero_count_errors_and_never_raise(base_url: str) -> Non
                ScrapeTarget("drip", f"{base_url}/drip", "worker"),
                ScrapeTarget("garbage", f"{base_url}/garbage", "worker"),
                ScrapeTarget("error", f"{base_url}/error", "router"),
-               ScrapeTarget("refused", f"http://127.0.0.1:{_closed_port()}/metrics", "worker"),
+               ScrapeTarget("refused", f"http://127.0.0.1:{free_port()}/metrics", "worker"),
                ScrapeTarget("wrong_kind", f"{base_url}/vllm_0_33_dp2.txt", "router"),
                ScrapeTarget("ok", f"{base_url}/vllm_0_8_legacy.txt", "worker")]
     scraper = Scraper(targets, sink, health, timeout=0.5, max_workers=8)
@@ -176,10 +170,10 @@ def test_background_loop_repeats_and_stops(base_url: str) -> None:
     sink, health = Sink(), Health()
     scraper = Scraper([ScrapeTarget("w", f"{base_url}/vllm_0_33_dp2.txt", "worker")], sink, health, interval=0.05)
     scraper.start()
-    deadline = time.monotonic() + 5
-    while "w" not in scraper.last and time.monotonic() < deadline:
-        time.sleep(0.01)
-    scraper.close()
+    try:
+        wait_for(lambda: "w" in scraper.last, "a first scrape", every=0.01)
+    finally:
+        scraper.close()
     assert scraper.last["w"].up and scraper._thread is not None and not scraper._thread.is_alive()
 
 

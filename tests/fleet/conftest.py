@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.routers import require_routers_bin
 from tests.shared_data import MOONCAKE, require
+from tests.support import require_routers_bin
 
 
 @pytest.fixture

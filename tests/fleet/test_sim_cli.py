@@ -17,6 +17,7 @@ from fleet.records import schema_errors
 from fleet.scenarios import preset_names
 from fleet.topology import DEFAULT_TOPOLOGY
 from tests.fleet.test_records import RecordReceiver
+from tests.support import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,12 +73,12 @@ def _sim(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 30) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "the fleet did not write its manifest"
-        time.sleep(0.1)
+def _wait_for(path: Path, proc: subprocess.Popen) -> dict:
+    def written() -> bool:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else "the fleet exited"
+        return path.exists()
+
+    wait_for(written, "the fleet to write its manifest", timeout=120, every=0.1)
     return json.loads(path.read_text())
 
 
