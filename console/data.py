@@ -19,9 +19,10 @@ from console.chain import Chain, Reuse, chain_from_exporter, chain_from_promethe
 from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
 from console.links import load_thresholds
+from console.liveness import PoolView, pool_view_from_text
 from console.prom import PrometheusClient
 from console.settings import DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
-from prefixscope.catalog import CHECKS, CHECKS_BY_KEY
+from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 
 TTL_S = 15
 RANGES_S = {"15 minutes": 900, "1 hour": 3600, "6 hours": 21600, "24 hours": 86400}
@@ -91,7 +92,7 @@ def chain(src: Sources) -> tuple[Chain, list[str]]:
             notes.append(f"{exc} — statuses below come from the exporter's own windows.")
     else:
         notes.append(f"Prometheus is not configured (set {PROMETHEUS_ENV} or --prometheus-url): statuses "
-                     "come from the exporter's own windows, without sparklines or firing alerts.")
+                     "come from the exporter's own windows, without charts over time or firing alerts.")
     return chain_from_exp(src.exporter_url), notes
 
 
@@ -101,8 +102,26 @@ def sparkline(url: str, key: str, range_s: int) -> list[tuple[float, float | Non
     check = CHECKS_BY_KEY[key]
     expr = f"({check.value}) / ({check.baseline})" if check.baseline else check.value
     end = time.time()
-    series = prometheus(url).query_range(expr, end - range_s, end, max(range_s // 120, 1))
+    series = prometheus(url).query_range(expr, end - range_s, end, range_step_s(range_s))
     return series[0][1] if series else []
+
+
+def range_step_s(range_s: int) -> int:
+    """The query step of a chart over ``range_s`` (~120 points)."""
+    return max(range_s // 120, 1)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def alert_states(url: str, alert: str, range_s: int) -> list[tuple[str, list[float]]]:
+    """When the catalogue alert was pending or firing over the range (Prometheus's ``ALERTS``).
+
+    ``alert`` must be a catalogue alert name: it is looked up, never pasted as typed.
+    """
+    check = CHECKS_BY_ALERT[alert]
+    expr = f'ALERTS{{alertname="{promql.escape_label_value(check.alert)}"}}'
+    end = time.time()
+    series = prometheus(url).query_range(expr, end - range_s, end, range_step_s(range_s))
+    return [(labels.get("alertstate", "firing"), [t for t, v in points if v]) for labels, points in series]
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -130,6 +149,16 @@ def hotspots(url: str, k: int) -> dict:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def changes(url: str, from_ts: float | None, to_ts: float | None) -> dict:
     return exporter(url).changes(from_ts, to_ts)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def pool_view(url: str) -> PoolView:
+    """The exporter's worker health series (up, router health, pool size) from its /metrics."""
+    text = exporter(url).metrics_text()
+    try:
+        return pool_view_from_text(text)
+    except ValueError as exc:
+        raise SourceUnavailable(ExporterClient.source, url, f"/metrics is not the text format ({exc})") from None
 
 
 def firing_alerts(src: Sources) -> tuple[list[dict], list[str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import requests
 
-from console.http_json import get_json
+from console.http_json import SourceUnavailable, _short, get_json
 
 
 class ExporterClient:
@@ -36,3 +36,14 @@ class ExporterClient:
         if to_ts is not None:
             params["to"] = float(to_ts)
         return self._get("/api/v1/changes", params)
+
+    def metrics_text(self) -> str:
+        """The exporter's ``/metrics`` in the Prometheus text format (read for worker liveness)."""
+        url = self.base_url.rstrip("/") + "/metrics"
+        try:
+            resp = self.session.get(url, timeout=self.timeout, headers={"Accept": "text/plain"})
+        except requests.RequestException as exc:
+            raise SourceUnavailable(self.source, self.base_url, _short(exc)) from None
+        if not resp.ok:
+            raise SourceUnavailable(self.source, self.base_url, f"HTTP {resp.status_code} on /metrics")
+        return resp.text

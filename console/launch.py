@@ -8,7 +8,14 @@ import socket
 import sys
 from pathlib import Path
 
-from console.settings import DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
+from console.settings import (
+    DEFAULT_EXPORTER_URL,
+    EXPORTER_ENV,
+    GRAFANA_ENV,
+    PROMETHEUS_ENV,
+    RUNBOOK_BASE_ENV,
+    TIMEZONE_ENV,
+)
 
 APP = Path(__file__).resolve().parent / "streamlit_app.py"
 
@@ -27,6 +34,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prometheus-url", default=os.environ.get(PROMETHEUS_ENV),
                    help=f"Prometheus's base URL (env {PROMETHEUS_ENV}); without it the console runs "
                         "on the exporter alone")
+    p.add_argument("--grafana-url", default=os.environ.get(GRAFANA_ENV),
+                   help=f"Grafana's base URL (env {GRAFANA_ENV}); without it the console shows no Grafana links")
+    p.add_argument("--runbook-url-base", default=os.environ.get(RUNBOOK_BASE_ENV),
+                   help=f"where <Alert>.md runbooks are published (env {RUNBOOK_BASE_ENV}); without it "
+                        "runbook links open the console's own runbook page")
+    p.add_argument("--timezone", default=os.environ.get(TIMEZONE_ENV),
+                   help=f"IANA time zone of chart axes (env {TIMEZONE_ENV}; default: this host's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8501, help="port to listen on; 0 picks a free one (default %(default)s)")
     return p.parse_args(argv)
@@ -43,10 +57,12 @@ def command(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     env = dict(os.environ, **{EXPORTER_ENV: args.exporter_url})
-    if args.prometheus_url:
-        env[PROMETHEUS_ENV] = args.prometheus_url
-    else:
-        env.pop(PROMETHEUS_ENV, None)
+    for name, value in ((PROMETHEUS_ENV, args.prometheus_url), (GRAFANA_ENV, args.grafana_url),
+                        (RUNBOOK_BASE_ENV, args.runbook_url_base), (TIMEZONE_ENV, args.timezone)):
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
     cmd = command(args)
     print(f"prefixscope console on http://{args.host}:{cmd[cmd.index('--server.port') + 1]}/", flush=True)
     # Become Streamlit (same pid), so a supervisor's SIGTERM reaches the server directly.

@@ -1,5 +1,40 @@
-"""Where the console's data comes from: environment names and defaults (no Streamlit here)."""
+"""Where the console's data comes from and where its links point: environment names and defaults.
+
+No Streamlit here. Links only point where something is known to answer: a Grafana link is shown
+only when a Grafana URL is configured, and a runbook link opens the in-app runbook page unless a
+runbook base URL is configured.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 PROMETHEUS_ENV = "PREFIXSCOPE_PROMETHEUS_URL"
 EXPORTER_ENV = "PREFIXSCOPE_EXPORTER_URL"
+GRAFANA_ENV = "PREFIXSCOPE_GRAFANA_URL"
+RUNBOOK_BASE_ENV = "PREFIXSCOPE_RUNBOOK_URL_BASE"
+TIMEZONE_ENV = "PREFIXSCOPE_CONSOLE_TZ"
 DEFAULT_EXPORTER_URL = "http://127.0.0.1:9400"
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    grafana_url: str | None  # Grafana's base URL (``http://grafana:3000``); None: no Grafana links
+    runbook_url_base: str | None  # prefix of ``<Alert>.md``; None: the console's own runbook page
+
+
+def link_settings(env: Mapping[str, str] | None = None) -> LinkSettings:
+    env = os.environ if env is None else env
+    grafana = (env.get(GRAFANA_ENV) or "").strip().rstrip("/") or None
+    runbooks = (env.get(RUNBOOK_BASE_ENV) or "").strip() or None
+    if runbooks is not None and not runbooks.endswith("/"):
+        runbooks += "/"
+    return LinkSettings(grafana, runbooks)
+
+
+def timezone_name(env: Mapping[str, str] | None = None) -> str | None:
+    """The IANA time zone charts use (``Europe/Berlin``); None: the console host's local zone."""
+    env = os.environ if env is None else env
+    return (env.get(TIMEZONE_ENV) or "").strip() or None

@@ -1,24 +1,36 @@
-"""The console's entrypoint: page config, the sources in the sidebar, and the page router."""
+"""The console's entrypoint: page config, the sources in the sidebar, and the page router.
+
+Every page has its own URL (``/diagnosis``, ``/tree``, ``/workers``, ``/alerts``, ``/runbook``)
+so links and bookmarks open it directly. The root URL shows the diagnosis chain through a hidden
+page running the same script: Streamlit serves a page marked ``default`` at ``/`` only, so the
+visible diagnosis page cannot be the default without losing ``/diagnosis``.
+"""
 
 import streamlit as st
 
 from console import data
+from console.settings import GRAFANA_ENV, link_settings
 
 st.set_page_config(page_title="prefixscope console", page_icon=":material/route:", layout="wide")
 
+DIAGNOSIS = "app_pages/diagnosis.py"
 pages = [
-    st.Page("app_pages/diagnosis.py", title="Diagnosis chain", icon=":material/route:", url_path="diagnosis", default=True),
+    st.Page(DIAGNOSIS, title="Diagnosis chain", icon=":material/route:", url_path="diagnosis"),
     st.Page("app_pages/prefix_tree.py", title="Prefix tree", icon=":material/account_tree:", url_path="tree"),
     st.Page("app_pages/workers.py", title="Workers & topology", icon=":material/dns:", url_path="workers"),
     st.Page("app_pages/alerts.py", title="Alerts", icon=":material/notifications_active:", url_path="alerts"),
     st.Page("app_pages/runbook.py", title="Runbooks", icon=":material/menu_book:", url_path="runbook"),
+    st.Page(DIAGNOSIS, title="Diagnosis chain", icon=":material/route:", url_path="home", default=True,
+            visibility="hidden"),
 ]
 page = st.navigation(pages)
 
 src = data.sources()
+links = link_settings()
 st.sidebar.markdown("**Sources** (read-only)")
 st.sidebar.caption(f"Exporter: {src.exporter_url}")
 st.sidebar.caption(f"Prometheus: {src.prometheus_url or 'not configured'}")
+st.sidebar.caption(f"Grafana: {links.grafana_url or f'not configured ({GRAFANA_ENV})'}")
 if st.sidebar.button("Refresh now", key="refresh"):
     st.cache_data.clear()
 page.run()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from console.liveness import Liveness, in_pool
+
 METRIC_FIELD = {"hits": "hit_tokens", "blocks": "blocks"}
 
 
@@ -34,13 +36,14 @@ def bucket_rows(buckets: list, x: str, y: str = "count") -> list[dict]:
     return [{x: b[0], y: b[1]} for b in buckets or [] if isinstance(b, list | tuple) and len(b) == 2]
 
 
-def capacity_rows(workers: list[Mapping]) -> list[dict]:
-    """Per worker: resident blocks against capacity (None when a side is not instrumented)."""
+def capacity_rows(workers: list[Mapping], liveness: Mapping[str, Liveness] | None = None) -> list[dict]:
+    """Per worker: liveness, resident blocks against capacity (None when a side is not instrumented)."""
     rows = []
     for w in workers:
         resident, capacity = w.get("resident_blocks"), w.get("capacity_blocks")
         used = resident / capacity if isinstance(resident, int | float) and isinstance(capacity, int | float) and capacity else None
-        rows.append({"worker": w.get("worker"), "resident_blocks": resident, "capacity_blocks": capacity,
+        rows.append({"worker": w.get("worker"), "liveness": (liveness or {}).get(str(w.get("worker")), "unknown"),
+                     "resident_blocks": resident, "capacity_blocks": capacity,
                      "used": used, "effective_cache_value_tokens": w.get("effective_cache_value_tokens"),
                      "removal_rank": w.get("removal_rank"), "node": w.get("node"),
                      "nvlink_domain": w.get("nvlink_domain"), "gpu_class": w.get("gpu_class"),
@@ -48,10 +51,36 @@ def capacity_rows(workers: list[Mapping]) -> list[dict]:
     return rows
 
 
-def removal_ranking(workers: list[Mapping]) -> list[dict]:
-    """Safest to remove first: ranked workers by rank, unranked (not instrumented) last."""
-    rows = capacity_rows(workers)
-    return sorted(rows, key=lambda r: (r["removal_rank"] is None, r["removal_rank"] or 0, str(r["worker"])))
+def removal_ranking(workers: list[Mapping], liveness: Mapping[str, Liveness] | None = None) -> list[dict]:
+    """Safest to remove first: ranked workers by rank, unranked (not instrumented) last.
+
+    A worker that has left the pool is not a candidate: it is left out, and the ranks of the
+    others are renumbered 1, 2, … in the exporter's order.
+    """
+    live = liveness or {}
+    rows = [r for r in capacity_rows(workers, live) if in_pool(live, str(r["worker"]))]
+    rows.sort(key=lambda r: (r["removal_rank"] is None, r["removal_rank"] or 0, str(r["worker"])))
+    rank = 0
+    for r in rows:
+        if r["removal_rank"] is not None:
+            rank += 1
+            r["removal_rank"] = rank
+    return rows
+
+
+def left_pool(workers: list[Mapping], liveness: Mapping[str, Liveness]) -> list[dict]:
+    """Workers that have left the pool, with the cache the exporter still attributes to them."""
+    return [{"worker": r["worker"], "resident_blocks": r["resident_blocks"], "node": r["node"]}
+            for r in capacity_rows(workers, liveness) if not in_pool(liveness, str(r["worker"]))]
+
+
+def hot_branch_rows(branches: list[Mapping], liveness: Mapping[str, Liveness]) -> list[dict]:
+    """Hot branches with the workers holding them, minus workers that have left the pool."""
+    rows = []
+    for b in branches:
+        holders = [str(w) for w in b.get("workers") or [] if in_pool(liveness, str(w))]
+        rows.append(dict(b) | {"workers": ", ".join(holders)})
+    return rows
 
 
 def domain_rows(workers: list[Mapping]) -> list[dict]:

@@ -5,10 +5,12 @@ import streamlit as st
 from console import data, ui
 from console.alert_groups import group_alerts
 from console.http_json import SourceUnavailable
-from console.links import dashboard_url, load_thresholds, runbook_url
+from console.links import grafana_link, load_thresholds, runbook_link
+from console.settings import link_settings
 
 st.title("Alerts")
 thresholds = load_thresholds()
+links = link_settings()
 
 with st.spinner("Loading alerts…"):
     try:
@@ -32,6 +34,8 @@ for g in groups:
         st.table([{"labels": ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())) or "—",
                    "since": r.active_at or "—", "value": r.value, "summary": r.summary} for r in g.rows])
         if g.known:
-            links = f"[runbook]({runbook_url(g.alertname, thresholds)}) · [read here](./runbook?alert={g.alertname})"
-            links += f" · [Grafana panel]({dashboard_url(g.alertname, thresholds)})"
-            st.markdown(links)
+            line = f"[runbook]({runbook_link(g.alertname, links)})"
+            grafana = grafana_link(g.alertname, links, thresholds)
+            if grafana:
+                line += f" · [Grafana panel]({grafana})"
+            st.markdown(line)

@@ -1,12 +1,13 @@
 """Diagnosis chain: steps 0–5 in order, the verdict, and the reuse decomposition."""
 
-import pandas as pd
 import streamlit as st
 
-from console import data, ui
-from console.chain import reuse_reading
+from console import charts, data, ui
+from console.chain import SYMPTOM_KEY, CheckState, reuse_reading
 from console.http_json import SourceUnavailable
-from console.links import dashboard_url, load_thresholds, runbook_url
+from console.links import grafana_link, load_thresholds, runbook_link
+from console.readings import check_line, shown_text, step_shown
+from console.settings import link_settings, timezone_name
 
 st.title("Diagnosis chain")
 st.caption("Walks the checklist in order. A falling cluster hit rate starts the walk; the verdict "
@@ -14,7 +15,11 @@ st.caption("Walks the checklist in order. A falling cluster hit rate starts the 
 
 src = data.sources()
 thresholds = load_thresholds()
-range_label = st.selectbox("Sparkline range", list(data.RANGES_S), index=1, key="diagnosis_range")
+links = link_settings()
+# Charts need Prometheus's history: without it, there is no range to choose.
+range_label = (st.selectbox("Chart range", list(data.RANGES_S), index=1, key="diagnosis_range")
+               if src.prometheus_url else "1 hour")
+range_s = data.RANGES_S[range_label]
 
 with st.spinner("Walking the chain…"):
     try:
@@ -29,11 +34,11 @@ if verdict is None:
     st.success("Verdict: no step fails its cause checks.", icon=":material/check_circle:")
 else:
     failing = ", ".join(c.check.title for c in verdict.firing_causes)
-    st.error(f"Verdict: step {verdict.number} — {verdict.title}. {verdict.question} Failing: {failing}.", icon=":material/route:")
+    st.error(f"Verdict: step {verdict.number} — {verdict.title}. {verdict.question} Failing: {failing}.",
+             icon=":material/route:")
 
 if chain.symptom is not None:
-    s = chain.symptom
-    st.markdown(f"Symptom that starts the walk — {ui.check_line(s)}")
+    st.markdown(f"Symptom that starts the walk — {check_line(chain.symptom)}")
 
 st.subheader("Reuse decomposition")
 r = chain.reuse
@@ -45,26 +50,55 @@ cols[3].metric("Routing regret", ui.fmt(r.routing_regret, "ratio"), help="Availa
 cols[4].metric("Index staleness", ui.fmt(r.index_staleness, "ratio"), help="Predicted − achieved.")
 st.info(reuse_reading(r, thresholds))
 
-sparkline_url = src.prometheus_url if chain.source == "prometheus" else None
+chart_url = src.prometheus_url if chain.source == "prometheus" else None
+tz = charts.zone(timezone_name())
+
+
+def links_line(alert: str) -> str:
+    """Runbook (in-app unless a base URL is configured) and, with a Grafana configured, its panel."""
+    parts = [f"[runbook]({runbook_link(alert, links)})"]
+    grafana = grafana_link(alert, links, thresholds)
+    if grafana:
+        parts.append(f"[Grafana panel]({grafana})")
+    return " · ".join(parts)
+
+
+def check_chart(c: CheckState) -> None:
+    """The check over the chart range, with its threshold and its alert's pending/firing spans."""
+    assert chart_url is not None
+    try:
+        points = data.sparkline(chart_url, c.check.key, range_s)
+        spans = charts.spans_from_samples(data.alert_states(chart_url, c.check.alert, range_s),
+                                          data.range_step_s(range_s))
+    except SourceUnavailable as exc:
+        st.caption(f"No chart: {exc}")
+        return
+    if not any(v is not None for _, v in points):
+        st.caption(f"No data in the last {range_label} for this check.")
+        return
+    unit_title = charts.axis_for(c.check.unit).title
+    fig = charts.time_series(points, title=f"{c.check.title} ({unit_title})", unit=c.check.unit,
+                             threshold=c.threshold, op=c.check.op, spans=spans, tz=tz)
+    st.plotly_chart(fig, key=f"chart-{c.check.key}", config={"displaylogo": False})
+
+
+if not chart_url:
+    st.caption("Charts over time need Prometheus: the exporter alone keeps only its current window.")
+
 for step in chain.steps:
     with st.container(border=True, key=f"step-{step.number}"):
-        st.markdown(f"### Step {step.number} — {step.title} · {ui.status_text(step.status)}")
+        st.markdown(f"### Step {step.number} — {step.title} · {shown_text(step_shown(step))}")
         st.caption(step.question)
         for c in step.checks:
-            text, spark = st.columns([3, 2])
+            text, chart = st.columns([2, 3]) if chart_url else (st.container(), None)
             role = "" if c.cause else (" _(symptom)_" if c.check.kind != "slo" else " _(SLO)_")
-            text.markdown(ui.check_line(c) + role)
-            runbook = runbook_url(c.check.alert, thresholds)
-            text.markdown(f"[Grafana panel]({dashboard_url(c.check.alert, thresholds)}) · "
-                          f"[runbook]({runbook}) · [read here](./runbook?alert={c.check.alert})")
-            if sparkline_url:
-                try:
-                    points = data.sparkline(sparkline_url, c.check.key, data.RANGES_S[range_label])
-                except SourceUnavailable:
-                    points = []
-                if points:
-                    frame = pd.DataFrame(points, columns=["time", "value"])
-                    frame["time"] = pd.to_datetime(frame["time"], unit="s")
-                    spark.line_chart(frame, x="time", y="value", height=90)
+            text.markdown(f"{check_line(c)}{role} · {links_line(c.check.alert)}")
+            if chart is None:
+                continue
+            # Open what needs attention; the rest stays one click away, so the page stays short.
+            with chart:
+                if c.status == "firing" or c.pending or c.check.key == SYMPTOM_KEY:
+                    check_chart(c)
                 else:
-                    spark.caption("no data in range")
+                    with st.expander("Chart over time"):
+                        check_chart(c)

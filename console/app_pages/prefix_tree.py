@@ -6,9 +6,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from console import data, ui
+from console import charts, data, ui
 from console.http_json import SourceUnavailable
-from console.tree_view import bucket_rows, icicle_columns
+from console.liveness import classify
+from console.settings import timezone_name
+from console.tree_view import bucket_rows, hot_branch_rows, icicle_columns
 
 st.title("Prefix tree")
 src = data.sources()
@@ -42,12 +44,19 @@ st.plotly_chart(fig, key="tree_icicle")
 
 st.subheader("Hot branches")
 branches = hot.get("hot_branches") or []
+seen = hot.get("workers") or []
+try:
+    liveness = classify([str(w.get("worker")) for w in seen], data.pool_view(src.exporter_url),
+                        [str(w.get("worker")) for w in seen if w.get("effective_cache_value_tokens") is not None])
+except SourceUnavailable:
+    liveness = {}  # unknown liveness: list every holder the index names
 if branches:
-    st.dataframe(pd.DataFrame([b | {"workers": ", ".join(b.get("workers") or [])} for b in branches]),
-                 hide_index=True, key="hot_branches")
+    st.caption("Workers column: workers in the pool that hold the branch (a worker that left the pool is not listed).")
+    st.dataframe(pd.DataFrame(hot_branch_rows(branches, liveness)), hide_index=True, key="hot_branches")
 else:
     st.caption("No hits recorded in the window.")
 
+st.subheader("Shape")
 shape_left, shape_right = st.columns(2)
 fanout = bucket_rows((hot.get("fanout") or {}).get("buckets"), "children", "nodes")
 depth_rows = bucket_rows((hot.get("depth") or {}).get("buckets"), "depth", "leaves")
@@ -76,10 +85,20 @@ try:
 except SourceUnavailable as exc:
     ui.source_down(exc)
     st.stop()
-lost, rekeyed, pools = ch.get("lost_hits") or [], ch.get("rekeyed_segments") or [], ch.get("pool_changes") or []
-st.markdown("**Branches that lost hits**")
-st.dataframe(pd.DataFrame(lost), hide_index=True) if lost else st.caption("None.")
-st.markdown("**Segments whose session keys churned**")
-st.dataframe(pd.DataFrame(rekeyed), hide_index=True) if rekeyed else st.caption("None.")
-st.markdown("**Pool changes that reshuffled keys**")
-st.dataframe(pd.DataFrame(pools), hide_index=True) if pools else st.caption("None.")
+
+
+def table_or_none(title: str, rows: list, key: str) -> None:
+    """A titled table, or "None." when the window has nothing (statements only: no Streamlit magic)."""
+    st.markdown(f"**{title}**")
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key=key)
+    else:
+        st.caption("None.")
+
+
+table_or_none("Branches that lost hits", ch.get("lost_hits") or [], "lost_hits")
+table_or_none("Segments whose session keys churned", ch.get("rekeyed_segments") or [], "rekeyed_segments")
+tz = charts.zone(timezone_name())
+pools = [p | {"ts": charts.timestamp_text(p["ts"], tz)} if isinstance(p.get("ts"), int | float) else p
+         for p in ch.get("pool_changes") or []]
+table_or_none("Pool changes that reshuffled keys", pools, "pool_changes")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from console.links import load_thresholds, runbook_markdown, runbook_url
+from console.links import in_app_markdown, runbook_markdown
 from prefixscope.catalog import CHECKS
 
 st.title("Runbooks")
@@ -13,6 +13,6 @@ choice = st.selectbox("Alert", alerts, index=alerts.index(asked) if asked in ale
 st.query_params["alert"] = choice
 text = runbook_markdown(choice)
 if text is None:
-    st.info(f"No runbook file for {choice} in this installation yet. Online: {runbook_url(choice, load_thresholds())}")
+    st.info(f"No runbook file for {choice} in this installation.")
 else:
-    st.markdown(text)
+    st.markdown(in_app_markdown(text))

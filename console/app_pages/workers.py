@@ -1,4 +1,4 @@
-"""Workers & topology: capacity, effective cache value, safe-to-remove, domains, migrations."""
+"""Workers & topology: liveness, capacity, effective cache value, safe-to-remove, domains, migrations."""
 
 import pandas as pd
 import streamlit as st
@@ -6,7 +6,9 @@ import streamlit as st
 from console import data, ui
 from console.chain import Chain
 from console.http_json import SourceUnavailable
-from console.tree_view import capacity_rows, domain_rows, removal_ranking
+from console.liveness import classify
+from console.readings import check_shown, missing_signals, shown_text
+from console.tree_view import capacity_rows, domain_rows, left_pool, removal_ranking
 
 st.title("Workers & topology")
 src = data.sources()
@@ -20,6 +22,14 @@ with st.spinner("Loading workers…"):
         st.stop()
 ui.banners(notes)
 
+try:
+    view = data.pool_view(src.exporter_url)
+except SourceUnavailable as exc:
+    view = None
+    st.warning(f"Worker liveness is unknown: {exc}", icon=":material/warning:")
+served = [str(w.get("worker")) for w in workers if w.get("effective_cache_value_tokens") is not None]
+liveness = classify([str(w.get("worker")) for w in workers], view, served) if view is not None else {}
+
 
 def check_metric(col, ch: Chain, key: str) -> None:
     state = next((c for s in ch.steps for c in s.checks if c.check.key == key), None)
@@ -28,7 +38,7 @@ def check_metric(col, ch: Chain, key: str) -> None:
         return
     col.metric(state.check.title, ui.fmt(state.value, state.check.unit),
                help=f"alert when {state.check.op} {ui.fmt(state.threshold, state.check.unit)}")
-    col.caption(ui.status_text(state.status))
+    col.markdown(shown_text(check_shown(state)))
 
 
 m = st.columns(4)
@@ -37,26 +47,53 @@ check_metric(m[1], chain, "topology_aware_placement_hit_rate")
 check_metric(m[2], chain, "session_migration_count_per_minute")
 check_metric(m[3], chain, "cross_node_migration_count_per_minute")
 
+st.subheader("Liveness")
+counts = {state: sum(1 for v in liveness.values() if v == state) for state in ("up", "down", "left the pool", "unknown")}
+pool = view.pool_size if view is not None else None
+lv = st.columns(4)
+lv[0].metric("Up", counts["up"])
+lv[1].metric("Down", counts["down"], help="Fails its scrape or a router marks it unhealthy, yet still gets traffic.")
+lv[2].metric("Left the pool", counts["left the pool"], help="Down or silent, and no traffic since: not ranked below.")
+lv[3].metric("Pool size (exporter)", ui.fmt(pool, ""), help="Workers the exporter sees healthy right now.")
+if workers:
+    st.dataframe(pd.DataFrame([{"worker": r["worker"], "liveness": r["liveness"], "node": r["node"],
+                                "resident_blocks": r["resident_blocks"]} for r in capacity_rows(workers, liveness)]),
+                 hide_index=True, key="liveness")
+if counts["unknown"]:
+    st.caption(f"The exporter's pool has {ui.fmt(pool, '')} of {len(workers)} workers seen, but no scrape or "
+               "router health says which are missing: those are shown as unknown.")
+
 st.subheader("Blocks against capacity")
-rows = capacity_rows(workers)
-if rows:
+rows = capacity_rows(workers, liveness)
+block_check = next((c for s in chain.steps for c in s.checks if c.check.key == "prefix_block_count_per_worker"), None)
+if rows and any(r["resident_blocks"] is not None for r in rows):
     frame = pd.DataFrame(rows)
     st.bar_chart(frame, x="worker", y=["resident_blocks", "capacity_blocks"], stack=False, height=260)
+elif block_check is not None and check_shown(block_check) == "not_instrumented":
+    st.caption(f"No worker reports resident blocks: not instrumented (missing signal: "
+               f"{', '.join(missing_signals(block_check))}).")
 else:
-    st.caption("No worker reports resident blocks (KV events not instrumented).")
+    st.caption("No worker holds resident blocks yet: no data in the window.")
 
 st.subheader("Effective cache value and safe-to-remove ranking")
-st.caption("Effective cache value = resident tokens × recent hit rate. Rank 1 loses the least cache if removed.")
-ranking = removal_ranking(workers)
+st.caption("Effective cache value = resident tokens × recent hit rate. Rank 1 loses the least cache if removed. "
+           "Workers that left the pool are not ranked.")
+ranking = removal_ranking(workers, liveness)
 if ranking:
-    st.dataframe(pd.DataFrame(ranking)[["removal_rank", "worker", "effective_cache_value_tokens", "resident_blocks",
-                                        "capacity_blocks", "used", "warm_pool"]],
+    st.dataframe(pd.DataFrame(ranking)[["removal_rank", "worker", "liveness", "effective_cache_value_tokens",
+                                        "resident_blocks", "capacity_blocks", "used", "warm_pool"]],
                  hide_index=True, key="removal_ranking")
+gone = left_pool(workers, liveness)
+if gone:
+    st.markdown("**Left the pool** (their cache no longer serves anyone)")
+    st.dataframe(pd.DataFrame(gone), hide_index=True, key="left_pool")
 
 st.subheader("NVLink domains")
 domains = domain_rows(workers)
 if domains:
     st.dataframe(pd.DataFrame(domains), hide_index=True, key="domains")
+else:
+    st.caption("No topology file: workers have no node or NVLink domain.")
 
 if chain.source == "prometheus" and src.prometheus_url:
     st.subheader("Migrations per minute by kind")

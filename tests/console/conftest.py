@@ -15,9 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
+from exporter.api import ApiBuilders
+from exporter.exposition import render_state
 from exporter.server import ExporterServer, ServerDeps
+from exporter.state import ClusterState
 from prefixscope.catalog import SIGNALS
-from tests.console import backfill, cluster, topology_cluster
+from tests.console import backfill, cluster, liveness_cluster, topology_cluster
 from tests.support import free_port, require_file, require_tool, wait_for
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -34,8 +37,11 @@ def _clear_streamlit_caches() -> Iterator[None]:
     st.cache_resource.clear()
 
 
-def _serve(api: dict) -> Iterator[str]:
-    server = ExporterServer("127.0.0.1", 0, ServerDeps(registry=CollectorRegistry(), api=api)).start()
+def _serve(state: ClusterState) -> Iterator[str]:
+    """The exporter's HTTP edge over ``state``: its /api/v1 builders and its /metrics text."""
+    deps = ServerDeps(registry=CollectorRegistry(), api=ApiBuilders(state).routes(),
+                      render_text=lambda: render_state(state))
+    server = ExporterServer("127.0.0.1", 0, deps).start()
     try:
         yield server.url
     finally:
@@ -45,13 +51,19 @@ def _serve(api: dict) -> Iterator[str]:
 @pytest.fixture
 def exporter_url() -> Iterator[str]:
     """The real exporter HTTP server and API builders over a ClusterState fed crafted inputs."""
-    yield from _serve(cluster.routes())
+    yield from _serve(cluster.build_state())
 
 
 @pytest.fixture
 def topology_exporter_url() -> Iterator[str]:
     """The real exporter over a 2-node ClusterState in which a worker leaves (topology_cluster.py)."""
-    yield from _serve(topology_cluster.routes())
+    yield from _serve(topology_cluster.build_state(time.time()))
+
+
+@pytest.fixture
+def liveness_exporter_url() -> Iterator[str]:
+    """The real exporter over a cluster with a worker down and one that left the pool (liveness_cluster.py)."""
+    yield from _serve(liveness_cluster.build_state())
 
 
 @pytest.fixture
@@ -72,6 +84,13 @@ def topology_only(monkeypatch: pytest.MonkeyPatch, topology_exporter_url: str) -
     monkeypatch.setenv(EXPORTER_ENV, topology_exporter_url)
     monkeypatch.delenv(PROMETHEUS_ENV, raising=False)
     return topology_exporter_url
+
+
+@pytest.fixture
+def liveness_only(monkeypatch: pytest.MonkeyPatch, liveness_exporter_url: str) -> str:
+    monkeypatch.setenv(EXPORTER_ENV, liveness_exporter_url)
+    monkeypatch.delenv(PROMETHEUS_ENV, raising=False)
+    return liveness_exporter_url
 
 
 @pytest.fixture(scope="module")

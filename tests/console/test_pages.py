@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
+from console.settings import EXPORTER_ENV, GRAFANA_ENV, PROMETHEUS_ENV, RUNBOOK_BASE_ENV
 
 FIRING = ":red[:material/error: FIRING]"
 OK = ":green[:material/check_circle: ok]"
 MISSING = ":gray[:material/help: not instrumented]"
+NO_DATA = ":gray[:material/schedule: no data in the window]"
 APP = str(Path(__file__).resolve().parents[2] / "console" / "streamlit_app.py")
 
 
@@ -33,6 +34,19 @@ def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def worker_tables(at: AppTest) -> dict:
+    """The Workers & topology page's tables by name, told apart by their columns (st.dataframe
+    keys do not reach AppTest)."""
+    out = {}
+    for frame in (d.value for d in at.dataframe):
+        cols = list(frame.columns)
+        name = ("removal_ranking" if "removal_rank" in cols else "domains" if "nvlink_domain" in cols
+                else "liveness" if "liveness" in cols else "left_pool" if cols == ["worker", "resident_blocks", "node"]
+                else "migrations")
+        out.setdefault(name, frame)
+    return out
+
+
 def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> None:
     at = run()
     assert at.error[0].value.startswith("Verdict: step 2 — Affinity.")
@@ -48,13 +62,32 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     assert f"**Async prefill wait p99**: — (alert when > 5.00 s) — {MISSING} · missing signal: async_prefill" in body
     assert f"### Step 1 — Cache · {OK}" in body  # the falling hit rate alone does not fail step 1
     assert "Prometheus is not configured" in body
-    assert "[runbook](https://github.com/prefixscope/prefixscope/blob/main/runbooks/PrefixStickyCollisionsHigh.md)" in body
+    # Nothing measured in the window on a source that exists is not "not instrumented".
+    assert f"**Ingest errors**: — (alert when > 0.50/s) — {NO_DATA}" in body
+    assert f"**Scrape targets up**: — (alert when > 0) — {NO_DATA}" in body
+    # Links go where something answers: the in-app runbook page; no Grafana is configured.
+    assert "[runbook](./runbook?alert=PrefixStickyCollisionsHigh)" in body
+    assert "Grafana panel" not in body
+    assert "Charts over time need Prometheus" in body
     # Reuse of 1280 prompt tokens, judged by what the router faced: each first turn could have
     # reused w1's 2 blocks (10 × 32), each follow-up the whole chain (10 × 64) → 960 available;
     # 544 achieved; no router prediction.
     assert metrics(at) == {"Available": "75.0%", "Predicted": "—", "Achieved": "42.5%",
                            "Routing regret": "32.5%", "Index staleness": "—"}
     assert at.info[0].value.startswith("Routing: 75% was reusable somewhere")
+
+
+def test_links_follow_the_configured_grafana_and_runbook_base(monkeypatch: pytest.MonkeyPatch,
+                                                              exporter_only: str) -> None:
+    monkeypatch.setenv(GRAFANA_ENV, "http://grafana.example:3000/")
+    monkeypatch.setenv(RUNBOOK_BASE_ENV, "https://wiki.example/runbooks")
+    at = run()
+    body = texts(at)
+    assert "[runbook](https://wiki.example/runbooks/PrefixStickyCollisionsHigh.md)" in body
+    # The generated rules' panel of the alert, served from the configured Grafana.
+    assert "[Grafana panel](http://grafana.example:3000/d/prefixscope-diagnosis-chain?viewPanel=" in body
+    at.switch_page("app_pages/alerts.py").run()
+    assert "[Grafana panel](http://grafana.example:3000/d/prefixscope-diagnosis-chain?viewPanel=" in texts(at)
 
 
 def test_prefix_tree_page(exporter_only: str) -> None:
@@ -82,10 +115,11 @@ def test_prefix_tree_page_with_a_topology_and_a_pool_change(topology_only: str) 
     assert m["Duplicated share"] == "55.6%"
     hot, lost, rekeyed, pools = (d.value for d in at.dataframe)
     # Hits of the last 5 minutes: A 80 + 80 (u0, u1), C 32 + 32 (m0b, m1), S 32 (v0 on w0).
+    # S is still in w2's cache, but w2 left the pool: it is not listed as holding the branch.
     assert hot.to_dict("records") == [
         {"rank": 1, "branch": "1a1a0000", "hit_tokens": 160.0, "blocks": 3, "workers": "w0, w1", "sessions": 2},
         {"rank": 2, "branch": "1c1c0000", "hit_tokens": 64.0, "blocks": 2, "workers": "w3", "sessions": 2},
-        {"rank": 3, "branch": "51510000", "hit_tokens": 32.0, "blocks": 2, "workers": "w0, w1, w2", "sessions": 1}]
+        {"rank": 3, "branch": "51510000", "hit_tokens": 32.0, "blocks": 2, "workers": "w0, w1", "sessions": 1}]
     # B had 64 + 64 (v0, v1 on w2) in the earlier window and nothing once w2 left; A (160 → 160)
     # and C (32 → 64) did not lose.
     assert lost.to_dict("records") == [{"branch": "1b1b0000", "before_hit_tokens": 128.0, "after_hit_tokens": 0.0}]
@@ -94,6 +128,8 @@ def test_prefix_tree_page_with_a_topology_and_a_pool_change(topology_only: str) 
     # Pool 4 → 3 when w2 aged out; of u0, u1, v0, v1 (served before and after) v0 and v1 moved: 2 / 4.
     (pool,) = pools.to_dict("records")
     assert (pool["before"], pool["after"], pool["reshuffled_share"]) == (4, 3, 0.5)
+    assert pool["ts"][10:20] == " " + pool["ts"][11:19] + " "  # 24-hour time, then its zone
+    assert " UTC" in pool["ts"]
     at.radio(key="tree_by").set_value("blocks").run()
     assert not at.exception
 
@@ -103,7 +139,10 @@ def test_workers_page(exporter_only: str) -> None:
     m = metrics(at)
     assert m["Resident blocks vs capacity"] == "4.0%"
     assert m["Topology-aware placement"] == "—"  # no topology: missing, not 0
-    ranking = at.dataframe[0].value
+    # No scrape targets, but the pool holds both workers the exporter has seen: both up.
+    assert (m["Up"], m["Down"], m["Left the pool"], m["Pool size (exporter)"]) == ("2", "0", "0", "2")
+    assert worker_tables(at)["liveness"]["liveness"].tolist() == ["up", "up"]
+    ranking = worker_tables(at)["removal_ranking"]
     assert list(ranking["worker"]) == ["w1", "w0"]  # w1 holds less reused cache: safest to remove
     assert ranking["used"].round(3).tolist() == [0.02, 0.04]
 
@@ -119,19 +158,48 @@ def test_workers_page_with_a_topology_and_a_pool_change(topology_only: str) -> N
     # 2 migrations (v0 hard, v1 soft) in 300 s → 0.4/min; only v0 crossed nodes (n1 → n0) → 0.2/min.
     assert m["Session migrations per minute"] == "0.4/min"
     assert m["Cross-node migrations per minute"] == "0.2/min"
-    ranking = at.dataframe[0].value
+    ranking = worker_tables(at)["removal_ranking"]
     # Effective cache value = resident blocks × 16 × hit ratio of the window's records:
     # w3 2 × 16 × (0 + 32 + 32) / (80 + 112 + 48) = 8.53; w0 5 × 16 × (80 + 32) / (96 + 80) = 50.9;
-    # w1 5 × 16 × 80 / 96 = 66.7; w2 served nothing in the window: no value, unranked, last.
-    assert list(ranking["worker"]) == ["w3", "w0", "w1", "w2"]
-    assert ranking["effective_cache_value_tokens"].round(2).tolist()[:3] == [8.53, 50.91, 66.67]
-    assert ranking["effective_cache_value_tokens"].isna().tolist() == [False, False, False, True]
-    assert ranking["used"].tolist() == [2 / 400, 5 / 1000, 5 / 1000, 4 / 400]
-    assert ranking["warm_pool"].tolist() == [True, False, False, False]
-    domains = at.dataframe[1].value
+    # w1 5 × 16 × 80 / 96 = 66.7; w2 served nothing in the window and the pool is 3 of 4: the
+    # three that served are the pool, w2 has left it and is not ranked at all.
+    assert list(ranking["worker"]) == ["w3", "w0", "w1"]
+    assert ranking["removal_rank"].tolist() == [1, 2, 3]
+    assert ranking["effective_cache_value_tokens"].round(2).tolist() == [8.53, 50.91, 66.67]
+    assert ranking["used"].tolist() == [2 / 400, 5 / 1000, 5 / 1000]
+    assert ranking["warm_pool"].tolist() == [True, False, False]
+    assert ranking["liveness"].tolist() == ["up", "up", "up"]
+    assert worker_tables(at)["left_pool"]["worker"].tolist() == ["w2"]
+    assert (m["Up"], m["Left the pool"], m["Pool size (exporter)"]) == ("3", "1", "3")
+    domains = worker_tables(at)["domains"]
     assert domains.to_dict("records") == [
         {"nvlink_domain": "n0-d0", "node": "n0", "workers": "w0, w1", "resident_blocks": 10.0},
         {"nvlink_domain": "n1-d0", "node": "n1", "workers": "w2, w3", "resident_blocks": 6.0}]
+
+
+def test_workers_page_tells_dead_workers_from_live_ones(liveness_only: str) -> None:
+    """Hand-laid in liveness_cluster.py: w0, w1 up; w3 fails its scrape but serves; w2 left."""
+    at = run("workers")
+    m = metrics(at)
+    assert (m["Up"], m["Down"], m["Left the pool"], m["Pool size (exporter)"]) == ("2", "1", "1", "2")
+    table = worker_tables(at)["liveness"]
+    assert dict(zip(table["worker"], table["liveness"], strict=True)) == {
+        "w0": "up", "w1": "up", "w2": "left the pool", "w3": "down"}
+    # The exporter ranks w2 (value 16) safest to remove; it is gone, so the console ranks the rest:
+    # w0 and w3 (32 each, by name), then w1 (48).
+    ranking = worker_tables(at)["removal_ranking"]
+    assert ranking[["removal_rank", "worker", "liveness"]].to_dict("records") == [
+        {"removal_rank": 1, "worker": "w0", "liveness": "up"},
+        {"removal_rank": 2, "worker": "w3", "liveness": "down"},
+        {"removal_rank": 3, "worker": "w1", "liveness": "up"}]
+    assert worker_tables(at)["left_pool"]["worker"].tolist() == ["w2"]
+
+
+def test_hot_branches_do_not_name_workers_that_left(liveness_only: str) -> None:
+    at = run("prefix_tree")
+    hot = at.dataframe[0].value  # hot branches
+    # The shared system prompt is in all four caches; w2 has left the pool.
+    assert hot.set_index("branch").loc["51510000", "workers"] == "w0, w1, w3"
 
 
 def test_alerts_page_falls_back_to_the_exporters_firing_checks(exporter_only: str) -> None:
@@ -140,7 +208,8 @@ def test_alerts_page_falls_back_to_the_exporters_firing_checks(exporter_only: st
     body = texts(at)
     assert "### PrefixHitRateLow · warning · step 1 · 1 firing" in body
     assert "### PrefixStickyCollisionsHigh · warning · step 2 · 1 firing" in body
-    assert "[read here](./runbook?alert=PrefixStickyCollisionsHigh)" in body
+    assert "[runbook](./runbook?alert=PrefixStickyCollisionsHigh)" in body
+    assert "Grafana panel" not in body
 
 
 def test_runbook_page_only_opens_catalogue_alerts(exporter_only: str) -> None:
@@ -168,3 +237,16 @@ def test_prometheus_down_falls_back_to_the_exporter(monkeypatch: pytest.MonkeyPa
     at = run()
     assert any(f"Prometheus at {closed_url} is unavailable" in w.value for w in at.warning)
     assert at.error[0].value.startswith("Verdict: step 2")
+
+
+
+def test_runbook_links_stay_in_the_app(exporter_only: str) -> None:
+    from console.links import in_app_markdown
+
+    assert in_app_markdown("see [chain](diagnosis-chain.md), [x](PrefixHitRateLow.md), [y](other.md)") == (
+        "see [chain](./diagnosis), [x](./runbook?alert=PrefixHitRateLow), [y](other.md)")
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params["alert"] = "PrefixHitRateLow"
+    at.run()
+    at.switch_page("app_pages/runbook.py").run()
+    assert "([diagnosis chain](./diagnosis))" in texts(at)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from console import promql
 from console.prom import PrometheusClient
-from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
+from console.settings import EXPORTER_ENV, GRAFANA_ENV, PROMETHEUS_ENV
 from tests.console import backfill
 from tests.console.test_pages import APP, metrics, texts
 
@@ -41,7 +43,8 @@ def test_hostile_label_values_do_not_change_the_query(prometheus_url: str) -> No
     assert [s.labels["target"] for s in weird] == [backfill.WEIRD_TARGET]
 
 
-def test_diagnosis_from_recording_rules_and_firing_alerts(both: str) -> None:
+def test_diagnosis_from_recording_rules_and_firing_alerts(monkeypatch: pytest.MonkeyPatch, both: str) -> None:
+    monkeypatch.setenv(GRAFANA_ENV, "http://grafana.test:3000")
     at = run()
     assert not any("Prometheus" in w.value for w in at.warning)  # no fallback banner
     assert at.error[0].value.startswith("Verdict: step 2 — Affinity.")
@@ -56,10 +59,25 @@ def test_diagnosis_from_recording_rules_and_firing_alerts(both: str) -> None:
     assert "### Step 3 — Cold-miss cost · :gray[:material/help: not instrumented]" in body
     assert "**Router tree-walk p99**: — (alert when > 5.0 ms) — :gray[:material/help: not instrumented] · missing signal: walk_latency" in body
     assert "**MoE expert alignment**: — (alert when < 70.0%) — :gray[:material/help: not instrumented] · missing signal: expert_signature" in body
-    assert "?viewPanel=" in body  # panel links come from the generated rules
+    # Panel links come from the generated rules, on the configured Grafana.
+    assert "[Grafana panel](http://grafana.test:3000/d/prefixscope-diagnosis-chain?viewPanel=" in body
     assert metrics(at) == {"Available": "80.0%", "Predicted": "42.0%", "Achieved": "40.0%",
                            "Routing regret": "40.0%", "Index staleness": "2.0%"}
     assert at.info[0].value.startswith("Routing: 80% was reusable somewhere but only 40% was achieved")
+
+
+def test_firing_checks_get_a_readable_chart(both: str) -> None:
+    at = run()
+    charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
+              for c in at.get("plotly_chart")}
+    spec = charts["Sticky-session collisions (percent)"]
+    layout = spec["layout"]
+    assert layout["height"] >= 240
+    assert layout["yaxis"]["title"]["text"] == "percent" and layout["yaxis"]["tickformat"] == ".0%"
+    assert layout["xaxis"]["tickformat"] == "%H:%M" and layout["xaxis"]["title"]["text"].startswith("time (UTC")
+    assert any(s["type"] == "line" and s["y0"] == 0.05 for s in layout["shapes"])  # the threshold
+    # The alert fires in Prometheus (for: 0s): its span is shaded.
+    assert any(s["type"] == "rect" for s in layout["shapes"])
 
 
 def test_alerts_page_groups_prometheus_alerts(both: str) -> None:

@@ -1,0 +1,164 @@
+"""Time-series charts an engineer can read at a glance: plotly figures built from plain points.
+
+Pure (no Streamlit, no I/O). A chart is tall enough to read, names its unit on the y axis
+(percent for ratios, seconds, tokens, USD), shows 24-hour times in a named time zone, draws the
+alert threshold, and shades the spans in which the alert was pending or firing. The y range
+fits the data and the threshold rather than starting at zero, so a fall from 100 % to 82 % is
+a visible drop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from zoneinfo import ZoneInfo
+
+import plotly.graph_objects as go
+
+CHART_HEIGHT = 260
+Point = tuple[float, float | None]  # (Unix seconds, value or None for a gap)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """How a unit is labelled and ticked on the y axis."""
+
+    title: str
+    tickformat: str = ""
+    tickprefix: str = ""
+    ticksuffix: str = ""
+
+
+AXES: dict[str, Axis] = {
+    "ratio": Axis("percent", tickformat=".0%"),
+    "ratio_to_baseline": Axis("× baseline", tickformat=".2f", ticksuffix="×"),
+    "seconds": Axis("seconds", tickformat=",.3~g", ticksuffix=" s"),
+    "usd": Axis("USD", tickformat=",.4~f", tickprefix="$"),
+    "tokens": Axis("tokens", tickformat=",.3~s"),
+    "per_minute": Axis("per minute", tickformat=",.3~f"),
+    "per_second": Axis("per second", tickformat=",.3~f"),
+    "depth": Axis("radix edges", tickformat=",.3~f"),
+    "targets": Axis("targets", tickformat=",d"),
+    "batches": Axis("batches", tickformat=",.3~f"),
+}
+
+
+@dataclass(frozen=True)
+class Span:
+    """An interval in which an alert was in ``state`` (pending or firing)."""
+
+    start: float
+    end: float
+    state: str
+
+
+SPAN_COLOURS = {"firing": "rgba(214, 39, 40, 0.16)", "pending": "rgba(255, 160, 0, 0.16)"}
+LINE_COLOUR = "#1f77b4"
+THRESHOLD_COLOUR = "#d62728"
+
+
+def axis_for(unit: str) -> Axis:
+    return AXES.get(unit, Axis(unit or "value"))
+
+
+def zone(name: str | None) -> tzinfo:
+    """The named IANA zone, else this host's local zone."""
+    if name:
+        return ZoneInfo(name)
+    local = datetime.now().astimezone().tzinfo
+    assert local is not None  # astimezone() always attaches a zone
+    return local
+
+
+def zone_label(tz: tzinfo, at: float) -> str:
+    """``UTC+02:00 CEST`` style: the offset always, the abbreviation when it says something."""
+    moment = datetime.fromtimestamp(at, tz)
+    offset = moment.strftime("%z")
+    text = f"UTC{offset[:3]}:{offset[3:]}" if offset else "UTC"
+    abbr = moment.tzname() or ""
+    return text if abbr in ("", "UTC") or abbr.startswith(("+", "-")) else f"{text} {abbr}"
+
+
+def timestamp_text(at: float, tz: tzinfo) -> str:
+    """A moment as 24-hour local time with its zone: ``2025-05-01 14:03:27 UTC+02:00 CEST``."""
+    return f"{datetime.fromtimestamp(at, tz):%Y-%m-%d %H:%M:%S} {zone_label(tz, at)}"
+
+
+def spans_from_samples(samples: Iterable[tuple[str, Sequence[float]]], step_s: float) -> list[Span]:
+    """Alert states sampled over time (``ALERTS`` over a range) as contiguous spans.
+
+    ``samples`` holds, per alert state, the times the state was seen. Times no more than 1.5
+    steps apart belong to the same span; each span extends half a step either side so that a
+    single sample is still a visible band.
+    """
+    out: list[Span] = []
+    half = step_s / 2
+    for state, times in samples:
+        ordered = sorted(times)
+        if not ordered:
+            continue
+        start = prev = ordered[0]
+        for t in ordered[1:]:
+            if t - prev > 1.5 * step_s:
+                out.append(Span(start - half, prev + half, state))
+                start = t
+            prev = t
+        out.append(Span(start - half, prev + half, state))
+    return sorted(out, key=lambda s: (s.start, s.state))
+
+
+def _value_range(values: list[float], threshold: float | None, unit: str) -> list[float] | None:
+    """Data and threshold with a margin; a ratio stays within [0, 1] plus room for the line."""
+    shown = values + ([threshold] if threshold is not None else [])
+    if not shown:
+        return None
+    lo, hi = min(shown), max(shown)
+    pad = (hi - lo) * 0.12 or max(abs(hi) * 0.05, 0.01)
+    lo, hi = lo - pad, hi + pad
+    if unit == "ratio":
+        lo, hi = max(lo, 0.0 - 0.02), min(hi, 1.0 + 0.02)
+    elif min(shown) >= 0:
+        lo = max(lo, 0.0)
+    return [lo, hi]
+
+
+def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: float | None = None,
+                op: str = ">", spans: Sequence[Span] = (), tz: tzinfo | None = None,
+                height: int = CHART_HEIGHT) -> go.Figure:
+    """One check over time: the line, the threshold, pending/firing spans, labelled axes."""
+    tz = tz or zone(None)
+    axis = axis_for(unit)
+    times = [datetime.fromtimestamp(t, tz) for t, _ in points]
+    values = [v for _, v in points]
+    fig = go.Figure()
+    for span in spans:
+        fig.add_vrect(x0=datetime.fromtimestamp(span.start, tz), x1=datetime.fromtimestamp(span.end, tz),
+                      fillcolor=SPAN_COLOURS.get(span.state, SPAN_COLOURS["pending"]), line_width=0, layer="below")
+    for state in sorted({s.state for s in spans}):  # legend entries for the shaded states
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"alert {state}",
+                                 marker={"symbol": "square", "size": 12,
+                                         "color": SPAN_COLOURS.get(state, SPAN_COLOURS["pending"])}))
+    hover_value = f"%{{y:{axis.tickformat or ',.4g'}}}"
+    fig.add_trace(go.Scatter(x=times, y=values, mode="lines", name=title, line={"color": LINE_COLOUR, "width": 2},
+                             connectgaps=False,
+                             hovertemplate=f"%{{x|%Y-%m-%d %H:%M:%S}}<br>{axis.tickprefix}{hover_value}"
+                                           f"{axis.ticksuffix}<extra></extra>"))
+    if threshold is not None:
+        fig.add_hline(y=threshold, line={"color": THRESHOLD_COLOUR, "dash": "dash", "width": 1.5},
+                      annotation_text=f"alert when {op} threshold", annotation_position="top left",
+                      annotation_font={"color": THRESHOLD_COLOUR, "size": 11})
+    start = points[0][0] if points else datetime.now().timestamp()
+    fig.update_layout(
+        height=height, margin={"t": 36, "l": 70, "r": 16, "b": 52},
+        title={"text": title, "font": {"size": 14}, "x": 0, "xanchor": "left"},
+        showlegend=bool(spans), legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"},
+        hovermode="x unified", plot_bgcolor="white",
+    )
+    fig.update_xaxes(title_text=f"time ({zone_label(tz, start)})", tickformat="%H:%M",
+                     hoverformat="%Y-%m-%d %H:%M:%S", showgrid=True, gridcolor="#eceff3", nticks=8)
+    fig.update_yaxes(title_text=axis.title, tickformat=axis.tickformat, tickprefix=axis.tickprefix,
+                     ticksuffix=axis.ticksuffix, range=_value_range([v for v in values if v is not None],
+                                                                    threshold, unit),
+                     showgrid=True, gridcolor="#eceff3", zeroline=False, nticks=6)
+    return fig

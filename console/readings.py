@@ -1,0 +1,68 @@
+"""How the console words a check's or a step's state (pure: no Streamlit calls).
+
+The chain (``console.chain``) has three statuses; "not instrumented" there covers two different
+situations an engineer must tell apart:
+
+* **not instrumented** — a signal the check needs has no source at all (nothing will ever show
+  up until someone wires it);
+* **no data in the window** — every signal has a source, but nothing was measured in the window
+  (no ingest errors on a healthy exporter, no async-prefill request in the last five minutes,
+  a series Prometheus has not scraped yet).
+
+This module draws that line for display; it does not change the chain's verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from console.chain import NO_DATA, CheckState, StepState
+from console.ui import fmt
+
+Shown = Literal["ok", "firing", "no_data", "not_instrumented"]
+
+SHOWN_TEXT: dict[Shown, str] = {
+    "ok": ":green[:material/check_circle: ok]",
+    "firing": ":red[:material/error: FIRING]",
+    "no_data": ":gray[:material/schedule: no data in the window]",
+    "not_instrumented": ":gray[:material/help: not instrumented]",
+}
+
+
+def missing_signals(c: CheckState) -> list[str]:
+    """The signals without a source (not the "no data" marker)."""
+    return [m for m in c.missing if m != NO_DATA]
+
+
+def check_shown(c: CheckState) -> Shown:
+    """A check's status as shown: "not instrumented" only when a signal has no source."""
+    if c.status == "not_instrumented" and not missing_signals(c):
+        return "no_data"
+    return c.status
+
+
+def step_shown(step: StepState) -> Shown:
+    """A step's status as shown: "not instrumented" only when none of its causes has a source."""
+    if step.status != "not_instrumented":
+        return step.status
+    causes = [c for c in step.checks if c.cause]
+    if any(check_shown(c) == "no_data" for c in causes):
+        return "no_data"
+    return "not_instrumented"
+
+
+def shown_text(status: Shown) -> str:
+    return SHOWN_TEXT[status]
+
+
+def check_line(c: CheckState) -> str:
+    """``Title: value (alert when < threshold) — status``, with what is missing when it is."""
+    unit = c.check.unit
+    shown = check_shown(c)
+    line = f"**{c.check.title}**: {fmt(c.value, unit)} (alert when {c.check.op} {fmt(c.threshold, unit)})"
+    line += f" — {shown_text(shown)}"
+    if c.pending:
+        line += " · over threshold, alert pending"
+    if shown == "not_instrumented":
+        line += f" · missing signal: {', '.join(missing_signals(c))}"
+    return line

@@ -1,0 +1,58 @@
+"""Time-series charts: readable height, units on the axis, 24-hour times with the zone, threshold, spans."""
+
+from __future__ import annotations
+
+from zoneinfo import ZoneInfo
+
+from console import charts
+from console.charts import Span, spans_from_samples, time_series, zone_label
+
+BERLIN = ZoneInfo("Europe/Berlin")
+T0 = 1_746_100_800.0  # 2025-05-01 12:00 UTC = 14:00 CEST
+
+
+def test_a_ratio_chart_reads_in_percent_with_its_threshold_and_zone() -> None:
+    # A fall from 100 % to 82 % over an hour, threshold 60 %.
+    points = [(T0 + 60 * i, 1.0 if i < 30 else 0.82) for i in range(60)]
+    fig = time_series(points, title="Prefix hit rate (percent)", unit="ratio", threshold=0.6, op="<", tz=BERLIN)
+    layout = fig.layout
+    assert layout.height >= 240
+    assert layout.yaxis.title.text == "percent" and layout.yaxis.tickformat == ".0%"
+    assert layout.xaxis.tickformat == "%H:%M"  # 24-hour clock
+    assert layout.xaxis.title.text == "time (UTC+02:00 CEST)"
+    assert layout.title.text == "Prefix hit rate (percent)"
+    (line,) = [s for s in layout.shapes if s.type == "line"]
+    assert (line.y0, line.y1) == (0.6, 0.6)
+    lo, hi = layout.yaxis.range
+    # The range fits data and threshold, not [0, 1]: the 18-point drop spans over a third of the height.
+    assert 0.5 < lo < 0.6 and 1.0 < hi <= 1.02
+    assert (1.0 - 0.82) / (hi - lo) > 1 / 3
+    assert fig.data[-1].x[0].hour == 14  # times in the chosen zone
+
+
+def test_units_name_the_axis() -> None:
+    assert charts.axis_for("seconds").title == "seconds" and charts.axis_for("seconds").ticksuffix == " s"
+    assert charts.axis_for("usd").tickprefix == "$"
+    assert charts.axis_for("tokens").title == "tokens"
+    assert charts.axis_for("per_minute").title == "per minute"
+
+
+def test_alert_spans_are_shaded_and_named() -> None:
+    points = [(T0 + 60 * i, 0.1) for i in range(10)]
+    spans = [Span(T0 + 120, T0 + 300, "pending"), Span(T0 + 300, T0 + 540, "firing")]
+    fig = time_series(points, title="t", unit="ratio", threshold=0.05, spans=spans, tz=BERLIN)
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert [r.fillcolor for r in rects] == [charts.SPAN_COLOURS["pending"], charts.SPAN_COLOURS["firing"]]
+    assert {t.name for t in fig.data} >= {"alert pending", "alert firing"}
+    assert fig.layout.showlegend
+
+
+def test_spans_from_alert_samples_merge_consecutive_steps() -> None:
+    firing = [T0 + 60 * i for i in (0, 1, 2, 6, 7)]
+    assert spans_from_samples([("firing", firing), ("pending", [])], 60) == [
+        Span(T0 - 30, T0 + 150, "firing"), Span(T0 + 330, T0 + 450, "firing")]
+
+
+def test_zone_label_names_utc_plainly() -> None:
+    assert zone_label(ZoneInfo("UTC"), T0) == "UTC+00:00"
+    assert charts.timestamp_text(T0, BERLIN) == "2025-05-01 14:00:00 UTC+02:00 CEST"
