@@ -64,7 +64,7 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     assert "Prometheus is not configured" in body
     # Nothing measured in the window on a source that exists is not "not instrumented".
     assert f"**Ingest errors**: — (alert when > 0.50/s) — {NO_DATA}" in body
-    assert f"**Scrape targets up**: — (alert when > 0) — {NO_DATA}" in body
+    assert f"**Scrape targets up**: — (alert when > 0 targets) — {NO_DATA}" in body
     # Links go where something answers: the in-app runbook page; no Grafana is configured.
     assert "[runbook](./runbook?alert=PrefixStickyCollisionsHigh)" in body
     assert "Grafana panel" not in body
