@@ -18,12 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e '.[test]'
 	touch $@
 
-# Debian's prometheus (promtool for the rule tests, the server for the demo) and chromium
-# (the console's browser test). Without root this prints what to run and carries on.
+# Debian's prometheus (promtool for the rule tests, the server for the demo),
+# prometheus-alertmanager (amtool and the server: the inhibition tests and the demo's pages) and
+# chromium (the console's browser test). Without root this prints what to run and carries on.
 define apt_install
 	@missing=""; \
 	for pkg in $(1); do \
-	  case $$pkg in prometheus) bin=promtool ;; *) bin=$$pkg ;; esac; \
+	  case $$pkg in prometheus) bin=promtool ;; prometheus-alertmanager) bin=amtool ;; *) bin=$$pkg ;; esac; \
 	  command -v $$bin >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -38,10 +39,10 @@ define apt_install
 endef
 
 system-packages:
-	$(call apt_install,prometheus chromium)
+	$(call apt_install,prometheus prometheus-alertmanager chromium)
 
 demo-packages:
-	$(call apt_install,prometheus)
+	$(call apt_install,prometheus prometheus-alertmanager)
 
 # The two real routers live in their own venv: they are binaries we drive, not libraries.
 $(ROUTERS)/.installed:

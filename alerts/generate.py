@@ -2,7 +2,7 @@
 
 Outputs (all derived from prefixscope/catalog.py and alerts/thresholds.yaml):
 alerts/generated/{prefixscope.rules.yaml, prefixscope.prometheusrule.yaml,
-grafana-alerting.yaml, prefixscope.rules.test.yaml}, dashboards/generated/*.json,
+grafana-alerting.yaml, prefixscope.rules.test.yaml, alertmanager.yaml}, dashboards/generated/*.json,
 docs/metrics.md and the index block of runbooks/README.md.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from grafanalib._gen import loader
 
-from alerts import docs, grafana, promtests, rules
+from alerts import alertmanager, docs, grafana, promtests, rules
 from dashboards.common import to_json, use_thresholds
 from prefixscope import thresholds as config
 from prefixscope.catalog import CHECKS
@@ -81,6 +81,7 @@ def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
     out[gen / "prefixscope.prometheusrule.yaml"] = dump_yaml(rules.prometheus_rule(rule_doc))
     out[gen / "grafana-alerting.yaml"] = dump_yaml(grafana.provisioning(th, uid, panel_ids, urls))
     out[gen / "prefixscope.rules.test.yaml"] = dump_yaml(promtests.test_file(th, RULES_FILE, urls))
+    out[gen / "alertmanager.yaml"] = dump_yaml(alertmanager.config())
     out[root / "docs" / "metrics.md"] = docs.metrics_md(th)
     readme = root / "runbooks" / "README.md"
     current = readme.read_text(encoding="utf-8") if readme.exists() else ""

@@ -23,8 +23,9 @@ import yaml
 from fleet.control import FleetControl
 from fleet.policies import POLICIES
 from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
-from fleet.scenarios import Scenario, ScenarioError, load_preset, preset_names, presets
+from fleet.scenarios import Scenario, ScenarioError, load_preset, presets
 from fleet.simulation import ScaledClock, Simulation, signals, worker_spec
+from fleet.storyline import STORYLINES, runs, storyline
 from fleet.topology import Topology, TopologyError, load_topology
 from fleet.traces import MOONCAKE_BLOCK_SIZE, load_mooncake, replay_requests
 from fleet.workers import FleetOptions, WorkerFleet
@@ -39,7 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=None, help="use the first N workers (or grow the fleet to N)")
     p.add_argument("--policy", choices=POLICIES, default=None, help="routing policy (default: the scenario's)")
     p.add_argument("--scenario", default="healthy", help="a preset name or a scenario file (default: %(default)s)")
-    p.add_argument("--storyline", action="store_true", help="run every preset in turn (healthy first)")
+    p.add_argument("--storyline", nargs="?", const="full", choices=STORYLINES, default=None,
+                   help="run presets in turn: 'full' (every preset, healthy first; the default of a bare "
+                        "--storyline) or 'short' (three faults along the chain, five minutes each)")
     p.add_argument("--repeat", action="store_true",
                    help="real time: run the scenario (or storyline) again and again until stopped")
     p.add_argument("--trace", type=Path, default=None,
@@ -130,12 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         topology = load_topology(args.topology)
         if args.workers:
             topology = topology.with_workers(args.workers)
-        scenarios = [load_preset(n) for n in preset_names()] if args.storyline else [load_preset(args.scenario)]
+        scenarios = storyline(args.storyline) if args.storyline else [load_preset(args.scenario)]
     except (TopologyError, ScenarioError) as exc:
         print(f"prefixscope sim: {exc}", file=sys.stderr)
         return 2
-    if args.storyline:
-        scenarios.sort(key=lambda s: (s.name != "healthy", s.name))
     if args.trace is not None:
         try:
             trace, errors = load_mooncake(args.trace)
@@ -213,35 +214,59 @@ def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenari
     for w in fleet:
         print(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", flush=True)
     print(f"control: {control.url}/workers (POST /workers/<name>/kill or /restart)", flush=True)
-    if args.manifest:
-        write_manifest(args.manifest, fleet, topology, control.url)
+    published = ManifestPublisher(args.manifest, fleet, topology, control.url)
+    published.refresh()
     if args.no_traffic:
         print("serving workers only (--no-traffic); Ctrl-C stops", flush=True)
         while not stop.wait(0.2):
             control.apply(None)
+            published.refresh()
         return 0
-    while not stop.is_set():
-        for sc in scenarios:
-            if stop.is_set():
-                break
-            print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
-            sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
-                             duration_s=args.duration, seed=args.seed, fleet=fleet, track_placement=False,
-                             requests=replay_requests(args.requests) if args.requests else None)
-            result = sim.run(on_request=lambda _record, sim=sim: control.apply(sim), should_stop=stop.is_set)
-            print(f"scenario {sc.name}: {len(result.records)} requests routed", flush=True)
-            control.apply(None)
-            _heal(fleet)
-        if not (args.storyline or args.repeat):
+    for sc, seed in runs(scenarios, args.seed, repeat=args.repeat):
+        if stop.is_set():
             break
+        print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
+        sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
+                         duration_s=args.duration, seed=seed, fleet=fleet, track_placement=False,
+                         requests=replay_requests(args.requests) if args.requests else None)
+
+        def between_requests(_record: dict | None, sim: Simulation = sim) -> None:
+            control.apply(sim)
+            published.refresh()
+        result = sim.run(on_request=between_requests, should_stop=stop.is_set)
+        print(f"scenario {sc.name}: {len(result.records)} requests routed", flush=True)
+        control.apply(None)
+        _heal(fleet)
+        published.refresh()
     return 0
 
 
+class ManifestPublisher:
+    """Writes the manifest once the workers serve, and again when a restart moved a worker to
+    fresh ports (its old one was taken), so readers find it at its new address."""
+
+    def __init__(self, path: Path | None, fleet: WorkerFleet, topology: Topology, control_url: str) -> None:
+        self.path, self.fleet, self.topology, self.control_url = path, fleet, topology, control_url
+        self._moves: int | None = None
+
+    def refresh(self) -> None:
+        if self.path is None or self._moves == self.fleet.moves:
+            return
+        if self._moves is not None:
+            print(f"a worker came back on new ports; manifest {self.path} rewritten", flush=True)
+        self._moves = self.fleet.moves
+        write_manifest(self.path, self.fleet, self.topology, self.control_url)
+
+
 def _heal(fleet: WorkerFleet) -> None:
-    """Between storyline scenarios: dead workers restart and fault knobs go back to normal."""
+    """Between storyline scenarios: dead workers restart and fault knobs go back to normal. A
+    worker that cannot restart stays down (the fleet carries on; the next heal tries again)."""
     for w in fleet:
         if not w.alive:
-            fleet.restart(w.name)
+            try:
+                fleet.restart(w.name)
+            except (OSError, RuntimeError) as exc:
+                print(f"worker {w.name} could not restart: {exc}", file=sys.stderr, flush=True)
     for w in fleet:
         k = w.engine.knobs
         k.prefill_slowdown, k.expert_misalignment, k.drop_kv_events = 1.0, 0.0, 0.0

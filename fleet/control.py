@@ -8,7 +8,9 @@ when the driving thread is busy for longer than ``wait_s``.
 
 A kill is what a crashed worker process looks like: the router takes the worker out of its pool
 (its sessions migrate), the worker's HTTP and ZMQ endpoints go away. A restart brings it back as
-a fresh process: empty cache, KV-event sequence from 0.
+a fresh process: empty cache, KV-event sequence from 0, on its old ports or, when another process
+took one of them meanwhile, on fresh ones (the answer says so and the fleet republishes its
+manifest). A restart that cannot bind at all answers 503 and leaves the worker down.
 """
 
 from __future__ import annotations
@@ -113,10 +115,18 @@ class FleetControl:
             else:
                 self.fleet.kill(cmd.worker)
             return 200, f"{cmd.worker} killed"
-        if target is not None:
-            target.restart_worker(cmd.worker)
-        else:
-            self.fleet.restart(cmd.worker)
+        before = self.fleet[cmd.worker].url
+        try:
+            if target is not None:
+                target.restart_worker(cmd.worker)
+            else:
+                self.fleet.restart(cmd.worker)
+        except (OSError, RuntimeError) as exc:  # the worker stays down; the fleet carries on
+            log.warning("control: restart of %s failed: %s", cmd.worker, exc)
+            return 503, f"{cmd.worker} could not restart: {exc}"
+        after = self.fleet[cmd.worker].url
+        if after != before:
+            return 200, f"{cmd.worker} restarted on new ports ({after}; its old port was taken)"
         return 200, f"{cmd.worker} restarted"
 
     def workers(self) -> list[dict[str, Any]]:

@@ -1,13 +1,18 @@
 """WorkerFleet: N simulated workers on 127.0.0.1, each an engine + HTTP server + KV publisher.
 
 Everything binds an ephemeral port. A worker can be killed (its HTTP server and ZMQ sockets go
-away, as when a process dies) and restarted on the same ports with a fresh engine: empty cache,
-counters from zero and a KV-event sequence starting again at 0, which is how a subscriber
-recognises a restart.
+away, as when a process dies) and restarted with a fresh engine: empty cache, counters from zero
+and a KV-event sequence starting again at 0, which is how a subscriber recognises a restart. A
+restart takes the worker's old ports back when it can (readers keep their URLs); when another
+process took one of them meanwhile (ephemeral ports are anyone's once released), it retries
+briefly and then binds fresh ports, so one worker's restart never takes the fleet down. Such a
+move is counted in :attr:`WorkerFleet.moves` so whoever published the endpoints can publish them
+again.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -20,6 +25,12 @@ from fleet.engine import SimEngine, WorkerSpec
 from fleet.kv_publisher import KvEventPublisher
 from fleet.metrics_text import FLAVOURS
 from fleet.worker_http import RequestCallback, WorkerServer
+
+log = logging.getLogger("prefixscope.fleet.workers")
+
+# A restart waits this long for its old ports before it binds fresh ones.
+REBIND_ATTEMPTS = 20
+REBIND_PAUSE_S = 0.05
 
 
 @dataclass(slots=True)
@@ -73,11 +84,12 @@ class WorkerFleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self.moves = 0  # restarts that came back on fresh ports (the endpoints changed)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> WorkerFleet:
         for spec in self.specs:
-            self.workers[spec.name] = self._launch(spec)
+            self.workers[spec.name] = self._launch(spec, attempts=50)
         self._ticker = threading.Thread(target=self._tick_loop, name="fleet-ticker", daemon=True)
         self._ticker.start()
         return self
@@ -97,20 +109,38 @@ class WorkerFleet:
         self.stop()
 
     def _launch(self, spec: WorkerSpec, port: int = 0, kv: str | None = None,
-                replay: str | None = None) -> SimWorker:
-        o = self.options
+                replay: str | None = None, attempts: int = 1) -> SimWorker:
+        """Bind the worker's HTTP server and KV-event sockets (0 / None: ephemeral), retrying
+        ``attempts`` times when an address is in use; raises :class:`OSError` or
+        :class:`RuntimeError` when it still cannot bind."""
         engine = SimEngine(spec, self.clock)
-        publisher = self._bind_publisher(spec, engine, kv, replay)
+        publisher = self._bind_publisher(spec, engine, kv, replay, attempts)
         engine.on_events = publisher.publish
-        server = WorkerServer(engine, o.flavour, port=port, delay_scale=o.delay_scale,
-                              on_request=self.on_request).start()
-        return SimWorker(spec, engine, server, publisher, server.url, publisher.endpoint, publisher.replay_endpoint)
+        try:
+            server = self._bind_server(engine, port, attempts)
+        except OSError:
+            publisher.close()
+            raise
+        return SimWorker(spec, engine, server.start(), publisher, server.url, publisher.endpoint,
+                         publisher.replay_endpoint)
+
+    def _bind_server(self, engine: SimEngine, port: int, attempts: int) -> WorkerServer:
+        o = self.options
+        for attempt in range(attempts):
+            try:
+                return WorkerServer(engine, o.flavour, port=port, delay_scale=o.delay_scale,
+                                    on_request=self.on_request)
+            except OSError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(REBIND_PAUSE_S)
+        raise AssertionError("unreachable")
 
     def _bind_publisher(self, spec: WorkerSpec, engine: SimEngine, kv: str | None,
-                        replay: str | None) -> KvEventPublisher:
+                        replay: str | None, attempts: int) -> KvEventPublisher:
         o = self.options
         last: Exception | None = None
-        for _ in range(50):  # a restart re-binds the old ports; the OS may need a moment
+        for _ in range(attempts):
             try:
                 return KvEventPublisher(
                     endpoint=kv or "tcp://127.0.0.1:0",
@@ -122,7 +152,7 @@ class WorkerFleet:
                 )
             except (RuntimeError, zmq.ZMQError) as e:
                 last = e
-                time.sleep(0.05)
+                time.sleep(REBIND_PAUSE_S)
         raise RuntimeError(f"cannot bind the KV-event sockets of {spec.name}: {last}")
 
     def _shutdown(self, w: SimWorker) -> None:
@@ -146,12 +176,20 @@ class WorkerFleet:
                 self._shutdown(w)
 
     def restart(self, name: str) -> SimWorker:
-        """Start the worker again on the same ports with a fresh engine (empty cache, seq 0)."""
+        """Start the worker again with a fresh engine (empty cache, seq 0): on its old ports when
+        they can be bound again within about a second, else on fresh ports (``moves`` counts it)."""
         with self._lock:
             old = self.workers[name]
             if old.alive:
                 self._shutdown(old)
-            w = self._launch(old.spec, port=old.server.port, kv=old.kv_endpoint, replay=old.replay_endpoint)
+            try:
+                w = self._launch(old.spec, port=old.server.port, kv=old.kv_endpoint, replay=old.replay_endpoint,
+                                 attempts=REBIND_ATTEMPTS)
+            except (OSError, RuntimeError) as exc:
+                w = self._launch(old.spec)
+                self.moves += 1
+                log.warning("worker %s: its old ports are taken (%s); it restarted on %s, kv=%s, replay=%s",
+                            name, exc, w.url, w.kv_endpoint, w.replay_endpoint)
             self.workers[name] = w
             return w
 

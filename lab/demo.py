@@ -1,13 +1,15 @@
 """``prefixscope demo``: the whole product on one machine.
 
 Starts, in order: the simulated fleet with the reference router (real time), the exporter
-(reading the fleet's manifest, receiving its request records), Prometheus on 127.0.0.1 with the
-generated rules (when Debian's ``prometheus`` is installed; otherwise the demo runs on the
-exporter alone and says so), and the console. It prints the URLs, runs the default storyline
-(healthy, then every fault in turn, over and over) or ``--scenario NAME`` (repeated), and keeps
-running through faults: a killed worker is a migration, a stopped Prometheus sends the console
-to the exporter, an exporter or console that exits is started again (bounded backoff). Only
-the fleet exiting ends the demo. Ctrl-C or SIGTERM stops every process it started.
+(reading the fleet's manifest, receiving its request records), Alertmanager with the generated
+inhibition rules and Prometheus on 127.0.0.1 with rules generated from the demo's threshold
+profile (when Debian's ``prometheus-alertmanager`` and ``prometheus`` are installed; otherwise the
+demo runs without them and says so), and the console. It prints the URLs, runs the short
+storyline (three faults along the chain, five minutes each; ``--storyline full`` for every
+preset) over and over, or ``--scenario NAME`` (repeated), and keeps running through faults: a
+killed worker is a migration, a stopped Prometheus sends the console to the exporter, an
+exporter or console that exits is started again (bounded backoff). Only the fleet exiting ends
+the demo. Ctrl-C or SIGTERM stops every process it started.
 """
 
 from __future__ import annotations
@@ -30,9 +32,16 @@ from pathlib import Path
 
 import yaml
 
+from alerts import profiles
+from fleet.scenarios import ScenarioError, load_preset
+from fleet.storyline import STORYLINES
+from prefixscope.thresholds import ConfigError
+
 ROOT = Path(__file__).resolve().parent.parent
-RULES = ROOT / "alerts" / "generated" / "prefixscope.rules.yaml"
+ALERTMANAGER_CONFIG = ROOT / "alerts" / "generated" / "alertmanager.yaml"
 PROMETHEUS_ENV = "PREFIXSCOPE_PROMETHEUS"  # the Prometheus binary (default: `prometheus` on PATH)
+ALERTMANAGER_ENV = "PREFIXSCOPE_ALERTMANAGER"  # default: `prometheus-alertmanager` (Debian), else `alertmanager`
+NO_PROFILE = "none"  # --profile none: alerts/thresholds.yaml as it is
 HOST = "127.0.0.1"
 
 # What the demo does when a child exits.
@@ -72,7 +81,8 @@ def next_backoff(previous_s: float | None, ran_s: float) -> float:
     return min(BACKOFF_MAX_S, previous_s * 2)
 
 
-def exporter_config(manifest: Path, topology: Path | None, scrape_interval: float) -> dict:
+def exporter_config(manifest: Path, topology: Path | None, scrape_interval: float,
+                    thresholds: Path | None = None) -> dict:
     """The exporter's config for a demo fleet described by its manifest."""
     cfg: dict = {
         "fleet_manifest": str(manifest),
@@ -81,33 +91,60 @@ def exporter_config(manifest: Path, topology: Path | None, scrape_interval: floa
     }
     if topology is not None:
         cfg["topology"] = str(topology)
+    if thresholds is not None:
+        cfg["thresholds"] = str(thresholds)
     return cfg
 
 
-def prometheus_config(exporter_address: str, rules: Path, interval_s: int = 5) -> dict:
-    """A Prometheus config scraping the exporter and loading the generated rules."""
-    return {
+def alerting_files(profile: str, run: Path) -> tuple[Path, Path | None]:
+    """The rule file Prometheus loads and the thresholds file the exporter reads (None: the
+    packaged one). A profile's are generated into the run directory from the catalogue."""
+    if profile == NO_PROFILE:
+        return ROOT / "alerts" / "generated" / "prefixscope.rules.yaml", None
+    rules, thresholds = run / "prefixscope.rules.yaml", run / "thresholds.yaml"
+    thresholds.write_text(profiles.thresholds_yaml(profile), encoding="utf-8")
+    rules.write_text(profiles.rule_file(profile), encoding="utf-8")
+    return rules, thresholds
+
+
+def prometheus_config(exporter_address: str, rules: Path, interval_s: int = 5,
+                      alertmanager_address: str | None = None) -> dict:
+    """A Prometheus config scraping the exporter, loading the rules and, when one runs, sending
+    its alerts to Alertmanager."""
+    cfg: dict = {
         "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
         "rule_files": [str(rules)],
         "scrape_configs": [
             {"job_name": "prefixscope", "static_configs": [{"targets": [exporter_address]}]},
         ],
     }
+    if alertmanager_address:
+        cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_address]}]}]}
+    return cfg
+
+
+def _find(what: str, flag: str | None, env: str, names: Sequence[str], package: str) -> tuple[str | None, str]:
+    wanted = flag or os.environ.get(env)
+    if wanted:
+        found = shutil.which(wanted)
+        if found is None:
+            return None, f"{what}: {wanted} is not an executable"
+        return found, ""
+    for name in names:
+        if (found := shutil.which(name)) is not None:
+            return found, ""
+    return None, f"{what}: not installed (install it with: apt-get install {package}, as root; then run the demo again)"
 
 
 def find_prometheus(flag: str | None) -> tuple[str | None, str]:
     """The Prometheus binary to run (flag, then $PREFIXSCOPE_PROMETHEUS, then PATH) and why not, if none."""
-    wanted = flag or os.environ.get(PROMETHEUS_ENV)
-    if wanted:
-        found = shutil.which(wanted)
-        if found is None:
-            return None, f"Prometheus: {wanted} is not an executable"
-        return found, ""
-    found = shutil.which("prometheus")
-    if found is None:
-        return None, ("Prometheus: not installed (install it with: apt-get install prometheus, as root; "
-                      "then run the demo again)")
-    return found, ""
+    return _find("Prometheus", flag, PROMETHEUS_ENV, ("prometheus",), "prometheus")
+
+
+def find_alertmanager(flag: str | None) -> tuple[str | None, str]:
+    """The Alertmanager binary (flag, then $PREFIXSCOPE_ALERTMANAGER, then PATH) and why not, if none."""
+    return _find("Alertmanager", flag, ALERTMANAGER_ENV, ("prometheus-alertmanager", "alertmanager"),
+                 "prometheus-alertmanager")
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None,
@@ -140,6 +177,7 @@ class Child:
     backoff_s: float | None = None
     restart_at: float | None = None  # set while a restart is pending
     reported: bool = False  # the exit was seen (and its process group cleaned up)
+    gone_note: str = ""  # OPTIONAL: what its exit means for the rest of the demo
 
 
 @dataclass
@@ -156,10 +194,18 @@ class Supervisor:
             return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, cwd=ROOT)
 
-    def start(self, name: str, cmd: Sequence[str], policy: str = RESTART) -> subprocess.Popen:
+    def start(self, name: str, cmd: Sequence[str], policy: str = RESTART, gone_note: str = "") -> subprocess.Popen:
         proc = self._spawn(name, cmd)
-        self.children[name] = Child(name, list(cmd), policy, proc, self.clock())
+        self.children[name] = Child(name, list(cmd), policy, proc, self.clock(), gone_note=gone_note)
         return proc
+
+    def restart_now(self, name: str, grace_s: float = 5.0) -> None:
+        """Stop a RESTART child and start it again at once (it must read changed inputs)."""
+        c = self.children[name]
+        if c.proc.poll() is None:
+            self._stop_all([c.proc], grace_s)
+        c.proc = self._spawn(c.name, c.cmd)
+        c.started_at, c.restart_at, c.reported = self.clock(), None, False
 
     def pids(self) -> dict[str, int]:
         return {c.name: c.proc.pid for c in self.children.values() if c.proc.poll() is None}
@@ -175,7 +221,7 @@ class Supervisor:
                 c.reported = True
                 _kill_group(c.proc.pid, signal.SIGKILL)  # whatever the exited leader left behind
                 if c.policy == OPTIONAL:
-                    self.say(f"{c.name} stopped (exit code {code}); the console falls back to the exporter alone")
+                    self.say(f"{c.name} stopped (exit code {code}){'; ' + c.gone_note if c.gone_note else ''}")
             if c.policy == ESSENTIAL:
                 return c.name
             if c.policy == OPTIONAL:
@@ -224,25 +270,71 @@ def _prefixscope(*args: str) -> list[str]:
     return [sys.executable, "-m", "prefixscope", *args]
 
 
+def _port_arg(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0–65535 (0: a free one), got {port}")
+    return port
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} above 0, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} above 0, got {text}")
+        return value
+    return parse
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The demo's flags, all checked here: a bad one stops the demo (exit 2) before anything starts."""
     p = argparse.ArgumentParser(prog="prefixscope demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default=None,
                    help="run one fault scenario, repeated (see 'prefixscope sim --list-scenarios'); default: the storyline")
-    p.add_argument("--workers", type=int, default=None, help="override the number of simulated workers")
-    p.add_argument("--exporter-port", type=int, default=9400, help="0 picks a free port; a busy port is replaced by a free one")
-    p.add_argument("--prometheus-port", type=int, default=9090)
-    p.add_argument("--console-port", type=int, default=8501)
+    p.add_argument("--storyline", choices=STORYLINES, default="short",
+                   help="without --scenario: 'short' (three faults, ~15 minutes a pass) or 'full' (every preset, "
+                        "~2.5 hours a pass); default %(default)s")
+    p.add_argument("--profile", default="demo",
+                   help=f"threshold profile of alerts/profiles/ the rules and the exporter use ('{NO_PROFILE}': "
+                        "alerts/thresholds.yaml as it is); default %(default)s")
+    p.add_argument("--workers", type=_positive(int), default=None, help="override the number of simulated workers")
+    p.add_argument("--exporter-port", type=_port_arg, default=9400,
+                   help="0 picks a free port; a busy port is replaced by a free one")
+    p.add_argument("--prometheus-port", type=_port_arg, default=9090)
+    p.add_argument("--alertmanager-port", type=_port_arg, default=9093)
+    p.add_argument("--console-port", type=_port_arg, default=8501)
     p.add_argument("--run-dir", type=Path, default=ROOT / ".demo",
                    help="where configs, logs and Prometheus data go (default %(default)s)")
     p.add_argument("--prometheus-bin", default=None,
                    help=f"the Prometheus binary (default ${PROMETHEUS_ENV}, else 'prometheus' on PATH)")
+    p.add_argument("--alertmanager-bin", default=None,
+                   help=f"the Alertmanager binary (default ${ALERTMANAGER_ENV}, else 'prometheus-alertmanager' on PATH)")
     p.add_argument("--no-prometheus", action="store_true", help="run on the exporter alone")
+    p.add_argument("--no-alertmanager", action="store_true", help="Prometheus evaluates the rules but pages nobody")
     p.add_argument("--no-console", action="store_true")
-    p.add_argument("--kill-worker-after", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--kill-worker-after", type=_positive(float), default=None, metavar="SECONDS",
                    help="kill the first worker this long after the demo is up (it restarts when the scenario ends)")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: run until Ctrl-C)")
-    return p.parse_args(argv)
+    p.add_argument("--duration", type=_positive(float), default=None,
+                   help="stop after this many seconds (default: run until Ctrl-C)")
+    args = p.parse_args(argv)
+    if args.scenario is not None:
+        try:
+            load_preset(args.scenario)
+        except ScenarioError as exc:
+            p.error(f"--scenario: {exc}")
+    if args.profile != NO_PROFILE:
+        try:
+            profiles.load(args.profile)
+        except ConfigError as exc:
+            p.error(f"--profile: {exc}")
+    return args
 
 
 def post(url: str, timeout_s: float = 15.0) -> str:
@@ -302,6 +394,7 @@ def _launch(sup: Supervisor, name: str, cmd: Sequence[str], policy: str, ready_u
 def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.Event,
          say: Callable[[str], None]) -> int:
     logs = run / "logs"
+    rules, thresholds = alerting_files(args.profile, run)
     exporter_addr = f"{HOST}:{_port(args.exporter_port, 'exporter', say)}"
     exporter_url = f"http://{exporter_addr}"
     manifest = run / "fleet.json"
@@ -310,7 +403,7 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
     # repeats its scenario(s) so the demo only ends when asked to
     sim_cmd = _prefixscope("sim", "--manifest", str(manifest), "--repeat",
                            "--records-url", f"{exporter_url}/api/v1/records")
-    sim_cmd += ["--scenario", args.scenario] if args.scenario else ["--storyline"]
+    sim_cmd += ["--scenario", args.scenario] if args.scenario else ["--storyline", args.storyline]
     if args.workers:
         sim_cmd += ["--workers", str(args.workers)]
     sim = sup.start("sim", sim_cmd, ESSENTIAL)
@@ -321,35 +414,60 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
             return 1
         if stop.wait(0.2):
             return 0
-    data = json.loads(manifest.read_text())
+    manifest_text = manifest.read_text()
+    data = json.loads(manifest_text)
     topology = data.get("topology")
     control = data.get("control")
 
     # 2. the exporter: restarted if it exits; a new one replays every worker's KV events from seq 0
     cfg_path = run / "exporter.yaml"
-    cfg_path.write_text(yaml.safe_dump(exporter_config(manifest, Path(topology) if topology else None, 5.0)))
+    cfg_path.write_text(yaml.safe_dump(exporter_config(manifest, Path(topology) if topology else None, 5.0,
+                                                       thresholds)))
     exp_cmd = _prefixscope("export", "--config.file", str(cfg_path), "--web.listen-address", exporter_addr)
     if (code := _launch(sup, "exporter", exp_cmd, RESTART, f"{exporter_url}/healthz", 30, stop, say)) is not None:
         return code
 
-    # 3. Prometheus with the generated rules, when it is installed; if it stops, the console
-    # falls back to the exporter, so it is reported and left down
-    prom_url = None
+    # 3. Alertmanager with the generated inhibition rules (an incident pages once, at its first
+    # failing step) and Prometheus with the profile's rules, when they are installed; if one
+    # stops, it is reported and left down (the console falls back to the exporter)
+    prom_url = am_url = None
     prometheus, missing = find_prometheus(args.prometheus_bin)
     if args.no_prometheus:
         say("Prometheus: off (--no-prometheus); the console runs on the exporter alone")
     elif prometheus is None:
         say(f"{missing} — the console runs on the exporter alone.")
     else:
+        alertmanager, am_missing = find_alertmanager(args.alertmanager_bin)
+        if args.no_alertmanager:
+            say("Alertmanager: off (--no-alertmanager); Prometheus's alerts page nobody")
+        elif alertmanager is None:
+            say(f"{am_missing} — Prometheus's alerts page nobody.")
+        else:
+            am_port = _port(args.alertmanager_port, "Alertmanager", say)
+            am_cmd = [alertmanager, f"--config.file={ALERTMANAGER_CONFIG}",
+                      f"--storage.path={run / 'alertmanager-data'}", f"--web.listen-address={HOST}:{am_port}",
+                      "--cluster.listen-address="]  # one instance: no gossip port
+            am_url = f"http://{HOST}:{am_port}"
+            proc = sup.start("alertmanager", am_cmd, OPTIONAL, gone_note="Prometheus's alerts page nobody")
+            if not wait_http(f"{am_url}/-/ready", 30, proc, stop):
+                if stop.is_set():
+                    return 0
+                say(f"Alertmanager did not start (see {logs / 'alertmanager.log'}); Prometheus's alerts page nobody")
+                am_url = None
         prom_port = _port(args.prometheus_port, "Prometheus", say)
         prom_cfg = run / "prometheus.yml"
-        prom_cfg.write_text(yaml.safe_dump(prometheus_config(exporter_addr, RULES)))
+        prom_cfg.write_text(yaml.safe_dump(prometheus_config(exporter_addr, rules,
+                                                             alertmanager_address=am_url and am_url.removeprefix("http://"))))
         prom_cmd = [prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={run / 'prometheus-data'}",
                     f"--web.listen-address={HOST}:{prom_port}", "--storage.tsdb.retention.time=6h",
                     "--web.enable-lifecycle"]
         prom_url = f"http://{HOST}:{prom_port}"
-        if (code := _launch(sup, "prometheus", prom_cmd, OPTIONAL, f"{prom_url}/-/ready", 30, stop, say)) is not None:
-            return code
+        proc = sup.start("prometheus", prom_cmd, OPTIONAL, gone_note="the console falls back to the exporter alone")
+        if not wait_http(f"{prom_url}/-/ready", 30, proc, stop):
+            if stop.is_set():
+                return 0
+            say(f"prometheus did not start; see {logs / 'prometheus.log'}")
+            return 1
 
     # 4. the console
     console_url = None
@@ -367,6 +485,10 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
     say(f"  console      {console_url or '(off)'}")
     say(f"  exporter     {exporter_url}/  (metrics: {exporter_url}/metrics)")
     say(f"  prometheus   {prom_url or '(not running)'}")
+    say(f"  alertmanager {am_url + '/#/alerts  (inhibited alerts: ' + am_url + '/api/v2/alerts)' if am_url else '(not running)'}")
+    what = f"scenario {args.scenario}, repeated" if args.scenario else f"the {args.storyline} storyline, repeated"
+    say(f"  running      {what}; thresholds: "
+        f"{'alerts/thresholds.yaml' if args.profile == NO_PROFILE else 'profile ' + args.profile}")
     say(f"  fleet        {len(data['workers'])} simulated workers (manifest {manifest})")
     if control:
         say(f"  control      {control}/workers  (kill a worker: curl -X POST {control}/workers/{first}/kill)")
@@ -382,6 +504,10 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
             say(f"the simulated fleet exited (exit code {sup.exit_code(dead)}); the demo stops. "
                 f"See {logs / (dead + '.log')}")
             return 1
+        if _manifest_changed(manifest, manifest_text):
+            manifest_text = manifest.read_text()
+            say("a worker came back on new ports; starting the exporter again to read the new manifest")
+            sup.restart_now("exporter")
         if kill_at is not None and time.monotonic() >= kill_at:
             kill_at = None
             if control:
@@ -391,3 +517,10 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
         if args.duration is not None and time.monotonic() - started >= args.duration:
             break
     return 0
+
+
+def _manifest_changed(manifest: Path, known: str) -> bool:
+    try:
+        return manifest.read_text() != known
+    except OSError:  # being replaced this instant: look again next round
+        return False

@@ -1,9 +1,10 @@
 """``prefixscope demo`` end to end, plus its supervisor's rules on real child processes.
 
-The slow test runs the demo as a user does (a real subprocess: fleet, exporter, Prometheus,
-console on free ports), checks every part serves, then injects the faults one by one — a worker
-killed, Prometheus stopped, the exporter killed — and ends with SIGINT: exit 0, no process of
-the demo left, every port free.
+The slow test runs the demo as a user does (a real subprocess: fleet, exporter, Alertmanager,
+Prometheus, console on free ports), checks every part serves, then injects the faults one by one
+— a worker killed, Prometheus stopped, the exporter killed — and ends with SIGINT: exit 0, no
+process of the demo left, every port free. Another slow test replays the short storyline through
+the exporter with the demo's threshold profile: each fault names its step within its minutes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet.storyline import short
+from fleet.topology import load_topology
 from lab.demo import (
+    ALERTMANAGER_ENV,
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
     ESSENTIAL,
@@ -35,16 +39,22 @@ from lab.demo import (
     RESTART,
     STABLE_AFTER_S,
     Supervisor,
+    alerting_files,
     choose_port,
+    find_alertmanager,
     find_prometheus,
     next_backoff,
+    prometheus_config,
 )
+from lab.harness import run_through_exporter
 from prefixscope import catalog
+from prefixscope.thresholds import load as load_thresholds
 from tests import support
 from tests.support import port_free
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 UP = f"{catalog.NAMESPACE}_up"
 RESIDENT = f"{catalog.NAMESPACE}_worker_resident_blocks"
 RECORDS = f"{catalog.NAMESPACE}_records_ingested"
@@ -95,6 +105,57 @@ def test_prometheus_binary_from_flag_env_or_path(monkeypatch: pytest.MonkeyPatch
     assert binary is None and why.startswith("Prometheus: not installed")
 
 
+def test_alertmanager_binary_from_flag_env_or_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ALERTMANAGER_ENV, sys.executable)
+    assert find_alertmanager(None) == (sys.executable, "")
+    monkeypatch.delenv(ALERTMANAGER_ENV)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_alertmanager(None) == (None, "Alertmanager: not installed (install it with: apt-get install "
+                                             "prometheus-alertmanager, as root; then run the demo again)")
+
+
+def test_prometheus_sends_its_alerts_to_the_demo_s_alertmanager(tmp_path: Path) -> None:
+    cfg = prometheus_config("127.0.0.1:9400", tmp_path / "rules.yaml", alertmanager_address="127.0.0.1:9093")
+    assert cfg["alerting"] == {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]}
+    assert "alerting" not in prometheus_config("127.0.0.1:9400", tmp_path / "rules.yaml")
+
+
+def test_the_demo_profile_s_rules_and_thresholds_come_from_the_catalogue(tmp_path: Path) -> None:
+    import yaml
+
+    rules, thresholds = alerting_files("demo", tmp_path)
+    assert (rules.parent, thresholds.parent) == (tmp_path, tmp_path)
+    th = load_thresholds(thresholds)
+    alerts = {r["alert"]: r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    assert set(alerts) == {c.alert for c in catalog.CHECKS}
+    for check in catalog.CHECKS:
+        assert alerts[check.alert]["for"] == th.checks[check.threshold].for_
+        assert th.for_s(check) <= 60  # every alert can fire within a short storyline's fault phase
+    assert th.window == load_thresholds().window
+    promtool = "/usr/bin/promtool"
+    if os.access(promtool, os.X_OK):
+        done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+    committed, packaged = alerting_files("none", tmp_path / "none")
+    assert committed == REPO / "alerts" / "generated" / "prefixscope.rules.yaml" and packaged is None
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--scenario", "nope"], "--scenario: nope: unknown scenario (presets: "),
+    (["--storyline", "long"], "argument --storyline: invalid choice: 'long'"),
+    (["--profile", "nope"], "--profile: unknown threshold profile 'nope'; profiles: demo"),
+    (["--workers", "0"], "argument --workers: expected a int above 0, got 0"),
+    (["--console-port", "70000"], "a port is 0–65535"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path, args: list[str], needle: str) -> None:
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "prefixscope", "demo", *args, "--run-dir", str(run)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert needle in done.stderr and done.stderr.splitlines()[-1].startswith("prefixscope demo: error: ")
+    assert done.stdout == "" and not run.exists()
+
+
 @dataclass
 class FakeClock:
     t: float = 0.0
@@ -120,7 +181,8 @@ def test_supervisor_restarts_reports_and_ends_on_the_essential_child(tmp_path: P
     sup = Supervisor(tmp_path, say=said, clock=clock)
     try:
         exp = sup.start("exporter", _exit_soon(3), RESTART)
-        prom = sup.start("prometheus", _exit_soon(0), OPTIONAL)
+        prom = sup.start("prometheus", _exit_soon(0), OPTIONAL,
+                         gone_note="the console falls back to the exporter alone")
         exp.wait(10)
         prom.wait(10)
         assert sup.check() is None
@@ -293,6 +355,15 @@ def test_the_demo_serves_survives_faults_and_stops_clean(demo: Demo) -> None:
     prom = prom_line if os.access(PROMETHEUS, os.X_OK) else None
     if prom is not None:
         ports.add(int(prom.rsplit(":", 1)[1]))
+        if os.access(ALERTMANAGER, os.X_OK):  # Prometheus pages through the demo's Alertmanager
+            am = re.search(r"^  alertmanager +(http://\S+?)/#/alerts", out, re.M).group(1)
+            ports.add(int(am.rsplit(":", 1)[1]))
+            assert "alertmanager" in pids
+            wait_for("Prometheus sending to Alertmanager", lambda: [
+                a["url"] for a in requests.get(f"{prom}/api/v1/alertmanagers", timeout=5).json()["data"]
+                ["activeAlertmanagers"]] == [f"{am}/api/v2/alerts"], 30)
+            status = requests.get(f"{am}/api/v2/status", timeout=5).json()
+            assert "inhibit_rules" in status["config"]["original"]
 
         def rules_ok() -> bool:
             data = requests.get(f"{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
@@ -434,3 +505,18 @@ def test_sigterm_stops_it_like_ctrl_c(tmp_path: Path) -> None:
         assert all(port_free(p) for p in ports)
     finally:
         demo.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_short_storyline_names_each_fault_s_step_within_its_minutes(tmp_path: Path) -> None:
+    """Each compressed preset on the virtual clock through the exporter, with the demo's profile:
+    quiet at the end of its warm-up, its step named a minute into its fault and still at the end
+    (Prometheus's `for` of 30 s then fires the alert well inside the three minutes)."""
+    _, thresholds = alerting_files("demo", tmp_path)
+    topology = load_topology(None)
+    for sc in short():
+        marks = [sc.fault_at_s - 15, sc.fault_at_s + 60, sc.duration_s - 15]
+        run = run_through_exporter(sc, topology, thresholds_path=thresholds, checkpoints=marks)
+        verdicts = {t: (ev.verdict or {}).get("step") for t, (ev, _) in run.checkpoints.items()}
+        assert verdicts == {marks[0]: None, marks[1]: sc.expected_step, marks[2]: sc.expected_step}, sc.name

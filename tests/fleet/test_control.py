@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -71,6 +72,49 @@ def test_restart_brings_a_fresh_worker_back_on_the_same_port(running):
     assert name in sim.router.active()
     assert sim.engines[name] is fleet[name].engine  # the simulation drives the new engine
     assert requests.get(url + "/metrics", timeout=5).status_code == 200
+
+
+def _occupy(port: int) -> socket.socket:
+    """Another process's listener on ``port`` (what an ephemeral port released by a dead worker risks)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+def test_restart_on_a_port_taken_meanwhile_binds_fresh_ports_and_the_fleet_carries_on(running):
+    fleet, sim, control = running
+    name, other = fleet.specs[0].name, fleet.specs[1].name
+    old_url = fleet[name].url
+    assert requests.post(f"{control.url}/workers/{name}/kill", timeout=15).status_code == 200
+    with _occupy(int(old_url.rsplit(":", 1)[1])):
+        r = requests.post(f"{control.url}/workers/{name}/restart", timeout=15)
+        assert r.status_code == 200, r.text
+        assert r.json()["result"].startswith(f"{name} restarted on new ports (")
+        new_url = fleet[name].url
+        assert new_url != old_url and fleet[name].alive and fleet.moves == 1
+        assert requests.get(new_url + "/metrics", timeout=5).status_code == 200
+    # the simulation routes to the new engine, the other worker never noticed, commands still work
+    assert name in sim.router.active() and sim.engines[name] is fleet[name].engine
+    assert fleet[other].alive and requests.get(fleet[other].url + "/health", timeout=5).status_code == 200
+    listed = requests.get(f"{control.url}/workers", timeout=5).json()["workers"]
+    assert {w["name"]: (w["url"], w["alive"]) for w in listed}[name] == (new_url, True)
+    assert requests.post(f"{control.url}/workers/{name}/kill", timeout=15).status_code == 200
+
+
+def test_a_restart_that_cannot_bind_at_all_answers_503_and_leaves_the_worker_down(running, monkeypatch):
+    fleet, _, control = running
+    name = fleet.specs[0].name
+    assert requests.post(f"{control.url}/workers/{name}/kill", timeout=15).status_code == 200
+
+    def no_ports(*_a, **_k):
+        raise OSError(98, "Address already in use")
+    monkeypatch.setattr(fleet, "_launch", no_ports)
+    r = requests.post(f"{control.url}/workers/{name}/restart", timeout=15)
+    assert r.status_code == 503 and "could not restart" in r.json()["result"]
+    assert not fleet[name].alive and fleet[fleet.specs[1].name].alive
+    monkeypatch.undo()
+    assert requests.post(f"{control.url}/workers/{name}/restart", timeout=15).status_code == 200
 
 
 @pytest.mark.parametrize(("path", "needle"), [
@@ -147,6 +191,40 @@ def test_a_fleet_serving_without_traffic_takes_commands_from_its_manifests_contr
             requests.get(worker["url"] + "/health", timeout=2)
         assert requests.post(f"{control}/workers/{worker['name']}/restart", timeout=15).status_code == 200
         assert requests.get(worker["url"] + "/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_running_fleet_republishes_its_manifest_when_a_restart_moves_a_worker(tmp_path: Path) -> None:
+    """Through the control endpoint of a real ``prefixscope sim``: the fleet survives, the manifest
+    names the worker's new address."""
+    manifest = tmp_path / "fleet.json"
+    proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "sim", "--no-traffic", "--workers", "2",
+                             "--manifest", str(manifest)], cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not manifest.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the fleet did not start"
+            time.sleep(0.1)
+        data = json.loads(manifest.read_text())
+        control, worker = data["control"], data["workers"][0]
+        assert requests.post(f"{control}/workers/{worker['name']}/kill", timeout=15).status_code == 200
+        with _occupy(int(worker["url"].rsplit(":", 1)[1])):
+            r = requests.post(f"{control}/workers/{worker['name']}/restart", timeout=15)
+            assert r.status_code == 200 and "new ports" in r.json()["result"], r.text
+        assert proc.poll() is None
+        deadline = time.monotonic() + 10
+        while json.loads(manifest.read_text())["workers"][0]["url"] == worker["url"]:
+            assert time.monotonic() < deadline, "the manifest still names the old port"
+            time.sleep(0.1)
+        moved = json.loads(manifest.read_text())["workers"][0]
+        assert moved["name"] == worker["name"]
+        assert requests.get(moved["url"] + "/health", timeout=5).status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:

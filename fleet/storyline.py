@@ -1,0 +1,77 @@
+"""Storylines: the presets the fleet runs one after another (``prefixscope sim --storyline``).
+
+``full`` is every preset at its own length (healthy first, then the faults alphabetically: a
+bit over two and a half hours). ``short`` is a few faults along the diagnosis chain, each
+compressed to a two-minute healthy warm-up and three minutes of fault (a quarter of an hour in
+all); with the demo's threshold profile (alerts/profiles/demo.yaml) each fault's alerts fire
+within its three minutes.
+
+Consecutive runs get consecutive seeds. Every preset seeds its workload with 0, and a new run's
+router remembers nothing of the last one: with one seed a session key (and a first prompt) of
+the previous run would come back on another, healthy worker, and whoever follows sessions
+across the runs (the exporter) would count it as a sticky-session collision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+from fleet.scenarios import Action, Scenario, load_preset, preset_names
+
+STORYLINES = ("short", "full")
+# One fault per part of the chain that a quarter of an hour can show: telemetry (0), affinity (2),
+# router (4).
+SHORT = ("dropped-kv-events", "session-key-churn", "slow-tree-walk")
+SHORT_WARMUP_S = 120.0
+SHORT_FAULT_S = 180.0
+
+
+def compress(sc: Scenario, warmup_s: float, fault_s: float) -> Scenario:
+    """``sc`` with its warm-up squeezed to ``warmup_s`` and its fault phase cut to ``fault_s``.
+
+    Warm-up times scale; fault-phase times keep their distance from the fault (periods and
+    restore delays are the fault itself); actions that would start after the end are dropped.
+    """
+    scale = warmup_s / sc.fault_at_s if sc.fault_at_s else 1.0
+    duration = warmup_s + fault_s
+
+    def at(t: float) -> float:
+        return t * scale if t < sc.fault_at_s else warmup_s + (t - sc.fault_at_s)
+
+    actions: list[Action] = []
+    for a in sc.actions:
+        start = at(a.at)
+        if start > duration:
+            continue
+        actions.append(replace(a, at=start, until=None if a.until is None else min(duration, at(a.until))))
+    return replace(sc, fault_at_s=warmup_s, duration_s=duration, actions=tuple(actions))
+
+
+def full() -> list[Scenario]:
+    scenarios = [load_preset(n) for n in preset_names()]
+    return sorted(scenarios, key=lambda s: (s.name != "healthy", s.name))
+
+
+def short() -> list[Scenario]:
+    return [compress(load_preset(n), SHORT_WARMUP_S, SHORT_FAULT_S) for n in SHORT]
+
+
+def storyline(name: str) -> list[Scenario]:
+    if name == "short":
+        return short()
+    if name == "full":
+        return full()
+    raise ValueError(f"unknown storyline {name!r}; choose one of {', '.join(STORYLINES)}")
+
+
+def runs(scenarios: Sequence[Scenario], seed: int | None, repeat: bool) -> Iterator[tuple[Scenario, int]]:
+    """Each run in order (over and over with ``repeat``) with its seed: the scenario's own (or
+    ``seed``) for the first run, then one more for each run after it."""
+    k = 0
+    while True:
+        for sc in scenarios:
+            yield sc, (sc.seed if seed is None else seed) + k
+            k += 1
+        if not repeat:
+            return
