@@ -26,10 +26,14 @@ from cpython.exc cimport PyErr_Occurred
 from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
 from libc.stdint cimport uint64_t, uint32_t, int32_t, uint16_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, calloc, realloc, free
-from libc.string cimport memmove, memset, memcpy
+from libc.string cimport memmove, memset, memcpy, memcmp
+from cpython cimport array as carray
 
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
 from exporter.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResult, TreeStats
+
+cdef carray.array _PAIRS = array("Q")
+cdef carray.array _GROUPS = array("I")
 
 DEF NMEDIA = 8  # a worker's tiers are 8 bits of its holder entry
 DEF EMPTY = 0xFFFFFFFF
@@ -54,6 +58,26 @@ cdef struct Block:
     uint16_t cap     # capacity of h.ext; 0 while the entries are inline
     uint32_t flags
     Holders h
+
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil
+
+cdef extern from "sys/mman.h":
+    int madvise(void* addr, size_t length, int advice) nogil
+    int MADV_HUGEPAGE
+
+
+cdef inline void _hugepages(void* p, size_t size) noexcept nogil:
+    """Ask for transparent huge pages on a large array: lookups are random accesses over
+    hundreds of megabytes, and 4 KiB pages make most of them TLB misses too. Advice only."""
+    cdef size_t start = (<size_t>p + 4095) & ~(<size_t>4095)
+    cdef size_t end = (<size_t>p + size) & ~(<size_t>4095)
+    if size >= (<size_t>4 << 20) and end > start:
+        madvise(<void*>start, end - start, MADV_HUGEPAGE)
+
+
+DEF AHEAD = 8  # longest_match fetches the table slot this many blocks ahead, the block half as far
 
 
 cdef inline uint64_t _mix(uint64_t x) nogil:
@@ -86,14 +110,20 @@ class CompiledMatch:
     def __init__(self, blocks, names, pairs):
         self.blocks = blocks
         self._names = names
-        self._pairs = pairs  # flat [wid, depth, wid, depth, ...]
+        self._pairs = pairs  # array('I'): groups of [depth, count, worker ids...] by rising depth
         self._dict = None
 
     @property
     def per_worker(self):
         if self._dict is None:
             names, pairs = self._names, self._pairs
-            self._dict = {names[pairs[i]]: pairs[i + 1] for i in range(0, len(pairs), 2)}
+            out, i = {}, 0
+            while i < len(pairs):  # a later (deeper) group overrides: its workers went further
+                depth, count = pairs[i], pairs[i + 1]
+                for w in pairs[i + 2:i + 2 + count]:
+                    out[names[w]] = depth
+                i += 2 + count
+            self._dict = out
         return self._dict
 
     @property
@@ -138,7 +168,7 @@ cdef class CompiledPrefixIndex:
     cdef int64_t live          # blocks in the tree
     cdef int64_t* res          # per worker: blocks held on any tier
     cdef int64_t* tres         # per worker * NMEDIA + medium
-    cdef int32_t* scratch      # per worker, for longest_match (all zero between calls)
+    cdef uint32_t* scratch     # two slots per worker: longest_match's survivors and their next step
     cdef uint32_t capworkers
     cdef list _workers
     cdef dict _wid
@@ -155,7 +185,7 @@ cdef class CompiledPrefixIndex:
         self.capworkers = 64
         self.res = <int64_t*>calloc(self.capworkers, sizeof(int64_t))
         self.tres = <int64_t*>calloc(self.capworkers * NMEDIA, sizeof(int64_t))
-        self.scratch = <int32_t*>calloc(self.capworkers, sizeof(int32_t))
+        self.scratch = <uint32_t*>calloc(self.capworkers * 2, sizeof(uint32_t))
         if not (self.blocks and self.slots and self.res and self.tres and self.scratch):
             raise MemoryError()
         memset(self.slots, 0xFF, (self.tmask + 1) * sizeof(uint32_t))
@@ -198,6 +228,7 @@ cdef class CompiledPrefixIndex:
         cdef uint64_t i
         if not slots:
             raise MemoryError()
+        _hugepages(slots, size * sizeof(uint32_t))  # before the first touch
         memset(slots, 0xFF, size * sizeof(uint32_t))
         for b in range(self.nblocks):
             if not self.blocks[b].flags & FLAG_FREE:
@@ -253,6 +284,7 @@ cdef class CompiledPrefixIndex:
             raise MemoryError()
         self.blocks = blocks
         self.capblocks = <uint32_t>cap
+        _hugepages(blocks, cap * sizeof(Block))
         return 0
 
     cdef void _unlink(self, int64_t b) noexcept:
@@ -367,12 +399,11 @@ cdef class CompiledPrefixIndex:
             cap = self.capworkers * 2
             self.res = <int64_t*>realloc(self.res, cap * sizeof(int64_t))
             self.tres = <int64_t*>realloc(self.tres, cap * NMEDIA * sizeof(int64_t))
-            self.scratch = <int32_t*>realloc(self.scratch, cap * sizeof(int32_t))
+            self.scratch = <uint32_t*>realloc(self.scratch, cap * 2 * sizeof(uint32_t))
             if not (self.res and self.tres and self.scratch):
                 raise MemoryError()
             memset(self.res + n, 0, (cap - n) * sizeof(int64_t))
             memset(self.tres + n * NMEDIA, 0, (cap - n) * NMEDIA * sizeof(int64_t))
-            memset(self.scratch + n, 0, (cap - n) * sizeof(int32_t))
             self.capworkers = cap
         self._workers.append(worker)
         self._wid[worker] = n
@@ -612,48 +643,117 @@ cdef class CompiledPrefixIndex:
     def longest_match(self, block_hashes):
         """Leading blocks of ``block_hashes`` each worker holds (on any tier), and the best of them.
 
-        Exact without assuming the chain property: ``scratch[w]`` is the depth worker w has
-        reached, and a block extends only the workers whose depth is the blocks so far. Each
-        step costs the block's holder entries; the walk ends at the first block no surviving
-        worker holds.
+        Exact without assuming the chain property. The workers still matching are a sorted
+        array; each block intersects it with the block's sorted holders (a merge, or binary
+        searches when one side is much shorter). When the survivors shrink, the set before the
+        step is appended to the result with its depth (one memcpy; the per-worker dict is built
+        from these groups only if asked for). When the survivors are all the previous block's
+        holders and this block has the same holder entries (the usual case inside a shared
+        prefix), one memcmp stands for the intersection. The walk ends at the first block no
+        survivor holds.
         """
         if type(block_hashes) is not tuple:
             block_hashes = tuple(block_hashes)
         cdef tuple hs = block_hashes
         cdef Py_ssize_t i, n = PyTuple_GET_SIZE(hs)
-        cdef int32_t depth = 0, alive
-        cdef int64_t b, first = -1
+        cdef uint32_t depth = 0
+        cdef int64_t b
         cdef uint32_t* e
-        cdef int j, k
-        cdef int32_t* sc = self.scratch
-        for i in range(n):
-            b = self._find(_u64(<object>PyTuple_GET_ITEM(hs, i)))
-            if b < 0 or self.blocks[b].n == 0:
-                break
-            e = _hold(&self.blocks[b])
-            k = self.blocks[b].n
-            alive = 0
-            if depth == 0:
-                first = b
-                for j in range(k):
-                    sc[e[j] >> 8] = 1
-                alive = k
-            else:
-                for j in range(k):
-                    if sc[e[j] >> 8] == depth:
-                        sc[e[j] >> 8] = depth + 1
-                        alive += 1
-            if not alive:
-                break
-            depth += 1
-        cdef list pairs = []
-        if first >= 0:  # the workers of the first block are the only ones with a depth: read and reset
-            e = _hold(&self.blocks[first])
-            for j in range(self.blocks[first].n):
-                pairs.append(e[j] >> 8)
-                pairs.append(sc[e[j] >> 8])
-                sc[e[j] >> 8] = 0
-        return CompiledMatch(depth, self._workers, pairs)
+        cdef uint32_t* prev_e = NULL
+        cdef uint32_t* alive = self.scratch
+        cdef uint32_t* nxt = self.scratch + self.capworkers
+        cdef int k, prev_k = 0, na = 0, nn, j, a, lo, hi, mid
+        cdef bint full = False
+        cdef uint32_t w
+        cdef uint32_t head[2]
+        cdef carray.array out = carray.clone(_GROUPS, 0, zero=False)
+        # The chain's hashes are known up front, so their table slots and blocks are fetched
+        # ahead of the walk: the lookups' cache misses overlap instead of queueing one by one.
+        cdef uint64_t stackbuf[64]
+        cdef uint64_t* h = stackbuf
+        cdef uint32_t s
+        if n > 64:
+            h = <uint64_t*>malloc(n * sizeof(uint64_t))
+            if not h:
+                raise MemoryError()
+        try:
+            for i in range(n):
+                h[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
+            for i in range(min(n, AHEAD)):
+                __builtin_prefetch(&self.slots[_mix(h[i]) & self.tmask])
+            for i in range(n):
+                if i + AHEAD < n:
+                    __builtin_prefetch(&self.slots[_mix(h[i + AHEAD]) & self.tmask])
+                if i + AHEAD // 2 < n:
+                    s = self.slots[_mix(h[i + AHEAD // 2]) & self.tmask]
+                    if s != EMPTY:
+                        __builtin_prefetch(&self.blocks[s])
+                b = self._find(h[i])
+                if b < 0 or self.blocks[b].n == 0:
+                    break
+                e = _hold(&self.blocks[b])
+                k = self.blocks[b].n
+                if depth == 0:
+                    for j in range(k):
+                        alive[j] = e[j] >> 8
+                    na = k
+                    full = True
+                elif not (full and k == prev_k and memcmp(e, prev_e, k * sizeof(uint32_t)) == 0):
+                    nn = 0
+                    if k * 16 < na:  # few holders: look each up among the survivors
+                        for j in range(k):
+                            w = e[j] >> 8
+                            lo, hi = 0, na
+                            while lo < hi:
+                                mid = (lo + hi) >> 1
+                                if alive[mid] < w:
+                                    lo = mid + 1
+                                else:
+                                    hi = mid
+                            if lo < na and alive[lo] == w:
+                                nxt[nn] = w
+                                nn += 1
+                    elif na * 16 < k:  # few survivors: look each up among the holders
+                        for a in range(na):
+                            w = alive[a]
+                            lo, hi = 0, k
+                            while lo < hi:
+                                mid = (lo + hi) >> 1
+                                if (e[mid] >> 8) < w:
+                                    lo = mid + 1
+                                else:
+                                    hi = mid
+                            if lo < k and (e[lo] >> 8) == w:
+                                nxt[nn] = w
+                                nn += 1
+                    else:  # a merge of the two sorted lists
+                        j = 0
+                        for a in range(na):
+                            w = alive[a]
+                            while j < k and (e[j] >> 8) < w:
+                                j += 1
+                            if j < k and (e[j] >> 8) == w:
+                                nxt[nn] = w
+                                nn += 1
+                    if nn < na:  # some stop here: the set before this block reached ``depth``
+                        head[0], head[1] = depth, na
+                        carray.extend_buffer(out, <char*>head, 2)
+                        carray.extend_buffer(out, <char*>alive, na)
+                    alive, nxt = nxt, alive
+                    na = nn
+                    if not na:
+                        break
+                    full = na == k
+                prev_e, prev_k = e, k
+                depth += 1
+        finally:
+            if h != stackbuf:
+                free(h)
+        if na:
+            head[0], head[1] = depth, na
+            carray.extend_buffer(out, <char*>head, 2)
+            carray.extend_buffer(out, <char*>alive, na)
+        return CompiledMatch(depth, self._workers, out)
 
     def record_hits(self, block_hashes, hit_blocks, block_size):
         hits = self._hits
@@ -695,7 +795,9 @@ cdef class CompiledPrefixIndex:
         cdef int32_t* bdep = <int32_t*>malloc((nb + 1) * sizeof(int32_t))
         cdef int32_t* edep = <int32_t*>malloc((nb + 1) * sizeof(int32_t))
         cdef int32_t* stack = NULL
-        cdef int64_t sp, cap = 0, root_level = 0, nodes = 0, depth_b, depth_e
+        cdef int64_t sp, cap = 0, root_level = 0, nodes = 0, length, j
+        cdef int64_t* reps = NULL
+        cdef carray.array run
         cdef Block* blocks = self.blocks
         if not (kids and bdep and edep):
             free(kids); free(bdep); free(edep)
@@ -711,17 +813,17 @@ cdef class CompiledPrefixIndex:
                         root_level += 1
             branching = []
             fanouts = []
-            replicas = Counter()
-            rep = {}
+            reps = <int64_t*>calloc(MAX_WORKERS + 1, sizeof(int64_t))
+            if not reps:
+                raise MemoryError()
             for b in range(nb):
                 if kids[b] > 1:
                     branching.append(blocks[b].hash)
                     if blocks[b].n:
                         fanouts.append(kids[b])
                         nodes += kids[b]
-                if blocks[b].n:
-                    rep[blocks[b].n] = rep.get(blocks[b].n, 0) + 1
-            replicas.update(rep)
+                reps[blocks[b].n] += 1  # free and holder-less entries count under 0, dropped below
+            replicas = Counter({r: reps[r] for r in range(1, MAX_WORKERS + 1) if reps[r]})
             # Depths: walk up to a known block or a run hanging off the root, then back down.
             # -2 marks a block on the current walk (a parent cycle from colliding hashes ends there).
             for b in range(nb):
@@ -762,22 +864,29 @@ cdef class CompiledPrefixIndex:
                     leaf_depths.append(edep[b])
                     leaf_block_depths.append(bdep[b])
                 if kids[b] != 1 and edep[b] <= MAX_KEEP:  # a run's end within the kept top
-                    run = [blocks[b].hash]
                     x = b
-                    while True:
+                    length = 1
+                    while True:  # up to the run's start (the length bound cuts a parent cycle)
                         p = blocks[x].parent
-                        if p < 0 or blocks[p].n == 0 or kids[p] > 1 or <uint32_t>p == b or len(run) > nb:
+                        if p < 0 or blocks[p].n == 0 or kids[p] > 1 or <uint32_t>p == b or length > nb:
                             break
                         x = <uint32_t>p
-                        run.append(blocks[x].hash)
+                        length += 1
                     under = ROOT if (p < 0 or blocks[p].n == 0 or <uint32_t>p == b) else blocks[p].hash
-                    run.reverse()
-                    kept.append((edep[b], under, run[0], array("Q", run) if len(run) > 1 else None))
+                    run = None
+                    if length > 1:
+                        run = carray.clone(_PAIRS, length, zero=False)
+                        q = b
+                        for j in range(length - 1, -1, -1):
+                            run.data.as_ulonglongs[j] = blocks[q].hash
+                            q = blocks[q].parent
+                    kept.append((edep[b], under, blocks[x].hash, run))
         finally:
             free(kids)
             free(bdep)
             free(edep)
             free(stack)
+            free(reps)
         fields = dict(nodes=root_level + nodes, blocks=self.live, root_fanout=root_level,
                       leaf_depths=leaf_depths, leaf_block_depths=leaf_block_depths, fanouts=fanouts,
                       replicas=replicas, branching=frozenset(branching))
