@@ -19,6 +19,7 @@ transient work arrays take 12 bytes per block while it runs.
 """
 
 from collections import Counter
+from collections.abc import Mapping
 from array import array
 
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
@@ -34,6 +35,8 @@ from exporter.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResu
 
 cdef carray.array _PAIRS = array("Q")
 cdef carray.array _GROUPS = array("I")
+cdef carray.array _EDGES = array("I")
+cdef carray.array _FLAGS = array("B")
 
 DEF NMEDIA = 8  # a worker's tiers are 8 bits of its holder entry
 DEF EMPTY = 0xFFFFFFFF
@@ -65,7 +68,23 @@ cdef extern from *:
 
 cdef extern from "sys/mman.h":
     int madvise(void* addr, size_t length, int advice) nogil
-    int MADV_HUGEPAGE
+    void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset) nogil
+    int munmap(void* addr, size_t length) nogil
+    int MADV_HUGEPAGE, PROT_READ, PROT_WRITE, MAP_PRIVATE, MAP_ANONYMOUS
+    void* MAP_FAILED
+
+
+cdef void* _scratch_map(size_t size) noexcept nogil:
+    """Zeroed memory straight from the OS, given back whole by :func:`_scratch_unmap` (through
+    malloc, glibc would keep a freed pass's working memory in the heap): the block array and
+    a statistics pass's working arrays."""
+    cdef void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    return NULL if p == MAP_FAILED else p
+
+
+cdef void _scratch_unmap(void* p, size_t size) noexcept nogil:
+    if p != NULL:
+        munmap(p, size)
 
 
 cdef inline void _hugepages(void* p, size_t size) noexcept nogil:
@@ -134,25 +153,65 @@ class CompiledMatch:
         return f"Match(blocks={self.blocks}, per_worker={self.per_worker})"
 
 
-class CompiledTreePass:
-    """A completed C statistics pass at one version; ``to_stats(keep)`` keeps the top ``keep`` edges."""
+class RunsView(Mapping):
+    """The kept runs of a pass as ``first block -> array('Q') of the run``, over one flat array
+    (a run is sliced out when read): no per-run object is held between passes."""
 
-    def __init__(self, version, fields, kept):
+    def __init__(self, blocks, offsets, lengths, index):
+        self._blocks, self._offsets, self._lengths, self._index = blocks, offsets, lengths, index
+
+    def __getitem__(self, first):
+        r = self._index[first]
+        off = self._offsets[r]
+        return self._blocks[off:off + self._lengths[r]]
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self):
+        return len(self._index)
+
+
+class CompiledTreePass:
+    """A completed C statistics pass at one version; ``to_stats(keep)`` keeps the top ``keep`` edges.
+
+    Every run within ``MAX_KEEP`` edges of the root is recorded in flat arrays: its edge depth,
+    the block it hangs under (``under_root`` when it starts at the root) and its blocks, end to
+    end in ``blocks`` from ``offsets[r]`` for ``lengths[r]``.
+    """
+
+    def __init__(self, version, fields, edges, under, under_root, offsets, lengths, blocks):
         self.version = version
         self._fields = fields
-        self._kept = kept  # (edges, under, first, run) for every run within MAX_KEEP edges
+        self._edges, self._under, self._under_root = edges, under, under_root
+        self._offsets, self._lengths, self._blocks = offsets, lengths, blocks
 
     def to_stats(self, keep_children_depth=0):
         if keep_children_depth > MAX_KEEP:
             raise ValueError(f"the compiled pass keeps at most {MAX_KEEP} edges of the tree's top")
-        children, runs = {}, {}
-        for edges, under, first, run in self._kept:
-            if edges <= keep_children_depth:
-                children.setdefault(under, []).append(first)
-                if run is not None:
-                    runs[first] = run
+        edges, under, under_root = self._edges, self._under, self._under_root
+        offsets, lengths, blocks = self._offsets, self._lengths, self._blocks
+        children, index = {}, {}
+        kept = [r for r in range(len(edges)) if edges[r] <= keep_children_depth]
+        if len(kept) < len(edges):  # hold only the kept runs' blocks between passes
+            new_blocks, new_offsets, new_lengths = array("Q"), array("Q"), array("I")
+            for r in kept:
+                new_offsets.append(len(new_blocks))
+                new_lengths.append(lengths[r])
+                new_blocks.extend(blocks[offsets[r]:offsets[r] + lengths[r]])
+            order = range(len(kept))
+            firsts = [(ROOT if under_root[r] else under[r]) for r in kept]
+            offsets, lengths, blocks = new_offsets, new_lengths, new_blocks
+        else:
+            order = range(len(edges))
+            firsts = [(ROOT if under_root[r] else under[r]) for r in order]
+        for r, parent in zip(order, firsts):
+            first = blocks[offsets[r]]
+            children.setdefault(parent, []).append(first)
+            if lengths[r] > 1:
+                index[first] = r
         return TreeStats(version=self.version, children=children, children_depth=keep_children_depth,
-                         runs=runs, **self._fields)
+                         runs=RunsView(blocks, offsets, lengths, index), **self._fields)
 
 
 cdef class CompiledPrefixIndex:
@@ -179,7 +238,7 @@ cdef class CompiledPrefixIndex:
 
     def __cinit__(self):
         self.capblocks = 1024
-        self.blocks = <Block*>malloc(self.capblocks * sizeof(Block))
+        self.blocks = <Block*>_scratch_map(self.capblocks * sizeof(Block))
         self.tmask = 2048 - 1
         self.slots = <uint32_t*>malloc((self.tmask + 1) * sizeof(uint32_t))
         self.capworkers = 64
@@ -203,7 +262,7 @@ cdef class CompiledPrefixIndex:
             for i in range(self.nblocks):
                 if self.blocks[i].cap:
                     free(self.blocks[i].h.ext)
-            free(self.blocks)
+            _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
         free(self.slots)
         free(self.res)
         free(self.tres)
@@ -279,12 +338,16 @@ cdef class CompiledPrefixIndex:
         cdef uint64_t cap = self.capblocks + (self.capblocks >> 1)
         if cap > 0xFFFFFFF0:
             raise MemoryError("prefix index: more than 2^32 blocks")
-        cdef Block* blocks = <Block*>realloc(self.blocks, cap * sizeof(Block))
+        # A fresh mapping with huge pages asked for before the copy touches it (realloc would
+        # move the old 4 KiB pages along): random lookups then rarely miss the TLB.
+        cdef Block* blocks = <Block*>_scratch_map(cap * sizeof(Block))
         if not blocks:
             raise MemoryError()
+        _hugepages(blocks, cap * sizeof(Block))
+        memcpy(blocks, self.blocks, self.nblocks * sizeof(Block))
+        _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
         self.blocks = blocks
         self.capblocks = <uint32_t>cap
-        _hugepages(blocks, cap * sizeof(Block))
         return 0
 
     cdef void _unlink(self, int64_t b) noexcept:
@@ -510,30 +573,30 @@ cdef class CompiledPrefixIndex:
         cdef int wid = self._worker_id(worker)
         cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
         cdef int64_t stored_events = 0, removed_events = 0
-        cdef int t
-        events = events if isinstance(events, (list, tuple)) else list(events)
-        media = set()
-        for ev in events:
-            if type(ev) is BlockStored or type(ev) is BlockRemoved:
-                media.add(DEFAULT_MEDIUM if ev.medium is None else ev.medium)
-        for m in sorted(media):
-            self._tier_id(m)
+        cdef int t = -1
+        cdef object last = self  # the previous event's medium (``self``: none yet)
         for ev in events:
             kind = type(ev)
             if kind is BlockStored:
                 hs = ev.hashes
                 if type(hs) is not tuple:
                     hs = tuple(hs)
+                m = ev.medium
+                if m is not last:
+                    t, last = self._tier_id(m), m
                 stored_events += 1
                 stored += PyTuple_GET_SIZE(hs)
-                unknown_parent += self._store(wid, self._tier_id(ev.medium), hs, ev.parent)
+                unknown_parent += self._store(wid, t, hs, ev.parent)
             elif kind is BlockRemoved:
                 hs = ev.hashes
                 if type(hs) is not tuple:
                     hs = tuple(hs)
+                m = ev.medium
+                if m is not last:
+                    t, last = self._tier_id(m), m
                 removed_events += 1
                 removed += PyTuple_GET_SIZE(hs)
-                unknown_removals += self._remove(wid, self._tier_id(ev.medium), hs)
+                unknown_removals += self._remove(wid, t, hs)
             elif kind is AllBlocksCleared:
                 self._clear(wid)
                 cleared += 1
@@ -791,16 +854,24 @@ cdef class CompiledPrefixIndex:
     cdef object _pass(self):
         cdef uint32_t nb = self.nblocks, b, x
         cdef int64_t p, q
-        cdef uint32_t* kids = <uint32_t*>calloc(nb + 1, sizeof(uint32_t))  # live children per entry
-        cdef int32_t* bdep = <int32_t*>malloc((nb + 1) * sizeof(int32_t))
-        cdef int32_t* edep = <int32_t*>malloc((nb + 1) * sizeof(int32_t))
+        cdef size_t cells = (nb + 1) * sizeof(uint32_t)
+        cdef uint32_t* kids = <uint32_t*>_scratch_map(cells)  # live children per entry
+        cdef int32_t* bdep = <int32_t*>_scratch_map(cells)  # depth in blocks
+        cdef int32_t* edep = <int32_t*>_scratch_map(cells)  # depth in radix edges
         cdef int32_t* stack = NULL
         cdef int64_t sp, cap = 0, root_level = 0, nodes = 0, length, j
         cdef int64_t* reps = NULL
-        cdef carray.array run
+        cdef carray.array ke, ku, kr, ko, kl, kb
+        cdef uint32_t u32
+        cdef uint64_t u64
+        cdef uint8_t flag
+        cdef bint root_run
+        cdef int64_t start
         cdef Block* blocks = self.blocks
         if not (kids and bdep and edep):
-            free(kids); free(bdep); free(edep)
+            _scratch_unmap(kids, cells)
+            _scratch_unmap(bdep, cells)
+            _scratch_unmap(edep, cells)
             raise MemoryError()
         try:
             for b in range(nb):
@@ -856,7 +927,12 @@ cdef class CompiledPrefixIndex:
                         edep[x] = edep[p] + (1 if kids[p] > 1 else 0)
             leaf_depths = []
             leaf_block_depths = []
-            kept = []
+            ke = carray.clone(_EDGES, 0, zero=False)
+            ku = carray.clone(_PAIRS, 0, zero=False)
+            kr = carray.clone(_FLAGS, 0, zero=False)
+            ko = carray.clone(_PAIRS, 0, zero=False)
+            kl = carray.clone(_EDGES, 0, zero=False)
+            kb = carray.clone(_PAIRS, 0, zero=False)
             for b in range(nb):
                 if not blocks[b].n:
                     continue
@@ -872,22 +948,30 @@ cdef class CompiledPrefixIndex:
                             break
                         x = <uint32_t>p
                         length += 1
-                    under = ROOT if (p < 0 or blocks[p].n == 0 or <uint32_t>p == b) else blocks[p].hash
-                    run = None
-                    if length > 1:
-                        run = carray.clone(_PAIRS, length, zero=False)
-                        q = b
-                        for j in range(length - 1, -1, -1):
-                            run.data.as_ulonglongs[j] = blocks[q].hash
-                            q = blocks[q].parent
-                    kept.append((edep[b], under, blocks[x].hash, run))
+                    root_run = p < 0 or blocks[p].n == 0 or <uint32_t>p == b
+                    u32 = <uint32_t>edep[b]
+                    carray.extend_buffer(ke, <char*>&u32, 1)
+                    u64 = 0 if root_run else blocks[p].hash
+                    carray.extend_buffer(ku, <char*>&u64, 1)
+                    flag = root_run
+                    carray.extend_buffer(kr, <char*>&flag, 1)
+                    u64 = len(kb)
+                    carray.extend_buffer(ko, <char*>&u64, 1)
+                    u32 = <uint32_t>length
+                    carray.extend_buffer(kl, <char*>&u32, 1)
+                    start = len(kb)
+                    carray.resize_smart(kb, start + length)
+                    q = b
+                    for j in range(length - 1, -1, -1):
+                        kb.data.as_ulonglongs[start + j] = blocks[q].hash
+                        q = blocks[q].parent
         finally:
-            free(kids)
-            free(bdep)
-            free(edep)
+            _scratch_unmap(kids, cells)
+            _scratch_unmap(bdep, cells)
+            _scratch_unmap(edep, cells)
             free(stack)
             free(reps)
         fields = dict(nodes=root_level + nodes, blocks=self.live, root_fanout=root_level,
                       leaf_depths=leaf_depths, leaf_block_depths=leaf_block_depths, fanouts=fanouts,
                       replicas=replicas, branching=frozenset(branching))
-        return CompiledTreePass(self.version, fields, kept)
+        return CompiledTreePass(self.version, fields, ke, ku, kr, ko, kl, kb)

@@ -242,10 +242,9 @@ class ReferencePrefixIndex:
         bit = 1 << wid
         res = ApplyResult()
         events = events if isinstance(events, list | tuple) else list(events)
-        media = set(map(medium_of, events))
-        media.discard(None)
-        for m in sorted(media):
-            self._tier_id(m)
+        for m in dict.fromkeys(map(medium_of, events)):  # media in order of first appearance
+            if m is not None:
+                self._tier_id(m)
         if self.tiered:
             self._apply_tiered(worker, wid, bit, events, res)
             self.version += 1

@@ -71,6 +71,7 @@ def observe(idx, paths: list[list[int]]) -> dict:
         "len": len(idx), "resident": idx.resident_by_worker(), "by_medium": idx.resident_by_medium(),
         "holders": [idx.holders(h) for h in hashes], "parent": [idx.parent(h) for h in hashes],
         "in": [h in idx for h in hashes],
+        "media": idx.media,
         "holds": [idx.holds(w, h, m) for w in WORKERS for h in hashes for m in (None, *media)],
         "per_medium": [idx.resident_blocks(w, m) for w in WORKERS for m in (None, *media)],
         "hits": [idx.hit_tokens(h) for h in hashes],
@@ -164,3 +165,18 @@ def test_lookups_agree_with_many_workers_and_mixed_tiers() -> None:
         for chain in (prefix[:n], [*prefix[:n], hash_of(99)], prefix[n - 1:]):
             r, c = ref.longest_match(chain), comp.longest_match(chain)
             assert (r.blocks, r.per_worker) == (c.blocks, c.per_worker)
+
+
+def test_the_reference_can_be_forced_and_says_so() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PREFIXSCOPE_INDEX": "reference", "PYTHONPATH": str(repo)}
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from exporter import prefix_index as p; print(p.CORE, p.PrefixIndex.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["reference", "ReferencePrefixIndex"], out.stderr
+    assert out.stderr.count("prefix index: the Python reference implementation") == 1
