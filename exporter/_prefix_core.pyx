@@ -96,7 +96,7 @@ cdef inline void _hugepages(void* p, size_t size) noexcept nogil:
         madvise(<void*>start, end - start, MADV_HUGEPAGE)
 
 
-DEF AHEAD = 8  # longest_match fetches the table slot this many blocks ahead, the block half as far
+DEF AHEAD = 16  # longest_match fetches the table slot this many blocks ahead, the block half as far
 
 
 cdef inline uint64_t _mix(uint64_t x) nogil:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Protocol
 
 from exporter.prefix_index_ref import (
     DEFAULT_MEDIUM,
@@ -27,12 +27,21 @@ from exporter.prefix_index_ref import compute_stats as _reference_stats
 log = logging.getLogger("prefixscope.prefix_index")
 
 __all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "Match", "PrefixIndex",
-           "ReferencePrefixIndex", "TreeCopy", "TreeStats", "compute_stats"]
+           "ReferencePrefixIndex", "StatsPass", "TreeCopy", "TreeStats", "compute_stats"]
 
 # PREFIXSCOPE_INDEX=reference forces the Python index (to compare, or to rule the extension out).
 _WANT = os.environ.get("PREFIXSCOPE_INDEX", "").strip().lower()
 
-PrefixIndex: Any
+class StatsPass(Protocol):
+    """What the compiled index's ``copy_for_stats`` returns: a finished pass awaiting its kept top."""
+
+    version: int
+
+    def to_stats(self, keep_children_depth: int = 0) -> TreeStats: ...
+
+
+# Both classes have ReferencePrefixIndex's interface (the compiled one is not a subclass).
+PrefixIndex: type[ReferencePrefixIndex]
 try:
     if _WANT == "reference":
         raise ImportError("PREFIXSCOPE_INDEX=reference")
@@ -43,11 +52,11 @@ except ImportError as exc:
     (log.info if _WANT == "reference" else log.warning)(
         "prefix index: the Python reference implementation (compiled core not used: %s)", exc)
 else:
-    PrefixIndex = CompiledPrefixIndex
+    PrefixIndex = CompiledPrefixIndex  # type: ignore[assignment]
     CORE = "compiled"
 
 
-def compute_stats(tree: Any, keep_children_depth: int = 0) -> TreeStats:
+def compute_stats(tree: TreeCopy | StatsPass, keep_children_depth: int = 0) -> TreeStats:
     """The statistics of what ``copy_for_stats`` returned, keeping the top ``keep_children_depth`` edges.
 
     The reference copies the tree and walks it here; the compiled index ran its pass in C when
