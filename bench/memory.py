@@ -13,6 +13,11 @@ alone; the process's peak while the next pass runs (Linux VmHWM, reset just befo
 is what the host must have room for; the pass's copy step, which holds the state lock and so
 pauses ingest; the pass itself, outside the lock; and the longest time another thread could not
 run meanwhile (one long C-level call holds the GIL and stalls ingest just as the lock does).
+
+It measures the index in use (``exporter.prefix_index.CORE``; ``PREFIXSCOPE_INDEX=reference``
+measures the Python reference). The compiled index runs its whole pass in the "copy" step, on
+its own arrays without copying them, and the step outside the lock only filters the kept runs;
+``bench.prefix_index`` compares the two per (worker, block) pair.
 """
 
 from __future__ import annotations
