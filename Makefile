@@ -12,7 +12,10 @@ PYTEST_ARGS ?=
 
 .PHONY: setup system-packages demo-packages routers demo test test-fast lint bench generate check-generated clean fuzz
 
-$(VENV)/.installed: pyproject.toml
+# gcc builds the compiled prefix index during the install (without it the install still
+# succeeds and the exporter runs on the Python reference index).
+$(VENV)/.installed: pyproject.toml setup.py
+	$(call apt_install,gcc)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[test]'

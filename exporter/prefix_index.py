@@ -1,448 +1,67 @@
-"""The cluster-wide prefix index: which worker holds which KV block, and the prefix tree they form.
+"""The cluster-wide prefix index, compiled when the extension was built, else the Python reference.
 
-Memory is the constraint (a few million resident blocks), so there are no per-block objects:
-one ``dict[int, int]`` maps a block hash to its parent hash and another maps it to a bitmask of
-the workers holding it (bit i = worker i of a small worker-id table). A block leaves the tree
-when its mask drops to 0. Hit counters are kept per block, only for blocks that were hit.
-
-Tree statistics (radix depth, fan-out, duplication) are one pass over a copy of the tree:
-:meth:`PrefixIndex.copy_for_stats` takes the copy with C-level dict/list copies (the only step
-that needs the caller's lock) and :func:`compute_stats` does the pass on it, without the lock.
+``exporter._prefix_core`` (Cython, built by ``pip install``) keeps blocks in flat C arrays with an
+open-addressing hash table; ``exporter.prefix_index_ref`` is the plain-Python reference that
+defines the semantics. Both have the same public interface and observable behaviour (the
+equality tests apply random event streams to both). :data:`CORE` says which one is in use.
 """
 
 from __future__ import annotations
 
-from array import array
-from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from itertools import chain, compress, filterfalse, groupby, islice, repeat
-from operator import and_, attrgetter, eq, not_, or_
+import logging
+import os
+from typing import Protocol
 
-from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from exporter.prefix_index_ref import (
+    DEFAULT_MEDIUM,
+    MAX_MEDIA,
+    ROOT,
+    ApplyResult,
+    Match,
+    ReferencePrefixIndex,
+    TreeCopy,
+    TreeStats,
+)
+from exporter.prefix_index_ref import compute_stats as _reference_stats
 
-ROOT = -1  # parent of root-level blocks; block hashes are unsigned, so -1 never collides
-_EDGE_SHIFT = 32  # packed depth: radix edges in the high bits, blocks in the low 32
-_EDGE = 1 << _EDGE_SHIFT
-_BLOCK_MASK = _EDGE - 1
-_HASHES = attrgetter("hashes")
-_BULK = 8  # stored runs at least this long go through bulk dict updates; shorter ones are walked
-_CHUNK = 1 << 16  # entries per C-level step of a statistics pass (~10 ms each at most)
-_consume = deque(maxlen=0).extend  # runs an iterator to its end at C speed (bulk deletes)
+log = logging.getLogger("prefixscope.prefix_index")
 
+__all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "Match", "PrefixIndex",
+           "ReferencePrefixIndex", "StatsPass", "TreeCopy", "TreeStats", "compute_stats"]
 
-@dataclass
-class ApplyResult:
-    """What one batch of events did to a worker's view (for the KV-event health counters)."""
+# PREFIXSCOPE_INDEX=reference forces the Python index (to compare, or to rule the extension out).
+_WANT = os.environ.get("PREFIXSCOPE_INDEX", "").strip().lower()
 
-    stored: int = 0
-    removed: int = 0
-    cleared: int = 0
-    unknown_parent: int = 0
-    unknown_removals: int = 0
-    stored_events: int = 0
-    removed_events: int = 0
-
-
-@dataclass
-class TreeStats:
-    """One pass over the tree. Depths are per leaf; ``edges`` is the radix-compressed depth."""
+class StatsPass(Protocol):
+    """What the compiled index's ``copy_for_stats`` returns: a finished pass awaiting its kept top."""
 
     version: int
-    nodes: int = 0  # radix nodes (runs without branching count once)
-    blocks: int = 0
-    root_fanout: int = 0
-    leaf_depths: list[int] = field(default_factory=list)
-    leaf_block_depths: list[int] = field(default_factory=list)
-    fanouts: list[int] = field(default_factory=list)  # children of each branching block (not the root)
-    replicas: Counter[int] = field(default_factory=Counter)  # workers per block -> number of blocks
-    branching: frozenset[int] = frozenset()  # blocks with two or more children
-    # The top of the tree (radix nodes within ``children_depth`` edges of the root), for the API:
-    # ROOT or a branching block -> first blocks of its child runs, and first block -> its run
-    # (the blocks up to the next branch or leaf; one-block runs are left out).
-    children: dict[int, list[int]] = field(default_factory=dict)
-    children_depth: int = 0
-    runs: dict[int, Sequence[int]] = field(default_factory=dict)
 
-    def run(self, first: int) -> Sequence[int]:
-        """The blocks of the radix node starting at ``first`` (just ``first`` outside the kept top)."""
-        return self.runs.get(first) or (first,)
+    def to_stats(self, keep_children_depth: int = 0) -> TreeStats: ...
 
 
-@dataclass(frozen=True)
-class TreeCopy:
-    """What a statistics pass reads, copied from the index at one version."""
-
-    version: int
-    parent: dict[int, int]  # block -> parent (ROOT for root-level blocks)
-    masks: list[int]  # the holder bitmask of every block (only their bit counts matter)
-
-
-@dataclass(frozen=True)
-class Match:
-    """Longest cached prefix of a block chain: on any worker, and per worker (leading blocks)."""
-
-    blocks: int  # longest match on any worker
-    per_worker: dict[str, int]  # worker -> leading blocks it holds (only workers with > 0)
-
-    @property
-    def best_workers(self) -> list[str]:
-        return sorted(w for w, n in self.per_worker.items() if n == self.blocks and n > 0)
+# Both classes have ReferencePrefixIndex's interface (the compiled one is not a subclass).
+PrefixIndex: type[ReferencePrefixIndex]
+try:
+    if _WANT == "reference":
+        raise ImportError("PREFIXSCOPE_INDEX=reference")
+    from exporter._prefix_core import CompiledPrefixIndex
+except ImportError as exc:
+    PrefixIndex = ReferencePrefixIndex
+    CORE = "reference"
+    (log.info if _WANT == "reference" else log.warning)(
+        "prefix index: the Python reference implementation (compiled core not used: %s)", exc)
+else:
+    PrefixIndex = CompiledPrefixIndex  # type: ignore[assignment]
+    CORE = "compiled"
 
 
-def _bits(mask: int) -> Iterable[int]:
-    """Indexes of the set bits of a worker mask."""
-    i = 0
-    while mask > 0:
-        if mask & 1:
-            yield i
-        mask >>= 1
-        i += 1
+def compute_stats(tree: TreeCopy | StatsPass, keep_children_depth: int = 0) -> TreeStats:
+    """The statistics of what ``copy_for_stats`` returned, keeping the top ``keep_children_depth`` edges.
 
-
-class PrefixIndex:
-    """Per-worker resident blocks as bitmasks over one shared block -> parent map."""
-
-    def __init__(self) -> None:
-        self._parent: dict[int, int] = {}
-        self._mask: dict[int, int] = {}
-        self._hits: dict[int, int] = {}
-        self._workers: list[str] = []
-        self._wid: dict[str, int] = {}
-        self._resident: list[int] = []  # resident block count per worker id
-        self._free_ids: list[int] = []
-        self.version = 0
-
-    # ---- worker table ------------------------------------------------------------------
-    def _worker_id(self, worker: str) -> int:
-        wid = self._wid.get(worker)
-        if wid is None:
-            wid = len(self._workers)
-            self._workers.append(worker)
-            self._resident.append(0)
-            self._wid[worker] = wid
-        return wid
-
-    @property
-    def workers(self) -> list[str]:
-        return list(self._workers)
-
-    def resident_blocks(self, worker: str) -> int | None:
-        wid = self._wid.get(worker)
-        return None if wid is None else self._resident[wid]
-
-    def resident_by_worker(self) -> dict[str, int]:
-        return dict(zip(self._workers, self._resident, strict=True))
-
-    def holds(self, worker: str, block: int) -> bool:
-        wid = self._wid.get(worker)
-        return wid is not None and bool(self._mask.get(block, 0) >> wid & 1)
-
-    def holders(self, block: int) -> list[str]:
-        mask = self._mask.get(block, 0)
-        return [w for i, w in enumerate(self._workers) if mask >> i & 1]
-
-    def parent(self, block: int) -> int | None:
-        p = self._parent.get(block)
-        return None if p is None or p == ROOT else p
-
-    def __len__(self) -> int:
-        return len(self._mask)
-
-    # ---- events --------------------------------------------------------------------------
-    def apply(self, worker: str, events: Iterable[KvEvent]) -> ApplyResult:
-        """Apply one worker's events in order; malformed references are counted, never fatal.
-
-        Consecutive events of one type form a group (``groupby``, C-level). A group of removals
-        (vLLM sends one event per evicted block) is applied as one batch of hashes and a long
-        stored run as bulk dict updates: the cost is the dict operations, about two per block.
-        """
-        wid = self._worker_id(worker)
-        bit = 1 << wid
-        mask, parent = self._mask, self._parent
-        get = mask.get
-        res = ApplyResult()
-        resident = 0
-        for kind, group in groupby(events, type):
-            if kind is BlockRemoved:
-                evs = list(group)
-                hashes = list(chain.from_iterable(map(_HASHES, evs)))
-                res.removed_events += len(evs)
-                res.removed += len(hashes)
-                resident -= self._remove(bit, hashes, res)
-            elif kind is BlockStored:
-                evs = list(group)
-                res.stored_events += len(evs)
-                res.stored += sum(map(len, map(_HASHES, evs)))
-                unknown = 0
-                for ev in evs:
-                    hs, p = ev.hashes, ev.parent
-                    prev = ROOT
-                    if p is not None:
-                        pm = get(p, 0)
-                        if not pm & bit:
-                            unknown += 1
-                        if pm:  # a parent nobody holds leaves the run a root-level orphan
-                            prev = p
-                    if len(hs) >= _BULK:
-                        added = self._store_run(bit, hs, prev)
-                        if added >= 0:
-                            resident += added
-                            continue
-                    for h in hs:
-                        m = get(h, 0)
-                        if not m & bit:
-                            mask[h] = m | bit
-                            resident += 1
-                            if not m:
-                                parent[h] = prev
-                        prev = h
-                res.unknown_parent += unknown
-            elif kind is AllBlocksCleared:
-                for _ev in group:
-                    self._resident[wid] += resident
-                    resident = 0
-                    self.clear_worker(worker)
-                    res.cleared += 1
-        self._resident[wid] += resident
-        self.version += 1
-        return res
-
-    def _store_run(self, bit: int, hs: tuple[int, ...], prev: int) -> int:
-        """A long stored run in bulk, with the ordered walk's result: the blocks new to the worker,
-        or -1 (nothing changed) when the chain names a block twice and only the walk is exact."""
-        mask, parent = self._mask, self._parent
-        n = len(hs)
-        before = len(mask)
-        if mask.keys().isdisjoint(hs):  # the usual case: every block is new to the tree
-            mask.update(zip(hs, repeat(bit), strict=False))
-            if len(mask) - before == n:
-                parent.update(zip(hs, chain((prev,), hs), strict=False))
-                return n
-            _consume(map(mask.pop, hs, repeat(None)))  # a block named twice: undo
-            return -1
-        if len(set(hs)) != n:
-            return -1
-        held = list(map(mask.get, hs, repeat(0)))
-        mask.update(zip(hs, map(or_, held, repeat(bit)), strict=True))
-        parent.update(compress(zip(hs, chain((prev,), hs), strict=False), map(not_, held)))  # only blocks new to the tree
-        return n - list(map(and_, held, repeat(bit))).count(bit)
-
-    def _remove(self, bit: int, hashes: list[int], res: ApplyResult) -> int:
-        """Removals for the worker of ``bit``, in bulk; returns the blocks it actually held.
-
-        Each hash is popped once (a hash named twice pops 0 the second time: unknown, as the
-        ordered walk counts it); blocks other workers still hold are put back without this bit.
-        """
-        mask, hits = self._mask, self._hits
-        n = len(hashes)
-        held = list(map(mask.pop, hashes, repeat(0)))
-        if held.count(bit) == n:  # the usual case: every block was held by this worker alone
-            gone: Iterable[int] = hashes
-            removed = n
-        else:
-            removed = list(map(and_, held, repeat(bit))).count(bit)
-            res.unknown_removals += n - removed
-            rest = list(map(and_, held, repeat(~bit)))
-            mask.update(compress(zip(hashes, rest, strict=True), rest))
-            gone = list(compress(hashes, map(eq, held, repeat(bit))))
-        _consume(map(self._parent.__delitem__, gone))
-        if hits:
-            _consume(map(hits.pop, gone, repeat(None)))
-        return removed
-
-    def _drop(self, h: int, remaining: int) -> None:
-        """Set a block's holder mask; with no holder left the block leaves the tree."""
-        if remaining:
-            self._mask[h] = remaining
-        else:
-            del self._mask[h]
-            del self._parent[h]
-            self._hits.pop(h, None)
-
-    def clear_worker(self, worker: str) -> None:
-        """Drop every block from one worker's view (restart or AllBlocksCleared); others keep theirs."""
-        wid = self._wid.get(worker)
-        if wid is None or self._resident[wid] == 0:
-            return
-        keep = ~(1 << wid)
-        mask = self._mask
-        # One pass over all blocks: clearing is rare (restarts), so no per-worker block set is kept.
-        for h in [h for h, m in mask.items() if m >> wid & 1]:
-            self._drop(h, mask[h] & keep)
-        self._resident[wid] = 0
-        self.version += 1
-
-    # ---- lookups -------------------------------------------------------------------------
-    def longest_match(self, block_hashes: Sequence[int]) -> Match:
-        """Leading blocks of ``block_hashes`` resident on each worker, and the best of them."""
-        mask_of, workers = self._mask, self._workers
-        per_worker: dict[str, int] = {}
-        alive = -1  # bitmask of workers holding every block so far (-1: not started)
-        n = 0
-        for h in block_hashes:
-            m = mask_of.get(h, 0) & alive
-            dropped = alive & ~m if n else 0
-            for i in _bits(dropped):
-                per_worker[workers[i]] = n
-            alive = m
-            if not m:
-                break
-            n += 1
-        if n:
-            for i in _bits(alive):
-                per_worker[workers[i]] = n
-        return Match(n, per_worker)
-
-    def record_hits(self, block_hashes: Sequence[int], hit_blocks: int, block_size: int) -> None:
-        """Count ``block_size`` hit tokens on each of the first ``hit_blocks`` resident blocks."""
-        hits = self._hits
-        for h in block_hashes[:hit_blocks]:
-            if h in self._mask:
-                hits[h] = hits.get(h, 0) + block_size
-
-    def hit_tokens(self, block: int) -> int:
-        return self._hits.get(block, 0)
-
-    # ---- statistics ----------------------------------------------------------------------
-    def copy_for_stats(self) -> TreeCopy:
-        """The input of a statistics pass: C-level copies, so the caller's lock is held only briefly."""
-        return TreeCopy(self.version, self._parent.copy(), list(self._mask.values()))
-
-    def stats(self, keep_children_depth: int = 0) -> TreeStats:
-        """A statistics pass over the current tree, synchronously (tests and offline tools)."""
-        return compute_stats(self.copy_for_stats(), keep_children_depth)
-
-    def branch_of(self, block_hashes: Sequence[int], stats: TreeStats) -> int | None:
-        """The branch a chain belongs to: the first block of its depth-2 radix node, else of depth 1."""
-        if not block_hashes:
-            return None
-        branching = stats.branching
-        for i in range(len(block_hashes) - 1):
-            if block_hashes[i] in branching:
-                return block_hashes[i + 1]
-            if block_hashes[i + 1] not in self._mask:
-                break
-        return block_hashes[0]
-
-
-def compute_stats(tree: TreeCopy, keep_children_depth: int = 0) -> TreeStats:
-    """Tree statistics in one pass, with the runs and child lists of the top ``keep_children_depth`` edges.
-
-    Pure: reads only ``tree`` (a copy), so it runs without any lock while ingest goes on. Nothing
-    per block is built beyond one Counter of parents: depths are walked run by run (see
-    :class:`_RunWalk`) and only the kept runs are stored, as 8-byte arrays.
-
-    The bulk C-level steps go in chunks (:func:`_chunks`): one C call over millions of entries
-    would hold the GIL for its whole length and stall ingest in the other threads just as a lock would.
+    The reference copies the tree and walks it here; the compiled index ran its pass in C when
+    the copy was asked for and only the kept top of the tree is filtered here.
     """
-    parent = tree.parent
-    nchildren: Counter[int] = Counter()
-    for chunk in _chunks(parent.values()):
-        nchildren.update(chunk)
-    root_fanout = nchildren.get(ROOT, 0)
-    branching = frozenset(h for h, n in nchildren.items() if n > 1 and h != ROOT)
-    fanouts = [nchildren[h] for h in branching if h in parent]
-    # Blocks whose parent left the tree start runs of their own at the root.
-    orphan_roots = -root_fanout
-    for chunk in _chunks(nchildren):
-        orphan_roots += sum(map(nchildren.__getitem__, filterfalse(parent.__contains__, chunk)))
-    # Leaves are the blocks nobody names as parent.
-    leaves: list[int] = []
-    for chunk in _chunks(parent):
-        leaves.extend(filterfalse(nchildren.__contains__, chunk))
-    del nchildren  # the largest transient: free it before the walk
-    walk = _RunWalk(parent, branching, keep_children_depth)
-    packed = [walk.depth(h) for h in leaves]
-    del leaves
-    for h in branching:  # runs ending in a branch are kept too (for the tree's top)
-        if h in parent:
-            walk.depth(h)
-    replicas: Counter[int] = Counter()
-    for chunk in _chunks(tree.masks):
-        replicas.update(map(int.bit_count, chunk))
-    return TreeStats(
-        version=tree.version,
-        nodes=root_fanout + orphan_roots + sum(fanouts),
-        blocks=len(tree.masks),
-        root_fanout=root_fanout + orphan_roots,
-        leaf_depths=[d >> _EDGE_SHIFT for d in packed],
-        leaf_block_depths=[d & _BLOCK_MASK for d in packed],
-        fanouts=fanouts,
-        replicas=replicas,
-        branching=branching,
-        children=walk.children,
-        children_depth=keep_children_depth,
-        runs=walk.runs,
-    )
-
-
-def _chunks(items: Iterable[int], size: int = _CHUNK) -> Iterator[list[int]]:
-    """``items`` in lists of ``size``: between them the interpreter can hand the GIL to other threads."""
-    it = iter(items)
-    while chunk := list(islice(it, size)):
-        yield chunk
-
-
-class _RunWalk:
-    """Depths run by run: from a run's end (a leaf or a branching block) up to its start.
-
-    A run's start hangs off the root, a parent that left the tree, or a branching block; only
-    branching blocks' depths are remembered, so every block is visited once and nothing per
-    block is kept. Depths are packed as ``edges << 32 | blocks``. Runs within ``keep`` edges of
-    the root are stored (``runs``, ``children``) for the API's view of the top of the tree.
-    """
-
-    def __init__(self, parent: dict[int, int], branching: frozenset[int], keep: int) -> None:
-        self.parent, self.branching = parent, branching
-        self.limit = (keep + 1) << _EDGE_SHIFT  # packed depths below this are within ``keep`` edges
-        self.known: dict[int, int] = {}  # branching block -> packed depth
-        self.runs: dict[int, Sequence[int]] = {}
-        self.children: dict[int, list[int]] = {}
-
-    def _up(self, end: int) -> tuple[list[int], int]:
-        """The run ending at ``end`` (end first) and the parent of its start."""
-        parent, branching = self.parent, self.branching
-        run = [end]
-        p = parent[end]
-        while p not in branching and p in parent:
-            run.append(p)
-            p = parent[p]
-            if len(run) > len(parent):  # a cycle (colliding hashes): cut it here
-                break
-        return run, p
-
-    def depth(self, end: int) -> int:
-        """Packed depth of a run end; resolves the branching ancestors it needs (no recursion)."""
-        known, parent = self.known, self.parent
-        if end in known:
-            return known[end]
-        stack: list[tuple[int, list[int], int]] = []
-        busy: set[int] = set()  # ends waiting for their parent's depth (a repeat means a cycle)
-        x, (run, p) = end, self._up(end)
-        while True:
-            hangs = p in parent  # a branching block in the tree; else the root or a departed parent
-            if hangs and p not in known and p not in busy:
-                busy.add(x)
-                stack.append((x, run, p))
-                x, (run, p) = p, self._up(p)
-                continue
-            d = (known.get(p, 0) if hangs else 0) + _EDGE + len(run)
-            if x in self.branching:
-                known[x] = d
-            if d < self.limit:
-                self._keep(run, p if hangs else ROOT)
-            if not stack:
-                return d
-            x, run, p = stack.pop()
-            busy.discard(x)
-
-    def _keep(self, run: list[int], under: int) -> None:
-        first = run[-1]
-        self.children.setdefault(under, []).append(first)
-        if len(run) > 1:  # a one-block run needs no entry: ``TreeStats.run`` returns the block itself
-            run.reverse()
-            try:
-                self.runs[first] = array("Q", run)
-            except OverflowError:  # hashes outside u64 (not from the decoder): keep a tuple
-                self.runs[first] = tuple(run)
+    if isinstance(tree, TreeCopy):
+        return _reference_stats(tree, keep_children_depth)
+    return tree.to_stats(keep_children_depth)

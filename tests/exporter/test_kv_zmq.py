@@ -414,7 +414,7 @@ def _fleet_publisher(pub_ep: str, replay_ep: str) -> KvEventPublisher:
 
 
 def _resident(state: ClusterState, worker: str) -> set[int]:
-    return {h for h in state.index._mask if state.index.holds(worker, h)}
+    return set(state.index.blocks_of(worker))
 
 
 def test_idle_worker_is_fully_known_after_start() -> None:

@@ -1,0 +1,977 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled prefix index: the semantics of ``exporter.prefix_index_ref`` in flat C arrays.
+
+Layout (about 40 bytes per block, whatever the number of workers):
+
+* ``blocks``: one 32-byte ``Block`` per block hash — the hash, the parent as an array index,
+  how many blocks name it as parent, and its holders: sorted ``wid << 8 | tiers`` entries
+  (worker id, one bit per cache medium), two inline, more in a malloc'd array.
+* ``slots``: an open-addressing (linear probing, backward-shift deletion) table of u32 block
+  indexes keyed by the mixed 64-bit hash, at most 3/4 full.
+
+A block leaves the tree when its last holder goes; its entry stays, holder-less, while other
+blocks still name it as parent, so a child keeps its parent link exactly as the reference's
+block -> parent-hash map does (and re-attaches when the parent is stored again).
+
+The statistics pass runs in C on these arrays when ``copy_for_stats`` is called (under the
+caller's lock, with the GIL held, so nothing changes under it): no copy of the tree is made;
+transient work arrays take 12 bytes per block while it runs.
+"""
+
+from collections import Counter
+from collections.abc import Mapping
+from array import array
+
+from cpython.long cimport PyLong_AsUnsignedLongLongMask
+from cpython.exc cimport PyErr_Occurred
+from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
+from libc.stdint cimport uint64_t, uint32_t, int32_t, uint16_t, int64_t, uint8_t
+from libc.stdlib cimport malloc, calloc, realloc, free
+from libc.string cimport memmove, memset, memcpy, memcmp
+from cpython cimport array as carray
+
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
+from exporter.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResult, TreeStats
+
+cdef carray.array _PAIRS = array("Q")
+cdef carray.array _GROUPS = array("I")
+cdef carray.array _EDGES = array("I")
+cdef carray.array _FLAGS = array("B")
+
+DEF NMEDIA = 8  # a worker's tiers are 8 bits of its holder entry
+DEF EMPTY = 0xFFFFFFFF
+DEF FLAG_FREE = 1
+DEF FLAG_HIT = 2
+DEF INLINE = 2
+DEF MAX_WORKERS = 65535
+DEF MAX_KEEP = 16  # radix edges of the tree's top recorded by a pass (the API's deepest request)
+
+assert MAX_MEDIA == NMEDIA, "the reference and the compiled index must allow the same media"
+
+
+cdef union Holders:
+    uint32_t inl[2]
+    uint32_t* ext
+
+cdef struct Block:
+    uint64_t hash
+    int32_t parent   # block index; -1: a root-level block
+    uint32_t refs    # blocks whose parent this is (a holder-less entry lives while > 0)
+    uint16_t n       # holder entries; 0: not in the tree
+    uint16_t cap     # capacity of h.ext; 0 while the entries are inline
+    uint32_t flags
+    Holders h
+
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil
+
+cdef extern from "sys/mman.h":
+    int madvise(void* addr, size_t length, int advice) nogil
+    void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset) nogil
+    int munmap(void* addr, size_t length) nogil
+    int MADV_HUGEPAGE, PROT_READ, PROT_WRITE, MAP_PRIVATE, MAP_ANONYMOUS
+    void* MAP_FAILED
+
+
+cdef void* _scratch_map(size_t size) noexcept nogil:
+    """Zeroed memory straight from the OS, given back whole by :func:`_scratch_unmap` (through
+    malloc, glibc would keep a freed pass's working memory in the heap): the block array and
+    a statistics pass's working arrays."""
+    cdef void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    return NULL if p == MAP_FAILED else p
+
+
+cdef void _scratch_unmap(void* p, size_t size) noexcept nogil:
+    if p != NULL:
+        munmap(p, size)
+
+
+cdef inline void _hugepages(void* p, size_t size) noexcept nogil:
+    """Ask for transparent huge pages on a large array: lookups are random accesses over
+    hundreds of megabytes, and 4 KiB pages make most of them TLB misses too. Advice only."""
+    cdef size_t start = (<size_t>p + 4095) & ~(<size_t>4095)
+    cdef size_t end = (<size_t>p + size) & ~(<size_t>4095)
+    if size >= (<size_t>4 << 20) and end > start:
+        madvise(<void*>start, end - start, MADV_HUGEPAGE)
+
+
+DEF AHEAD = 16  # longest_match fetches the table slot this many blocks ahead, the block half as far
+
+
+cdef inline uint64_t _mix(uint64_t x) nogil:
+    x ^= x >> 30
+    x *= <uint64_t>0xbf58476d1ce4e5b9
+    x ^= x >> 27
+    x *= <uint64_t>0x94d049bb133111eb
+    x ^= x >> 31
+    return x
+
+
+cdef inline uint64_t _u64(object h) except? 0xFFFFFFFFFFFFFFFF:
+    """A block hash as the decoder gives it: an int folded to 64 bits."""
+    cdef uint64_t v = PyLong_AsUnsignedLongLongMask(h)
+    if v == <uint64_t>0xFFFFFFFFFFFFFFFF and PyErr_Occurred():
+        raise TypeError(f"block hash must be an int, got {type(h).__name__}")
+    return v
+
+
+cdef inline uint32_t* _hold(Block* b) nogil:
+    return b.h.ext if b.cap else b.h.inl
+
+
+class CompiledMatch:
+    """Longest cached prefix of a chain (see ``prefix_index_ref.Match``); ``per_worker`` is built
+    on first use, so a caller that needs only ``blocks`` or one worker's depth pays no dict."""
+
+    __slots__ = ("blocks", "_names", "_pairs", "_dict")
+
+    def __init__(self, blocks, names, pairs):
+        self.blocks = blocks
+        self._names = names
+        self._pairs = pairs  # array('I'): groups of [depth, count, worker ids...] by rising depth
+        self._dict = None
+
+    @property
+    def per_worker(self):
+        if self._dict is None:
+            names, pairs = self._names, self._pairs
+            out, i = {}, 0
+            while i < len(pairs):  # a later (deeper) group overrides: its workers went further
+                depth, count = pairs[i], pairs[i + 1]
+                for w in pairs[i + 2:i + 2 + count]:
+                    out[names[w]] = depth
+                i += 2 + count
+            self._dict = out
+        return self._dict
+
+    @property
+    def best_workers(self):
+        return sorted(w for w, n in self.per_worker.items() if n == self.blocks and n > 0)
+
+    def __repr__(self):
+        return f"Match(blocks={self.blocks}, per_worker={self.per_worker})"
+
+
+class RunsView(Mapping):
+    """The kept runs of a pass as ``first block -> array('Q') of the run``, over one flat array
+    (a run is sliced out when read): no per-run object is held between passes."""
+
+    def __init__(self, blocks, offsets, lengths, index):
+        self._blocks, self._offsets, self._lengths, self._index = blocks, offsets, lengths, index
+
+    def __getitem__(self, first):
+        r = self._index[first]
+        off = self._offsets[r]
+        return self._blocks[off:off + self._lengths[r]]
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self):
+        return len(self._index)
+
+
+class CompiledTreePass:
+    """A completed C statistics pass at one version; ``to_stats(keep)`` keeps the top ``keep`` edges.
+
+    Every run within ``MAX_KEEP`` edges of the root is recorded in flat arrays: its edge depth,
+    the block it hangs under (``under_root`` when it starts at the root) and its blocks, end to
+    end in ``blocks`` from ``offsets[r]`` for ``lengths[r]``.
+    """
+
+    def __init__(self, version, fields, edges, under, under_root, offsets, lengths, blocks):
+        self.version = version
+        self._fields = fields
+        self._edges, self._under, self._under_root = edges, under, under_root
+        self._offsets, self._lengths, self._blocks = offsets, lengths, blocks
+
+    def to_stats(self, keep_children_depth=0):
+        if keep_children_depth > MAX_KEEP:
+            raise ValueError(f"the compiled pass keeps at most {MAX_KEEP} edges of the tree's top")
+        edges, under, under_root = self._edges, self._under, self._under_root
+        offsets, lengths, blocks = self._offsets, self._lengths, self._blocks
+        children, index = {}, {}
+        kept = [r for r in range(len(edges)) if edges[r] <= keep_children_depth]
+        if len(kept) < len(edges):  # hold only the kept runs' blocks between passes
+            new_blocks, new_offsets, new_lengths = array("Q"), array("Q"), array("I")
+            for r in kept:
+                new_offsets.append(len(new_blocks))
+                new_lengths.append(lengths[r])
+                new_blocks.extend(blocks[offsets[r]:offsets[r] + lengths[r]])
+            order = range(len(kept))
+            firsts = [(ROOT if under_root[r] else under[r]) for r in kept]
+            offsets, lengths, blocks = new_offsets, new_lengths, new_blocks
+        else:
+            order = range(len(edges))
+            firsts = [(ROOT if under_root[r] else under[r]) for r in order]
+        for r, parent in zip(order, firsts):
+            first = blocks[offsets[r]]
+            children.setdefault(parent, []).append(first)
+            if lengths[r] > 1:
+                index[first] = r
+        return TreeStats(version=self.version, children=children, children_depth=keep_children_depth,
+                         runs=RunsView(blocks, offsets, lengths, index), **self._fields)
+
+
+cdef class CompiledPrefixIndex:
+    """Per-(worker, medium) resident blocks over one shared block tree, in C arrays."""
+
+    cdef Block* blocks
+    cdef uint32_t nblocks      # high-water mark of used entries
+    cdef uint32_t capblocks
+    cdef int64_t free_head     # free entries chained through ``parent``
+    cdef uint32_t* slots
+    cdef uint64_t tmask        # table size - 1
+    cdef uint64_t used         # occupied slots (= entries, live or holder-less)
+    cdef int64_t live          # blocks in the tree
+    cdef int64_t* res          # per worker: blocks held on any tier
+    cdef int64_t* tres         # per worker * NMEDIA + medium
+    cdef uint32_t* scratch     # two slots per worker: longest_match's survivors and their next step
+    cdef uint32_t capworkers
+    cdef list _workers
+    cdef dict _wid
+    cdef list _media
+    cdef dict _medium_id
+    cdef dict _hits
+    cdef public long version
+
+    def __cinit__(self):
+        self.capblocks = 1024
+        self.blocks = <Block*>_scratch_map(self.capblocks * sizeof(Block))
+        self.tmask = 2048 - 1
+        self.slots = <uint32_t*>malloc((self.tmask + 1) * sizeof(uint32_t))
+        self.capworkers = 64
+        self.res = <int64_t*>calloc(self.capworkers, sizeof(int64_t))
+        self.tres = <int64_t*>calloc(self.capworkers * NMEDIA, sizeof(int64_t))
+        self.scratch = <uint32_t*>calloc(self.capworkers * 2, sizeof(uint32_t))
+        if not (self.blocks and self.slots and self.res and self.tres and self.scratch):
+            raise MemoryError()
+        memset(self.slots, 0xFF, (self.tmask + 1) * sizeof(uint32_t))
+        self.free_head = -1
+        self._workers = []
+        self._wid = {}
+        self._media = []
+        self._medium_id = {}
+        self._hits = {}
+        self.version = 0
+
+    def __dealloc__(self):
+        cdef uint32_t i
+        if self.blocks:
+            for i in range(self.nblocks):
+                if self.blocks[i].cap:
+                    free(self.blocks[i].h.ext)
+            _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
+        free(self.slots)
+        free(self.res)
+        free(self.tres)
+        free(self.scratch)
+
+    # ---- hash table ----------------------------------------------------------------------
+    cdef inline int64_t _find(self, uint64_t h) noexcept:
+        cdef uint64_t i = _mix(h) & self.tmask
+        cdef uint32_t s
+        while True:
+            s = self.slots[i]
+            if s == EMPTY:
+                return -1
+            if self.blocks[s].hash == h:
+                return s
+            i = (i + 1) & self.tmask
+
+    cdef int _grow_table(self) except -1:
+        cdef uint64_t size = (self.tmask + 1) * 2
+        cdef uint32_t* slots = <uint32_t*>malloc(size * sizeof(uint32_t))
+        cdef uint32_t b
+        cdef uint64_t i
+        if not slots:
+            raise MemoryError()
+        _hugepages(slots, size * sizeof(uint32_t))  # before the first touch
+        memset(slots, 0xFF, size * sizeof(uint32_t))
+        for b in range(self.nblocks):
+            if not self.blocks[b].flags & FLAG_FREE:
+                i = _mix(self.blocks[b].hash) & (size - 1)
+                while slots[i] != EMPTY:
+                    i = (i + 1) & (size - 1)
+                slots[i] = b
+        free(self.slots)
+        self.slots = slots
+        self.tmask = size - 1
+        return 0
+
+    cdef int64_t _find_or_add(self, uint64_t h) except -2:
+        """The entry of ``h``, created holder-less and root-level if it is new."""
+        cdef uint64_t i = _mix(h) & self.tmask
+        cdef uint32_t s
+        cdef int64_t b
+        cdef Block* blk
+        while True:
+            s = self.slots[i]
+            if s == EMPTY:
+                break
+            if self.blocks[s].hash == h:
+                return s
+            i = (i + 1) & self.tmask
+        if self.free_head >= 0:
+            b = self.free_head
+            self.free_head = self.blocks[b].parent
+        else:
+            if self.nblocks == self.capblocks:
+                self._grow_blocks()
+            b = self.nblocks
+            self.nblocks += 1
+        blk = &self.blocks[b]
+        blk.hash = h
+        blk.parent = -1
+        blk.refs = 0
+        blk.n = 0
+        blk.cap = 0
+        blk.flags = 0
+        self.slots[i] = <uint32_t>b
+        self.used += 1
+        if self.used * 4 >= (self.tmask + 1) * 3:
+            self._grow_table()
+        return b
+
+    cdef int _grow_blocks(self) except -1:
+        cdef uint64_t cap = self.capblocks + (self.capblocks >> 1)
+        if cap > 0xFFFFFFF0:
+            raise MemoryError("prefix index: more than 2^32 blocks")
+        # A fresh mapping with huge pages asked for before the copy touches it (realloc would
+        # move the old 4 KiB pages along): random lookups then rarely miss the TLB.
+        cdef Block* blocks = <Block*>_scratch_map(cap * sizeof(Block))
+        if not blocks:
+            raise MemoryError()
+        _hugepages(blocks, cap * sizeof(Block))
+        memcpy(blocks, self.blocks, self.nblocks * sizeof(Block))
+        _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
+        self.blocks = blocks
+        self.capblocks = <uint32_t>cap
+        return 0
+
+    cdef void _unlink(self, int64_t b) noexcept:
+        """Take entry ``b`` out of the table (backward-shift deletion) and onto the free list."""
+        cdef uint64_t i = _mix(self.blocks[b].hash) & self.tmask
+        cdef uint64_t j, k
+        while self.slots[i] != <uint32_t>b:
+            i = (i + 1) & self.tmask
+        j = i
+        while True:
+            j = (j + 1) & self.tmask
+            if self.slots[j] == EMPTY:
+                break
+            k = _mix(self.blocks[self.slots[j]].hash) & self.tmask
+            # move slot j back to the hole at i unless its home k lies cyclically in (i, j]
+            if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
+                self.slots[i] = self.slots[j]
+                i = j
+        self.slots[i] = EMPTY
+        self.used -= 1
+        if self.blocks[b].cap:
+            free(self.blocks[b].h.ext)
+            self.blocks[b].cap = 0
+        self.blocks[b].flags = FLAG_FREE
+        self.blocks[b].n = 0
+        self.blocks[b].parent = <int32_t>self.free_head
+        self.free_head = b
+
+    cdef void _release(self, int64_t b) noexcept:
+        """Free holder-less entries nobody names as parent, up the parent chain."""
+        cdef int64_t p
+        cdef int guard = 0
+        while b >= 0 and self.blocks[b].n == 0 and self.blocks[b].refs == 0 \
+                and not self.blocks[b].flags & FLAG_FREE:
+            p = self.blocks[b].parent
+            self._unlink(b)
+            if p >= 0:
+                self.blocks[p].refs -= 1
+            b = p
+
+    # ---- holders ---------------------------------------------------------------------------
+    cdef inline int _slot_of(self, Block* blk, uint32_t wid) noexcept:
+        """Position of the worker's entry in the block's sorted holders, or -(insertion point) - 1."""
+        cdef uint32_t* e = _hold(blk)
+        cdef int lo = 0, hi = blk.n, mid
+        cdef uint32_t w
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            w = e[mid] >> 8
+            if w == wid:
+                return mid
+            if w < wid:
+                lo = mid + 1
+            else:
+                hi = mid
+        return -lo - 1
+
+    cdef int _insert(self, int64_t b, int pos, uint32_t entry) except -1:
+        cdef Block* blk = &self.blocks[b]
+        cdef uint32_t* e
+        cdef uint32_t* grown
+        cdef uint16_t cap = blk.cap if blk.cap else INLINE
+        if blk.n == cap:
+            if cap >= MAX_WORKERS:
+                raise ValueError("more than 65535 workers hold one block")
+            cap = 4 if cap == INLINE else (cap * 2 if cap < 32768 else MAX_WORKERS)
+            grown = <uint32_t*>malloc(cap * sizeof(uint32_t))
+            if not grown:
+                raise MemoryError()
+            memcpy(grown, _hold(blk), blk.n * sizeof(uint32_t))
+            if blk.cap:
+                free(blk.h.ext)
+            blk.h.ext = grown
+            blk.cap = cap
+        e = _hold(blk)
+        memmove(e + pos + 1, e + pos, (blk.n - pos) * sizeof(uint32_t))
+        e[pos] = entry
+        blk.n += 1
+        return 0
+
+    cdef void _erase(self, int64_t b, int pos) noexcept:
+        cdef Block* blk = &self.blocks[b]
+        cdef uint32_t* e = _hold(blk)
+        cdef uint32_t* ext
+        memmove(e + pos, e + pos + 1, (blk.n - pos - 1) * sizeof(uint32_t))
+        blk.n -= 1
+        if blk.cap and blk.n <= INLINE:  # back inline: no allocation for one or two holders
+            ext = blk.h.ext
+            memcpy(blk.h.inl, ext, blk.n * sizeof(uint32_t))
+            free(ext)
+            blk.cap = 0
+
+    cdef void _leave(self, int64_t b) noexcept:
+        """Block ``b`` lost its last holder: it leaves the tree (its hits with it)."""
+        self.live -= 1
+        if self.blocks[b].flags & FLAG_HIT:
+            self.blocks[b].flags &= ~FLAG_HIT
+            self._hits.pop(self.blocks[b].hash, None)
+        self._release(b)
+
+    # ---- worker and medium tables ------------------------------------------------------------
+    cdef int _worker_id(self, str worker) except -1:
+        cdef object wid = self._wid.get(worker)
+        cdef uint32_t cap
+        cdef uint32_t n
+        if wid is not None:
+            return wid
+        n = len(self._workers)
+        if n >= MAX_WORKERS:
+            raise ValueError(f"more than {MAX_WORKERS} workers")
+        if n == self.capworkers:
+            cap = self.capworkers * 2
+            self.res = <int64_t*>realloc(self.res, cap * sizeof(int64_t))
+            self.tres = <int64_t*>realloc(self.tres, cap * NMEDIA * sizeof(int64_t))
+            self.scratch = <uint32_t*>realloc(self.scratch, cap * 2 * sizeof(uint32_t))
+            if not (self.res and self.tres and self.scratch):
+                raise MemoryError()
+            memset(self.res + n, 0, (cap - n) * sizeof(int64_t))
+            memset(self.tres + n * NMEDIA, 0, (cap - n) * NMEDIA * sizeof(int64_t))
+            self.capworkers = cap
+        self._workers.append(worker)
+        self._wid[worker] = n
+        return n
+
+    cdef int _tier_id(self, object medium) except -1:
+        if medium is None:
+            medium = DEFAULT_MEDIUM
+        t = self._medium_id.get(medium)
+        if t is None:
+            if len(self._media) >= NMEDIA:
+                raise ValueError(f"more than {NMEDIA} cache media: {[*self._media, medium]}")
+            t = len(self._media)
+            self._media.append(medium)
+            self._medium_id[medium] = t
+        return t
+
+    @property
+    def workers(self):
+        return list(self._workers)
+
+    @property
+    def media(self):
+        return list(self._media)
+
+    def resident_blocks(self, worker, medium=None):
+        wid = self._wid.get(worker)
+        if wid is None:
+            return None
+        if medium is None:
+            return self.res[<int>wid]
+        t = self._medium_id.get(medium)
+        return 0 if t is None else self.tres[<int>wid * NMEDIA + <int>t]
+
+    def resident_by_worker(self):
+        cdef int i
+        return {w: self.res[i] for i, w in enumerate(self._workers)}
+
+    def resident_by_medium(self):
+        cdef int i, t
+        return {w: {m: self.tres[i * NMEDIA + t] for t, m in enumerate(self._media)}
+                for i, w in enumerate(self._workers)}
+
+    def holds(self, worker, block, medium=None):
+        wid = self._wid.get(worker)
+        if wid is None:
+            return False
+        cdef uint32_t bits = 0xFF
+        if medium is not None:
+            t = self._medium_id.get(medium)
+            if t is None:
+                return False
+            bits = 1u << <int>t
+        cdef int64_t b = self._find(_u64(block))
+        if b < 0 or self.blocks[b].n == 0:
+            return False
+        cdef int pos = self._slot_of(&self.blocks[b], <uint32_t>wid)
+        return pos >= 0 and bool(_hold(&self.blocks[b])[pos] & bits)
+
+    def holders(self, block):
+        cdef int64_t b = self._find(_u64(block))
+        cdef int i
+        cdef uint32_t* e
+        if b < 0:
+            return []
+        e = _hold(&self.blocks[b])
+        return [self._workers[e[i] >> 8] for i in range(self.blocks[b].n)]
+
+    def parent(self, block):
+        cdef int64_t b = self._find(_u64(block))
+        if b < 0 or self.blocks[b].n == 0 or self.blocks[b].parent < 0:
+            return None
+        return self.blocks[self.blocks[b].parent].hash
+
+    def blocks_of(self, worker):
+        wid = self._wid.get(worker)
+        if wid is None:
+            return []
+        cdef uint32_t b
+        cdef list out = []
+        for b in range(self.nblocks):
+            if self.blocks[b].n and self._slot_of(&self.blocks[b], <uint32_t>wid) >= 0:
+                out.append(self.blocks[b].hash)
+        return out
+
+    def __contains__(self, block):
+        cdef int64_t b = self._find(_u64(block))
+        return b >= 0 and self.blocks[b].n > 0
+
+    def __len__(self):
+        return self.live
+
+    def memory_bytes(self):
+        """Bytes this index has allocated (blocks in use, hash table, holder arrays)."""
+        cdef uint64_t total = self.nblocks * sizeof(Block) + (self.tmask + 1) * sizeof(uint32_t)
+        cdef uint32_t b
+        for b in range(self.nblocks):
+            total += self.blocks[b].cap * sizeof(uint32_t)
+        return total
+
+    # ---- events -------------------------------------------------------------------------------
+    def apply(self, str worker, events):
+        """Apply one worker's events in order (see ``ReferencePrefixIndex.apply``)."""
+        cdef int wid = self._worker_id(worker)
+        cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
+        cdef int64_t stored_events = 0, removed_events = 0
+        cdef int t = -1
+        cdef object last = self  # the previous event's medium (``self``: none yet)
+        for ev in events:
+            kind = type(ev)
+            if kind is BlockStored:
+                hs = ev.hashes
+                if type(hs) is not tuple:
+                    hs = tuple(hs)
+                m = ev.medium
+                if m is not last:
+                    t, last = self._tier_id(m), m
+                stored_events += 1
+                stored += PyTuple_GET_SIZE(hs)
+                unknown_parent += self._store(wid, t, hs, ev.parent)
+            elif kind is BlockRemoved:
+                hs = ev.hashes
+                if type(hs) is not tuple:
+                    hs = tuple(hs)
+                m = ev.medium
+                if m is not last:
+                    t, last = self._tier_id(m), m
+                removed_events += 1
+                removed += PyTuple_GET_SIZE(hs)
+                unknown_removals += self._remove(wid, t, hs)
+            elif kind is AllBlocksCleared:
+                self._clear(wid)
+                cleared += 1
+        self.version += 1
+        return ApplyResult(stored=stored, removed=removed, cleared=cleared, unknown_parent=unknown_parent,
+                           unknown_removals=unknown_removals, stored_events=stored_events,
+                           removed_events=removed_events)
+
+    cdef int _store(self, int wid, int t, tuple hs, object parent) except -1:
+        """One BlockStored; returns 1 when the worker held its parent on no tier."""
+        cdef uint32_t tbit = 1u << t
+        cdef int64_t prev = -1, b, p
+        cdef int unknown = 0, pos
+        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(hs)
+        cdef Block* blk
+        cdef uint32_t* e
+        if parent is not None:
+            p = self._find(_u64(parent))
+            if p < 0 or self.blocks[p].n == 0:
+                unknown = 1  # nobody holds it: the run hangs off the root
+            else:
+                prev = p
+                if self._slot_of(&self.blocks[p], <uint32_t>wid) < 0:
+                    unknown = 1
+        for i in range(n):
+            b = self._find_or_add(_u64(<object>PyTuple_GET_ITEM(hs, i)))
+            blk = &self.blocks[b]
+            if blk.n == 0:  # new to the tree: fresh, or a departed block named by a child
+                self._insert(b, 0, (<uint32_t>wid << 8) | tbit)
+                self.live += 1
+                self.res[wid] += 1
+                self.tres[wid * NMEDIA + t] += 1
+                p = self.blocks[b].parent
+                if p != prev:
+                    if prev >= 0:
+                        self.blocks[prev].refs += 1
+                    self.blocks[b].parent = <int32_t>prev
+                    if p >= 0:
+                        self.blocks[p].refs -= 1
+                        self._release(p)
+            else:
+                pos = self._slot_of(blk, <uint32_t>wid)
+                if pos < 0:
+                    self._insert(b, -pos - 1, (<uint32_t>wid << 8) | tbit)
+                    self.res[wid] += 1
+                    self.tres[wid * NMEDIA + t] += 1
+                else:
+                    e = _hold(blk)
+                    if not e[pos] & tbit:
+                        e[pos] |= tbit
+                        self.tres[wid * NMEDIA + t] += 1
+            prev = b
+        return unknown
+
+    cdef int64_t _remove(self, int wid, int t, tuple hs) except -1:
+        """One BlockRemoved on one medium; returns the hashes the worker did not hold there."""
+        cdef uint32_t tbit = 1u << t
+        cdef int64_t b, unknown = 0
+        cdef int pos
+        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(hs)
+        cdef uint32_t* e
+        for i in range(n):
+            b = self._find(_u64(<object>PyTuple_GET_ITEM(hs, i)))
+            if b < 0 or self.blocks[b].n == 0:
+                unknown += 1
+                continue
+            pos = self._slot_of(&self.blocks[b], <uint32_t>wid)
+            if pos < 0:
+                unknown += 1
+                continue
+            e = _hold(&self.blocks[b])
+            if not e[pos] & tbit:
+                unknown += 1
+                continue
+            e[pos] &= ~tbit
+            self.tres[wid * NMEDIA + t] -= 1
+            if not e[pos] & 0xFF:
+                self._erase(b, pos)
+                self.res[wid] -= 1
+                if self.blocks[b].n == 0:
+                    self._leave(b)
+        return unknown
+
+    cdef void _clear(self, int wid) noexcept:
+        cdef uint32_t b
+        cdef int pos
+        if self.res[wid] == 0:
+            return
+        for b in range(self.nblocks):
+            if self.blocks[b].n:
+                pos = self._slot_of(&self.blocks[b], <uint32_t>wid)
+                if pos >= 0:
+                    self._erase(b, pos)
+                    if self.blocks[b].n == 0:
+                        self._leave(b)
+        self.res[wid] = 0
+        memset(self.tres + wid * NMEDIA, 0, NMEDIA * sizeof(int64_t))
+        self.version += 1
+
+    def clear_worker(self, worker):
+        """Drop every block from one worker's view, on every tier (restart or AllBlocksCleared)."""
+        wid = self._wid.get(worker)
+        if wid is not None:
+            self._clear(wid)
+
+    # ---- lookups ------------------------------------------------------------------------------
+    def longest_match(self, block_hashes):
+        """Leading blocks of ``block_hashes`` each worker holds (on any tier), and the best of them.
+
+        Exact without assuming the chain property. The workers still matching are a sorted
+        array; each block intersects it with the block's sorted holders (a merge, or binary
+        searches when one side is much shorter). When the survivors shrink, the set before the
+        step is appended to the result with its depth (one memcpy; the per-worker dict is built
+        from these groups only if asked for). When the survivors are all the previous block's
+        holders and this block has the same holder entries (the usual case inside a shared
+        prefix), one memcmp stands for the intersection. The walk ends at the first block no
+        survivor holds.
+        """
+        if type(block_hashes) is not tuple:
+            block_hashes = tuple(block_hashes)
+        cdef tuple hs = block_hashes
+        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(hs)
+        cdef uint32_t depth = 0
+        cdef int64_t b
+        cdef uint32_t* e
+        cdef uint32_t* prev_e = NULL
+        cdef uint32_t* alive = self.scratch
+        cdef uint32_t* nxt = self.scratch + self.capworkers
+        cdef int k, prev_k = 0, na = 0, nn, j, a, lo, hi, mid
+        cdef bint full = False
+        cdef uint32_t w
+        cdef uint32_t head[2]
+        cdef carray.array out = carray.clone(_GROUPS, 0, zero=False)
+        # The chain's hashes are known up front, so their table slots and blocks are fetched
+        # ahead of the walk: the lookups' cache misses overlap instead of queueing one by one.
+        cdef uint64_t stackbuf[64]
+        cdef uint64_t* h = stackbuf
+        cdef uint32_t s
+        if n > 64:
+            h = <uint64_t*>malloc(n * sizeof(uint64_t))
+            if not h:
+                raise MemoryError()
+        try:
+            for i in range(n):
+                h[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
+            for i in range(min(n, AHEAD)):
+                __builtin_prefetch(&self.slots[_mix(h[i]) & self.tmask])
+            for i in range(n):
+                if i + AHEAD < n:
+                    __builtin_prefetch(&self.slots[_mix(h[i + AHEAD]) & self.tmask])
+                if i + AHEAD // 2 < n:
+                    s = self.slots[_mix(h[i + AHEAD // 2]) & self.tmask]
+                    if s != EMPTY:
+                        __builtin_prefetch(&self.blocks[s])
+                b = self._find(h[i])
+                if b < 0 or self.blocks[b].n == 0:
+                    break
+                e = _hold(&self.blocks[b])
+                k = self.blocks[b].n
+                if depth == 0:
+                    for j in range(k):
+                        alive[j] = e[j] >> 8
+                    na = k
+                    full = True
+                elif not (full and k == prev_k and memcmp(e, prev_e, k * sizeof(uint32_t)) == 0):
+                    nn = 0
+                    if k * 16 < na:  # few holders: look each up among the survivors
+                        for j in range(k):
+                            w = e[j] >> 8
+                            lo, hi = 0, na
+                            while lo < hi:
+                                mid = (lo + hi) >> 1
+                                if alive[mid] < w:
+                                    lo = mid + 1
+                                else:
+                                    hi = mid
+                            if lo < na and alive[lo] == w:
+                                nxt[nn] = w
+                                nn += 1
+                    elif na * 16 < k:  # few survivors: look each up among the holders
+                        for a in range(na):
+                            w = alive[a]
+                            lo, hi = 0, k
+                            while lo < hi:
+                                mid = (lo + hi) >> 1
+                                if (e[mid] >> 8) < w:
+                                    lo = mid + 1
+                                else:
+                                    hi = mid
+                            if lo < k and (e[lo] >> 8) == w:
+                                nxt[nn] = w
+                                nn += 1
+                    else:  # a merge of the two sorted lists
+                        j = 0
+                        for a in range(na):
+                            w = alive[a]
+                            while j < k and (e[j] >> 8) < w:
+                                j += 1
+                            if j < k and (e[j] >> 8) == w:
+                                nxt[nn] = w
+                                nn += 1
+                    if nn < na:  # some stop here: the set before this block reached ``depth``
+                        head[0], head[1] = depth, na
+                        carray.extend_buffer(out, <char*>head, 2)
+                        carray.extend_buffer(out, <char*>alive, na)
+                    alive, nxt = nxt, alive
+                    na = nn
+                    if not na:
+                        break
+                    full = na == k
+                prev_e, prev_k = e, k
+                depth += 1
+        finally:
+            if h != stackbuf:
+                free(h)
+        if na:
+            head[0], head[1] = depth, na
+            carray.extend_buffer(out, <char*>head, 2)
+            carray.extend_buffer(out, <char*>alive, na)
+        return CompiledMatch(depth, self._workers, out)
+
+    def record_hits(self, block_hashes, hit_blocks, block_size):
+        hits = self._hits
+        cdef int64_t b
+        for h in block_hashes[:hit_blocks]:
+            b = self._find(_u64(h))
+            if b >= 0 and self.blocks[b].n:
+                key = self.blocks[b].hash
+                hits[key] = hits.get(key, 0) + block_size
+                self.blocks[b].flags |= FLAG_HIT
+
+    def hit_tokens(self, block):
+        return self._hits.get(block, 0)
+
+    def branch_of(self, block_hashes, stats):
+        """The branch a chain belongs to (see ``ReferencePrefixIndex.branch_of``)."""
+        if not block_hashes:
+            return None
+        branching = stats.branching
+        for i in range(len(block_hashes) - 1):
+            if block_hashes[i] in branching:
+                return block_hashes[i + 1]
+            if block_hashes[i + 1] not in self:
+                break
+        return block_hashes[0]
+
+    # ---- statistics -----------------------------------------------------------------------------
+    def copy_for_stats(self):
+        """The statistics pass itself, in C on the live arrays (call it under the caller's lock)."""
+        return self._pass()
+
+    def stats(self, keep_children_depth=0):
+        return self._pass().to_stats(keep_children_depth)
+
+    cdef object _pass(self):
+        cdef uint32_t nb = self.nblocks, b, x
+        cdef int64_t p, q
+        cdef size_t cells = (nb + 1) * sizeof(uint32_t)
+        cdef uint32_t* kids = <uint32_t*>_scratch_map(cells)  # live children per entry
+        cdef int32_t* bdep = <int32_t*>_scratch_map(cells)  # depth in blocks
+        cdef int32_t* edep = <int32_t*>_scratch_map(cells)  # depth in radix edges
+        cdef int32_t* stack = NULL
+        cdef int64_t sp, cap = 0, root_level = 0, nodes = 0, length, j
+        cdef int64_t* reps = NULL
+        cdef carray.array ke, ku, kr, ko, kl, kb
+        cdef uint32_t u32
+        cdef uint64_t u64
+        cdef uint8_t flag
+        cdef bint root_run
+        cdef int64_t start
+        cdef Block* blocks = self.blocks
+        if not (kids and bdep and edep):
+            _scratch_unmap(kids, cells)
+            _scratch_unmap(bdep, cells)
+            _scratch_unmap(edep, cells)
+            raise MemoryError()
+        try:
+            for b in range(nb):
+                if blocks[b].n:
+                    bdep[b] = -1
+                    p = blocks[b].parent
+                    if p >= 0:
+                        kids[p] += 1
+                    if p < 0 or blocks[p].n == 0:
+                        root_level += 1
+            branching = []
+            fanouts = []
+            reps = <int64_t*>calloc(MAX_WORKERS + 1, sizeof(int64_t))
+            if not reps:
+                raise MemoryError()
+            for b in range(nb):
+                if kids[b] > 1:
+                    branching.append(blocks[b].hash)
+                    if blocks[b].n:
+                        fanouts.append(kids[b])
+                        nodes += kids[b]
+                reps[blocks[b].n] += 1  # free and holder-less entries count under 0, dropped below
+            replicas = Counter({r: reps[r] for r in range(1, MAX_WORKERS + 1) if reps[r]})
+            # Depths: walk up to a known block or a run hanging off the root, then back down.
+            # -2 marks a block on the current walk (a parent cycle from colliding hashes ends there).
+            for b in range(nb):
+                if not blocks[b].n or bdep[b] != -1:
+                    continue
+                sp = 0
+                x = b
+                while True:
+                    if sp == cap:
+                        cap = cap * 2 + 64
+                        stack = <int32_t*>realloc(stack, cap * sizeof(int32_t))
+                        if not stack:
+                            raise MemoryError()
+                    stack[sp] = x
+                    sp += 1
+                    bdep[x] = -2
+                    p = blocks[x].parent
+                    if p < 0 or blocks[p].n == 0 or bdep[p] != -1:
+                        break
+                    x = <uint32_t>p
+                while sp:
+                    sp -= 1
+                    x = stack[sp]
+                    p = blocks[x].parent
+                    if p < 0 or blocks[p].n == 0 or bdep[p] < 0:
+                        bdep[x] = 1
+                        edep[x] = 1
+                    else:
+                        bdep[x] = bdep[p] + 1
+                        edep[x] = edep[p] + (1 if kids[p] > 1 else 0)
+            leaf_depths = []
+            leaf_block_depths = []
+            ke = carray.clone(_EDGES, 0, zero=False)
+            ku = carray.clone(_PAIRS, 0, zero=False)
+            kr = carray.clone(_FLAGS, 0, zero=False)
+            ko = carray.clone(_PAIRS, 0, zero=False)
+            kl = carray.clone(_EDGES, 0, zero=False)
+            kb = carray.clone(_PAIRS, 0, zero=False)
+            for b in range(nb):
+                if not blocks[b].n:
+                    continue
+                if kids[b] == 0:
+                    leaf_depths.append(edep[b])
+                    leaf_block_depths.append(bdep[b])
+                if kids[b] != 1 and edep[b] <= MAX_KEEP:  # a run's end within the kept top
+                    x = b
+                    length = 1
+                    while True:  # up to the run's start (the length bound cuts a parent cycle)
+                        p = blocks[x].parent
+                        if p < 0 or blocks[p].n == 0 or kids[p] > 1 or <uint32_t>p == b or length > nb:
+                            break
+                        x = <uint32_t>p
+                        length += 1
+                    root_run = p < 0 or blocks[p].n == 0 or <uint32_t>p == b
+                    u32 = <uint32_t>edep[b]
+                    carray.extend_buffer(ke, <char*>&u32, 1)
+                    u64 = 0 if root_run else blocks[p].hash
+                    carray.extend_buffer(ku, <char*>&u64, 1)
+                    flag = root_run
+                    carray.extend_buffer(kr, <char*>&flag, 1)
+                    u64 = len(kb)
+                    carray.extend_buffer(ko, <char*>&u64, 1)
+                    u32 = <uint32_t>length
+                    carray.extend_buffer(kl, <char*>&u32, 1)
+                    start = len(kb)
+                    carray.resize_smart(kb, start + length)
+                    q = b
+                    for j in range(length - 1, -1, -1):
+                        kb.data.as_ulonglongs[start + j] = blocks[q].hash
+                        q = blocks[q].parent
+        finally:
+            _scratch_unmap(kids, cells)
+            _scratch_unmap(bdep, cells)
+            _scratch_unmap(edep, cells)
+            free(stack)
+            free(reps)
+        fields = dict(nodes=root_level + nodes, blocks=self.live, root_fanout=root_level,
+                      leaf_depths=leaf_depths, leaf_block_depths=leaf_block_depths, fanouts=fanouts,
+                      replicas=replicas, branching=frozenset(branching))
+        return CompiledTreePass(self.version, fields, ke, ku, kr, ko, kl, kb)

@@ -1,0 +1,48 @@
+"""Build the optional compiled prefix index (``exporter._prefix_core``); metadata is in pyproject.toml.
+
+Without Cython or a C compiler the install still succeeds, with a warning, and the exporter runs
+on the Python reference index (``exporter.prefix_index.CORE == "reference"``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+
+def _warn(what: str, exc: BaseException) -> None:
+    print(f"WARNING: prefixscope: {what} ({exc}); the prefix index falls back to the Python reference",
+          file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """A build_ext whose failure (no compiler, no headers) is a warning, not a failed install."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:
+            _warn("the compiled prefix index could not be built", exc)
+
+    def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            _warn(f"building {ext.name} failed", exc)
+
+
+def extensions() -> list:
+    try:
+        from Cython.Build import cythonize
+        from setuptools import Extension
+
+        return cythonize([Extension("exporter._prefix_core", ["exporter/_prefix_core.pyx"],
+                                    extra_compile_args=["-O2"])], quiet=True)
+    except Exception as exc:  # no Cython, or the translation failed
+        _warn("the compiled prefix index was not translated", exc)
+        return []
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,182 @@
+"""The compiled index and the Python reference give identical observable results on random streams.
+
+Streams follow a fixed random forest of block hashes (as real chained hashes do: a block's parent
+is always the same block), with stored sub-chains under known, unheld or never-seen parents,
+removals of held and unknown blocks, clears and restarts, three workers and several media.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter import prefix_index
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
+from exporter.prefix_index import ReferencePrefixIndex
+
+compiled = pytest.importorskip("exporter._prefix_core")
+CompiledPrefixIndex = compiled.CompiledPrefixIndex
+
+UNIVERSE = 40
+WORKERS = ("w0", "w1", "w2")
+MEDIA = (None, "GPU", "CPU", "disk")
+NEVER = 0xDEAD_BEEF_0000  # a parent hash no stream ever stores
+
+
+def hash_of(i: int) -> int:
+    """Spread the universe over 64 bits (some hashes above 2^63)."""
+    return (i + 1) * 0x9E37_79B9_7F4A_7C15 & 0xFFFF_FFFF_FFFF_FFFF
+
+
+@st.composite
+def forests(draw: st.DrawFn) -> list[list[int]]:
+    """The root path of every block of a random forest over the universe."""
+    paths: list[list[int]] = []
+    for i in range(UNIVERSE):
+        up = draw(st.integers(-1, i - 1)) if i else -1
+        paths.append([*(paths[up] if up >= 0 else []), hash_of(i)])
+    return paths
+
+
+@st.composite
+def batches(draw: st.DrawFn, paths: list[list[int]]) -> tuple[str, list, bool]:
+    worker = draw(st.sampled_from(WORKERS))
+    events: list = []
+    for _ in range(draw(st.integers(0, 6))):
+        kind = draw(st.integers(0, 19))
+        medium = draw(st.sampled_from(MEDIA))
+        if kind < 10:
+            path = paths[draw(st.integers(0, UNIVERSE - 1))]
+            i = draw(st.integers(0, len(path) - 1))
+            j = draw(st.integers(i + 1, len(path)))
+            parent = path[i - 1] if i else None
+            if draw(st.integers(0, 9)) == 0:
+                parent = NEVER  # an unknown parent: the run hangs off the root
+            events.append(BlockStored(tuple(path[i:j]), parent, 16, medium=medium))
+        elif kind < 18:
+            n = draw(st.integers(1, 4))
+            hs = [hash_of(draw(st.integers(0, UNIVERSE))) for _ in range(n)]  # UNIVERSE: never stored
+            events.append(BlockRemoved(tuple(hs), medium=medium))
+        else:
+            events.append(AllBlocksCleared())
+    restart = draw(st.integers(0, 24)) == 0
+    return worker, events, restart
+
+
+def observe(idx, paths: list[list[int]]) -> dict:
+    hashes = [hash_of(i) for i in range(UNIVERSE + 1)]
+    media = sorted(idx.media)
+    out: dict = {
+        "len": len(idx), "resident": idx.resident_by_worker(), "by_medium": idx.resident_by_medium(),
+        "holders": [idx.holders(h) for h in hashes], "parent": [idx.parent(h) for h in hashes],
+        "in": [h in idx for h in hashes],
+        "media": idx.media,
+        "holds": [idx.holds(w, h, m) for w in WORKERS for h in hashes for m in (None, *media)],
+        "per_medium": [idx.resident_blocks(w, m) for w in WORKERS for m in (None, *media)],
+        "hits": [idx.hit_tokens(h) for h in hashes],
+        "blocks_of": [sorted(idx.blocks_of(w)) for w in WORKERS],
+    }
+    chains = [*paths[::3], hashes[:7], hashes[5:9]]
+    out["match"] = [(m.blocks, m.per_worker, m.best_workers) for m in map(idx.longest_match, chains)]
+    s = idx.stats(keep_children_depth=3)
+    out["stats"] = (s.blocks, s.nodes, s.root_fanout, sorted(s.leaf_depths), sorted(s.leaf_block_depths),
+                    sorted(s.fanouts), dict(s.replicas), s.branching,
+                    {k: sorted(v) for k, v in s.children.items()}, {k: list(v) for k, v in s.runs.items()})
+    out["branch_of"] = [idx.branch_of(c, s) for c in chains]
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> None:
+    paths = data.draw(forests())
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    for _ in range(data.draw(st.integers(1, 25))):
+        worker, events, restart = data.draw(batches(paths))
+        assert ref.apply(worker, events) == comp.apply(worker, events)
+        if restart:
+            ref.clear_worker(worker)
+            comp.clear_worker(worker)
+        chain = paths[data.draw(st.integers(0, UNIVERSE - 1))]
+        m = ref.longest_match(chain)
+        for idx in (ref, comp):
+            idx.record_hits(chain, m.blocks, 16)
+        assert observe(ref, paths) == observe(comp, paths)
+
+
+@pytest.mark.parametrize("cls", [ReferencePrefixIndex, CompiledPrefixIndex])
+def test_a_tier_removal_leaves_the_other_tiers_alone(cls) -> None:
+    idx = cls()
+    idx.apply("w0", [BlockStored((1, 2, 3), None, 16, medium="GPU"), BlockStored((1, 2), None, 16, medium="CPU")])
+    assert idx.resident_by_medium() == {"w0": {"GPU": 3, "CPU": 2}} and idx.resident_blocks("w0") == 3
+    res = idx.apply("w0", [BlockRemoved((1, 2, 3), medium="CPU")])
+    assert res.unknown_removals == 1  # 3 was never on the CPU tier
+    assert idx.resident_by_medium() == {"w0": {"GPU": 3, "CPU": 0}}
+    assert idx.holds("w0", 1) and idx.holds("w0", 1, "GPU") and not idx.holds("w0", 1, "CPU")
+    assert idx.longest_match([1, 2, 3]).blocks == 3
+    idx.apply("w0", [BlockRemoved((1,), medium=None)])  # no medium: the GPU pool
+    assert 1 not in idx and idx.resident_blocks("w0", "GPU") == 2
+    assert idx.stats().blocks == 2 and idx.stats().root_fanout == 1  # 2-3 hang off the departed 1
+
+
+@pytest.mark.parametrize("cls", [ReferencePrefixIndex, CompiledPrefixIndex])
+def test_a_block_on_two_tiers_is_one_replica_of_its_worker(cls) -> None:
+    idx = cls()
+    idx.apply("w0", [BlockStored((1,), None, 16, medium="GPU"), BlockStored((1,), None, 16, medium="CPU")])
+    idx.apply("w1", [BlockStored((1,), None, 16, medium="disk")])
+    assert idx.stats().replicas == {2: 1} and idx.holders(1) == ["w0", "w1"]
+    idx.clear_worker("w0")
+    assert idx.resident_by_medium()["w0"] == {"GPU": 0, "CPU": 0, "disk": 0} and idx.holders(1) == ["w1"]
+
+
+@pytest.mark.parametrize("cls", [ReferencePrefixIndex, CompiledPrefixIndex])
+def test_more_media_than_the_index_keeps_is_a_clear_error(cls) -> None:
+    idx = cls()
+    idx.apply("w0", [BlockStored((i,), None, 16, medium=f"m{i}") for i in range(8)])
+    with pytest.raises(ValueError, match="more than 8 cache media"):
+        idx.apply("w0", [BlockStored((9,), None, 16, medium="m9")])
+
+
+def test_the_core_in_use_is_named() -> None:
+    assert prefix_index.CORE in ("compiled", "reference")
+    want = CompiledPrefixIndex if prefix_index.CORE == "compiled" else ReferencePrefixIndex
+    assert prefix_index.PrefixIndex is want
+
+
+def test_lookups_agree_with_many_workers_and_mixed_tiers() -> None:
+    # 60 workers over a 6-block shared prefix with random gaps and tiers: the survivor
+    # intersection takes every path (same holders, merge, binary search) against the reference.
+    import random
+
+    rng = random.Random(7)
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    prefix = [hash_of(i) for i in range(6)]
+    for w in range(60):
+        upto = rng.choice([1, 6, 6, 6, rng.randint(1, 6)])
+        for idx in (ref, comp):
+            idx.apply(f"w{w}", [BlockStored(tuple(prefix[:upto]), None, 16, medium=rng.choice(MEDIA))])
+        if rng.random() < 0.2:  # a gap in the middle: the worker matches only up to it
+            gap = (prefix[rng.randrange(6)],)
+            for idx in (ref, comp):
+                for m in MEDIA:
+                    idx.apply(f"w{w}", [BlockRemoved(gap, medium=m)])
+    for n in range(1, 7):
+        for chain in (prefix[:n], [*prefix[:n], hash_of(99)], prefix[n - 1:]):
+            r, c = ref.longest_match(chain), comp.longest_match(chain)
+            assert (r.blocks, r.per_worker) == (c.blocks, c.per_worker)
+
+
+def test_the_reference_can_be_forced_and_says_so() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PREFIXSCOPE_INDEX": "reference", "PYTHONPATH": str(repo)}
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from exporter import prefix_index as p; print(p.CORE, p.PrefixIndex.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["reference", "ReferencePrefixIndex"], out.stderr
+    assert out.stderr.count("prefix index: the Python reference implementation") == 1
