@@ -74,12 +74,30 @@ def left_pool(workers: list[Mapping], liveness: Mapping[str, Liveness]) -> list[
             for r in capacity_rows(workers, liveness) if not in_pool(liveness, str(r["worker"]))]
 
 
+def prefix_name(branch: Mapping) -> str:
+    """A branch's first words (the exporter's ``text``), else its first token ids, else "—"."""
+    text, tokens = branch.get("text"), branch.get("token_ids")
+    if isinstance(text, str) and text:
+        return f"“{text}”"
+    if isinstance(tokens, list) and tokens:
+        shown = " ".join(str(t) for t in tokens[:8])
+        return f"tokens {shown}{' …' if len(tokens) > 8 else ''}"
+    return "—"
+
+
 def hot_branch_rows(branches: list[Mapping], liveness: Mapping[str, Liveness]) -> list[dict]:
-    """Hot branches with the workers holding them, minus workers that have left the pool."""
+    """Hot branches with their first words next to the hash, and the workers holding them minus
+    workers that have left the pool."""
     rows = []
     for b in branches:
         holders = [str(w) for w in b.get("workers") or [] if in_pool(liveness, str(w))]
-        rows.append(dict(b) | {"workers": ", ".join(holders)})
+        row = {k: v for k, v in b.items() if k not in ("text", "token_ids")}
+        named = {}
+        for k, v in row.items():
+            named[k] = v
+            if k == "branch":
+                named["prefix"] = prefix_name(b)
+        rows.append(named | {"workers": ", ".join(holders)})
     return rows
 
 
