@@ -9,11 +9,13 @@ from console.liveness import Liveness, in_pool
 METRIC_FIELD = {"hits": "hit_tokens", "blocks": "blocks"}
 
 
-def icicle_columns(root: Mapping, by: str) -> dict[str, list]:
+def icicle_columns(root: Mapping, by: str, min_share: float = 0.0) -> dict[str, list]:
     """ids/labels/parents/values for plotly's icicle or sunburst.
 
     Ids are paths (``root/3f2a/9c01``) so a node is unique even if a label repeats. Each value
     is the node's own hits or blocks; plotly adds the children ("remainder" branch values).
+    ``min_share`` floors each node's own value at that share of the total, so a branch that is
+    shown at all is wide enough to read its label.
     """
     field = METRIC_FIELD[by]
     cols: dict[str, list] = {"ids": [], "labels": [], "parents": [], "values": [], "workers": []}
@@ -28,6 +30,8 @@ def icicle_columns(root: Mapping, by: str) -> dict[str, list]:
         cols["workers"].append(", ".join(node.get("resident_workers") or []))
         for child in reversed(node.get("children") or []):
             stack.append((child, f"{path}/{child.get('id', '?')}", path))
+    floor = sum(cols["values"]) * min_share
+    cols["values"] = [v if i == 0 else max(v, floor) for i, v in enumerate(cols["values"])]
     return cols
 
 
