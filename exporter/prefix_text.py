@@ -1,10 +1,10 @@
 """Names for prefixes: the first tokens of a branch's first block, as text a person can read.
 
 A hash says nothing at 3 a.m.; "You are a support agent for…" does. The KV events carry each
-stored block's ``token_ids``. Only a few are kept (pure, bounded): the first block of each
-event that starts a prefix family (no parent) and of each event continuing a block already kept
-(one level down the tree, where hot branches live), at most ``max_tokens`` tokens each and
-``max_kept`` blocks in all, oldest forgotten first. Turning tokens into text needs the model's
+stored block's ``token_ids``. Only a few are kept (bounded): the blocks of each event that
+starts a prefix family (no parent; its first ``ROOT_BLOCKS``) and the first block of each event
+continuing a block already kept (one level down the tree, where hot branches live), at most
+``max_tokens`` tokens each and ``max_kept`` blocks in all, oldest forgotten first. Turning tokens into text needs the model's
 tokenizer, which the workers have: vLLM serves ``POST /detokenize`` (``{"model", "tokens"}`` →
 ``{"prompt"}``). :class:`Detokenizer` asks one in a background thread (a bounded queue, answers
 cached, failures retried after a while), so an API request never waits on a worker; until an
@@ -34,6 +34,7 @@ log = logging.getLogger("prefixscope.prefix_text")
 
 MAX_TOKENS = 32  # tokens kept per block: a block's worth (16 on vLLM) and a little more
 MAX_KEPT = 4096  # blocks whose tokens are kept
+ROOT_BLOCKS = 64  # blocks of a family's first event kept (its shared prefix and where it forks)
 MAX_CACHED = 2048  # detokenized texts kept
 MAX_QUEUED = 64  # detokenize requests waiting; more are dropped and asked again later
 RETRY_S = 60.0  # a block whose detokenize failed is asked again after this long
@@ -50,17 +51,27 @@ class PrefixTokens:
         self._lock = threading.Lock()
 
     def observe(self, events: Iterable[object]) -> None:
+        """Keep each block of an event that starts a family (up to ``ROOT_BLOCKS`` of them: a
+        branch may fork inside that first run) and the first block of an event continuing a kept
+        block (a branch one level down)."""
         for ev in events:
             if not isinstance(ev, BlockStored) or not ev.hashes or not ev.token_ids:
                 continue
-            first = ev.hashes[0]
+            size = ev.block_size
             with self._lock:
-                if first in self._tokens or (ev.parent is not None and ev.parent not in self._tokens):
+                if ev.parent is None:
+                    blocks = ev.hashes[:ROOT_BLOCKS]
+                elif ev.parent in self._tokens:
+                    blocks = ev.hashes[:1]
+                else:
                     continue
-                toks = tuple(ev.token_ids[:min(ev.block_size, self.max_tokens)])
-                if not all(type(t) is int for t in toks):
-                    continue  # not token ids: nothing to name it by
-                self._tokens[first] = toks
+                for i, block in enumerate(blocks):
+                    if block in self._tokens:
+                        continue
+                    toks = tuple(ev.token_ids[i * size: i * size + min(size, self.max_tokens)])
+                    if not toks or not all(type(t) is int for t in toks):
+                        break  # not token ids (or fewer than the blocks): nothing to name them by
+                    self._tokens[block] = toks
                 while len(self._tokens) > self.max_kept:
                     self._tokens.popitem(last=False)
 

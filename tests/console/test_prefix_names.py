@@ -37,13 +37,14 @@ def test_the_codec_keeps_each_event_s_token_ids_in_both_shapes() -> None:
 
 
 def test_only_the_first_block_of_families_and_their_children_is_kept_bounded() -> None:
-    kept = PrefixTokens(max_kept=2, max_tokens=8)
-    kept.observe([BlockStored((1, 2), None, 16, 32, token_ids=tuple(range(32))),  # a root: kept
-                  BlockStored((3,), 2, 16, 16, token_ids=tuple(range(16))),  # parent 2 was not kept
-                  BlockStored((4,), 1, 16, 16, token_ids=tuple(range(50, 66)))])  # child of a kept block
-    assert kept.get(1) == tuple(range(8)) and kept.get(3) is None and kept.get(4) == tuple(range(50, 58))
-    kept.observe([BlockStored((5,), None, 16, 16, token_ids=tuple(range(16)))])
-    assert len(kept) == 2 and kept.get(1) is None  # the oldest went first
+    kept = PrefixTokens(max_kept=4, max_tokens=8)
+    kept.observe([BlockStored((1, 2), None, 16, 32, token_ids=tuple(range(32))),  # a root: each block kept
+                  BlockStored((3, 9), 7, 16, 32, token_ids=tuple(range(32))),  # parent 7 was not kept
+                  BlockStored((4, 8), 2, 16, 32, token_ids=tuple(range(50, 82)))])  # child of a kept block
+    assert kept.get(1) == tuple(range(8)) and kept.get(2) == tuple(range(16, 24))
+    assert kept.get(3) is None and kept.get(4) == tuple(range(50, 58)) and kept.get(8) is None
+    kept.observe([BlockStored((5, 6), None, 16, 32, token_ids=tuple(range(32)))])
+    assert len(kept) == 4 and kept.get(1) is None and kept.get(2) is not None  # the oldest went first
     kept.observe([BlockStored((6,), None, 16, 16, token_ids=("a", "b"))])  # not token ids
     assert kept.get(6) is None
 

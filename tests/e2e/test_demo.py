@@ -606,7 +606,8 @@ def test_a_fault_turns_the_headline_amber_then_red_with_its_culprits_in_chromium
                 assert "PENDING" in states and states.index("PENDING") < states.index("FIRING"), states
                 assert "Verdict: step 2 — Affinity." in text
                 assert re.search(r"Workers by [^:]+: w\d+", text), text  # code spans lose their backticks
-                # A named prefix: its hash, then its first words once a worker detokenized them.
+                # A culprit prefix by its hash, named by its first words once a worker detokenized
+                # them (the exporter keeps the KV events' token ids: prefix_text is on in the demo).
                 named = wait_for("a culprit prefix named by its words",
                                  lambda: re.search(r"Prefixes: [0-9a-f]{8} “[^”]+”", _headline(page)), 120)
                 assert named
