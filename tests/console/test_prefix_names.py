@@ -45,8 +45,8 @@ def test_only_the_first_block_of_families_and_their_children_is_kept_bounded() -
     assert kept.get(3) is None and kept.get(4) == tuple(range(50, 58)) and kept.get(8) is None
     kept.observe([BlockStored((5, 6), None, 16, 32, token_ids=tuple(range(32)))])
     assert len(kept) == 4 and kept.get(1) is None and kept.get(2) is not None  # the oldest went first
-    kept.observe([BlockStored((6,), None, 16, 16, token_ids=("a", "b"))])  # not token ids
-    assert kept.get(6) is None
+    kept.observe([BlockStored((10,), None, 16, 16, token_ids=("a", "b"))])  # not token ids
+    assert kept.get(10) is None
 
 
 def test_the_detokenizer_asks_off_the_request_path_caches_and_backs_off() -> None:
