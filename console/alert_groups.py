@@ -66,8 +66,10 @@ def group_alerts(alerts: Iterable[Mapping], state: str = "firing") -> list[Alert
 
 
 def alerts_from_chain(steps: Iterable, severities: Mapping[str, str]) -> list[dict]:
-    """The firing checks of a chain shaped like Prometheus alerts (when Prometheus is absent)."""
+    """The firing and pending checks of a chain shaped like Prometheus alerts (when Prometheus
+    is absent)."""
     return [{"labels": {"alertname": c.check.alert, "severity": severities.get(c.check.threshold, "warning")},
-             "state": "firing", "activeAt": "", "value": "" if c.value is None else f"{c.value:.4g}",
+             "state": "firing" if c.status == "firing" else "pending", "activeAt": "",
+             "value": "" if c.value is None else f"{c.value:.4g}",
              "annotations": {"summary": c.check.meaning}}
-            for step in steps for c in step.checks if c.status == "firing"]
+            for step in steps for c in step.checks if c.status == "firing" or c.pending]

@@ -109,3 +109,26 @@ def fetch_alerts(base_url: str, session: requests.Session | None = None, timeout
 def pages(alerts: Sequence[PageAlert]) -> list[PageAlert]:
     """The alerts that notify: active ones (what an incident pages with)."""
     return [a for a in alerts if a.state == "active"]
+
+
+def shown_state(alert: PageAlert, by_fingerprint: Mapping[str, PageAlert]) -> str:
+    """``paging``, ``inhibited by <Alert> (step n)``, ``silenced`` or ``just arrived``, for a person."""
+    if alert.inhibited:
+        names = []
+        for fp in alert.inhibited_by:
+            src = by_fingerprint.get(fp)
+            if src is None:
+                names.append(f"an alert no longer held ({fp})")
+            else:
+                names.append(src.name + (f" (step {src.step})" if src.step is not None else ""))
+        return "inhibited by " + ", ".join(names)
+    if alert.silenced:
+        return f"silenced ({', '.join(alert.silenced_by)})"
+    return {"active": "paging", "unprocessed": "just arrived"}.get(alert.state, alert.state)
+
+
+def table_rows(alerts: Sequence[PageAlert]) -> list[dict[str, str]]:
+    """One row per alert Alertmanager holds: what it is, whether it pages, and what holds it back."""
+    by_fp = {a.fingerprint: a for a in alerts if a.fingerprint}
+    return [{"alert": a.name, "step": "" if a.step is None else str(a.step), "state": shown_state(a, by_fp),
+             "since": a.starts_at, "summary": a.summary} for a in alerts]

@@ -9,13 +9,15 @@ that starts the walk and SLO checks measure what users feel, so neither colours 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Literal
 
+from console.culprits import Culprits, parse_culprits
 from console.links import Thresholds
 from prefixscope import diagnosis
 from prefixscope.catalog import CHECKS, STEPS, Check
-from prefixscope.diagnosis import STATUSES, Status, is_cause
+from prefixscope.diagnosis import STATUSES, AlertState, Headline, Status, is_cause
 
 SYMPTOM_KEY = diagnosis.SYMPTOM
 NO_DATA = "no data"
@@ -29,6 +31,12 @@ class CheckState:
     status: Status
     missing: tuple[str, ...] = ()  # missing signals, or NO_DATA
     pending: bool = False  # over its threshold but the alert's `for` has not elapsed
+    fires_in_s: float | None = None  # pending: how long until the alert fires if the breach holds
+    culprits: Culprits | None = None  # who drives the number (the exporter's culprits)
+
+    @property
+    def alert_state(self) -> AlertState:
+        return "firing" if self.status == "firing" else "pending" if self.pending else "inactive"
 
     @property
     def breaches(self) -> bool:
@@ -88,6 +96,25 @@ class Chain:
         found = diagnosis.verdict({c.check.key: c.status for s in self.steps for c in s.checks})
         return next((s for s in self.steps if s.number == found.step.number), None) if found else None
 
+    def checks(self) -> dict[str, CheckState]:
+        return {c.check.key: c for s in self.steps for c in s.checks}
+
+    @property
+    def headline(self) -> Headline:
+        """Firing, pending or clear, by the rule the exporter's ``headline`` uses too."""
+        states = self.checks()
+        return diagnosis.headline({k: c.alert_state for k, c in states.items()},
+                                  {k: c.fires_in_s for k, c in states.items()})
+
+    def with_culprits(self, culprits: Mapping[str, Culprits]) -> Chain:
+        """The same chain with culprits attached to the checks that have them."""
+        def attach(c: CheckState) -> CheckState:
+            got = culprits.get(c.check.key)
+            return c if got is None else replace(c, culprits=got)
+        steps = tuple(replace(s, checks=tuple(attach(c) for c in s.checks)) for s in self.steps)
+        symptom = attach(self.symptom) if self.symptom is not None else None
+        return replace(self, steps=steps, symptom=symptom)
+
 
 def _steps(states: Mapping[str, CheckState]) -> tuple[StepState, ...]:
     statuses = {key: s.status for key, s in states.items()}
@@ -101,16 +128,25 @@ def _steps(states: Mapping[str, CheckState]) -> tuple[StepState, ...]:
 
 def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping[str, float | None],
                           signals: Mapping[str, bool], alerts: Iterable[Mapping],
-                          thresholds: Thresholds, reuse: Reuse) -> Chain:
+                          thresholds: Thresholds, reuse: Reuse, for_s: Mapping[str, float] | None = None,
+                          now: float | None = None) -> Chain:
     """Statuses from recording-rule values, ``signal_available`` and Prometheus's alerts.
 
     ``signals`` holds the ``prefixscope_signal_available`` series; a signal absent from it is
-    missing (no source said it was there). ``alerts`` is ``/api/v1/alerts``' list.
+    missing (no source said it was there). ``alerts`` is ``/api/v1/alerts``' list. ``for_s`` is
+    each alert's ``for`` as Prometheus loaded it (alert name → seconds); with ``now``, a pending
+    alert's ``activeAt`` says how long until it fires.
     """
+    alerts = list(alerts)
     state_of = {str(a.get("labels", {}).get("alertname")): str(a.get("state")) for a in alerts
                 if a.get("state") == "firing"}
     for a in alerts:
         state_of.setdefault(str(a.get("labels", {}).get("alertname")), str(a.get("state")))
+    active_at: dict[str, float] = {}
+    for a in alerts:
+        name, started = str(a.get("labels", {}).get("alertname")), _rfc3339(a.get("activeAt"))
+        if a.get("state") == "pending" and started is not None:
+            active_at[name] = min(started, active_at.get(name, started))
     states: dict[str, CheckState] = {}
     for check in CHECKS:
         value = values.get(check.key)
@@ -131,7 +167,11 @@ def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping
             status = "ok"
         state = CheckState(check, value, threshold, status, missing)
         pending = status == "ok" and (alert_state == "pending" or state.breaches)
-        states[check.key] = CheckState(check, value, threshold, status, missing, pending)
+        fires_in = None
+        started, wait = active_at.get(check.alert), (for_s or {}).get(check.alert)
+        if pending and started is not None and wait is not None and now is not None:
+            fires_in = max(0.0, started + wait - now)
+        states[check.key] = CheckState(check, value, threshold, status, missing, pending, fires_in)
     return Chain("prometheus", _steps(states), states.get(SYMPTOM_KEY), reuse)
 
 
@@ -151,13 +191,19 @@ def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
             status = raw.get("status")
             if status not in STATUSES:
                 status = diagnosis.NOT_INSTRUMENTED
+            # The exporter's status is instantaneous; its breach record says whether the alert
+            # would have fired yet (an older exporter without one: firing as it says).
+            pending = status == diagnosis.FIRING and raw.get("alert_state") == "pending"
+            if pending:
+                status = diagnosis.OK
             missing = tuple(str(s) for s in raw.get("missing_signals") or ())
             if status == "not_instrumented" and not missing:
                 missing = (NO_DATA,)
             threshold = _float(raw.get("threshold"))
             states[check.key] = CheckState(
                 check, value, thresholds.values[check.threshold] if threshold is None else threshold,
-                status, missing)
+                status, missing, pending, _float(raw.get("fires_in_s")) if pending else None,
+                parse_culprits(raw.get("culprits")))
     r = groups.get("reuse") or {}
     prompt = _float(r.get("prompt_tokens"))
 
@@ -187,6 +233,21 @@ def reuse_reading(reuse: Reuse, thresholds: Thresholds) -> str:
         return (f"Routing: {reuse.available:.0%} was reusable somewhere but only {reuse.achieved:.0%} "
                 f"was achieved (regret {reuse.routing_regret:.0%}).")
     return f"Reuse is healthy: {reuse.achieved:.0%} achieved of {reuse.available:.0%} available."
+
+
+def _rfc3339(text: object) -> float | None:
+    """Prometheus's ``activeAt`` (``2024-05-01T10:00:00.123456789Z``) as Unix seconds."""
+    if not isinstance(text, str) or not text:
+        return None
+    stamp = text.replace("Z", "+00:00")
+    head, dot, rest = stamp.partition(".")
+    if dot:  # Python reads at most microseconds
+        digits = "".join(ch for ch in rest if ch.isdigit())
+        stamp = f"{head}.{digits[:6]}{rest[len(digits):]}"
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
 
 
 def _float(v: object) -> float | None:

@@ -15,13 +15,15 @@ import streamlit as st
 
 from console import promql
 from console.alert_groups import alerts_from_chain
+from console.alertmanager import PageAlert, fetch_alerts
 from console.chain import Chain, Reuse, chain_from_exporter, chain_from_prometheus
+from console.culprits import Culprits, parse_culprits
 from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
 from console.links import load_thresholds
 from console.liveness import PoolView, pool_view_from_text
 from console.prom import PrometheusClient
-from console.settings import DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
+from console.settings import ALERTMANAGER_ENV, DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 
 TTL_S = 15
@@ -39,10 +41,12 @@ _REUSE_RULES = {
 class Sources:
     prometheus_url: str | None
     exporter_url: str
+    alertmanager_url: str | None = None
 
 
 def sources() -> Sources:
-    return Sources(os.environ.get(PROMETHEUS_ENV) or None, os.environ.get(EXPORTER_ENV) or DEFAULT_EXPORTER_URL)
+    return Sources(os.environ.get(PROMETHEUS_ENV) or None, os.environ.get(EXPORTER_ENV) or DEFAULT_EXPORTER_URL,
+                   os.environ.get(ALERTMANAGER_ENV) or None)
 
 
 @st.cache_resource
@@ -74,7 +78,8 @@ def chain_from_prom(url: str) -> Chain:
     baselines = {c.key: _scalar(client, c.baseline) for c in CHECKS if c.baseline}
     signals = {s.labels.get("signal", ""): bool(s.value) for s in client.query(promql.signal_available())}
     reuse = Reuse(**{k: _scalar(client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
-    return chain_from_prometheus(values, baselines, signals, client.alerts(), load_thresholds(), reuse)
+    return chain_from_prometheus(values, baselines, signals, client.alerts(), load_thresholds(), reuse,
+                                 client.alert_durations(), time.time())
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -82,14 +87,33 @@ def chain_from_exp(url: str) -> Chain:
     return chain_from_exporter(exporter(url).groups(), load_thresholds())
 
 
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def culprits(url: str, keys: tuple[str, ...]) -> dict[str, Culprits]:
+    """The exporter's culprits of these checks (check key → culprits)."""
+    got = (exporter(url).culprits(keys) or {}).get("checks") or {}
+    return {k: c for k, raw in got.items() if (c := parse_culprits(raw)) is not None}
+
+
 def chain(src: Sources) -> tuple[Chain, list[str]]:
-    """The chain from Prometheus when it answers, else from the exporter; plus banner notes."""
+    """The chain from Prometheus when it answers, else from the exporter; plus banner notes.
+
+    From Prometheus, the culprits of the checks that fire or are pending come from the exporter
+    (it holds the per-worker series, branches and sessions); without them the chain still stands.
+    """
     notes: list[str] = []
     if src.prometheus_url:
         try:
-            return chain_from_prom(src.prometheus_url), notes
+            found = chain_from_prom(src.prometheus_url)
         except SourceUnavailable as exc:
             notes.append(f"{exc} — statuses below come from the exporter's own windows.")
+        else:
+            keys = tuple(k for k, c in found.checks().items() if c.status == "firing" or c.pending)
+            if keys:
+                try:
+                    found = found.with_culprits(culprits(src.exporter_url, keys))
+                except SourceUnavailable as exc:
+                    notes.append(f"{exc} — no culprits.")
+            return found, notes
     else:
         notes.append(f"Prometheus is not configured (set {PROMETHEUS_ENV} or --prometheus-url): statuses "
                      "come from the exporter's own windows, without charts over time or firing alerts.")
@@ -161,8 +185,14 @@ def pool_view(url: str) -> PoolView:
         raise SourceUnavailable(ExporterClient.source, url, f"/metrics is not the text format ({exc})") from None
 
 
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def alertmanager_alerts(url: str) -> list[PageAlert]:
+    return fetch_alerts(url)
+
+
 def firing_alerts(src: Sources) -> tuple[list[dict], list[str]]:
-    """Prometheus's alerts; without Prometheus, the checks the exporter finds firing."""
+    """Prometheus's alerts (firing and pending); without Prometheus, the checks the exporter finds
+    firing or past their threshold (pending)."""
     if src.prometheus_url:
         try:
             return alerts(src.prometheus_url), []

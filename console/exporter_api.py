@@ -21,6 +21,10 @@ class ExporterClient:
     def groups(self) -> dict:
         return self._get("/api/v1/groups")
 
+    def culprits(self, keys: tuple[str, ...]) -> dict:
+        """``/api/v1/culprits`` for the given check keys (catalogue keys only)."""
+        return self._get("/api/v1/culprits", {"checks": ",".join(keys)})
+
     def tree(self, depth: int = 4, by: str = "hits", limit: int = 200) -> dict:
         if by not in ("hits", "blocks"):
             raise ValueError(f"by must be hits or blocks, not {by!r}")

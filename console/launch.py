@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from console.settings import (
+    ALERTMANAGER_ENV,
     DEFAULT_EXPORTER_URL,
     EXPORTER_ENV,
     GRAFANA_ENV,
@@ -34,6 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prometheus-url", default=os.environ.get(PROMETHEUS_ENV),
                    help=f"Prometheus's base URL (env {PROMETHEUS_ENV}); without it the console runs "
                         "on the exporter alone")
+    p.add_argument("--alertmanager-url", default=os.environ.get(ALERTMANAGER_ENV),
+                   help=f"Alertmanager's base URL (env {ALERTMANAGER_ENV}); with it the Alerts page shows "
+                        "which alerts are inhibited or silenced, and by what")
     p.add_argument("--grafana-url", default=os.environ.get(GRAFANA_ENV),
                    help=f"Grafana's base URL (env {GRAFANA_ENV}); without it the console shows no Grafana links")
     p.add_argument("--runbook-url-base", default=os.environ.get(RUNBOOK_BASE_ENV),
@@ -57,7 +61,8 @@ def command(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     env = dict(os.environ, **{EXPORTER_ENV: args.exporter_url})
-    for name, value in ((PROMETHEUS_ENV, args.prometheus_url), (GRAFANA_ENV, args.grafana_url),
+    for name, value in ((PROMETHEUS_ENV, args.prometheus_url), (ALERTMANAGER_ENV, args.alertmanager_url),
+                        (GRAFANA_ENV, args.grafana_url),
                         (RUNBOOK_BASE_ENV, args.runbook_url_base), (TIMEZONE_ENV, args.timezone)):
         if value:
             env[name] = value

@@ -50,6 +50,12 @@ class PrometheusClient:
     def alerts(self) -> list[dict]:
         return list(self._get("/api/v1/alerts").get("alerts", []))
 
+    def alert_durations(self) -> dict[str, float]:
+        """Each loaded alerting rule's ``for`` in seconds (``/api/v1/rules``' ``duration``)."""
+        groups = self._get("/api/v1/rules", {"type": "alert"}).get("groups", [])
+        return {str(r.get("name")): float(r.get("duration") or 0) for g in groups for r in g.get("rules", [])
+                if r.get("type") == "alerting" and isinstance(r.get("duration", 0), int | float)}
+
 
 def _num(text: str) -> float | None:
     value = float(text)

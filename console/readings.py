@@ -19,10 +19,11 @@ from typing import Literal
 from console.chain import NO_DATA, CheckState, StepState
 from console.ui import fmt
 
-Shown = Literal["ok", "firing", "no_data", "not_instrumented"]
+Shown = Literal["ok", "pending", "firing", "no_data", "not_instrumented"]
 
 SHOWN_TEXT: dict[Shown, str] = {
     "ok": ":green[:material/check_circle: ok]",
+    "pending": ":orange[:material/pending: PENDING]",
     "firing": ":red[:material/error: FIRING]",
     "no_data": ":gray[:material/schedule: no data in the window]",
     "not_instrumented": ":gray[:material/help: not instrumented]",
@@ -35,14 +36,20 @@ def missing_signals(c: CheckState) -> list[str]:
 
 
 def check_shown(c: CheckState) -> Shown:
-    """A check's status as shown: "not instrumented" only when a signal has no source."""
+    """A check's status as shown: "not instrumented" only when a signal has no source; past its
+    threshold with the alert not fired yet is *pending*, amber, never a green ok."""
     if c.status == "not_instrumented" and not missing_signals(c):
         return "no_data"
+    if c.pending:
+        return "pending"
     return c.status
 
 
 def step_shown(step: StepState) -> Shown:
-    """A step's status as shown: "not instrumented" only when none of its causes has a source."""
+    """A step's status as shown: "not instrumented" only when none of its causes has a source;
+    pending when none of its causes fires but one is past its threshold."""
+    if step.status == "ok" and any(c.cause and c.pending for c in step.checks):
+        return "pending"
     if step.status != "not_instrumented":
         return step.status
     causes = [c for c in step.checks if c.cause]
@@ -55,6 +62,15 @@ def shown_text(status: Shown) -> str:
     return SHOWN_TEXT[status]
 
 
+def fires_in_text(seconds: float | None) -> str:
+    """How soon a pending alert fires if the breach holds."""
+    if seconds is None:
+        return "alert pending"
+    if seconds <= 0:
+        return "alert firing at the next evaluation"
+    return f"alert fires in {fmt(seconds, 'seconds')}"
+
+
 def check_line(c: CheckState) -> str:
     """``Title: value (alert when < threshold) — status``, with what is missing when it is."""
     unit = c.check.unit
@@ -62,7 +78,7 @@ def check_line(c: CheckState) -> str:
     line = f"**{c.check.title}**: {fmt(c.value, unit)} (alert when {c.check.op} {fmt(c.threshold, unit)})"
     line += f" — {shown_text(shown)}"
     if c.pending:
-        line += " · over threshold, alert pending"
+        line += f" · past its threshold, {fires_in_text(c.fires_in_s)}"
     if shown == "not_instrumented":
         line += f" · missing signal: {', '.join(missing_signals(c))}"
     return line

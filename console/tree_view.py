@@ -9,11 +9,13 @@ from console.liveness import Liveness, in_pool
 METRIC_FIELD = {"hits": "hit_tokens", "blocks": "blocks"}
 
 
-def icicle_columns(root: Mapping, by: str) -> dict[str, list]:
+def icicle_columns(root: Mapping, by: str, min_share: float = 0.0) -> dict[str, list]:
     """ids/labels/parents/values for plotly's icicle or sunburst.
 
     Ids are paths (``root/3f2a/9c01``) so a node is unique even if a label repeats. Each value
     is the node's own hits or blocks; plotly adds the children ("remainder" branch values).
+    ``min_share`` floors each node's own value at that share of the total, so a branch that is
+    shown at all is wide enough to read its label.
     """
     field = METRIC_FIELD[by]
     cols: dict[str, list] = {"ids": [], "labels": [], "parents": [], "values": [], "workers": []}
@@ -28,6 +30,8 @@ def icicle_columns(root: Mapping, by: str) -> dict[str, list]:
         cols["workers"].append(", ".join(node.get("resident_workers") or []))
         for child in reversed(node.get("children") or []):
             stack.append((child, f"{path}/{child.get('id', '?')}", path))
+    floor = sum(cols["values"]) * min_share
+    cols["values"] = [v if i == 0 else max(v, floor) for i, v in enumerate(cols["values"])]
     return cols
 
 
@@ -74,12 +78,30 @@ def left_pool(workers: list[Mapping], liveness: Mapping[str, Liveness]) -> list[
             for r in capacity_rows(workers, liveness) if not in_pool(liveness, str(r["worker"]))]
 
 
+def prefix_name(branch: Mapping) -> str:
+    """A branch's first words (the exporter's ``text``), else its first token ids, else "—"."""
+    text, tokens = branch.get("text"), branch.get("token_ids")
+    if isinstance(text, str) and text:
+        return f"“{text}”"
+    if isinstance(tokens, list) and tokens:
+        shown = " ".join(str(t) for t in tokens[:8])
+        return f"tokens {shown}{' …' if len(tokens) > 8 else ''}"
+    return "—"
+
+
 def hot_branch_rows(branches: list[Mapping], liveness: Mapping[str, Liveness]) -> list[dict]:
-    """Hot branches with the workers holding them, minus workers that have left the pool."""
+    """Hot branches with their first words next to the hash, and the workers holding them minus
+    workers that have left the pool."""
     rows = []
     for b in branches:
         holders = [str(w) for w in b.get("workers") or [] if in_pool(liveness, str(w))]
-        rows.append(dict(b) | {"workers": ", ".join(holders)})
+        row = {k: v for k, v in b.items() if k not in ("text", "token_ids")}
+        named = {}
+        for k, v in row.items():
+            named[k] = v
+            if k == "branch":
+                named["prefix"] = prefix_name(b)
+        rows.append(named | {"workers": ", ".join(holders)})
     return rows
 
 

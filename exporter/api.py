@@ -13,12 +13,15 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.breaches import BreachClock
 from exporter.checks import evaluate
+from exporter.culprits import Culprits, Namer
 from exporter.prefix_index import ROOT, TreeStats
+from exporter.prefix_text import PrefixNames
 from exporter.server import BadRequest
 from exporter.state import NO_TREE, TREE_CHILDREN_DEPTH, ClusterState, branch_label
 from exporter.windows import bucket_counts, histogram_quantile
-from prefixscope import catalog
+from prefixscope import catalog, diagnosis
 
 P = catalog.NAMESPACE
 
@@ -50,9 +53,22 @@ def _float(query: Mapping[str, str], name: str) -> float | None:
         raise ApiError(f"{name}: expected Unix seconds, got {raw!r}") from None
 
 
-def groups(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches: BreachClock | None = None,
+           names: PrefixNames | None = None) -> dict[str, Any]:
     ev = evaluate(state)
     base = state.thresholds.runbook_url_base if hasattr(state.thresholds, "runbook_url_base") else ""
+    now = ev.evaluated_at
+    since = (breaches or BreachClock()).observe({k: r.status for k, r in ev.results.items()}, now)
+    alert_states: dict[str, diagnosis.AlertState] = {}
+    fires_in: dict[str, float | None] = {}
+    for key, r in ev.results.items():
+        for_s = state.thresholds.for_s(r.check)
+        start = since.get(key)
+        alert_states[key] = diagnosis.alert_state(r.status, None if start is None else now - start, for_s)
+        fires_in[key] = max(0.0, start + for_s - now) if start is not None and alert_states[key] == "pending" else None
+    breaching = [catalog.CHECKS_BY_KEY[k] for k, r in ev.results.items() if r.status == diagnosis.FIRING]
+    culprits = (state.snapshot_for(lambda st: {c.key: Culprits(st, _namer(st, names)).of(c) for c in breaching})
+                if breaching else {})
     steps = []
     for step in catalog.STEPS:
         checks = []
@@ -65,6 +81,9 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[
                 "threshold": r.threshold, "baseline": r.baseline, "unit": c.unit, "kind": c.kind,
                 "status": r.status, "missing_signals": r.missing_signals,
                 "runbook": f"runbooks/{c.alert}.md", "runbook_url": f"{base}{c.alert}.md" if base else None,
+                "for_s": state.thresholds.for_s(c), "breaching_since": since.get(c.key),
+                "alert_state": alert_states[c.key], "fires_in_s": fires_in[c.key],
+                "culprits": culprits.get(c.key),
             })
         steps.append({"step": step.number, "title": step.title, "question": step.question,
                       "status": ev.step_status[step.number], "checks": checks})
@@ -75,10 +94,31 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[
         "signals": ev.signals,
         "steps": steps,
         "verdict": ev.verdict,
+        "headline": diagnosis.headline(alert_states, fires_in).as_dict(),
         "symptom": {"prefix_hit_rate_total": symptom.value if symptom else None,
                     "firing": symptom.status == "firing" if symptom else False},
         "reuse": ev.reuse,
     }
+
+
+def _namer(st: ClusterState, names: PrefixNames | None) -> Namer | None:
+    """Branch names from the exporter's prefix text (None: text is off)."""
+    if names is None:
+        return None
+    models = {w: info.snapshot.model for w, info in st.workers.items() if info.snapshot is not None}
+    return lambda block, holders: names.name(block, holders, models)
+
+
+def culprits(state: ClusterState, query: Mapping[str, str] | None = None,
+             names: PrefixNames | None = None) -> dict[str, Any]:
+    """Culprits of the checks named in ``checks`` (comma-separated keys), or of every check."""
+    raw = (query or {}).get("checks") or ""
+    keys = [k for k in (x.strip() for x in raw.split(",")) if k]
+    unknown = [k for k in keys if k not in catalog.CHECKS_BY_KEY]
+    if unknown:
+        raise ApiError(f"checks: unknown check keys {', '.join(unknown)}")
+    wanted = [catalog.CHECKS_BY_KEY[k] for k in keys] if keys else list(catalog.CHECKS)
+    return state.snapshot_for(lambda st: {"checks": {c.key: Culprits(st, _namer(st, names)).of(c) for c in wanted}})
 
 
 def _hex(block: int) -> str:
@@ -147,19 +187,22 @@ def _histogram_pairs(values: Any) -> list[list[int]]:
     return [[int(v), int(n)] for v, n in sorted(tally.items())]
 
 
-def hotspots(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+def hotspots(state: ClusterState, query: Mapping[str, str] | None = None,
+             names: PrefixNames | None = None) -> dict[str, Any]:
     k = _int(query or {}, "k", state.top_k, 1, 1000)
-    return state.snapshot_for(lambda st: _hotspots(st, k))
+    return state.snapshot_for(lambda st: _hotspots(st, k, _namer(st, names)))
 
 
-def _hotspots(st: ClusterState, k: int) -> dict[str, Any]:
+def _hotspots(st: ClusterState, k: int, name: Namer | None = None) -> dict[str, Any]:
     index = st.index
     latest = st.tree_stats()  # its kept runs cover the hot branches (radix depth ≤ 2)
     stats = latest or NO_TREE
     hot = []
     for rank, (b, tok, sessions) in enumerate(st.hot_branches(k, stats), start=1):
+        holders = index.holders(b)
+        text: Mapping[str, Any] = name(b, holders) if name is not None else {"text": None, "token_ids": None}
         hot.append({"rank": rank, "branch": branch_label(b), "hit_tokens": tok, "blocks": len(stats.run(b)),
-                    "workers": index.holders(b), "sessions": sessions})
+                    "workers": holders, "sessions": sessions, **text})
     reps = stats.replicas
     total = sum(reps.values())
     dup: dict[str, Any] = {
@@ -219,14 +262,25 @@ def _changes(st: ClusterState, t_from: float | None, t_to: float | None) -> dict
     return {"from": frm, "to": to, "lost_hits": lost[: st.top_k * 5], "rekeyed_segments": segs, "pool_changes": pools}
 
 
-BUILDERS = {"groups": groups, "tree": tree, "hotspots": hotspots, "changes": changes}
+BUILDERS = {"groups": groups, "tree": tree, "hotspots": hotspots, "changes": changes, "culprits": culprits}
 
 
 class ApiBuilders:
-    """The JSON API over one state: ``routes()`` maps endpoint name → builder(query) for the HTTP edge."""
+    """The JSON API over one state: ``routes()`` maps endpoint name → builder(query) for the HTTP edge.
 
-    def __init__(self, state: ClusterState) -> None:
+    It keeps what outlives one request: when each check began breaching (for pending vs firing)
+    and, when prefix text is on, the names of branches.
+    """
+
+    def __init__(self, state: ClusterState, names: PrefixNames | None = None) -> None:
         self.state = state
+        self.names = names
+        self.breaches = BreachClock()
 
     def routes(self) -> dict[str, Any]:
-        return {name: (lambda q, fn=fn: fn(self.state, q)) for name, fn in BUILDERS.items()}
+        st, names = self.state, self.names
+        return {"groups": lambda q: groups(st, q, self.breaches, names),
+                "tree": lambda q: tree(st, q),
+                "hotspots": lambda q: hotspots(st, q, names),
+                "changes": lambda q: changes(st, q),
+                "culprits": lambda q: culprits(st, q, names)}

@@ -24,7 +24,9 @@ from dataclasses import dataclass, replace
 from exporter.collector import PrefixscopeCollector
 from exporter.config import Config, ConfigError, WorkerTarget, load_fleet_manifest
 from exporter.health import Health
+from exporter.model import StateSink
 from exporter.normalize import worker_names_by_url
+from exporter.prefix_text import Detokenizer, PrefixNames, PrefixTokens, TokenTee
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import RecordFileTail
 from exporter.sources.scrape import Scraper, ScrapeTarget
@@ -44,6 +46,7 @@ class Sources:
     subscriber: KvEventSubscriber | None  # None when no worker publishes KV events
     tails: list[RecordFileTail]
     scraper: Scraper
+    names: PrefixNames | None = None  # hot branches' text; None unless the config turns it on
 
 
 @dataclass(frozen=True)
@@ -92,14 +95,22 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
     workers = configured_workers(cfg)
     endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
-    subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
+    texts = prefix_names(cfg, workers) if cfg.prefix_text else None
+    sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
+    subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock) if endpoints else None
     tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
     targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
     names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
     targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
     scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
                       clock=clock)
-    return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper)
+    return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper, names=texts)
+
+
+def prefix_names(cfg: Config, workers: tuple[WorkerTarget, ...]) -> PrefixNames:
+    """Prefix text for the config's workers: each is asked at its HTTP base (its metrics URL's)."""
+    urls = {w.name: w.metrics_url.removesuffix("/metrics") for w in workers if w.metrics_url}
+    return PrefixNames(PrefixTokens(), Detokenizer(), urls)
 
 
 def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:

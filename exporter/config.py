@@ -74,6 +74,7 @@ class Config:
     scrape_timeout: float = 2.0
     tree_stats_interval: float = 1.0  # background tree-statistics pass, at most this often
     window: float | None = None  # None: the thresholds file's window
+    prefix_text: bool = False  # keep and serve the first words of hot prefixes (prompts may be private)
     listen_address: str = DEFAULT_LISTEN
     log_level: str = "info"
 
@@ -198,7 +199,8 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
                   http_records=http, file_records=tailed, topology=topology,
                   thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
-                  scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window)
+                  scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window,
+                  prefix_text=d.get("prefix_text") is True)
 
 
 def load_config(path: str | Path) -> Config:

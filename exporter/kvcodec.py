@@ -71,11 +71,24 @@ def _maker(cls: type, *names: str) -> Callable[..., Any]:
             s4(o, e)
             return o
         return make5
+    if len(setters) == 6:
+        s0, s1, s2, s3, s4, s5 = setters
+
+        def make6(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any) -> Any:
+            o = new(cls)
+            s0(o, a)
+            s1(o, b)
+            s2(o, c)
+            s3(o, d)
+            s4(o, e)
+            s5(o, f)
+            return o
+        return make6
     return cls
 
 
 # Used on the fast path only, always with every field given.
-_new_stored = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium")
+_new_stored = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium", "token_ids")
 _new_removed = _maker(BlockRemoved, "hashes", "medium")
 
 
@@ -134,6 +147,11 @@ def _token_count(tokens: object) -> int:
     return len(tokens) if isinstance(tokens, tuple | list) else 0
 
 
+def _token_ids(tokens: object) -> tuple[int, ...]:
+    """The event's token ids (the decoded tuple itself: no copy; readers check what they use)."""
+    return tokens if type(tokens) is tuple else tuple(tokens) if isinstance(tokens, list) else ()
+
+
 def _block_size(bs: object) -> int:
     if type(bs) is int and bs > 0:
         return bs
@@ -147,7 +165,7 @@ def _from_array(ev: tuple) -> KvEvent:
         if n < 5:
             raise BadEvent(f"BlockStored with {n - 1} fields")
         return BlockStored(_hashes(ev[1]), _parent(ev[2]), _block_size(ev[4]), _token_count(ev[3]),
-                           _medium(ev[6] if n > 6 else "GPU"))
+                           _medium(ev[6] if n > 6 else "GPU"), _token_ids(ev[3]))
     if tag == "BlockRemoved":
         if n < 2:
             raise BadEvent("BlockRemoved without block_hashes")
@@ -165,7 +183,8 @@ def _from_map(ev: dict) -> KvEvent:
         except KeyError as missing:
             raise BadEvent(f"BlockStored without {missing}") from None
         return BlockStored(_hashes(hashes), _parent(ev.get("parent_block_hash")), _block_size(size),
-                           _token_count(ev.get("token_ids")), _medium(ev.get("medium", "GPU")))
+                           _token_count(ev.get("token_ids")), _medium(ev.get("medium", "GPU")),
+                           _token_ids(ev.get("token_ids")))
     if tag == "BlockRemoved":
         if "block_hashes" not in ev:
             raise BadEvent("BlockRemoved without block_hashes")
@@ -215,7 +234,8 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
                     if plain(hs) and type(bs) is int and bs > 0 \
                             and (p is None or (type(p) is int and 0 <= p <= MASK64)) \
                             and ((m := ev.get("medium", "GPU")) is None or type(m) is str):
-                        append(new_stored(hs, p, bs, len(t) if type(t := ev.get("token_ids")) is tuple else 0, m))
+                        append(new_stored(hs, p, bs, len(t) if type(t := ev.get("token_ids")) is tuple else 0, m,
+                                          t if type(t) is tuple else ()))
                         continue
                 elif tag == "BlockRemoved":
                     hs = ev["block_hashes"]
@@ -229,7 +249,8 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
                     if plain(hs) and type(bs) is int and bs > 0 \
                             and (p is None or (type(p) is int and 0 <= p <= MASK64)) \
                             and ((m := ev[6] if n > 6 else "GPU") is None or type(m) is str):
-                        append(new_stored(hs, p, bs, len(t) if type(t := ev[3]) is tuple else 0, m))
+                        append(new_stored(hs, p, bs, len(t) if type(t := ev[3]) is tuple else 0, m,
+                                          t if type(t) is tuple else ()))
                         continue
                 elif tag == "BlockRemoved":
                     hs = ev[1]

@@ -40,6 +40,7 @@ from exporter.config import (
 )
 from exporter.exposition import render_state
 from exporter.health import Health
+from exporter.prefix_text import PrefixNames
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
@@ -96,6 +97,7 @@ class Runtime:
         self.scraper = scraper
         self.clock = clock
         self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
+        self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
         self.started_at = clock()
 
     @property
@@ -114,7 +116,7 @@ class Runtime:
         health, state, sources = parts.health, parts.state, parts.sources
         registry = CollectorRegistry(auto_describe=False)
         registry.register(parts.collector)
-        api = ApiBuilders(state)
+        api = ApiBuilders(state, names=sources.names)
 
         def ingest(body: bytes) -> IntakeResult:
             records, errors = parse_ndjson(body, cfg.http_records.max_body_bytes)
@@ -143,6 +145,7 @@ class Runtime:
         server = ExporterServer(host, port, deps)
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
                       sources.scraper, clock)
+        runtime.names = sources.names
         return runtime
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -167,6 +170,8 @@ class Runtime:
             tail.start()
         self.scraper.start()
         self.refresher.start()
+        if self.names is not None:
+            self.names.detokenizer.start()
         self.server.start()
         return self
 
@@ -179,6 +184,8 @@ class Runtime:
             tail.close(timeout=1.0)
         self.scraper.close(timeout=self.cfg.scrape_timeout + 1.0)
         self.refresher.close(timeout=2.0)
+        if self.names is not None:
+            self.names.detokenizer.stop()
 
     # ---- views for the landing page and /healthz --------------------------------------------
     def target_status(self) -> list[TargetStatus]:

@@ -24,6 +24,9 @@ class BlockStored:
     block_size: int
     token_count: int = 0
     medium: str | None = "GPU"
+    # The tokens of the stored blocks as the event sent them (vLLM's ``token_ids``), kept only
+    # so a prefix family can be named (exporter/prefix_text.py); not part of an event's identity.
+    token_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

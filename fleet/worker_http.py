@@ -332,6 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/chat/completions": self._chat,
             "/generate": self._generate,
             "/tokenize": self._tokenize,
+            "/detokenize": self._detokenize,
             "/v1/completions/render": self._render_completions,
             "/v1/chat/completions/render": self._render_chat,
         }
@@ -345,6 +346,14 @@ class _Handler(BaseHTTPRequestHandler):
         toks = chat_tokens(body) if "messages" in body else prompt_tokens(body)
         self._json(200, {"count": len(toks), "max_model_len": self.worker.engine.spec.max_model_len,
                          "tokens": toks, "token_strs": None})
+
+    def _detokenize(self, body: dict) -> None:
+        """vLLM's ``POST /detokenize``: ``{"model", "tokens": [...]}`` → ``{"prompt": "..."}``."""
+        self._check_model(body)
+        toks = body.get("tokens")
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise ApiError(400, "'tokens' must be a list of integers", "tokens")
+        self._json(200, {"prompt": tokenizer.decode(toks)})
 
     def _render(self, body: dict, toks: list[int]) -> dict:
         return {"request_id": f"render-{uuid.uuid4().hex}", "token_ids": toks,

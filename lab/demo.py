@@ -88,6 +88,7 @@ def exporter_config(manifest: Path, topology: Path | None, scrape_interval: floa
         "fleet_manifest": str(manifest),
         "records": {"http": {"enabled": True}},
         "scrape_interval": f"{scrape_interval:g}s",
+        "prefix_text": True,  # the simulated prompts are not private: name hot prefixes by their words
     }
     if topology is not None:
         cfg["topology"] = str(topology)
@@ -476,6 +477,8 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
         cmd = _prefixscope("console", "--exporter-url", exporter_url, "--port", str(console_port))
         if prom_url:
             cmd += ["--prometheus-url", prom_url]
+        if am_url:
+            cmd += ["--alertmanager-url", am_url]
         console_url = f"http://{HOST}:{console_port}/"
         if (code := _launch(sup, "console", cmd, RESTART, f"{console_url}_stcore/health", 60, stop, say)) is not None:
             return code

@@ -89,3 +89,52 @@ def verdict(statuses: Mapping[str, Status]) -> Verdict | None:
 def step_statuses(statuses: Mapping[str, Status]) -> dict[int, Status]:
     """Every step's status, by step number."""
     return {step.number: step_status(step.number, statuses) for step in STEPS}
+
+
+# ---- the headline: firing, pending or clear ------------------------------------------------
+# An alert's state as Prometheus keeps it: a check past its limit is *pending* until it has been
+# past it for the alert's ``for``, then *firing*; a check within its limit (or unmeasured) is
+# *inactive*. The exporter applies this to its own record of when each check began breaching;
+# with Prometheus, the console reads the state of each alert as Prometheus reports it.
+AlertState = Literal["firing", "pending", "inactive"]
+HeadlineState = Literal["firing", "pending", "clear"]
+
+
+def alert_state(status: Status, breaching_for_s: float | None, for_s: float) -> AlertState:
+    """``status`` is the check's instantaneous status; ``breaching_for_s`` how long it has held."""
+    if status != FIRING:
+        return "inactive"
+    if breaching_for_s is None or breaching_for_s < for_s:
+        return "pending"
+    return "firing"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What the on-call person reads first: is it firing, about to fire, or clear — and where."""
+
+    state: HeadlineState
+    step: Step | None  # None when clear, or when only the symptom is past its limit
+    checks: tuple[str, ...]  # the checks behind the state, in catalogue order
+    fires_in_s: float | None = None  # pending: the soonest of those checks' alerts fires this much later
+
+    def as_dict(self) -> dict[str, object]:
+        """The ``headline`` object of ``/api/v1/groups``."""
+        return {"state": self.state, "step": self.step.number if self.step else None,
+                "title": self.step.title if self.step else None, "checks": list(self.checks),
+                "fires_in_s": self.fires_in_s}
+
+
+def headline(alerts: Mapping[str, AlertState], fires_in_s: Mapping[str, float | None] | None = None) -> Headline:
+    """Firing beats pending beats clear. Within a state the step is the verdict's rule (the first
+    step with such a cause check); the symptom alone makes the state without naming a step."""
+    soon = fires_in_s or {}
+    for state in ("firing", "pending"):
+        found = verdict({k: FIRING if s == state else OK for k, s in alerts.items()})
+        keys = found.checks if found is not None else ((SYMPTOM,) if alerts.get(SYMPTOM) == state else ())
+        if not keys:
+            continue
+        waits = [w for k in keys if (w := soon.get(k)) is not None]
+        return Headline(state, found.step if found else None, keys,  # type: ignore[arg-type]
+                        min(waits) if state == "pending" and waits else None)
+    return Headline("clear", None, ())

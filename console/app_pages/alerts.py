@@ -1,33 +1,43 @@
-"""Alerts: firing alerts grouped like Alertmanager, each with its runbook and dashboard."""
+"""Alerts: firing and pending alerts grouped like Alertmanager, each with its runbook and
+dashboard; with Alertmanager configured, which of them page and which are inhibited or silenced."""
 
 import streamlit as st
 
 from console import data, ui
-from console.alert_groups import group_alerts
+from console.alert_groups import AlertGroup, group_alerts
+from console.alertmanager import pages, table_rows
 from console.http_json import SourceUnavailable
 from console.links import grafana_link, load_thresholds, runbook_link
-from console.settings import link_settings
+from console.settings import ALERTMANAGER_ENV, link_settings
 
 st.title("Alerts")
 thresholds = load_thresholds()
 links = link_settings()
+src = data.sources()
 
 with st.spinner("Loading alerts…"):
     try:
-        alerts, notes = data.firing_alerts(data.sources())
+        alerts, notes = data.firing_alerts(src)
     except SourceUnavailable as exc:
         ui.source_down(exc)
         st.stop()
 ui.banners(notes)
 
-groups = group_alerts(alerts)
-st.metric("Firing alert groups", len(groups))
-if not groups:
-    st.success("Nothing is firing.", icon=":material/check_circle:")
-for g in groups:
-    with st.container(border=True, key=f"alert-{g.alertname}"):
+firing = group_alerts(alerts)
+pending = group_alerts(alerts, state="pending")
+counts = st.columns(2)
+counts[0].metric("Firing alert groups", len(firing))
+counts[1].metric("Pending alert groups", len(pending), help="Past their threshold; the alert fires once "
+                 "the breach has lasted its `for`.")
+if not firing and not pending:
+    st.success("Nothing is firing or pending.", icon=":material/check_circle:")
+
+
+def show_group(g: AlertGroup, state: str) -> None:
+    """One alert group: its rows, the labels they share, its runbook and panel."""
+    with st.container(border=True, key=f"alert-{state}-{g.alertname}"):
         step = f" · step {g.step}" if g.step is not None else ""
-        st.markdown(f"### {g.alertname} · {g.severity}{step} · {len(g.rows)} firing")
+        st.markdown(f"### {g.alertname} · {g.severity}{step} · {len(g.rows)} {state}")
         shared = ", ".join(f"`{k}={v}`" for k, v in sorted(g.common_labels.items()) if k != "alertname")
         if shared:
             st.caption(f"Shared labels: {shared}")
@@ -39,3 +49,31 @@ for g in groups:
             if grafana:
                 line += f" · [Grafana panel]({grafana})"
             st.markdown(line)
+
+
+for g in firing:
+    show_group(g, "firing")
+if pending:
+    st.subheader("Pending")
+    st.caption("Past their threshold, not fired yet: each fires if the breach lasts its `for`.")
+    for g in pending:
+        show_group(g, "pending")
+
+st.subheader("Alertmanager")
+if not src.alertmanager_url:
+    st.caption(f"Not configured (set {ALERTMANAGER_ENV} or --alertmanager-url): which alerts page and which "
+               "are inhibited or silenced is not shown.")
+else:
+    try:
+        held = data.alertmanager_alerts(src.alertmanager_url)
+    except SourceUnavailable as exc:
+        ui.source_down(exc)
+        held = None
+    if held is not None:
+        paging = pages(held)
+        st.caption(f"{len(paging)} of {len(held)} alerts page; the others are inhibited by an earlier "
+                   "step's alert or silenced.")
+        if held:
+            st.table(table_rows(held))
+        else:
+            st.caption("Alertmanager holds no alerts.")

@@ -5,13 +5,15 @@ import streamlit as st
 from console import charts, data, ui
 from console.chain import SYMPTOM_KEY, CheckState, reuse_reading
 from console.http_json import SourceUnavailable
-from console.links import grafana_link, load_thresholds, runbook_link
-from console.readings import check_line, shown_text, step_shown
+from console.links import grafana_link, in_app_markdown, load_thresholds, runbook_link, runbook_markdown
+from console.readings import check_line, fires_in_text, shown_text, step_shown
+from console.runbook_steps import first_mitigation
 from console.settings import link_settings, timezone_name
 
 st.title("Diagnosis chain")
 st.caption("Walks the checklist in order. A falling cluster hit rate starts the walk; the verdict "
-           "is the first step whose own cause signals fail.")
+           "is the first step whose own cause signals fail: red when its alert fires, amber while it is "
+           "past its threshold and the alert is pending, green when clear.")
 
 src = data.sources()
 thresholds = load_thresholds()
@@ -29,13 +31,33 @@ with st.spinner("Walking the chain…"):
         st.stop()
 ui.banners(notes)
 
-verdict = chain.verdict
-if verdict is None:
-    st.success("Verdict: no step fails its cause checks.", icon=":material/check_circle:")
-else:
-    failing = ", ".join(c.check.title for c in verdict.firing_causes)
-    st.error(f"Verdict: step {verdict.number} — {verdict.title}. {verdict.question} Failing: {failing}.",
-             icon=":material/route:")
+headline = chain.headline
+checks = chain.checks()
+behind = [checks[k] for k in headline.checks if k in checks]
+with st.container(border=True, key="headline"):
+    if headline.state == "clear":
+        st.success("**CLEAR** · Verdict: no step fails its cause checks, and none is past its threshold.",
+                   icon=":material/check_circle:")
+    else:
+        step = headline.step
+        where = (f"Verdict: step {step.number} — {step.title}. {step.question}" if step is not None else
+                 "The cluster hit rate is below target and no instrumented step explains it.")
+        failing = ", ".join(c.check.title for c in behind)
+        if headline.state == "firing":
+            st.error(f"**FIRING** · {where} Failing: {failing}.", icon=":material/error:")
+        else:
+            st.warning(f"**PENDING** · {where} Past its threshold: {failing}; "
+                       f"{fires_in_text(headline.fires_in_s)} if it holds.", icon=":material/pending:")
+        for c in behind:
+            st.markdown(check_line(c))
+            for line in c.culprits.lines() if c.culprits is not None else []:
+                st.markdown(f"- {line}")
+        first = behind[0] if behind else None
+        if first is not None:
+            step_text = first_mitigation(runbook_markdown(first.check.alert) or "")
+            if step_text:
+                st.markdown(f"**First step** ([runbook]({runbook_link(first.check.alert, links)})): "
+                            f"{in_app_markdown(step_text)}")
 
 if chain.symptom is not None:
     st.markdown(f"Symptom that starts the walk — {check_line(chain.symptom)}")

@@ -22,7 +22,8 @@ k = right.slider("Hot branches", 5, 50, 10, key="tree_k")
 
 with st.spinner("Loading the prefix tree…"):
     try:
-        tree = data.tree(src.exporter_url, depth, by, 200)
+        # The branches that matter, readable: about four tree nodes per hot branch asked for.
+        tree = data.tree(src.exporter_url, depth, by, 4 * k)
         hot = data.hotspots(src.exporter_url, k)
     except SourceUnavailable as exc:
         ui.source_down(exc)
@@ -35,7 +36,7 @@ c[1].metric("Blocks", ui.fmt(stats.get("blocks"), ""))
 c[2].metric("Root fan-out", ui.fmt(stats.get("root_fanout"), ""), help="Distinct first blocks: a jump means a broken shared prefix.")
 c[3].metric("Depth p99 (edges)", ui.fmt(stats.get("depth_p99"), ""))
 
-cols = icicle_columns(tree.get("root") or {"id": "root"}, by)
+cols = icicle_columns(tree.get("root") or {"id": "root"}, by, min_share=0.02)
 fig = go.Figure(go.Icicle(ids=cols["ids"], labels=cols["labels"], parents=cols["parents"], values=cols["values"],
                           branchvalues="remainder", customdata=cols["workers"], root_color="#d9dde3",
                           hovertemplate="%{label}<br>%{value:,.0f} " + by + "<br>workers: %{customdata}<extra></extra>"))

@@ -4,22 +4,33 @@ Hand-computed: worker scrapes give 246 + 164 hit of 600 + 400 queried tokens →
 symptom). Ten keyed sessions each send two turns; sessions 0–2 come back on w1 while their
 worker w0 is still healthy → 3 of 10 follow-ups collide → 30% (> 5%: step 2 fires).
 Follow-ups on w0 reuse all 64 prompt tokens, those on w1 only its 2 resident blocks (32).
+
+The thresholds keep their values but every ``for`` is 0 s, as in the Prometheus fixture: a breach
+fires at once, so the crafted state (evaluated at one fixed instant) shows firing alerts.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from exporter.api import ApiBuilders
 from exporter.health import Health
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
 from exporter.state import ClusterState
-from prefixscope.thresholds import load_thresholds
+from prefixscope.thresholds import CheckThreshold, Thresholds, load_thresholds
 
 NOW = 1_000.0
 CHAIN = [11, 12, 13, 14]
 
 
-def build_state() -> ClusterState:
-    state = ClusterState(Health(), load_thresholds(), clock=lambda: NOW)
+def firing_at_once(th: Thresholds) -> Thresholds:
+    """The thresholds with every alert's ``for`` at 0 s."""
+    return replace(th, checks={k: CheckThreshold(c.value, "0s", c.severity) for k, c in th.checks.items()})
+
+
+def build_state(thresholds: Thresholds | None = None) -> ClusterState:
+    th = firing_at_once(load_thresholds()) if thresholds is None else thresholds
+    state = ClusterState(Health(), th, clock=lambda: NOW)
     for worker, (queried, hits) in {"w0": (600, 246), "w1": (400, 164)}.items():
         for ts, share in ((900.0, 0.0), (990.0, 1.0)):
             state.observe_worker(WorkerSnapshot(worker, "vllm", model="m", prefix_queried_tokens=queried * share,

@@ -23,7 +23,8 @@ API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 CONSOLE_READS: dict[str, tuple[str, ...]] = {
     "groups": (
         "steps[].checks[].key", "steps[].checks[].value", "steps[].checks[].baseline", "steps[].checks[].status",
-        "steps[].checks[].missing_signals", "steps[].checks[].threshold",
+        "steps[].checks[].missing_signals", "steps[].checks[].threshold", "steps[].checks[].alert_state",
+        "steps[].checks[].fires_in_s", "steps[].checks[].culprits",
         "reuse.prompt_tokens", "reuse.available_tokens", "reuse.predicted_tokens", "reuse.achieved_tokens",
         "reuse.index_staleness_tokens"),
     "tree": (
@@ -32,11 +33,14 @@ CONSOLE_READS: dict[str, tuple[str, ...]] = {
         "root.children[].resident_workers", "root.children[].children"),
     "hotspots": (
         "hot_branches[].rank", "hot_branches[].branch", "hot_branches[].hit_tokens", "hot_branches[].blocks",
-        "hot_branches[].workers", "hot_branches[].sessions", "fanout.buckets", "depth.buckets",
+        "hot_branches[].workers", "hot_branches[].sessions", "hot_branches[].text", "hot_branches[].token_ids",
+        "fanout.buckets", "depth.buckets",
         "duplication.blocks_on_1", "duplication.blocks_on_2", "duplication.blocks_on_3_plus",
         "duplication.duplicated_share",
         *(f"workers[].{k}" for k in ("worker", "resident_blocks", "capacity_blocks", "effective_cache_value_tokens",
                                      "removal_rank", "node", "nvlink_domain", "gpu_class", "warm_pool"))),
+    "culprits": tuple(f"checks.sticky_session_collision_rate.{k}" for k in ("workers", "prefixes", "sessions",
+                                                                            "nodes")),
     "changes": (
         "lost_hits[].branch", "lost_hits[].before_hit_tokens", "lost_hits[].after_hit_tokens",
         "rekeyed_segments[].segment", "rekeyed_segments[].rekeys", "rekeyed_segments[].share",
@@ -81,7 +85,9 @@ def test_absent_names_the_missing_key() -> None:
 
 @pytest.mark.parametrize("endpoint", sorted(CONSOLE_READS))
 def test_the_real_exporter_answers_every_key_the_console_reads(topology_exporter_url: str, endpoint: str) -> None:
-    payload = getattr(ExporterClient(topology_exporter_url), endpoint)()
+    client = ExporterClient(topology_exporter_url)
+    payload = client.culprits(("sticky_session_collision_rate",)) if endpoint == "culprits" else \
+        getattr(client, endpoint)()
     assert [p for path in CONSOLE_READS[endpoint] for p in absent(payload, path)] == []
 
 

@@ -49,9 +49,14 @@ def worker_tables(at: AppTest) -> dict:
 
 def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> None:
     at = run()
-    assert at.error[0].value.startswith("Verdict: step 2 — Affinity.")
+    # The headline: red, the failing step, its culprits and the runbook's first step.
+    assert at.error[0].value.startswith("**FIRING** · Verdict: step 2 — Affinity.")
     assert "Failing: Sticky-session collisions." in at.error[0].value
     body = texts(at)
+    # Sessions s0–s2 came back on w1 and reused half their prompt (cluster.py); w1 hit 41%.
+    assert "**Sessions** reusing least: `s0` (50.0% reused, on w1), `s1` (50.0% reused, on w1)" in body
+    assert "**Workers** by recent hit ratio: `w0` (41.0%), `w1` (41.0%)" in body
+    assert "**First step** ([runbook](./runbook?alert=PrefixStickyCollisionsHigh)): Reshuffle after a pool change" in body
     # The symptom is shown, firing, but it is not the verdict (cluster.py: 410 / 1000 tokens).
     assert f"Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — {FIRING}" in body
     assert f"**Sticky-session collisions**: 30.0% (alert when > 5.0%) — {FIRING}" in body
@@ -117,9 +122,9 @@ def test_prefix_tree_page_with_a_topology_and_a_pool_change(topology_only: str) 
     # Hits of the last 5 minutes: A 80 + 80 (u0, u1), C 32 + 32 (m0b, m1), S 32 (v0 on w0).
     # S is still in w2's cache, but w2 left the pool: it is not listed as holding the branch.
     assert hot.to_dict("records") == [
-        {"rank": 1, "branch": "1a1a0000", "hit_tokens": 160.0, "blocks": 3, "workers": "w0, w1", "sessions": 2},
-        {"rank": 2, "branch": "1c1c0000", "hit_tokens": 64.0, "blocks": 2, "workers": "w3", "sessions": 2},
-        {"rank": 3, "branch": "51510000", "hit_tokens": 32.0, "blocks": 2, "workers": "w0, w1", "sessions": 1}]
+        {"rank": 1, "branch": "1a1a0000", "prefix": "—", "hit_tokens": 160.0, "blocks": 3, "workers": "w0, w1", "sessions": 2},
+        {"rank": 2, "branch": "1c1c0000", "prefix": "—", "hit_tokens": 64.0, "blocks": 2, "workers": "w3", "sessions": 2},
+        {"rank": 3, "branch": "51510000", "prefix": "—", "hit_tokens": 32.0, "blocks": 2, "workers": "w0, w1", "sessions": 1}]
     # B had 64 + 64 (v0, v1 on w2) in the earlier window and nothing once w2 left; A (160 → 160)
     # and C (32 → 64) did not lose.
     assert lost.to_dict("records") == [{"branch": "1b1b0000", "before_hit_tokens": 128.0, "after_hit_tokens": 0.0}]
@@ -236,7 +241,7 @@ def test_prometheus_down_falls_back_to_the_exporter(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(PROMETHEUS_ENV, closed_url)
     at = run()
     assert any(f"Prometheus at {closed_url} is unavailable" in w.value for w in at.warning)
-    assert at.error[0].value.startswith("Verdict: step 2")
+    assert at.error[0].value.startswith("**FIRING** · Verdict: step 2")
 
 
 
