@@ -16,13 +16,14 @@ from typing import Any
 
 import yaml
 
+from exporter import routers
 from prefixscope.durations import seconds
 from prefixscope.validation import InvalidFile, Problems, read_yaml
 
 PACKAGED_THRESHOLDS = Path(__file__).resolve().parent.parent / "alerts" / "thresholds.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-ROUTER_KINDS = ("auto", "sglang-router", "vllm-router")
+ROUTER_KINDS = routers.KINDS
 SCHEMA_FILE = "exporter-config.v1.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
