@@ -157,6 +157,31 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "router_predicted_reuse": ("router_metrics",),
     "otlp_spans": ("otlp_spans",),
 }
+# What each router's own /metrics feeds (exporter/routers/ implements it; docs/routers.md is generated
+# from it): prefixscope series -> router kind -> the router's series, or None when it exports none.
+ROUTER_KINDS: tuple[str, ...] = ("sglang-router", "vllm-router", "dynamo", "llm-d")
+ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
+    f"{NAMESPACE}_router_decisions": {
+        "sglang-router": "`smg_worker_cb_outcomes_total` Σ outcome (≤ 0.2.4: `sgl_router_policy_decisions_total`)",
+        "vllm-router": "`vllm_router_policy_decisions_total` Σ policy",
+        "dynamo": None, "llm-d": None},
+    f"{NAMESPACE}_router_prefix_outcomes": {
+        "sglang-router": "`smg_cache_aware_policy_branch_total` (smg ≥ 1.11; `tree_match` = hit); "
+                         "≤ 0.2.4: `sgl_router_cache_hits_total`/`_misses_total`; none in 0.3.0–0.3.2",
+        "vllm-router": "`vllm_router_prefix_routing_decisions_total` (`prefix_hit`/`prefix_miss`)",
+        "dynamo": None,
+        "llm-d": "`llm_d_epp_kv_cache_index_lookup_hits_total` of `…_lookup_requests_total`"},
+    f"{NAMESPACE}_router_worker_healthy": {
+        "sglang-router": "`smg_worker_health`", "vllm-router": "`vllm_router_worker_health`",
+        "dynamo": None, "llm-d": None},
+    f"{NAMESPACE}_router_predicted_hit_ratio": {
+        "sglang-router": "`smg_cache_aware_match_ratio` (smg ≥ 1.11)", "vllm-router": None,
+        "dynamo": "`dynamo_component_router_kv_hit_rate`", "llm-d": None},
+    f"{NAMESPACE}_router_tree_walk_seconds": {
+        "sglang-router": None, "vllm-router": None,
+        "dynamo": "`dynamo_router_overhead_indexer_find_matches_ms` (ms → s)",
+        "llm-d": "`llm_d_epp_kv_cache_index_lookup_latency_seconds`"},
+}
 # How to turn each signal on, shown next to "not instrumented" in the console.
 SIGNAL_ENABLE: dict[str, str] = {
     "worker_metrics": "list each worker's metrics_url under workers: in the exporter config",
@@ -663,6 +688,6 @@ def to_table() -> str:
 
 __all__ = [
     "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "METRICS", "METRICS_BY_NAME", "NAMESPACE",
-    "RECORDING_RULES", "RULES_BY_NAME", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SOURCE_NAMES", "STEPS", "Check", "Metric", "RecordingRule", "Step",
+    "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS", "RULES_BY_NAME", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SOURCE_NAMES", "STEPS", "Check", "Metric", "RecordingRule", "Step",
     "as_dict", "check_sources", "checks_for_step", "to_json", "to_table",
 ]

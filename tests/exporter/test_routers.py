@@ -106,3 +106,17 @@ def test_router_lookup_latency_feeds_the_walk_check() -> None:
     assert got is not None
     bounds, counts = got
     assert counts[bounds.index(0.005)] == 20 and counts[bounds.index(0.01)] == 20
+
+
+def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
+    """ROUTER_FEEDS (docs/routers.md) against what each adapter fills in from a page it reads."""
+    pages = {**PAGES, "sglang-router": FIXTURES / "routers" / "smg_1_11.txt"}
+    field_of = {"router_decisions": "decisions", "router_prefix_outcomes": "prefix_outcomes",
+                "router_worker_healthy": "healthy", "router_predicted_hit_ratio": "predicted_hit_ratio",
+                "router_tree_walk_seconds": "lookup_seconds"}
+    assert routers.KINDS[1:] == catalog.ROUTER_KINDS
+    for series, feeds in catalog.ROUTER_FEEDS.items():
+        fld = field_of[series.removeprefix(f"{catalog.NAMESPACE}_")]
+        for kind, source in feeds.items():
+            snap, _ = normalize.parse_router("r", pages[kind].read_text(), kind)
+            assert bool(getattr(snap, fld)) == (source is not None), (series, kind)
