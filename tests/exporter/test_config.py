@@ -158,7 +158,7 @@ colour: red
         load_config(write(tmp_path, text))
     durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
     assert set(err.value.problems) == {
-        "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, topology, "
+        "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, otlp, topology, "
         "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, window)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
