@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from grafanalib._gen import loader
 
-from alerts import alertmanager, docs, grafana, promtests, rules
+from alerts import alertmanager, docs, grafana, promtests, routers_doc, rules
 from dashboards.common import to_json, use_thresholds
 from prefixscope import thresholds as config
 from prefixscope.catalog import CHECKS
@@ -89,6 +89,15 @@ def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
         out[readme] = docs.splice_index(current, docs.runbook_index(th))
     except ValueError as exc:
         raise config.ConfigError([str(exc)]) from exc
+    for path, begin, end, body in (
+            (root / "docs" / "routers.md", routers_doc.ROUTERS_BEGIN, routers_doc.ROUTERS_END,
+             routers_doc.router_matrix()),
+            (root / "README.md", routers_doc.SOURCES_BEGIN, routers_doc.SOURCES_END,
+             routers_doc.check_sources_table())):
+        try:
+            out[path] = routers_doc.splice(out.get(path) or path.read_text(encoding="utf-8"), begin, end, body)
+        except (OSError, ValueError) as exc:
+            raise config.ConfigError([f"{path.name}: {exc}"]) from exc
     return out
 
 

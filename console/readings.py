@@ -18,6 +18,7 @@ from typing import Literal
 
 from console.chain import NO_DATA, CheckState, StepState
 from console.ui import fmt
+from prefixscope.catalog import SIGNAL_ENABLE
 
 Shown = Literal["ok", "pending", "firing", "no_data", "not_instrumented"]
 
@@ -81,4 +82,5 @@ def check_line(c: CheckState) -> str:
         line += f" · past its threshold, {fires_in_text(c.fires_in_s)}"
     if shown == "not_instrumented":
         line += f" · missing signal: {', '.join(missing_signals(c))}"
+        line += "".join(f" · to enable {m}: {SIGNAL_ENABLE[m]}" for m in missing_signals(c) if m in SIGNAL_ENABLE)
     return line

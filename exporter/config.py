@@ -16,13 +16,14 @@ from typing import Any
 
 import yaml
 
+from exporter import routers
 from prefixscope.durations import seconds
 from prefixscope.validation import InvalidFile, Problems, read_yaml
 
 PACKAGED_THRESHOLDS = Path(__file__).resolve().parent.parent / "alerts" / "thresholds.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9400"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-ROUTER_KINDS = ("auto", "sglang-router", "vllm-router")
+ROUTER_KINDS = routers.KINDS
 SCHEMA_FILE = "exporter-config.v1.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -61,6 +62,18 @@ class FileRecords:
 
 
 @dataclass(frozen=True)
+class OtlpTraces:
+    """POST /v1/traces: which spans are requests and which attributes name worker and session."""
+
+    enabled: bool = True
+    span_names: tuple[str, ...] = ("llm_request",)
+    worker_attributes: tuple[str, ...] = ("service.instance.id", "service.name")
+    session_attributes: tuple[str, ...] = ()
+    cached_attributes: tuple[str, ...] = ("gen_ai.usage.cache_read.input_tokens",)
+    session_wait: float = 2.0
+
+
+@dataclass(frozen=True)
 class Config:
     source: str = "<defaults>"  # the file this came from, for messages
     workers: tuple[WorkerTarget, ...] = ()
@@ -68,6 +81,7 @@ class Config:
     routers: tuple[RouterTarget, ...] = ()
     http_records: HttpRecords = field(default_factory=HttpRecords)
     file_records: FileRecords = field(default_factory=FileRecords)
+    otlp: OtlpTraces = field(default_factory=OtlpTraces)
     topology: Path | None = None
     thresholds: Path = PACKAGED_THRESHOLDS
     scrape_interval: float = 5.0
@@ -170,6 +184,22 @@ def _records(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple[H
     return http, FileRecords(tuple(p for p in tailed if p is not None))
 
 
+def _otlp(problems: Problems, d: Mapping[str, Any]) -> OtlpTraces:
+    o = _section(d, "otlp")
+    default = OtlpTraces()
+
+    def names(key: str, fallback: tuple[str, ...]) -> tuple[str, ...]:
+        value = o.get(key)
+        return tuple(value) if isinstance(value, list) else fallback
+
+    return OtlpTraces(enabled=o.get("enabled") is not False,
+                      span_names=names("span_names", default.span_names),
+                      worker_attributes=names("worker_attributes", default.worker_attributes),
+                      session_attributes=names("session_attributes", default.session_attributes),
+                      cached_attributes=names("cached_attributes", default.cached_attributes),
+                      session_wait=_seconds(problems, o, "session_wait", default.session_wait) or 0.0)
+
+
 def _seconds(problems: Problems, d: Mapping[str, Any], key: str, default: float | None) -> float | None:
     value = d.get(key)
     if value is None or problems.has(key):
@@ -195,9 +225,10 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
         problems.add("scrape_timeout", f"{timeout:g}s exceeds scrape_interval {interval:g}s")
     tree_stats = _seconds(problems, d, "tree_stats_interval", 1.0)
     window = _seconds(problems, d, "window", None)
+    otlp = _otlp(problems, d)
     problems.raise_if_any(ConfigError)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
-                  http_records=http, file_records=tailed, topology=topology,
+                  http_records=http, file_records=tailed, otlp=otlp, topology=topology,
                   thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
                   scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window,
                   prefix_text=d.get("prefix_text") is True)

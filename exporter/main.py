@@ -27,6 +27,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from exporter import otlp_http
 from exporter.api import ApiBuilders
 from exporter.bootstrap import bootstrap
 from exporter.config import (
@@ -43,6 +44,7 @@ from exporter.health import Health
 from exporter.prefix_text import PrefixNames
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from exporter.sources.kv_zmq import KvEventSubscriber
+from exporter.sources.otlp_spans import SpanIntake
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
 from exporter.sources.scrape import Scraper
 from exporter.state import ClusterState
@@ -98,6 +100,7 @@ class Runtime:
         self.clock = clock
         self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
         self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
+        self.spans: SpanIntake | None = None  # the OTLP trace receiver's intake, when enabled
         self.started_at = clock()
 
     @property
@@ -132,6 +135,11 @@ class Runtime:
         def healthz() -> tuple[bool, dict[str, Any]]:
             return runtime.healthz()
 
+        spans = SpanIntake(otlp_http.mapping_for(cfg.otlp, sources.workers), state, health, is_healthy=state.is_healthy,
+                           session_wait_s=cfg.otlp.session_wait, max_body_bytes=cfg.http_records.max_body_bytes,
+                           clock=clock)
+        endpoints_auth = otlp_http.bearer_check(cfg.http_records.bearer_token)
+
         deps = ServerDeps(
             registry=registry,
             api=api.routes(),
@@ -141,11 +149,13 @@ class Runtime:
             targets=target_status,
             healthz=healthz,
             render_text=lambda: render_state(state),
+            ingest_traces=otlp_http.handler(spans, endpoints_auth) if cfg.otlp.enabled else None,
         )
         server = ExporterServer(host, port, deps)
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
                       sources.scraper, clock)
         runtime.names = sources.names
+        runtime.spans = spans if cfg.otlp.enabled else None
         return runtime
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -168,6 +178,10 @@ class Runtime:
             self.subscriber.start()
         for tail in self.tails:
             tail.start()
+        if self.spans is not None:
+            log.info("traces: POST /v1/traces (OTLP/HTTP protobuf or JSON; session attributes: %s)",
+                     ", ".join(cfg.otlp.session_attributes) or "none")
+            self.spans.start()
         self.scraper.start()
         self.refresher.start()
         if self.names is not None:
@@ -186,6 +200,8 @@ class Runtime:
         self.refresher.close(timeout=2.0)
         if self.names is not None:
             self.names.detokenizer.stop()
+        if self.spans is not None:
+            self.spans.close(timeout=1.0)
 
     # ---- views for the landing page and /healthz --------------------------------------------
     def target_status(self) -> list[TargetStatus]:

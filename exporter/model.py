@@ -75,15 +75,29 @@ class WorkerSnapshot:
     requests_success: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CumulativeHistogram:
+    """A router histogram summed over its label sets: ``counts[i]`` observations ≤ ``bounds[i]``
+    (cumulative, like ``_bucket``; the last bound is +Inf), in the catalogue's unit."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    sum: float
+    count: float
+
+
 @dataclass(slots=True)
 class RouterSnapshot:
-    """One scrape of a router's /metrics (sglang-router ``smg_*`` or vllm-router ``vllm_router_*``)."""
+    """One scrape of a router's /metrics (``exporter.routers``: SGLang gateway, vllm-router,
+    Dynamo's KV router, llm-d's scheduler). A field the router does not export stays empty/None."""
 
     router: str
-    kind: str  # "sglang-router" or "vllm-router"
+    kind: str  # an adapter's kind: "sglang-router", "vllm-router", "dynamo", "llm-d"
     decisions: dict[str, float] = field(default_factory=dict)  # worker URL -> cumulative decisions
     healthy: dict[str, float] = field(default_factory=dict)  # worker URL -> 1/0
     prefix_outcomes: dict[str, float] = field(default_factory=dict)  # "hit"/"miss" -> cumulative count
+    lookup_seconds: CumulativeHistogram | None = None  # the router's prefix-index lookup latency
+    predicted_hit_ratio: CumulativeHistogram | None = None  # per request: predicted cached share of the prompt
 
 
 class StateSink(Protocol):
@@ -103,3 +117,6 @@ class StateSink(Protocol):
 
     def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None:
         """Request records that passed the prefixscope.request/v1 schema."""
+
+    def signal_seen(self, signal: str, ts: float) -> None:
+        """A source other than records and scrapes carried ``signal`` (a catalogue signal) at ``ts``."""

@@ -5,10 +5,11 @@ values, so the current name wins and nothing is counted twice) and SGLang's ``sg
 names. Series are summed over vLLM's ``engine`` label (data-parallel engines behind one API
 server). A signal the engine does not export stays ``None``.
 
-Routers: sglang-router (``smg_*``) and vllm-router (``vllm_router_*``), detected from the names
-present. Both label a worker by the URL they route to; given the configured workers, that URL is
-mapped to the worker's name so router series join the worker's own series (and a worker the
-router reports unhealthy is the same worker the exporter scrapes).
+Routers: one adapter per router in ``exporter.routers`` (SGLang gateway / sglang-router,
+vllm-router, Dynamo's KV router, llm-d's scheduler), detected from the names present. Routers
+label a worker by the URL they route to; given the configured workers, that URL is mapped to the
+worker's name so router series join the worker's own series (and a worker the router reports
+unhealthy is the same worker the exporter scrapes).
 
 Values are checked before they are used (:func:`check_values`): a counter must be a finite
 number ≥ 0, a ratio lie in [0, 1], a queue length be finite and ≥ 0, and ``cache_config_info``'s
@@ -23,9 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 
-from exporter import promtext
+from exporter import promtext, routers
 from exporter.model import RouterSnapshot, WorkerSnapshot
 from exporter.promtext import ParseError, ParseResult, Sample
+from exporter.routers.common import UnrecognisedMetrics, url_key
 
 # ---- vLLM -----------------------------------------------------------------------------
 V_QUERIES = "vllm:prefix_cache_queries_total"
@@ -55,16 +57,8 @@ VLLM_NAMES = frozenset({V_QUERIES, V_HITS, V_USAGE, V_QUERIES_OLD, V_HITS_OLD, V
 SGLANG_NAMES = frozenset({S_PROMPT, S_CACHED, S_USAGE, S_RUNNING, S_QUEUE, S_REQUESTS, S_HIT_RATE})
 WORKER_NAMES = VLLM_NAMES | SGLANG_NAMES
 
-# ---- routers ---------------------------------------------------------------------------
-SMG_DECISIONS = "smg_worker_cb_outcomes_total"
-SMG_HEALTH = "smg_worker_health"
-VR_DECISIONS = "vllm_router_policy_decisions_total"
-VR_PREFIX = "vllm_router_prefix_routing_decisions_total"
-VR_HEALTH = "vllm_router_worker_health"
-ROUTER_NAMES = frozenset({SMG_DECISIONS, SMG_HEALTH, VR_DECISIONS, VR_PREFIX, VR_HEALTH})
-# vllm-router's outcome label values → the catalogue's outcome values.
-VR_OUTCOMES = {"prefix_hit": "hit", "prefix_miss": "miss"}
-
+# ---- routers (one adapter per router: exporter.routers) ---------------------------------
+ROUTER_NAMES = routers.NAMES
 
 # ---- value rules ------------------------------------------------------------------------
 def _count(v: float) -> bool:
@@ -80,9 +74,10 @@ COUNT: ValueRule = ("a finite number ≥ 0", _count)
 RATIO: ValueRule = ("a ratio in [0, 1]", _ratio)
 VALUE_RULES: dict[str, ValueRule] = {
     **dict.fromkeys((V_QUERIES, V_HITS, V_QUERIES_OLD, V_HITS_OLD, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
-                     V_RUNNING, V_WAITING, S_PROMPT, S_CACHED, S_REQUESTS, S_RUNNING, S_QUEUE,
-                     SMG_DECISIONS, VR_DECISIONS, VR_PREFIX), COUNT),
-    **dict.fromkeys((V_USAGE, V_USAGE_OLD, S_USAGE, S_HIT_RATE, SMG_HEALTH, VR_HEALTH), RATIO),
+                     V_RUNNING, V_WAITING, S_PROMPT, S_CACHED, S_REQUESTS, S_RUNNING, S_QUEUE), COUNT),
+    **dict.fromkeys((V_USAGE, V_USAGE_OLD, S_USAGE, S_HIT_RATE), RATIO),
+    **{name: COUNT for a in routers.ADAPTERS for name in a.counts},
+    **{name: RATIO for a in routers.ADAPTERS for name in a.ratios},
 }
 # Integer labels of vLLM's cache_config_info; "None" is vLLM's own "not sized yet".
 POSITIVE_INT_LABELS = {V_CACHE_CONFIG: ("num_gpu_blocks", "block_size")}
@@ -127,10 +122,6 @@ def check_values(parsed: ParseResult) -> tuple[ParseResult, list[ParseError]]:
     if not rejected:
         return parsed, []
     return ParseResult(samples=kept, errors=parsed.errors, lines=parsed.lines, other_names=other), rejected
-
-
-class UnrecognisedMetrics(ValueError):
-    """The page parsed, but carries none of the names this normaliser knows."""
 
 
 def _sum(samples: Iterable[Sample]) -> float | None:
@@ -262,22 +253,6 @@ def parse_worker(worker: str, text: str, deadline: float | None = None) -> tuple
     return snap, parsed.errors + rejected
 
 
-def _by_label(samples: Iterable[Sample], label: str, rename: dict[str, str] | None = None) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for s in samples:
-        key = s.labels.get(label)
-        if key is None:
-            continue
-        if rename is not None:
-            key = rename.get(key, key)
-        out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
-def _url_key(url: str) -> str:
-    return url.strip().rstrip("/").lower()
-
-
 def worker_names_by_url(workers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """(name, metrics_url) pairs → {the worker's base URL, as a router labels it: name}.
 
@@ -285,45 +260,20 @@ def worker_names_by_url(workers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for name, metrics_url in workers:
-        base = _url_key(metrics_url)
+        base = url_key(metrics_url)
         out[base.removesuffix("/metrics")] = name
-    return out
-
-
-def _named(values: dict[str, float], names: Mapping[str, str] | None) -> dict[str, float]:
-    """Router worker labels (URLs) → configured worker names; an unknown URL keeps its label."""
-    if not names:
-        return values
-    out: dict[str, float] = {}
-    for url, v in values.items():
-        key = names.get(_url_key(url), url)
-        out[key] = out.get(key, 0.0) + v
     return out
 
 
 def router_from_parsed(router: str, parsed: ParseResult, kind: str = "auto",
                        worker_names: Mapping[str, str] | None = None) -> RouterSnapshot:
-    """``kind`` "auto" detects the router from the names present; otherwise it is taken as given.
+    """``kind`` "auto" detects the router from the names present (``exporter.routers``);
+    otherwise that router's adapter is used as given.
 
     ``worker_names`` is :func:`worker_names_by_url` of the configured workers.
     """
-    got = parsed.samples
-    seen = [*got, *parsed.other_names]
-    if kind == "vllm-router" or (kind == "auto" and any(n.startswith("vllm_router_") for n in seen)):
-        return RouterSnapshot(
-            router=router, kind="vllm-router",
-            decisions=_named(_by_label(got.get(VR_DECISIONS, ()), "worker"), worker_names),
-            healthy=_named(_by_label(got.get(VR_HEALTH, ()), "worker"), worker_names),
-            prefix_outcomes=_by_label(got.get(VR_PREFIX, ()), "outcome", VR_OUTCOMES),
-        )
-    if kind == "sglang-router" or (kind == "auto" and any(n.startswith("smg_") for n in seen)):
-        # sglang-router exports no prefix-match outcome: prefix_outcomes stays empty (missing).
-        return RouterSnapshot(
-            router=router, kind="sglang-router",
-            decisions=_named(_by_label(got.get(SMG_DECISIONS, ()), "worker"), worker_names),
-            healthy=_named(_by_label(got.get(SMG_HEALTH, ()), "worker"), worker_names),
-        )
-    raise UnrecognisedMetrics(f"no sglang-router or vllm-router metric among {parsed.lines} sample lines")
+    adapter = routers.adapter_for(kind, [*parsed.samples, *parsed.other_names])
+    return adapter.build(router, parsed, worker_names)
 
 
 def parse_router(router: str, text: str, kind: str = "auto", worker_names: Mapping[str, str] | None = None,

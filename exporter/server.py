@@ -77,6 +77,8 @@ class ServerDeps:
     # Renders the Prometheus text format directly (``exporter.exposition.render_state``); the
     # registry still serves OpenMetrics. None: the registry serves both.
     render_text: Callable[[], bytes] | None = None
+    # POST /v1/traces (OTLP/HTTP, ``exporter.otlp_http``); None: the trace receiver is off.
+    ingest_traces: Callable[[Request], Response] | None = None
 
 
 class Endpoints:
@@ -94,6 +96,8 @@ class Endpoints:
                  .add("GET", "/metrics", self.metrics)
                  .add("GET", "/healthz", self.healthz)
                  .add("POST", RECORDS_PATH, self.records, wrong_method_hint="use POST with an NDJSON body"))
+        if self.deps.ingest_traces is not None:
+            table.add("POST", "/v1/traces", self.deps.ingest_traces, wrong_method_hint="use POST with an OTLP body")
         for name, builder in self.api().items():
             table.add("GET", API_PREFIX + name, partial(self.api_get, builder))
         return table

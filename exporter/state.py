@@ -57,6 +57,7 @@ from exporter.record_accounting import (
     UNKNOWN,
     RecordAccounting,
 )
+from exporter.routers.common import increase
 from exporter.series_view import Series, build_series
 from exporter.sessions import SessionTable
 from exporter.windows import Cumulative, WindowedBuckets, WindowedSum
@@ -103,6 +104,13 @@ _WORKER_RESTARTS = _m("worker_restarts").name
 _INGEST_ERRORS = _m("ingest_errors").name
 _POOL_CHANGES = _m("worker_pool_changes").name
 _STORED, _REMOVED, _CLEARED = BlockStored.__name__, BlockRemoved.__name__, AllBlocksCleared.__name__  # event label
+
+# RouterSnapshot histogram -> the catalogue histogram it feeds, the signal it instruments, its labels.
+ROUTER_HISTOGRAMS: tuple[tuple[str, str, str, Callable[[RouterSnapshot], tuple[str, ...]]], ...] = (
+    ("lookup_seconds", _m("router_tree_walk_seconds").name, "walk_latency", lambda _snap: ()),
+    ("predicted_hit_ratio", _m("router_predicted_hit_ratio").name, "router_predicted_reuse",
+     lambda snap: (snap.router,)),
+)
 
 T = TypeVar("T")
 RecordInput = RequestRecord | Mapping[str, Any]
@@ -322,9 +330,31 @@ class ClusterState:
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         with self.lock:
             self.time.advance(scraped_at)
+            self._router_histograms(snapshot, self.worker_pool.routers.get(snapshot.router), scraped_at)
             self.worker_pool.observe_router(snapshot, scraped_at)
             self._update_pool(scraped_at)
             self._expire()
+
+    def _router_histograms(self, snap: RouterSnapshot, prev: RouterSnapshot | None, ts: float) -> None:
+        """A router's histograms, scrape over scrape: the new observations go into the catalogue's
+        histogram (each at its router bucket's upper bound) and the signal is instrumented. The
+        first scrape of a router is its baseline: what it counted before is not in the window."""
+        for fld, metric, signal, labels in ROUTER_HISTOGRAMS:
+            new = getattr(snap, fld)
+            if new is None:
+                continue
+            self.accounting.field_seen[signal] = ts
+            if prev is None:
+                continue
+            lab = labels(snap)
+            for value, n in increase(new, getattr(prev, fld)):
+                for _ in range(round(n)):
+                    self.store.observe(ts, metric, lab, value)
+
+    def signal_seen(self, signal: str, ts: float) -> None:
+        """A source other than records or scrapes carried ``signal`` at ``ts`` (e.g. OTLP spans)."""
+        with self.lock:
+            self.accounting.field_seen[signal] = max(ts, self.accounting.field_seen.get(signal, 0.0))
 
     def ingest_records(self, records: Iterable[RecordInput], received_at: float) -> None:
         """Request records that passed the ``prefixscope.request/v1`` schema.

@@ -122,7 +122,94 @@ SIGNALS: dict[str, str] = {
     "expert_signature": "records carry expert_signature",
     "spec_decode": "workers export speculative-decoding counters",
     "affinity_admission": "records carry admitted_by_affinity",
-    "router_metrics": "router /metrics scraped (sglang-router or vllm-router)",
+    "router_metrics": "router /metrics scraped (SGLang gateway, vllm-router, Dynamo KV router or llm-d scheduler)",
+    "router_predicted_reuse": "the router exports the reuse it predicted per request (match ratio)",
+    "otlp_spans": "request spans received over OTLP (vLLM's llm_request)",
+}
+
+# Where each signal can come from, in the words of the table in README.md and docs/routers.md.
+SOURCE_NAMES: dict[str, str] = {
+    "engine_metrics": "engine /metrics",
+    "kv_events": "KV events",
+    "router_metrics": "router metrics",
+    "otlp_spans": "OTLP spans",
+    "records": "records",
+    "topology": "topology file",
+}
+SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
+    "worker_metrics": ("engine_metrics",),
+    "kv_events": ("kv_events",),
+    "records": ("records", "otlp_spans"),
+    "session_key": ("records", "otlp_spans"),
+    "block_hashes": ("records",),
+    "cached_tokens": ("records", "otlp_spans"),
+    "predicted_cached_tokens": ("records",),
+    "prefill_timing": ("records", "otlp_spans"),
+    "async_prefill": ("records",),
+    "walk_latency": ("records", "router_metrics"),
+    "topology": ("topology",),
+    "warm_pool": ("topology",),
+    "migrations": ("records", "otlp_spans"),
+    "expert_signature": ("records",),
+    "spec_decode": ("engine_metrics",),
+    "affinity_admission": ("records",),
+    "router_metrics": ("router_metrics",),
+    "router_predicted_reuse": ("router_metrics",),
+    "otlp_spans": ("otlp_spans",),
+}
+# What each router's own /metrics feeds (exporter/routers/ implements it; docs/routers.md is generated
+# from it): prefixscope series -> router kind -> the router's series, or None when it exports none.
+ROUTER_KINDS: tuple[str, ...] = ("sglang-router", "vllm-router", "dynamo", "llm-d")
+ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
+    f"{NAMESPACE}_router_decisions": {
+        "sglang-router": "`smg_worker_cb_outcomes_total` Σ outcome (≤ 0.2.4: `sgl_router_policy_decisions_total`)",
+        "vllm-router": "`vllm_router_policy_decisions_total` Σ policy",
+        "dynamo": None, "llm-d": None},
+    f"{NAMESPACE}_router_prefix_outcomes": {
+        "sglang-router": "`smg_cache_aware_policy_branch_total` (smg ≥ 1.11; `tree_match` = hit); "
+                         "≤ 0.2.4: `sgl_router_cache_hits_total`/`_misses_total`; none in 0.3.0–0.3.2",
+        "vllm-router": "`vllm_router_prefix_routing_decisions_total` (`prefix_hit`/`prefix_miss`)",
+        "dynamo": None,
+        "llm-d": "`llm_d_epp_kv_cache_index_lookup_hits_total` of `…_lookup_requests_total`"},
+    f"{NAMESPACE}_router_worker_healthy": {
+        "sglang-router": "`smg_worker_health`", "vllm-router": "`vllm_router_worker_health`",
+        "dynamo": None, "llm-d": None},
+    f"{NAMESPACE}_router_predicted_hit_ratio": {
+        "sglang-router": "`smg_cache_aware_match_ratio` (smg ≥ 1.11)", "vllm-router": None,
+        "dynamo": "`dynamo_component_router_kv_hit_rate`", "llm-d": None},
+    f"{NAMESPACE}_router_tree_walk_seconds": {
+        "sglang-router": None, "vllm-router": None,
+        "dynamo": "`dynamo_router_overhead_indexer_find_matches_ms` (ms → s)",
+        "llm-d": "`llm_d_epp_kv_cache_index_lookup_latency_seconds`"},
+}
+# How to turn each signal on, shown next to "not instrumented" in the console.
+SIGNAL_ENABLE: dict[str, str] = {
+    "worker_metrics": "list each worker's metrics_url under workers: in the exporter config",
+    "kv_events": "start vLLM with --kv-events-config (publisher zmq) and set kv_events: per worker",
+    "records": "POST prefixscope.request/v1 NDJSON to /api/v1/records, tail a file, or export vLLM's "
+               "OTLP spans to /v1/traces",
+    "session_key": "records: add session_key; spans: set otlp.session_attributes to the attribute that "
+                   "holds the session (e.g. gen_ai.conversation.id on the client's span)",
+    "block_hashes": "records: add block_hashes (the router's chained block hashes)",
+    "cached_tokens": "records: cached_tokens from usage.prompt_tokens_details.cached_tokens "
+                     "(vLLM --enable-prompt-tokens-details); spans: gen_ai.usage.cache_read.input_tokens",
+    "predicted_cached_tokens": "records: predicted_cached_tokens from a router plugin",
+    "prefill_timing": "records: prefill_s; or vLLM --otlp-traces-endpoint http://EXPORTER/v1/traces "
+                      "(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf)",
+    "async_prefill": "records: async_wait_s from the async prefill path",
+    "walk_latency": "records: walk_s; or scrape a router that exports its lookup latency "
+                    "(Dynamo KV router, llm-d with kvBlockIndexConfig.enableMetrics)",
+    "topology": "set topology: to a topology file in the exporter config",
+    "warm_pool": "mark warm-pool workers (warm_pool: true) in the topology file",
+    "migrations": "records: migrated_from / migration_kind; spans: a session attribute (migrations are "
+                  "follow-ups that left an unhealthy worker)",
+    "expert_signature": "records: expert_signature from the MoE engine",
+    "spec_decode": "run vLLM with speculative decoding (--speculative-config)",
+    "affinity_admission": "records: admitted_by_affinity from the scheduler",
+    "router_metrics": "list the router under routers: with its Prometheus metrics_url",
+    "router_predicted_reuse": "scrape a router that exports its match ratio (SGLang gateway ≥ 1.11, Dynamo)",
+    "otlp_spans": "vLLM --otlp-traces-endpoint http://EXPORTER/v1/traces with "
+                  "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf",
 }
 
 STEPS: tuple[Step, ...] = (
@@ -267,6 +354,10 @@ METRICS: tuple[Metric, ...] = (
             help="Router prefix-match outcomes (hit, miss), from the router's own /metrics."),
     _metric(name="router_worker_healthy", type="gauge", unit="", labels=("router", W), group=4, source="router_metrics",
             help="Worker health as the router sees it (1 healthy, 0 not)."),
+    _metric(name="router_predicted_hit_ratio", type="histogram", unit="ratio", labels=("router",), group=None,
+            source="router_metrics", buckets=RATIO_BUCKETS,
+            help="Per request, the share of the prompt the router predicted cached on its pick (SGLang gateway "
+                 "match ratio, Dynamo kv_hit_rate); each router bucket's requests at its upper bound."),
     # ---- group 5: coupled optimisations --------------------------------------------------
     _metric(name="moe_prefix_hits", type="counter", unit="", labels=(M,), group=5, source="records",
             help="Requests with a prefix hit that carry an expert signature."),
@@ -415,6 +506,10 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
 
 RULES_BY_NAME: dict[str, RecordingRule] = {r.record: r for r in RECORDING_RULES}
 
+if set(SIGNAL_SOURCES) != set(SIGNALS) or set(SIGNAL_ENABLE) != set(SIGNALS):  # each signal says where it comes from
+    raise ImportError(f"signals without sources or how-to: {sorted(set(SIGNALS) ^ set(SIGNAL_SOURCES))}, "
+                      f"{sorted(set(SIGNALS) ^ set(SIGNAL_ENABLE))}")
+
 CHECKS: tuple[Check, ...] = (
     # ---- step 0: telemetry health ---------------------------------------------------------
     Check(key="targets_up", group=0, kind="health", title="Scrape targets up", alert="PrefixTelemetryTargetDown",
@@ -552,11 +647,19 @@ def checks_for_step(step: int) -> list[Check]:
     return [c for c in CHECKS if c.group == step]
 
 
+def check_sources(check: Check) -> list[str]:
+    """The sources (``SOURCE_NAMES`` keys) that feed any of the check's signals, in table order."""
+    wanted = {src for sig in check.signals for src in SIGNAL_SOURCES[sig]}
+    return [src for src in SOURCE_NAMES if src in wanted]
+
+
 def as_dict() -> dict:
     """The catalogue as plain data (for ``prefixscope catalog --format json`` and the API)."""
     return {
         "namespace": NAMESPACE,
         "signals": SIGNALS,
+        "signal_sources": {k: list(v) for k, v in SIGNAL_SOURCES.items()},
+        "signal_enable": SIGNAL_ENABLE,
         "steps": [asdict(s) for s in STEPS],
         "metrics": [asdict(m) | {"sample_name": m.sample_name} for m in METRICS],
         "recording_rules": [asdict(r) for r in RECORDING_RULES],
@@ -585,6 +688,6 @@ def to_table() -> str:
 
 __all__ = [
     "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "METRICS", "METRICS_BY_NAME", "NAMESPACE",
-    "RECORDING_RULES", "RULES_BY_NAME", "SIGNALS", "STEPS", "Check", "Metric", "RecordingRule", "Step",
-    "as_dict", "checks_for_step", "to_json", "to_table",
+    "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS", "RULES_BY_NAME", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SOURCE_NAMES", "STEPS", "Check", "Metric", "RecordingRule", "Step",
+    "as_dict", "check_sources", "checks_for_step", "to_json", "to_table",
 ]

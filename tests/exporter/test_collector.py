@@ -1,5 +1,6 @@
 """The collector: promtool-clean exposition, every catalogue metric when all inputs are present."""
 
+import math
 import subprocess
 
 import pytest
@@ -7,7 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collector import PrefixscopeCollector
 from exporter.health import Health
-from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
+from exporter.model import BlockStored, CumulativeHistogram, KvBatch, RouterSnapshot, WorkerSnapshot
 from exporter.state import ClusterState
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
@@ -52,7 +53,10 @@ def full_state() -> ClusterState:
         st.observe_worker(WorkerSnapshot("w0", "vllm", model="m", prefix_queried_tokens=q, prefix_hit_tokens=hits,
                                          kv_usage_ratio=0.5, num_gpu_blocks=100, block_size=16, running=2,
                                          max_running=8, spec_draft_tokens=q, spec_accepted_tokens=hits), t)
-    st.observe_router(RouterSnapshot("r", "sglang-router", {"w0": 3}, {"w0": 1}, {"hit": 2, "miss": 1}), 110)
+    for t, n in ((105, 1), (110, 3)):  # a router's predicted match ratio: a baseline, then two more requests
+        ratio = CumulativeHistogram((0.5, 1.0, math.inf), (0, n, n), 0.9 * n, n)
+        st.observe_router(RouterSnapshot("r", "sglang-router", {"w0": 3}, {"w0": 1}, {"hit": 2, "miss": 1},
+                                         predicted_hit_ratio=ratio), t)
     base = {"model": "m", "block_hashes": [1, 2, 3, 9], "cached_tokens": 0, "predicted_cached_tokens": 32,
             "prefill_s": 0.5, "queue_s": 0.1, "walk_s": 0.001, "async_wait_s": 1.0, "expert_signature": "e1",
             "admitted_by_affinity": True, "fallback_tier": "warm_pool", "segment": "web", "session_key": "s"}

@@ -92,7 +92,7 @@ def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
     ("workers:\n  - {name: a, metrics_url: http://h/m, colour: red}\n",
      "exporter.yaml: workers[0].colour: unknown field (allowed: name, metrics_url, "),
     ("routers:\n  - {name: r, metrics_url: http://h/m, kind: nginx}\n",
-     'exporter.yaml: routers[0].kind: expected one of auto, sglang-router, vllm-router, got "nginx"'),
+     'exporter.yaml: routers[0].kind: expected one of auto, sglang-router, vllm-router, dynamo, llm-d, got "nginx"'),
     ("scrape_interval: soon\n", 'exporter.yaml: scrape_interval: expected a positive number of seconds or a duration like 500ms, 5m or 1h30m, got "soon"'),
     ("scrape_interval: 1s\nscrape_timeout: 2s\n", "exporter.yaml: scrape_timeout: 2s exceeds scrape_interval 1s"),
     ("tree_stats_interval: 0\n", "exporter.yaml: tree_stats_interval: expected a positive number of seconds or a duration like 500ms, 5m or 1h30m, got 0"),
@@ -158,14 +158,14 @@ colour: red
         load_config(write(tmp_path, text))
     durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
     assert set(err.value.problems) == {
-        "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, topology, "
+        "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, otlp, topology, "
         "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, prefix_text, window)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
         'exporter.yaml: workers[1].name: duplicate worker name "a"',
         "exporter.yaml: workers[2]: needs metrics_url or kv_events (or both)",
         "exporter.yaml: routers[0].name: missing",
-        'exporter.yaml: routers[0].kind: expected one of auto, sglang-router, vllm-router, got "nginx"',
+        'exporter.yaml: routers[0].kind: expected one of auto, sglang-router, vllm-router, dynamo, llm-d, got "nginx"',
         "exporter.yaml: records.http.max_body_bytes: expected a positive integer, got 1.5",
         "exporter.yaml: records.http: set bearer_token or bearer_token_file, not both",
         'exporter.yaml: topology: file not found: "nowhere.yaml"',
