@@ -69,6 +69,7 @@ class CopyTiming:
     max_hold_s: float
     total_s: float
     slices: int
+    max_hold_cpu_s: float = 0.0  # the longest hold in this thread's CPU time (a loaded host's preemptions left out)
 
 
 def copy_in_slices(index: ReferencePrefixIndex, lock: AbstractContextManager[object],
@@ -79,21 +80,21 @@ def copy_in_slices(index: ReferencePrefixIndex, lock: AbstractContextManager[obj
     number of entries per hold and writes later changes through, so the finished copy is
     consistent. ``max_blocks`` is the compiled slice size (0: its default, about a millisecond).
     """
-    longest = total = 0.0
-    slices = 0
     with lock:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         tree = index.copy_for_stats()
         done = tree.copy_slice(max_blocks)
         longest = total = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         slices = 1
     while not done:
         with lock:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             done = tree.copy_slice(max_blocks)
             held = time.perf_counter() - t0
+            cpu = max(cpu, time.thread_time() - c0)
         longest, total, slices = max(longest, held), total + held, slices + 1
-    return tree, CopyTiming(longest, total, slices)
+    return tree, CopyTiming(longest, total, slices, cpu)
 
 
 def compute_stats(tree: TreeCopy | StatsPass, keep_children_depth: int = 0) -> TreeStats:
