@@ -13,20 +13,24 @@ A block leaves the tree when its last holder goes; its entry stays, holder-less,
 blocks still name it as parent, so a child keeps its parent link exactly as the reference's
 block -> parent-hash map does (and re-attaches when the parent is stored again).
 
-The statistics pass runs in C on these arrays when ``copy_for_stats`` is called (under the
-caller's lock, with the GIL held, so nothing changes under it): no copy of the tree is made;
-transient work arrays take 12 bytes per block while it runs.
+Tree statistics are one pass over a consistent copy of the tree, taken in slices so that no
+single hold of the caller's lock is long: ``copy_for_stats`` starts a copy (16 bytes per block:
+hash, parent, holder count) and each ``copy_slice`` copies the next entries under the caller's
+lock. Between slices ingest goes on; every change to an entry already copied is written through
+to the copy (one comparison per change while no copy is running), so the finished copy is the
+tree as it stood when the last slice ran. The pass then runs in C on the copy without the GIL
+(12 more bytes per block while it runs), and only its small results become Python objects.
 """
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from array import array
 
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from cpython.exc cimport PyErr_Occurred
 from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
 from libc.stdint cimport uint64_t, uint32_t, int32_t, uint16_t, int64_t, uint8_t
-from libc.stdlib cimport malloc, calloc, realloc, free
+from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memmove, memset, memcpy, memcmp
 from cpython cimport array as carray
 
@@ -45,6 +49,7 @@ DEF FLAG_HIT = 2
 DEF INLINE = 2
 DEF MAX_WORKERS = 65535
 DEF MAX_KEEP = 16  # radix edges of the tree's top recorded by a pass (the API's deepest request)
+DEF SLICE = 1 << 17  # entries one ``copy_slice`` copies: 4 MB read, ~1.5 ms of CPU
 
 assert MAX_MEDIA == NMEDIA, "the reference and the compiled index must allow the same media"
 
@@ -61,6 +66,12 @@ cdef struct Block:
     uint16_t cap     # capacity of h.ext; 0 while the entries are inline
     uint32_t flags
     Holders h
+
+
+cdef struct SnapEntry:  # what a statistics pass reads of one entry
+    uint64_t hash
+    int32_t parent
+    uint32_t n       # holders; 0: not in the tree (holder-less or free)
 
 
 cdef extern from *:
@@ -124,13 +135,33 @@ class CompiledMatch:
     """Longest cached prefix of a chain (see ``prefix_index_ref.Match``); ``per_worker`` is built
     on first use, so a caller that needs only ``blocks`` or one worker's depth pays no dict."""
 
-    __slots__ = ("blocks", "_names", "_pairs", "_dict")
+    __slots__ = ("blocks", "_names", "_wid", "_pairs", "_dict")
 
-    def __init__(self, blocks, names, pairs):
+    def __init__(self, blocks, names, wid, pairs):
         self.blocks = blocks
         self._names = names
-        self._pairs = pairs  # array('I'): groups of [depth, count, worker ids...] by rising depth
+        self._wid = wid  # worker -> id (the index's table)
+        # array('I'): groups of [depth, count, sorted worker ids...] by rising depth; each group's
+        # workers are a subset of the one before (the survivors), so a worker's depth is that of
+        # the last group naming it.
+        self._pairs = pairs
         self._dict = None
+
+    def depth_on(self, worker):
+        """Leading blocks of the chain the worker holds: binary searches in the groups, no dict."""
+        wid = self._wid.get(worker)
+        return 0 if wid is None else _depth_of(self._pairs, <uint32_t>wid)
+
+    def best_depth(self, excluding=()):
+        """The longest match on any worker not in ``excluding``: the deepest group with a member
+        that is not excluded (``blocks`` when nothing is)."""
+        if not excluding:
+            return self.blocks
+        wid = self._wid
+        ids = sorted(wid[w] for w in excluding if w in wid)
+        if not ids:
+            return self.blocks
+        return _best_excluding(self._pairs, array("I", ids))
 
     @property
     def per_worker(self):
@@ -151,6 +182,45 @@ class CompiledMatch:
 
     def __repr__(self):
         return f"Match(blocks={self.blocks}, per_worker={self.per_worker})"
+
+
+cdef inline bint _in_sorted(const uint32_t* g, uint32_t count, uint32_t w) noexcept nogil:
+    cdef uint32_t lo = 0, hi = count, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if g[mid] < w:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < count and g[lo] == w
+
+
+cdef uint32_t _depth_of(carray.array pairs, uint32_t w) noexcept:
+    cdef const uint32_t* g = pairs.data.as_uints
+    cdef Py_ssize_t i = 0, n = len(pairs)
+    cdef uint32_t depth = 0
+    while i < n:
+        if not _in_sorted(g + i + 2, g[i + 1], w):
+            break
+        depth = g[i]
+        i += 2 + g[i + 1]
+    return depth
+
+
+cdef uint32_t _best_excluding(carray.array pairs, carray.array excluded) noexcept:
+    cdef const uint32_t* g = pairs.data.as_uints
+    cdef const uint32_t* x = excluded.data.as_uints
+    cdef Py_ssize_t i = 0, n = len(pairs), k, nx = len(excluded)
+    cdef uint32_t depth = 0, out
+    while i < n:
+        out = 0
+        for k in range(nx):
+            out += _in_sorted(g + i + 2, g[i + 1], x[k])
+        if out == g[i + 1]:  # every worker this deep is excluded, and so are the deeper groups' workers
+            break
+        depth = g[i]
+        i += 2 + g[i + 1]
+    return depth
 
 
 class RunsView(Mapping):
@@ -214,6 +284,341 @@ class CompiledTreePass:
                          runs=RunsView(blocks, offsets, lengths, index), **self._fields)
 
 
+cdef struct Vec:  # a growable C array (the pass runs without the GIL)
+    char* data
+    size_t n
+    size_t cap
+    size_t item
+
+
+cdef int _reserve(Vec* v, size_t more) noexcept nogil:
+    cdef size_t cap
+    cdef char* p
+    if v.n + more <= v.cap:
+        return 0
+    cap = v.cap * 2 + 64
+    if cap < v.n + more:
+        cap = v.n + more
+    p = <char*>realloc(v.data, cap * v.item)
+    if p == NULL:
+        return -1
+    v.data, v.cap = p, cap
+    return 0
+
+
+cdef inline int _push(Vec* v, const void* x) noexcept nogil:
+    if _reserve(v, 1):
+        return -1
+    memcpy(v.data + v.n * v.item, x, v.item)
+    v.n += 1
+    return 0
+
+
+cdef struct PassOut:
+    int64_t root_level
+    int64_t nodes
+    int64_t maxdep
+    int64_t* reps     # holders -> entries
+    int64_t* leaf_e   # radix depth -> leaves
+    int64_t* leaf_b   # block depth -> leaves
+    Vec branching     # u64 hashes of entries with two or more children
+    Vec fanouts       # u32 children of each branching block in the tree
+    Vec ke, ku, kr, ko, kl, kb  # the kept runs (see CompiledTreePass)
+
+
+cdef void _vec_init(Vec* v, size_t item) noexcept nogil:
+    v.data, v.n, v.cap, v.item = NULL, 0, 0, item
+
+
+cdef void _out_free(PassOut* o) noexcept nogil:
+    free(o.reps)
+    free(o.leaf_e)
+    free(o.leaf_b)
+    free(o.branching.data)
+    free(o.fanouts.data)
+    free(o.ke.data)
+    free(o.ku.data)
+    free(o.kr.data)
+    free(o.ko.data)
+    free(o.kl.data)
+    free(o.kb.data)
+
+
+cdef int _pass_core(const SnapEntry* e, uint32_t nb, PassOut* o) noexcept nogil:
+    """The statistics of a copied tree, in C; -1 when memory ran out."""
+    cdef size_t cells = (<size_t>nb + 1) * sizeof(uint32_t)
+    cdef uint32_t* kids = <uint32_t*>_scratch_map(cells)  # live children per entry
+    cdef int32_t* bdep = <int32_t*>_scratch_map(cells)  # depth in blocks
+    cdef int32_t* edep = <int32_t*>_scratch_map(cells)  # depth in radix edges
+    cdef int32_t* stack = NULL
+    cdef int rc = -1
+    if kids and bdep and edep:
+        rc = _pass_body(e, nb, o, kids, bdep, edep, &stack)
+    free(stack)
+    _scratch_unmap(kids, cells)
+    _scratch_unmap(bdep, cells)
+    _scratch_unmap(edep, cells)
+    return rc
+
+
+cdef int _pass_body(const SnapEntry* e, uint32_t nb, PassOut* o, uint32_t* kids, int32_t* bdep,
+                    int32_t* edep, int32_t** stackp) noexcept nogil:
+    cdef uint32_t b, x, u32
+    cdef int64_t p, q, sp, cap = 0, length, j, start
+    cdef uint64_t u64
+    cdef uint8_t flag
+    cdef bint root_run
+    cdef int32_t* stack = NULL
+    for b in range(nb):
+        if e[b].n:
+            bdep[b] = -1
+            p = e[b].parent
+            if p >= 0:
+                kids[p] += 1
+            if p < 0 or e[p].n == 0:
+                o.root_level += 1
+    o.reps = <int64_t*>calloc(MAX_WORKERS + 1, sizeof(int64_t))
+    if not o.reps:
+        return -1
+    for b in range(nb):
+        if kids[b] > 1:
+            u64 = e[b].hash
+            if _push(&o.branching, &u64):
+                return -1
+            if e[b].n:
+                if _push(&o.fanouts, &kids[b]):
+                    return -1
+                o.nodes += kids[b]
+        o.reps[e[b].n] += 1  # free and holder-less entries count under 0, dropped later
+    # Depths: walk up to a known block or a run hanging off the root, then back down.
+    # -2 marks a block on the current walk (a parent cycle from colliding hashes ends there).
+    for b in range(nb):
+        if not e[b].n or bdep[b] != -1:
+            continue
+        sp = 0
+        x = b
+        while True:
+            if sp == cap:
+                cap = cap * 2 + 64
+                stack = <int32_t*>realloc(stackp[0], cap * sizeof(int32_t))
+                if not stack:
+                    return -1
+                stackp[0] = stack
+            stack[sp] = x
+            sp += 1
+            bdep[x] = -2
+            p = e[x].parent
+            if p < 0 or e[p].n == 0 or bdep[p] != -1:
+                break
+            x = <uint32_t>p
+        while sp:
+            sp -= 1
+            x = stack[sp]
+            p = e[x].parent
+            if p < 0 or e[p].n == 0 or bdep[p] < 0:
+                bdep[x] = 1
+                edep[x] = 1
+            else:
+                bdep[x] = bdep[p] + 1
+                edep[x] = edep[p] + (1 if kids[p] > 1 else 0)
+    for b in range(nb):
+        if e[b].n and bdep[b] > o.maxdep:
+            o.maxdep = bdep[b]
+    o.leaf_e = <int64_t*>calloc(o.maxdep + 1, sizeof(int64_t))
+    o.leaf_b = <int64_t*>calloc(o.maxdep + 1, sizeof(int64_t))
+    if not (o.leaf_e and o.leaf_b):
+        return -1
+    for b in range(nb):
+        if not e[b].n:
+            continue
+        if kids[b] == 0:
+            o.leaf_e[edep[b]] += 1
+            o.leaf_b[bdep[b]] += 1
+        if kids[b] != 1 and edep[b] <= MAX_KEEP:  # a run's end within the kept top
+            x = b
+            length = 1
+            while True:  # up to the run's start (the length bound cuts a parent cycle)
+                p = e[x].parent
+                if p < 0 or e[p].n == 0 or kids[p] > 1 or <uint32_t>p == b or length > nb:
+                    break
+                x = <uint32_t>p
+                length += 1
+            root_run = p < 0 or e[p].n == 0 or <uint32_t>p == b
+            u32 = <uint32_t>edep[b]
+            flag = root_run
+            u64 = 0 if root_run else e[p].hash
+            if _push(&o.ke, &u32) or _push(&o.ku, &u64) or _push(&o.kr, &flag):
+                return -1
+            u64 = o.kb.n
+            u32 = <uint32_t>length
+            if _push(&o.ko, &u64) or _push(&o.kl, &u32) or _reserve(&o.kb, length):
+                return -1
+            start = o.kb.n
+            q = b
+            for j in range(length - 1, -1, -1):
+                (<uint64_t*>o.kb.data)[start + j] = e[q].hash
+                q = e[q].parent
+            o.kb.n += length
+    return 0
+
+
+cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const uint64_t*>a)[0], y = (<const uint64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef int _cmp_u32(const void* a, const void* b) noexcept nogil:
+    cdef uint32_t x = (<const uint32_t*>a)[0], y = (<const uint32_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef carray.array _as_array(carray.array template, Vec* v):
+    cdef carray.array out = carray.clone(template, v.n, zero=False)
+    if v.n:
+        memcpy(out.data.as_voidptr, v.data, v.n * v.item)
+    return out
+
+
+cdef class BranchSet:
+    """The branching blocks of a pass: a sorted C array of hashes (8 bytes each, no Python int
+    per block), a read-only set for ``in`` (a binary search), iteration and comparison."""
+
+    cdef uint64_t* data
+    cdef Py_ssize_t n
+
+    def __dealloc__(self):
+        free(self.data)
+
+    def __contains__(self, block):
+        if type(block) is not int or block < 0 or block > 0xFFFFFFFFFFFFFFFF:
+            return False
+        cdef uint64_t v = block
+        cdef Py_ssize_t lo = 0, hi = self.n, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.data[mid] < v:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo < self.n and self.data[lo] == v
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        cdef Py_ssize_t i
+        return iter([self.data[i] for i in range(self.n)])
+
+    def __eq__(self, other):
+        if not isinstance(other, Set):
+            return NotImplemented
+        return len(self) == len(other) and all(h in other for h in self)
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"BranchSet({sorted(self)!r})"
+
+
+Set.register(BranchSet)
+
+
+cdef class StatsCopy:
+    """A statistics copy of the tree, filled by ``copy_slice`` under the caller's lock; once
+    complete, ``to_stats`` runs the pass (without the GIL) and keeps its result."""
+
+    cdef SnapEntry* entries
+    cdef size_t cap
+    cdef uint32_t nb
+    cdef readonly bint done
+    cdef public long version
+    cdef int64_t live
+    cdef object index   # the index filling this copy (None once complete or replaced)
+    cdef object result  # the CompiledTreePass
+
+    def __cinit__(self):
+        self.version = -1
+
+    def __dealloc__(self):
+        _scratch_unmap(self.entries, self.cap * sizeof(SnapEntry))
+
+    def copy_slice(self, max_blocks=SLICE):
+        """Copy the next ``max_blocks`` entries (call it under the lock that guards the index's
+        changes); True once the copy is complete."""
+        if self.done:
+            return True
+        if self.index is None:
+            raise RuntimeError("a newer statistics copy of this index replaced this one")
+        return self.index._stats_copy_slice(self, max_blocks)
+
+    def to_stats(self, keep_children_depth=0):
+        """The statistics (finishing the copy first if slices remain: only without concurrent changes)."""
+        while not self.copy_slice():
+            pass
+        if self.result is None:
+            self.result = self._run()
+        return self.result.to_stats(keep_children_depth)
+
+    cdef object _run(self):
+        cdef PassOut o
+        cdef int rc
+        cdef int64_t r
+        cdef size_t i, k
+        cdef uint32_t* f
+        cdef BranchSet branching = BranchSet.__new__(BranchSet)
+        memset(&o, 0, sizeof(PassOut))
+        _vec_init(&o.branching, sizeof(uint64_t))
+        _vec_init(&o.fanouts, sizeof(uint32_t))
+        _vec_init(&o.ke, sizeof(uint32_t))
+        _vec_init(&o.ku, sizeof(uint64_t))
+        _vec_init(&o.kr, sizeof(uint8_t))
+        _vec_init(&o.ko, sizeof(uint64_t))
+        _vec_init(&o.kl, sizeof(uint32_t))
+        _vec_init(&o.kb, sizeof(uint64_t))
+        with nogil:
+            rc = _pass_core(self.entries, self.nb, &o)
+            if rc == 0:
+                qsort(o.branching.data, o.branching.n, sizeof(uint64_t), _cmp_u64)
+                qsort(o.fanouts.data, o.fanouts.n, sizeof(uint32_t), _cmp_u32)
+        try:
+            if rc:
+                raise MemoryError("prefix index statistics pass")
+            replicas, leaf_e, leaf_b, fanouts = Counter(), Counter(), Counter(), Counter()
+            for r in range(1, MAX_WORKERS + 1):
+                if o.reps[r]:
+                    replicas[r] = o.reps[r]
+            for r in range(o.maxdep + 1):
+                if o.leaf_e[r]:
+                    leaf_e[r] = o.leaf_e[r]
+                if o.leaf_b[r]:
+                    leaf_b[r] = o.leaf_b[r]
+            f = <uint32_t*>o.fanouts.data
+            i = 0
+            while i < o.fanouts.n:  # sorted: runs of equal values
+                k = i
+                while k < o.fanouts.n and f[k] == f[i]:
+                    k += 1
+                fanouts[f[i]] = k - i
+                i = k
+            branching.data, branching.n = <uint64_t*>o.branching.data, o.branching.n
+            o.branching.data = NULL
+            fields = dict(nodes=o.root_level + o.nodes, blocks=self.live, root_fanout=o.root_level,
+                          leaf_depths=leaf_e, leaf_block_depths=leaf_b, fanouts=fanouts,
+                          replicas=replicas, branching=branching)
+            result = CompiledTreePass(self.version, fields, _as_array(_EDGES, &o.ke), _as_array(_PAIRS, &o.ku),
+                                      _as_array(_FLAGS, &o.kr), _as_array(_PAIRS, &o.ko),
+                                      _as_array(_EDGES, &o.kl), _as_array(_PAIRS, &o.kb))
+        finally:
+            _out_free(&o)
+        _scratch_unmap(self.entries, self.cap * sizeof(SnapEntry))  # the copy is done with
+        self.entries, self.cap = NULL, 0
+        return result
+
+
 cdef class CompiledPrefixIndex:
     """Per-(worker, medium) resident blocks over one shared block tree, in C arrays."""
 
@@ -235,6 +640,9 @@ cdef class CompiledPrefixIndex:
     cdef dict _medium_id
     cdef dict _hits
     cdef public long version
+    cdef SnapEntry* snap       # the statistics copy being filled (entries below ``snap_cursor`` copied)
+    cdef uint32_t snap_cursor  # 0 while no copy is being filled
+    cdef object snap_owner     # its StatsCopy
 
     def __cinit__(self):
         self.capblocks = 1024
@@ -269,6 +677,15 @@ cdef class CompiledPrefixIndex:
         free(self.scratch)
 
     # ---- hash table ----------------------------------------------------------------------
+    cdef inline void _touch(self, int64_t b) noexcept:
+        """Entry ``b`` changed: write it through to a statistics copy that already holds it."""
+        cdef SnapEntry* s
+        if b < self.snap_cursor:
+            s = &self.snap[b]
+            s.hash = self.blocks[b].hash
+            s.parent = self.blocks[b].parent
+            s.n = self.blocks[b].n
+
     cdef inline int64_t _find(self, uint64_t h) noexcept:
         cdef uint64_t i = _mix(h) & self.tmask
         cdef uint32_t s
@@ -328,6 +745,7 @@ cdef class CompiledPrefixIndex:
         blk.n = 0
         blk.cap = 0
         blk.flags = 0
+        self._touch(b)
         self.slots[i] = <uint32_t>b
         self.used += 1
         if self.used * 4 >= (self.tmask + 1) * 3:
@@ -375,6 +793,7 @@ cdef class CompiledPrefixIndex:
         self.blocks[b].n = 0
         self.blocks[b].parent = <int32_t>self.free_head
         self.free_head = b
+        self._touch(b)
 
     cdef void _release(self, int64_t b) noexcept:
         """Free holder-less entries nobody names as parent, up the parent chain."""
@@ -426,6 +845,7 @@ cdef class CompiledPrefixIndex:
         memmove(e + pos + 1, e + pos, (blk.n - pos) * sizeof(uint32_t))
         e[pos] = entry
         blk.n += 1
+        self._touch(b)
         return 0
 
     cdef void _erase(self, int64_t b, int pos) noexcept:
@@ -434,6 +854,7 @@ cdef class CompiledPrefixIndex:
         cdef uint32_t* ext
         memmove(e + pos, e + pos + 1, (blk.n - pos - 1) * sizeof(uint32_t))
         blk.n -= 1
+        self._touch(b)
         if blk.cap and blk.n <= INLINE:  # back inline: no allocation for one or two holders
             ext = blk.h.ext
             memcpy(blk.h.inl, ext, blk.n * sizeof(uint32_t))
@@ -634,6 +1055,7 @@ cdef class CompiledPrefixIndex:
                     if prev >= 0:
                         self.blocks[prev].refs += 1
                     self.blocks[b].parent = <int32_t>prev
+                    self._touch(b)
                     if p >= 0:
                         self.blocks[p].refs -= 1
                         self._release(p)
@@ -816,7 +1238,7 @@ cdef class CompiledPrefixIndex:
             head[0], head[1] = depth, na
             carray.extend_buffer(out, <char*>head, 2)
             carray.extend_buffer(out, <char*>alive, na)
-        return CompiledMatch(depth, self._workers, out)
+        return CompiledMatch(depth, self._workers, self._wid, out)
 
     def record_hits(self, block_hashes, hit_blocks, block_size):
         hits = self._hits
@@ -845,133 +1267,56 @@ cdef class CompiledPrefixIndex:
 
     # ---- statistics -----------------------------------------------------------------------------
     def copy_for_stats(self):
-        """The statistics pass itself, in C on the live arrays (call it under the caller's lock)."""
-        return self._pass()
+        """Start a statistics copy of the tree; fill it with ``copy_slice`` (each call under the
+        caller's lock), then ``compute_stats`` it outside the lock. A new copy replaces one
+        still being filled (only one is written through at a time)."""
+        cdef StatsCopy c = StatsCopy.__new__(StatsCopy)
+        # Address space for twice the index's block array: pages are only taken as slices touch
+        # them, and growing the copy mid-way (a copy of everything copied so far, under the lock)
+        # then needs the index to more than double during one copy.
+        cdef size_t cap = <size_t>self.capblocks * 2 + 1024
+        if self.snap_owner is not None:
+            (<StatsCopy>self.snap_owner).index = None
+            self.snap, self.snap_cursor, self.snap_owner = NULL, 0, None
+        c.entries = <SnapEntry*>_scratch_map(cap * sizeof(SnapEntry))
+        if not c.entries:
+            raise MemoryError()
+        c.cap = cap
+        c.index = self
+        self.snap, self.snap_cursor, self.snap_owner = c.entries, 0, c
+        return c
+
+    def _stats_copy_slice(self, StatsCopy c, Py_ssize_t max_blocks):
+        cdef uint32_t nb = self.nblocks, b, end
+        cdef size_t cap
+        cdef SnapEntry* grown
+        cdef SnapEntry* s
+        if c is not self.snap_owner:
+            raise RuntimeError("a newer statistics copy of this index replaced this one")
+        if max_blocks <= 0:
+            max_blocks = SLICE
+        if nb > c.cap:  # the index grew since the copy started
+            cap = nb + (nb >> 1)
+            grown = <SnapEntry*>_scratch_map(cap * sizeof(SnapEntry))
+            if not grown:
+                raise MemoryError()
+            memcpy(grown, c.entries, self.snap_cursor * sizeof(SnapEntry))
+            _scratch_unmap(c.entries, c.cap * sizeof(SnapEntry))
+            c.entries, c.cap, self.snap = grown, cap, grown
+        end = nb if nb - self.snap_cursor <= <uint64_t>max_blocks else self.snap_cursor + <uint32_t>max_blocks
+        for b in range(self.snap_cursor, end):
+            s = &c.entries[b]
+            s.hash = self.blocks[b].hash
+            s.parent = self.blocks[b].parent
+            s.n = self.blocks[b].n
+        self.snap_cursor = end
+        if end < nb:
+            return False
+        c.nb, c.version, c.live, c.done = nb, self.version, self.live, True
+        c.index = None
+        self.snap, self.snap_cursor, self.snap_owner = NULL, 0, None
+        return True
 
     def stats(self, keep_children_depth=0):
-        return self._pass().to_stats(keep_children_depth)
-
-    cdef object _pass(self):
-        cdef uint32_t nb = self.nblocks, b, x
-        cdef int64_t p, q
-        cdef size_t cells = (nb + 1) * sizeof(uint32_t)
-        cdef uint32_t* kids = <uint32_t*>_scratch_map(cells)  # live children per entry
-        cdef int32_t* bdep = <int32_t*>_scratch_map(cells)  # depth in blocks
-        cdef int32_t* edep = <int32_t*>_scratch_map(cells)  # depth in radix edges
-        cdef int32_t* stack = NULL
-        cdef int64_t sp, cap = 0, root_level = 0, nodes = 0, length, j
-        cdef int64_t* reps = NULL
-        cdef carray.array ke, ku, kr, ko, kl, kb
-        cdef uint32_t u32
-        cdef uint64_t u64
-        cdef uint8_t flag
-        cdef bint root_run
-        cdef int64_t start
-        cdef Block* blocks = self.blocks
-        if not (kids and bdep and edep):
-            _scratch_unmap(kids, cells)
-            _scratch_unmap(bdep, cells)
-            _scratch_unmap(edep, cells)
-            raise MemoryError()
-        try:
-            for b in range(nb):
-                if blocks[b].n:
-                    bdep[b] = -1
-                    p = blocks[b].parent
-                    if p >= 0:
-                        kids[p] += 1
-                    if p < 0 or blocks[p].n == 0:
-                        root_level += 1
-            branching = []
-            fanouts = []
-            reps = <int64_t*>calloc(MAX_WORKERS + 1, sizeof(int64_t))
-            if not reps:
-                raise MemoryError()
-            for b in range(nb):
-                if kids[b] > 1:
-                    branching.append(blocks[b].hash)
-                    if blocks[b].n:
-                        fanouts.append(kids[b])
-                        nodes += kids[b]
-                reps[blocks[b].n] += 1  # free and holder-less entries count under 0, dropped below
-            replicas = Counter({r: reps[r] for r in range(1, MAX_WORKERS + 1) if reps[r]})
-            # Depths: walk up to a known block or a run hanging off the root, then back down.
-            # -2 marks a block on the current walk (a parent cycle from colliding hashes ends there).
-            for b in range(nb):
-                if not blocks[b].n or bdep[b] != -1:
-                    continue
-                sp = 0
-                x = b
-                while True:
-                    if sp == cap:
-                        cap = cap * 2 + 64
-                        stack = <int32_t*>realloc(stack, cap * sizeof(int32_t))
-                        if not stack:
-                            raise MemoryError()
-                    stack[sp] = x
-                    sp += 1
-                    bdep[x] = -2
-                    p = blocks[x].parent
-                    if p < 0 or blocks[p].n == 0 or bdep[p] != -1:
-                        break
-                    x = <uint32_t>p
-                while sp:
-                    sp -= 1
-                    x = stack[sp]
-                    p = blocks[x].parent
-                    if p < 0 or blocks[p].n == 0 or bdep[p] < 0:
-                        bdep[x] = 1
-                        edep[x] = 1
-                    else:
-                        bdep[x] = bdep[p] + 1
-                        edep[x] = edep[p] + (1 if kids[p] > 1 else 0)
-            leaf_depths = []
-            leaf_block_depths = []
-            ke = carray.clone(_EDGES, 0, zero=False)
-            ku = carray.clone(_PAIRS, 0, zero=False)
-            kr = carray.clone(_FLAGS, 0, zero=False)
-            ko = carray.clone(_PAIRS, 0, zero=False)
-            kl = carray.clone(_EDGES, 0, zero=False)
-            kb = carray.clone(_PAIRS, 0, zero=False)
-            for b in range(nb):
-                if not blocks[b].n:
-                    continue
-                if kids[b] == 0:
-                    leaf_depths.append(edep[b])
-                    leaf_block_depths.append(bdep[b])
-                if kids[b] != 1 and edep[b] <= MAX_KEEP:  # a run's end within the kept top
-                    x = b
-                    length = 1
-                    while True:  # up to the run's start (the length bound cuts a parent cycle)
-                        p = blocks[x].parent
-                        if p < 0 or blocks[p].n == 0 or kids[p] > 1 or <uint32_t>p == b or length > nb:
-                            break
-                        x = <uint32_t>p
-                        length += 1
-                    root_run = p < 0 or blocks[p].n == 0 or <uint32_t>p == b
-                    u32 = <uint32_t>edep[b]
-                    carray.extend_buffer(ke, <char*>&u32, 1)
-                    u64 = 0 if root_run else blocks[p].hash
-                    carray.extend_buffer(ku, <char*>&u64, 1)
-                    flag = root_run
-                    carray.extend_buffer(kr, <char*>&flag, 1)
-                    u64 = len(kb)
-                    carray.extend_buffer(ko, <char*>&u64, 1)
-                    u32 = <uint32_t>length
-                    carray.extend_buffer(kl, <char*>&u32, 1)
-                    start = len(kb)
-                    carray.resize_smart(kb, start + length)
-                    q = b
-                    for j in range(length - 1, -1, -1):
-                        kb.data.as_ulonglongs[start + j] = blocks[q].hash
-                        q = blocks[q].parent
-        finally:
-            _scratch_unmap(kids, cells)
-            _scratch_unmap(bdep, cells)
-            _scratch_unmap(edep, cells)
-            free(stack)
-            free(reps)
-        fields = dict(nodes=root_level + nodes, blocks=self.live, root_fanout=root_level,
-                      leaf_depths=leaf_depths, leaf_block_depths=leaf_block_depths, fanouts=fanouts,
-                      replicas=replicas, branching=frozenset(branching))
-        return CompiledTreePass(self.version, fields, ke, ku, kr, ko, kl, kb)
+        """A statistics pass over the current tree, synchronously (tests and offline tools)."""
+        return self.copy_for_stats().to_stats(keep_children_depth)

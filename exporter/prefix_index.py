@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol
 
 from exporter.prefix_index_ref import (
@@ -26,16 +29,19 @@ from exporter.prefix_index_ref import compute_stats as _reference_stats
 
 log = logging.getLogger("prefixscope.prefix_index")
 
-__all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "Match", "PrefixIndex",
-           "ReferencePrefixIndex", "StatsPass", "TreeCopy", "TreeStats", "compute_stats"]
+__all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "CopyTiming", "Match", "PrefixIndex",
+           "ReferencePrefixIndex", "StatsPass", "TreeCopy", "TreeStats", "compute_stats", "copy_in_slices"]
 
 # PREFIXSCOPE_INDEX=reference forces the Python index (to compare, or to rule the extension out).
 _WANT = os.environ.get("PREFIXSCOPE_INDEX", "").strip().lower()
 
 class StatsPass(Protocol):
-    """What the compiled index's ``copy_for_stats`` returns: a finished pass awaiting its kept top."""
+    """What the compiled index's ``copy_for_stats`` returns: a copy filled slice by slice
+    (``copy_slice`` under the caller's lock until it returns True), then ``to_stats``."""
 
     version: int
+
+    def copy_slice(self, max_blocks: int = ...) -> bool: ...
 
     def to_stats(self, keep_children_depth: int = 0) -> TreeStats: ...
 
@@ -56,11 +62,46 @@ else:
     CORE = "compiled"
 
 
-def compute_stats(tree: TreeCopy | StatsPass, keep_children_depth: int = 0) -> TreeStats:
-    """The statistics of what ``copy_for_stats`` returned, keeping the top ``keep_children_depth`` edges.
+@dataclass(frozen=True)
+class CopyTiming:
+    """How a statistics copy held the index's lock: the longest hold (the ingest pause), all of them, how many."""
 
-    The reference copies the tree and walks it here; the compiled index ran its pass in C when
-    the copy was asked for and only the kept top of the tree is filtered here.
+    max_hold_s: float
+    total_s: float
+    slices: int
+    max_hold_cpu_s: float = 0.0  # the longest hold in this thread's CPU time (a loaded host's preemptions left out)
+
+
+def copy_in_slices(index: ReferencePrefixIndex, lock: AbstractContextManager[object],
+                   max_blocks: int = 0) -> tuple[TreeCopy | StatsPass, CopyTiming]:
+    """A statistics copy of ``index`` taken under ``lock`` one slice per hold (ingest runs between).
+
+    The reference's copy is one hold (C-level dict copies); the compiled index copies a bounded
+    number of entries per hold and writes later changes through, so the finished copy is
+    consistent. ``max_blocks`` is the compiled slice size (0: its default, about a millisecond).
+    """
+    with lock:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        tree = index.copy_for_stats()
+        done = tree.copy_slice(max_blocks)
+        longest = total = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
+        slices = 1
+    while not done:
+        with lock:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            done = tree.copy_slice(max_blocks)
+            held = time.perf_counter() - t0
+            cpu = max(cpu, time.thread_time() - c0)
+        longest, total, slices = max(longest, held), total + held, slices + 1
+    return tree, CopyTiming(longest, total, slices, cpu)
+
+
+def compute_stats(tree: TreeCopy | StatsPass, keep_children_depth: int = 0) -> TreeStats:
+    """The statistics of a finished copy, keeping the top ``keep_children_depth`` edges.
+
+    The reference walks its copy here; the compiled index runs its C pass on its copy here,
+    without the GIL (and filters the kept top of the tree).
     """
     if isinstance(tree, TreeCopy):
         return _reference_stats(tree, keep_children_depth)

@@ -11,6 +11,8 @@ when its mask drops to 0. Hit counters are kept per block, only for blocks that 
 Tree statistics (radix depth, fan-out, duplication) are one pass over a copy of the tree:
 :meth:`PrefixIndex.copy_for_stats` takes the copy with C-level dict/list copies (the only step
 that needs the caller's lock) and :func:`compute_stats` does the pass on it, without the lock.
+The copy protocol is sliced (``copy_slice`` until it returns True, each call under the caller's
+lock) so the compiled index can copy millions of blocks in short holds; here one slice is all.
 
 Cache tiers: events carry a ``medium`` (GPU, CPU, disk; ``None`` reads as GPU). Each (worker,
 medium) is its own view: a removal on one tier never touches another. A worker holds a block
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import chain, compress, filterfalse, groupby, islice, repeat
 from operator import and_, attrgetter, eq, not_, or_
@@ -67,17 +69,20 @@ class ApplyResult:
 
 @dataclass
 class TreeStats:
-    """One pass over the tree. Depths are per leaf; ``edges`` is the radix-compressed depth."""
+    """One pass over the tree, its distributions as value -> count maps (what the gauge histograms export).
+
+    Depths are per leaf: ``leaf_depths`` in radix edges (runs without branching count once),
+    ``leaf_block_depths`` in blocks; ``fanouts`` counts the children of each branching block."""
 
     version: int
     nodes: int = 0  # radix nodes (runs without branching count once)
     blocks: int = 0
     root_fanout: int = 0
-    leaf_depths: list[int] = field(default_factory=list)
-    leaf_block_depths: list[int] = field(default_factory=list)
-    fanouts: list[int] = field(default_factory=list)  # children of each branching block (not the root)
+    leaf_depths: Counter[int] = field(default_factory=Counter)  # radix depth -> leaves
+    leaf_block_depths: Counter[int] = field(default_factory=Counter)  # depth in blocks -> leaves
+    fanouts: Counter[int] = field(default_factory=Counter)  # children of a branching block (not the root) -> blocks
     replicas: Counter[int] = field(default_factory=Counter)  # workers per block -> number of blocks
-    branching: frozenset[int] = frozenset()  # blocks with two or more children
+    branching: Set[int] = frozenset()  # blocks with two or more children
     # The top of the tree (radix nodes within ``children_depth`` edges of the root), for the API:
     # ROOT or a branching block -> first blocks of its child runs, and first block -> its run
     # (the blocks up to the next branch or leaf; one-block runs are left out).
@@ -98,6 +103,10 @@ class TreeCopy:
     parent: dict[int, int]  # block -> parent (ROOT for root-level blocks)
     masks: list[int]  # the holder bitmask of every block (only their bit counts matter)
 
+    def copy_slice(self, max_blocks: int = 0) -> bool:
+        """The copy was taken whole (see the compiled index's sliced copy): always complete."""
+        return True
+
 
 @dataclass(frozen=True)
 class Match:
@@ -109,6 +118,16 @@ class Match:
     @property
     def best_workers(self) -> list[str]:
         return sorted(w for w, n in self.per_worker.items() if n == self.blocks and n > 0)
+
+    def depth_on(self, worker: str) -> int:
+        """Leading blocks of the chain the worker holds (0 for a worker holding none)."""
+        return self.per_worker.get(worker, 0)
+
+    def best_depth(self, excluding: Collection[str] = ()) -> int:
+        """The longest match on any worker not in ``excluding`` (``blocks`` when nothing is excluded)."""
+        if not excluding:
+            return self.blocks
+        return max((n for w, n in self.per_worker.items() if w not in excluding), default=0)
 
 
 def _bits(mask: int) -> Iterable[int]:
@@ -513,9 +532,9 @@ def compute_stats(tree: TreeCopy, keep_children_depth: int = 0) -> TreeStats:
         nodes=root_fanout + orphan_roots + sum(fanouts),
         blocks=len(tree.masks),
         root_fanout=root_fanout + orphan_roots,
-        leaf_depths=[d >> _EDGE_SHIFT for d in packed],
-        leaf_block_depths=[d & _BLOCK_MASK for d in packed],
-        fanouts=fanouts,
+        leaf_depths=Counter(d >> _EDGE_SHIFT for d in packed),
+        leaf_block_depths=Counter(d & _BLOCK_MASK for d in packed),
+        fanouts=Counter(fanouts),
         replicas=replicas,
         branching=branching,
         children=walk.children,

@@ -85,6 +85,9 @@ class RecordAccounting:
         self.hotspots = hotspots
         self.topology = topology
         self.cold_reuse_share = cold_reuse_share
+        self._domain_workers: dict[str, list[str]] = {}  # NVLink domain -> its workers (placement)
+        for t in topology.workers if topology is not None else ():
+            self._domain_workers.setdefault(t.nvlink_domain, []).append(t.name)
         self.field_seen: dict[str, float] = {}  # signal -> newest record that carried it
         self.fallback_last: dict[str, float] = {}  # fallback tier -> newest record that used it
         self.moe_signature: OrderedDict[int, str] = OrderedDict()  # first block -> first signature seen
@@ -134,23 +137,22 @@ class RecordAccounting:
         rec, store, ml, bs, topo = v.rec, self.store, v.ml, v.block_size, self.topology
         ts, worker, cached = rec.ts, rec.worker, rec.cached_tokens
         match = self.index.longest_match(hashes)
-        v.hit_on_worker = match.per_worker.get(worker, 0)
+        v.hit_on_worker = match.depth_on(worker)
         # Availability and placement are judged by what the router faced. A record arrives
         # after its response, when the chosen worker already holds this request's own blocks,
         # so its depth is the cached tokens the engine reported at admission (the other
         # workers' are unaffected). A worker that left the pool holds nothing the router could
-        # use, whatever its last view says.
-        depths = {w: d for w, d in match.per_worker.items()
-                  if w == worker or not self.pool.left_pool(w, "worker")}
-        if cached is not None:
-            depths[worker] = min(len(hashes), cached // bs)
-        best = max(depths.values(), default=0)
+        # use, whatever its last view says. The match answers per worker (no per-worker dict).
+        own = v.hit_on_worker if cached is None else min(len(hashes), cached // bs)
+        others_out = {t for t, kind in self.pool.left_pool_targets() if kind == "worker"}
+        others_out.add(worker)  # the chosen worker counts with ``own``
+        best = max(own, match.best_depth(others_out))
         store.inc(ts, f"{P}_reuse_available_tokens", ml, min(rec.prompt_tokens, best * bs))
         if topo is not None and best > 0 and worker in topo:
-            domains = {topo.domain_of(x) for x, d in depths.items() if d == best and x in topo}
             store.inc(ts, f"{P}_placement_decisions", ml)
             store.zero(f"{P}_placement_domain_hits", ml)
-            if topo.domain_of(worker) in domains:
+            if own == best or any(match.depth_on(x) == best for x in self._domain_workers[topo.domain_of(worker)]
+                                  if x not in others_out):
                 store.inc(ts, f"{P}_placement_domain_hits", ml)
         hit_blocks = min(len(hashes), cached // bs) if cached is not None else v.hit_on_worker
         if hit_blocks:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporter.hotspots import branch_label
+from exporter.prefix_index import CORE
 from exporter.windows import LabelValues
 from prefixscope import __version__, catalog
 
@@ -53,7 +54,7 @@ def build_series(st: ClusterState) -> Series:
     _routers(st, out)
     signals = st.signals_locked()
     out.gauges[f"{P}_signal_available"] = {(s,): 1.0 if v else 0.0 for s, v in signals.items()}
-    out.gauges[f"{P}_exporter_build_info"] = {(__version__,): 1.0}
+    out.gauges[f"{P}_exporter_build_info"] = {(__version__, CORE): 1.0}
     out.gaugehistograms[f"{P}_session_hit_ratio"] = st.session_hit_ratios()
     out.signals = signals
     return out

@@ -48,7 +48,7 @@ from exporter.model import (
     RouterSnapshot,
     WorkerSnapshot,
 )
-from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats
+from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats, copy_in_slices
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
     EVENT_FIELDS,
@@ -118,11 +118,14 @@ RecordInput = RequestRecord | Mapping[str, Any]
 
 @dataclass(frozen=True)
 class TreeStatsTiming:
-    """Cost of the latest statistics pass: the copy under the state lock, and the pass outside it."""
+    """Cost of the latest statistics pass: the copy under the state lock (all its slices, and the
+    longest, which is the ingest pause), and the pass outside it."""
 
     copy_s: float
     pass_s: float
     blocks: int
+    max_hold_s: float = 0.0
+    slices: int = 1
 
 
 class ClusterState:
@@ -402,19 +405,19 @@ class ClusterState:
     def refresh_tree_stats(self) -> TreeStats:
         """Run a statistics pass now if the index changed since the latest one; return the latest.
 
-        Only the copy holds the state lock; the pass runs outside it and its result is swapped
-        in whole, so readers see either the previous pass or this one.
+        Only the copy holds the state lock, in short slices (``copy_in_slices``); the pass runs
+        outside it and its result is swapped in whole, so readers see either the previous pass or this one.
         """
         with self._refresh_lock:  # a concurrent caller waits, then finds the statistics current
             with self.lock:
                 latest = self._tree_stats
                 if latest is not None and latest.version == self.index.version:
                     return latest
-                t0 = time.perf_counter()
-                tree = self.index.copy_for_stats()
-                t1 = time.perf_counter()
+            tree, held = copy_in_slices(self.index, self.lock)
+            t1 = time.perf_counter()
             stats = compute_stats(tree, TREE_CHILDREN_DEPTH)
-            self.tree_stats_timing = TreeStatsTiming(t1 - t0, time.perf_counter() - t1, stats.blocks)
+            self.tree_stats_timing = TreeStatsTiming(held.total_s, time.perf_counter() - t1, stats.blocks,
+                                                     held.max_hold_s, held.slices)
             self._tree_stats = stats
             return stats
 
@@ -425,8 +428,8 @@ class ClusterState:
         latest = self._tree_stats
         if latest is None or latest.children_depth >= depth:
             return latest
-        with self.lock:
-            tree = self.index.copy_for_stats()
+        with self._refresh_lock:  # the index fills one statistics copy at a time
+            tree, _held = copy_in_slices(self.index, self.lock)
         return compute_stats(tree, depth)
 
     def worker_capacity(self, name: str) -> int | None:

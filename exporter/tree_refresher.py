@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from exporter.prefix_index import CORE, PrefixIndex
 from exporter.state import ClusterState
 
 log = logging.getLogger("prefixscope.tree_stats")
@@ -32,6 +33,8 @@ class TreeStatsRefresher:
     def start(self) -> TreeStatsRefresher:
         if self._thread is not None:
             raise RuntimeError("tree statistics refresher already started")
+        log.info("prefix index: the %s core (%s); tree statistics at most every %gs",
+                 CORE, PrefixIndex.__name__, self.interval)
         self._thread = threading.Thread(target=self._run, name="prefixscope-tree-stats", daemon=True)
         self._thread.start()
         return self

@@ -392,8 +392,8 @@ METRICS: tuple[Metric, ...] = (
             help="1 while a fallback tier is in use (used in the window and its exit condition not met)."),
     _metric(name="hot_branch_hit_tokens", type="gauge", unit="tokens", labels=("rank", "branch"), group=None, source="records",
             help="Hit tokens in the window of the top-K hottest prefix branches (bounded: rank 1..K)."),
-    _metric(name="exporter_build_info", type="gauge", unit="", labels=("version",), group=None, source="exporter",
-            help="prefixscope build information (value 1)."),
+    _metric(name="exporter_build_info", type="gauge", unit="", labels=("version", "core"), group=None, source="exporter",
+            help="prefixscope build information (value 1); core: the prefix index in use, compiled or reference."),
 )
 
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

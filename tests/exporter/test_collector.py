@@ -27,6 +27,7 @@ class Topo:
         self.block_size = 16
         self._w = {"w0": self.W("w0", "n0", True), "w1": self.W("w1", "n1", False)}
         self.warm_pool = ("w0",)
+        self.workers = tuple(self._w.values())
 
     def __contains__(self, n):
         return n in self._w

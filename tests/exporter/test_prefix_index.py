@@ -23,9 +23,9 @@ def test_tree_statistics_by_hand():
     assert s.blocks == 5
     assert s.root_fanout == 1
     assert s.nodes == 4  # [1,2], [3], [4], [5]
-    assert sorted(s.leaf_depths) == [2, 2, 2]
-    assert sorted(s.leaf_block_depths) == [3, 3, 3]
-    assert s.fanouts == [3]
+    assert sorted(s.leaf_depths.elements()) == [2, 2, 2]
+    assert sorted(s.leaf_block_depths.elements()) == [3, 3, 3]
+    assert s.fanouts == {3: 1}
     assert s.replicas == {1: 3, 2: 2}
 
 
@@ -44,7 +44,7 @@ def test_unknown_parent_kept_as_root_level_orphan():
     res = idx.apply("w0", [stored([7, 8], parent=42)])
     assert res.unknown_parent == 1
     s = idx.stats()
-    assert s.root_fanout == 1 and s.blocks == 2 and s.leaf_block_depths == [2]
+    assert s.root_fanout == 1 and s.blocks == 2 and s.leaf_block_depths == {2: 1}
 
 
 def test_clear_affects_only_that_worker_and_blocks_leave_when_unheld():
@@ -69,8 +69,8 @@ def test_radix_depth_counts_branches_not_blocks():
     idx = PrefixIndex()
     idx.apply("w0", [stored([10, 11, 12, 13, 20]), stored([30, 31], parent=13)])
     s = idx.stats()
-    assert sorted(s.leaf_depths) == [2, 2]
-    assert sorted(s.leaf_block_depths) == [5, 6]
+    assert sorted(s.leaf_depths.elements()) == [2, 2]
+    assert sorted(s.leaf_block_depths.elements()) == [5, 6]
     assert s.nodes == 3
 
 
@@ -188,7 +188,7 @@ def test_kept_runs_are_the_top_of_the_tree():
     assert list(two.run(30)) == [30, 31] and two.run(20) == (20,)
     three = idx.stats(keep_children_depth=3)
     assert sorted(three.children[31]) == [40, 50] and list(three.run(50)) == [50, 51]
-    assert sorted(three.leaf_depths) == [2, 3, 3] and sorted(three.leaf_block_depths) == [5, 7, 8]
+    assert sorted(three.leaf_depths.elements()) == [2, 3, 3] and sorted(three.leaf_block_depths.elements()) == [5, 7, 8]
     assert idx.stats().children == {} and idx.stats().runs == {}
 
 
@@ -197,11 +197,11 @@ def test_depths_when_a_parent_is_stored_after_its_child_and_orphans():
     idx.apply("w0", [stored([1, 2, 3])])
     idx.apply("w0", [BlockRemoved((1,))])  # 2-3 now hang off a departed parent: a root-level run
     s = idx.stats(keep_children_depth=2)
-    assert (s.root_fanout, s.nodes, s.leaf_block_depths) == (1, 1, [2])
+    assert (s.root_fanout, s.nodes, s.leaf_block_depths) == (1, 1, {2: 1})
     assert s.children == {-1: [2]} and list(s.run(2)) == [2, 3]
     idx.apply("w0", [stored([1])])  # 1 is back, inserted after its child: 2 still names it
     s = idx.stats(keep_children_depth=2)
-    assert (s.root_fanout, s.nodes, s.leaf_block_depths) == (1, 1, [3])
+    assert (s.root_fanout, s.nodes, s.leaf_block_depths) == (1, 1, {3: 1})
     assert list(s.run(1)) == [1, 2, 3]
 
 
@@ -221,7 +221,7 @@ def test_statistics_over_more_blocks_than_one_chunk_of_the_pass():
     idx.apply("w0", [stored(range(1000 + 32 * i, 1032 + 32 * i), parent=7) for i in range(2200)])
     idx.apply("w1", [stored(range(1000, 1032), parent=7)])  # one run on a second worker too
     s = idx.stats(keep_children_depth=2)
-    assert (s.blocks, s.root_fanout, s.nodes, s.fanouts) == (70_401, 1, 2201, [2200])
-    assert s.leaf_depths == [2] * 2200 and s.leaf_block_depths == [33] * 2200
+    assert (s.blocks, s.root_fanout, s.nodes, s.fanouts) == (70_401, 1, 2201, {2200: 1})
+    assert s.leaf_depths == {2: 2200} and s.leaf_block_depths == {33: 2200}
     assert s.replicas == {1: 70_401 - 32, 2: 32}
     assert len(s.children[7]) == 2200 and list(s.run(1000)) == list(range(1000, 1032))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from exporter import prefix_index
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
-from exporter.prefix_index import ReferencePrefixIndex
+from exporter.prefix_index import ReferencePrefixIndex, compute_stats
 
 compiled = pytest.importorskip("exporter._prefix_core")
 CompiledPrefixIndex = compiled.CompiledPrefixIndex
@@ -78,10 +78,12 @@ def observe(idx, paths: list[list[int]]) -> dict:
         "blocks_of": [sorted(idx.blocks_of(w)) for w in WORKERS],
     }
     chains = [*paths[::3], hashes[:7], hashes[5:9]]
-    out["match"] = [(m.blocks, m.per_worker, m.best_workers) for m in map(idx.longest_match, chains)]
+    out["match"] = [(m.blocks, m.per_worker, m.best_workers, [m.depth_on(w) for w in WORKERS],
+                     [m.best_depth(set(WORKERS[:k])) for k in range(len(WORKERS) + 1)])
+                    for m in map(idx.longest_match, chains)]
     s = idx.stats(keep_children_depth=3)
-    out["stats"] = (s.blocks, s.nodes, s.root_fanout, sorted(s.leaf_depths), sorted(s.leaf_block_depths),
-                    sorted(s.fanouts), dict(s.replicas), s.branching,
+    out["stats"] = (s.blocks, s.nodes, s.root_fanout, dict(s.leaf_depths), dict(s.leaf_block_depths),
+                    dict(s.fanouts), dict(s.replicas), set(s.branching),
                     {k: sorted(v) for k, v in s.children.items()}, {k: list(v) for k, v in s.runs.items()})
     out["branch_of"] = [idx.branch_of(c, s) for c in chains]
     return out
@@ -103,6 +105,63 @@ def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> 
         for idx in (ref, comp):
             idx.record_hits(chain, m.blocks, 16)
         assert observe(ref, paths) == observe(comp, paths)
+
+
+def _pass_fields(s) -> tuple:
+    return (s.version, s.blocks, s.nodes, s.root_fanout, dict(s.leaf_depths), dict(s.leaf_block_depths),
+            dict(s.fanouts), dict(s.replicas), set(s.branching),
+            {k: sorted(v) for k, v in s.children.items()}, {k: list(v) for k, v in s.runs.items()})
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_a_copy_filled_between_batches_equals_the_reference_pass_at_its_end(data: st.DataObject) -> None:
+    # The compiled copy is filled a few entries at a time while batches, restarts and new
+    # entries (reusing freed ones) change the tree in between: the pass over the finished copy
+    # must be the reference's full pass over the tree as it stood when the last slice ran.
+    paths = data.draw(forests())
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    for _ in range(data.draw(st.integers(0, 10))):
+        worker, events, _restart = data.draw(batches(paths))
+        ref.apply(worker, events)
+        comp.apply(worker, events)
+    copy = comp.copy_for_stats()
+    step = data.draw(st.integers(1, 6))
+    while not copy.copy_slice(step):
+        worker, events, restart = data.draw(batches(paths))
+        ref.apply(worker, events)
+        comp.apply(worker, events)
+        if restart:
+            ref.clear_worker(worker)
+            comp.clear_worker(worker)
+    ref.version = comp.version  # the reference counts clears as versions too; align the label only
+    assert _pass_fields(compute_stats(copy, 3)) == _pass_fields(ref.stats(3))
+
+
+def test_a_newer_copy_replaces_one_being_filled() -> None:
+    idx = CompiledPrefixIndex()
+    idx.apply("w0", [BlockStored(tuple(range(1, 100)), None, 16)])
+    old = idx.copy_for_stats()
+    old.copy_slice(10)
+    new = idx.copy_for_stats()
+    with pytest.raises(RuntimeError, match="replaced"):
+        old.copy_slice(10)
+    assert new.copy_slice() and new.to_stats().blocks == 99
+
+
+@pytest.mark.parametrize("cls", [ReferencePrefixIndex, CompiledPrefixIndex])
+def test_match_accessors_agree_with_the_per_worker_depths(cls) -> None:
+    idx = cls()
+    idx.apply("w0", [BlockStored((1, 2, 3, 4), None, 16)])
+    idx.apply("w1", [BlockStored((1, 2), None, 16)])
+    idx.apply("w2", [BlockStored((1, 2, 3), None, 16)])
+    idx.apply("w3", [BlockStored((7,), None, 16)])
+    m = idx.longest_match([1, 2, 3, 4, 5])
+    assert [m.depth_on(w) for w in ("w0", "w1", "w2", "w3", "nobody")] == [4, 2, 3, 0, 0]
+    assert m.best_depth() == m.best_depth(()) == 4
+    assert m.best_depth({"w0"}) == 3 and m.best_depth({"w0", "w2"}) == 2 and m.best_depth({"w0", "w1", "w2"}) == 0
+    assert m.best_depth({"w1", "nobody"}) == 4
+    assert idx.longest_match([9]).best_depth({"w0"}) == 0
 
 
 @pytest.mark.parametrize("cls", [ReferencePrefixIndex, CompiledPrefixIndex])

@@ -14,8 +14,8 @@ from exporter.config import Config
 from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.main import Runtime
-from exporter.model import BlockStored, KvBatch
-from exporter.prefix_index import PrefixIndex, compute_stats
+from exporter.model import BlockRemoved, BlockStored, KvBatch
+from exporter.prefix_index import PrefixIndex, ReferencePrefixIndex, compute_stats
 from exporter.state import ClusterState
 from exporter.tree_refresher import TreeStatsRefresher
 from prefixscope.thresholds import load_thresholds
@@ -51,7 +51,7 @@ def test_statistics_become_visible_after_an_explicit_refresh_and_stay_until_the_
 
     first = st.refresh_tree_stats()
     assert tree_gauges(st) == {"nodes": 3.0, "blocks": 4.0, "root_fanout": 1.0}
-    assert sorted(first.leaf_depths) == [2, 2] and first.replicas == {2: 2, 1: 2}
+    assert sorted(first.leaf_depths.elements()) == [2, 2] and first.replicas == {2: 2, 1: 2}
     text = render_state(st)
     assert b"\nprefixscope_prefix_tree_nodes 3.0\n" in text
     assert b'prefixscope_prefix_tree_block_replicas_bucket{le="2.0"} 4.0' in text
@@ -122,11 +122,62 @@ def test_the_pass_reads_a_copy_so_ingest_during_it_changes_nothing():
     idx = PrefixIndex()
     idx.apply("w0", [stored([1, 2, 3])])
     copy = idx.copy_for_stats()
+    while not copy.copy_slice():
+        pass
     idx.apply("w0", [stored([4], parent=2), stored([9])])
     s = compute_stats(copy)
-    assert (s.version, s.blocks, s.nodes, s.leaf_block_depths) == (1, 3, 1, [3])
+    assert (s.version, s.blocks, s.nodes, s.leaf_block_depths) == (1, 3, 1, {3: 1})
     now = idx.stats()
-    assert (now.blocks, now.root_fanout, sorted(now.leaf_block_depths)) == (5, 2, [1, 3, 3])
+    assert (now.blocks, now.root_fanout, sorted(now.leaf_block_depths.elements())) == (5, 2, [1, 3, 3])
+
+
+def test_a_copy_taken_in_slices_is_the_tree_when_its_last_slice_ran():
+    # Ingest between slices: changes to entries already copied are written through, so the
+    # finished copy is the tree at its last slice, not a mix of older and newer entries.
+    # (A reference index fed the same batches says what that tree's statistics are.)
+    idx, ref = PrefixIndex(), ReferencePrefixIndex()
+
+    def apply(worker, events):
+        idx.apply(worker, events)
+        ref.apply(worker, events)
+
+    apply("w0", [stored(range(1, 41))])
+    copy = idx.copy_for_stats()
+    done = copy.copy_slice(8)  # the reference copies in one slice, the compiled index in 8-entry ones
+    assert done is (PrefixIndex is ReferencePrefixIndex)
+    want = ref.stats(2)
+    apply("w0", [BlockRemoved((3,)), stored([100, 101], parent=5), stored([102])])
+    while not done:
+        if copy.copy_slice(8):
+            want, done = ref.stats(2), True
+        else:
+            apply("w1", [stored([1, 2])])
+    s = compute_stats(copy, 2)
+    assert (s.blocks, s.nodes, s.root_fanout, s.leaf_depths, s.leaf_block_depths, s.fanouts, s.replicas) == (
+        want.blocks, want.nodes, want.root_fanout, want.leaf_depths, want.leaf_block_depths, want.fanouts,
+        want.replicas)
+    assert set(s.branching) == set(want.branching) and s.children == want.children
+    assert s.version == (1 if PrefixIndex is ReferencePrefixIndex else idx.version)  # the index when copied
+
+
+def test_the_refresh_copies_under_the_lock_in_slices(monkeypatch: pytest.MonkeyPatch):
+    st = fed_state()
+    st.apply_kv_batch(KvBatch("w0", 1, 101.0, (stored(range(1000, 1200)),)), 101.0)
+    holds = []
+    real = state_module.copy_in_slices
+
+    def small_slices(index, lock, max_blocks=0):
+        tree, timing = real(index, lock, 16)
+        holds.append(timing)
+        return tree, timing
+
+    monkeypatch.setattr(state_module, "copy_in_slices", small_slices)
+    s = st.refresh_tree_stats()
+    assert s.blocks == 204 and s.version == st.index.version
+    timing = st.tree_stats_timing
+    assert timing is not None and timing.slices == holds[0].slices and timing.max_hold_s <= timing.copy_s
+    if PrefixIndex.__name__ != "ReferencePrefixIndex":
+        assert timing.slices > 1
 
 
 def test_background_refresher_picks_up_changes_and_stops():
