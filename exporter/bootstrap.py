@@ -80,7 +80,7 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
         window_s = cfg.window if cfg.window is not None else window_seconds(thresholds)
 
     health = Health()
-    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock)
+    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits)
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
                           thresholds=thresholds, topology=topology, window_s=window_s, clock=clock)
     if not with_sources:
@@ -91,6 +91,7 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
 def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock = time.time) -> Sources:
     """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
     workers = configured_workers(cfg)
+    state.accounting.labels.pin_workers(w.name for w in workers)  # configured: never folded into "other"
     endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
     subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
     tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.cardinality import RecordLabels
+from exporter.config import Limits
 from exporter.hotspots import Hotspots
 from exporter.input_time import InputTime
 from exporter.metric_store import MetricStore
@@ -76,7 +78,7 @@ class RecordAccounting:
 
     def __init__(self, time: InputTime, store: MetricStore, pool: WorkerPool, index: PrefixIndex,
                  sessions: SessionTable, hotspots: Hotspots, topology: Topology | None,
-                 cold_reuse_share: float) -> None:
+                 cold_reuse_share: float, labels: RecordLabels | None = None) -> None:
         self.time = time
         self.store = store
         self.pool = pool
@@ -85,6 +87,8 @@ class RecordAccounting:
         self.hotspots = hotspots
         self.topology = topology
         self.cold_reuse_share = cold_reuse_share
+        # model, segment and worker values are bounded before any step sees them
+        self.labels = labels if labels is not None else RecordLabels(Limits(), store.window_s)
         self.field_seen: dict[str, float] = {}  # signal -> newest record that carried it
         self.fallback_last: dict[str, float] = {}  # fallback tier -> newest record that used it
         self.moe_signature: OrderedDict[int, str] = OrderedDict()  # first block -> first signature seen
@@ -97,10 +101,13 @@ class RecordAccounting:
         topo = self.topology
         return topo.worker(worker) if topo is not None and worker in topo else None
 
-    def account(self, rec: RequestRecord) -> None:
-        """Everything one record adds (the caller holds the state lock)."""
+    def account(self, rec: RequestRecord) -> str:
+        """Everything one record adds (the caller holds the state lock); returns the worker's
+        name as accounted (``other`` past the worker limit)."""
+        self.time.advance(rec.ts)
+        self.expire_labels(self.time.now)  # a slot freed by now is free for this record's values
+        rec = self.labels.bound(rec)
         ts = rec.ts
-        self.time.advance(ts)
         for fld, signal in RECORD_FIELD_SIGNALS.items():
             if getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried):
                 self.field_seen[signal] = ts
@@ -110,6 +117,7 @@ class RecordAccounting:
                           rec.block_hashes or None)
         for step in self._steps:
             step(view)
+        return rec.worker
 
     # ---- the steps -----------------------------------------------------------------------------
     def _reuse(self, v: RecordView) -> None:
@@ -279,6 +287,13 @@ class RecordAccounting:
         self.store.zero(f"{P}_batch_affinity_admissions", v.ml)
         if admitted:
             self.store.inc(v.rec.ts, f"{P}_batch_affinity_admissions", v.ml)
+
+    def expire_labels(self, now: float) -> None:
+        """Drop the series of label values records stopped bringing (and forget such workers)."""
+        for label, value in self.labels.expire(now):
+            self.store.drop_label_value(label, value)
+            if label == "worker":
+                self.pool.forget(value)
 
     # ---- reads ---------------------------------------------------------------------------------
     def fallback_active(self) -> dict[str, float]:
