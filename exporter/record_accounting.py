@@ -108,10 +108,14 @@ class RecordAccounting:
         self.expire_labels(self.time.now)  # a slot freed by now is free for this record's values
         rec = self.labels.bound(rec)
         ts = rec.ts
+        # Newest record per signal: a late (or wrongly stamped) record must not age a signal out.
+        seen = self.field_seen
         for fld, signal in RECORD_FIELD_SIGNALS.items():
-            if getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried):
-                self.field_seen[signal] = ts
-        self.field_seen["records"] = ts
+            if (getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried)) \
+                    and ts > seen.get(signal, -1.0):
+                seen[signal] = ts
+        if ts > seen.get("records", -1.0):
+            seen["records"] = ts
         w = self.pool.served(rec.worker, ts)
         view = RecordView(rec, rec.model or UNKNOWN, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
                           rec.block_hashes or None)

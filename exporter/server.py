@@ -15,6 +15,7 @@ import html
 import io
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -323,6 +324,14 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer is its own business: one debug line, no traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("%s: connection failed: %s", client_address, exc)
+        else:
+            log.exception("error serving %s", client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
