@@ -28,7 +28,13 @@ from exporter.main import Runtime
 from exporter.sessions import SessionTable
 from exporter.sources.records import SLICE_RECORDS, deliver, parse_ndjson
 
-T0 = time.time() - 10  # records of now: inside the window
+T0 = time.time() - 10  # records of now (inside the window); moved to each test's start below
+
+
+@pytest.fixture(autouse=True)
+def _records_of_now() -> None:
+    global T0
+    T0 = time.time() - 10
 
 
 def record(i: int = 0, **kw: object) -> dict:
