@@ -10,7 +10,7 @@ PIP         := $(VENV)/bin/pip
 SUDO        := $(shell [ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n")
 PYTEST_ARGS ?=
 
-.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench generate check-generated clean fuzz
+.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench generate check-generated clean fuzz soak
 
 # gcc builds the compiled prefix index during the install (without it the install still
 # succeeds and the exporter runs on the Python reference index).
@@ -88,3 +88,10 @@ clean:
 # ≥ 1,000,000 generated inputs across the KV-event decoder and the text parser; fails on any crash.
 fuzz: $(VENV)/.installed
 	nice $(PY) -m fuzz.run $(FUZZ_ARGS)
+
+# The exporter for SOAK_MINUTES (default 10) against the simulated fleet at 10x and hostile peers
+# (slow loris, stalled large bodies, bad records, unbounded label values); prints RSS over time,
+# scrape latency, KV lag and series count, and fails when RSS is not flat.
+SOAK_MINUTES ?= 10
+soak: $(VENV)/.installed
+	$(PY) -m soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)

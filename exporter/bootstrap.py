@@ -83,7 +83,7 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
         window_s = cfg.window if cfg.window is not None else window_seconds(thresholds)
 
     health = Health()
-    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock)
+    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits)
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
                           thresholds=thresholds, topology=topology, window_s=window_s, clock=clock)
     if not with_sources:
@@ -94,6 +94,7 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
 def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock = time.time) -> Sources:
     """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
     workers = configured_workers(cfg)
+    state.accounting.labels.pin_workers(w.name for w in workers)  # configured: never folded into "other"
     endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state

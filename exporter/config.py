@@ -9,6 +9,7 @@ reading code. Loading never raises anything but :class:`ConfigError`.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,6 +58,29 @@ class HttpRecords:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What clients can make the exporter hold: label values from records and sessions.
+
+    A value beyond its limit is counted under ``other``; a value unseen for ``label_idle``
+    seconds (never less than the window) frees its slot and its series are dropped.
+    """
+
+    models: int = 50
+    segments: int = 50
+    workers: int = 2000
+    label_idle: float = 3600.0
+    sessions: int = 100_000
+
+
+@dataclass(frozen=True)
+class Web:
+    """The HTTP edge: connections served at once, and the time a client has to send a request."""
+
+    max_connections: int = 64
+    read_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
 class FileRecords:
     paths: tuple[Path, ...] = ()
 
@@ -91,6 +115,8 @@ class Config:
     prefix_text: bool = False  # keep and serve the first words of hot prefixes (prompts may be private)
     listen_address: str = DEFAULT_LISTEN
     log_level: str = "info"
+    limits: Limits = field(default_factory=Limits)
+    web: Web = field(default_factory=Web)
 
     def with_overrides(self, **changes: Any) -> Config:
         """Flags win over the file; ``None`` means the flag was not given."""
@@ -107,6 +133,25 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f'not HOST:PORT: "{value}"')
     return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def check_intake_auth(cfg: Config) -> None:
+    """Records over HTTP from beyond this machine need a bearer token: refuse to start without one."""
+    host, _ = parse_listen_address(cfg.listen_address)
+    if cfg.http_records.enabled and not cfg.http_records.bearer_token and not is_loopback(host):
+        raise ConfigError(
+            f"{cfg.source}: records.http: listening on {cfg.listen_address} (beyond loopback) needs "
+            "records.http.bearer_token or bearer_token_file, or records.http.enabled: false")
 
 
 class _Files:
@@ -207,6 +252,21 @@ def _seconds(problems: Problems, d: Mapping[str, Any], key: str, default: float 
     return seconds(value)
 
 
+def _limits(problems: Problems, d: Mapping[str, Any]) -> Limits:
+    s, default = _section(d, "limits"), Limits()
+    idle = None if problems.has("limits") else _seconds(problems, s, "label_idle", default.label_idle)
+    return Limits(models=s.get("models") or default.models, segments=s.get("segments") or default.segments,
+                  workers=s.get("workers") or default.workers, label_idle=idle or default.label_idle,
+                  sessions=s.get("sessions") or default.sessions)
+
+
+def _web(problems: Problems, d: Mapping[str, Any]) -> Web:
+    s, default = _section(d, "web"), Web()
+    timeout = None if problems.has("web") else _seconds(problems, s, "read_timeout", default.read_timeout)
+    return Web(max_connections=s.get("max_connections") or default.max_connections,
+               read_timeout=timeout or default.read_timeout)
+
+
 def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None) -> Config:
     """Validate an already-loaded YAML document (``schemas/exporter-config.v1.json``, then the
     checks that span fields and the files it names); every problem at once."""
@@ -226,12 +286,14 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     tree_stats = _seconds(problems, d, "tree_stats_interval", 1.0)
     window = _seconds(problems, d, "window", None)
     otlp = _otlp(problems, d)
+    limits, web = _limits(problems, d), _web(problems, d)
     problems.raise_if_any(ConfigError)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
                   http_records=http, file_records=tailed, otlp=otlp, topology=topology,
                   thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
                   scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window,
-                  prefix_text=d.get("prefix_text") is True)
+                  prefix_text=d.get("prefix_text") is True,
+                  limits=limits, web=web)
 
 
 def load_config(path: str | Path) -> Config:

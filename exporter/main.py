@@ -36,6 +36,7 @@ from exporter.config import (
     Config,
     ConfigError,
     WorkerTarget,
+    check_intake_auth,
     load_config,
     parse_listen_address,
 )
@@ -54,6 +55,7 @@ from prefixscope import __version__
 log = logging.getLogger("prefixscope.export")
 
 STALLED_AFTER_INTERVALS = 3  # /healthz turns 503 when the scrape loop is this many intervals late
+STATE_LOCK_WAIT_S = 2.0  # ... or when the state stays locked this long (ingest slices take milliseconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +82,7 @@ def resolve_config(argv: list[str]) -> Config:
         parse_listen_address(cfg.listen_address)
     except ValueError as exc:
         raise ConfigError(f"--web.listen-address: {exc}") from None
+    check_intake_auth(cfg)
     return cfg
 
 
@@ -102,6 +105,7 @@ class Runtime:
         self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
         self.spans: SpanIntake | None = None  # the OTLP trace receiver's intake, when enabled
         self.started_at = clock()
+        self.started_mono = time.monotonic()
 
     @property
     def url(self) -> str:
@@ -114,6 +118,7 @@ class Runtime:
 
         Raises ConfigError for any invalid referenced file, OSError if the address is taken.
         """
+        check_intake_auth(cfg)
         parts = bootstrap(cfg, clock=clock, with_sources=True)
         assert parts.sources is not None
         health, state, sources = parts.health, parts.state, parts.sources
@@ -150,6 +155,8 @@ class Runtime:
             healthz=healthz,
             render_text=lambda: render_state(state),
             ingest_traces=otlp_http.handler(spans, endpoints_auth) if cfg.otlp.enabled else None,
+            max_connections=cfg.web.max_connections,
+            read_timeout=cfg.web.read_timeout,
         )
         server = ExporterServer(host, port, deps)
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
@@ -169,11 +176,8 @@ class Runtime:
         for p in cfg.file_records.paths:
             log.info("records: tailing %s", p)
         if cfg.http_records.enabled:
-            host, _ = parse_listen_address(cfg.listen_address)
             auth = "bearer token required" if cfg.http_records.bearer_token else "no token"
             log.info("records: POST /api/v1/records (%s, limit %d bytes)", auth, cfg.http_records.max_body_bytes)
-            if host not in ("127.0.0.1", "localhost", "::1") and not cfg.http_records.bearer_token:
-                log.warning("records are accepted from any host on %s without a bearer token", cfg.listen_address)
         if self.subscriber is not None:
             self.subscriber.start()
         for tail in self.tails:
@@ -221,14 +225,23 @@ class Runtime:
         return rows
 
     def healthz(self) -> tuple[bool, dict[str, Any]]:
-        """Unhealthy only when the exporter itself is stuck: no scrape round for several intervals."""
+        """Unhealthy only when the exporter itself is stuck: its scrape loop has not started a round
+        for several intervals, or its state cannot be locked. A slow or failing target is its own
+        ``prefixscope_up``, never the exporter's health (every round is bounded by the scrape timeout)."""
         cfg = self.cfg
+        started = self.scraper.round_started
+        since_round = time.monotonic() - (started if started is not None else self.started_mono)
+        stalled = bool(self.scraper.targets) and since_round > STALLED_AFTER_INTERVALS * cfg.scrape_interval + cfg.scrape_timeout
+        locked = self.state.lock.acquire(timeout=STATE_LOCK_WAIT_S)
+        if locked:
+            self.state.lock.release()
         last = max((o.scraped_at for o in self.scraper.last.values()), default=None)
-        since = self.clock() - (last if last is not None else self.started_at)
-        stalled = bool(self.scraper.targets) and since > STALLED_AFTER_INTERVALS * cfg.scrape_interval + cfg.scrape_timeout
         up = sum(1 for o in self.scraper.last.values() if o.up)
-        return not stalled, {"version": __version__, "seconds_since_scrape": since if last is not None else None,
-                             "targets_scraped": len(self.scraper.targets), "targets_up": up}
+        return not stalled and locked, {
+            "version": __version__, "seconds_since_scrape": self.clock() - last if last is not None else None,
+            "seconds_since_scrape_round": since_round if started is not None else None,
+            "state_lock": "ok" if locked else f"not acquired within {STATE_LOCK_WAIT_S:g}s",
+            "targets_scraped": len(self.scraper.targets), "targets_up": up}
 
 
 def _configure_logging(level: str) -> None:

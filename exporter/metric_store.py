@@ -78,6 +78,26 @@ class MetricStore:
         """Add to one of the state's own windowed sums (not a catalogue series)."""
         self.own.add(ts, key, value)
 
+    def drop_label_value(self, label: str, value: str) -> int:
+        """Forget the cumulative series whose ``label`` is ``value`` (a value gone for good: see
+        ``exporter.cardinality``); returns how many. Windows empty themselves as they expire."""
+        dropped = 0
+        for kind in (self.cum.counters, self.cum.histograms):
+            for metric, series in kind.items():
+                m = catalog.METRICS_BY_NAME.get(metric)
+                if m is None or label not in m.labels:
+                    continue
+                at = m.labels.index(label)
+                gone = [lv for lv in series if len(lv) > at and lv[at] == value]
+                for lv in gone:
+                    del series[lv]
+                dropped += len(gone)
+        return dropped
+
+    def series_count(self) -> int:
+        """Cumulative series held (what /metrics renders of the store)."""
+        return sum(map(len, self.cum.counters.values())) + sum(map(len, self.cum.histograms.values()))
+
     def expire(self, now: float) -> None:
         self.win.expire(now)
         self.own.expire(now)

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.cardinality import RecordLabels
+from exporter.config import Limits
 from exporter.hotspots import Hotspots
 from exporter.input_time import InputTime
 from exporter.metric_store import MetricStore
@@ -76,7 +78,7 @@ class RecordAccounting:
 
     def __init__(self, time: InputTime, store: MetricStore, pool: WorkerPool, index: PrefixIndex,
                  sessions: SessionTable, hotspots: Hotspots, topology: Topology | None,
-                 cold_reuse_share: float) -> None:
+                 cold_reuse_share: float, labels: RecordLabels | None = None) -> None:
         self.time = time
         self.store = store
         self.pool = pool
@@ -88,6 +90,8 @@ class RecordAccounting:
         self._domain_workers: dict[str, list[str]] = {}  # NVLink domain -> its workers (placement)
         for t in topology.workers if topology is not None else ():
             self._domain_workers.setdefault(t.nvlink_domain, []).append(t.name)
+        # model, segment and worker values are bounded before any step sees them
+        self.labels = labels if labels is not None else RecordLabels(Limits(), store.window_s)
         self.field_seen: dict[str, float] = {}  # signal -> newest record that carried it
         self.fallback_last: dict[str, float] = {}  # fallback tier -> newest record that used it
         self.moe_signature: OrderedDict[int, str] = OrderedDict()  # first block -> first signature seen
@@ -100,19 +104,27 @@ class RecordAccounting:
         topo = self.topology
         return topo.worker(worker) if topo is not None and worker in topo else None
 
-    def account(self, rec: RequestRecord) -> None:
-        """Everything one record adds (the caller holds the state lock)."""
+    def account(self, rec: RequestRecord) -> str:
+        """Everything one record adds (the caller holds the state lock); returns the worker's
+        name as accounted (``other`` past the worker limit)."""
+        self.time.advance(rec.ts)
+        self.expire_labels(self.time.now)  # a slot freed by now is free for this record's values
+        rec = self.labels.bound(rec)
         ts = rec.ts
-        self.time.advance(ts)
+        # Newest record per signal: a late (or wrongly stamped) record must not age a signal out.
+        seen = self.field_seen
         for fld, signal in RECORD_FIELD_SIGNALS.items():
-            if getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried):
-                self.field_seen[signal] = ts
-        self.field_seen["records"] = ts
+            if (getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried)) \
+                    and ts > seen.get(signal, -1.0):
+                seen[signal] = ts
+        if ts > seen.get("records", -1.0):
+            seen["records"] = ts
         w = self.pool.served(rec.worker, ts)
         view = RecordView(rec, rec.model or UNKNOWN, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
                           rec.block_hashes or None)
         for step in self._steps:
             step(view)
+        return rec.worker
 
     # ---- the steps -----------------------------------------------------------------------------
     def _reuse(self, v: RecordView) -> None:
@@ -281,6 +293,13 @@ class RecordAccounting:
         self.store.zero(f"{P}_batch_affinity_admissions", v.ml)
         if admitted:
             self.store.inc(v.rec.ts, f"{P}_batch_affinity_admissions", v.ml)
+
+    def expire_labels(self, now: float) -> None:
+        """Drop the series of label values records stopped bringing (and forget such workers)."""
+        for label, value in self.labels.expire(now):
+            self.store.drop_label_value(label, value)
+            if label == "worker":
+                self.pool.forget(value)
 
     # ---- reads ---------------------------------------------------------------------------------
     def fallback_active(self) -> dict[str, float]:

@@ -12,8 +12,12 @@ from __future__ import annotations
 import gzip
 import hmac
 import html
+import io
 import logging
+import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +44,8 @@ log = logging.getLogger("prefixscope.server")
 API_PREFIX = "/api/v1/"
 RECORDS_PATH = API_PREFIX + "records"
 BODYLESS = frozenset({"GET", "HEAD"})
+BODY_CHUNK = 64 * 1024  # a body is read in chunks: memory follows what arrived, not what was announced
+ADMIT_WAIT_S = 1.0  # a connection beyond the cap waits this long for a slot, then gets 503
 __all__ = ["BadRequest", "Endpoints", "ExporterServer", "HttpError", "IntakeResult", "ServerDeps", "TargetStatus"]
 
 
@@ -79,6 +85,8 @@ class ServerDeps:
     render_text: Callable[[], bytes] | None = None
     # POST /v1/traces (OTLP/HTTP, ``exporter.otlp_http``); None: the trace receiver is off.
     ingest_traces: Callable[[Request], Response] | None = None
+    max_connections: int = 64  # connections served at once
+    read_timeout: float = 10.0  # seconds a client has to send one whole request (line, headers, body)
 
 
 class Endpoints:
@@ -168,27 +176,93 @@ class Endpoints:
             raise HttpError(f"body of {length} bytes exceeds the limit of {deps.max_body_bytes} bytes", 413)
         result = deps.ingest_ndjson(req.read_body(length))
         data = {"accepted": result.accepted, "rejected": result.rejected, "errors": result.errors}
-        if result.accepted == 0 and result.rejected > 0:
-            return json_response(400, {"status": "error", "error": "no valid record in the body", "data": data})
+        if result.rejected > 0:
+            # The valid lines are applied all the same; the sender learns which lines to fix.
+            error = (f"{result.rejected} invalid line(s) rejected, {result.accepted} record(s) accepted; "
+                     "see data.errors")
+            return json_response(400, {"status": "error", "error": error, "data": data})
         return json_response(200, {"status": "ok", "data": data})
+
+
+class RequestTimeout(TimeoutError):
+    """The client did not send its whole request within the read timeout."""
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each bounded by what is left of one request's deadline.
+
+    A per-read timeout alone never fires for a client that drips a byte at a time; here the
+    whole request (request line, headers, body) — and the idle time before it on a kept-alive
+    connection — has ``read_timeout`` seconds.
+    """
+
+    def __init__(self, sock: socket.socket, read_timeout: float) -> None:
+        self.sock = sock
+        self.read_timeout = read_timeout
+        self.deadline = time.monotonic() + read_timeout
+
+    def restart(self) -> None:
+        self.deadline = time.monotonic() + self.read_timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RequestTimeout("request not received within the read timeout")
+        self.sock.settimeout(left)
+        try:
+            return self.sock.recv_into(buffer)
+        except TimeoutError:
+            raise RequestTimeout("request not received within the read timeout") from None
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = f"prefixscope/{__version__}"
     protocol_version = "HTTP/1.1"
     routes: RouteTable  # set on the subclass built per server
+    read_timeout: float = 10.0  # set on the subclass built per server
+    _reader: _DeadlineReader
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the stock reader (its socket reference) makes way for the deadline reader
+        self._reader = _DeadlineReader(self.connection, self.read_timeout)
+        self.rfile = io.BufferedReader(self._reader, BODY_CHUNK)
+
+    def handle_one_request(self) -> None:
+        self._reader.restart()  # the next request (or the idle wait for it) has its own deadline
+        try:
+            super().handle_one_request()
+        except RequestTimeout:
+            log.debug("%s: closed, request not received within %gs", self.address_string(), self.read_timeout)
+            self.close_connection = True
+
+    def _read_body(self, length: int) -> bytes:
+        chunks, left = [], length
+        while left > 0:
+            chunk = self.rfile.read(min(left, BODY_CHUNK))
+            if not chunk:
+                raise HttpError(f"body ended after {length - left} of {length} bytes", 400)
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def _dispatch(self) -> None:
         """Route the request; every failure becomes one JSON error answer, logged once."""
         parts = urlsplit(self.path)
         path = parts.path.rstrip("/") or "/"
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        req = Request(self.command, path, query, self.headers, self.rfile.read)
+        req = Request(self.command, path, query, self.headers, self._read_body)
         try:
             response = self.routes.resolve(self.command, path)(req)
+        except RequestTimeout:
+            self.close_connection = True
+            response = error_response(HttpError(f"request body not received within {self.read_timeout:g}s", 408))
         except HttpError as exc:
             log.debug("%s %s: %d %s", self.command, self.path, exc.status, exc.message)
             response = self._failed(error_response(exc))
@@ -204,6 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
         return response
 
     def _send(self, response: Response) -> None:
+        self.connection.settimeout(self.read_timeout)  # a client that does not read its answer is dropped too
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
@@ -216,13 +291,66 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = _dispatch
 
 
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """At most ``max_connections`` connections served at once (one thread each).
+
+    A connection beyond the cap waits up to ``ADMIT_WAIT_S`` for a slot, then gets 503 and is
+    closed; together with the read timeout, idle or slow clients cannot pile up threads.
+    """
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[_Handler], max_connections: int) -> None:
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(timeout=ADMIT_WAIT_S):
+            self.refused += 1
+            body = (b'{"status":"error","error":"too many connections (%d); retry shortly"}'
+                    % self.max_connections)
+            try:
+                request.settimeout(0.5)
+                request.sendall(BUSY % (len(body), body))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer is its own business: one debug line, no traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("%s: connection failed: %s", client_address, exc)
+        else:
+            log.exception("error serving %s", client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class ExporterServer:
-    """A ``ThreadingHTTPServer`` on ``host:port`` (port 0 picks a free one), served from a thread."""
+    """A bounded threading HTTP server on ``host:port`` (port 0 picks a free one), served from a thread."""
 
     def __init__(self, host: str, port: int, deps: ServerDeps) -> None:
-        handler = type("Handler", (_Handler,), {"routes": Endpoints(deps).routes()})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        handler = type("Handler", (_Handler,), {"routes": Endpoints(deps).routes(),
+                                                 "read_timeout": deps.read_timeout})
+        self.httpd = _BoundedHTTPServer((host, port), handler, deps.max_connections)
         self._thread: threading.Thread | None = None
 
     @property

@@ -1,10 +1,16 @@
 """The session table: per session key its last worker, turn and follow-up sums, bounded by LRU.
 
-Re-key detection (a cookie reset or key churn hands an ongoing conversation a new key): each
-session registers the block hashes of its latest prompt. Chained hashes identify a whole prefix,
-so a new key whose first prompt reaches a block that exactly one other recent session holds —
-deeper than any prefix two unrelated sessions share (the system prompt) and covering that
-session's whole first prompt — continues that session under a new key.
+Re-key detection (a cookie reset or key churn hands an ongoing conversation a new key): chained
+block hashes identify a whole prefix, so a new key whose first prompt passes through the end
+of exactly one recent session's latest prompt — deeper than any prefix two unrelated sessions
+share (the system prompt) and covering that session's whole first prompt — continues that
+session under a new key.
+
+A session does not keep its chain (512 blocks would cost ~60 KB a session). It registers a
+fingerprint of a few of its latest chain's blocks, its *anchors*: the last block, the block that
+ended its first prompt, and the blocks at depths 1, 2, 4, 8, 16, 64 and 256, which is where a prefix
+shared with another session is noticed (the shared depth is known to the anchor depth below it). The registry maps an anchor to the one session holding it, or to how many hold it
+once several do; a session costs well under 1 KB however long its prompts.
 """
 
 from __future__ import annotations
@@ -13,7 +19,20 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MAX_CHAIN = 512  # blocks of a prompt chain kept per session (re-keys show within the first ones)
+MAX_CHAIN = 512  # blocks of a prompt chain looked at (re-keys show within the first ones)
+
+
+def anchor_depths(length: int, first_len: int) -> list[int]:
+    """The 1-based depths of a chain of ``length`` blocks that a session registers."""
+    depths, d = [], 1
+    while d < length:
+        depths.append(d)
+        d *= 2 if d < 16 else 4  # 1, 2, 4, 8, 16, 64, 256: denser where system prompts end
+    if 0 < first_len < length and first_len not in depths:
+        depths.append(first_len)
+    if length:
+        depths.append(length)
+    return depths
 
 
 @dataclass(slots=True)
@@ -27,7 +46,8 @@ class Session:
     followup_prompt: float = 0.0
     followup_cached: float = 0.0
     first_chain_len: int = 0
-    chain: tuple[int, ...] = ()
+    chain_len: int = 0  # blocks of the latest registered chain
+    anchors: tuple[int, ...] = ()  # the registered blocks of that chain (see the module doc)
     pool_epoch: int = 0  # pool-change epoch in which the session was last served
 
 
@@ -48,10 +68,9 @@ class SessionTable:
         self.max_sessions = max_sessions
         self.rekey_horizon_s = rekey_horizon_s
         self._sessions: OrderedDict[str, Session] = OrderedDict()
-        # block hash -> number of sessions whose chain holds it, and the last such session
-        self._count: dict[int, int] = {}
-        self._owner: dict[int, str] = {}
-        self.shared_depth = 0  # longest prefix (blocks) shared by two unrelated sessions
+        # anchor block hash -> the one session holding it (its key), or how many sessions hold it
+        self._held: dict[int, str | int] = {}
+        self.shared_depth = 0  # longest prefix (blocks) seen shared by two unrelated sessions
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -67,7 +86,7 @@ class SessionTable:
                 segment: str | None, epoch: int) -> Turn:
         """Advance the session for one request (turn, last worker, chain) and detect re-keys."""
         s = self._sessions.get(key)
-        chain_t = tuple(chain[:MAX_CHAIN]) if chain else ()
+        chain_t = chain[:MAX_CHAIN] if chain else ()
         if s is None:
             rekey_of = self._rekey_source(key, chain_t, ts) if chain_t else None
             s = Session(key, worker, ts, ts, segment, first_chain_len=len(chain_t), pool_epoch=epoch)
@@ -85,19 +104,17 @@ class SessionTable:
             self._register(s, chain_t)
         return Turn(s, s.turn, prev_worker, prev_ts, prev_epoch, None)
 
-    def _rekey_source(self, key: str, chain: tuple[int, ...], ts: float) -> str | None:
-        count, owner = self._count, self._owner
-        depth = 0
-        for h in chain:
-            if h not in count:
-                break
-            depth += 1
+    def _rekey_source(self, key: str, chain: Sequence[int], ts: float) -> str | None:
+        held = self._held
+        depth = len(chain)
+        while depth and chain[depth - 1] not in held:  # the deepest registered block of the chain
+            depth -= 1
         if depth == 0:
             return None
-        deepest = chain[depth - 1]
-        if count[deepest] != 1:
-            return None
-        src = self._sessions.get(owner[deepest])
+        owner = held[chain[depth - 1]]
+        if not isinstance(owner, str):
+            return None  # several sessions hold it: no single conversation to continue
+        src = self._sessions.get(owner)
         if src is None or src.key == key or ts - src.last_ts > self.rekey_horizon_s:
             return None
         # A continuation carries the earlier conversation plus a new turn, so it extends past the
@@ -107,39 +124,42 @@ class SessionTable:
             return src.key
         return None
 
-    def _register(self, s: Session, chain: tuple[int, ...], related: str | None = None) -> None:
-        """Replace the session's registered chain by ``chain`` and update the sharing depth."""
-        old = s.chain
-        count, owner = self._count, self._owner
-        common = 0
-        for a, b in zip(old, chain, strict=False):
-            if a != b:
-                break
-            common += 1
-        self._unregister(old[common:], s.key)
-        for depth, h in enumerate(chain[common:], start=common + 1):
-            n = count.get(h, 0)
-            if n and owner.get(h) not in (s.key, related):
+    def _register(self, s: Session, chain: Sequence[int], related: str | None = None) -> None:
+        """Replace the session's anchors by those of ``chain`` and update the sharing depth."""
+        self._unregister(s.anchors, s.key)
+        held = self._held
+        anchors = []
+        for depth in anchor_depths(len(chain), s.first_chain_len):
+            h = chain[depth - 1]
+            anchors.append(h)
+            other = held.get(h)
+            if other is None:
+                held[h] = s.key
+                continue
+            if other not in (s.key, related):
                 # an unrelated session already holds this prefix: it is shared (system prompt)
                 self.shared_depth = max(self.shared_depth, depth)
-            count[h] = n + 1
-            owner[h] = s.key
-        s.chain = chain
+            held[h] = (2 if isinstance(other, str) else other + 1) if other != s.key else other
+        s.anchors, s.chain_len = tuple(anchors), len(chain)
 
-    def _unregister(self, hashes: Sequence[int], key: str) -> None:
-        count, owner = self._count, self._owner
-        for h in hashes:
-            n = count.get(h, 0) - 1
-            if n <= 0:
-                count.pop(h, None)
-                owner.pop(h, None)
+    def _unregister(self, anchors: Sequence[int], key: str) -> None:
+        held = self._held
+        for h in anchors:
+            v = held.get(h)
+            if v is None:
+                continue
+            if isinstance(v, str):
+                if v == key:
+                    del held[h]
+            elif v <= 1:
+                del held[h]
             else:
-                count[h] = n
+                held[h] = v - 1  # one holder left, which one is no longer known: never a re-key source
 
     def _evict(self) -> None:
         while len(self._sessions) > self.max_sessions:
             _, s = self._sessions.popitem(last=False)
-            self._unregister(s.chain, s.key)
+            self._unregister(s.anchors, s.key)
             self.evicted += 1
 
     def expire(self, now: float, horizon_s: float) -> None:
@@ -149,5 +169,5 @@ class SessionTable:
             if now - s.last_ts <= horizon_s:
                 break
             del self._sessions[key]
-            self._unregister(s.chain, s.key)
+            self._unregister(s.anchors, s.key)
             self.evicted += 1

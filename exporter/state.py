@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from exporter.cardinality import RecordLabels
+from exporter.config import Limits
 from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
@@ -133,7 +135,9 @@ class ClusterState:
 
     def __init__(self, health: Health, thresholds: Thresholds, topology: Topology | None = None,
                  window_s: float = 300.0, clock: Callable[[], float] = time.time, top_k: int = 10,
-                 max_sessions: int = 100_000, health_recency_s: float = 60.0) -> None:
+                 max_sessions: int | None = None, health_recency_s: float = 60.0,
+                 limits: Limits | None = None) -> None:
+        limits = limits or Limits()
         self.health = health
         self.thresholds = thresholds
         self.topology = topology
@@ -148,12 +152,13 @@ class ClusterState:
         self._tree_stats: TreeStats | None = None  # the latest completed pass (swapped whole)
         self._refresh_lock = threading.Lock()  # one pass at a time
         self.tree_stats_timing: TreeStatsTiming | None = None
-        self.sessions = SessionTable(max_sessions=max_sessions)
+        self.sessions = SessionTable(max_sessions=max_sessions or limits.sessions)
         self.store = MetricStore(self.window_s)
         self.worker_pool = WorkerPool(health, self.time, health_recency_s)
         self.hotspots = Hotspots(self.index)
         self.accounting = RecordAccounting(self.time, self.store, self.worker_pool, self.index, self.sessions,
-                                           self.hotspots, topology, self.cold_reuse_share)
+                                           self.hotspots, topology, self.cold_reuse_share,
+                                           RecordLabels(limits, self.window_s))
         self.health_increases = HealthIncreases(health, self.time, self.window_s, (_KV_MISSED, _INGEST_ERRORS))
         self.kv_seen = False
         self.spec_seen = False
@@ -235,6 +240,7 @@ class ClusterState:
         now = self.time.now
         self.health_increases.sample()
         self.store.expire(now)
+        self.accounting.expire_labels(now)
         self.hotspots.expire(now)
         self.sessions.expire(now, HISTORY_S)
 
@@ -365,18 +371,29 @@ class ClusterState:
         The intake hands over :class:`RequestRecord` values; a plain JSON object (replays, tests,
         the lab) is converted here, and one that cannot be is counted and skipped.
         """
+        labels = self.accounting.labels
         with self.lock:
             self.time.advance(received_at)
+            folded = labels.folded()
+            update_pool = False
             for rec in records:
                 try:
-                    self.accounting.account(rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec))
+                    worker = self.accounting.account(rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec))
                 except (TypeError, ValueError, KeyError) as exc:  # InvalidRecord is a ValueError
                     # Schema-valid records should not fail here; if one does, keep the rest.
                     rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")
                     detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
                     self.health.error("records", "unprocessable", f"{detail} in record {rid!r}")
-            self._update_pool(self.time.now)
+                    continue
+                # Only a worker outside the pool (or an aged pool) can change it: no walk per record.
+                update_pool = update_pool or self.worker_pool.needs_update(worker)
+            if update_pool:
+                self._update_pool(self.time.now)
             self._expire()
+            folded = labels.folded() - folded
+        if folded:
+            self.health.error("records", "label_limit", f"{folded} record(s) named a model, segment or worker "
+                              "beyond the configured limits (limits:); counted under the value \"other\"", folded)
 
     # ---- reads (callers hold no lock; each takes it once) --------------------------------------
     def signals(self) -> dict[str, bool]:

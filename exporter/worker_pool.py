@@ -86,6 +86,17 @@ class WorkerPool:
         w.last_served = max(w.last_served, ts)
         return w
 
+    def forget(self, name: str) -> None:
+        """Drop a worker only records named, once they stopped naming it (``exporter.cardinality``).
+        A worker with a scrape or KV evidence of its own stays."""
+        w = self.workers.get(name)
+        if w is not None and w.snapshot is None and w.last_seen <= w.last_served:
+            del self.workers[name]
+
+    def needs_update(self, worker: str) -> bool:
+        """Whether a record served by ``worker`` may change the pool (else :meth:`update` is skipped)."""
+        return not self.unchanged_for(worker)
+
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         """A router scrape: a worker whose decision count rose since the last one served traffic."""
         prev = self.routers.get(snapshot.router)

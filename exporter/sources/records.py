@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.health import Health
+from exporter.labels import label_value_problem
 from exporter.model import StateSink
 from prefixscope import REQUEST_SCHEMA_PATH
 from prefixscope.records import SCHEMA, VALIDATOR, InvalidRecord, RequestRecord, schema_error
@@ -38,6 +40,7 @@ __all__ = ["SCHEMA", "SCHEMA_PATH", "VALIDATOR", "BodyTooLarge", "RecordError", 
 STATUS_TOO_LARGE = 413
 STATUS_NOTHING_VALID = 400
 MAX_ERRORS_REPORTED = 50  # per body: a sender gets the first ones, all are counted
+SLICE_RECORDS = 200  # records applied per hold of the state lock (a few ms)
 
 
 class BodyTooLarge(ValueError):
@@ -49,7 +52,7 @@ class BodyTooLarge(ValueError):
 @dataclass(frozen=True, slots=True)
 class RecordError:
     line: int  # 1-based line of the body
-    kind: str  # json, not_object, schema
+    kind: str  # json, not_object, schema, value (schema-valid but not applicable: see strict_problem)
     error: str
 
     def as_dict(self) -> dict[str, Any]:
@@ -136,6 +139,83 @@ def _compile(schema: dict[str, Any]) -> Callable[[Any], bool]:
 FAST_OK = _compile(SCHEMA)
 
 
+# ---- what the schema allows but the exporter cannot hold --------------------------------------
+# JSON Schema calls 16.0 an integer, lets a number be 1e400 (infinity once parsed) or a
+# 300-digit integer, and lets strings carry lone surrogates. Each would fail later, half-way
+# through applying the record (a float block count, an int too large for a float, a label the
+# exposition cannot encode), so a line is checked whole here and rejected with its reason.
+MAX_NESTING = 16  # containers inside one record (the schema's own fields need 2)
+MAX_INTEGER = 2**53  # a count beyond this is not a count of tokens, and loses exactness as a float
+MAX_NUMBER = 1e15  # seconds: beyond any timestamp or duration, and far from overflowing a float
+StrictCheck = Callable[[Any], str | None]
+
+
+def _integer_problem(v: Any) -> str | None:
+    if type(v) is not int:
+        return f"expected an integer, got {json.dumps(v) if isinstance(v, float) else type(v).__name__}"
+    return None if v <= MAX_INTEGER else f"an integer of {len(str(v))} digits exceeds {MAX_INTEGER}"
+
+
+def _number_problem(v: Any) -> str | None:
+    if type(v) is int:
+        return None if abs(v) <= MAX_NUMBER else f"a number of {len(str(v))} digits exceeds {MAX_NUMBER:g}"
+    if not math.isfinite(v) or abs(v) > MAX_NUMBER:
+        return f"number {v!r} is not finite or exceeds {MAX_NUMBER:g}"
+    return None
+
+
+def _hashes_problem(v: Any) -> str | None:
+    if all(type(h) is int for h in v):  # bounds: the schema's items (0 ≤ h < 2**64)
+        return None
+    bad = next(h for h in v if type(h) is not int)
+    return f"expected integer block hashes, got {json.dumps(bad)}"
+
+
+def _string_problem(v: Any) -> str | None:
+    return label_value_problem(v)
+
+
+def _strict_check(spec: dict[str, Any]) -> StrictCheck | None:
+    raw = spec.get("type")
+    types = set((raw,) if isinstance(raw, str) else raw or ())
+    if "integer" in types and "number" not in types:
+        return _integer_problem
+    if "number" in types:
+        return _number_problem
+    if "array" in types and spec.get("items", {}).get("type") == "integer":
+        return _hashes_problem
+    if "string" in types or "const" in spec or "enum" in spec:
+        return _string_problem
+    return None
+
+
+_STRICT: dict[str, StrictCheck] = {
+    name: check for name, spec in SCHEMA["properties"].items() if (check := _strict_check(spec)) is not None}
+
+
+def _nesting(value: Any) -> int:
+    """Levels of nested containers in ``value`` (0 for a scalar), breadth first, stopping past the limit."""
+    depth, level = 0, [value] if isinstance(value, dict | list) else []
+    while level and depth <= MAX_NESTING:
+        depth += 1
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, dict | list)]
+    return depth
+
+
+def strict_problem(rec: dict[str, Any]) -> str | None:
+    """Why a schema-valid object cannot be applied as it is, or None (see the notes above)."""
+    for name, value in rec.items():
+        check = _STRICT.get(name)
+        if check is not None:
+            if value is not None:
+                problem = check(value)
+                if problem is not None:
+                    return f"{name}: {problem}"
+        elif isinstance(value, dict | list) and _nesting(value) >= MAX_NESTING:  # the object itself is one level
+            return f"{name}: nested more than {MAX_NESTING} levels deep"
+    return None
+
+
 def validate(record: Any) -> str | None:
     """None if the record is valid, else the validator's message (with the field's path)."""
     return None if FAST_OK(record) else schema_error(record)
@@ -158,12 +238,22 @@ def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[RequestRe
         except (ValueError, UnicodeDecodeError) as exc:
             errors.append(RecordError(i, "json", f"invalid JSON: {exc}"))
             continue
+        except RecursionError:
+            errors.append(RecordError(i, "json", f"invalid JSON: nested more than {MAX_NESTING} levels deep"))
+            continue
         if type(rec) is not dict:
             errors.append(RecordError(i, "not_object", f"expected a JSON object, got {type(rec).__name__}"))
             continue
-        message = None if FAST_OK(rec) else schema_error(rec)
+        try:
+            message = None if FAST_OK(rec) else schema_error(rec)
+        except RecursionError:  # the validator walks what it is given
+            message = f"nested more than {MAX_NESTING} levels deep"
         if message is not None:
             errors.append(RecordError(i, "schema", message))
+            continue
+        message = strict_problem(rec)
+        if message is not None:
+            errors.append(RecordError(i, "value", message))
             continue
         try:
             records.append(build(rec))
@@ -180,10 +270,15 @@ def parse_ndjson(body: bytes, limit: int) -> tuple[list[RequestRecord], list[Rec
 
 
 def deliver(records: list[RequestRecord], errors: list[RecordError], sink: StateSink, health: Health,
-            transport: str, received_at: float, where: str = "") -> None:
-    """Hand valid records to the sink; count them and every rejected line by kind."""
+            transport: str, received_at: float, where: str = "", slice_size: int = SLICE_RECORDS) -> None:
+    """Hand valid records to the sink in slices; count them and every rejected line by kind.
+
+    Each slice is one ``ingest_records`` call, so the state lock is held for one slice at a
+    time and a scrape or another client's batch gets in between the slices of a large body.
+    """
+    for start in range(0, len(records), slice_size):
+        sink.ingest_records(records[start:start + slice_size], received_at)
     if records:
-        sink.ingest_records(records, received_at)
         health.inc("prefixscope_records_ingested", (transport,), len(records))
     by_kind: dict[str, list[RecordError]] = {}
     for e in errors:

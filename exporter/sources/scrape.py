@@ -75,6 +75,7 @@ class Scraper:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.last: dict[str, ScrapeOutcome] = {}
+        self.round_started: float | None = None  # time.monotonic() of the latest round's start (liveness)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -95,6 +96,7 @@ class Scraper:
     # ---- scraping -------------------------------------------------------------------------
     def scrape_once(self) -> list[ScrapeOutcome]:
         """Scrape every target now; returns when each has an outcome (by its deadline at the latest)."""
+        self.round_started = time.monotonic()
         if type(self)._fetch is not Scraper._fetch:
             # A subclass supplies the pages itself (the lab renders simulated engines): one after
             # another, in order, so a simulated run stays deterministic.

@@ -262,7 +262,8 @@ def test_record_intake_errors_keep_the_valid_lines(cluster: Cluster) -> None:
     body = "\n".join([json.dumps(good), "{not json", json.dumps({"ts": 1, "worker": "w0"}),
                       json.dumps({**good, "request_id": "ok-2"}), "[1, 2]"]).encode()
     r = requests.post(url, data=body, headers=auth, timeout=5)
-    assert r.status_code == 200
+    assert r.status_code == 400  # some lines were bad: the sender must know, though the good ones are kept
+    assert "2 record(s) accepted" in r.json()["error"]
     data = r.json()["data"]
     assert (data["accepted"], data["rejected"]) == (2, 3)
     assert [e["line"] for e in data["errors"]] == [2, 3, 5]

@@ -1,0 +1,309 @@
+"""``python -m soak`` (``make soak``): the exporter under healthy load and hostile peers, for minutes.
+
+Runs, all on 127.0.0.1:
+
+- the simulated fleet (``prefixscope sim --speed 10``: KV events, worker /metrics and request
+  records at ten times the scenario's real rate), posting its records to the exporter;
+- the exporter, from a config with the fleet's manifest, a bearer token and bounded limits;
+- hostile peers: slow-loris connections dripping their headers, clients that announce large
+  bodies and stall half-way, bodies of bad records (lone surrogates, deep nesting, huge and
+  float integers) and records naming a new model, segment and worker each time;
+- a scraper that GETs /metrics every second, like Prometheus.
+
+Every ``--sample`` seconds it records the exporter's RSS, the /metrics latency, the series
+count, the KV-event lag and the records ingested, and at the end prints them with a verdict:
+RSS flat over the last third, every scrape
+answered 200, records and KV events kept flowing. Exit status 1 when a verdict fails.
+
+The first two thirds of a run fill what configuration bounds (sessions up to ``limits.sessions``,
+the windows, the prefix index up to the workers' capacity); RSS must be flat over the last
+third (its last samples' mean within ``--rss-growth`` of its first samples' mean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+HOST = "127.0.0.1"
+TOKEN = "soak-token"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def metric_sum(text: str, name: str) -> float | None:
+    vals = [float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+    return sum(vals) if vals else None
+
+
+def metric_max(text: str, name: str) -> float | None:
+    vals = [float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+    return max(vals) if vals else None
+
+
+@dataclass
+class Stats:
+    """What the peers saw, updated from their threads."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counts: dict[str, int] = field(default_factory=dict)
+    scrape_s: list[float] = field(default_factory=list)
+
+    def inc(self, key: str) -> None:
+        with self.lock:
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+
+# ---- hostile peers --------------------------------------------------------------------------------
+def slow_loris(port: int, stop: threading.Event, stats: Stats, conns: int = 40) -> None:
+    """Keep ``conns`` connections dripping a header byte every second; reopen the dropped ones."""
+    socks: list[socket.socket] = []
+    while not stop.is_set():
+        while len(socks) < conns and not stop.is_set():
+            try:
+                s = socket.create_connection((HOST, port), timeout=2)
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                socks.append(s)
+                stats.inc("loris_opened")
+            except OSError:
+                stats.inc("loris_refused")
+                break
+        for s in list(socks):
+            try:
+                s.sendall(b"X")
+            except OSError:
+                socks.remove(s)
+                s.close()
+                stats.inc("loris_dropped")
+        stop.wait(1.0)
+    for s in socks:
+        s.close()
+
+
+def half_bodies(port: int, stop: threading.Event, stats: Stats) -> None:
+    """Announce an 8 MB body, send half of a megabyte, stall; then again."""
+    chunk = b"x" * 65536
+    while not stop.is_set():
+        try:
+            with socket.create_connection((HOST, port), timeout=30) as s:
+                s.sendall(b"POST /api/v1/records HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                          + TOKEN.encode() + b"\r\nContent-Length: 8000000\r\n\r\n")
+                for _ in range(8):
+                    s.sendall(chunk)
+                s.settimeout(60)
+                answer = s.recv(100)
+                stats.inc("half_body_" + (answer[9:12].decode() if answer else "closed"))
+        except OSError:
+            stats.inc("half_body_error")
+        stop.wait(0.5)
+
+
+def bad_records(url: str, stop: threading.Event, stats: Stats) -> None:
+    """Bodies mixing good records with every kind of bad one, and ever-new label values."""
+    rng = random.Random(1)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    n = 0
+    while not stop.is_set():
+        now = time.time()
+        good = [{"ts": now, "request_id": f"hostile-{n}-{i}", "worker": f"ghost-{n}-{i}", "prompt_tokens": 10,
+                 "model": f"model-{n}-{i}", "segment": f"seg-{n}-{i}", "session_key": f"hs-{n}-{i}",
+                 "block_hashes": [rng.getrandbits(63) for _ in range(64)]} for i in range(20)]
+        lines = [json.dumps(r) for r in good]
+        lines += [json.dumps({**good[0], "model": "\ud800"}), '{"a":' * 3000 + "1" + "}" * 3000,
+                  json.dumps({**good[0], "prompt_tokens": 10**300}), json.dumps({**good[0], "cached_tokens": 16.0}),
+                  "{not json"]
+        try:
+            r = requests.post(url, data="\n".join(lines).encode(), headers=auth, timeout=30)
+            stats.inc(f"bad_records_{r.status_code}")
+        except requests.RequestException:
+            stats.inc("bad_records_error")
+        n += 1
+        stop.wait(0.2)
+
+
+def scraper(url: str, stop: threading.Event, stats: Stats) -> None:
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            r = requests.get(url + "/metrics", timeout=30)
+            stats.inc(f"scrape_{r.status_code}")
+            with stats.lock:
+                stats.scrape_s.append(time.monotonic() - started)
+        except requests.RequestException:
+            stats.inc("scrape_error")
+        stop.wait(1.0)
+
+
+# ---- the run --------------------------------------------------------------------------------------
+def prefixscope(*args: str) -> list[str]:
+    return [sys.executable, "-m", "prefixscope", *args]
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"soak: {what} did not happen within {timeout:g}s")
+        time.sleep(0.2)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m soak", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=10.0, help="how long to run (default %(default)s)")
+    p.add_argument("--sample", type=float, default=10.0, help="seconds between samples (default %(default)s)")
+    p.add_argument("--speed", type=float, default=10.0, help="the fleet's clock multiplier (default %(default)s)")
+    p.add_argument("--rss-growth", type=float, default=0.10,
+                   help="allowed RSS growth over the last third of the run (default %(default)s)")
+    args = p.parse_args(argv)
+
+    run = Path(tempfile.mkdtemp(prefix="prefixscope-soak-"))
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    port = free_port()
+    url = f"http://{HOST}:{port}"
+    manifest = run / "fleet.json"
+    procs: list[subprocess.Popen] = []
+    stop = threading.Event()
+    try:
+        sim_log = open(run / "sim.log", "wb")  # noqa: SIM115 - closed with the run
+        procs.append(subprocess.Popen(
+            prefixscope("sim", "--manifest", str(manifest), "--repeat", "--speed", str(args.speed),
+                        "--records-url", f"{url}/api/v1/records", "--records-token", TOKEN),
+            env=env, cwd=REPO, stdout=sim_log, stderr=subprocess.STDOUT))
+        wait_for(manifest.exists, 90, "the simulated fleet starting")
+        cfg = run / "exporter.yaml"
+        cfg.write_text(json.dumps({
+            "fleet_manifest": str(manifest), "scrape_interval": "1s", "scrape_timeout": "1s",
+            "records": {"http": {"bearer_token": TOKEN}},
+            "limits": {"models": 50, "segments": 50, "workers": 200, "label_idle": "5m", "sessions": 5000},
+            "web": {"max_connections": 64, "read_timeout": "5s"},
+        }))
+        exp_log = open(run / "exporter.log", "wb")  # noqa: SIM115 - closed with the run
+        exporter = subprocess.Popen(prefixscope("export", "--config.file", str(cfg), "--web.listen-address",
+                                                f"{HOST}:{port}", "--log.level", "warning"),
+                                    env=env, cwd=REPO, stdout=exp_log, stderr=subprocess.STDOUT)
+        procs.append(exporter)
+        wait_for(lambda: healthy(url), 60, "the exporter answering /healthz")
+        print(f"soak: {args.minutes:g} min, fleet at {args.speed:g}x, exporter pid {exporter.pid} on {url}; "
+              f"logs in {run}", flush=True)
+
+        stats = Stats()
+        peers = [threading.Thread(target=fn, args=a, daemon=True) for fn, a in (
+            (slow_loris, (port, stop, stats)), (half_bodies, (port, stop, stats)),
+            (bad_records, (f"{url}/api/v1/records", stop, stats)), (scraper, (url, stop, stats)))]
+        for t in peers:
+            t.start()
+
+        samples: list[dict[str, float | None]] = []
+        end = time.monotonic() + args.minutes * 60
+        header = f"{'t(s)':>6} {'RSS MB':>8} {'scrape s':>9} {'series':>8} {'KV lag s':>9} {'records':>10} {'health':>7}"
+        print(header, flush=True)
+        t0 = time.monotonic()
+        while time.monotonic() < end:
+            time.sleep(min(args.sample, max(0.0, end - time.monotonic())))
+            if exporter.poll() is not None:
+                print(f"soak: the exporter exited with {exporter.returncode}; see {run / 'exporter.log'}")
+                return 1
+            started = time.monotonic()
+            try:
+                text = requests.get(url + "/metrics", timeout=30).text
+            except requests.RequestException as exc:
+                print(f"soak: sample scrape failed: {exc}")
+                continue
+            took = time.monotonic() - started
+            sample = {
+                "t": time.monotonic() - t0, "rss": rss_bytes(exporter.pid), "scrape_s": took,
+                "series": float(sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))),
+                "kv_lag": metric_max(text, "prefixscope_kv_event_lag_seconds"),
+                "records": metric_sum(text, "prefixscope_records_ingested_total"),
+                "healthz": 1.0 if healthy(url) else 0.0,
+            }
+            samples.append(sample)
+            lag = sample["kv_lag"]
+            print(f"{sample['t']:6.0f} {sample['rss'] / 2**20:8.1f} {took:9.3f} {sample['series']:8.0f} "
+                  f"{'-' if lag is None else f'{lag:.3f}':>9} {sample['records'] or 0:10.0f} "
+                  f"{'ok' if sample['healthz'] else 'FAIL':>7}", flush=True)
+        stop.set()
+        return report(samples, stats, args.rss_growth)
+    finally:
+        stop.set()
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def report(samples: list[dict[str, float | None]], stats: Stats, allowed_growth: float) -> int:
+    if len(samples) < 3:
+        print("soak: too few samples for a verdict (run longer)")
+        return 1
+    third = len(samples) // 3
+    # The first two thirds fill what is bounded by configuration (sessions, windows, the index up
+    # to the workers' capacity); over the last third RSS must stay flat.
+    last = [float(s["rss"] or 0) for s in samples[2 * third:]]
+    head, tail = last[: max(1, len(last) // 3)], last[-max(1, len(last) // 3):]
+    growth = (sum(tail) / len(tail)) / (sum(head) / len(head)) - 1
+    with stats.lock:
+        counts = dict(sorted(stats.counts.items()))
+        lat = sorted(stats.scrape_s)
+    p50 = lat[len(lat) // 2] if lat else float("nan")
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
+    records = [s["records"] or 0 for s in samples]
+    lags = [s["kv_lag"] for s in samples if s["kv_lag"] is not None]
+    verdicts = {
+        f"RSS flat over the last third ({growth:+.1%}, allowed {allowed_growth:+.0%}; "
+        f"{min(last) / 2**20:.0f}–{max(last) / 2**20:.0f} MB)": growth <= allowed_growth,
+        f"every scrape answered 200 ({counts.get('scrape_200', 0)} scrapes, p50 {p50:.3f}s, p99 {p99:.3f}s)":
+            not any(k.startswith("scrape_") and k != "scrape_200" for k in counts),
+        f"records kept flowing ({records[0]:.0f} → {records[-1]:.0f})": records[-1] > records[third],
+        f"/healthz ok in every sample ({sum(1 for s in samples if s['healthz'])}/{len(samples)})":
+            all(s["healthz"] for s in samples),
+        f"KV lag bounded (max {max(lags) if lags else float('nan'):.3f}s)": bool(lags) and max(lags) < 5.0,
+        f"series bounded ({samples[third]['series']:.0f} → {samples[-1]['series']:.0f})":
+            float(samples[-1]["series"] or 0) <= 1.2 * float(samples[third]["series"] or 0) + 200,
+    }
+    print("\nhostile peers:", ", ".join(f"{k}={v}" for k, v in counts.items()))
+    for what, ok in verdicts.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {what}")
+    return 0 if all(verdicts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
