@@ -41,6 +41,7 @@ from exporter.config import (
 from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
+from exporter.sources.kv_nats import NatsKvSource
 from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
 from exporter.sources.scrape import Scraper
@@ -96,6 +97,7 @@ class Runtime:
         self.scraper = scraper
         self.clock = clock
         self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
+        self.nats: NatsKvSource | None = None  # KV events over NATS (set by build)
         self.started_at = clock()
 
     @property
@@ -143,6 +145,7 @@ class Runtime:
         server = ExporterServer(host, port, deps)
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
                       sources.scraper, clock)
+        runtime.nats = sources.nats
         return runtime
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -163,6 +166,8 @@ class Runtime:
                 log.warning("records are accepted from any host on %s without a bearer token", cfg.listen_address)
         if self.subscriber is not None:
             self.subscriber.start()
+        if self.nats is not None:
+            self.nats.start()
         for tail in self.tails:
             tail.start()
         self.scraper.start()
@@ -175,6 +180,8 @@ class Runtime:
         self.server.stop()
         if self.subscriber is not None:
             self.subscriber.close(timeout=2.0)
+        if self.nats is not None:
+            self.nats.close(timeout=2.0)
         for tail in self.tails:
             tail.close(timeout=1.0)
         self.scraper.close(timeout=self.cfg.scrape_timeout + 1.0)
