@@ -23,7 +23,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 # Debian's prometheus (promtool for the rule tests, the server for the demo),
 # prometheus-alertmanager (amtool and the server: the inhibition tests and the demo's pages) and
-# chromium (the console's browser test). Without root this prints what to run and carries on.
+# chromium (the console's browser test) and nats-server (JetStream for the relay and the shard
+# tests). Without root this prints what to run and carries on.
 define apt_install
 	@missing=""; \
 	for pkg in $(1); do \
@@ -42,7 +43,7 @@ define apt_install
 endef
 
 system-packages:
-	$(call apt_install,prometheus prometheus-alertmanager chromium)
+	$(call apt_install,prometheus prometheus-alertmanager chromium nats-server)
 
 demo-packages:
 	$(call apt_install,prometheus prometheus-alertmanager)

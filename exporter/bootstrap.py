@@ -11,8 +11,10 @@ arguments, or both (an explicit argument wins):
 - window: ``window_s=`` › ``cfg.window`` › the thresholds' rate window;
 - clock: ``clock=`` (``time.time`` for a live exporter, a virtual clock for simulations).
 
-With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, record-file
-tailers, scraper) — created, not started. A problem with a referenced file is a ConfigError.
+With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, NATS source,
+record-file tailers, scraper) — created, not started. A sharded config (``shard``) scrapes and
+subscribes over ZMQ only its home workers and reads every worker's NATS subject through the
+family filter (``exporter.sharding``); routers are scraped by shard 0 alone. A problem with a referenced file is a ConfigError.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from exporter.health import Health
 from exporter.model import StateSink
 from exporter.normalize import worker_names_by_url
 from exporter.prefix_text import Detokenizer, PrefixNames, PrefixTokens, TokenTee
+from exporter.sharding import KvSink, ShardSink, ShardSpec, home_shard
+from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import RecordFileTail
 from exporter.sources.scrape import Scraper, ScrapeTarget
@@ -47,6 +51,7 @@ class Sources:
     tails: list[RecordFileTail]
     scraper: Scraper
     names: PrefixNames | None = None  # hot branches' text; None unless the config turns it on
+    nats: NatsKvSource | None = None  # None when no KV events come over NATS
 
 
 @dataclass(frozen=True)
@@ -95,23 +100,49 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
     workers = configured_workers(cfg)
     state.accounting.labels.pin_workers(w.name for w in workers)  # configured: never folded into "other"
-    endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
+    spec = ShardSpec(cfg.shard.index, cfg.shard.count)
+    home = [w for w in workers if home_shard(w.name, spec.count) == spec.index]
+    endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in home
+                 if w.kv_events and not _is_nats(w.kv_events)}
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
     subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock) if endpoints else None
     tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
-    targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
+    targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in home if w.metrics_url]
     names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
-    targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
+    if spec.index == 0:
+        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
     scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
                       clock=clock)
-    return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper, names=texts)
+    return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper, names=texts,
+                   nats=build_nats_source(cfg, workers, state, health, clock))
 
 
 def prefix_names(cfg: Config, workers: tuple[WorkerTarget, ...]) -> PrefixNames:
     """Prefix text for the config's workers: each is asked at its HTTP base (its metrics URL's)."""
     urls = {w.name: w.metrics_url.removesuffix("/metrics") for w in workers if w.metrics_url}
     return PrefixNames(PrefixTokens(), Detokenizer(), urls)
+
+
+def _is_nats(endpoint: str) -> bool:
+    return endpoint.startswith(("nats://", "tls://"))
+
+
+def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvSink, health: Health,
+                      clock: Clock = time.time) -> NatsKvSource | None:
+    """The NATS source of ``cfg.kv_nats`` (None without one), behind the family filter when sharded."""
+    n = cfg.kv_nats
+    if n is None:
+        return None
+    spec = ShardSpec(cfg.shard.index, cfg.shard.count)
+    named = frozenset(w.name for w in workers if w.kv_events and _is_nats(w.kv_events))
+    relay = n.all_workers or bool(named)
+    durable = n.durable or ("prefixscope-export" + (f"-shard{spec.index}" if spec.sharded else ""))
+    settings = NatsKvSettings(url=n.url, stream=n.stream, subject_prefix=n.subject_prefix,
+                              workers=None if n.all_workers else named, durable=durable, relay=relay,
+                              dynamo_subjects=n.dynamo_subjects, dynamo_block_size=n.dynamo_block_size)
+    sink: KvSink = ShardSink(state, spec, health=health) if spec.sharded else state
+    return NatsKvSource(settings, sink, health, clock=clock)
 
 
 def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:

@@ -37,7 +37,7 @@ class ConfigError(InvalidFile):
 class WorkerTarget:
     name: str
     metrics_url: str | None = None
-    kv_events: str | None = None  # ZMQ endpoint of the worker's PUB socket
+    kv_events: str | None = None  # ZMQ endpoint of the worker's PUB socket, or nats://… (the relay's stream)
     replay: str | None = None  # ZMQ endpoint of the worker's ROUTER replay socket
     topic: str = ""
     optional: bool = False  # an optional worker being down is not a telemetry failure
@@ -98,6 +98,25 @@ class OtlpTraces:
 
 
 @dataclass(frozen=True)
+class NatsKv:
+    """``kv_nats``: where the relay's stream and Dynamo's KV events are read from."""
+
+    url: str
+    stream: str = "PREFIXSCOPE_KV"
+    subject_prefix: str = "prefixscope.kv"
+    all_workers: bool = False
+    durable: str | None = None  # None: prefixscope-export, with the shard index when sharded
+    dynamo_subjects: tuple[str, ...] = ()
+    dynamo_block_size: int = 16
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int = 0
+    count: int = 1
+
+
+@dataclass(frozen=True)
 class Config:
     source: str = "<defaults>"  # the file this came from, for messages
     workers: tuple[WorkerTarget, ...] = ()
@@ -117,6 +136,8 @@ class Config:
     log_level: str = "info"
     limits: Limits = field(default_factory=Limits)
     web: Web = field(default_factory=Web)
+    kv_nats: NatsKv | None = None
+    shard: Shard = field(default_factory=Shard)
 
     def with_overrides(self, **changes: Any) -> Config:
         """Flags win over the file; ``None`` means the flag was not given."""
@@ -198,6 +219,8 @@ def _workers(problems: Problems, d: Mapping[str, Any]) -> tuple[WorkerTarget, ..
             problems.add(where, "needs metrics_url or kv_events (or both)")
         if w.get("replay") is not None and w.get("kv_events") is None:
             problems.add(f"{where}.replay", "replay needs kv_events")
+        if str(w.get("kv_events") or "").startswith(("nats://", "tls://")) and w.get("replay") is not None:
+            problems.add(f"{where}.replay", "a worker read from NATS has no replay socket (the stream is its replay)")
         out.append(WorkerTarget(name=name, metrics_url=w.get("metrics_url"), kv_events=w.get("kv_events"),
                                 replay=w.get("replay"), topic=w.get("topic", ""), optional=bool(w.get("optional"))))
     return tuple(out)
@@ -245,6 +268,35 @@ def _otlp(problems: Problems, d: Mapping[str, Any]) -> OtlpTraces:
                       session_wait=_seconds(problems, o, "session_wait", default.session_wait) or 0.0)
 
 
+def _kv_nats(problems: Problems, d: Mapping[str, Any], workers: tuple[WorkerTarget, ...]) -> NatsKv | None:
+    n = d.get("kv_nats")
+    urls = {w.kv_events for w in workers if str(w.kv_events or "").startswith(("nats://", "tls://"))}
+    if not isinstance(n, Mapping):
+        if len(urls) > 1:
+            problems.add("workers", f"kv_events name {len(urls)} NATS servers; one exporter reads one stream")
+        return NatsKv(url=next(iter(urls))) if urls else None
+    url = n.get("url") or (next(iter(urls)) if len(urls) == 1 else None)
+    if url is None or not str(url).startswith(("nats://", "tls://")):
+        problems.add("kv_nats.url", "needs a nats:// URL (or workers whose kv_events is one)")
+        return None
+    if urls - {url}:
+        problems.add("workers", f"kv_events name NATS servers other than kv_nats.url {url}")
+    dyn = _section(n, "dynamo")
+    return NatsKv(url=url, stream=n.get("stream", NatsKv.stream), subject_prefix=n.get("subject_prefix", NatsKv.subject_prefix),
+                  all_workers=bool(n.get("all_workers")), durable=n.get("durable"),
+                  dynamo_subjects=tuple(dyn.get("subjects") or ()), dynamo_block_size=dyn.get("block_size", 16))
+
+
+def _shard(problems: Problems, d: Mapping[str, Any]) -> Shard:
+    sh = _section(d, "shard")
+    index, count = sh.get("index", 0), sh.get("count", 1)
+    if not isinstance(index, int) or not isinstance(count, int) or count < 1 or not 0 <= index < count:
+        if not problems.has("shard"):
+            problems.add("shard", f"index {index} of count {count}: need 0 <= index < count")
+        return Shard()
+    return Shard(index, count)
+
+
 def _seconds(problems: Problems, d: Mapping[str, Any], key: str, default: float | None) -> float | None:
     value = d.get(key)
     if value is None or problems.has(key):
@@ -287,13 +339,15 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     window = _seconds(problems, d, "window", None)
     otlp = _otlp(problems, d)
     limits, web = _limits(problems, d), _web(problems, d)
+    kv_nats = _kv_nats(problems, d, workers)
+    shard = _shard(problems, d)
     problems.raise_if_any(ConfigError)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
                   http_records=http, file_records=tailed, otlp=otlp, topology=topology,
                   thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
                   scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window,
                   prefix_text=d.get("prefix_text") is True,
-                  limits=limits, web=web)
+                  limits=limits, web=web, kv_nats=kv_nats, shard=shard)
 
 
 def load_config(path: str | Path) -> Config:

@@ -44,6 +44,7 @@ from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.prefix_text import PrefixNames
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
+from exporter.sources.kv_nats import NatsKvSource
 from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.otlp_spans import SpanIntake
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
@@ -104,6 +105,7 @@ class Runtime:
         self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
         self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
         self.spans: SpanIntake | None = None  # the OTLP trace receiver's intake, when enabled
+        self.nats: NatsKvSource | None = None  # KV events over NATS (set by build)
         self.started_at = clock()
         self.started_mono = time.monotonic()
 
@@ -163,6 +165,7 @@ class Runtime:
                       sources.scraper, clock)
         runtime.names = sources.names
         runtime.spans = spans if cfg.otlp.enabled else None
+        runtime.nats = sources.nats
         return runtime
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -180,6 +183,8 @@ class Runtime:
             log.info("records: POST /api/v1/records (%s, limit %d bytes)", auth, cfg.http_records.max_body_bytes)
         if self.subscriber is not None:
             self.subscriber.start()
+        if self.nats is not None:
+            self.nats.start()
         for tail in self.tails:
             tail.start()
         if self.spans is not None:
@@ -198,6 +203,8 @@ class Runtime:
         self.server.stop()
         if self.subscriber is not None:
             self.subscriber.close(timeout=2.0)
+        if self.nats is not None:
+            self.nats.close(timeout=2.0)
         for tail in self.tails:
             tail.close(timeout=1.0)
         self.scraper.close(timeout=self.cfg.scrape_timeout + 1.0)

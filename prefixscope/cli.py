@@ -14,6 +14,8 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("fleet.cli", "run the simulated fleet (workers, reference router, workloads, fault scenarios)"),
     "export": ("exporter.main", "run the exporter (Prometheus /metrics and the JSON API)"),
+    "relay": ("exporter.relay", "relay workers' ZMQ KV-event streams into a NATS JetStream stream"),
+    "shard-plan": ("exporter.shard_plan", "print which exporter shard owns which workers and prefix families"),
     "replay": ("lab.replay", "what-if: replay a trace through a simulated fleet and print the five groups"),
     "catalog": ("prefixscope.catalog_cli", "print the metric catalogue (table or JSON)"),
     "generate": ("alerts.generate", "write (or --check) rules, dashboards, alert provisioning and docs"),

@@ -93,6 +93,11 @@ def _is_zmq_endpoint(value: object) -> bool:
     return _url(value, ("tcp", "ipc", "inproc"))
 
 
+@FORMATS.checks("kv-endpoint")
+def _is_kv_endpoint(value: object) -> bool:
+    return _url(value, ("tcp", "ipc", "inproc", "nats", "tls"))
+
+
 @FORMATS.checks("url-prefix")
 def _is_url_prefix(value: object) -> bool:
     return not isinstance(value, str) or value.endswith("/")
@@ -107,6 +112,7 @@ FORMAT_NOUNS = {
     "http-url": "an http:// or https:// URL",
     "zmq-endpoint": "a ZMQ endpoint (tcp://, ipc:// or inproc://)",
     "url-prefix": "a URL ending in /",
+    "kv-endpoint": "a ZMQ endpoint (tcp://, ipc://, inproc://) or a NATS URL (nats://, tls://)",
 }
 
 

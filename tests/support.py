@@ -31,6 +31,7 @@ INSTALL_HINTS = {
     "promtool": "apt-get install prometheus",
     "prometheus": "apt-get install prometheus",
     "chromium": "apt-get install chromium",
+    "nats-server": "apt-get install nats-server",
     "routers": "make routers",
 }
 

@@ -441,9 +441,7 @@ class KvEventSubscriber:
                             continue
                         nxt[worker] = seq + 1
                         digests[worker][seq] = hash(payload)
-                        batch = kvcodec.decode_batch(payload, worker, seq, self.health)
-                        if batch is not None:
-                            self._apply(batch, self.clock())
+                        self._decode_and_apply(worker, seq, payload, self.clock())
         finally:
             for sock in list(socks):
                 self._end_startup(poller, socks, deadline, sock)

@@ -84,7 +84,7 @@ def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
      'exporter.yaml: workers[2].metrics_url: expected an http:// or https:// URL, got "foo"'),
     ("workers:\n  - {metrics_url: http://h/metrics}\n", "exporter.yaml: workers[0].name: missing"),
     ("workers:\n  - {name: a}\n", "exporter.yaml: workers[0]: needs metrics_url or kv_events"),
-    ("workers:\n  - {name: a, kv_events: http://h:1}\n", 'exporter.yaml: workers[0].kv_events: expected a ZMQ endpoint (tcp://, ipc:// or inproc://), got "http://h:1"'),
+    ("workers:\n  - {name: a, kv_events: http://h:1}\n", 'exporter.yaml: workers[0].kv_events: expected a ZMQ endpoint (tcp://, ipc://, inproc://) or a NATS URL (nats://, tls://), got "http://h:1"'),
     ("workers:\n  - {name: a, metrics_url: http://h/m, replay: tcp://h:2}\n",
      "exporter.yaml: workers[0].replay: replay needs kv_events"),
     ("workers:\n  - {name: a, metrics_url: http://h/m}\n  - {name: a, metrics_url: http://h/m}\n",
@@ -159,7 +159,7 @@ colour: red
     durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
     assert set(err.value.problems) == {
         "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, otlp, topology, "
-        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, prefix_text, window, limits, web)",
+        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, prefix_text, window, limits, web, kv_nats, shard)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
         'exporter.yaml: workers[1].name: duplicate worker name "a"',

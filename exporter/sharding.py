@@ -1,0 +1,362 @@
+"""How N exporter processes split one cluster and still give one answer (pure; no I/O).
+
+Two rules, each chosen so the shards' outputs add up to what one exporter would say:
+
+**Workers → home shard** (``home_shard``: a stable hash of the worker name, modulo N). A worker's
+home shard scrapes its /metrics, owns its KV-stream health series (batches, lag, last
+timestamp), and is where its request records should go. Counters are per worker, so the
+recording rules' ``sum`` over every shard's series is the cluster value (they sum numerator
+and denominator before dividing). Routers are scraped by shard 0 alone, or their decisions
+would be counted N times.
+
+**Prefix families → owning shard** (``family_shard``: a 64-bit mix of the family's root hash,
+modulo N). Every shard reads every worker's KV batches, in the one total order of the JetStream
+stream (all shards and a single exporter see the same interleaving of workers), and keeps only
+the events of the families it owns. A block's *family* is the root of its chain, decided by the
+:class:`FamilyRouter` exactly as the prefix index links blocks:
+
+* a BlockStored run whose parent is in the tree (some worker holds it, any tier) joins the
+  parent's family; a run whose parent is None starts the family of its first block; a run whose
+  parent nobody holds (the index makes it a root-level orphan) takes the missing parent's hash
+  as its family, so a late-joined chain lands where its root would;
+* a block keeps its family while any worker holds it (a run that reaches an already-held block
+  continues in that block's family: the event is split at the boundary, each part to its owner);
+* BlockRemoved goes to the removed block's family (a block nobody holds: to the shard of its own
+  hash, so exactly one shard counts the unknown removal); AllBlocksCleared and restarts go to
+  every shard.
+
+So every connected part of the prefix tree lies in one shard, and per-block holder masks are
+complete where they live. What is then exact, as sums or unions over shards (tests/scale):
+resident blocks per worker and per medium; the tree statistics (nodes, blocks, root fan-out,
+leaf-depth, fan-out and replica distributions: disjoint subtrees, so the gaugehistograms add in
+Prometheus); duplication across workers; ``longest_match`` ("available") through
+:func:`owner_of_chain` (or :func:`combined_match` over all shards, which holds even for chains
+that cross families after loss). Stored/removed event counts are exact unless a run crosses
+families (only after an orphan run, itself counted as an unknown parent).
+
+The one assumption: a block whose parent left every worker stays a root of its own (the
+index's orphan) until that parent is stored again — if the parent then comes back in another
+family, the two shards each hold part of one subtree and their statistics differ from one
+index's by that link. It needs a chain evicted top-down on every worker that holds it; vLLM
+frees a request's blocks tail first, so a worker evicts a chain leaf first (the property test
+generates such streams; ``combined_match`` stays exact regardless).
+
+What this module does not make exact: hit counts and hot branches come from request records,
+which a shard takes for its own workers, while the blocks they hit may live in another shard's
+families; the records' reuse decomposition ("available" at record time) needs the record at
+the chain's owner. Both are exact with one exporter, and per shard for the families it owns.
+
+Cost: each shard keeps the family table (two dict entries per resident block in the cluster,
+about 150 B/block in CPython) besides its own part of the index.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import Protocol
+
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
+from exporter.prefix_index import ROOT, Match, TreeStats
+
+DEFAULT_MEDIUM = "GPU"
+_M64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """This process is shard ``index`` of ``count`` (``count == 1``: not sharded)."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index} of {self.count}: need 0 <= index < count")
+
+    @property
+    def sharded(self) -> bool:
+        return self.count > 1
+
+
+def home_shard(worker: str, count: int) -> int:
+    """The shard that scrapes a worker and owns its stream health (stable across processes)."""
+    return int.from_bytes(blake2b(worker.encode(), digest_size=8).digest(), "big") % count
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: engine hashes are uniform already, but a test's small ints are not."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _M64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _M64
+    return x ^ (x >> 31)
+
+
+def family_shard(root: int, count: int) -> int:
+    """The shard that owns the prefix family rooted at block hash ``root``."""
+    return _mix64(root & _M64) % count
+
+
+class FamilyRouter:
+    """Which family every resident block belongs to, from every worker's events (see the module doc).
+
+    Every shard runs one over the same input; ``route`` returns the part of a batch that shard
+    ``spec.index`` owns, in order. Holders are kept per (worker, medium) so a removal on one tier
+    leaves a block in the tree while another tier or worker holds it, as in the index.
+    """
+
+    def __init__(self, spec: ShardSpec) -> None:
+        self.spec = spec
+        self._family: dict[int, int] = {}  # block -> family root, for blocks some worker holds
+        self._holders: dict[int, int] = {}  # block -> bitmask over (worker, medium) slots
+        self._slot: dict[tuple[str, str], int] = {}
+        self._worker_slots: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._family)
+
+    def family_of(self, block: int) -> int | None:
+        return self._family.get(block)
+
+    def owns(self, family: int) -> bool:
+        return family_shard(family, self.spec.count) == self.spec.index
+
+    def _bit(self, worker: str, medium: str | None) -> int:
+        key = (worker, medium or DEFAULT_MEDIUM)
+        i = self._slot.get(key)
+        if i is None:
+            i = self._slot[key] = len(self._slot)
+            self._worker_slots[worker] = self._worker_slots.get(worker, 0) | 1 << i
+        return 1 << i
+
+    def _worker_bits(self, worker: str) -> int:
+        return self._worker_slots.get(worker, 0)
+
+    def route(self, batch: KvBatch) -> tuple[KvEvent, ...]:
+        """Update the family table with the batch; return this shard's events of it, in order."""
+        out: list[KvEvent] = []
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                out.extend(self._stored(batch.worker, ev))
+            elif isinstance(ev, BlockRemoved):
+                out.extend(self._removed(batch.worker, ev))
+            elif isinstance(ev, AllBlocksCleared):
+                self.worker_restarted(batch.worker)
+                out.append(ev)
+        return tuple(out)
+
+    def _stored(self, worker: str, ev: BlockStored) -> list[KvEvent]:
+        fam, holders = self._family, self._holders
+        bit = self._bit(worker, ev.medium)
+        p = ev.parent
+        cur = fam.get(p, p) if p is not None else ev.hashes[0]
+        segments: list[tuple[int, int]] = []  # (family, start index)
+        for i, h in enumerate(ev.hashes):
+            f = fam.get(h)
+            if f is None:
+                fam[h] = cur
+                holders[h] = bit
+            else:
+                holders[h] |= bit
+                cur = f
+            if not segments or segments[-1][0] != cur:
+                segments.append((cur, i))
+        if len(segments) == 1:
+            return [ev] if self.owns(segments[0][0]) else []
+        out: list[KvEvent] = []
+        n = len(ev.hashes)
+        for k, (f, start) in enumerate(segments):
+            if not self.owns(f):
+                continue
+            end = segments[k + 1][1] if k + 1 < len(segments) else n
+            part = ev.hashes[start:end]
+            parent = self._part_parent(worker, ev, start, f)
+            out.append(BlockStored(part, parent, ev.block_size, ev.token_count * len(part) // n, ev.medium))
+        return out
+
+    def _part_parent(self, worker: str, ev: BlockStored, start: int, family: int) -> int | None:
+        """The parent to give one part of a split run, so the owner's index counts what one index would.
+
+        A part that starts inside the run starts at a block already held (its parent link stays),
+        so it needs none. The first part keeps the event's parent if that parent lives in the same
+        family; if it lives elsewhere, the owner cannot see it: pass it only when this worker does
+        not hold it (an unknown parent, counted once as in one index), else None.
+        """
+        p = ev.parent
+        if start > 0 or p is None:
+            return None
+        if self._family.get(p, p) == family:
+            return p
+        return None if self._holders.get(p, 0) & self._worker_bits(worker) else p
+
+    def _removed(self, worker: str, ev: BlockRemoved) -> list[KvEvent]:
+        fam, holders = self._family, self._holders
+        bit = self._bit(worker, ev.medium)
+        groups: list[tuple[int, list[int]]] = []
+        for h in ev.hashes:
+            f = fam.get(h, h)
+            m = holders.get(h)
+            if m is not None and m & bit:
+                if m & ~bit:
+                    holders[h] = m & ~bit
+                else:
+                    del holders[h], fam[h]
+            if self.owns(f):
+                if groups and groups[-1][0] == f:
+                    groups[-1][1].append(h)
+                else:
+                    groups.append((f, [h]))
+        if len(groups) == 1 and len(groups[0][1]) == len(ev.hashes):
+            return [ev]
+        return [BlockRemoved(tuple(hs), ev.medium) for _, hs in groups]
+
+    def worker_restarted(self, worker: str) -> None:
+        """Drop a worker from every block (restart or AllBlocksCleared); a scan, as in the index."""
+        bits = self._worker_bits(worker)
+        if not bits:
+            return
+        holders, fam = self._holders, self._family
+        for h in [h for h, m in holders.items() if m & bits]:
+            m = holders[h] & ~bits
+            if m:
+                holders[h] = m
+            else:
+                del holders[h], fam[h]
+
+
+class KvSink(Protocol):
+    """The KV half of ``exporter.model.StateSink``."""
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None: ...
+
+    def worker_restarted(self, worker: str) -> None: ...
+
+
+STREAM_GAUGES = ("prefixscope_kv_event_last_timestamp_seconds", "prefixscope_kv_event_lag_seconds")
+
+
+class GaugeOwner(Protocol):
+    def remove(self, metric: str, labels: tuple[str, ...]) -> None: ...
+
+
+class ShardSink:
+    """A KV sink that passes one shard's families to the state, and stream health to home shards.
+
+    A batch reaches the state when it has events of this shard's families, or when this is the
+    worker's home shard (with the shard's events only, possibly none), so the batch, lag and
+    last-timestamp series of a worker exist on exactly one shard. Restarts reach every shard.
+    """
+
+    def __init__(self, state: KvSink, spec: ShardSpec, router: FamilyRouter | None = None,
+                 health: GaugeOwner | None = None) -> None:
+        self.state = state
+        self.spec = spec
+        self.router = router or FamilyRouter(spec)
+        self.health = health
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        events = self.router.route(batch)
+        home = home_shard(batch.worker, self.spec.count) == self.spec.index
+        if events or home:
+            if len(events) != len(batch.events) or any(a is not b for a, b in zip(events, batch.events, strict=False)):
+                batch = KvBatch(batch.worker, batch.seq, batch.ts, events, batch.dp_rank)
+            self.state.apply_kv_batch(batch, received_at)
+            if not home and self.health is not None:
+                # Only the home shard sees every batch: another shard's last-timestamp and lag
+                # would go stale between its families' batches and raise a false "stream stale".
+                for gauge in STREAM_GAUGES:
+                    self.health.remove(gauge, (batch.worker,))
+
+    def worker_restarted(self, worker: str) -> None:
+        self.router.worker_restarted(worker)
+        self.state.worker_restarted(worker)
+
+
+# ---- one answer from N shards ------------------------------------------------------------------
+class HoldsBlocks(Protocol):
+    def longest_match(self, block_hashes: Sequence[int]) -> Match: ...
+
+    def holders(self, block: int) -> list[str]: ...
+
+
+def owner_of_chain(router: FamilyRouter, block_hashes: Sequence[int]) -> int | None:
+    """The shard whose families hold a request's chain (None when nobody holds its first block)."""
+    if not block_hashes:
+        return None
+    f = router.family_of(block_hashes[0])
+    return None if f is None else family_shard(f, router.spec.count)
+
+
+def combined_match(indexes: Sequence[HoldsBlocks], block_hashes: Sequence[int]) -> Match:
+    """``longest_match`` over the union of the shards' indexes (each block lives in one shard).
+
+    Walks the chain block by block, as the index does, asking each shard for the block's holders:
+    exact whatever families the chain crosses.
+    """
+    alive: set[str] | None = None
+    per_worker: dict[str, int] = {}
+    n = 0
+    for h in block_hashes:
+        held = set().union(*(ix.holders(h) for ix in indexes))
+        now = held if alive is None else alive & held
+        for w in (alive or set()) - now:
+            per_worker[w] = n
+        alive = now
+        if not alive:
+            break
+        n += 1
+    for w in alive or ():
+        per_worker[w] = n
+    return Match(n, per_worker)
+
+
+def merge_tree_stats(parts: Iterable[TreeStats]) -> TreeStats:
+    """The statistics of the union of disjoint subtrees (one per shard)."""
+    out = TreeStats(version=0, replicas=Counter(), children={})
+    branching: set[int] = set()
+    depth: int | None = None
+    for s in parts:
+        out.version += s.version
+        out.nodes += s.nodes
+        out.blocks += s.blocks
+        out.root_fanout += s.root_fanout
+        out.leaf_depths.update(s.leaf_depths)
+        out.leaf_block_depths.update(s.leaf_block_depths)
+        out.fanouts.update(s.fanouts)
+        out.replicas.update(s.replicas)
+        branching.update(s.branching)
+        for k, v in s.children.items():
+            if k == ROOT:
+                out.children.setdefault(ROOT, []).extend(v)
+            else:
+                out.children.setdefault(k, v)
+        out.runs = {**out.runs, **s.runs}
+        depth = s.children_depth if depth is None else min(depth, s.children_depth)
+    out.branching = frozenset(branching)
+    out.children_depth = depth or 0
+    return out
+
+
+# ---- the plan ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardPlan:
+    count: int
+    workers: Mapping[int, tuple[str, ...]]  # shard -> workers it scrapes and owns the stream health of
+    routers: Mapping[int, tuple[str, ...]]
+
+    def lines(self) -> list[str]:
+        out = [f"{self.count} shard(s). Prefix families: shard = splitmix64(root block hash) mod {self.count}; "
+               "every shard reads every worker's KV subject and keeps its families' events."]
+        for i in range(self.count):
+            ws, rs = self.workers.get(i, ()), self.routers.get(i, ())
+            out.append(f"shard {i}: {len(ws)} worker(s): {', '.join(ws) or '-'}"
+                       + (f"; router(s): {', '.join(rs)}" if rs else ""))
+        return out
+
+
+def plan(workers: Iterable[str], routers: Iterable[str], count: int) -> ShardPlan:
+    by: dict[int, list[str]] = {i: [] for i in range(count)}
+    for w in sorted(workers):
+        by[home_shard(w, count)].append(w)
+    return ShardPlan(count, {i: tuple(v) for i, v in by.items()}, {0: tuple(sorted(routers))})

@@ -1,0 +1,289 @@
+"""KV-cache events from NATS: the relay's JetStream stream, and Dynamo's own KV-event messages.
+
+**The relay's stream** (layout in :mod:`exporter.kv_stream`): one durable pull consumer per
+exporter (``durable``) over ``<prefix>.>``, in the stream's one total order of every worker's
+batches (so every shard and a single exporter see the same interleaving). The rules, in order:
+
+* **start-up rebuild**: the exporter's state lives in memory, so at start the durable consumer is
+  created afresh from the first retained message (``deliver_policy=all``): every retained batch
+  of every worker is applied again. ``wait_started`` turns true once the consumer has reached
+  the stream's last sequence as it was at start. A worker whose first retained batch has seq > 0
+  joined before the retention window: like a late join on ZMQ, it is logged, not a gap (size
+  ``max_age`` to cover how long a block stays cached; docs/operating.md);
+* **exactly once**: a message whose stream sequence is not above the last one applied is a
+  redelivery (lost ack, consumer recreated after a NATS restart) and is skipped, counted in
+  ``duplicates``; acknowledgements are ``AckAll`` on the last message of each fetch;
+* **the worker's own sequence** (header ``Prefixscope-Seq``): the next expected one is the last
+  + 1; a jump forward is loss the relay could not heal from the worker's replay — counted as a
+  gap and missed batches, nothing more to fetch; a seq below the expected one, or the relay's
+  ``Prefixscope-Restart`` header, means the worker restarted: its view is cleared through
+  ``sink.worker_restarted``;
+* NATS down or restarted: the client reconnects forever; the durable consumer is kept by the
+  server (file storage), and if it is gone it is recreated from the last applied stream
+  sequence + 1, so nothing retained is skipped and nothing is applied twice.
+
+**Dynamo** (format in :mod:`exporter.dynamo_events`): core NATS subscriptions on the configured
+subjects (``namespace.<ns>.component.<comp>.kv_events``, wildcards allowed). Core NATS keeps
+nothing: per worker (and DP rank) ``event_id`` jumps are counted as gaps and missed batches, a
+smaller ``event_id`` is a restart. There is no replay to ask for.
+
+Batches are decoded by :mod:`exporter.kvcodec` (the relay sends vLLM's payload unchanged) and
+handed to the sink like the ZMQ subscriber does (``sink.apply_kv_batch``), so the state counts
+batches, applied events, lag and restarts the same way; this adapter counts gaps, missed
+batches and decode errors. All sink calls come from this source's one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from exporter import dynamo_events, kvcodec
+from exporter.health import Health
+from exporter.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_RESTART, H_SEQ, H_WORKER, worker_from_subject
+from exporter.sharding import KvSink
+
+log = logging.getLogger("prefixscope.kv_nats")
+
+SOURCE = "kv_events"
+FETCH = 512  # messages per pull
+RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class NatsKvSettings:
+    url: str
+    stream: str = DEFAULT_STREAM
+    subject_prefix: str = DEFAULT_PREFIX
+    workers: frozenset[str] | None = None  # None: every worker on the stream
+    durable: str = "prefixscope-export"
+    relay: bool = True  # read the relay's stream
+    dynamo_subjects: tuple[str, ...] = ()
+    dynamo_block_size: int = 16
+
+
+class NatsKvSource:
+    """``start()`` runs the source on its own thread (an asyncio loop); ``close()`` stops it."""
+
+    def __init__(self, settings: NatsKvSettings, sink: KvSink, health: Health,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.sink = sink
+        self.health = health
+        self.clock = clock
+        self.applied = 0
+        self.duplicates = 0
+        self.last_stream_seq = 0
+        self._next: dict[str, int] = {}
+        self._started = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("source already started")
+        self._thread = threading.Thread(target=self._run, name="prefixscope-kv-nats", daemon=True)
+        self._thread.start()
+
+    def wait_started(self, timeout: float = 30.0) -> bool:
+        """True once the start-up rebuild reached the stream's end as it was at start."""
+        return self._started.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("NATS KV-event thread did not stop within %.1fs", timeout)
+
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._main())
+        except Exception:
+            log.exception("NATS KV-event source stopped on an unexpected error")
+            self.health.error(SOURCE, "subscriber", "NATS source stopped; see the log")
+        finally:
+            self._started.set()
+            loop.close()
+
+    async def _main(self) -> None:
+        nc = None
+        while nc is None and not self._stop.is_set():
+            try:
+                nc = await nats.connect(self.settings.url, name="prefixscope-export", allow_reconnect=True,
+                                        max_reconnect_attempts=-1, reconnect_time_wait=RETRY_S,
+                                        connect_timeout=1, error_cb=self._nats_error)
+            except Exception as exc:
+                log.warning("NATS %s: cannot connect (%s); retrying", self.settings.url, exc)
+                await asyncio.sleep(RETRY_S)
+        if nc is None:
+            return
+        try:
+            for subject in self.settings.dynamo_subjects:
+                await nc.subscribe(subject, cb=self._on_dynamo)
+                log.info("Dynamo KV events: subscribed to %s", subject)
+            if self.settings.relay:
+                await self._consume(nc)
+            else:
+                self._started.set()
+                while not self._stop.is_set():
+                    await asyncio.sleep(0.1)
+        finally:
+            with contextlib.suppress(Exception):  # closing a broken connection
+                await nc.close()
+
+    async def _nats_error(self, exc: Exception) -> None:
+        log.debug("NATS: %s", exc)
+
+    # ---- the relay's stream -----------------------------------------------------------------
+    async def _consume(self, nc: nats.NATS) -> None:
+        s = self.settings
+        js = nc.jetstream()
+        target = await self._stream_end(js)
+        if target is None:
+            return
+        with contextlib.suppress(NotFoundError):
+            await js.delete_consumer(s.stream, s.durable)
+        psub = await self._subscribe(js, DeliverPolicy.ALL, None)
+        log.info("KV events from NATS stream %s (%s.>): rebuilding from %d retained message(s)",
+                 s.stream, s.subject_prefix, target)
+        if target == 0:
+            self._started.set()
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                msgs = await psub.fetch(FETCH, timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                if self.last_stream_seq >= target:
+                    self._started.set()
+                continue
+            except Exception as exc:
+                failures += 1
+                log.warning("NATS stream %s: fetch failed (%s)", s.stream, exc or type(exc).__name__)
+                await asyncio.sleep(RETRY_S)
+                if failures % 4 == 0 and nc.is_connected:
+                    psub = await self._resubscribe(js, psub)
+                continue
+            failures = 0
+            for m in msgs:
+                self._handle(m.subject, m.headers or {}, m.data, m.metadata.sequence.stream)
+            try:
+                await msgs[-1].ack()  # AckAll: everything up to here
+            except Exception as exc:
+                log.debug("ack failed: %s", exc)
+            if self.last_stream_seq >= target:
+                self._started.set()
+
+    async def _stream_end(self, js: nats.js.JetStreamContext) -> int | None:
+        """The stream's last sequence now (waiting for the relay to create it)."""
+        warned = False
+        while not self._stop.is_set():
+            try:
+                info = await js.stream_info(self.settings.stream)
+                return info.state.last_seq
+            except NotFoundError:
+                if not warned:
+                    log.warning("NATS stream %s does not exist yet (is the relay running?)", self.settings.stream)
+                    warned = True
+            except Exception as exc:
+                log.debug("stream info: %s", exc)
+            await asyncio.sleep(RETRY_S)
+        return None
+
+    async def _subscribe(self, js: nats.js.JetStreamContext, policy: DeliverPolicy, start: int | None):
+        s = self.settings
+        cfg = ConsumerConfig(durable_name=s.durable, deliver_policy=policy, opt_start_seq=start,
+                             ack_policy=AckPolicy.ALL, ack_wait=30, max_ack_pending=-1,
+                             filter_subject=f"{s.subject_prefix}.>")
+        return await js.pull_subscribe(f"{s.subject_prefix}.>", durable=s.durable, stream=s.stream, config=cfg)
+
+    async def _resubscribe(self, js: nats.js.JetStreamContext, old):
+        """The consumer may be gone (a NATS restart without it): recreate it past what was applied."""
+        try:
+            await js.consumer_info(self.settings.stream, self.settings.durable)
+            return old
+        except NotFoundError:
+            pass
+        except Exception:
+            return old
+        log.warning("NATS consumer %s is gone: recreating it from stream seq %d", self.settings.durable,
+                    self.last_stream_seq + 1)
+        with contextlib.suppress(Exception):
+            await old.unsubscribe()
+        return await self._subscribe(js, DeliverPolicy.BY_START_SEQUENCE, self.last_stream_seq + 1)
+
+    def _handle(self, subject: str, headers: dict[str, str], data: bytes, stream_seq: int) -> None:
+        """One relayed batch, by the rules of the module docstring."""
+        if stream_seq <= self.last_stream_seq:
+            self.duplicates += 1
+            return
+        self.last_stream_seq = stream_seq
+        worker = headers.get(H_WORKER) or worker_from_subject(self.settings.subject_prefix, subject)
+        if worker is None or (self.settings.workers is not None and worker not in self.settings.workers):
+            return
+        try:
+            seq = int(headers[H_SEQ])
+        except (KeyError, ValueError):
+            self.health.error(SOURCE, "frame", f"worker {worker}: stream message {stream_seq} without a valid {H_SEQ}")
+            return
+        self._sequence(worker, seq, headers.get(H_RESTART) == "1")
+        batch = kvcodec.decode_batch(data, worker, seq, self.health)
+        if batch is not None:
+            self._apply(lambda: self.sink.apply_kv_batch(batch, self.clock()), worker)
+
+    def _sequence(self, worker: str, seq: int, restart: bool) -> None:
+        expected = self._next.get(worker)
+        if expected is None:
+            if seq > 0:
+                log.info("worker %s: first retained batch is seq %d (joined within its run)", worker, seq)
+        elif restart or seq < expected:
+            log.info("worker %s: KV-event sequence went from %d to %d: worker restarted", worker, expected - 1, seq)
+            self._apply(lambda: self.sink.worker_restarted(worker), worker)
+        elif seq > expected:
+            self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
+            self.health.inc("prefixscope_kv_event_missed_batches", (worker,), seq - expected)
+        self._next[worker] = seq + 1
+
+    def _apply(self, call: Callable[[], None], worker: str) -> None:
+        try:
+            call()
+            self.applied += 1
+        except Exception as exc:  # a state bug on one batch must not stop the stream
+            log.exception("worker %s: applying KV events failed", worker)
+            self.health.error(SOURCE, "apply", f"worker {worker}: {type(exc).__name__}: {exc}")
+
+    # ---- Dynamo ----------------------------------------------------------------------------
+    async def _on_dynamo(self, msg: nats.aio.msg.Msg) -> None:
+        self.handle_dynamo(msg.subject, msg.data)
+
+    def handle_dynamo(self, subject: str, data: bytes) -> None:
+        """One Dynamo RouterEvent message (sequence by ``event_id`` per worker and DP rank)."""
+        ev = dynamo_events.decode(data, self.settings.dynamo_block_size, where=subject, health=self.health)
+        if ev is None:
+            return
+        worker = ev.worker
+        if self.settings.workers is not None and worker not in self.settings.workers:
+            return
+        self._sequence(worker, ev.event_id, False)
+        batch = ev.batch(self.clock())
+        self._apply(lambda: self.sink.apply_kv_batch(batch, self.clock()), worker)
+
+
+def nats_workers(kv_events: Iterable[tuple[str, str | None]]) -> tuple[frozenset[str], frozenset[str]]:
+    """The NATS URLs and the workers whose ``kv_events`` name one (``nats://host:port``)."""
+    kv_events = list(kv_events)
+    urls = {url for _, url in kv_events if url and url.startswith(("nats://", "tls://"))}
+    names = frozenset(n for n, url in kv_events if url and url.startswith(("nats://", "tls://")))
+    return frozenset(urls), names

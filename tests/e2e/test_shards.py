@@ -1,0 +1,240 @@
+"""The scale-out path on real parts: simulated vLLM workers (real ZMQ KV events) → relay → the real
+nats-server's JetStream → one exporter, three family shards, and a real ``prefixscope export``.
+
+One answer: the shards add up to the single exporter (resident blocks per worker, applied
+events, "available" lookups), and both equal the workers' caches — after the relay and NATS
+were each killed and restarted mid-run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from exporter.bootstrap import bootstrap, build_nats_source
+from exporter.config import Config, NatsKv, Shard, WorkerTarget
+from exporter.relay import Relay, RelayConfig
+from exporter.sharding import ShardSink, owner_of_chain
+from exporter.sources.kv_nats import NatsKvSource
+from fleet.engine import EngineResult, WorkerSpec
+from fleet.workers import FleetOptions, WorkerFleet
+from tests.support import REPO, free_port, require_tool, wait_for
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+WORKERS = ("w0", "w1", "w2", "w3")
+SHARDS = 3
+
+
+class Nats:
+    """nats-server with JetStream on a fixed port and store, so a restart keeps both."""
+
+    def __init__(self, binary: str, store: Path) -> None:
+        self.binary, self.store, self.port = binary, store, free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([self.binary, "-js", "-sd", str(self.store), "-p", str(self.port),
+                                      "-a", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import socket
+
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+        wait_for(up, what="nats-server listening")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@dataclass
+class Exporter:
+    state: object
+    health: object
+    source: NatsKvSource
+    sink: ShardSink | None = None
+
+
+def exporter(url: str, shard: Shard) -> Exporter:
+    cfg = Config(source="test", kv_nats=NatsKv(url=url, all_workers=True), shard=shard)
+    parts = bootstrap(cfg)
+    source = build_nats_source(cfg, (), parts.state, parts.health)
+    assert source is not None
+    source.start()
+    return Exporter(parts.state, parts.health, source, source.sink if shard.count > 1 else None)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[dict]:
+    nats_bin = require_tool("nats-server")
+    nats = Nats(nats_bin, tmp_path / "js")
+    nats.start()
+    chains: list[list[int]] = []
+    specs = [WorkerSpec(n, block_size=BLOCK, num_gpu_blocks=40, max_running=4) for n in WORKERS]
+
+    def on_request(result: EngineResult, _headers: dict[str, str], _path: str) -> None:
+        chains.append(list(result.block_hashes))
+
+    fleet = WorkerFleet(specs, options=FleetOptions(delay_scale=0.0), on_request=on_request).start()
+    targets = tuple(WorkerTarget(e["name"], None, e["kv_endpoint"], e["replay_endpoint"], e["topic"])
+                    for e in fleet.endpoints())
+    relay_cfg = RelayConfig(nats_url=nats.url, max_age_s=600, max_bytes=64 << 20, workers=targets)
+    relay = Relay(relay_cfg).start()
+    assert relay.wait_started(20)
+    time.sleep(0.3)  # ZMQ subscriptions reach the PUB sockets asynchronously
+    single = exporter(nats.url, Shard())
+    shards = [exporter(nats.url, Shard(i, SHARDS)) for i in range(SHARDS)]
+    rig = {"nats": nats, "fleet": fleet, "relay": relay, "relay_cfg": relay_cfg, "single": single,
+           "shards": shards, "chains": chains, "tmp": tmp_path}
+    try:
+        yield rig
+    finally:
+        for e in [single, *shards]:
+            e.source.close()
+        rig["relay"].close()
+        fleet.stop()
+        if nats.proc and nats.proc.poll() is None:
+            nats.kill()
+
+
+def traffic(fleet: WorkerFleet, tag: str, n: int = 24) -> None:
+    """Prompts that share system prompts across workers and grow per conversation (evictions too)."""
+    for i in range(n):
+        w = WORKERS[i % len(WORKERS)]
+        text = f"[system {i % 3}] " + "you are a helpful assistant " * 12 + f"[{tag} user {i}] " + "tell me more " * (5 + i % 7)
+        r = requests.post(fleet[w].url + "/v1/completions", timeout=10,
+                          json={"model": "sim-model", "prompt": text, "max_tokens": 2})
+        r.raise_for_status()
+
+
+def settle(rig: dict) -> None:
+    for w in rig["fleet"]:
+        w.engine.tick()
+        wait_for(lambda w=w: w.engine.load() == (0, 0), what=f"{w.name} idle")
+        w.engine.tick()
+        w.publisher.flush(2.0)
+    wait_for(lambda: rig["relay"].pending == 0, what="relay drained", timeout=60)
+
+
+def truth(rig: dict) -> dict[str, set[int]]:
+    return {w.name: set(w.engine.cache.resident()) for w in rig["fleet"]}
+
+
+def resident(e: Exporter) -> Counter[str]:
+    with e.state.lock:
+        return Counter({w: e.state.index.resident_blocks(w) or 0 for w in WORKERS})
+
+
+def views_match(rig: dict) -> bool:
+    want = Counter({w: len(hs) for w, hs in truth(rig).items()})
+    total = sum((resident(s) for s in rig["shards"]), Counter())
+    return +resident(rig["single"]) == +want and +total == +want
+
+
+def applied(e: Exporter) -> Counter[tuple[str, ...]]:
+    counters = e.health.snapshot()[0].get("prefixscope_kv_events_applied", {})
+    return Counter({k: v for k, v in counters.items() if k[1] != "AllBlocksCleared"})
+
+
+def assert_one_answer(rig: dict) -> None:
+    wait_for(lambda: views_match(rig), what="single exporter and shards equal the workers' caches", timeout=60)
+    single, shards = rig["single"], rig["shards"]
+    for w, hs in truth(rig).items():
+        assert all(single.state.index.holds(w, h) for h in hs)
+    assert sum((applied(s) for s in shards), Counter()) == applied(single)
+    router = shards[0].sink.router
+    for chain in rig["chains"]:
+        want = single.state.index.longest_match(chain)
+        owner = owner_of_chain(router, chain)
+        got = shards[owner].state.index.longest_match(chain) if owner is not None else None
+        assert (got.blocks, dict(got.per_worker)) == (want.blocks, dict(want.per_worker)) if got else want.blocks == 0
+    # no gaps left unhealed: nothing missed anywhere
+    for e in [single, *shards]:
+        assert not e.health.snapshot()[0].get("prefixscope_kv_event_missed_batches", {}) or \
+            sum(e.health.snapshot()[0]["prefixscope_kv_event_missed_batches"].values()) == 0
+
+
+def test_shards_equal_one_exporter_through_relay_and_nats_restarts(rig: dict) -> None:
+    fleet = rig["fleet"]
+    for e in [rig["single"], *rig["shards"]]:
+        assert e.source.wait_started(30)
+    traffic(fleet, "a")
+    settle(rig)
+    assert_one_answer(rig)
+
+    # the relay dies; workers keep caching; a new relay resumes after each worker's last seq
+    rig["relay"].close()
+    traffic(fleet, "b")
+    settle_workers_only(rig)
+    rig["relay"] = Relay(rig["relay_cfg"]).start()
+    assert rig["relay"].wait_started(20)
+    time.sleep(0.3)
+    traffic(fleet, "c")  # every worker publishes again: the jump past the resume point is replayed
+    settle(rig)
+    assert_one_answer(rig)
+
+    # NATS dies mid-traffic and comes back with its store: publishes are retried, consumers resume
+    rig["nats"].kill()
+    traffic(fleet, "d")
+    settle_workers_only(rig)
+    time.sleep(2.5)  # longer than a publish's timeout: the relay retries
+    rig["nats"].start()
+    settle(rig)
+    assert_one_answer(rig)
+    assert rig["relay"].retries > 0
+
+
+def settle_workers_only(rig: dict) -> None:
+    for w in rig["fleet"]:
+        w.engine.tick()
+        wait_for(lambda w=w: w.engine.load() == (0, 0), what=f"{w.name} idle")
+        w.engine.tick()
+        w.publisher.flush(2.0)
+
+
+def test_a_real_export_process_reads_the_stream(rig: dict) -> None:
+    """``prefixscope export`` with ``kv_nats`` serves the same resident blocks as the in-process exporter."""
+    traffic(rig["fleet"], "x")
+    settle(rig)
+    wait_for(lambda: views_match(rig), what="in-process views", timeout=60)
+    cfg = rig["tmp"] / "exporter.yaml"
+    cfg.write_text(yaml.safe_dump({"kv_nats": {"url": rig["nats"].url, "all_workers": True, "durable": "proc"},
+                                   "records": {"http": {"enabled": False}}}))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "export", "--config.file", str(cfg),
+                             "--web.listen-address", f"127.0.0.1:{port}"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        want = {w: len(hs) for w, hs in truth(rig).items()}
+
+        def served() -> bool:
+            try:
+                text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            except requests.RequestException:
+                return False
+            got = {}
+            for line in text.splitlines():
+                if line.startswith("prefixscope_worker_resident_blocks{"):
+                    w = line.split('worker="')[1].split('"')[0]
+                    got[w] = int(float(line.rsplit(" ", 1)[1]))
+            return {w: n for w, n in got.items() if n} == {w: n for w, n in want.items() if n}
+        wait_for(served, what="export process serves the workers' resident blocks", timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(10)

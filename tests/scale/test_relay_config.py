@@ -1,0 +1,52 @@
+"""The relay's config, subjects and CLI entries."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.config import ConfigError
+from exporter.kv_stream import subject_for, worker_from_subject
+from exporter.relay import parse_relay_config
+from prefixscope.cli import SUBCOMMANDS
+from tests.contracts.test_layers import loaded_packages
+
+
+def test_a_full_config_and_its_defaults() -> None:
+    cfg = parse_relay_config({"nats": {"url": "nats://n:4222"}, "retention": {"max_age": "2h", "max_bytes": 1000},
+                              "workers": [{"name": "w0", "kv_events": "tcp://h:5557", "replay": "tcp://h:5558"}]})
+    assert cfg.max_age_s == 7200 and cfg.max_bytes == 1000 and cfg.stream == "PREFIXSCOPE_KV"
+    assert cfg.workers[0].replay == "tcp://h:5558"
+
+
+def test_every_problem_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_relay_config({"nats": {"url": "http://x", "subject_prefix": "a.>"}, "retention": {"max_bytes": -1},
+                            "colour": 1, "workers": [{"name": "w"}]}, "relay.yaml")
+    text = str(err.value)
+    for part in ("nats.url", "nats.subject_prefix", "retention.max_bytes", "colour: unknown field", "workers[0]"):
+        assert f"relay.yaml: {part}" in text
+
+
+def test_subjects_round_trip_any_worker_name() -> None:
+    for name in ("w0", "10.0.0.3:8000", "pod a*b>c", "dynamo-1-dp2"):
+        subject = subject_for("prefixscope.kv", name)
+        assert subject.count(".") == 2 and not set(subject) & set(" *>")
+        assert worker_from_subject("prefixscope.kv", subject) == name
+    assert worker_from_subject("prefixscope.kv", "other.w0") is None
+
+
+def test_commands_are_registered_and_the_relay_loads_no_fleet() -> None:
+    assert SUBCOMMANDS["relay"][0] == "exporter.relay" and SUBCOMMANDS["shard-plan"][0] == "exporter.shard_plan"
+    loaded = loaded_packages("exporter.relay")
+    assert "fleet" not in loaded and "lab" not in loaded
+
+
+def test_shard_plan_prints_each_shard(tmp_path, capsys) -> None:
+    from exporter.shard_plan import main
+
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text("workers:\n" + "".join(f"  - {{name: w{i}, kv_events: 'nats://n:4222'}}\n" for i in range(6))
+                   + "routers:\n  - {name: r, metrics_url: 'http://r/metrics'}\n")
+    assert main(["--config.file", str(cfg), "--shards", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "shard 2" in out and "router(s): r" in out and sum(out.count(f"w{i}") for i in range(6)) == 6
