@@ -93,7 +93,8 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     workers = configured_workers(cfg)
     endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
     subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
-    tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
+    tails = [RecordFileTail(p, state, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
+             for p in cfg.file_records.paths]
     targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
     names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
     targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from prefixscope.durations import seconds
+from prefixscope.records import DEFAULT_TS_TOLERANCE_S
 
 PACKAGED_THRESHOLDS = Path(__file__).resolve().parent.parent / "alerts" / "thresholds.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9400"
@@ -50,11 +51,14 @@ class HttpRecords:
     enabled: bool = True
     bearer_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S  # see FileRecords
 
 
 @dataclass(frozen=True)
 class FileRecords:
     paths: tuple[Path, ...] = ()
+    # a record's ts further than this from the exporter's clock on arrival is rejected (both intakes)
+    ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,8 @@ def _routers(r: _Reader, raw: Any) -> tuple[RouterTarget, ...]:
 
 
 def _records(r: _Reader, raw: Any) -> tuple[HttpRecords, FileRecords]:
-    d = r.mapping(raw, "records", ("http", "file"))
+    d = r.mapping(raw, "records", ("http", "file", "ts_tolerance"))
+    tolerance = r.convert(d.get("ts_tolerance", DEFAULT_TS_TOLERANCE_S), "records.ts_tolerance", parse_duration)
     h = r.mapping(d.get("http"), "records.http", ("enabled", "bearer_token", "bearer_token_file", "max_body_bytes"))
     token = r.string(h.get("bearer_token"), "records.http.bearer_token")
     token_file = r.path(h.get("bearer_token_file"), "records.http.bearer_token_file")
@@ -221,7 +226,7 @@ def _records(r: _Reader, raw: Any) -> tuple[HttpRecords, FileRecords]:
     max_body = h.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body <= 0:
         raise r.fail("records.http.max_body_bytes", f"expected a positive integer, got {max_body!r}")
-    http = HttpRecords(r.boolean(h.get("enabled"), "records.http.enabled", True), token, max_body)
+    http = HttpRecords(r.boolean(h.get("enabled"), "records.http.enabled", True), token, max_body, tolerance)
     f = r.mapping(d.get("file"), "records.file", ("paths",))
     paths = []
     for i, p in enumerate(r.items(f.get("paths"), "records.file.paths")):
@@ -229,7 +234,7 @@ def _records(r: _Reader, raw: Any) -> tuple[HttpRecords, FileRecords]:
         path = r.path(p, f"records.file.paths[{i}]", must_exist=False)
         assert path is not None
         paths.append(path)
-    return http, FileRecords(tuple(paths))
+    return http, FileRecords(tuple(paths), tolerance)
 
 
 TOP_LEVEL = ("workers", "fleet_manifest", "routers", "records", "topology", "thresholds",
