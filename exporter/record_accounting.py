@@ -13,13 +13,14 @@ which signals are instrumented. Not thread-safe on its own: ``ClusterState`` cal
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.block_tokens import blocks_of, tokens_of
 from exporter.hotspots import Hotspots
 from exporter.input_time import InputTime
 from exporter.metric_store import MetricStore
+from exporter.moe_alignment import ExpertSignatures
 from exporter.prefix_index import PrefixIndex
 from exporter.sessions import SessionTable
 from exporter.windows import LabelValues
@@ -31,7 +32,6 @@ from prefixscope.topology import Topology, WorkerTopo
 P = catalog.NAMESPACE
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says
 UNKNOWN = "unknown"
-MAX_MOE_SIGNATURES = 100_000
 
 # Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
 RECORD_FIELD_SIGNALS: dict[str, str] = {
@@ -87,7 +87,7 @@ class RecordAccounting:
         self.cold_reuse_share = cold_reuse_share
         self.field_seen: dict[str, float] = {}  # signal -> newest record that carried it
         self.fallback_last: dict[str, float] = {}  # fallback tier -> newest record that used it
-        self.moe_signature: OrderedDict[int, str] = OrderedDict()  # first block -> first signature seen
+        self.moe_signatures = ExpertSignatures()  # first block -> its recent expert signatures
         self._reshuffle_counted: dict[str, int] = {}  # session key -> pool epoch it was counted for
         self._steps: tuple[Callable[[RecordView], None], ...] = (
             self._reuse, self._prefix, self._session, self._migration, self._prefill,
@@ -142,17 +142,20 @@ class RecordAccounting:
         # use, whatever its last view says.
         depths = {w: d for w, d in match.per_worker.items()
                   if w == worker or not self.pool.left_pool(w, "worker")}
+        prompt = rec.prompt_tokens
         if cached is not None:
-            depths[worker] = min(len(hashes), cached // bs)
+            depths[worker] = blocks_of(cached, prompt, len(hashes), bs)
         best = max(depths.values(), default=0)
-        store.inc(ts, f"{P}_reuse_available_tokens", ml, min(rec.prompt_tokens, best * bs))
+        # what the engine reused was available, whatever the block rounding: achieved ≤ available
+        available = max(tokens_of(best, prompt, bs), min(cached or 0, prompt))
+        store.inc(ts, f"{P}_reuse_available_tokens", ml, available)
         if topo is not None and best > 0 and worker in topo:
             domains = {topo.domain_of(x) for x, d in depths.items() if d == best and x in topo}
             store.inc(ts, f"{P}_placement_decisions", ml)
             store.zero(f"{P}_placement_domain_hits", ml)
             if topo.domain_of(worker) in domains:
                 store.inc(ts, f"{P}_placement_domain_hits", ml)
-        hit_blocks = min(len(hashes), cached // bs) if cached is not None else v.hit_on_worker
+        hit_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else v.hit_on_worker
         if hit_blocks:
             self.index.record_hits(hashes, hit_blocks, bs)
             tokens = float(cached) if cached is not None else float(hit_blocks * bs)
@@ -253,23 +256,20 @@ class RecordAccounting:
             self.fallback_last[tier] = max(ts, self.fallback_last.get(tier, 0.0))
 
     def _moe(self, v: RecordView) -> None:
-        """A hit whose expert signature matches the first one seen for its first block is aligned."""
+        """A hit whose expert signature matches its first block's recent majority is aligned."""
         rec, sig, hashes = v.rec, v.rec.expert_signature, v.hashes
         if sig is None or not hashes:
             return
         first = hashes[0]
-        stored = self.moe_signature.get(first)
+        expected = self.moe_signatures.expected(first)
         cached = rec.cached_tokens
         is_hit = (cached > 0) if cached is not None else v.hit_on_worker > 0
-        if stored is None:
-            self.moe_signature[first] = sig
-            if len(self.moe_signature) > MAX_MOE_SIGNATURES:
-                self.moe_signature.popitem(last=False)
-        elif is_hit:
+        if expected is not None and is_hit:
             self.store.inc(rec.ts, f"{P}_moe_prefix_hits", v.ml)
             self.store.zero(f"{P}_moe_expert_aligned_hits", v.ml)
-            if sig == stored:
+            if sig == expected:
                 self.store.inc(rec.ts, f"{P}_moe_expert_aligned_hits", v.ml)
+        self.moe_signatures.observe(first, sig)
 
     def _admission(self, v: RecordView) -> None:
         admitted = v.rec.admitted_by_affinity
