@@ -100,7 +100,8 @@ class RecordAccounting:
     def account(self, rec: RequestRecord) -> None:
         """Everything one record adds (the caller holds the state lock)."""
         ts = rec.ts
-        self.time.advance(ts)
+        # the clock is the exporter's (the intake advanced it to the receive time): a record's ts
+        # places it in the windows but never moves them
         for fld, signal in RECORD_FIELD_SIGNALS.items():
             if getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried):
                 self.field_seen[signal] = ts

@@ -103,3 +103,9 @@ def test_the_tolerance_is_configurable_and_records_within_it_pass() -> None:
     assert "behind" in (implausible_ts(NOW - 7300, NOW, 7200) or "")
     assert "ahead" in (implausible_ts(NOW + 7300, NOW, 7200) or "")
     assert "milliseconds" in (implausible_ts(NOW * 1000 + 5, NOW, 7200) or "")
+
+
+def test_a_record_within_the_tolerance_does_not_move_the_exporters_clock(runtime: Runtime) -> None:
+    assert _post(runtime, _rec(0, ts=NOW + 500)).status_code == 200  # a producer's clock 8 minutes fast
+    assert runtime.state.now == NOW  # the windows still end at the exporter's own now
+    assert evaluate(runtime.state).results["continuous_batching_affinity_admission_rate"].value == 1.0
