@@ -147,3 +147,19 @@ def test_warmup_needs_the_virtual_clock_and_the_exporter(capsys) -> None:
     # the fleet alone never imports the exporter: it says where the flag is served
     assert main(["--accelerated", "--warmup", "2h"]) == 2
     assert "prefixscope sim --accelerated --warmup" in capsys.readouterr().err
+
+
+def test_a_trace_replay_keeps_the_topologys_kv_tokens_in_trace_blocks(tmp_path: Path, capsys) -> None:
+    """64 engine blocks of 16 tokens hold two 512-token Mooncake blocks, not 64 of them."""
+    data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
+    for cls in data["gpu_classes"].values():
+        cls["kv_blocks"] = 64
+    topo = tmp_path / "topo.yaml"
+    topo.write_text(yaml.safe_dump(data))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": i * 1000, "input_length": 2048, "output_length": 8,
+                                           "hash_ids": [4 * i + k for k in range(4)]}) for i in range(10)))
+    assert main(["--accelerated", "--trace", str(trace), "--topology", str(topo), "--workers", "1",
+                 "--duration", "60"]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("prefix_block_count_per_worker"))
+    assert float(row.split()[3]) == 1.0  # 40 unique trace blocks fill the two-block cache (was 40/64)
