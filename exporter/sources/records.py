@@ -9,12 +9,12 @@ for this flat schema, so the answer is the validator's either way. Each accepted
 a :class:`prefixscope.records.RequestRecord`; that typed value is what the sink receives.
 
 Records that cannot be true are rejected, each under its own error kind: a number JSON can
-spell but a float cannot hold (``1e400`` parses to infinity: ``non_finite``), and — in
-:func:`deliver`, which knows the exporter's clock — a ``ts`` further than the tolerance from the
-time the record was received (``timestamp``: milliseconds instead of seconds, a skewed clock, a
-replayed old file). The schema already refuses negative durations and token counts. Every
-window runs on the exporter's input clock, so one such record would otherwise move that clock
-(or poison every sum with inf) for good.
+spell but a float cannot hold (``1e400`` parses to infinity: ``non_finite``), and — when the
+caller passes the exporter's clock as ``now`` (both intakes do) — a ``ts`` further than the
+tolerance from the time the record was received (``timestamp``: milliseconds instead of seconds,
+a skewed clock, a replayed old file). The schema already refuses negative durations and token
+counts. Every window runs on the exporter's clock: an impossible ts would otherwise sit outside
+every window (or in the future of all of them), and inf would poison every sum it entered.
 
 The HTTP edge maps :class:`BodyTooLarge` to 413 and "nothing valid" (``records == []`` and
 ``errors``) to 400; :func:`deliver` hands the result to the sink and counts it.
