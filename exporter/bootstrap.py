@@ -107,7 +107,8 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
     subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock) if endpoints else None
-    tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
+    tails = [RecordFileTail(p, state, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
+             for p in cfg.file_records.paths]
     targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in home if w.metrics_url]
     names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
     if spec.index == 0:

@@ -19,6 +19,7 @@ import yaml
 
 from exporter import routers
 from prefixscope.durations import seconds
+from prefixscope.records import DEFAULT_TS_TOLERANCE_S
 from prefixscope.validation import InvalidFile, Problems, read_yaml
 
 PACKAGED_THRESHOLDS = Path(__file__).resolve().parent.parent / "alerts" / "thresholds.yaml"
@@ -55,6 +56,7 @@ class HttpRecords:
     enabled: bool = True
     bearer_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S  # see FileRecords
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class Web:
 @dataclass(frozen=True)
 class FileRecords:
     paths: tuple[Path, ...] = ()
+    # a record's ts further than this from the exporter's clock on arrival is rejected (both intakes)
+    ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S
 
 
 @dataclass(frozen=True)
@@ -232,7 +236,9 @@ def _routers(d: Mapping[str, Any]) -> tuple[RouterTarget, ...]:
 
 
 def _records(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple[HttpRecords, FileRecords]:
-    h = _section(_section(d, "records"), "http")
+    r = _section(d, "records")
+    tolerance = _seconds(problems, r, "ts_tolerance", DEFAULT_TS_TOLERANCE_S) or DEFAULT_TS_TOLERANCE_S
+    h = _section(r, "http")
     token = h.get("bearer_token")
     if token is not None and h.get("bearer_token_file") is not None:
         problems.add("records.http", "set bearer_token or bearer_token_file, not both")
@@ -245,11 +251,12 @@ def _records(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple[H
         if token_file is not None and not token:
             problems.add("records.http.bearer_token_file", f'file is empty: "{token_file}"')
     enabled = h.get("enabled")
-    http = HttpRecords(True if enabled is None else enabled, token, h.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
-    paths = _section(_section(d, "records"), "file").get("paths") or []
+    http = HttpRecords(True if enabled is None else enabled, token, h.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+                       tolerance)
+    paths = _section(r, "file").get("paths") or []
     # A tailed file may not exist yet (the router creates it later): do not require it.
     tailed = [files.path(p, f"records.file.paths[{i}]", must_exist=False) for i, p in enumerate(paths)]
-    return http, FileRecords(tuple(p for p in tailed if p is not None))
+    return http, FileRecords(tuple(p for p in tailed if p is not None), tolerance)
 
 
 def _otlp(problems: Problems, d: Mapping[str, Any]) -> OtlpTraces:

@@ -129,8 +129,10 @@ class Runtime:
         api = ApiBuilders(state, names=sources.names)
 
         def ingest(body: bytes) -> IntakeResult:
-            records, errors = parse_ndjson(body, cfg.http_records.max_body_bytes)
-            deliver(records, errors, state, health, "http", clock())
+            now = clock()  # the exporter's clock: a record's ts is checked against it
+            records, errors = parse_ndjson(body, cfg.http_records.max_body_bytes, now=now,
+                                           ts_tolerance_s=cfg.http_records.ts_tolerance_s)
+            deliver(records, errors, state, health, "http", now)
             return IntakeResult(len(records), len(errors), [e.as_dict() for e in errors[:MAX_ERRORS_REPORTED]])
 
         host, port = parse_listen_address(cfg.listen_address)

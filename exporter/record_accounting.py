@@ -13,15 +13,16 @@ which signals are instrumented. Not thread-safe on its own: ``ClusterState`` cal
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.block_tokens import blocks_of, tokens_of
 from exporter.cardinality import RecordLabels
 from exporter.config import Limits
 from exporter.hotspots import Hotspots
 from exporter.input_time import InputTime
 from exporter.metric_store import MetricStore
+from exporter.moe_alignment import ExpertSignatures
 from exporter.prefix_index import PrefixIndex
 from exporter.sessions import SessionTable
 from exporter.windows import LabelValues
@@ -33,7 +34,6 @@ from prefixscope.topology import Topology, WorkerTopo
 P = catalog.NAMESPACE
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says
 UNKNOWN = "unknown"
-MAX_MOE_SIGNATURES = 100_000
 
 # Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
 RECORD_FIELD_SIGNALS: dict[str, str] = {
@@ -94,7 +94,7 @@ class RecordAccounting:
         self.labels = labels if labels is not None else RecordLabels(Limits(), store.window_s)
         self.field_seen: dict[str, float] = {}  # signal -> newest record that carried it
         self.fallback_last: dict[str, float] = {}  # fallback tier -> newest record that used it
-        self.moe_signature: OrderedDict[int, str] = OrderedDict()  # first block -> first signature seen
+        self.moe_signatures = ExpertSignatures()  # first block -> its recent expert signatures
         self._reshuffle_counted: dict[str, int] = {}  # session key -> pool epoch it was counted for
         self._steps: tuple[Callable[[RecordView], None], ...] = (
             self._reuse, self._prefix, self._session, self._migration, self._prefill,
@@ -107,10 +107,11 @@ class RecordAccounting:
     def account(self, rec: RequestRecord) -> str:
         """Everything one record adds (the caller holds the state lock); returns the worker's
         name as accounted (``other`` past the worker limit)."""
-        self.time.advance(rec.ts)
         self.expire_labels(self.time.now)  # a slot freed by now is free for this record's values
         rec = self.labels.bound(rec)
         ts = rec.ts
+        # the clock is the exporter's (the intake advanced it to the receive time): a record's ts
+        # places it in the windows but never moves them
         # Newest record per signal: a late (or wrongly stamped) record must not age a signal out.
         seen = self.field_seen
         for fld, signal in RECORD_FIELD_SIGNALS.items():
@@ -155,18 +156,21 @@ class RecordAccounting:
         # so its depth is the cached tokens the engine reported at admission (the other
         # workers' are unaffected). A worker that left the pool holds nothing the router could
         # use, whatever its last view says. The match answers per worker (no per-worker dict).
-        own = v.hit_on_worker if cached is None else min(len(hashes), cached // bs)
+        prompt = rec.prompt_tokens
+        own = v.hit_on_worker if cached is None else blocks_of(cached, prompt, len(hashes), bs)
         others_out = {t for t, kind in self.pool.left_pool_targets() if kind == "worker"}
         others_out.add(worker)  # the chosen worker counts with ``own``
         best = max(own, match.best_depth(others_out))
-        store.inc(ts, f"{P}_reuse_available_tokens", ml, min(rec.prompt_tokens, best * bs))
+        # what the engine reused was available, whatever the block rounding: achieved ≤ available
+        available = max(tokens_of(best, prompt, bs), min(cached or 0, prompt))
+        store.inc(ts, f"{P}_reuse_available_tokens", ml, available)
         if topo is not None and best > 0 and worker in topo:
             store.inc(ts, f"{P}_placement_decisions", ml)
             store.zero(f"{P}_placement_domain_hits", ml)
             if own == best or any(match.depth_on(x) == best for x in self._domain_workers[topo.domain_of(worker)]
                                   if x not in others_out):
                 store.inc(ts, f"{P}_placement_domain_hits", ml)
-        hit_blocks = min(len(hashes), cached // bs) if cached is not None else v.hit_on_worker
+        hit_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else v.hit_on_worker
         if hit_blocks:
             self.index.record_hits(hashes, hit_blocks, bs)
             tokens = float(cached) if cached is not None else float(hit_blocks * bs)
@@ -267,23 +271,20 @@ class RecordAccounting:
             self.fallback_last[tier] = max(ts, self.fallback_last.get(tier, 0.0))
 
     def _moe(self, v: RecordView) -> None:
-        """A hit whose expert signature matches the first one seen for its first block is aligned."""
+        """A hit whose expert signature matches its first block's recent majority is aligned."""
         rec, sig, hashes = v.rec, v.rec.expert_signature, v.hashes
         if sig is None or not hashes:
             return
         first = hashes[0]
-        stored = self.moe_signature.get(first)
+        expected = self.moe_signatures.expected(first)
         cached = rec.cached_tokens
         is_hit = (cached > 0) if cached is not None else v.hit_on_worker > 0
-        if stored is None:
-            self.moe_signature[first] = sig
-            if len(self.moe_signature) > MAX_MOE_SIGNATURES:
-                self.moe_signature.popitem(last=False)
-        elif is_hit:
+        if expected is not None and is_hit:
             self.store.inc(rec.ts, f"{P}_moe_prefix_hits", v.ml)
             self.store.zero(f"{P}_moe_expert_aligned_hits", v.ml)
-            if sig == stored:
+            if sig == expected:
                 self.store.inc(rec.ts, f"{P}_moe_expert_aligned_hits", v.ml)
+        self.moe_signatures.observe(first, sig)
 
     def _admission(self, v: RecordView) -> None:
         admitted = v.rec.admitted_by_affinity

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -222,10 +222,6 @@ class ClusterState:
     @property
     def fallback_last(self) -> dict[str, float]:
         return self.accounting.fallback_last
-
-    @property
-    def moe_signature(self) -> OrderedDict[int, str]:
-        return self.accounting.moe_signature
 
     @property
     def hit_events(self) -> deque[tuple[float, tuple[int, ...], float, str | None]]:

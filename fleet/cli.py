@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -24,7 +23,7 @@ from fleet.control import FleetControl
 from fleet.policies import POLICIES
 from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
 from fleet.scenarios import Scenario, ScenarioError, load_preset, presets
-from fleet.simulation import ScaledClock, Simulation, signals, worker_spec
+from fleet.simulation import ScaledClock, Simulation, signals, with_block_size, worker_spec
 from fleet.storyline import STORYLINES, runs, storyline
 from fleet.topology import Topology, TopologyError, load_topology
 from fleet.traces import MOONCAKE_BLOCK_SIZE, load_mooncake, replay_requests
@@ -66,6 +65,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--control-port", type=int, default=0,
                    help="real time: the control endpoint's port on 127.0.0.1 (kill/restart a worker; "
                         "default: a free port, named in the manifest)")
+    through = p.add_argument_group("through the exporter (run as `prefixscope sim`, which hands these to lab.steady)")
+    through.add_argument("--warmup", default=None,
+                         help="with --accelerated: run the scenario after this much healthy traffic (e.g. 2h) and "
+                              "print the exporter's verdict just before the fault and during it")
+    through.add_argument("--json", action="store_true", help="with --warmup: print the verdicts as one JSON object")
     return p.parse_args(argv)
 
 
@@ -129,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_scenarios:
         print(list_scenarios())
         return 0
+    if args.warmup is not None or args.json:
+        # the verdict is the exporter's, and the fleet does not import the exporter
+        print("prefixscope sim: --warmup/--json read the exporter's verdict: run them as "
+              "`prefixscope sim --accelerated --warmup 2h ...`", file=sys.stderr)
+        return 2
     try:
         topology = load_topology(args.topology)
         if args.workers:
@@ -150,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if not trace:
             print(f"prefixscope sim: {args.trace.name}: no valid requests", file=sys.stderr)
             return 2
-        topology = replace(topology, block_size=MOONCAKE_BLOCK_SIZE)
+        topology = with_block_size(topology, MOONCAKE_BLOCK_SIZE)  # the same KV capacity in tokens
         args.requests = trace
         if args.duration is None:
             args.duration = trace[-1].t + 1

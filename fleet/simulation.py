@@ -36,6 +36,22 @@ def worker_spec(topology: Topology, w: WorkerTopo, seed: int = 0) -> WorkerSpec:
                       spec_acceptance=SPEC_ACCEPTANCE, seed=seed)
 
 
+def with_block_size(topology: Topology, block_size: int) -> Topology:
+    """The topology with blocks of ``block_size`` tokens and the same KV capacity in tokens.
+
+    A worker's ``kv_blocks`` counts engine blocks of the topology's ``block_size``; a trace that
+    hashes 512-token blocks (Mooncake) must see the same bytes of KV cache, i.e. 32× fewer of
+    its blocks than 16-token engine blocks (rounded down: a partial block holds nothing).
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if block_size == topology.block_size:
+        return topology
+    workers = tuple(replace(w, kv_blocks=max(1, w.kv_blocks * topology.block_size // block_size))
+                    for w in topology.workers)
+    return replace(topology, workers=workers, block_size=block_size)
+
+
 @dataclass(slots=True)
 class Sample:
     t: float  # seconds since the start

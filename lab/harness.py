@@ -199,9 +199,10 @@ class _Feed:
     """Connects one simulation to one exporter state through the exporter's adapters."""
 
     def __init__(self, sim: Simulation, state: ClusterState, health: Health, clock: VirtualClock,
-                 flavour: str, start: float, scrape_every_s: float) -> None:
+                 flavour: str, start: float, scrape_every_s: float, keep_history: bool = True) -> None:
         self.sim, self.state, self.health, self.clock = sim, state, health, clock
         self.flavour, self.start = flavour, start
+        self.keep_history = keep_history
         self.history = ScrapeHistory(scrape_every_s)
         self.checkpoint_at: set[float] = set()
         self.checkpoints: dict[float, tuple[Evaluation, dict[str, Any]]] = {}
@@ -258,8 +259,9 @@ class _Feed:
     def flush_records(self) -> None:
         if not self.pending:
             return
-        records, errors = parse_lines(self.pending)
-        deliver(records, errors, self.state, self.health, "http", self.clock.now())
+        now = self.clock.now()
+        records, errors = parse_lines(self.pending, now=now)
+        deliver(records, errors, self.state, self.health, "http", now)
         self.pending, self.pending_since = [], None
 
     # ---- scrapes ------------------------------------------------------------------------------
@@ -274,11 +276,13 @@ class _Feed:
         self.flush_records()
         self.scraper.scrape_once()  # one scrape thread: targets in order, the run stays deterministic
         t = round(self.clock.now() - self.start, 6)
-        refresh = getattr(self.state, "refresh_tree_stats", None)
-        if refresh is not None:  # the live exporter refreshes its tree statistics in the background
-            refresh()
-        self.history.add(t, exporter_samples(self.state, self.health))
+        if self.keep_history:
+            # the live exporter refreshes its tree statistics in the background; /metrics reads the latest
+            self.state.refresh_tree_stats()
+            self.history.add(t, exporter_samples(self.state, self.health))
         if t in self.checkpoint_at:
+            if not self.keep_history:  # nothing read the tree since the last checkpoint: one pass will do
+                self.state.refresh_tree_stats()
             self.checkpoints[t] = (evaluate(self.state, now=self.clock.now()), api.groups(self.state))
 
     def close(self) -> None:
@@ -340,18 +344,21 @@ def settled_duration(scenario: Scenario, thresholds: Thresholds, scrape_every_s:
 def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float = 0.0, scrape_every_s: float = SCRAPE_EVERY_S,
            flavour: str = "vllm", thresholds_path: str | Path | None = None,
            duration_s: float | None = None, seed: int | None = None,
-           checkpoints: Iterable[float] = ()) -> ScenarioRun:
+           checkpoints: Iterable[float] = (), keep_history: bool = True) -> ScenarioRun:
     """Run ``scenario`` on a virtual clock through the exporter; see the module docstring.
 
     At each of ``checkpoints`` (seconds since the start, on the scrape grid) the exporter's check
     evaluation and its /api/v1/groups payload are kept, as they read at that moment.
+    ``keep_history=False`` (hours-long runs read only at checkpoints) renders no /metrics page and
+    runs the tree-statistics pass only at checkpoints: the history stays empty, and the
+    evaluations are the same (they read only the latest pass).
     """
     clock = VirtualClock(start)
     parts = bootstrap(thresholds=load_thresholds(thresholds_path), topology=topology, clock=clock.now)
     health, state = parts.health, parts.state
     sim = _ScrapingSimulation(scenario, topology, clock=clock, duration_s=duration_s, seed=seed,
                               sample_every_s=scrape_every_s)
-    feed = _Feed(sim, state, health, clock, flavour, start, scrape_every_s)
+    feed = _Feed(sim, state, health, clock, flavour, start, scrape_every_s, keep_history)
     feed.checkpoint_at = {round(float(t), 6) for t in checkpoints}
     sim.attach(feed)
     try:

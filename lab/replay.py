@@ -36,7 +36,7 @@ from fleet.clock import VirtualClock
 from fleet.engine import QueuedRequest, SimEngine
 from fleet.policies import POLICIES
 from fleet.router import Router, RouterConfig
-from fleet.simulation import worker_spec
+from fleet.simulation import with_block_size, worker_spec
 from fleet.topology import Topology, TopologyError, load_topology
 from fleet.traces import MOONCAKE_BLOCK_SIZE, blocks_for, parse_mooncake
 from fleet.workloads import SimRequest
@@ -186,10 +186,15 @@ def _to_model(events: list[CacheEvent], block_size: int) -> tuple[KvEvent, ...]:
 
 
 def build_topology(base: Topology, workers: int, block_size: int, capacity: int | None) -> Topology:
-    """``workers`` workers of the base layout, without a warm pool (a what-if compares policies)."""
-    topo = base.with_workers(workers)
+    """``workers`` workers of the base layout, without a warm pool (a what-if compares policies).
+
+    Capacity is tokens of KV cache whatever the trace's block size: the base topology's
+    ``kv_blocks`` (engine blocks of its own block size) become as many trace blocks as hold the
+    same tokens. ``capacity`` (``--capacity-blocks``) is already in trace blocks.
+    """
+    topo = with_block_size(base.with_workers(workers), block_size)
     ws = tuple(replace(w, warm_pool=False, kv_blocks=capacity or w.kv_blocks) for w in topo.workers)
-    return replace(topo, workers=ws, block_size=block_size)
+    return replace(topo, workers=ws)
 
 
 @dataclass
@@ -360,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trace", type=Path, help="Mooncake JSONL or prefixscope.request/v1 NDJSON")
     parser.add_argument("--workers", type=int, default=1, help="simulated workers (default 1)")
     parser.add_argument("--policy", choices=POLICIES, default="prefix-tree", help="the reference router's policy")
-    parser.add_argument("--capacity-blocks", type=int, help="KV-cache capacity per worker in blocks (default: the topology's)")
+    parser.add_argument("--capacity-blocks", type=int,
+                        help="KV-cache capacity per worker in trace blocks (default: the topology's KV tokens "
+                             "in trace blocks)")
     parser.add_argument("--block-size", type=int, help=f"tokens per trace block (default {MOONCAKE_BLOCK_SIZE} for Mooncake)")
     parser.add_argument("--timed", action="store_true", help="honour timestamps: requests in flight together cannot share blocks")
     parser.add_argument("--topology", type=Path, help="topology file whose layout is repeated (default: the packaged one)")

@@ -52,11 +52,23 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"prefixscope: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    module = importlib.import_module(_module_for(name, rest))
     try:
         return int(module.main(rest) or 0)
     except BrokenPipeError:
         return _closed_pipe()
+
+
+# ``sim`` flags that read the exporter's own verdict: the fleet never imports the exporter, so
+# those runs go to the module where the two meet.
+_SIM_THROUGH_EXPORTER = ("--warmup", "--json")
+_SIM_STEADY = "lab.steady"
+
+
+def _module_for(name: str, rest: list[str]) -> str:
+    if name == "sim" and any(a.split("=", 1)[0] in _SIM_THROUGH_EXPORTER for a in rest):
+        return _SIM_STEADY
+    return SUBCOMMANDS[name][0]
 
 
 def _closed_pipe() -> int:

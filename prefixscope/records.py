@@ -37,6 +37,24 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 REQUIRED: tuple[str, ...] = tuple(SCHEMA["required"])
 
 
+# How far a record's ts may be from the exporter's clock when it arrives. A record is sent after
+# its response, so minutes late is normal (long generations, a gateway's batching); hours late,
+# or in the future past clock skew, is a wrong clock or a unit error. Configurable
+# (the exporter's ``records.ts_tolerance``).
+DEFAULT_TS_TOLERANCE_S = 900.0
+
+
+def implausible_ts(ts: float, received_at: float, tolerance_s: float) -> str | None:
+    """Why a record's ``ts`` cannot be its arrival time, received at ``received_at``; None if it can."""
+    off = ts - received_at
+    if abs(off) <= tolerance_s:
+        return None
+    if abs(ts / 1000.0 - received_at) <= tolerance_s:
+        return f"ts {ts!r} is in milliseconds (ts must be Unix seconds)"
+    when = "ahead of" if off > 0 else "behind"
+    return f"ts {ts!r} is {abs(off):.0f} s {when} the exporter's clock (tolerance {tolerance_s:g} s)"
+
+
 class InvalidRecord(ValueError):
     """The object is not a valid ``prefixscope.request/v1`` record (the message says why)."""
 
@@ -102,7 +120,7 @@ class RequestRecord:
         try:
             kw = {name: _CONVERT[name](obj[name]) for name in carried}
             return cls(float(ts), str(request_id), str(worker), int(prompt), carried=carried, **kw)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an integer past any float
             raise InvalidRecord(f"record {request_id!r}: {exc}") from None
 
     @classmethod

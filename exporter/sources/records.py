@@ -8,6 +8,14 @@ then decides and words the error. The fast path never accepts what the validator
 for this flat schema, so the answer is the validator's either way. Each accepted object becomes
 a :class:`prefixscope.records.RequestRecord`; that typed value is what the sink receives.
 
+Records that cannot be true are rejected, each under its own error kind: a number JSON can
+spell but a float cannot hold (``1e400`` parses to infinity: ``non_finite``), and — when the
+caller passes the exporter's clock as ``now`` (both intakes do) — a ``ts`` further than the
+tolerance from the time the record was received (``timestamp``: milliseconds instead of seconds,
+a skewed clock, a replayed old file). The schema already refuses negative durations and token
+counts. Every window runs on the exporter's clock: an impossible ts would otherwise sit outside
+every window (or in the future of all of them), and inf would poison every sum it entered.
+
 The HTTP edge maps :class:`BodyTooLarge` to 413 and "nothing valid" (``records == []`` and
 ``errors``) to 400; :func:`deliver` hands the result to the sink and counts it.
 """
@@ -29,7 +37,15 @@ from exporter.health import Health
 from exporter.labels import label_value_problem
 from exporter.model import StateSink
 from prefixscope import REQUEST_SCHEMA_PATH
-from prefixscope.records import SCHEMA, VALIDATOR, InvalidRecord, RequestRecord, schema_error
+from prefixscope.records import (
+    DEFAULT_TS_TOLERANCE_S,
+    SCHEMA,
+    VALIDATOR,
+    InvalidRecord,
+    RequestRecord,
+    implausible_ts,
+    schema_error,
+)
 
 log = logging.getLogger("prefixscope.records")
 
@@ -225,8 +241,28 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")  # NaN/Infinity would poison every sum downstream
 
 
-def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[RequestRecord], list[RecordError]]:
-    """Valid records (as :class:`RequestRecord`) and per-line errors of NDJSON lines."""
+class NonFinite(ValueError):
+    """A JSON number too large for a float (``1e400``): it would parse to infinity."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (_INF, -_INF):
+        raise NonFinite(f"number {text} is out of range (not a finite float)")
+    return value
+
+
+_INF = float("inf")
+
+
+def parse_lines(lines: list[bytes], first_line: int = 1, *, now: float | None = None,
+                ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S) -> tuple[list[RequestRecord], list[RecordError]]:
+    """Valid records (as :class:`RequestRecord`) and per-line errors of NDJSON lines.
+
+    With ``now`` (the exporter's clock as the lines arrive), a record whose ``ts`` is further
+    than ``ts_tolerance_s`` from it is a ``timestamp`` error; without, times are not checked
+    (a replay of recorded traffic feeds the state directly).
+    """
     records: list[RequestRecord] = []
     errors: list[RecordError] = []
     loads, build = json.loads, RequestRecord.from_json
@@ -234,7 +270,10 @@ def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[RequestRe
         if not line.strip():
             continue
         try:
-            rec = loads(line, parse_constant=_no_constant)
+            rec = loads(line, parse_constant=_no_constant, parse_float=_finite_float)
+        except NonFinite as exc:
+            errors.append(RecordError(i, "non_finite", str(exc)))
+            continue
         except (ValueError, UnicodeDecodeError) as exc:
             errors.append(RecordError(i, "json", f"invalid JSON: {exc}"))
             continue
@@ -256,17 +295,26 @@ def parse_lines(lines: list[bytes], first_line: int = 1) -> tuple[list[RequestRe
             errors.append(RecordError(i, "value", message))
             continue
         try:
-            records.append(build(rec))
+            record = build(rec)
         except InvalidRecord as exc:  # schema-valid objects convert; this guards the two drifting apart
             errors.append(RecordError(i, "schema", str(exc)))
+            continue
+        if now is not None and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
+            errors.append(RecordError(i, "timestamp", why))
+            continue
+        records.append(record)
     return records, errors
 
 
-def parse_ndjson(body: bytes, limit: int) -> tuple[list[RequestRecord], list[RecordError]]:
-    """Split an NDJSON body into valid records and per-line errors; BodyTooLarge past ``limit``."""
+def parse_ndjson(body: bytes, limit: int, *, now: float | None = None,
+                 ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S) -> tuple[list[RequestRecord], list[RecordError]]:
+    """Split an NDJSON body into valid records and per-line errors; BodyTooLarge past ``limit``.
+
+    ``now``: the exporter's clock at arrival, for the timestamp check (see :func:`parse_lines`).
+    """
     if len(body) > limit:
         raise BodyTooLarge(f"body of {len(body)} bytes exceeds the limit of {limit} bytes")
-    return parse_lines(body.split(b"\n"))
+    return parse_lines(body.split(b"\n"), now=now, ts_tolerance_s=ts_tolerance_s)
 
 
 def deliver(records: list[RequestRecord], errors: list[RecordError], sink: StateSink, health: Health,
@@ -298,13 +346,15 @@ class RecordFileTail:
 
     def __init__(self, path: str | os.PathLike[str], sink: StateSink, health: Health, *,
                  poll_interval: float = 0.25, max_line_bytes: int = 1 << 20,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S) -> None:
         self.path = Path(path)
         self.sink = sink
         self.health = health
         self.poll_interval = poll_interval
         self.max_line_bytes = max_line_bytes
         self.clock = clock
+        self.ts_tolerance_s = ts_tolerance_s
         self._fh: Any = None
         self._ino: tuple[int, int] | None = None
         self._offset = 0
@@ -397,7 +447,8 @@ class RecordFileTail:
         return self._deliver_lines(lines)
 
     def _deliver_lines(self, lines: list[bytes]) -> int:
-        records, errors = parse_lines(lines, self._line + 1)
+        now = self.clock()
+        records, errors = parse_lines(lines, self._line + 1, now=now, ts_tolerance_s=self.ts_tolerance_s)
         self._line += len(lines)
-        deliver(records, errors, self.sink, self.health, "file", self.clock(), str(self.path))
+        deliver(records, errors, self.sink, self.health, "file", now, str(self.path))
         return len(records)

@@ -9,7 +9,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from tests.e2e.harness import Row, run_row
+from tests.e2e.harness import Row, run_row, run_steady_row
 from tests.support import require_tool
 
 WORKERS = 2  # CI's machine has two cores
@@ -50,4 +50,20 @@ def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             for proc in list(getattr(pool, "_processes", {}).values()):  # a hung row: stop it
                 proc.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
+    return rows
+
+
+@pytest.fixture(scope="session")
+def steady_rows(request: pytest.FixtureRequest) -> dict[str, dict | BaseException]:
+    """Every scenario the selected steady-state tests ask for, after the warm-up, in worker processes."""
+    names = sorted({item.callspec.params["scenario"] for item in request.session.items
+                    if "steady_rows" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
+    with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {n: pool.submit(run_steady_row, n) for n in names}
+        rows: dict[str, dict | BaseException] = {}
+        for n, f in futures.items():
+            try:
+                rows[n] = f.result()
+            except Exception as exc:  # one broken scenario fails its own test, not the matrix
+                rows[n] = exc
     return rows

@@ -25,9 +25,11 @@ def test_worker_spans_carry_the_engines_own_numbers() -> None:
         served.append(r)
         spans(r, headers, path)
 
-    worker = WorkerServer(SimEngine(spec, RealClock()), delay_scale=0.0, on_request=on_request).start()
+    worker = WorkerServer(SimEngine(spec, RealClock()), delay_scale=1.0, on_request=on_request).start()
     try:
         prompt = list(range(1, 161))
+        # Served in real time (delay_scale 1): the first request has finished in engine time, and
+        # its blocks are in the cache, before the second is admitted.
         for _ in range(2):  # the second reuses the first's blocks
             r = requests.post(f"{worker.url}/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=10)
             assert r.status_code == 200

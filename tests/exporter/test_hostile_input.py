@@ -45,11 +45,11 @@ def ndjson(*recs: dict | bytes) -> bytes:
     return b"\n".join(r if isinstance(r, bytes) else json.dumps(r).encode() for r in recs) + b"\n"
 
 
-def start(tmp_path: Path, yaml: str = "") -> Runtime:
+def start(tmp_path: Path, yaml: str = "", clock: Callable[[], float] = time.time) -> Runtime:
     cfg_file = tmp_path / "exporter.yaml"
     cfg_file.write_text(yaml)
     cfg = load_config(cfg_file).with_overrides(listen_address="127.0.0.1:0")
-    return Runtime.build(cfg).start()
+    return Runtime.build(cfg, clock=clock).start()
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_a_label_with_a_lone_surrogate_is_rejected_and_scrapes_keep_working(expo
     (json.dumps(record(1, extra=[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]])).encode(), "nested"),
     (json.dumps(record(1, prompt_tokens=10**300)).encode(), "exceeds"),  # OverflowError in the sums
     (json.dumps(record(1, ts=10**300)).encode(), "exceeds"),
-    (json.dumps(record(1, prefill_s=1)).encode().replace(b"1}", b"1e400}"), "not finite"),
+    (json.dumps(record(1, prefill_s=1)).encode().replace(b"1}", b"1e400}"), "not a finite"),
     (json.dumps(record(1, cached_tokens=16.0, block_hashes=[1, 2], block_size=16)).encode(), "integer"),
     (json.dumps(record(1, block_hashes=[1, 2.0])).encode(), "integer"),
 ])
@@ -133,7 +133,8 @@ def test_bad_values_are_rejected_per_line_and_the_rest_is_applied(exporter: Runt
     assert needle in body["data"]["errors"][0]["error"]
     text = scrape(exporter)
     assert prompt_tokens(text) == 20
-    assert errors_of(text, "json") + errors_of(text, "value") == 1
+    # 1e400 is a non-finite number (its own kind); the others are malformed JSON or bad values
+    assert errors_of(text, "json") + errors_of(text, "value") + errors_of(text, "non_finite") == 1
 
 
 def test_half_applied_float_count_leaves_no_trace(exporter: Runtime) -> None:
@@ -171,14 +172,19 @@ def test_label_values_beyond_the_limits_fold_into_other(make: Callable[[str], Ru
     assert errors_of(text, "label_limit") > 0
 
 
-def test_series_of_values_gone_for_the_idle_time_are_dropped(make: Callable[[str], Runtime]) -> None:
-    exporter = make("window: 60s\nlimits: {models: 2, label_idle: 60s}\n")
-    post(exporter, ndjson(record(0, model="old-a"), record(1, model="old-b")))
-    assert label_values(scrape(exporter), "prefixscope_request_prompt_tokens_total", "model") == {"old-a", "old-b"}
-    # input time moves on; old-a and old-b are not seen again, so their slots and series go
-    post(exporter, ndjson(record(200, model="new")))
-    text = scrape(exporter)
-    assert label_values(text, "prefixscope_request_prompt_tokens_total", "model") == {"new"}
+def test_series_of_values_gone_for_the_idle_time_are_dropped(tmp_path: Path) -> None:
+    now = [T0 + 10]  # the exporter's clock, moved by the test (records never move it)
+    exporter = start(tmp_path, "window: 60s\nlimits: {models: 2, label_idle: 60s}\n", clock=lambda: now[0])
+    try:
+        post(exporter, ndjson(record(0, model="old-a"), record(1, model="old-b")))
+        assert label_values(scrape(exporter), "prefixscope_request_prompt_tokens_total", "model") == {"old-a", "old-b"}
+        # time moves on; old-a and old-b are not seen again, so their slots and series go
+        now[0] += 200
+        post(exporter, ndjson(record(210, model="new")))
+        text = scrape(exporter)
+        assert label_values(text, "prefixscope_request_prompt_tokens_total", "model") == {"new"}
+    finally:
+        exporter.stop()
 
 
 def test_many_record_workers_do_not_grow_the_pool(tmp_path: Path) -> None:

@@ -17,6 +17,10 @@ from prefixscope.records import RequestRecord
 GOOD = {"ts": 1795947861.5, "request_id": "r1", "worker": "w0", "prompt_tokens": 512}
 
 
+def _at_good() -> float:  # the exporter's clock when GOOD arrives: its ts is checked against it
+    return GOOD["ts"]
+
+
 def _line(**kw) -> bytes:
     return json.dumps({**GOOD, **kw}).encode()
 
@@ -128,7 +132,7 @@ def _ids(sink: Sink) -> list[str]:
 def test_tail_follows_appends_and_waits_for_partial_lines(tmp_path: Path) -> None:
     path = tmp_path / "records.ndjson"
     sink, health = Sink(), Health()
-    tail = RecordFileTail(path, sink, health)
+    tail = RecordFileTail(path, sink, health, clock=_at_good)
     assert tail.poll_once() == 0  # not there yet: no error
     with open(path, "ab") as f:
         f.write(_line(request_id="a") + b"\n" + _line(request_id="b")[:20])
@@ -146,7 +150,7 @@ def test_tail_handles_truncation(tmp_path: Path) -> None:
     path = tmp_path / "r.ndjson"
     path.write_bytes(_line(request_id="a") + b"\n" + _line(request_id="b") + b"\n")
     sink = Sink()
-    tail = RecordFileTail(path, sink, Health())
+    tail = RecordFileTail(path, sink, Health(), clock=_at_good)
     tail.poll_once()
     path.write_bytes(_line(request_id="c") + b"\n")  # truncated and rewritten, shorter
     tail.poll_once()
@@ -157,7 +161,7 @@ def test_tail_handles_truncation(tmp_path: Path) -> None:
 def test_tail_handles_rotation_without_losing_lines(tmp_path: Path) -> None:
     path = tmp_path / "r.ndjson"
     sink = Sink()
-    tail = RecordFileTail(path, sink, Health())
+    tail = RecordFileTail(path, sink, Health(), clock=_at_good)
     with open(path, "ab") as f:
         f.write(_line(request_id="a") + b"\n")
         f.flush()
@@ -175,7 +179,7 @@ def test_tail_handles_rotation_without_losing_lines(tmp_path: Path) -> None:
 def test_tail_drops_an_over_long_line_and_resumes(tmp_path: Path) -> None:
     path = tmp_path / "r.ndjson"
     sink, health = Sink(), Health()
-    tail = RecordFileTail(path, sink, health, max_line_bytes=100)
+    tail = RecordFileTail(path, sink, health, clock=_at_good, max_line_bytes=100)
     with open(path, "ab") as f:
         f.write(b"x" * 150)
         f.flush()
@@ -194,7 +198,7 @@ def test_tail_thread_delivers_and_stops(tmp_path: Path) -> None:
     path = tmp_path / "r.ndjson"
     path.write_bytes(_line(request_id="a") + b"\n")
     sink = Sink()
-    tail = RecordFileTail(path, sink, Health(), poll_interval=0.01)
+    tail = RecordFileTail(path, sink, Health(), clock=_at_good, poll_interval=0.01)
     tail.start()
     deadline = time.monotonic() + 5
     with open(path, "ab") as f:

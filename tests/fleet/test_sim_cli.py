@@ -120,3 +120,47 @@ def test_no_traffic_serves_until_sigterm_and_stops_cleanly(tmp_path: Path) -> No
             proc.kill()
     out = proc.stdout.read()
     assert "serving workers only" in out and "w1: http://127.0.0.1:" in out
+
+
+# ---- steady state: `prefixscope sim --warmup` runs through the exporter (lab.steady) ----------------
+def test_warmup_json_prints_the_exporters_verdict_before_and_during_the_fault(capsys) -> None:
+    from prefixscope.cli import main as prefixscope_main
+
+    rc = prefixscope_main(["sim", "--scenario", "slow-tree-walk", "--accelerated", "--warmup", "1m",
+                           "--workers", "4", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["scenario"], out["warmup_s"], out["fault_at_s"], out["end_s"]) == ("slow-tree-walk", 60, 360, 660)
+    assert out["warmup"]["at"] == 345 and out["fault"]["at"] == 660
+    assert out["warmup"]["verdict"]["step"] is None and out["warmup"]["firing"] == []
+    assert out["fault"]["verdict"]["step"] == 4 and "prefix_tree_walk_latency" in out["fault"]["firing"]
+    assert "instantaneous" in out["evaluation"]
+    assert set(out["cache_fill"]) == {"w0", "w1", "w2", "w3"}
+
+
+def test_warmup_needs_the_virtual_clock_and_the_exporter(capsys) -> None:
+    from prefixscope.cli import main as prefixscope_main
+
+    assert prefixscope_main(["sim", "--scenario", "healthy", "--warmup", "2h"]) == 2
+    assert "--accelerated" in capsys.readouterr().err
+    assert prefixscope_main(["sim", "--accelerated", "--warmup", "two hours"]) == 2
+    assert "--warmup" in capsys.readouterr().err
+    # the fleet alone never imports the exporter: it says where the flag is served
+    assert main(["--accelerated", "--warmup", "2h"]) == 2
+    assert "prefixscope sim --accelerated --warmup" in capsys.readouterr().err
+
+
+def test_a_trace_replay_keeps_the_topologys_kv_tokens_in_trace_blocks(tmp_path: Path, capsys) -> None:
+    """64 engine blocks of 16 tokens hold two 512-token Mooncake blocks, not 64 of them."""
+    data = yaml.safe_load(DEFAULT_TOPOLOGY.read_text())
+    for cls in data["gpu_classes"].values():
+        cls["kv_blocks"] = 64
+    topo = tmp_path / "topo.yaml"
+    topo.write_text(yaml.safe_dump(data))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": i * 1000, "input_length": 2048, "output_length": 8,
+                                           "hash_ids": [4 * i + k for k in range(4)]}) for i in range(10)))
+    assert main(["--accelerated", "--trace", str(trace), "--topology", str(topo), "--workers", "1",
+                 "--duration", "60"]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("prefix_block_count_per_worker"))
+    assert float(row.split()[3]) == 1.0  # 40 unique trace blocks fill the two-block cache (was 40/64)
