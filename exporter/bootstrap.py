@@ -93,6 +93,8 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     workers = configured_workers(cfg)
     endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in workers if w.kv_events}
     subscriber = KvEventSubscriber(endpoints, state, health, clock=clock) if endpoints else None
+    if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
+        state.rebuild_request = subscriber.request_rebuild
     tails = [RecordFileTail(p, state, health, clock=clock) for p in cfg.file_records.paths]
     targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in workers if w.metrics_url]
     names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
