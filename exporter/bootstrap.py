@@ -80,7 +80,8 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
         window_s = cfg.window if cfg.window is not None else window_seconds(thresholds)
 
     health = Health()
-    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock)
+    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock,
+                         eviction_memory=cfg.eviction_memory)
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
                           thresholds=thresholds, topology=topology, window_s=window_s, clock=clock)
     if not with_sources:

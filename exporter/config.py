@@ -74,6 +74,7 @@ class Config:
     scrape_timeout: float = 2.0
     tree_stats_interval: float = 1.0  # background tree-statistics pass, at most this often
     window: float | None = None  # None: the thresholds file's window
+    eviction_memory: int = 4096  # recent evictions kept per worker (thrash, eviction age)
     listen_address: str = DEFAULT_LISTEN
     log_level: str = "info"
 
@@ -198,7 +199,8 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
                   http_records=http, file_records=tailed, topology=topology,
                   thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
-                  scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window)
+                  scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window,
+                  eviction_memory=int(d.get("eviction_memory", 4096)))
 
 
 def load_config(path: str | Path) -> Config:

@@ -159,7 +159,7 @@ colour: red
     durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
     assert set(err.value.problems) == {
         "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, topology, "
-        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, window)",
+        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, eviction_memory, window)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
         'exporter.yaml: workers[1].name: duplicate worker name "a"',
