@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alerts.rules import alert_expr
-from prefixscope.catalog import CHECKS, METRICS, RECORDING_RULES, SIGNALS, STEPS
+from prefixscope.catalog import CHECKS, METRICS, RECORDING_RULES, SIGNALS, STEPS, render_expr
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import summary, threshold_text
 
@@ -44,7 +44,7 @@ def metrics_md(th: Thresholds) -> str:
     out += ["", "## Recording rules", "", "| rule | group | meaning | expression |", "|---|---|---|---|"]
     for r in RECORDING_RULES:
         group = r.group if r.group is not None else "+"
-        out.append(f"| `{r.record}` | {group} | {_cell(r.help)} | `{_cell(r.expr)}` |")
+        out.append(f"| `{r.record}` | {group} | {_cell(r.help)} | `{_cell(render_expr(r.expr, th.values()))}` |")
     out += ["", "## Checks and alerts", "",
             "Each check is one line of the seed's checklist, an SLO or a telemetry-health check. "
             "Thresholds, `for` durations and severities come from `alerts/thresholds.yaml`.", ""]

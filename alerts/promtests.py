@@ -96,7 +96,13 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         if inner in RULES_BY_NAME:
             return synthesise(inner, want, hint, n, eval_s)
         return Synth([_series(inner, _labels_for(inner), f"{hint:g}x{n}")], hint)
-    if m := re.fullmatch(r"sum \(rate\((\w+)\[5m\]\)\) / sum \(rate\((\w+)\[5m\]\)\)", expr):
+    if m := re.fullmatch(r"(\S+) \* on \(worker\) \((\S+) > bool threshold\(\w+\)\)", expr):
+        # the worker's value, kept where the gate series is past its threshold (a share: 1 is past any)
+        value = synthesise(m.group(1), want, hint, n, eval_s)
+        gate = synthesise(m.group(2), lambda v: v >= 1.0, 1.0, n, eval_s)
+        return Synth(value.series + gate.series, value.value)
+    if m := re.fullmatch(r"sum (?:by \(worker\) )?\(rate\((\w+)\[5m\]\)\) / "
+                         r"sum (?:by \(worker\) )?\(rate\((\w+)\[5m\]\)\)", expr):
         num, den = m.groups()
         den_rate = 600.0
         return Synth([_series(num, _labels_for(num), _counter(den_rate * hint, n)),

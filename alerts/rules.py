@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from prefixscope.catalog import CHECKS, RECORDING_RULES, STEPS, Check
+from prefixscope.catalog import CHECKS, RECORDING_RULES, STEPS, Check, render_expr
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import description, summary
 
@@ -87,7 +87,7 @@ def rule_groups(th: Thresholds, dashboard_urls: dict[str, str]) -> dict:
     """The Prometheus rule file: recording rules first, then one alert group per step."""
     groups: list[dict] = [{
         "name": RECORDING_GROUP,
-        "rules": [{"record": r.record, "expr": r.expr} for r in RECORDING_RULES],
+        "rules": [{"record": r.record, "expr": render_expr(r.expr, th.values())} for r in RECORDING_RULES],
     }]
     for step in STEPS:
         checks = [c for c in CHECKS if c.group == step.number]

@@ -41,6 +41,7 @@ AXES: dict[str, Axis] = {
     "depth": Axis("radix edges", tickformat=",.3~f"),
     "targets": Axis("targets", tickformat=",d"),
     "batches": Axis("batches", tickformat=",.3~f"),
+    "repairs": Axis("repairs", tickformat=",.3~f"),
 }
 
 

@@ -88,7 +88,8 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
         window_s = cfg.window if cfg.window is not None else window_seconds(thresholds)
 
     health = Health()
-    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits)
+    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits,
+                         eviction_memory=cfg.eviction_memory)
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
                           thresholds=thresholds, topology=topology, window_s=window_s, clock=clock)
     if not with_sources:
@@ -107,6 +108,8 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
     subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock) if endpoints else None
+    if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
+        state.rebuild_request = subscriber.request_rebuild
     tails = [RecordFileTail(p, state, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
              for p in cfg.file_records.paths]
     targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in home if w.metrics_url]

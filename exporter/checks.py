@@ -30,6 +30,10 @@ _RATE = re.compile(r"^sum\(rate\((\w+)_total\[\w+\]\)\)$")
 _AGG = re.compile(r"^(avg|min|max)\(([\w:]+)\)$")
 _AGE = re.compile(r"^max\(time\(\) - (\w+)\)$")
 _PER_WORKER_RATIO = re.compile(r"^(\w+) / on \(worker\) (\w+)$")
+_PER_WORKER_RATE_RATIO = re.compile(r"^sum by \(worker\) \(rate\((\w+)_total\[\w+\]\)\) / "
+                                    r"sum by \(worker\) \(rate\((\w+)_total\[\w+\]\)\)$")
+# a per-worker series kept only where another one is past a threshold (0 elsewhere)
+_GATED = re.compile(r"^([\w:]+) \* on \(worker\) \(([\w:]+) > bool threshold\((\w+)\)\)$")
 _MATCHER = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -105,6 +109,17 @@ class _Evaluator:
         if rule is not None and (m := _PER_WORKER_RATIO.match(rule.expr)):
             num, den = self.series.gauges.get(m[1], {}), self.series.gauges.get(m[2], {})
             return {k: v / den[k] for k, v in num.items() if den.get(k)}
+        if rule is not None and (m := _PER_WORKER_RATE_RATIO.match(rule.expr)):
+            num, den = self.state.store.window_by_worker(m[1]), self.state.store.window_by_worker(m[2])
+            # a worker whose stream exists but stored nothing in the window thrashed nothing: 0
+            exported = {labels[0] for labels in self.state.cum.counters.get(m[2], {})}
+            out = {(w,): num.get(w, 0.0) / d for w, d in den.items() if d}
+            out.update({(w,): 0.0 for w in exported if (w,) not in out})
+            return out
+        if rule is not None and (m := _GATED.match(rule.expr)):
+            values, gate = self._vector(m[1]), self._vector(m[2])
+            limit = self.state.thresholds.checks[m[3]].value
+            return {k: v if gate[k] > limit else 0.0 for k, v in values.items() if k in gate}
         return self.series.gauges.get(name, {})
 
 

@@ -136,6 +136,7 @@ class Config:
     tree_stats_interval: float = 1.0  # background tree-statistics pass, at most this often
     window: float | None = None  # None: the thresholds file's window
     prefix_text: bool = False  # keep and serve the first words of hot prefixes (prompts may be private)
+    eviction_memory: int = 4096  # recent evictions kept per worker (thrash, eviction age)
     listen_address: str = DEFAULT_LISTEN
     log_level: str = "info"
     limits: Limits = field(default_factory=Limits)
@@ -354,6 +355,7 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
                   thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
                   scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window,
                   prefix_text=d.get("prefix_text") is True,
+                  eviction_memory=int(d.get("eviction_memory", 4096)),
                   limits=limits, web=web, kv_nats=kv_nats, shard=shard)
 
 

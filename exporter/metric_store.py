@@ -117,6 +117,14 @@ class MetricStore:
                 if key[0] == metric and len(key) == 2 and (where is None or where(key[1]))]
         return sum(vals) if vals else None
 
+    def window_by_worker(self, metric: str) -> dict[str, float]:
+        """Σ over the window of a counter whose first label is the worker, per worker."""
+        out: dict[str, float] = {}
+        for key, v in self.win.sums.items():
+            if key[0] == metric and len(key) == 2 and key[1]:
+                out[key[1][0]] = out.get(key[1][0], 0.0) + v
+        return out
+
     def window_buckets(self, metric: str, window_s: float | None = None,
                        where: LabelFilter | None = None) -> tuple[tuple[float, ...], list[int]] | None:
         """Per-bucket counts (last = +Inf) of a histogram over the window, or over ``window_s`` if a

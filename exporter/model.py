@@ -73,6 +73,10 @@ class WorkerSnapshot:
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
     requests_success: float | None = None
+    # KV-connector / offload cache (vLLM's external_prefix_cache_*), where the engine exports it
+    external_queried_tokens: float | None = None
+    external_hit_tokens: float | None = None
+    tier_hit_tokens: dict[str, float] | None = None  # cached prompt tokens by the tier that served them
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,13 @@ class StateSink(Protocol):
 
     def worker_restarted(self, worker: str) -> None:
         """The worker's sequence restarted at 0: clear its view (its cache is empty now)."""
+
+    def reset_view(self, worker: str) -> None:
+        """A rebuild of the worker's view starts: forget the view (the replay follows)."""
+
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        """A view was repaired after unhealed loss or drift; ``reliable`` False: the rebuild was
+        incomplete (or impossible), so the view stays marked until the worker's cache turns over."""
 
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         """A successful scrape of a worker's /metrics."""

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from exporter import promtext, routers
 from exporter.model import RouterSnapshot, WorkerSnapshot
 from exporter.promtext import ParseError, ParseResult, Sample
-from exporter.routers.common import UnrecognisedMetrics, url_key
+from exporter.routers.common import UnrecognisedMetrics, by_label, url_key
 
 # ---- vLLM -----------------------------------------------------------------------------
 V_QUERIES = "vllm:prefix_cache_queries_total"
@@ -43,6 +43,10 @@ V_PROMPT = "vllm:prompt_tokens_total"
 V_SUCCESS = "vllm:request_success_total"
 V_DRAFT = "vllm:spec_decode_num_draft_tokens_total"
 V_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# KV-connector / offload cache (vLLM ≥ 0.14) and cached tokens by the tier that served them (≥ 0.33)
+V_EXT_QUERIES = "vllm:external_prefix_cache_queries_total"
+V_EXT_HITS = "vllm:external_prefix_cache_hits_total"
+V_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 # ---- SGLang ----------------------------------------------------------------------------
 S_PROMPT = "sglang:prompt_tokens_total"
 S_CACHED = "sglang:cached_tokens_total"
@@ -53,7 +57,8 @@ S_REQUESTS = "sglang:num_requests_total"
 S_HIT_RATE = "sglang:cache_hit_rate"  # a windowed gauge: used for detection only, never as tokens
 
 VLLM_NAMES = frozenset({V_QUERIES, V_HITS, V_USAGE, V_QUERIES_OLD, V_HITS_OLD, V_USAGE_OLD, V_CACHE_CONFIG,
-                        V_RUNNING, V_WAITING, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED})
+                        V_RUNNING, V_WAITING, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
+                        V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE})
 SGLANG_NAMES = frozenset({S_PROMPT, S_CACHED, S_USAGE, S_RUNNING, S_QUEUE, S_REQUESTS, S_HIT_RATE})
 WORKER_NAMES = VLLM_NAMES | SGLANG_NAMES
 
@@ -74,6 +79,7 @@ COUNT: ValueRule = ("a finite number ≥ 0", _count)
 RATIO: ValueRule = ("a ratio in [0, 1]", _ratio)
 VALUE_RULES: dict[str, ValueRule] = {
     **dict.fromkeys((V_QUERIES, V_HITS, V_QUERIES_OLD, V_HITS_OLD, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
+                     V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE,
                      V_RUNNING, V_WAITING, S_PROMPT, S_CACHED, S_REQUESTS, S_RUNNING, S_QUEUE), COUNT),
     **dict.fromkeys((V_USAGE, V_USAGE_OLD, S_USAGE, S_HIT_RATE), RATIO),
     **{name: COUNT for a in routers.ADAPTERS for name in a.counts},
@@ -121,7 +127,8 @@ def check_values(parsed: ParseResult) -> tuple[ParseResult, list[ParseError]]:
             other.add(name)
     if not rejected:
         return parsed, []
-    return ParseResult(samples=kept, errors=parsed.errors, lines=parsed.lines, other_names=other), rejected
+    return ParseResult(samples=kept, errors=parsed.errors, lines=parsed.lines, other_names=other,
+                       families=parsed.families), rejected
 
 
 def _sum(samples: Iterable[Sample]) -> float | None:
@@ -191,6 +198,9 @@ def _vllm(worker: str, p: ParseResult) -> WorkerSnapshot:
     snap.requests_success = _sum(p.samples.get(V_SUCCESS, ()))
     snap.spec_draft_tokens = _sum(p.samples.get(V_DRAFT, ()))
     snap.spec_accepted_tokens = _sum(p.samples.get(V_ACCEPTED, ()))
+    snap.external_queried_tokens = _sum(p.samples.get(V_EXT_QUERIES, ()))
+    snap.external_hit_tokens = _sum(p.samples.get(V_EXT_HITS, ()))
+    snap.tier_hit_tokens = by_label(p.samples.get(V_CACHED_BY_SOURCE, ()), "source") or None
     snap.model = _model(queries, usage, p.samples.get(V_RUNNING), p.samples.get(V_PROMPT))
     return snap
 
@@ -209,6 +219,7 @@ def _sglang(worker: str, p: ParseResult) -> WorkerSnapshot:
         # host and storage tiers are extra reuse that vLLM also counts separately.
         device = [s for s in cached if s.labels.get("cache_source", "device") == "device"]
         snap.prefix_hit_tokens = _sum(device) or 0.0
+        snap.tier_hit_tokens = by_label(_rank0(cached), "cache_source") or None
         # Only with a hit counter are the prompt tokens an honest denominator; with just the
         # windowed hit-rate gauge both stay missing rather than deflating the cluster ratio.
         snap.prefix_queried_tokens = prompt
@@ -230,10 +241,13 @@ def worker_from_parsed(worker: str, parsed: ParseResult) -> WorkerSnapshot:
         return _vllm(worker, parsed)
     if any(n in SGLANG_NAMES for n in names):
         return _sglang(worker, parsed)
-    # An engine that has served nothing yet still has its families: a snapshot of missing values.
-    if any(n.startswith("vllm:") for n in parsed.other_names):
+    # An engine that has served nothing yet still has its families (samples of other names, or
+    # only # TYPE lines, as prometheus_client writes a labelled family before its first sample):
+    # it is up, with every value missing.
+    declared = parsed.other_names | parsed.families
+    if any(n.startswith("vllm:") for n in declared):
         return WorkerSnapshot(worker=worker, flavour="vllm")
-    if any(n.startswith("sglang:") for n in parsed.other_names):
+    if any(n.startswith("sglang:") for n in declared):
         return WorkerSnapshot(worker=worker, flavour="sglang")
     raise UnrecognisedMetrics(f"no vLLM or SGLang metric among {parsed.lines} sample lines")
 
@@ -250,6 +264,10 @@ def parse_worker(worker: str, text: str, deadline: float | None = None) -> tuple
         if isinstance(value, float) and not math.isfinite(value):
             setattr(snap, name, None)
             rejected.append(ParseError(0, f"{name} {value!r}", "the samples' sum is not a finite number", "bad_value"))
+    for tier, value in list((snap.tier_hit_tokens or {}).items()):
+        if not math.isfinite(value):
+            del snap.tier_hit_tokens[tier]  # type: ignore[union-attr]
+            rejected.append(ParseError(0, f"tier {tier} {value!r}", "the samples' sum is not a finite number", "bad_value"))
     return snap, parsed.errors + rejected
 
 

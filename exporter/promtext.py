@@ -68,6 +68,7 @@ class ParseResult:
     errors: list[ParseError] = field(default_factory=list)
     lines: int = 0  # sample lines seen (wanted or not)
     other_names: set[str] = field(default_factory=set)  # valid sample names that were not wanted
+    families: set[str] = field(default_factory=set)  # names declared by "# TYPE" lines (with or without samples)
 
     def values(self, name: str) -> list[Sample]:
         return self.samples.get(name, [])
@@ -146,6 +147,8 @@ def parse(text: str, wanted: Collection[str] | None = None, deadline: float | No
         if line[-1:] == "\r":
             line = line[:-1]
         if not line or line[0] == "#":
+            if line.startswith("# TYPE "):  # a family may be declared before it has any sample
+                result.families.add(line[7:].partition(" ")[0])
             continue
         # The name ends at the first "{" or whitespace; a space inside a label value only
         # ever comes after the "{", so partitioning on " " first is safe.

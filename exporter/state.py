@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from exporter.cardinality import RecordLabels
 from exporter.config import Limits
+from exporter.eviction import DEFAULT_MEMORY, BatchEvictions, EvictionTracker
 from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
@@ -87,7 +88,10 @@ SNAPSHOT_COUNTERS: dict[str, str] = {
     "prefix_hit_tokens": f"{P}_prefix_cache_hit_tokens",
     "spec_draft_tokens": f"{P}_spec_decode_draft_tokens",
     "spec_accepted_tokens": f"{P}_spec_decode_accepted_tokens",
+    "external_queried_tokens": f"{P}_external_prefix_cache_queried_tokens",
+    "external_hit_tokens": f"{P}_external_prefix_cache_hit_tokens",
 }
+_TIER_HITS = f"{P}_prefix_cache_tier_hit_tokens"  # labels worker, model, tier
 
 
 def _m(name: str) -> catalog.Metric:
@@ -100,6 +104,13 @@ _KV_APPLIED = _m("kv_events_applied").name
 _KV_UNKNOWN_PARENT = _m("kv_event_unknown_parent").name
 _KV_UNKNOWN_REMOVALS = _m("kv_event_unknown_block_removals").name
 _KV_MISSED = _m("kv_event_missed_batches").name
+_KV_LOST = _m("kv_event_lost_batches").name
+_KV_REPAIRS = _m("kv_index_repairs").name
+_KV_UNRELIABLE = _m("kv_view_unreliable").name
+_BLOCKS_STORED = _m("kv_blocks_stored").name
+_BLOCKS_EVICTED = _m("kv_blocks_evicted").name
+_BLOCKS_RESTORED = _m("kv_blocks_restored_after_eviction").name
+_EVICTION_AGE = _m("kv_block_eviction_age_seconds").name
 _KV_LAST_TS = _m("kv_event_last_timestamp_seconds").name
 _KV_LAG = _m("kv_event_lag_seconds").name
 _WORKER_RESTARTS = _m("worker_restarts").name
@@ -113,6 +124,14 @@ ROUTER_HISTOGRAMS: tuple[tuple[str, str, str, Callable[[RouterSnapshot], tuple[s
     ("predicted_hit_ratio", _m("router_predicted_hit_ratio").name, "router_predicted_reuse",
      lambda snap: (snap.router,)),
 )
+
+# Why a worker's view was repaired (the reason label of prefixscope_kv_index_repairs_total).
+LOST_BATCHES = "lost_batches"  # batches lost on the wire that no replay recovered
+OVER_CAPACITY = "over_capacity"  # the view holds more GPU blocks than the worker has: provably wrong
+REPAIR_REASONS = (LOST_BATCHES, OVER_CAPACITY)
+# Asks the KV source to rebuild a worker's view from its replay; False when it cannot (no replay
+# endpoint). The source calls ``ClusterState.view_repaired`` when the rebuild is done.
+RebuildRequest = Callable[[str, str], bool]
 
 T = TypeVar("T")
 RecordInput = RequestRecord | Mapping[str, Any]
@@ -136,7 +155,7 @@ class ClusterState:
     def __init__(self, health: Health, thresholds: Thresholds, topology: Topology | None = None,
                  window_s: float = 300.0, clock: Callable[[], float] = time.time, top_k: int = 10,
                  max_sessions: int | None = None, health_recency_s: float = 60.0,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, eviction_memory: int = DEFAULT_MEMORY) -> None:
         limits = limits or Limits()
         self.health = health
         self.thresholds = thresholds
@@ -159,10 +178,20 @@ class ClusterState:
         self.accounting = RecordAccounting(self.time, self.store, self.worker_pool, self.index, self.sessions,
                                            self.hotspots, topology, self.cold_reuse_share,
                                            RecordLabels(limits, self.window_s))
-        self.health_increases = HealthIncreases(health, self.time, self.window_s, (_KV_MISSED, _INGEST_ERRORS))
+        self.health_increases = HealthIncreases(health, self.time, self.window_s,
+                                                (_KV_MISSED, _KV_REPAIRS, _INGEST_ERRORS))
+        self.evictions = EvictionTracker(self.window_s, eviction_memory)
         self.kv_seen = False
         self.spec_seen = False
         self._kv_workers: set[str] = set()  # workers whose KV health series exist
+        # Views that may be wrong: worker -> GPU blocks stored since it was marked.
+        self._unreliable: dict[str, int] = {}
+        self._rebuilding: set[str] = set()  # workers whose rebuild the KV source is running
+        # worker -> input time of its last repair: drift is not checked again within a window (a
+        # complete rebuild that still shows the drift means the stream itself says so: no loop)
+        self._repaired_at: dict[str, float] = {}
+        self._other_media: set[str] = set()  # workers that sent CPU/disk events (the index counts every medium)
+        self.rebuild_request: RebuildRequest | None = None  # set by the runtime to the KV subscriber's
 
     # ---- the parts' state, under the names readers and tests use -------------------------------
     @property
@@ -270,6 +299,8 @@ class ClusterState:
             self.kv_seen = True
             w = self.worker_pool.worker(worker, received_at)
             res = self.index.apply(worker, batch.events)
+            ev = self.evictions.apply(worker, batch.events, received_at)
+            self._count_evictions(worker, ev, received_at)
             if not w.block_size:
                 w.block_size = next((ev.block_size for ev in batch.events
                                      if isinstance(ev, BlockStored) and ev.block_size), None)
@@ -278,12 +309,18 @@ class ClusterState:
             self._expire()
             first = worker not in self._kv_workers
             self._kv_workers.add(worker)
+            reliable_again = self._turnover(worker, ev.stored, res.cleared > 0)
+            drift = self._drift(worker)
         lab = (worker,)
         # The batch's whole health accounting in one Health call (one lock round trip).
         incs = [(_KV_BATCHES, lab, 1.0)]
+        sets = [(_KV_LAST_TS, lab, received_at), (_KV_LAG, lab, max(0.0, received_at - batch.ts))]
         if first:  # these series exist from a worker's first batch: a stream with no gap reads 0, not missing
-            incs += [(_WORKER_RESTARTS, lab, 0), (_KV_MISSED, lab, 0), (_KV_UNKNOWN_PARENT, lab, 0),
-                     (_KV_UNKNOWN_REMOVALS, lab, 0)]
+            incs += [(_WORKER_RESTARTS, lab, 0), (_KV_MISSED, lab, 0), (_KV_LOST, lab, 0), (_KV_UNKNOWN_PARENT, lab, 0),
+                     (_KV_UNKNOWN_REMOVALS, lab, 0), *((_KV_REPAIRS, (worker, r), 0) for r in REPAIR_REASONS)]
+            sets.append((_KV_UNRELIABLE, lab, 0.0))
+        if reliable_again:
+            sets.append((_KV_UNRELIABLE, lab, 0.0))
         if res.unknown_parent:
             incs.append((_KV_UNKNOWN_PARENT, lab, res.unknown_parent))
         if res.unknown_removals:
@@ -291,13 +328,108 @@ class ClusterState:
         for name, n in ((_STORED, res.stored_events), (_REMOVED, res.removed_events), (_CLEARED, res.cleared)):
             if n:
                 incs.append((_KV_APPLIED, (worker, name), n))
-        self.health.update(incs, [(_KV_LAST_TS, lab, received_at),
-                                  (_KV_LAG, lab, max(0.0, received_at - batch.ts))])
+        self.health.update(incs, sets)
+        if drift is not None:
+            self._repair(worker, drift)
+
+    def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float) -> None:
+        """The eviction series of one batch (under the lock)."""
+        lab = (worker,)
+        store = self.store
+        if ev.other_media:
+            self._other_media.add(worker)
+        if ev.stored:
+            store.inc(ts, _BLOCKS_STORED, lab, ev.stored)
+            store.inc(ts, _BLOCKS_RESTORED, lab, ev.restored)  # at 0 too: thrash exists wherever stores do
+        if ev.evicted:
+            store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
+        for age, reused in ev.ages:
+            store.observe(ts, _EVICTION_AGE, (worker, "true" if reused else "false"), age)
+
+    # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
+    def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:
+        """Count stores towards an unreliable view's turnover; True when it became reliable again.
+
+        A view marked unreliable may hold blocks the worker evicted and miss blocks it stored. Once
+        the worker has stored as many GPU blocks as it has capacity (or its cache was reset), every
+        block it held at the mark has most likely been evicted or announced again: reliable again.
+        (A block hit all along without being announced again can outlive that; it is one block the
+        view misses, not a phantom.) Without a known capacity only a reset or a restart ends it.
+        """
+        since = self._unreliable.get(worker)
+        if since is None:
+            return False
+        since += stored
+        cap = self.worker_capacity(worker)
+        if cleared or (cap and since >= cap):
+            del self._unreliable[worker]
+            return True
+        self._unreliable[worker] = since
+        return False
+
+    def _drift(self, worker: str) -> str | None:
+        """A reason to repair the worker's view now, or None (under the lock).
+
+        The only sound check against the worker's own report is an impossible count: more GPU
+        blocks resident than ``num_gpu_blocks``. ``kv_cache_usage_perc`` is no bound either way
+        (it counts blocks allocated to running requests, cached or not, and counts cached blocks
+        nobody references as free: vllm.md §1.4), so it is not compared. Workers that send other
+        media (CPU, disk) are skipped: the index counts their blocks together.
+        """
+        if worker in self._unreliable or worker in self._rebuilding or worker in self._other_media:
+            return None
+        last = self._repaired_at.get(worker)
+        if last is not None and self.time.now - last < self.window_s:
+            return None
+        cap = self.worker_capacity(worker)
+        resident = self.index.resident_blocks(worker)
+        if cap and resident is not None and resident > cap:
+            return OVER_CAPACITY
+        return None
+
+    def _repair(self, worker: str, reason: str) -> None:
+        """Repair a drifted view (outside the lock): it is provably wrong, so it is cleared; the KV
+        source rebuilds it from the worker's replay, or, if it cannot, it stays unreliable."""
+        with self.lock:
+            if worker in self._rebuilding:
+                return
+            self._rebuilding.add(worker)
+        request = self.rebuild_request
+        if request is None or not request(worker, reason):
+            self.reset_view(worker)
+            self.view_repaired(worker, reason, reliable=False)
+
+    def reset_view(self, worker: str) -> None:
+        """Forget the worker's view before a rebuild (not a restart: nothing is counted)."""
+        with self.lock:
+            self.index.clear_worker(worker)
+            self.evictions.clear_worker(worker)
+            self._rebuilding.add(worker)
+
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        """Count one repair; ``reliable`` False leaves the view marked until its cache turns over."""
+        with self.lock:
+            self._rebuilding.discard(worker)
+            self._repaired_at[worker] = self.time.now
+            if reliable:
+                self._unreliable.pop(worker, None)
+            else:
+                self._unreliable[worker] = 0
+        self.health.update([(_KV_REPAIRS, (worker, reason), 1.0)],
+                           [(_KV_UNRELIABLE, (worker,), 0.0 if reliable else 1.0)])
+
+    def unreliable_views(self) -> list[str]:
+        with self.lock:
+            return sorted(self._unreliable)
 
     def worker_restarted(self, worker: str) -> None:
         with self.lock:
             self.index.clear_worker(worker)
+            self.evictions.clear_worker(worker)
+            was_unreliable = self._unreliable.pop(worker, None) is not None  # an empty cache is known exactly
         self.health.inc(_WORKER_RESTARTS, (worker,))
+        if was_unreliable:
+            self.health.set(_KV_UNRELIABLE, (worker,), 0.0)
 
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         with self.lock:
@@ -308,8 +440,11 @@ class ClusterState:
                 w.block_size = snapshot.block_size
             model = snapshot.model or UNKNOWN
             prev_queries = w.last_counters.get("prefix_queried_tokens")
-            for fld, metric in SNAPSHOT_COUNTERS.items():
-                value = getattr(snapshot, fld)
+            counters = [(fld, metric, (snapshot.worker, model), getattr(snapshot, fld))
+                        for fld, metric in SNAPSHOT_COUNTERS.items()]
+            counters += [(f"tier:{tier}", _TIER_HITS, (snapshot.worker, model, tier), value)
+                         for tier, value in (snapshot.tier_hit_tokens or {}).items()]
+            for fld, metric, labels, value in counters:
                 if value is None:
                     continue
                 if fld.startswith("spec_"):
@@ -318,12 +453,14 @@ class ClusterState:
                 # A counter that went down was reset (engine restart): its new value is the increase.
                 delta = value if prev is None or value < prev else value - prev
                 w.last_counters[fld] = value
-                labels = (snapshot.worker, model)
                 self.store.set_total(metric, labels, value, (scraped_at, delta) if prev is not None else None)
                 if prev is not None:
                     self.store.add_own(scraped_at, ("worker_delta", fld, snapshot.worker), delta)
             self._update_pool(scraped_at)
             self._expire()
+            drift = self._drift(snapshot.worker) if snapshot.worker in self._kv_workers else None
+        if drift is not None:
+            self._repair(snapshot.worker, drift)
         # An idle worker (nothing running, no prefix-cache query since the last scrape) has no KV
         # events to send: its stream is current as of this scrape, not stale.
         idle = (snapshot.running == 0 and prev_queries is not None
@@ -374,7 +511,11 @@ class ClusterState:
             update_pool = False
             for rec in records:
                 try:
-                    worker = self.accounting.account(rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec))
+                    record = rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec)
+                    worker = self.accounting.account(record)
+                    if record.block_hashes and record.cached_tokens:  # reuse seen on that worker
+                        hit = record.cached_tokens // self.worker_block_size(record.worker)
+                        self.evictions.hits(record.worker, record.block_hashes[:hit])
                 except (TypeError, ValueError, KeyError) as exc:  # InvalidRecord is a ValueError
                     # Schema-valid records should not fail here; if one does, keep the rest.
                     rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fleet.cache import Removed, Stored
 from fleet.clock import Clock, VirtualClock
 from fleet.engine import SimEngine, WorkerSpec
 from fleet.fallback import quantile
@@ -25,6 +26,7 @@ from fleet.topology import Topology, WorkerTopo
 from fleet.workers import WorkerFleet
 from fleet.workloads import SimRequest, WorkloadGenerator
 
+THRASH_WINDOW_S = 300.0  # a block stored again this soon after its eviction is thrash (the rate window)
 SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
 SPEC_ACCEPTANCE = 0.85  # per-position acceptance: ≈ 0.73 accepted/draft with 3 draft tokens
 
@@ -71,6 +73,8 @@ class SimResult:
     events: list[tuple[float, str]] = field(default_factory=list)  # (t, what happened)
     # (ts, NVLink domains holding the longest cached prefix, chosen worker) per request
     placements: list[tuple[float, frozenset[str], str]] = field(default_factory=list)
+    # per worker, (ts, GPU blocks stored, of those evicted from it within THRASH_WINDOW_S) per event batch
+    evictions: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
 
 
 class Simulation:
@@ -91,6 +95,8 @@ class Simulation:
         self.events: list[tuple[float, str]] = []
         self.track_placement = track_placement
         self.placements: list[tuple[float, frozenset[str], str]] = []
+        self.evictions: dict[str, list[tuple[float, int, int]]] = {}
+        self._evicted: dict[str, dict[int, float]] = {}  # worker -> evicted hash -> when
         self._outer_sink = sink
         self._fresh: list[dict] = []  # records emitted since the run loop last handed them on
         self.fleet = fleet
@@ -155,8 +161,26 @@ class Simulation:
             router.engines[name] = engine
         return engine
 
+    def _thrash(self, worker: str, events: list, ts: float) -> None:
+        """Ground truth for cache pressure: stores of blocks the worker itself evicted recently."""
+        evicted = self._evicted.setdefault(worker, {})
+        stored = restored = 0
+        for ev in events:
+            if isinstance(ev, Removed):
+                evicted.update(dict.fromkeys(ev.hashes, ts))
+            elif isinstance(ev, Stored):
+                stored += len(ev.hashes)
+                for h in ev.hashes:
+                    at = evicted.pop(h, None)
+                    restored += at is not None and ts - at <= THRASH_WINDOW_S
+            else:  # a reset is not eviction
+                evicted.clear()
+        if stored:
+            self.evictions.setdefault(worker, []).append((ts, stored, restored))
+
     def _events_for(self, worker: str) -> Callable[[list, float], None]:
         def cb(events: list, ts: float) -> None:
+            self._thrash(worker, events, ts)
             router = getattr(self, "router", None)
             if router is not None:
                 router.on_kv_events(worker, events, ts)
@@ -294,7 +318,7 @@ class Simulation:
         if self._fresh:
             self._hand_on(on_request)
         return SimResult(sc, self.topology, self.router, self.engines, self.records, self.samples, self.start,
-                         time.perf_counter() - wall, self.events, self.placements)
+                         time.perf_counter() - wall, self.events, self.placements, self.evictions)
 
     def _placement(self, record: dict) -> None:
         """Ground truth for topology-aware placement: where the longest cached prefix lives.
@@ -481,14 +505,22 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
     warm = [w.name for w in topo.workers if w.warm_pool]
     warm_util = [sum(max(s.workers[w]["kv_usage"], s.workers[w]["running"] / s.workers[w]["max_running"])
                      for w in warm) / len(warm) for s in samples] if warm else []
-    block_ratio = [max(v["resident_blocks"] / v["capacity_blocks"] for v in s.workers.values()) for s in samples]
+    # cache pressure as the check reads it: thrash of the workers whose cache is full (a full cache alone is normal)
+    full_share = _threshold("prefix_block_count_per_worker")
+    pressure: list[float] = []
+    for w, batches in result.evictions.items():
+        fills = [s.workers[w]["resident_blocks"] / s.workers[w]["capacity_blocks"] for s in samples if w in s.workers]
+        got = [(n, r) for ts, n, r in batches if lo <= ts < result.start + until]
+        stored = sum(n for n, _ in got)
+        if fills and stored:
+            pressure.append(sum(r for _, r in got) / stored if max(fills) > full_share else 0.0)
     cold_p99, warm_p50 = quantile(cold_per_token, 0.99), quantile(warm_per_token, 0.5)
     placed = [topo.domain_of(w) in d for ts, d, w in result.placements if lo <= ts < result.start + until]
     return {
         "prefix_hit_rate_total": _ratio(_counter_delta(result.samples, since, until, "prefix_hits"),
                                         _counter_delta(result.samples, since, until, "prefix_queries")),
         "prefix_hit_rate_per_session": _ratio(fu_cached, fu_prompt),
-        "prefix_block_count_per_worker": max(block_ratio) if block_ratio else None,
+        "prefix_block_count_per_worker": max(pressure) if pressure else None,
         "sticky_session_collision_rate": _ratio(collisions, followups),
         "warm_pool_utilization": sum(warm_util) / len(warm_util) if warm_util else None,
         "session_migration_count_per_minute": migrations / minutes if minutes else None,
@@ -509,6 +541,12 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
                                    for w, ts in last_served.items()), default=None),
         "index_staleness": _ratio(stale, prompt_total),
     }
+
+
+def _threshold(key: str) -> float:
+    from prefixscope.thresholds import load_thresholds
+
+    return load_thresholds().checks[key].value
 
 
 def iter_phase_windows(result: SimResult) -> Iterable[tuple[str, float, float]]:

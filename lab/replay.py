@@ -332,6 +332,9 @@ class Replay:
                 "skipped_lines": self.trace.skipped, "workers": len(self.engines), "policy": self.policy,
                 "block_size": self.topology.block_size,
                 "capacity_blocks": {w.name: w.kv_blocks for w in self.topology.workers},
+                # how full the fullest worker's KV cache ended (resident / capacity, from the index)
+                "max_cache_fill_ratio": max(((self.state.index.resident_blocks(w.name) or 0) / w.kv_blocks
+                                             for w in self.topology.workers if w.kv_blocks), default=None),
                 "mode": "timed" if self.timed else "sequential",
                 "prompt_tokens": prompt_total, "hit_tokens": hit_total,
                 "virtual_seconds": self.clock.now() - self.start,

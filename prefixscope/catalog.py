@@ -16,7 +16,8 @@ value is.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -33,6 +34,7 @@ REPLICA_BUCKETS = (1, 2, 3, 4, 8, 16)
 PREFILL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 PER_TOKEN_BUCKETS = (2.5e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 4e-4, 6e-4, 8e-4, 1.2e-3, 2.4e-3, 5e-3)
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 60.0)
+EVICTION_AGE_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
 WALK_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
 
 
@@ -262,6 +264,14 @@ METRICS: tuple[Metric, ...] = (
             help="Batches missing after sequence gaps (before replay)."),
     _metric(name="kv_event_replays", type="counter", unit="", labels=(W, "result"), group=0, source="kv_events",
             help="Replay requests sent after gaps, by result (recovered, partial, failed)."),
+    _metric(name="kv_event_lost_batches", type="counter", unit="", labels=(W,), group=0, source="kv_events",
+            help="Missed batches that no replay recovered (no replay endpoint, or the worker's buffer no longer held them): lost for good."),
+    _metric(name="kv_index_repairs", type="counter", unit="", labels=(W, "reason"), group=0, source="kv_events",
+            help="Repairs of a worker's view after unhealed loss or drift, by reason (lost_batches, over_capacity): "
+                 "a rebuild from the worker's replay, or the view marked unreliable when no replay could rebuild it."),
+    _metric(name="kv_view_unreliable", type="gauge", unit="", labels=(W,), group=0, source="kv_events",
+            help="1 while a worker's view may be wrong (events lost, no complete rebuild) until its cache turns over "
+                 "(as many blocks stored as it has capacity), 0 otherwise."),
     _metric(name="kv_event_last_timestamp_seconds", type="gauge", unit="seconds", labels=(W,), group=0, source="kv_events",
             help="Wall-clock time the last KV-event batch from the worker was received (or of the last scrape that found the worker idle, with no events to send)."),
     _metric(name="kv_event_lag_seconds", type="gauge", unit="seconds", labels=(W,), group=0, source="kv_events",
@@ -291,6 +301,22 @@ METRICS: tuple[Metric, ...] = (
             help="Blocks resident on the worker, from its KV events."),
     _metric(name="worker_capacity_blocks", type="gauge", unit="blocks", labels=(W,), group=1, source="worker_metrics",
             help="The worker's KV-cache capacity (num_gpu_blocks from cache_config_info, or the topology)."),
+    _metric(name="kv_blocks_stored", type="counter", unit="blocks", labels=(W,), group=1, source="kv_events",
+            help="GPU blocks stored on the worker (BlockStored events)."),
+    _metric(name="kv_blocks_evicted", type="counter", unit="blocks", labels=(W,), group=1, source="kv_events",
+            help="GPU blocks evicted from the worker (BlockRemoved events)."),
+    _metric(name="kv_blocks_restored_after_eviction", type="counter", unit="blocks", labels=(W,), group=1, source="kv_events",
+            help="Stored GPU blocks that the same worker had evicted within the window (thrash: eviction that cost a recomputation)."),
+    _metric(name="kv_block_eviction_age_seconds", type="histogram", unit="seconds", labels=(W, "reused"), group=1, source="kv_events",
+            buckets=EVICTION_AGE_BUCKETS,
+            help="How long sampled evicted GPU blocks were resident, by whether any reuse was seen before eviction (true, false)."),
+    _metric(name="external_prefix_cache_queried_tokens", type="counter", unit="tokens", labels=(W, M), group=1, source="worker_metrics",
+            help="Prompt tokens looked up in the worker's external (KV-connector / offload) cache; absent when the engine does not export it."),
+    _metric(name="external_prefix_cache_hit_tokens", type="counter", unit="tokens", labels=(W, M), group=1, source="worker_metrics",
+            help="Prompt tokens found in the worker's external (KV-connector / offload) cache; absent when the engine does not export it."),
+    _metric(name="prefix_cache_tier_hit_tokens", type="counter", unit="tokens", labels=(W, M, "tier"), group=1, source="worker_metrics",
+            help="Cached prompt tokens by the tier that served them (vLLM: device, host, p2p, disk, external_unspecified; "
+                 "SGLang: its cache_source); absent when the engine does not export them."),
     _metric(name="worker_block_size_tokens", type="gauge", unit="tokens", labels=(W,), group=1, source="worker_metrics",
             help="The worker's KV block size in tokens."),
     _metric(name="prefix_tree_leaf_depth", type="gaugehistogram", unit="edges", labels=(), group=1, source="kv_events", buckets=DEPTH_BUCKETS,
@@ -431,6 +457,22 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="worker:prefixscope_worker_resident_blocks_per_capacity:ratio",
                   expr=f"{P}_worker_resident_blocks / on (worker) {P}_worker_capacity_blocks",
                   group=1, help="Resident blocks against capacity per worker."),
+    RecordingRule(record="worker:prefixscope_kv_thrash:ratio_rate5m",
+                  expr=_ratio(f"{P}_kv_blocks_restored_after_eviction_total", f"{P}_kv_blocks_stored_total", "worker"),
+                  group=1, help="Thrash per worker: share of stored GPU blocks the worker had evicted within the window."),
+    RecordingRule(record="worker:prefixscope_kv_evicted_before_reuse:ratio_rate5m",
+                  expr=_ratio(f'{P}_kv_block_eviction_age_seconds_count{{reused="false"}}',
+                              f"{P}_kv_block_eviction_age_seconds_count", "worker"),
+                  group=1, help="Share of (sampled) evicted blocks with no reuse seen while resident."),
+    RecordingRule(record="worker:prefixscope_kv_block_eviction_age_seconds:p50_5m",
+                  expr=_quantile(0.5, f"{P}_kv_block_eviction_age_seconds", "worker"),
+                  group=1, help="Median residency of evicted blocks per worker."),
+    # A full cache is normal; thrash on a full one is pressure. The fullness limit is the threshold
+    # entry named in threshold(...), filled in when the rule file is generated (one place for it).
+    RecordingRule(record="worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m",
+                  expr="worker:prefixscope_kv_thrash:ratio_rate5m * on (worker) "
+                       "(worker:prefixscope_worker_resident_blocks_per_capacity:ratio > bool threshold(prefix_block_count_per_worker))",
+                  group=1, help="Thrash of workers whose cache is full (0 for the others)."),
     RecordingRule(record="cluster:prefixscope_prefix_tree_leaf_depth:p99",
                   expr=f"histogram_quantile(0.99, sum by (le) ({P}_prefix_tree_leaf_depth_bucket))",
                   group=1, help="p99 leaf depth of the radix-compressed prefix tree."),
@@ -510,6 +552,25 @@ if set(SIGNAL_SOURCES) != set(SIGNALS) or set(SIGNAL_ENABLE) != set(SIGNALS):  #
     raise ImportError(f"signals without sources or how-to: {sorted(set(SIGNALS) ^ set(SIGNAL_SOURCES))}, "
                       f"{sorted(set(SIGNALS) ^ set(SIGNAL_ENABLE))}")
 
+
+# A recording rule may compare with a threshold: ``threshold(key)`` names the alerts/thresholds.yaml
+# entry, and the rule file is generated with its value (so the value still lives in one place).
+THRESHOLD_REF = re.compile(r"threshold\((\w+)\)")
+
+
+def rule_threshold_refs() -> dict[str, str]:
+    """Threshold key -> the first recording rule that reads it."""
+    out: dict[str, str] = {}
+    for r in RECORDING_RULES:
+        for key in THRESHOLD_REF.findall(r.expr):
+            out.setdefault(key, r.record)
+    return out
+
+
+def render_expr(expr: str, values: Mapping[str, float]) -> str:
+    """``expr`` with every ``threshold(key)`` replaced by the value of that threshold."""
+    return THRESHOLD_REF.sub(lambda m: f"{values[m[1]]:g}", expr)
+
 CHECKS: tuple[Check, ...] = (
     # ---- step 0: telemetry health ---------------------------------------------------------
     Check(key="targets_up", group=0, kind="health", title="Scrape targets up", alert="PrefixTelemetryTargetDown",
@@ -523,11 +584,13 @@ CHECKS: tuple[Check, ...] = (
           op=">", threshold="kv_event_staleness", unit="seconds", signals=("kv_events",),
           meaning="A worker's KV-event stream has gone quiet while it serves traffic; the index is going stale.",
           summary="A worker's KV-event stream has been silent for more than {threshold}."),
-    Check(key="kv_event_gaps", group=0, kind="health", title="KV-event sequence gaps", alert="PrefixTelemetryKvEventGaps",
-          value=f"sum(increase({P}_kv_event_missed_batches_total[5m]))",
-          op=">", threshold="kv_event_gaps", unit="batches", signals=("kv_events",),
-          meaning="KV-event batches were lost in the last 5 minutes.",
-          summary="KV-event batches are being lost before the index sees them."),
+    Check(key="kv_event_gaps", group=0, kind="health", title="KV-event loss and index drift", alert="PrefixTelemetryKvEventGaps",
+          value=f"sum(increase({P}_kv_index_repairs_total[5m]))",
+          op=">", threshold="kv_event_gaps", unit="repairs", signals=("kv_events",),
+          meaning="A worker's view had to be repaired in the last 5 minutes: KV-event batches were lost and no replay "
+                  "recovered them, or the view drifted from what the worker reports (more resident blocks than its "
+                  "capacity). Gaps that the replay healed are counted but are not a failure.",
+          summary="The prefix index lost KV events it could not recover, or drifted from a worker's own cache."),
     Check(key="index_staleness", group=0, kind="health", title="Index staleness (predicted − achieved)", alert="PrefixTelemetryIndexStale",
           value="cluster:prefixscope_index_staleness_tokens_per_prompt_tokens:ratio_rate5m",
           op=">", threshold="index_staleness", unit="ratio", signals=("predicted_cached_tokens", "cached_tokens"),
@@ -549,11 +612,14 @@ CHECKS: tuple[Check, ...] = (
           op="<", threshold="prefix_hit_rate_per_session", unit="ratio", signals=("session_key", "cached_tokens"),
           meaning="Σ cached / Σ prompt tokens over follow-up turns of keyed sessions.",
           summary="Follow-up turns of multi-turn sessions hit the prefix cache less than {threshold} of the time."),
-    Check(key="prefix_block_count_per_worker", group=1, title="Resident blocks vs capacity", alert="PrefixCacheNearCapacity",
-          value="max(worker:prefixscope_worker_resident_blocks_per_capacity:ratio)",
-          op=">", threshold="prefix_block_count_per_worker", unit="ratio", signals=("kv_events",),
-          meaning="Resident blocks per worker from KV events against num_gpu_blocks.",
-          summary="A worker's KV cache holds more than {threshold} of its block capacity."),
+    Check(key="prefix_block_count_per_worker", group=1, title="Cache pressure (full and thrashing)", alert="PrefixCacheNearCapacity",
+          value="max(worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m)",
+          op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",),
+          meaning="Thrash of the workers whose cache is full (resident blocks from KV events above the "
+                  "prefix_block_count_per_worker share of num_gpu_blocks): the share of stored blocks the worker had "
+                  "itself evicted within the window. A full cache alone is normal (vLLM evicts only on demand).",
+          summary="A worker's full KV cache evicts blocks it needs again: more than {threshold} of its stored blocks "
+                  "were evicted and stored again within the window."),
     Check(key="prefix_tree_depth_p99", group=1, title="Prefix-tree depth p99", alert="PrefixTreeTooDeep",
           value="cluster:prefixscope_prefix_tree_leaf_depth:p99",
           op=">", threshold="prefix_tree_depth_p99", unit="depth", signals=("kv_events",),
@@ -688,6 +754,7 @@ def to_table() -> str:
 
 __all__ = [
     "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "METRICS", "METRICS_BY_NAME", "NAMESPACE",
-    "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS", "RULES_BY_NAME", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SOURCE_NAMES", "STEPS", "Check", "Metric", "RecordingRule", "Step",
-    "as_dict", "check_sources", "checks_for_step", "to_json", "to_table",
+    "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS", "RULES_BY_NAME", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES",
+    "SOURCE_NAMES", "STEPS", "THRESHOLD_REF", "Check", "Metric", "RecordingRule", "Step",
+    "as_dict", "check_sources", "checks_for_step", "render_expr", "rule_threshold_refs", "to_json", "to_table",
 ]

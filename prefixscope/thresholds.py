@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefixscope.catalog import CHECKS, Check
+from prefixscope.catalog import CHECKS, Check, rule_threshold_refs
 from prefixscope.durations import parse_duration
 from prefixscope.validation import InvalidFile, Problems, read_yaml
 
@@ -56,6 +56,10 @@ class Thresholds:
     def value(self, check: Check) -> float:
         return self.checks[check.threshold].value
 
+    def values(self) -> dict[str, float]:
+        """Every threshold value by key (what ``catalog.render_expr`` fills in)."""
+        return {key: entry.value for key, entry in self.checks.items()}
+
     def for_s(self, check: Check) -> float:
         return parse_duration(self.checks[check.threshold].for_)
 
@@ -74,10 +78,14 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
     problems.check_schema(data, SCHEMA_FILE)
     raw_checks = data.get("checks") if isinstance(data, dict) else None
     raw_checks = raw_checks if isinstance(raw_checks, dict) else {}
-    known = {c.threshold for c in CHECKS}
+    rule_refs = rule_threshold_refs()
+    known = {c.threshold for c in CHECKS} | set(rule_refs)
     for key in raw_checks:
         if key not in known:
-            problems.add(f"checks.{key}", "unknown key: no check in prefixscope/catalog.py uses this threshold")
+            problems.add(f"checks.{key}", "unknown key: no check or recording rule in prefixscope/catalog.py uses this threshold")
+    for key, record in rule_refs.items():
+        if isinstance(data, dict) and isinstance(data.get("checks"), dict) and key not in raw_checks:
+            problems.add(f"checks.{key}", f"missing: the recording rule {record} needs it")
     for check in CHECKS:
         where = f"checks.{check.threshold}"
         if isinstance(data, dict) and isinstance(data.get("checks"), dict) and check.threshold not in raw_checks:

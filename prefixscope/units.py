@@ -41,6 +41,7 @@ _FORMATS: dict[str, tuple[Callable[[float], str], Callable[[float], str]]] = {
     "tokens": (lambda v: f"{v:g} tokens", lambda v: f"{v:,.0f} tokens"),
     "blocks": (lambda v: f"{v:g} blocks", lambda v: f"{v:,.0f} blocks"),
     "batches": (lambda v: f"{v:g} batches", lambda v: f"{v:g} batches"),
+    "repairs": (lambda v: f"{v:g} repairs", lambda v: f"{v:g} repairs"),
     "targets": (lambda v: f"{v:g} targets", lambda v: f"{v:g} targets"),
     # depth (prefix-tree edges) and unitless counts read as bare numbers
     "depth": (lambda v: f"{v:g}", lambda v: f"{v:g}"),

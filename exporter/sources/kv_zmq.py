@@ -18,7 +18,13 @@ Sequence tracking, per worker, in this order:
 * a smaller jump forward is a gap: it is counted, the missed batches are requested from the
   worker's ROUTER replay endpoint (if it has one) and applied in order *before* the batch that
   revealed the gap; only batches older than that one are taken from the replay, so the live
-  stream never delivers one twice;
+  stream never delivers one twice. A gap the replay healed is counted (``replays{result=
+  "recovered"}``) and is nothing more. Batches no replay recovered are *lost*
+  (``kv_event_lost_batches``): the view is rebuilt — the replay is asked again from seq 0,
+  the view is cleared and refilled from what the worker's buffer still holds — and the sink is
+  told (``sink.view_repaired``, counted as a repair) whether the rebuild was complete (the
+  buffer went back to seq 0) or the view stays unreliable until the cache turns over. Without a
+  replay endpoint nothing can be rebuilt: the view is kept and marked unreliable;
 * a seq of 0 after others, or any seq below the expected one, means the worker restarted
   (vLLM's counter starts at 0 per process and PUB never reorders): its view is cleared through
   ``sink.worker_restarted``;
@@ -41,6 +47,12 @@ messages that raced the replay (seq ≤ mark, same payload as the replayed batch
 as duplicates; a seq ≤ mark with another payload is a restart. The first live seq past the
 mark ends the startup phase (batches between are fetched without counting a gap, as on a
 late join); so does ``replay_timeout`` after the replay, by when every racing message is in.
+
+The state may also ask for a rebuild (:meth:`KvEventSubscriber.request_rebuild`, from any thread)
+when a view drifts from what the worker reports; it runs on the subscriber thread like a gap's.
+
+Every configured stream's gap, missed, lost (and, with a replay endpoint, replay) series exist
+from the start at 0: a stream without gaps reads 0, not missing.
 
 BlockStored is idempotent in the state, so a replayed block that was also seen is harmless.
 Per-batch stream health and restarts are counted by the sink (``ClusterState``); this adapter
@@ -73,6 +85,8 @@ STARTUP_DEDUP = 2048
 MAX_SEQ_JUMP = 1 << 40  # a forward jump this large is a corrupt seq, not a gap (see above)
 REPLAY_TOTAL_TIMEOUTS = 10  # a replay ends after this many replay_timeouts in all, however it drips
 _STOP_CHECK_S = 0.1  # how often a waiting replay thread looks at the stop flag
+REPLAY_RESULTS = ("recovered", "partial", "failed")
+LOST_BATCHES = "lost_batches"  # the repair reason for a rebuild after lost batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +104,10 @@ class _Replay:
 
     start: int
     end: int
-    gap: bool  # a gap's replay is counted (recovered/partial/failed); a late join's is not
-    then: tuple[int, bytes, float]  # the live message that asked for it: (seq, payload, received_at)
+    kind: str  # "gap" (counted: recovered/partial/failed), "join" (a late join, not counted), "rebuild"
+    then: tuple[int, bytes, float] | None  # the live message that asked for it: (seq, payload, received_at)
     waiting: list[tuple[list[bytes], float]] = field(default_factory=list)  # later live messages
+    reason: str = LOST_BATCHES  # why a rebuild runs (the repair's reason)
 
 
 class KvEventSubscriber:
@@ -118,6 +133,7 @@ class KvEventSubscriber:
         self._replays: dict[str, _Replay] = {}  # workers with a replay in flight
         self._replayed: queue.SimpleQueue[tuple[str, list[tuple[int, bytes]]]] = queue.SimpleQueue()
         self._replay_threads: dict[str, threading.Thread] = {}
+        self._rebuilds: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()  # (worker, reason) asked for
         self._ctx = zmq.Context()
         self._stop = threading.Event()
         self._connected = threading.Event()
@@ -130,6 +146,27 @@ class KvEventSubscriber:
             raise RuntimeError("subscriber already started")
         self._thread = threading.Thread(target=self._run, name="prefixscope-kv-events", daemon=True)
         self._thread.start()
+
+    def request_rebuild(self, worker: str, reason: str) -> bool:
+        """Ask for the worker's view to be rebuilt from its replay (any thread); False if it has
+        no replay endpoint (nothing can rebuild it). The sink hears ``reset_view`` and then
+        ``view_repaired`` from the subscriber thread."""
+        ep = self.endpoints.get(worker)
+        if ep is None or ep.replay is None:
+            return False
+        self._rebuilds.put((worker, reason))
+        return True
+
+    def _zero_series(self) -> None:
+        """Every configured stream's gap series exist from the start, at 0."""
+        incs: list[tuple[str, tuple[str, ...], float]] = []
+        for worker, ep in self.endpoints.items():
+            lab = (worker,)
+            incs += [("prefixscope_kv_event_sequence_gaps", lab, 0), ("prefixscope_kv_event_missed_batches", lab, 0),
+                     ("prefixscope_kv_event_lost_batches", lab, 0)]
+            if ep.replay is not None:
+                incs += [("prefixscope_kv_event_replays", (worker, r), 0) for r in REPLAY_RESULTS]
+        self.health.update(incs)
 
     def wait_connected(self, timeout: float = 5.0) -> bool:
         """True once every SUB socket is created and connecting (subscriptions still propagate)."""
@@ -162,6 +199,7 @@ class KvEventSubscriber:
         poller = zmq.Poller()
         sockets: dict[zmq.Socket, str] = {}
         try:
+            self._zero_series()
             for worker, ep in self.endpoints.items():
                 sock = self._ctx.socket(zmq.SUB)
                 sock.setsockopt(zmq.LINGER, 0)
@@ -216,23 +254,30 @@ class KvEventSubscriber:
         payload = frames[2]
         if self._startup_mark and self._after_startup_replay(worker, seq, payload, received_at):
             return
-        replay: tuple[int, bool] | None = None  # (start, counted as a gap)
+        replay: tuple[int, str] | None = None  # (start, kind)
         if expected is None:
             if seq > 0:  # joined a running worker: learn what it already caches
-                replay = (0, False)
+                replay = (0, "join")
         elif seq > expected:
             missing = seq - expected
             self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
             self.health.inc("prefixscope_kv_event_missed_batches", (worker,), missing)
-            replay = (expected, True)
+            replay = (expected, "gap")
         elif seq < expected:
             log.info("worker %s: KV-event sequence went from %d to %d: worker restarted", worker, expected - 1, seq)
             self._safely(worker, lambda: self.sink.worker_restarted(worker))
             if seq > 0:
-                replay = (0, False)
+                replay = (0, "join")
         self._next[worker] = seq + 1
         if replay is None or not self._start_replay(worker, replay[0], seq, replay[1], (seq, payload, received_at)):
             self._decode_and_apply(worker, seq, payload, received_at)
+            if replay is not None and replay[1] == "gap":  # no replay endpoint: the loss stays
+                self._lost(worker, seq - replay[0])
+                self._safely(worker, lambda: self.sink.view_repaired(worker, LOST_BATCHES, False))
+
+    def _lost(self, worker: str, n: int) -> None:
+        self.health.inc("prefixscope_kv_event_lost_batches", (worker,), n)
+        log.warning("worker %s: %d KV-event batch(es) lost for good", worker, n)
 
     def _decode_and_apply(self, worker: str, seq: int, payload: bytes, received_at: float) -> None:
         batch = kvcodec.decode_batch(payload, worker, seq, self.health)
@@ -255,7 +300,7 @@ class KvEventSubscriber:
             return False
         # published between the replay's answer and our subscription: not a gap
         self._next[worker] = seq + 1
-        if not self._start_replay(worker, mark + 1, seq, False, (seq, payload, received_at)):
+        if not self._start_replay(worker, mark + 1, seq, "join", (seq, payload, received_at)):
             self._decode_and_apply(worker, seq, payload, received_at)
         return True
 
@@ -275,7 +320,8 @@ class KvEventSubscriber:
         return True
 
     # ---- replay ---------------------------------------------------------------------------
-    def _start_replay(self, worker: str, start: int, end: int, gap: bool, then: tuple[int, bytes, float]) -> bool:
+    def _start_replay(self, worker: str, start: int, end: int, kind: str, then: tuple[int, bytes, float] | None,
+                      waiting: list[tuple[list[bytes], float]] | None = None, reason: str = LOST_BATCHES) -> bool:
         """Send the worker's replay request off on its own thread; False if it has no replay endpoint.
 
         ``then`` (the live message that revealed the need) and the worker's later live messages
@@ -284,7 +330,7 @@ class KvEventSubscriber:
         endpoint = self.endpoints[worker].replay
         if endpoint is None or end <= start:
             return False
-        self._replays[worker] = _Replay(start, end, gap, then)
+        self._replays[worker] = _Replay(start, end, kind, then, waiting or [], reason)
         thread = threading.Thread(target=self._fetch_replay, args=(worker, endpoint, start, end),
                                   name=f"prefixscope-kv-replay-{worker}", daemon=True)
         self._replay_threads[worker] = thread
@@ -337,8 +383,27 @@ class KvEventSubscriber:
             sock.close(0)
             self._replayed.put((worker, got))
 
+    def _start_rebuilds(self) -> None:
+        """Start the rebuilds the state asked for (a worker with a replay out waits for the next round)."""
+        later: list[tuple[str, str]] = []
+        while True:
+            try:
+                worker, reason = self._rebuilds.get_nowait()
+            except queue.Empty:
+                break
+            if worker in self._replays:
+                later.append((worker, reason))
+                continue
+            end = self._next.get(worker, 0)
+            if not self._start_replay(worker, 0, end, "rebuild", None, reason=reason):  # nothing published yet
+                self._safely(worker, lambda w=worker: self.sink.reset_view(w))
+                self._safely(worker, lambda w=worker, r=reason: self.sink.view_repaired(w, r, True))
+        for item in later:
+            self._rebuilds.put(item)
+
     def finish_replays(self) -> None:
         """Apply every replay that has come back, then the live messages that waited for it."""
+        self._start_rebuilds()
         while True:
             try:
                 worker, got = self._replayed.get_nowait()
@@ -346,16 +411,30 @@ class KvEventSubscriber:
                 return
             pending = self._replays.pop(worker)
             self._replay_threads.pop(worker, None)
+            missing = pending.end - pending.start
+            if pending.kind == "gap" and len(got) != missing:
+                result = "partial" if got else "failed"
+                self.health.inc("prefixscope_kv_event_replays", (worker, result))
+                log.warning("worker %s: replay of seq %d..%d gave %d of %d batches", worker,
+                            pending.start, pending.end - 1, len(got), missing)
+                self._lost(worker, missing - len(got))
+                # Rebuild: whatever the buffer still holds from seq 0, into a cleared view.
+                if self._start_replay(worker, 0, pending.end, "rebuild", pending.then, pending.waiting):
+                    continue
+            if pending.kind == "rebuild":
+                self._safely(worker, lambda w=worker: self.sink.reset_view(w))
             for seq, payload in got:
                 self._decode_and_apply(worker, seq, payload, self.clock())
-            if pending.gap:
-                missing = pending.end - pending.start
-                result = "recovered" if len(got) == missing else "partial" if got else "failed"
-                self.health.inc("prefixscope_kv_event_replays", (worker, result))
-                if len(got) != missing:
-                    log.warning("worker %s: replay of seq %d..%d gave %d of %d batches", worker,
-                                pending.start, pending.end - 1, len(got), missing)
-            self._decode_and_apply(worker, *pending.then)
+            if pending.kind == "gap" and len(got) == missing:
+                self.health.inc("prefixscope_kv_event_replays", (worker, "recovered"))
+            if pending.kind == "rebuild":
+                complete = [seq for seq, _ in got] == list(range(pending.end))
+                if not complete:
+                    log.warning("worker %s: rebuild from the replay got %d of %d batches: view unreliable until "
+                                "its cache turns over", worker, len(got), pending.end)
+                self._safely(worker, lambda w=worker, r=pending.reason, c=complete: self.sink.view_repaired(w, r, c))
+            if pending.then is not None:
+                self._decode_and_apply(worker, *pending.then)
             for i, (frames, received_at) in enumerate(pending.waiting):
                 self.handle_message(worker, frames, received_at)
                 later = self._replays.get(worker)

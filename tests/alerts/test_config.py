@@ -11,7 +11,7 @@ import yaml
 from alerts import generate
 from prefixscope import SCHEMAS_DIR
 from prefixscope import thresholds as config
-from prefixscope.catalog import CHECKS
+from prefixscope.catalog import CHECKS, rule_threshold_refs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_committed_config_loads_with_the_seed_thresholds() -> None:
     assert th.checks["cross_node_migration_count_per_minute"].for_ == "2m"
     assert th.checks["slo_session_hit_rate"].severity == "info"
     assert th.window == "5m" and th.cold_reuse_share == 0.1
-    assert set(th.checks) == {c.threshold for c in CHECKS}
+    assert set(th.checks) == {c.threshold for c in CHECKS} | set(rule_threshold_refs())
     assert th.runbook_url("PrefixHitRateLow").endswith("/runbooks/PrefixHitRateLow.md")
 
 
@@ -58,7 +58,8 @@ def test_unknown_keys_at_every_level() -> None:
     problems = _problems(data)
     assert len(problems) == 3
     assert problems[0].startswith("alerts/thresholds.yaml: thresholds_extra: unknown field (allowed: schema, window, ")
-    assert any("checks.not_a_check: unknown key: no check in prefixscope/catalog.py" in p for p in problems)
+    assert any("checks.not_a_check: unknown key: no check or recording rule in prefixscope/catalog.py" in p
+               for p in problems)
     assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity)" in problems
 
 

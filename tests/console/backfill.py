@@ -4,7 +4,8 @@ The scenario: the hit rate falls (0.41, the symptom) because sticky
 sessions fail (12% collisions, step 2). Counters grow linearly, so every 5m rate ratio is
 exact: hit 41/100, follow-up cached 86/100, collisions 12/100, placement 95/100, spec 75/100,
 affinity 80/100; reuse per 1000 prompt tokens: 800 available, 420 predicted, 400 achieved,
-20 stale. Step 3 (prefill timing, async prefill), the walk latency and MoE have no source.
+20 stale. w0's cache is full (10000 of 10000 blocks, normal in steady state) and 3 of every 100
+blocks it stores it had evicted within the window (thrash 3%, below the alert). Step 3 (prefill timing, async prefill), the walk latency and MoE have no source.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ COUNTERS: dict[str, list[tuple[dict[str, str], float]]] = {
     "prefixscope_reuse_achieved_tokens_total": [({"model": "m"}, 400.0)],
     "prefixscope_index_staleness_tokens_total": [({"model": "m"}, 20.0)],
     "prefixscope_kv_event_missed_batches_total": [({"worker": "w0"}, 0.0)],
+    "prefixscope_kv_index_repairs_total": [({"worker": "w0", "reason": "lost_batches"}, 0.0)],
+    "prefixscope_kv_blocks_stored_total": [({"worker": "w0"}, 100.0)],
+    "prefixscope_kv_blocks_restored_after_eviction_total": [({"worker": "w0"}, 3.0)],
     "prefixscope_ingest_errors_total": [({"source": "records", "kind": "schema"}, 0.0)],
 }
 GAUGES: dict[str, list[tuple[dict[str, str], float]]] = {
     "prefixscope_up": [({"target": "w0", "kind": "worker"}, 1.0), ({"target": WEIRD_TARGET, "kind": "router"}, 1.0)],
-    "prefixscope_worker_resident_blocks": [({"worker": "w0"}, 7200.0)],
+    "prefixscope_worker_resident_blocks": [({"worker": "w0"}, 10000.0)],
     "prefixscope_worker_capacity_blocks": [({"worker": "w0"}, 10000.0)],
     "prefixscope_warm_pool_utilization_ratio": [({"worker": "w3"}, 0.35)],
     # p99 over 10 leaves: 5 at depth ≤ 2, 10 at ≤ 4 → 2 + 2 × (9.9 − 5) / 5 = 3.96

@@ -61,7 +61,7 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     assert f"Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — {FIRING}" in body
     assert f"**Sticky-session collisions**: 30.0% (alert when > 5.0%) — {FIRING}" in body
     assert f"**Session hit rate (follow-up turns)**: 85.0% (alert when < 80.0%) — {OK}" in body
-    assert f"**Resident blocks vs capacity**: 4.0% (alert when > 90.0%) — {OK}" in body
+    assert f"**Cache pressure (full and thrashing)**: 0.0% (alert when > 10.0%) — {OK}" in body
     # Not instrumented is neither ok nor an alarm, and says what is missing.
     assert f"### Step 3 — Cold-miss cost · {MISSING}" in body
     assert f"**Async prefill wait p99**: — (alert when > 5.00 s) — {MISSING} · missing signal: async_prefill" in body
@@ -142,7 +142,7 @@ def test_prefix_tree_page_with_a_topology_and_a_pool_change(topology_only: str) 
 def test_workers_page(exporter_only: str) -> None:
     at = run("workers")
     m = metrics(at)
-    assert m["Resident blocks vs capacity"] == "4.0%"
+    assert m["Cache pressure (full and thrashing)"] == "0.0%"  # 4 of 100 blocks: not full
     assert m["Topology-aware placement"] == "—"  # no topology: missing, not 0
     # No scrape targets, but the pool holds both workers the exporter has seen: both up.
     assert (m["Up"], m["Down"], m["Left the pool"], m["Pool size (exporter)"]) == ("2", "0", "0", "2")
@@ -156,7 +156,7 @@ def test_workers_page_with_a_topology_and_a_pool_change(topology_only: str) -> N
     """Hand-computed from topology_cluster.py (its docstring lays out every input)."""
     at = run("workers")
     m = metrics(at)
-    assert m["Resident blocks vs capacity"] == "1.0%"  # max over workers: w2's 4 / 400
+    assert m["Cache pressure (full and thrashing)"] == "0.0%"  # no worker is full (w2: 4 / 400)
     # Placements in the last 5 minutes (best holder's domain vs the chosen worker's): u0, u1
     # (n0-d0 → w0, w1), v1 (w2's n1-d0 → w3), m0b, m1 (w3) hit; v0 (w2's n1-d0 → w0) misses: 5 / 6.
     assert m["Topology-aware placement"] == "83.3%"

@@ -8,7 +8,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collector import PrefixscopeCollector
 from exporter.health import Health
-from exporter.model import BlockStored, CumulativeHistogram, KvBatch, RouterSnapshot, WorkerSnapshot
+from exporter.model import (
+    BlockRemoved,
+    BlockStored,
+    CumulativeHistogram,
+    KvBatch,
+    RouterSnapshot,
+    WorkerSnapshot,
+)
 from exporter.state import ClusterState
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
@@ -46,14 +53,19 @@ def full_state() -> ClusterState:
     h.set("prefixscope_scrape_duration_seconds", ("w0", "worker"), 0.01)
     h.inc("prefixscope_ingest_errors", ("records", "schema"), 0)
     h.inc("prefixscope_records_ingested", ("http",), 3)
-    for name in ("kv_event_sequence_gaps", "kv_event_missed_batches"):
+    for name in ("kv_event_sequence_gaps", "kv_event_missed_batches", "kv_event_lost_batches"):
         h.inc(f"prefixscope_{name}", ("w0",), 0)
     h.inc("prefixscope_kv_event_replays", ("w0", "recovered"), 0)
     st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16), BlockStored((4,), 2, 16))), 100.0)
+    # block 32 (a sampled hash) is evicted and stored again: thrash and an eviction age
+    st.apply_kv_batch(KvBatch("w0", 1, 99.5, (BlockStored((32,), None, 16), BlockRemoved((32,)),
+                                              BlockStored((32,), None, 16))), 100.5)
     for t, q, hits in ((100, 100, 50), (110, 300, 150)):
         st.observe_worker(WorkerSnapshot("w0", "vllm", model="m", prefix_queried_tokens=q, prefix_hit_tokens=hits,
                                          kv_usage_ratio=0.5, num_gpu_blocks=100, block_size=16, running=2,
-                                         max_running=8, spec_draft_tokens=q, spec_accepted_tokens=hits), t)
+                                         max_running=8, spec_draft_tokens=q, spec_accepted_tokens=hits,
+                                         external_queried_tokens=q, external_hit_tokens=hits,
+                                         tier_hit_tokens={"device": hits, "host": 0.0}), t)
     for t, n in ((105, 1), (110, 3)):  # a router's predicted match ratio: a baseline, then two more requests
         ratio = CumulativeHistogram((0.5, 1.0, math.inf), (0, n, n), 0.9 * n, n)
         st.observe_router(RouterSnapshot("r", "sglang-router", {"w0": 3}, {"w0": 1}, {"hit": 2, "miss": 1},

@@ -159,7 +159,8 @@ colour: red
     durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
     assert set(err.value.problems) == {
         "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, otlp, topology, "
-        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, prefix_text, window, limits, web, kv_nats, shard)",
+        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, prefix_text, eviction_memory, window, "
+        "limits, web, kv_nats, shard)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
         'exporter.yaml: workers[1].name: duplicate worker name "a"',

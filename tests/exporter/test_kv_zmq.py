@@ -17,6 +17,7 @@ import msgpack
 import pytest
 import zmq
 
+from exporter.checks import evaluate
 from exporter.health import Health
 from exporter.model import (
     AllBlocksCleared,
@@ -45,6 +46,7 @@ class RecordingSink:
         self.batches: list[KvBatch] = []
         self.restarts: list[str] = []
         self.resident: dict[str, set[int]] = {}
+        self.repairs: list[tuple[str, str, bool]] = []  # (worker, reason, reliable)
 
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
         with self.lock:
@@ -62,6 +64,14 @@ class RecordingSink:
         with self.lock:
             self.restarts.append(worker)
             self.resident[worker] = set()
+
+    def reset_view(self, worker: str) -> None:
+        with self.lock:
+            self.resident[worker] = set()
+
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        with self.lock:
+            self.repairs.append((worker, reason, reliable))
 
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         pass
@@ -178,7 +188,9 @@ def ctx():
 
 
 def _counters(health: Health) -> dict:
-    return health.snapshot()[0]
+    """The counters that moved (every stream's gap and replay series exist from the start, at 0)."""
+    out = {name: {k: v for k, v in series.items() if v} for name, series in health.snapshot()[0].items()}
+    return {name: series for name, series in out.items() if series}
 
 
 def _start(pubs: dict[str, VllmLikePublisher], sink: RecordingSink, health: Health, *, replay: bool = True,
@@ -249,17 +261,22 @@ def test_partial_and_failed_replays(ctx: zmq.Context) -> None:
         silent.publish([("stored", [7])])
         silent.publish([("stored", [8], 7)], send=False)
         silent.publish([("stored", [9], 8)])
-        wait_for(lambda: len(sink.seqs("w0")) == 3 and len(sink.seqs("w1")) == 2)
+        wait_for(lambda: len(sink.repairs) == 2 and sink.seqs("w0")[-1:] == [3] and sink.seqs("w1")[-1:] == [2])
     finally:
         sub.close()
         pub.close()
         silent.close()
-    assert sink.seqs("w0") == [0, 2, 3]
+    # w0: the gap's replay gave seq 2 but not 1; the view is rebuilt from what the buffer holds
+    # (seq 0 and 2), which is not everything: unreliable until its cache turns over
+    assert sink.seqs("w0") == [0, 0, 2, 3]
     assert sink.resident["w0"] == {1, 3, 4}  # block 2 is lost for good, and counted
-    assert sink.seqs("w1") == [0, 2]
+    assert sink.seqs("w1")[0] == 0 and sink.seqs("w1")[-1] == 2  # its replay socket never answers
+    assert sorted(sink.repairs) == [("w0", "lost_batches", False), ("w1", "lost_batches", False)]
+    assert pub.replay_requests == [0, 1, 0]  # start, the gap, the rebuild
     c = _counters(health)
     assert c["prefixscope_kv_event_replays"] == {("w0", "partial"): 1.0, ("w1", "failed"): 1.0}
     assert c["prefixscope_kv_event_missed_batches"] == {("w0",): 2.0, ("w1",): 1.0}
+    assert c["prefixscope_kv_event_lost_batches"] == {("w0",): 1.0, ("w1",): 1.0}
 
 
 def test_gap_without_replay_endpoint_is_counted_only(ctx: zmq.Context) -> None:
@@ -275,7 +292,9 @@ def test_gap_without_replay_endpoint_is_counted_only(ctx: zmq.Context) -> None:
         pub.close()
     c = _counters(health)
     assert c["prefixscope_kv_event_missed_batches"] == {("w0",): 1.0}
-    assert "prefixscope_kv_event_replays" not in c and pub.replay_requests == []
+    assert c["prefixscope_kv_event_lost_batches"] == {("w0",): 1.0}  # nothing can heal it
+    assert sink.repairs == [("w0", "lost_batches", False)]  # the view is kept, marked unreliable
+    assert "prefixscope_kv_event_replays" not in health.snapshot()[0] and pub.replay_requests == []
 
 
 def test_restart_clears_the_view(ctx: zmq.Context) -> None:
@@ -379,10 +398,13 @@ def test_dropped_batches_recovered_and_restart_clears_the_view(encoding: str, re
             parent = i * 10 + 1
         wait_for(lambda: state.index.resident_blocks("w0") == len(truth))
         assert all(state.index.holds("w0", h) for h in truth)
-        counters = health.snapshot()[0]
+        counters = _counters(health)
         assert counters["prefixscope_kv_event_missed_batches"] == {("w0",): 3.0}
         assert counters["prefixscope_kv_event_replays"] == {("w0", "recovered"): 1.0}
         assert counters["prefixscope_kv_event_batches"] == {("w0",): 10.0}
+        # healed: counted, nothing lost, no repair, step 0 clear
+        assert "prefixscope_kv_event_lost_batches" not in counters and "prefixscope_kv_index_repairs" not in counters
+        assert evaluate(state).results["kv_event_gaps"].status == "ok"
 
         pub.close()  # the worker restarts: a new process, an empty cache, seq from 0 again
         drop["on"] = False
@@ -441,7 +463,7 @@ def test_idle_worker_is_fully_known_after_start() -> None:
         silent.close()
     c = _counters(health)
     assert c["prefixscope_kv_event_batches"] == {("w0",): 3.0}
-    assert c["prefixscope_worker_restarts"] == {("w0",): 0.0}
+    assert health.snapshot()[0]["prefixscope_worker_restarts"] == {("w0",): 0.0}
     assert "prefixscope_kv_event_sequence_gaps" not in c and "prefixscope_ingest_errors" not in c
 
 

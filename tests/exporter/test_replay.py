@@ -52,7 +52,9 @@ def test_small_trace_eviction_with_a_tiny_cache() -> None:
     tight = rp.replay(trace, workers=1, policy="round-robin", capacity_blocks=4)
     assert roomy["replay"]["hit_tokens"] == 22 + 10
     assert tight["replay"]["hit_tokens"] == 22 + 8
-    assert tight["prefix_block_count_per_worker"] == pytest.approx(3 / 4)  # 1, 2, 3 resident at the end
+    # 1, 2, 3 resident at the end: 3/4 of the capacity is not full, so r5 storing block 3 again
+    # (evicted before) is not cache pressure
+    assert tight["prefix_block_count_per_worker"] == 0.0
 
 
 def test_records_trace_feeds_session_hit_rate() -> None:

@@ -82,7 +82,7 @@ def test_mooncake_replay_models_the_topologys_capacity_not_32_times_it() -> None
     result = rp.replay(trace, 8, "round-robin")
     assert result["replay"]["capacity_blocks"]["w0"] == base.workers[0].kv_blocks * base.block_size // 512
     # 1,200 Mooncake requests (~14 M prompt tokens) fill a worker's 1 M tokens of KV cache
-    assert result["prefix_block_count_per_worker"] > 0.9
+    assert result["replay"]["max_cache_fill_ratio"] > 0.9
 
 
 # ---- MoE alignment recovers after an intended gating change -------------------------------------
