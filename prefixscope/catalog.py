@@ -31,7 +31,11 @@ RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 DEPTH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
 FANOUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 REPLICA_BUCKETS = (1, 2, 3, 4, 8, 16)
-PREFILL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+# Prefill times step by about 1.5× so a p99 read off the buckets stays near the real one: with
+# 2–2.5× steps a 2.4× shift (cold work moving to a GPU class half as fast) read as 4× the
+# baseline and crossed PrefixColdPrefillSlow's 3×.
+PREFILL_BUCKETS = (0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 6.0, 10.0,
+                   15.0, 25.0, 40.0, 60.0, 100.0)
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 60.0)
 WALK_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
 
