@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from alerts.rules import alert_expr
-from prefixscope.catalog import CHECKS, METRICS, RECORDING_RULES, SIGNALS, STEPS, render_expr
+from alerts.rules import alert_exprs, windowed
+from prefixscope.catalog import BURN_WINDOWS, CHECKS, METRICS, RECORDING_RULES, SIGNALS, STEPS, render_expr
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import summary, threshold_text
 
@@ -44,10 +44,16 @@ def metrics_md(th: Thresholds) -> str:
     out += ["", "## Recording rules", "", "| rule | group | meaning | expression |", "|---|---|---|---|"]
     for r in RECORDING_RULES:
         group = r.group if r.group is not None else "+"
-        out.append(f"| `{r.record}` | {group} | {_cell(r.help)} | `{_cell(render_expr(r.expr, th.values()))}` |")
+        expr = render_expr(r.expr if r.fixed_windows else windowed(r.expr, th), th.values())
+        out.append(f"| `{r.record}` | {group} | {_cell(r.help)} | `{_cell(expr)}` |")
     out += ["", "## Checks and alerts", "",
             "Each check is one line of the seed's checklist, an SLO or a telemetry-health check. "
-            "Thresholds, `for` durations and severities come from `alerts/thresholds.yaml`.", ""]
+            "Thresholds, `for` durations and severities come from `alerts/thresholds.yaml`. "
+            f"Rates are over `{th.window}`; cold-prefill baselines over `{th.baseline_window}` ending one window ago.",
+            "",
+            "An SLO check shows its SLI over the window against its objective; its alerts are multi-window, "
+            "multi-burn-rate pairs (" + "; ".join(f"{b.pair}: {b.long} and {b.short}, {b.severity}" for b in BURN_WINDOWS)
+            + "), firing when both windows' error ratios exceed the pair's factor × the error budget.", ""]
     for step in STEPS:
         checks = [c for c in CHECKS if c.group == step.number]
         out += [f"### Step {step.number} — {step.title}: {step.question}", "",
@@ -56,9 +62,13 @@ def metrics_md(th: Thresholds) -> str:
         for c in checks:
             e = th.checks[c.threshold]
             limit = f"{c.op} {threshold_text(c, e.value)}" + (" baseline" if c.baseline else "")
+            if c.slo is not None and e.burn_rates:
+                limit = f"objective {threshold_text(c, e.value)}, burn " + ", ".join(
+                    f"{p} {f:g}×" for p, f in e.burn_rates.items())
             signals = ", ".join(c.signals) or "—"
+            exprs = "<br>".join(f"`{_cell(x)}`" for x in alert_exprs(c, th))
             out.append(f"| `{c.key}` ({c.kind}) | [{c.alert}](../runbooks/{c.alert}.md) | {e.severity} | "
-                       f"{_cell(limit)} | {e.for_} | {signals} | `{_cell(alert_expr(c, e.value))}` |")
+                       f"{_cell(limit)} | {e.for_} | {signals} | {exprs} |")
         out.append("")
     out += ["## Signals", "",
             "A check whose signals are not instrumented is shown as *not instrumented*, never as OK or zero.",

@@ -11,16 +11,21 @@ import hashlib
 
 from grafanalib import core as g
 
-from alerts.rules import step_group_name
-from prefixscope.catalog import CHECKS, STEPS, Check
+from alerts.rules import burn_severity, step_group_name, windowed
+from prefixscope.catalog import BURN_WINDOWS, CHECKS, STEPS, BurnWindows, Check
 from prefixscope.thresholds import Thresholds
-from prefixscope.wording import description, summary
+from prefixscope.wording import description, slo_description, summary
 
 DATASOURCE_UID = "prometheus"
 FOLDER = "prefixscope"
 INTERVAL = "1m"
 # grafanalib spells the no-data state as shown in Grafana's UI; provisioning wants the enum value.
 NO_DATA_STATES = {g.ALERTRULE_STATE_DATA_NODATA: "NoData"}
+# A check whose signal has no source yields no series, and a query that fails (Prometheus
+# restarting) says nothing about the fleet: neither may page. Both resolve to OK; an absent
+# exporter is PrefixExporterDown's business (absent() returns a series), not every rule's.
+NO_DATA_STATE = g.ALERTRULE_STATE_DATA_OK
+EXEC_ERR_STATE = g.ALERTRULE_STATE_DATA_OK
 
 
 def rule_uid(alert: str) -> str:
@@ -28,29 +33,53 @@ def rule_uid(alert: str) -> str:
     return "pfx-" + hashlib.sha1(alert.encode()).hexdigest()[:12]
 
 
-def _rule(check: Check, th: Thresholds, dashboard_uid: str, panel_id: int, dashboard_url: str) -> g.AlertRulev9:
-    entry = th.checks[check.threshold]
-    triggers: list = [g.Target(expr=check.value, refId="A", datasource=DATASOURCE_UID, instant=True),
+def rule_title(check: Check, pair: BurnWindows | None = None) -> str:
+    """The alert name; an SLO's burn-rate pairs get the pair in the title (Grafana wants titles unique
+    per folder; Prometheus tells the pairs apart by their severity label)."""
+    return check.alert if pair is None else f"{check.alert} ({pair.pair})"
+
+
+def _queries(first: str, second: str | None) -> list:
+    triggers: list = [g.Target(expr=first, refId="A", datasource=DATASOURCE_UID, instant=True),
                       g.AlertExpression(refId="B", expression="A", expressionType=g.EXP_TYPE_REDUCE,
                                         reduceFunction=g.EXP_REDUCER_FUNC_LAST)]
-    if check.baseline:
-        triggers += [g.Target(expr=check.baseline, refId="D", datasource=DATASOURCE_UID, instant=True),
+    if second is not None:
+        triggers += [g.Target(expr=second, refId="D", datasource=DATASOURCE_UID, instant=True),
                      g.AlertExpression(refId="E", expression="D", expressionType=g.EXP_TYPE_REDUCE,
                                        reduceFunction=g.EXP_REDUCER_FUNC_LAST)]
-        condition = f"$B {check.op} {entry.value:g} * $E"
+    return triggers
+
+
+def _rules(check: Check, th: Thresholds, dashboard_uid: str, panel_id: int, dashboard_url: str) -> list[g.AlertRulev9]:
+    entry = th.checks[check.threshold]
+    annotations = {"summary": summary(check, entry.value), "runbook_url": th.runbook_url(check.alert),
+                   "dashboard_url": dashboard_url}
+    variants: list[tuple[BurnWindows | None, list, str, str, str]] = []
+    if check.slo is not None:
+        for pair in BURN_WINDOWS:
+            limit = entry.burn_limit(pair.pair)
+            triggers = _queries(check.slo.error_ratio_rule(check.key, pair.long),
+                                check.slo.error_ratio_rule(check.key, pair.short))
+            factor = entry.burn_rates[pair.pair] if entry.burn_rates else 0.0
+            variants.append((pair, triggers, f"$B > {limit:g} && $E > {limit:g}", burn_severity(check, th, pair),
+                             slo_description(check, entry.value, factor, pair.long, pair.short)))
     else:
-        condition = f"$B {check.op} {entry.value:g}"
-    triggers.append(g.AlertExpression(refId="C", expression=condition, expressionType=g.EXP_TYPE_MATH))
-    return g.AlertRulev9(
-        title=check.alert, uid=rule_uid(check.alert), condition="C", triggers=triggers,
-        evaluateFor=entry.for_,
-        # A check whose signal has no source yields no series: that is "no data", not OK and not firing.
-        noDataAlertState=g.ALERTRULE_STATE_DATA_NODATA, errorAlertState=g.ALERTRULE_STATE_DATA_ERROR,
-        labels={"severity": entry.severity, "step": str(check.group)},
-        annotations={"summary": summary(check, entry.value), "description": description(check, entry.value),
-                     "runbook_url": th.runbook_url(check.alert), "dashboard_url": dashboard_url},
-        dashboard_uid=dashboard_uid, panel_id=panel_id,
-    )
+        baseline = windowed(check.baseline, th) if check.baseline else None
+        condition = f"$B {check.op} {entry.value:g}" + (" * $E" if baseline else "")
+        variants.append((None, _queries(windowed(check.value, th), baseline), condition, entry.severity,
+                         description(check, entry.value)))
+    out = []
+    for pair, triggers, condition, severity, text in variants:
+        triggers.append(g.AlertExpression(refId="C", expression=condition, expressionType=g.EXP_TYPE_MATH))
+        title = rule_title(check, pair)
+        labels = {"severity": severity, "step": str(check.group)}
+        out.append(g.AlertRulev9(
+            title=title, uid=rule_uid(title), condition="C", triggers=triggers, evaluateFor=entry.for_,
+            noDataAlertState=NO_DATA_STATE, errorAlertState=EXEC_ERR_STATE,
+            labels=labels, annotations={**annotations, "description": text},
+            dashboard_uid=dashboard_uid, panel_id=panel_id,
+        ))
+    return out
 
 
 def _flatten(api_rule: dict, dashboard_uid: str, panel_id: int) -> dict:
@@ -80,11 +109,13 @@ def provisioning(th: Thresholds, dashboard_uid: str, panel_ids: dict[str, int],
         checks = [c for c in CHECKS if c.group == step.number]
         if not checks:
             continue
+        built = [(r, c) for c in checks
+                 for r in _rules(c, th, dashboard_uid, panel_ids[c.alert], dashboard_urls[c.alert])]
         group = g.AlertGroup(name=step_group_name(step.number), folder=FOLDER, evaluateInterval=INTERVAL,
-                             rules=[_rule(c, th, dashboard_uid, panel_ids[c.alert], dashboard_urls[c.alert])
-                                    for c in checks])
+                             rules=[r for r, _c in built])
         api = group.to_json_data()
-        rules = [_flatten(r, dashboard_uid, panel_ids[c.alert]) for r, c in zip(api["rules"], checks, strict=True)]
+        rules = [_flatten(r, dashboard_uid, panel_ids[c.alert])
+                 for r, (_b, c) in zip(api["rules"], built, strict=True)]
         groups.append({"orgId": 1, "name": api["name"], "folder": api["folder"], "interval": api["interval"],
                        "rules": rules})
     return {"apiVersion": 1, "groups": groups}

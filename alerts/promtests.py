@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alerts.rules import alert_rule
-from prefixscope.catalog import CHECKS, METRICS_BY_NAME, RULES_BY_NAME, Check
+from alerts.rules import alert_rules
+from prefixscope.catalog import BURN_WINDOWS, CHECKS, METRICS_BY_NAME, RULES_BY_NAME, Check
 from prefixscope.durations import parse_duration
 from prefixscope.thresholds import Thresholds
 from prefixscope.units import render_value_template
@@ -32,6 +32,7 @@ class UnsupportedShape(ValueError):
 class Synth:
     series: list[dict]
     value: float
+    eval_min: int | None = None  # the shape needs this evaluation time (else `for` + TAIL_MINUTES)
 
 
 def _minutes(duration: str) -> int:
@@ -86,23 +87,77 @@ def _histogram(metric: str, sel: dict[str, str], q: float, rated: bool, want: Ca
     return Synth(series, value)
 
 
-def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, eval_s: int) -> Synth:
+_QUANTILE_BY = re.compile(r"histogram_quantile\(([\d.]+), sum by \(le, ([\w, ]+)\) \(rate\((\w+)_bucket\[(\w+)\]( offset \w+)?\)\)\)")
+
+
+def _baseline_ratio(num: str, den: str, want: Callable[[float], bool], window_min: int, for_min: int,
+                    n: int) -> Synth:
+    """Window quantile ÷ baseline quantile (the baseline ends one window ago), by some labels.
+
+    Observations land in one low bucket until minute S and, for a ratio other than 1, in one high
+    bucket after it. Just after S + window the window holds only the high ones and the baseline
+    only the low ones, so the ratio is exact (rate's range edges and extrapolation do not move it);
+    it has held since S + 2, so a `for` shorter than the window has elapsed.
+    """
+    a, b = _QUANTILE_BY.fullmatch(num), _QUANTILE_BY.fullmatch(den)
+    if a is None or b is None or a[3] != b[3] or a[1] != b[1] or a[5] or not b[5]:
+        raise UnsupportedShape(f"not a window quantile over its baseline quantile: {num} / {den}")
+    if for_min >= window_min:
+        raise UnsupportedShape(f"`for` ({for_min}m) must be shorter than the window ({window_min}m): the baseline "
+                               "takes a fault in one window after it began")
+    q, metric = float(a[1]), a[3] + "_bucket"
+    bounds = METRICS_BY_NAME[a[3]].buckets or ()
+    points = [(lo + (hi - lo) * q, i) for i, (lo, hi) in enumerate(zip((0.0, *bounds), bounds, strict=False))]
+    if want(1.0):
+        low, high, value = points[len(points) // 2][1], None, 1.0
+    else:
+        pairs = [(h[0] / lo_[0], lo_[1], h[1]) for lo_ in points for h in points if want(h[0] / lo_[0])]
+        if not pairs:
+            raise UnsupportedShape(f"no two buckets of {a[3]} give a ratio satisfying the case")
+        value, low, high = min(pairs)
+    start = 2 + for_min  # minute S: enough baseline history before it
+    series = []
+    for i, le in enumerate([*bounds, float("inf")]):
+        labels = _labels_for(metric) | {"le": "+Inf" if le == float("inf") else f"{le:g}"}
+        lows = i >= low
+        highs = high is not None and i >= high
+        if high is None:
+            values = _counter(BUCKET_STEP if lows else 0, n)
+        else:  # lows until S, then highs only
+            base = BUCKET_STEP * start if lows else 0
+            values = f"0+{BUCKET_STEP if lows else 0}x{start} {base}+{BUCKET_STEP if highs else 0}x{n - start - 1}"
+        series.append(_series(metric, labels, values))
+    # The first high observation shows at S + 2 (the value at S + 1 repeats S's), so at S + window
+    # and at S + window + 1 both sides are pure; an alert may read the recording rules of the
+    # previous evaluation, so evaluate at the later one.
+    return Synth(series, value, eval_min=start + window_min + 1)
+
+
+def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, eval_s: int,
+               window_min: int = 5, for_min: int = 0) -> Synth:
     """Input series making ``expr`` evaluate to a value satisfying ``want`` (near ``hint``)."""
     expr = expr.strip()
     if expr in RULES_BY_NAME:
-        return synthesise(RULES_BY_NAME[expr].expr, want, hint, n, eval_s)
+        return synthesise(RULES_BY_NAME[expr].expr, want, hint, n, eval_s, window_min, for_min)
     if m := re.fullmatch(r"(max|min|avg)\((\S+)\)", expr):
         inner = m.group(2)
         if inner in RULES_BY_NAME:
-            return synthesise(inner, want, hint, n, eval_s)
+            return synthesise(inner, want, hint, n, eval_s, window_min, for_min)
         return Synth([_series(inner, _labels_for(inner), f"{hint:g}x{n}")], hint)
     if m := re.fullmatch(r"(\S+) \* on \(worker\) \((\S+) > bool threshold\(\w+\)\)", expr):
         # the worker's value, kept where the gate series is past its threshold (a share: 1 is past any)
         value = synthesise(m.group(1), want, hint, n, eval_s)
         gate = synthesise(m.group(2), lambda v: v >= 1.0, 1.0, n, eval_s)
         return Synth(value.series + gate.series, value.value)
-    if m := re.fullmatch(r"sum (?:by \(worker\) )?\(rate\((\w+)\[5m\]\)\) / "
-                         r"sum (?:by \(worker\) )?\(rate\((\w+)\[5m\]\)\)", expr):
+    if m := re.fullmatch(r"absent\((\w+)\)(?: or vector\(0\))?", expr):
+        # absent() is 1 without the series and empty (no alert) with it.
+        if want(1.0):
+            return Synth([], 1.0)
+        return Synth([_series(m.group(1), _labels_for(m.group(1)), f"1x{n}")], 0.0)
+    if (m := re.fullmatch(r"([\w:]+) / ([\w:]+)", expr)) and m[1] in RULES_BY_NAME and m[2] in RULES_BY_NAME:
+        return _baseline_ratio(RULES_BY_NAME[m[1]].expr, RULES_BY_NAME[m[2]].expr, want, window_min, for_min, n)
+    if m := re.fullmatch(r"sum (?:by \(worker\) )?\(rate\((\w+)\[\w+\]\)\) / "
+                         r"sum (?:by \(worker\) )?\(rate\((\w+)\[\w+\]\)\)", expr):
         num, den = m.groups()
         den_rate = 600.0
         return Synth([_series(num, _labels_for(num), _counter(den_rate * hint, n)),
@@ -111,12 +166,13 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         return _histogram(m.group(2), _selector(m.group(3) or ""), float(m.group(1)), True, want, hint, n)
     if m := re.fullmatch(r"histogram_quantile\(([\d.]+), sum by \(le\) \((\w+)\)\)", expr):
         return _histogram(m.group(2), {}, float(m.group(1)), False, want, hint, n)
-    if m := re.fullmatch(r"sum\(rate\((\w+)\[5m\]\)\) \* 60", expr):
+    if m := re.fullmatch(r"sum\(rate\((\w+)\[\w+\]\)\) \* 60", expr):
         return Synth([_series(m.group(1), _labels_for(m.group(1)), _counter(hint, n))], hint)
-    if m := re.fullmatch(r"sum\(rate\((\w+)\[5m\]\)\)", expr):
+    if m := re.fullmatch(r"sum\(rate\((\w+)\[\w+\]\)\)", expr):
         return Synth([_series(m.group(1), _labels_for(m.group(1)), _counter(hint * 60, n))], hint)
-    if m := re.fullmatch(r"sum\(increase\((\w+)\[5m\]\)\)", expr):
-        return Synth([_series(m.group(1), _labels_for(m.group(1)), _counter(hint / 5, n))], hint)
+    if m := re.fullmatch(r"sum\(increase\((\w+)\[\w+\]\)\)", expr):
+        # increase over the window of a counter moving hint / window_min per minute: hint
+        return Synth([_series(m.group(1), _labels_for(m.group(1)), _counter(hint / window_min, n))], hint)
     if m := re.fullmatch(r"max\(time\(\) - (\w+)\)", expr):
         # Last batch at t=0 (value grows with time) or a batch every interval (value stays 0).
         if want(float(eval_s)):
@@ -140,42 +196,85 @@ def _hints(check: Check, threshold: float, firing: bool) -> tuple[Callable[[floa
     return (lambda v: v <= threshold), threshold / 2
 
 
+def _expected(rules: list[dict], value: float) -> list[dict]:
+    out = []
+    for rule in rules:
+        annotations = dict(rule["annotations"])
+        annotations["description"] = render_value_template(annotations["description"], value)
+        out.append({"exp_labels": rule["labels"], "exp_annotations": annotations})
+    return out
+
+
 def case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dict:
     entry = th.checks[check.threshold]
-    eval_min = _minutes(entry.for_) + TAIL_MINUTES
-    n = eval_min + 5
+    for_min, window_min = _minutes(entry.for_), _minutes(th.window)
+    eval_min = for_min + TAIL_MINUTES
+    n = eval_min + window_min + 5
     eval_s = eval_min * 60
     try:
         if check.baseline:
             # A low baseline makes the firing case easy, a high one the silent case.
-            base = synthesise(check.baseline, lambda v: v > 0, 0.0 if firing else 1e9, n, eval_s)
+            base = synthesise(check.baseline, lambda v: v > 0, 0.0 if firing else 1e9, n, eval_s, window_min, for_min)
             limit = entry.value * base.value
             want = (lambda v: v > limit) if firing else (lambda v: v <= limit)
-            main = synthesise(check.value, want, limit * (2 if firing else 0.5), n, eval_s)
+            main = synthesise(check.value, want, limit * (2 if firing else 0.5), n, eval_s, window_min, for_min)
             series = base.series + main.series
         else:
             want, hint = _hints(check, entry.value, firing)
-            main = synthesise(check.value, want, hint, n, eval_s)
+            main = synthesise(check.value, want, hint, n, eval_s, window_min, for_min)
             series = main.series
     except UnsupportedShape as exc:
         raise UnsupportedShape(f"{check.alert}: {exc}") from exc
-    rule = alert_rule(check, th, dashboard_url)
-    expected = []
-    if firing:
-        annotations = dict(rule["annotations"])
-        annotations["description"] = render_value_template(annotations["description"], main.value)
-        expected = [{"exp_labels": rule["labels"], "exp_annotations": annotations}]
+    eval_min = main.eval_min or eval_min
+    rules = alert_rules(check, th, dashboard_url)
     return {
         "name": f"{check.alert} {'fires' if firing else 'stays silent'}",
         "interval": f"{INTERVAL_S}s",
         "input_series": series,
-        "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert, "exp_alerts": expected}],
+        "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
+                             "exp_alerts": _expected(rules, main.value) if firing else []}],
     }
+
+
+def slo_cases(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
+    """An SLO's burn-rate pairs: each pair fires alone (with the pairs below it) at an error ratio
+    just above its limit, and nothing fires just below the lowest limit.
+
+    Good and total events move at constant rates, so every window reads the same error ratio.
+    """
+    assert check.slo is not None
+    entry = th.checks[check.threshold]
+    eval_min = _minutes(entry.for_) + TAIL_MINUTES
+    n = eval_min + 5
+    rules = alert_rules(check, th, dashboard_url)
+    by_limit = sorted(zip((entry.burn_limit(p.pair) for p in BURN_WINDOWS), rules, strict=True), key=lambda x: x[0])
+    total = 1000.0
+    out = []
+    levels = [(by_limit[0][0] * 0.9, "stays silent")]
+    for i, (limit, rule) in enumerate(by_limit):
+        upper = by_limit[i + 1][0] if i + 1 < len(by_limit) else 1.0
+        levels.append(((limit + upper) / 2, f"fires its {rule['labels']['severity']} pair"))
+    for error, what in levels:
+        error = round(error, 4)
+        labels_good, labels_total = _labels_for(check.slo.good), _labels_for(check.slo.total)
+        firing = [r for limit, r in by_limit if error > limit]
+        out.append({
+            "name": f"{check.alert} {what} at an error ratio of {error:g}",
+            "interval": f"{INTERVAL_S}s",
+            "input_series": [_series(check.slo.good, labels_good, _counter(total * (1 - error), n)),
+                             _series(check.slo.total, labels_total, _counter(total, n))],
+            "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
+                                 "exp_alerts": _expected(firing, error)}],
+        })
+    return out
 
 
 def test_file(th: Thresholds, rule_file_name: str, dashboard_urls: dict[str, str]) -> dict:
     tests = []
     for check in CHECKS:
+        if check.slo is not None:
+            tests += slo_cases(check, th, dashboard_urls[check.alert])
+            continue
         tests.append(case(check, th, True, dashboard_urls[check.alert]))
         tests.append(case(check, th, False, dashboard_urls[check.alert]))
     return {"rule_files": [rule_file_name], "evaluation_interval": f"{INTERVAL_S}s", "tests": tests}

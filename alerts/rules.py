@@ -7,9 +7,19 @@ from __future__ import annotations
 
 import re
 
-from prefixscope.catalog import CHECKS, RECORDING_RULES, STEPS, Check, render_expr
+from prefixscope.catalog import (
+    BURN_WINDOWS,
+    CHECKS,
+    RECORDING_RULES,
+    STEPS,
+    BurnWindows,
+    Check,
+    RecordingRule,
+    configure,
+    render_expr,
+)
 from prefixscope.thresholds import Thresholds
-from prefixscope.wording import description, summary
+from prefixscope.wording import description, slo_description, summary
 
 RECORD_NAME_RE = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 ALERT_NAME_RE = re.compile(r"^Prefix[A-Z][A-Za-z0-9]+$")
@@ -41,7 +51,9 @@ def recording_rule_problems() -> list[str]:
         sides = _top_level_split(rule.expr, "/")
         if len(sides) > 1 and "rate(" in rule.expr:
             for side in sides:
-                if not side.startswith(AGGREGATIONS):
+                # "(sum(...) - sum(...))": a difference of aggregates is aggregated too.
+                terms = _top_level_split(side[1:-1], "-") if side.startswith("(") and side.endswith(")") else [side]
+                if not all(t.startswith(AGGREGATIONS) for t in terms):
                     problems.append(f"{rule.record}: '{side}' is divided before it is aggregated "
                                     "(sum numerator and denominator first, so shards and workers pool)")
     return problems
@@ -55,26 +67,76 @@ def alert_problems() -> list[str]:
     return problems
 
 
-def alert_expr(check: Check, threshold: float) -> str:
+def windowed(expr: str, th: Thresholds) -> str:
+    """A catalogue expression with the configured rate and baseline windows."""
+    return configure(expr, th.window, th.baseline_window)
+
+
+def recording_rule(rule: RecordingRule, th: Thresholds) -> dict:
+    """The rule as Prometheus reads it: configured windows, ``threshold(key)`` filled in."""
+    expr = rule.expr if rule.fixed_windows else windowed(rule.expr, th)
+    return {"record": rule.record, "expr": render_expr(expr, th.values())}
+
+
+def alert_expr(check: Check, threshold: float, th: Thresholds | None = None) -> str:
+    value = windowed(check.value, th) if th is not None else check.value
     if check.baseline:
-        return f"{check.value} {check.op} {threshold:g} * {check.baseline}"
-    return f"{check.value} {check.op} {threshold:g}"
+        baseline = windowed(check.baseline, th) if th is not None else check.baseline
+        return f"{value} {check.op} {threshold:g} * {baseline}"
+    return f"{value} {check.op} {threshold:g}"
+
+
+def burn_expr(check: Check, th: Thresholds, pair: BurnWindows) -> str:
+    """Both windows of a burn-rate pair above factor × budget (SRE workbook, multiwindow alerts)."""
+    assert check.slo is not None
+    limit = th.checks[check.threshold].burn_limit(pair.pair)
+    return (f"{check.slo.error_ratio_rule(check.key, pair.long)} > {limit:g} and "
+            f"{check.slo.error_ratio_rule(check.key, pair.short)} > {limit:g}")
+
+
+def burn_severity(check: Check, th: Thresholds, pair: BurnWindows) -> str:
+    """The page pair carries the entry's severity, the ticket pair its own (a warning)."""
+    return th.checks[check.threshold].severity if pair.pair == "page" else pair.severity
+
+
+def alert_rules(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
+    """The check's alerting rules: one, or for an SLO one per burn-rate pair (same alert name,
+    told apart by severity, as the workbook's page and ticket)."""
+    entry = th.checks[check.threshold]
+    annotations = {
+        "summary": summary(check, entry.value),
+        "runbook_url": th.runbook_url(check.alert),
+        "dashboard_url": dashboard_url,
+    }
+    step = str(check.group)
+    if check.slo is None:
+        return [{
+            "alert": check.alert,
+            "expr": alert_expr(check, entry.value, th),
+            "for": entry.for_,
+            "labels": {"severity": entry.severity, "step": step},
+            "annotations": {**annotations, "description": description(check, entry.value)},
+        }]
+    return [{
+        "alert": check.alert,
+        "expr": burn_expr(check, th, pair),
+        "for": entry.for_,
+        "labels": {"severity": burn_severity(check, th, pair), "step": step},
+        "annotations": {**annotations, "description": slo_description(
+            check, entry.value, entry.burn_rates[pair.pair] if entry.burn_rates else 0.0, pair.long, pair.short)},
+    } for pair in BURN_WINDOWS]
+
+
+def alert_exprs(check: Check, th: Thresholds) -> list[str]:
+    """The expression of each of the check's alerting rules (as in the rule file)."""
+    if check.slo is None:
+        return [alert_expr(check, th.checks[check.threshold].value, th)]
+    return [burn_expr(check, th, pair) for pair in BURN_WINDOWS]
 
 
 def alert_rule(check: Check, th: Thresholds, dashboard_url: str) -> dict:
-    entry = th.checks[check.threshold]
-    return {
-        "alert": check.alert,
-        "expr": alert_expr(check, entry.value),
-        "for": entry.for_,
-        "labels": {"severity": entry.severity, "step": str(check.group)},
-        "annotations": {
-            "summary": summary(check, entry.value),
-            "description": description(check, entry.value),
-            "runbook_url": th.runbook_url(check.alert),
-            "dashboard_url": dashboard_url,
-        },
-    }
+    """The check's first (for an SLO: its page) alerting rule."""
+    return alert_rules(check, th, dashboard_url)[0]
 
 
 def step_group_name(step: int) -> str:
@@ -87,14 +149,14 @@ def rule_groups(th: Thresholds, dashboard_urls: dict[str, str]) -> dict:
     """The Prometheus rule file: recording rules first, then one alert group per step."""
     groups: list[dict] = [{
         "name": RECORDING_GROUP,
-        "rules": [{"record": r.record, "expr": render_expr(r.expr, th.values())} for r in RECORDING_RULES],
+        "rules": [recording_rule(r, th) for r in RECORDING_RULES],
     }]
     for step in STEPS:
         checks = [c for c in CHECKS if c.group == step.number]
         if checks:
             groups.append({
                 "name": step_group_name(step.number),
-                "rules": [alert_rule(c, th, dashboard_urls[c.alert]) for c in checks],
+                "rules": [r for c in checks for r in alert_rules(c, th, dashboard_urls[c.alert])],
             })
     return {"groups": groups}
 

@@ -16,7 +16,7 @@ from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
 from dashboards import queries as q
-from prefixscope.catalog import Check
+from prefixscope.catalog import BURN_WINDOWS, Check
 from prefixscope.thresholds import Thresholds
 from prefixscope.thresholds import load as load_thresholds
 from prefixscope.wording import threshold_text
@@ -135,6 +135,25 @@ def check_panel(check: Check) -> g.TimeSeries:
     return timeseries(check.title, [target(q.check_value(check), check.key)], unit=unit,
                       description=check_description(check), steps=check_steps(check),
                       links=[runbook_link(check.alert)])
+
+
+def slo_burn_panel(check: Check) -> g.TimeSeries:
+    """An SLO's burn rate (error ratio ÷ budget) over each burn window, with the pairs' factors drawn."""
+    assert check.slo is not None
+    entry = thresholds().checks[check.threshold]
+    budget = round(1.0 - entry.value, 9)
+    windows = sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}, key=lambda w: (w[-1], int(w[:-1])))
+    targets = [target(f"{q.rule(check.slo.error_ratio_rule(check.key, w))} / {budget:g}", f"burn rate {w}")
+               for w in windows]
+    limits = sorted((entry.burn_rates or {}).values())
+    colors = ["orange", BAD]
+    pairs = ", ".join(f"{b.pair} ({b.severity}): {b.long} and {b.short} above "
+                      f"{(entry.burn_rates or {}).get(b.pair, 0):g}" for b in BURN_WINDOWS)
+    return timeseries(f"Error-budget burn: {check.title.removeprefix('SLO: ')}", targets, unit="ratio_to_baseline",
+                      description=(f"Burn rate = error ratio ÷ error budget ({budget:.0%}); 1 spends the budget "
+                                   f"exactly over the SLO period. Alert {check.alert} fires per pair when both of "
+                                   f"its windows burn faster than its factor — {pairs}."),
+                      steps=_steps(OK, list(zip(limits, colors, strict=False))), links=[runbook_link(check.alert)])
 
 
 def _variables() -> g.Templating:

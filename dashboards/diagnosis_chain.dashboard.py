@@ -1,8 +1,8 @@
 """Prefix locality — diagnosis chain: one row per step, 0 (telemetry) then the seed's groups 1–5."""
 
 from dashboards import queries as q
-from dashboards.common import check_panel, finalize, row, stat, target, timeseries
-from prefixscope.catalog import STEPS, checks_for_step
+from dashboards.common import check_panel, finalize, row, slo_burn_panel, stat, target, timeseries
+from prefixscope.catalog import CHECKS_BY_KEY, SESSION_HIT_LINE, STEPS, checks_for_step
 
 TITLE = "Prefix locality — diagnosis chain"
 
@@ -29,6 +29,40 @@ def _step_extras(step: int) -> list:
             timeseries("Hit rate per worker", [
                 target(q.ratio_by("prefix_cache_hit_tokens", "prefix_cache_queried_tokens", "worker"), "{{worker}}")],
                 unit="ratio", description="Σ hit / Σ queried tokens per worker: one bad worker or all of them?"),
+        ]
+    if step == 2:
+        return [
+            timeseries("Session hit rate across sessions", [
+                target(q.rule("cluster:prefixscope_session_hit_ratio:p50"), "p50 over sessions"),
+                target(q.rule("cluster:prefixscope_session_hit_ratio_below_0_8:share"),
+                       f"share of sessions at or below {SESSION_HIT_LINE:.0%}"),
+            ], unit="ratio", description=(
+                "The distribution over sessions active in the window of each session's follow-up hit ratio "
+                "(no session label anywhere): the pooled rate can hide a minority of sessions that never "
+                "stick, the median and the share below the line cannot.")),
+            slo_burn_panel(CHECKS_BY_KEY["slo_session_hit_rate"]),
+        ]
+    if step == 3:
+        return [
+            timeseries("Cold prefill time", [
+                target(q.rule("cluster:prefixscope_cold_prefill_seconds:p50_5m"), "p50"),
+                target(q.rule("cluster:prefixscope_cold_prefill_seconds:p95_5m"), "p95"),
+                target(q.rule("cluster:prefixscope_cold_prefill_seconds:p99_5m"), "p99"),
+            ], unit="seconds", description="Prefill time in seconds of cold requests (nothing reused beyond "
+                                           "cold_reuse_share), all prompt lengths."),
+            timeseries("Cold prefill p99 ÷ baseline by prompt length", [
+                target(q.rule("prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline"),
+                       "{{model}} {{prompt_class}}"),
+            ], unit="ratio_to_baseline", description=(
+                "Per model and prompt-length class: the window's cold p99 over the baseline window's (ending "
+                "one window ago). A healthy fleet reads about 1; all classes up = a uniform slowdown, one "
+                "class = e.g. long prompts landing on a slow GPU class.")),
+            timeseries("Prefix miss cost", [
+                target(q.rule("cluster:prefixscope_prefix_miss_cost_seconds:p50_5m"), "p50"),
+                target(q.rule("cluster:prefixscope_prefix_miss_cost_seconds:p95_5m"), "p95"),
+            ], unit="seconds", description="T_prefill + T_queue + T_migrate of requests that missed part of "
+                                           "their available prefix (migrations included)."),
+            slo_burn_panel(CHECKS_BY_KEY["slo_prefix_miss_cost"]),
         ]
     return []
 

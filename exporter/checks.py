@@ -35,6 +35,12 @@ _PER_WORKER_RATE_RATIO = re.compile(r"^sum by \(worker\) \(rate\((\w+)_total\[\w
 # a per-worker series kept only where another one is past a threshold (0 elsewhere)
 _GATED = re.compile(r"^([\w:]+) \* on \(worker\) \(([\w:]+) > bool threshold\((\w+)\)\)$")
 _MATCHER = re.compile(r'(\w+)="([^"]*)"')
+_ABSENT = re.compile(r"^absent\((\w+)\) or vector\(0\)$")
+# Quantiles kept per label set: over the window ([5m]) or over the baseline ([1d] offset 5m, the
+# long window ending one window ago) — the catalogue's default ranges stand for the configured ones.
+_QUANTILE_BY = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le, ([\w, ]+)\) \(rate\((\w+)_bucket"
+                          r"\[(\w+)\]( offset \w+)?\)\)\)$")
+_RULE_RATIO = re.compile(r"^([\w:]+) / ([\w:]+)$")
 
 
 @dataclass
@@ -45,6 +51,8 @@ class CheckResult:
     baseline: float | None
     status: Status
     missing_signals: list[str] = field(default_factory=list)
+    # critical, warning or info (alerts/thresholds.yaml): an info check gives context, never the verdict.
+    severity: str = "warning"
 
 
 @dataclass
@@ -94,6 +102,9 @@ class _Evaluator:
         if m := _RATE.match(expr):
             inc = st.health_increase(m[1])
             return None if inc is None else inc / st.window_s
+        if m := _ABSENT.match(expr):
+            # The exporter evaluating its own checks is exporting its build info.
+            return 0.0 if self.series.gauges.get(m[1]) else 1.0
         if m := _AGE.match(expr):
             vals = self.series.gauges.get(m[1], {}).values()
             return max(self.now - v for v in vals) if vals else None
@@ -120,7 +131,34 @@ class _Evaluator:
             values, gate = self._vector(m[1]), self._vector(m[2])
             limit = self.state.thresholds.checks[m[3]].value
             return {k: v if gate[k] > limit else 0.0 for k, v in values.items() if k in gate}
+        if rule is not None and (m := _RULE_RATIO.match(rule.expr)):
+            # one-to-one matching on the same labels, as PromQL's `/` between two rules
+            num, den = self._vector(m[1]), self._vector(m[2])
+            return {k: v / den[k] for k, v in num.items() if den.get(k)}
+        if rule is not None and (m := _QUANTILE_BY.match(rule.expr)):
+            return self._quantiles_by(float(m[1]), [b.strip() for b in m[2].split(",")], m[3], baseline=bool(m[5]))
         return self.series.gauges.get(name, {})
+
+    def _quantiles_by(self, q: float, by: list[str], metric: str, baseline: bool) -> dict[tuple, float]:
+        """histogram_quantile(q, sum by (le, <by>) (rate(metric_bucket[range]))) per label set."""
+        store = self.state.store
+        rows = store.baseline_rows(metric) if baseline else store.window_rows(metric)
+        meta = catalog.METRICS_BY_NAME[metric]
+        if not rows or meta.buckets is None:
+            return {}
+        idx = [meta.labels.index(b) for b in by]
+        grouped: dict[tuple, list[int]] = {}
+        for labels, row in rows.items():
+            key = tuple(labels[i] for i in idx)
+            acc = grouped.setdefault(key, [0] * len(row))
+            for i, c in enumerate(row):
+                acc[i] += c
+        out = {}
+        for key, counts in grouped.items():
+            value = histogram_quantile(q, meta.buckets, counts)
+            if value is not None:
+                out[key] = value
+        return out
 
 
 def _label_filter(metric: str, matchers: str) -> Callable[[tuple[str, ...]], bool]:
@@ -151,7 +189,8 @@ def _evaluate(state: ClusterState, now: float | None) -> Evaluation:
         limit = thr * baseline if check.baseline is not None and baseline is not None else (
             None if check.baseline is not None else thr)
         status = diagnosis.check_status(check.op, value, limit)
-        results[check.key] = CheckResult(check, value, thr, baseline, status, missing)
+        results[check.key] = CheckResult(check, value, thr, baseline, status, missing,
+                                         state.thresholds.checks[check.threshold].severity)
     # The rule (symptom and SLOs colour no step, the first firing cause step is the verdict)
     # lives in prefixscope.diagnosis, shared with the console.
     statuses = {key: r.status for key, r in results.items()}

@@ -2,8 +2,9 @@
 
 Cumulative (``cum``) for /metrics, and in sliding windows keyed by input timestamps for the
 exporter's own check evaluation: counters in one ``WindowedSum`` keyed ``(metric, labels)``,
-histograms in one ``WindowedBuckets`` per metric (plus a longer one for every histogram a
-recording rule reads over ``[1h]``). A separate window (``own``) holds the sums the state keeps
+histograms in one ``WindowedBuckets`` per metric (plus, for every histogram a recording rule reads
+as a baseline — ``[1d] offset 5m`` in the catalogue — a ``LaggedBuckets`` over the configured
+baseline window ending one window ago). A separate window (``own``) holds the sums the state keeps
 for itself under keys that are not catalogue series (e.g. ``("record_prompt", worker)``), so a
 catalogue read never sees them.
 
@@ -14,18 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+from exporter.baseline_window import LaggedBuckets
 from exporter.windows import Cumulative, LabelValues, WindowedBuckets, WindowedSum
 from prefixscope import catalog
 
-LONG_WINDOW_S = 3600.0
+DEFAULT_BASELINE_S = 86400.0
+BASELINE_RANGE = f"[{catalog.DEFAULT_BASELINE_WINDOW}] offset {catalog.DEFAULT_WINDOW}"
 LabelFilter = Callable[[LabelValues], bool]
 
 
-def long_window_histograms() -> list[catalog.Metric]:
-    """Histograms some recording rule reads over one hour (the checks read them the same way)."""
+def baseline_histograms() -> list[catalog.Metric]:
+    """Histograms some recording rule reads as a baseline (the checks read them the same way)."""
     out: list[catalog.Metric] = []
     for rule in catalog.RECORDING_RULES:
-        if "[1h]" in rule.expr:
+        if BASELINE_RANGE in rule.expr:
             out += [m for m in catalog.METRICS if m.buckets and f"{m.name}_bucket" in rule.expr and m not in out]
     return out
 
@@ -33,15 +36,16 @@ def long_window_histograms() -> list[catalog.Metric]:
 class MetricStore:
     """Cumulative and windowed catalogue counters and histograms."""
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, baseline_s: float = DEFAULT_BASELINE_S) -> None:
         self.window_s = float(window_s)
+        self.baseline_s = float(baseline_s)
         self.cum = Cumulative()
         self.win = WindowedSum(self.window_s)  # key (metric, labels)
         self.own = WindowedSum(self.window_s)  # the state's own sums, keyed as it likes
         self.hwin: dict[str, WindowedBuckets] = {}
-        self.long_hwin: dict[tuple[str, float], WindowedBuckets] = {
-            (m.name, LONG_WINDOW_S): WindowedBuckets(LONG_WINDOW_S, m.buckets)
-            for m in long_window_histograms() if m.buckets}
+        self.baselines: dict[str, LaggedBuckets] = {
+            m.name: LaggedBuckets(self.baseline_s, self.window_s, m.buckets)
+            for m in baseline_histograms() if m.buckets}
 
     # ---- writes --------------------------------------------------------------------------------
     def inc(self, ts: float, metric: str, labels: LabelValues, value: float = 1.0) -> None:
@@ -54,7 +58,7 @@ class MetricStore:
         self.cum.inc(metric, labels, 0.0)
 
     def observe(self, ts: float, metric: str, labels: LabelValues, value: float) -> None:
-        """One histogram observation: cumulative, in the window, and in the long window if kept."""
+        """One histogram observation: cumulative, in the window, and in the baseline if kept."""
         m = catalog.METRICS_BY_NAME[metric]
         assert m.buckets is not None
         self.cum.observe(metric, labels, m.buckets, value)
@@ -62,7 +66,7 @@ class MetricStore:
         if hw is None:
             hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
         hw.observe(ts, labels, value)
-        lw = self.long_hwin.get((metric, LONG_WINDOW_S))
+        lw = self.baselines.get(metric)
         if lw is not None:
             lw.observe(ts, labels, value)
 
@@ -103,8 +107,12 @@ class MetricStore:
         self.own.expire(now)
         for hw in self.hwin.values():
             hw.expire(now)
-        for lw in self.long_hwin.values():
-            lw.expire(now)
+        self.advance_baselines(now)
+
+    def advance_baselines(self, now: float) -> None:
+        """Bring the baselines to input time ``now`` (cheap: slots move only at slot edges)."""
+        for lw in self.baselines.values():
+            lw.advance(now)
 
     # ---- reads ---------------------------------------------------------------------------------
     def own_sum(self, key: Hashable) -> float | None:
@@ -127,9 +135,11 @@ class MetricStore:
 
     def window_buckets(self, metric: str, window_s: float | None = None,
                        where: LabelFilter | None = None) -> tuple[tuple[float, ...], list[int]] | None:
-        """Per-bucket counts (last = +Inf) of a histogram over the window, or over ``window_s`` if a
-        longer window is kept for it; None when no such window exists (nothing observed yet)."""
-        hw = self.long_hwin.get((metric, window_s)) if window_s and window_s != self.window_s else self.hwin.get(metric)
+        """Per-bucket counts (last = +Inf) of a histogram over the window; None when nothing was
+        observed yet. (``window_s`` other than the window is not kept: None.)"""
+        if window_s and window_s != self.window_s:
+            return None
+        hw = self.hwin.get(metric)
         if hw is None:
             return None
         out = [0] * (len(hw.bounds) + 1)
@@ -138,3 +148,13 @@ class MetricStore:
                 for i, c in enumerate(row):
                     out[i] += c
         return hw.bounds, out
+
+    def window_rows(self, metric: str) -> dict[LabelValues, list[int]]:
+        """Per label set, a histogram's bucket counts over the window."""
+        hw = self.hwin.get(metric)
+        return dict(hw.counts) if hw is not None else {}  # type: ignore[arg-type]
+
+    def baseline_rows(self, metric: str) -> dict[LabelValues, list[int]]:
+        """Per label set, a histogram's bucket counts over the baseline window (ending one window ago)."""
+        lw = self.baselines.get(metric)
+        return dict(lw.counts) if lw is not None else {}  # type: ignore[arg-type]

@@ -2,8 +2,9 @@
 
 A record feeds the reuse decomposition (prompt, achieved, predicted, available tokens), the
 prefix index's hit counts and the hot-branch history, the session table (follow-ups, sticky
-collisions, re-keys, reshuffles), migrations, cold-prefill cost, router timings, fallbacks, MoE
-expert alignment and affinity admission. Each of those is one small step below, run in order
+collisions, re-keys, reshuffles), migrations, cold-prefill time and cost, the miss cost of every
+request that missed part of its available prefix (migrations included) and its SLO judgement,
+router timings, fallbacks, MoE expert alignment and affinity admission. Each of those is one small step below, run in order
 on a :class:`RecordView`; a step whose fields the record lacks adds nothing (a missing signal
 is missing, never zero).
 
@@ -25,10 +26,11 @@ from exporter.metric_store import MetricStore
 from exporter.moe_alignment import ExpertSignatures
 from exporter.prefix_index import PrefixIndex
 from exporter.sessions import SessionTable
-from exporter.windows import LabelValues
+from exporter.windows import LabelValues, histogram_quantile
 from exporter.worker_pool import WorkerPool
 from prefixscope import catalog
 from prefixscope.records import RequestRecord
+from prefixscope.thresholds import Thresholds
 from prefixscope.topology import Topology, WorkerTopo
 
 P = catalog.NAMESPACE
@@ -56,6 +58,18 @@ RECORD_FIELD_SIGNALS: dict[str, str] = {
 # (vLLM without --enable-prompt-tokens-details) has not measured it.
 EVENT_FIELDS = frozenset({"migrated_from", "migration_kind", "async_wait_s"})
 MIGRATION_KINDS = ("soft", "hard")
+DEFAULT_MISS_COST_FACTOR = 1.5  # the seed's "P95 ≤ 1.5 × cold-prefill baseline" (§7)
+# The miss-cost SLO judges each missed request against the baseline's p95 (the SLO bounds the P95).
+MISS_COST_BASELINE_Q = 0.95
+_COLD_PREFILL = f"{P}_cold_prefill_seconds"
+_COLD_LABELS = catalog.METRICS_BY_NAME[_COLD_PREFILL].labels  # (model, gpu_class, prompt_class)
+
+
+def miss_cost_factor(thresholds: Thresholds) -> float:
+    """The miss-cost SLO's baseline factor from the thresholds (the seed's 1.5 without an entry)."""
+    entry = thresholds.checks.get("slo_prefix_miss_cost")
+    factor = entry.baseline_factor if entry is not None else None
+    return DEFAULT_MISS_COST_FACTOR if factor is None else factor
 
 
 @dataclass(slots=True)
@@ -67,6 +81,7 @@ class RecordView:
     block_size: int
     hashes: tuple[int, ...] | None
     hit_on_worker: int = 0  # leading blocks of the prompt resident on the serving worker
+    available_blocks: int | None = None  # longest match on any worker the router could use (None: unknown)
 
     @property
     def ml(self) -> LabelValues:
@@ -78,7 +93,8 @@ class RecordAccounting:
 
     def __init__(self, time: InputTime, store: MetricStore, pool: WorkerPool, index: PrefixIndex,
                  sessions: SessionTable, hotspots: Hotspots, topology: Topology | None,
-                 cold_reuse_share: float, labels: RecordLabels | None = None) -> None:
+                 cold_reuse_share: float, labels: RecordLabels | None = None,
+                 miss_cost_factor: float = DEFAULT_MISS_COST_FACTOR) -> None:
         self.time = time
         self.store = store
         self.pool = pool
@@ -92,12 +108,13 @@ class RecordAccounting:
             self._domain_workers.setdefault(t.nvlink_domain, []).append(t.name)
         # model, segment and worker values are bounded before any step sees them
         self.labels = labels if labels is not None else RecordLabels(Limits(), store.window_s)
+        self.miss_cost_factor = miss_cost_factor
         self.field_seen: dict[str, float] = {}  # signal -> newest record that carried it
         self.fallback_last: dict[str, float] = {}  # fallback tier -> newest record that used it
         self.moe_signatures = ExpertSignatures()  # first block -> its recent expert signatures
         self._reshuffle_counted: dict[str, int] = {}  # session key -> pool epoch it was counted for
         self._steps: tuple[Callable[[RecordView], None], ...] = (
-            self._reuse, self._prefix, self._session, self._migration, self._prefill,
+            self._reuse, self._prefix, self._session, self._migration, self._prefill, self._miss,
             self._router_timings, self._fallback, self._moe, self._admission)
 
     def topo(self, worker: str) -> WorkerTopo | None:
@@ -163,6 +180,7 @@ class RecordAccounting:
         best = max(own, match.best_depth(others_out))
         # what the engine reused was available, whatever the block rounding: achieved ≤ available
         available = max(tokens_of(best, prompt, bs), min(cached or 0, prompt))
+        v.available_blocks = best
         store.inc(ts, f"{P}_reuse_available_tokens", ml, available)
         if topo is not None and best > 0 and worker in topo:
             store.inc(ts, f"{P}_placement_decisions", ml)
@@ -236,26 +254,65 @@ class RecordAccounting:
             if a.node != b.node:
                 store.inc(rec.ts, f"{P}_cross_node_migrations", (kind,))
 
+    def is_cold(self, rec: RequestRecord) -> bool:
+        return rec.cached_tokens is not None and rec.cached_tokens <= self.cold_reuse_share * rec.prompt_tokens
+
     def _prefill(self, v: RecordView) -> None:
-        """Prefill time per token (cold or warm path); the cost of cold prefills and of misses."""
+        """Cold prefill time (by GPU class and prompt-length class) and its cost."""
         rec, store, ml = v.rec, self.store, v.ml
-        prefill, cached, prompt, ts = rec.prefill_s, rec.cached_tokens, rec.prompt_tokens, rec.ts
-        if prefill is None or cached is None:
-            return
-        cold = cached <= self.cold_reuse_share * prompt
-        per_token = prefill / max(1, prompt - cached)
-        store.observe(ts, f"{P}_prefill_seconds_per_token", (v.model, "cold" if cold else "warm"), per_token)
-        if not cold:
+        prefill, ts = rec.prefill_s, rec.ts
+        if prefill is None or not self.is_cold(rec):
             return
         wt = self.topo(rec.worker)
         store.inc(ts, f"{P}_cold_requests", ml)
-        store.observe(ts, f"{P}_cold_prefill_seconds", (v.model, wt.gpu_class if wt else UNKNOWN), prefill)
+        store.observe(ts, _COLD_PREFILL, (v.model, wt.gpu_class if wt else UNKNOWN,
+                                          catalog.prompt_class(rec.prompt_tokens)), prefill)
         gpu_s = prefill * (wt.gpus if wt else 1)
         store.inc(ts, f"{P}_cold_prefill_gpu_seconds", ml, gpu_s)
         if wt is not None:
             store.inc(ts, f"{P}_cold_prefill_cost_usd", ml, gpu_s * wt.price_per_gpu_hour / 3600.0)
-        miss = prefill + (rec.queue_s or 0.0) + (rec.migrate_s or 0.0)
-        store.observe(ts, f"{P}_prefix_miss_cost_seconds", ml, miss)
+
+    def missed(self, v: RecordView) -> bool | None:
+        """Did the request miss part of its available prefix (None: cannot tell)?
+
+        A migrated request always did (its KV had to move or be recomputed, seed §5). Otherwise,
+        with block hashes: some worker the router could use held more leading blocks than the
+        engine reused; without them, the request was cold (the best available proxy).
+        """
+        rec = v.rec
+        if rec.migrated_from:
+            return True
+        if rec.cached_tokens is None:
+            return None
+        if v.available_blocks is not None:
+            return v.available_blocks > rec.cached_tokens // v.block_size
+        return self.is_cold(rec)
+
+    def _miss(self, v: RecordView) -> None:
+        """Miss cost T_prefill + T_queue + T_migrate of a missed request, and the SLO's judgement of
+        it against the cold-prefill baseline of its model and prompt-length class."""
+        rec, store, ml, ts = v.rec, self.store, v.ml, v.rec.ts
+        if rec.prefill_s is None or not self.missed(v):
+            return
+        cost = rec.prefill_s + (rec.queue_s or 0.0) + (rec.migrate_s or 0.0)
+        store.observe(ts, f"{P}_prefix_miss_cost_seconds", ml, cost)
+        baseline = self.cold_baseline(ts, v.model, catalog.prompt_class(rec.prompt_tokens))
+        if baseline is None:
+            return  # no baseline for this class yet: not judged (missing, never good or bad)
+        store.inc(ts, f"{P}_missed_requests", ml)
+        store.zero(f"{P}_missed_requests_within_baseline", ml)
+        if cost <= self.miss_cost_factor * baseline:
+            store.inc(ts, f"{P}_missed_requests_within_baseline", ml)
+
+    def cold_baseline(self, ts: float, model: str, prompt_class: str) -> float | None:
+        """The long-window cold-prefill p95 of a model and prompt-length class, ending one window ago."""
+        lagged = self.store.baselines.get(_COLD_PREFILL)
+        if lagged is None:
+            return None
+        self.store.advance_baselines(ts)
+        m, c = _COLD_LABELS.index("model"), _COLD_LABELS.index("prompt_class")
+        counts = lagged.merged(lambda labels: labels[m] == model and labels[c] == prompt_class)  # type: ignore[index]
+        return histogram_quantile(MISS_COST_BASELINE_Q, lagged.bounds, counts)
 
     def _router_timings(self, v: RecordView) -> None:
         rec = v.rec

@@ -59,6 +59,7 @@ from exporter.record_accounting import (
     RECORD_FIELD_SIGNALS,
     UNKNOWN,
     RecordAccounting,
+    miss_cost_factor,
 )
 from exporter.routers.common import increase
 from exporter.series_view import Series, build_series
@@ -172,12 +173,12 @@ class ClusterState:
         self._refresh_lock = threading.Lock()  # one pass at a time
         self.tree_stats_timing: TreeStatsTiming | None = None
         self.sessions = SessionTable(max_sessions=max_sessions or limits.sessions)
-        self.store = MetricStore(self.window_s)
+        self.store = MetricStore(self.window_s, getattr(thresholds, "baseline_window_s", 86400.0))
         self.worker_pool = WorkerPool(health, self.time, health_recency_s)
         self.hotspots = Hotspots(self.index)
         self.accounting = RecordAccounting(self.time, self.store, self.worker_pool, self.index, self.sessions,
                                            self.hotspots, topology, self.cold_reuse_share,
-                                           RecordLabels(limits, self.window_s))
+                                           RecordLabels(limits, self.window_s), miss_cost_factor(thresholds))
         self.health_increases = HealthIncreases(health, self.time, self.window_s,
                                                 (_KV_MISSED, _KV_REPAIRS, _INGEST_ERRORS))
         self.evictions = EvictionTracker(self.window_s, eviction_memory)
@@ -214,10 +215,6 @@ class ClusterState:
     @property
     def hwin(self) -> dict[str, WindowedBuckets]:
         return self.store.hwin
-
-    @property
-    def long_hwin(self) -> dict[tuple[str, float], WindowedBuckets]:
-        return self.store.long_hwin
 
     @property
     def workers(self) -> dict[str, WorkerInfo]:

@@ -31,11 +31,72 @@ RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 DEPTH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
 FANOUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 REPLICA_BUCKETS = (1, 2, 3, 4, 8, 16)
-PREFILL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
-PER_TOKEN_BUCKETS = (2.5e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 4e-4, 6e-4, 8e-4, 1.2e-3, 2.4e-3, 5e-3)
+# Prefill times step by about 1.5× so a p99 read off the buckets stays near the real one: with
+# 2–2.5× steps a 2.4× shift (cold work moving to a GPU class half as fast) read as 4× the
+# baseline and crossed PrefixColdPrefillSlow's 3×.
+PREFILL_BUCKETS = (0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 6.0, 10.0,
+                   15.0, 25.0, 40.0, 60.0, 100.0)
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 60.0)
 EVICTION_AGE_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
 WALK_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
+
+# Range selectors are written with these defaults; ``configure`` rewrites them to the ``window``
+# and ``baseline_window`` of alerts/thresholds.yaml, so those two settings drive every generated
+# rule and alert while the catalogue stays plain, runnable PromQL (and rule names keep "rate5m").
+DEFAULT_WINDOW = "5m"
+DEFAULT_BASELINE_WINDOW = "1d"
+
+# Prompt-length classes of the cold-prefill histogram: prefill time grows with the prompt, so a
+# baseline compares like with like only within a class. Four classes keep the label bounded.
+PROMPT_CLASSES: tuple[tuple[float, str], ...] = (
+    (1024, "0-1k"), (4096, "1k-4k"), (16384, "4k-16k"), (float("inf"), "16k+"))
+
+# The line of the per-session distribution the spec asks about (share of sessions below it). It
+# must be a bound of RATIO_BUCKETS: a gauge-histogram share is read off one bucket.
+SESSION_HIT_LINE = 0.8
+
+# Multi-window, multi-burn-rate SLO alerts (Google SRE workbook, "Alerting on SLOs"): each pair
+# fires when both its long and its short window burn the error budget faster than the pair's
+# factor (alerts/thresholds.yaml, per SLO). The long window makes the alert significant, the
+# short one makes it reset soon after the burn stops.
+BurnPair = Literal["page", "ticket"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BurnWindows:
+    pair: BurnPair
+    long: str
+    short: str
+    severity: str  # a page is critical, a ticket a warning
+
+
+BURN_WINDOWS: tuple[BurnWindows, ...] = (
+    BurnWindows(pair="page", long="1h", short="5m", severity="critical"),
+    BurnWindows(pair="ticket", long="6h", short="30m", severity="warning"),
+)
+
+
+def prompt_class(prompt_tokens: int) -> str:
+    """The bounded prompt-length class label of a request."""
+    return next(label for bound, label in PROMPT_CLASSES if prompt_tokens < bound)
+
+
+_RANGE = re.compile(r"\[(\w+)\](?: offset (\w+))?")
+
+
+def configure(expr: str, window: str, baseline_window: str) -> str:
+    """``expr`` with the default range selectors replaced by the configured windows.
+
+    ``[5m]`` becomes ``[window]``, ``[1d] offset 5m`` becomes ``[baseline_window] offset window``;
+    any other range (the SLO burn windows) is left as written.
+    """
+    def sub(m: re.Match[str]) -> str:
+        rng, offset = m[1], m[2]
+        rng = {DEFAULT_WINDOW: window, DEFAULT_BASELINE_WINDOW: baseline_window}.get(rng, rng)
+        if offset is None:
+            return f"[{rng}]"
+        return f"[{rng}] offset {window if offset == DEFAULT_WINDOW else offset}"
+    return _RANGE.sub(sub, expr)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +126,8 @@ class RecordingRule:
     expr: str
     group: int | None
     help: str
+    # Ranges are the SLO burn windows as written, not the configurable rate window.
+    fixed_windows: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +155,23 @@ class Check:
     # Multiplier applied to the threshold in the alert expression, for relative thresholds
     # ("p99 > 3 × warm baseline"): the alert compares value > threshold * baseline.
     baseline: str | None = None
+    # For kind "slo": the events whose error ratio the burn-rate alerts watch. ``value`` is then
+    # the SLI over the window (good / total) and the threshold's value the objective.
+    slo: Slo | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slo:
+    """An SLO's events as two counters: the error ratio is 1 − Σgood / Σtotal over a window."""
+
+    good: str  # counter sample name (with _total)
+    total: str
+    budget_unit: str  # what one event is, for people: "follow-up prompt tokens", "missed requests"
+    # The exporter judges each event against ``baseline_factor`` × a baseline (thresholds file).
+    judged_against_baseline: bool = False
+
+    def error_ratio_rule(self, key: str, window: str) -> str:
+        return f"cluster:prefixscope_{key}_errors:ratio_rate{window}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,12 +371,12 @@ METRICS: tuple[Metric, ...] = (
             help="Prompt tokens found in the worker's prefix cache (engine counter, normalised)."),
     _metric(name="worker_kv_cache_usage_ratio", type="gauge", unit="ratio", labels=(W, M), group=1, source="worker_metrics",
             help="KV-cache usage reported by the engine (0–1)."),
-    _metric(name="session_followup_prompt_tokens", type="counter", unit="tokens", labels=(M,), group=1, source="records",
+    _metric(name="session_followup_prompt_tokens", type="counter", unit="tokens", labels=(M,), group=2, source="records",
             help="Prompt tokens of follow-up requests (turn ≥ 2) of keyed sessions."),
-    _metric(name="session_followup_cached_tokens", type="counter", unit="tokens", labels=(M,), group=1, source="records",
+    _metric(name="session_followup_cached_tokens", type="counter", unit="tokens", labels=(M,), group=2, source="records",
             help="Engine-reported cached tokens of follow-up requests (turn ≥ 2) of keyed sessions."),
-    _metric(name="session_hit_ratio", type="gaugehistogram", unit="ratio", labels=(), group=1, source="records", buckets=RATIO_BUCKETS,
-            help="Distribution over sessions active in the window of Σcached/Σprompt over their follow-up requests."),
+    _metric(name="session_hit_ratio", type="gaugehistogram", unit="ratio", labels=(), group=2, source="records", buckets=RATIO_BUCKETS,
+            help="Distribution over sessions active in the window of Σcached/Σprompt over their follow-up requests (never a session label)."),
     _metric(name="worker_resident_blocks", type="gauge", unit="blocks", labels=(W,), group=1, source="kv_events",
             help="Blocks resident on the worker, from its KV events."),
     _metric(name="worker_capacity_blocks", type="gauge", unit="blocks", labels=(W,), group=1, source="worker_metrics",
@@ -351,10 +431,8 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="session_reshuffle_ratio", type="gauge", unit="ratio", labels=(), group=2, source="records",
             help="Share of sessions seen both before and after the last pool change whose worker changed."),
     # ---- group 3: cold prefill economics -------------------------------------------------
-    _metric(name="cold_prefill_seconds", type="histogram", unit="seconds", labels=(M, "gpu_class"), group=3, source="records", buckets=PREFILL_BUCKETS,
-            help="Prefill time of cold requests (reused share at most cold_reuse_share)."),
-    _metric(name="prefill_seconds_per_token", type="histogram", unit="seconds", labels=(M, "path"), group=3, source="records", buckets=PER_TOKEN_BUCKETS,
-            help="Prefill time per computed prompt token, by path (cold, warm)."),
+    _metric(name="cold_prefill_seconds", type="histogram", unit="seconds", labels=(M, "gpu_class", "prompt_class"), group=3, source="records", buckets=PREFILL_BUCKETS,
+            help="Prefill time of cold requests (reused share at most cold_reuse_share), by GPU class and prompt-length class (0-1k, 1k-4k, 4k-16k, 16k+ tokens)."),
     _metric(name="cold_requests", type="counter", unit="", labels=(M,), group=3, source="records",
             help="Cold requests."),
     _metric(name="cold_prefill_gpu_seconds", type="counter", unit="seconds", labels=(M,), group=3, source="records",
@@ -364,7 +442,11 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="async_prefill_wait_seconds", type="histogram", unit="seconds", labels=(M,), group=3, source="records", buckets=WAIT_BUCKETS,
             help="Wait of requests sent to the async prefill path."),
     _metric(name="prefix_miss_cost_seconds", type="histogram", unit="seconds", labels=(M,), group=3, source="records", buckets=PREFILL_BUCKETS,
-            help="Miss cost of requests that missed (T_prefill + T_queue + T_migrate, seed §5)."),
+            help="Miss cost (T_prefill + T_queue + T_migrate, seed §5) of requests that missed part of their available prefix or migrated (without block hashes: of cold requests)."),
+    _metric(name="missed_requests", type="counter", unit="", labels=(M,), group=3, source="records",
+            help="Missed requests (as for prefix_miss_cost_seconds) judged against a cold-prefill baseline of their model and prompt-length class."),
+    _metric(name="missed_requests_within_baseline", type="counter", unit="", labels=(M,), group=3, source="records",
+            help="Of those, requests whose miss cost stayed within the SLO factor × the baseline (the long-window cold-prefill p95, ending one window ago)."),
     # ---- group 4: router and topology ----------------------------------------------------
     _metric(name="router_tree_walk_seconds", type="histogram", unit="seconds", labels=(), group=4, source="records", buckets=WALK_BUCKETS,
             help="Router prefix-tree lookup latency."),
@@ -432,9 +514,38 @@ def _ratio(num: str, den: str, by: str, window: str = "5m") -> str:
     return f"{agg} (rate({num}[{window}])) / {agg} (rate({den}[{window}]))"
 
 
-def _quantile(q: float, metric: str, by: str = "", window: str = "5m") -> str:
+def _quantile(q: float, metric: str, by: str = "", window: str = "5m", offset: str | None = None) -> str:
     labels = ", ".join(["le", *[b.strip() for b in by.split(",") if b.strip()]])
-    return f"histogram_quantile({q}, sum by ({labels}) (rate({metric}_bucket[{window}])))"
+    shift = f" offset {offset}" if offset else ""
+    return f"histogram_quantile({q}, sum by ({labels}) (rate({metric}_bucket[{window}]{shift})))"
+
+
+def _baseline_quantile(q: float, metric: str, by: str) -> str:
+    """The baseline: the long window that ends where the current window begins, so a fault is
+    never compared with itself."""
+    return _quantile(q, metric, by, DEFAULT_BASELINE_WINDOW, DEFAULT_WINDOW)
+CLASS_BY = "model, prompt_class"
+
+SLO_SESSION_HIT_RATE = Slo(good=f"{P}_session_followup_cached_tokens_total",
+                           total=f"{P}_session_followup_prompt_tokens_total",
+                           budget_unit="follow-up prompt tokens")
+SLO_PREFIX_MISS_COST = Slo(good=f"{P}_missed_requests_within_baseline_total", total=f"{P}_missed_requests_total",
+                           budget_unit="missed requests", judged_against_baseline=True)
+SLOS: dict[str, Slo] = {"slo_session_hit_rate": SLO_SESSION_HIT_RATE, "slo_prefix_miss_cost": SLO_PREFIX_MISS_COST}
+
+
+def _slo_rules() -> tuple[RecordingRule, ...]:
+    windows = sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}, key=lambda w: (w[-1], int(w[:-1])))
+    out = []
+    for key, slo in SLOS.items():
+        for w in windows:
+            total = f"sum(rate({slo.total}[{w}]))"
+            out.append(RecordingRule(
+                record=slo.error_ratio_rule(key, w), fixed_windows=True,
+                expr=f"({total} - sum(rate({slo.good}[{w}]))) / {total}",
+                group=2 if slo is SLO_SESSION_HIT_RATE else 3,
+                help=f"Error ratio of the SLO {key} over {w}: share of {slo.budget_unit} that were not good."))
+    return tuple(out)
 
 
 RECORDING_RULES: tuple[RecordingRule, ...] = (
@@ -448,12 +559,6 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_prefix_cache_hit_tokens_total", f"{P}_prefix_cache_queried_tokens_total", "worker"),
                   group=1, help="Prefix-cache hit ratio per worker."),
-    RecordingRule(record="cluster:prefixscope_session_followup_cached_tokens_per_prompt_tokens:ratio_rate5m",
-                  expr=_ratio(f"{P}_session_followup_cached_tokens_total", f"{P}_session_followup_prompt_tokens_total", ""),
-                  group=1, help="Session hit ratio over follow-up turns, pooled over sessions."),
-    RecordingRule(record="cluster:prefixscope_session_hit_ratio:p50",
-                  expr=f"histogram_quantile(0.5, sum by (le) ({P}_session_hit_ratio_bucket))",
-                  group=1, help="Median session hit ratio over sessions active in the window."),
     RecordingRule(record="worker:prefixscope_worker_resident_blocks_per_capacity:ratio",
                   expr=f"{P}_worker_resident_blocks / on (worker) {P}_worker_capacity_blocks",
                   group=1, help="Resident blocks against capacity per worker."),
@@ -477,6 +582,16 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr=f"histogram_quantile(0.99, sum by (le) ({P}_prefix_tree_leaf_depth_bucket))",
                   group=1, help="p99 leaf depth of the radix-compressed prefix tree."),
     # group 2
+    RecordingRule(record="cluster:prefixscope_session_followup_cached_tokens_per_prompt_tokens:ratio_rate5m",
+                  expr=_ratio(f"{P}_session_followup_cached_tokens_total", f"{P}_session_followup_prompt_tokens_total", ""),
+                  group=2, help="Session hit ratio over follow-up turns, pooled over sessions."),
+    RecordingRule(record="cluster:prefixscope_session_hit_ratio:p50",
+                  expr=f"histogram_quantile(0.5, sum by (le) ({P}_session_hit_ratio_bucket))",
+                  group=2, help="Median session hit ratio over sessions active in the window."),
+    RecordingRule(record="cluster:prefixscope_session_hit_ratio_below_0_8:share",
+                  expr=(f'sum({P}_session_hit_ratio_bucket{{le="{SESSION_HIT_LINE:g}"}}) / '
+                        f'sum({P}_session_hit_ratio_bucket{{le="+Inf"}})'),
+                  group=2, help="Share of sessions active in the window whose follow-up hit ratio is at most 80%."),
     RecordingRule(record="cluster:prefixscope_sticky_collisions_per_followup_requests:ratio_rate5m",
                   expr=_ratio(f"{P}_sticky_collisions_total", f"{P}_followup_requests_total", ""),
                   group=2, help="Share of follow-ups served away from their session's still-healthy worker."),
@@ -496,21 +611,36 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="cluster:prefixscope_cold_prefill_seconds:p99_5m",
                   expr=_quantile(0.99, f"{P}_cold_prefill_seconds"),
                   group=3, help="Cold prefill p99."),
-    RecordingRule(record="cluster:prefixscope_cold_prefill_seconds_per_token:p99_5m",
-                  expr=f'histogram_quantile(0.99, sum by (le) (rate({P}_prefill_seconds_per_token_bucket{{path="cold"}}[5m])))',
-                  group=3, help="Cold prefill time per computed token, p99."),
-    RecordingRule(record="cluster:prefixscope_warm_prefill_seconds_per_token:p50_1h",
-                  expr=f'histogram_quantile(0.5, sum by (le) (rate({P}_prefill_seconds_per_token_bucket{{path="warm"}}[1h])))',
-                  group=3, help="Warm baseline: warm prefill time per computed token, p50 over 1h."),
+    RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds:p99_5m",
+                  expr=_quantile(0.99, f"{P}_cold_prefill_seconds", CLASS_BY),
+                  group=3, help="Cold prefill p99 per model and prompt-length class."),
+    RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds:p99_baseline",
+                  expr=_baseline_quantile(0.99, f"{P}_cold_prefill_seconds", CLASS_BY),
+                  group=3, help="Cold-prefill baseline: p99 per model and prompt-length class over the baseline window "
+                                "ending one window ago."),
+    RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds:p95_baseline",
+                  expr=_baseline_quantile(0.95, f"{P}_cold_prefill_seconds", CLASS_BY),
+                  group=3, help="Cold-prefill baseline of the miss-cost SLO: p95 per model and prompt-length class over "
+                                "the baseline window ending one window ago."),
+    RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline",
+                  expr="prompt_class:prefixscope_cold_prefill_seconds:p99_5m / "
+                       "prompt_class:prefixscope_cold_prefill_seconds:p99_baseline",
+                  group=3, help="Cold prefill p99 of the window against its baseline, per model and prompt-length class."),
     RecordingRule(record="cluster:prefixscope_cold_prefill_cost_usd_per_cold_request:ratio_rate5m",
                   expr=_ratio(f"{P}_cold_prefill_cost_usd_total", f"{P}_cold_requests_total", ""),
                   group=3, help="Cold prefill cost per cold request."),
     RecordingRule(record="cluster:prefixscope_async_prefill_wait_seconds:p99_5m",
                   expr=_quantile(0.99, f"{P}_async_prefill_wait_seconds"),
                   group=3, help="Async prefill wait p99."),
+    RecordingRule(record="cluster:prefixscope_prefix_miss_cost_seconds:p50_5m",
+                  expr=_quantile(0.5, f"{P}_prefix_miss_cost_seconds"),
+                  group=3, help="Prefix miss cost p50."),
     RecordingRule(record="cluster:prefixscope_prefix_miss_cost_seconds:p95_5m",
                   expr=_quantile(0.95, f"{P}_prefix_miss_cost_seconds"),
                   group=3, help="Prefix miss cost p95."),
+    RecordingRule(record="cluster:prefixscope_missed_requests_within_baseline_per_missed_requests:ratio_rate5m",
+                  expr=_ratio(f"{P}_missed_requests_within_baseline_total", f"{P}_missed_requests_total", ""),
+                  group=3, help="Share of missed requests whose miss cost stayed within the SLO factor × the baseline."),
     # group 4
     RecordingRule(record="cluster:prefixscope_router_tree_walk_seconds:p99_5m",
                   expr=_quantile(0.99, f"{P}_router_tree_walk_seconds"),
@@ -544,6 +674,7 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="cluster:prefixscope_index_staleness_tokens_per_prompt_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_index_staleness_tokens_total", f"{P}_request_prompt_tokens_total", ""),
                   group=0, help="Share of prompt tokens predicted cached but not achieved (stale index)."),
+    *_slo_rules(),
 )
 
 RULES_BY_NAME: dict[str, RecordingRule] = {r.record: r for r in RECORDING_RULES}
@@ -573,6 +704,12 @@ def render_expr(expr: str, values: Mapping[str, float]) -> str:
 
 CHECKS: tuple[Check, ...] = (
     # ---- step 0: telemetry health ---------------------------------------------------------
+    Check(key="exporter_up", group=0, kind="health", title="prefixscope exporter up", alert="PrefixExporterDown",
+          value=f"absent({P}_exporter_build_info) or vector(0)",
+          op=">", threshold="exporter_up", unit="targets", signals=(),
+          meaning="Prometheus has no prefixscope exporter to scrape (1; 0 while it is scraped): every prefixscope "
+                  "series is gone, so every other check reads no data (not instrumented), never a failure.",
+          summary="The prefixscope exporter is not being scraped: the whole diagnosis chain is blind."),
     Check(key="targets_up", group=0, kind="health", title="Scrape targets up", alert="PrefixTelemetryTargetDown",
           value=f"max({P}_telemetry_blind_targets)",
           op=">", threshold="targets_up", unit="targets", signals=(),
@@ -607,11 +744,6 @@ CHECKS: tuple[Check, ...] = (
           op="<", threshold="prefix_hit_rate_total", unit="ratio", signals=("worker_metrics",),
           meaning="Σ hit tokens / Σ queried tokens across the cluster.",
           summary="Cluster prefix-cache hit rate is below {threshold}."),
-    Check(key="prefix_hit_rate_per_session", group=1, title="Session hit rate (follow-up turns)", alert="PrefixSessionHitRateLow",
-          value="cluster:prefixscope_session_followup_cached_tokens_per_prompt_tokens:ratio_rate5m",
-          op="<", threshold="prefix_hit_rate_per_session", unit="ratio", signals=("session_key", "cached_tokens"),
-          meaning="Σ cached / Σ prompt tokens over follow-up turns of keyed sessions.",
-          summary="Follow-up turns of multi-turn sessions hit the prefix cache less than {threshold} of the time."),
     Check(key="prefix_block_count_per_worker", group=1, title="Cache pressure (full and thrashing)", alert="PrefixCacheNearCapacity",
           value="max(worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m)",
           op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",),
@@ -626,6 +758,13 @@ CHECKS: tuple[Check, ...] = (
           meaning="p99 leaf depth of the radix-compressed prefix tree.",
           summary="The cluster prefix tree is deeper than {threshold} at p99."),
     # ---- step 2 -----------------------------------------------------------------------------
+    # The session hit rate is the effect of stickiness (seed §7): the seed lists it in group 1,
+    # the chain reads it in step 2.
+    Check(key="prefix_hit_rate_per_session", group=2, title="Session hit rate (follow-up turns)", alert="PrefixSessionHitRateLow",
+          value="cluster:prefixscope_session_followup_cached_tokens_per_prompt_tokens:ratio_rate5m",
+          op="<", threshold="prefix_hit_rate_per_session", unit="ratio", signals=("session_key", "cached_tokens"),
+          meaning="Σ cached / Σ prompt tokens over follow-up turns of keyed sessions (the effect of sticky routing).",
+          summary="Follow-up turns of multi-turn sessions hit the prefix cache less than {threshold} of the time."),
     Check(key="sticky_session_collision_rate", group=2, title="Sticky-session collisions", alert="PrefixStickyCollisionsHigh",
           value="cluster:prefixscope_sticky_collisions_per_followup_requests:ratio_rate5m",
           op=">", threshold="sticky_session_collision_rate", unit="ratio", signals=("session_key",),
@@ -642,12 +781,12 @@ CHECKS: tuple[Check, ...] = (
           meaning="Sessions moved because their worker left, drained or failed.",
           summary="Sessions are migrating between workers at more than {threshold}."),
     # ---- step 3 -----------------------------------------------------------------------------
-    Check(key="cold_prefill_time_p99", group=3, title="Cold prefill p99 vs warm baseline", alert="PrefixColdPrefillSlow",
-          value="cluster:prefixscope_cold_prefill_seconds_per_token:p99_5m",
+    Check(key="cold_prefill_time_p99", group=3, title="Cold prefill p99 vs its long-window baseline", alert="PrefixColdPrefillSlow",
+          value="max(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline)",
           op=">", threshold="cold_prefill_time_p99", unit="ratio_to_baseline", signals=("prefill_timing",),
-          meaning="Cold prefill time per computed token (p99) against the warm baseline (p50 over 1h).",
-          summary="Cold prefill p99 per token exceeds {threshold} the warm baseline.",
-          baseline="cluster:prefixscope_warm_prefill_seconds_per_token:p50_1h"),
+          meaning="Cold prefill p99 of the window against the cold p99 of the baseline window that ends where "
+                  "this one begins, for the same model and prompt-length class (the worst class).",
+          summary="Cold prefill p99 exceeds {threshold} its long-window baseline for comparable prompt lengths."),
     Check(key="cold_prefill_cost_per_request", group=3, title="Cold prefill cost per request", alert="PrefixColdPrefillCostHigh",
           value="cluster:prefixscope_cold_prefill_cost_usd_per_cold_request:ratio_rate5m",
           op=">", threshold="cold_prefill_cost_per_request", unit="usd", signals=("prefill_timing", "topology"),
@@ -691,18 +830,23 @@ CHECKS: tuple[Check, ...] = (
           meaning="Share of admissions chosen for prefix affinity.",
           summary="Fewer than {threshold} of batch admissions follow prefix affinity."),
     # ---- SLOs (seed §7, corollary 4) ---------------------------------------------------------
-    Check(key="slo_session_hit_rate", group=1, kind="slo", title="SLO: session hit rate ≥ 85%", alert="PrefixSessionHitRateSloBurn",
+    # ``value`` is the SLI over the window against the objective; the alerts are the burn-rate
+    # pairs of BURN_WINDOWS over the SLO's error-ratio rules.
+    Check(key="slo_session_hit_rate", group=2, kind="slo", title="SLO: session hit rate ≥ 85%", alert="PrefixSessionHitRateSloBurn",
           value="cluster:prefixscope_session_followup_cached_tokens_per_prompt_tokens:ratio_rate5m",
           op="<", threshold="slo_session_hit_rate", unit="ratio", signals=("session_key", "cached_tokens"),
-          meaning="Multi-turn session hit rate against its SLO target.",
-          summary="Multi-turn session hit rate misses its {threshold} SLO target."),
+          meaning="Uncached share of follow-up prompt tokens of multi-turn sessions (the session hit-rate SLO's "
+                  "error ratio).",
+          summary="The multi-turn session hit-rate SLO ({threshold}) is burning its error budget.",
+          slo=SLO_SESSION_HIT_RATE),
     Check(key="slo_prefix_miss_cost", group=3, kind="slo", title="SLO: miss cost p95 ≤ 1.5 × cold baseline", alert="PrefixMissCostSloBurn",
-          value="cluster:prefixscope_prefix_miss_cost_seconds:p95_5m",
-          op=">", threshold="slo_prefix_miss_cost", unit="ratio_to_baseline", signals=("prefill_timing",),
-          meaning="Prefix miss cost (T_prefill + T_queue + T_migrate) p95 against the cold-prefill p95 "
-                  "(queueing and migration must not amplify the cold-prefill tail).",
-          summary="Prefix miss cost p95 exceeds its SLO of {threshold} the cold-prefill baseline.",
-          baseline="cluster:prefixscope_cold_prefill_seconds:p95_5m"),
+          value="cluster:prefixscope_missed_requests_within_baseline_per_missed_requests:ratio_rate5m",
+          op="<", threshold="slo_prefix_miss_cost", unit="ratio", signals=("prefill_timing", "cached_tokens"),
+          meaning="Share of missed requests whose miss cost (T_prefill + T_queue + T_migrate) exceeded the SLO "
+                  "factor × the long-window cold-prefill p95 of their prompt-length class (the miss-cost SLO's "
+                  "error ratio).",
+          summary="The prefix miss-cost SLO ({threshold} of misses within the cold-prefill baseline) is burning its error budget.",
+          slo=SLO_PREFIX_MISS_COST),
 )
 
 CHECKS_BY_KEY: dict[str, Check] = {c.key: c for c in CHECKS}
@@ -753,8 +897,10 @@ def to_table() -> str:
 
 
 __all__ = [
-    "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "METRICS", "METRICS_BY_NAME", "NAMESPACE",
-    "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS", "RULES_BY_NAME", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES",
-    "SOURCE_NAMES", "STEPS", "THRESHOLD_REF", "Check", "Metric", "RecordingRule", "Step",
-    "as_dict", "check_sources", "checks_for_step", "render_expr", "rule_threshold_refs", "to_json", "to_table",
+    "BURN_WINDOWS", "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "DEFAULT_BASELINE_WINDOW", "DEFAULT_WINDOW",
+    "METRICS", "METRICS_BY_NAME", "NAMESPACE", "PROMPT_CLASSES", "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS",
+    "RULES_BY_NAME", "SESSION_HIT_LINE", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SLOS", "SOURCE_NAMES", "STEPS",
+    "THRESHOLD_REF", "BurnWindows", "Check", "Metric", "RecordingRule", "Slo", "Step",
+    "as_dict", "check_sources", "checks_for_step", "configure", "prompt_class", "render_expr", "rule_threshold_refs",
+    "to_json", "to_table",
 ]

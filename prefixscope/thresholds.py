@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefixscope.catalog import CHECKS, Check, rule_threshold_refs
-from prefixscope.durations import parse_duration
+from prefixscope.catalog import BURN_WINDOWS, CHECKS, DEFAULT_BASELINE_WINDOW, Check, rule_threshold_refs
+from prefixscope.durations import format_duration, is_duration, parse_duration
 from prefixscope.validation import InvalidFile, Problems, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +24,10 @@ SCHEMA = "prefixscope.thresholds/v1"
 SEVERITIES = ("critical", "warning", "info")
 
 SCHEMA_FILE = "thresholds.v1.json"
+# Fields of SLO entries only: the burn-rate factor of each pair of catalog.BURN_WINDOWS, and for an
+# SLO whose events are judged against a baseline, the factor of that baseline.
+SLO_FIELDS = ("burn_rates", "baseline_factor")
+BURN_PAIRS = tuple(b.pair for b in BURN_WINDOWS)
 
 
 class ConfigError(InvalidFile):
@@ -35,6 +39,15 @@ class CheckThreshold:
     value: float
     for_: str
     severity: str
+    # SLO entries only: pair ("page", "ticket") -> burn-rate factor; the baseline factor of an SLO
+    # judged against a baseline.
+    burn_rates: dict[str, float] | None = None
+    baseline_factor: float | None = None
+
+    def burn_limit(self, pair: str) -> float:
+        """The error ratio a burn-rate pair fires above: factor × the error budget (1 − objective)."""
+        assert self.burn_rates is not None
+        return round(self.burn_rates[pair] * (1.0 - self.value), 9)
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,7 @@ class Thresholds:
     runbook_url_base: str
     dashboard_url_base: str
     checks: dict[str, CheckThreshold]
+    baseline_window: str = "1d"
 
     def runbook_url(self, alert: str) -> str:
         return f"{self.runbook_url_base}{alert}.md"
@@ -52,6 +66,11 @@ class Thresholds:
     def window_s(self) -> float:
         """The rate window in seconds (the exporter's windows and every generated rule)."""
         return parse_duration(self.window)
+
+    @property
+    def baseline_window_s(self) -> float:
+        """The long window of the cold-prefill baselines, in seconds."""
+        return parse_duration(self.baseline_window)
 
     def value(self, check: Check) -> float:
         return self.checks[check.threshold].value
@@ -76,26 +95,81 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
     ``runbooks_dir``, also require ``<Alert>.md`` for every check."""
     problems = Problems(source)
     problems.check_schema(data, SCHEMA_FILE)
-    raw_checks = data.get("checks") if isinstance(data, dict) else None
-    raw_checks = raw_checks if isinstance(raw_checks, dict) else {}
+    d: dict = data if isinstance(data, dict) else {}
+    raw_checks = d.get("checks") if isinstance(d.get("checks"), dict) else {}
+    window, baseline_window = d.get("window"), d.get("baseline_window")
+    if baseline_window is None:  # the default day, or twice a window of a day or more
+        long = is_duration(window) and parse_duration(window) >= parse_duration(DEFAULT_BASELINE_WINDOW)
+        baseline_window = format_duration(2 * parse_duration(window)) if long else DEFAULT_BASELINE_WINDOW
+    if is_duration(window) and is_duration(baseline_window) and \
+            parse_duration(baseline_window) <= parse_duration(window):
+        problems.add("baseline_window", f'expected a window longer than window ({window}), got "{baseline_window}"')
     rule_refs = rule_threshold_refs()
-    known = {c.threshold for c in CHECKS} | set(rule_refs)
+    by_threshold = {c.threshold: c for c in CHECKS}
+    known = set(by_threshold) | set(rule_refs)
     for key in raw_checks:
         if key not in known:
             problems.add(f"checks.{key}", "unknown key: no check or recording rule in prefixscope/catalog.py uses this threshold")
     for key, record in rule_refs.items():
-        if isinstance(data, dict) and isinstance(data.get("checks"), dict) and key not in raw_checks:
+        if isinstance(d.get("checks"), dict) and key not in raw_checks:
             problems.add(f"checks.{key}", f"missing: the recording rule {record} needs it")
+    burn: dict[str, dict[str, float] | None] = {}
+    for key, entry in raw_checks.items():
+        check = by_threshold.get(key)
+        if check is None or not isinstance(entry, dict):
+            continue
+        burn[key] = _slo_fields(problems, f"checks.{key}", entry, check)
     for check in CHECKS:
         where = f"checks.{check.threshold}"
-        if isinstance(data, dict) and isinstance(data.get("checks"), dict) and check.threshold not in raw_checks:
+        if isinstance(d.get("checks"), dict) and check.threshold not in raw_checks:
             problems.add(where, f"missing: the catalogue check {check.key} ({check.alert}) needs it")
         if runbooks_dir is not None and not (runbooks_dir / f"{check.alert}.md").is_file():
             problems.add(where, f"runbook {_display(runbooks_dir / (check.alert + '.md'))} for {check.alert} is missing")
     problems.raise_if_any(ConfigError)
-    checks = {key: CheckThreshold(float(e["value"]), e["for"], e["severity"]) for key, e in raw_checks.items()}
-    return Thresholds(data["window"], float(data["cold_reuse_share"]), data["runbook_url_base"],
-                      data["dashboard_url_base"], checks)
+    checks = {key: CheckThreshold(float(e["value"]), e["for"], e["severity"], burn.get(key),
+                                  float(e["baseline_factor"]) if e.get("baseline_factor") is not None else None)
+              for key, e in raw_checks.items()}
+    return Thresholds(window, float(d["cold_reuse_share"]), d["runbook_url_base"], d["dashboard_url_base"],
+                      checks, baseline_window)
+
+
+def _slo_fields(problems: Problems, where: str, entry: dict, check: Check) -> dict[str, float] | None:
+    """SLO entries carry a burn-rate factor per pair of catalog.BURN_WINDOWS (and, judged against a
+    baseline, its factor); other entries carry neither."""
+    slo = check.slo
+    if slo is None:
+        for fld in SLO_FIELDS:
+            if fld in entry:
+                problems.add(f"{where}.{fld}", "unknown key (burn_rates and baseline_factor belong to SLO entries)")
+        return None
+    objective = entry.get("value")
+    if isinstance(objective, int | float) and not isinstance(objective, bool) and not 0 < objective < 1:
+        problems.add(f"{where}.value", f"expected an SLO objective between 0 and 1, got {objective!r}")
+    if slo.judged_against_baseline and "baseline_factor" not in entry:
+        problems.add(f"{where}.baseline_factor", "missing")
+    raw = entry.get("burn_rates")
+    if raw is None:
+        problems.add(f"{where}.burn_rates", "missing")
+        return None
+    if not isinstance(raw, dict):
+        return None  # the schema said what is wrong
+    out: dict[str, float] = {}
+    for pair in BURN_PAIRS:
+        factor = raw.get(pair)
+        if pair not in raw:
+            problems.add(f"{where}.burn_rates.{pair}", "missing")
+        elif isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+            continue  # the schema said what is wrong
+        elif isinstance(objective, int | float) and 0 < objective < 1 and factor * (1 - objective) >= 1:
+            problems.add(f"{where}.burn_rates.{pair}", f"unreachable: with an objective of {objective:g} the burn "
+                                                       f"rate is at most {1 / (1 - objective):.3g}, got {factor!r}")
+        else:
+            out[pair] = float(factor)
+    if len(out) == len(BURN_PAIRS) and not out["page"] > out["ticket"]:
+        problems.add(f"{where}.burn_rates", f"expected the page factor above the ticket factor, got page "
+                                            f"{out['page']:g}, ticket {out['ticket']:g}")
+        return None
+    return out if len(out) == len(BURN_PAIRS) else None
 
 
 def load(path: Path = DEFAULT_PATH, runbooks_dir: Path | None = None) -> Thresholds:

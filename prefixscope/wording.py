@@ -34,3 +34,12 @@ def description(check: Check, value: float) -> str:
         baseline = RULES_BY_NAME[check.baseline].help.rstrip(".")
         limit = f"{value:g} × the baseline ({baseline[0].lower()}{baseline[1:]})"
     return f"{check.meaning} Now {value_template(check)}; the alert fires {word} {limit}."
+
+
+def slo_description(check: Check, objective: float, factor: float, long: str, short: str) -> str:
+    """An SLO burn-rate alert: the error ratio over the long window, and when the pair fires."""
+    budget = 1.0 - objective
+    limit = round(factor * budget, 9)
+    return (f"{check.meaning} Now {prometheus_value_template('ratio')} over {long}; the alert fires when "
+            f"both the {long} and the {short} error ratio exceed {factor:g} × the {format_setting(budget, 'ratio')} "
+            f"error budget ({format_setting(limit, 'ratio')}).")

@@ -31,8 +31,12 @@ def test_committed_config_loads_with_the_seed_thresholds() -> None:
     assert th.checks["prefix_hit_rate_total"].value == 0.60
     assert th.checks["prefix_tree_walk_latency"].value == 0.005
     assert th.checks["cross_node_migration_count_per_minute"].for_ == "2m"
-    assert th.checks["slo_session_hit_rate"].severity == "info"
+    slo = th.checks["slo_session_hit_rate"]
+    assert slo.severity == "critical" and slo.value == 0.85 and slo.burn_rates == {"page": 4, "ticket": 2}
+    assert slo.burn_limit("page") == 0.6 and slo.baseline_factor is None
+    assert th.checks["slo_prefix_miss_cost"].baseline_factor == 1.5
     assert th.window == "5m" and th.cold_reuse_share == 0.1
+    assert th.baseline_window == "1d" and th.baseline_window_s == 86400
     assert set(th.checks) == {c.threshold for c in CHECKS} | set(rule_threshold_refs())
     assert th.runbook_url("PrefixHitRateLow").endswith("/runbooks/PrefixHitRateLow.md")
 
@@ -60,7 +64,7 @@ def test_unknown_keys_at_every_level() -> None:
     assert problems[0].startswith("alerts/thresholds.yaml: thresholds_extra: unknown field (allowed: schema, window, ")
     assert any("checks.not_a_check: unknown key: no check or recording rule in prefixscope/catalog.py" in p
                for p in problems)
-    assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity)" in problems
+    assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity, burn_rates, baseline_factor)" in problems
 
 
 def test_missing_entry_names_the_check_and_alert() -> None:
@@ -136,6 +140,7 @@ def test_top_level_must_be_a_mapping() -> None:
 def test_any_prometheus_duration_is_accepted(duration: str) -> None:
     data = _data()
     data["window"] = duration
+    data["baseline_window"] = "1w"  # longer than the window
     data["checks"]["prefix_hit_rate_total"]["for"] = duration
     th = config.parse(data)
     assert th.window == duration and th.checks["prefix_hit_rate_total"].for_ == duration
@@ -154,3 +159,31 @@ def test_the_schema_knows_the_severities() -> None:
     schema = json.loads((SCHEMAS_DIR / config.SCHEMA_FILE).read_text())
     assert tuple(schema["$defs"]["check"]["properties"]["severity"]["enum"]) == config.SEVERITIES
     assert schema["properties"]["schema"]["const"] == config.SCHEMA
+
+
+def test_slo_entries_need_reachable_burn_rates() -> None:
+    data = _data()
+    # budget 15%: a burn rate above 1 / 0.15 ≈ 6.67 can never happen
+    data["checks"]["slo_session_hit_rate"]["burn_rates"] = {"page": 14.4, "ticket": 6}
+    data["checks"]["slo_prefix_miss_cost"]["burn_rates"] = {"page": 2, "ticket": 6, "email": 1}
+    del data["checks"]["slo_prefix_miss_cost"]["baseline_factor"]
+    assert set(_problems(data)) == {
+        "alerts/thresholds.yaml: checks.slo_session_hit_rate.burn_rates.page: unreachable: with an objective of "
+        "0.85 the burn rate is at most 6.67, got 14.4",
+        "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.baseline_factor: missing",
+        "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.burn_rates.email: unknown field (allowed: page, ticket)",
+        "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.burn_rates: expected the page factor above the ticket "
+        "factor, got page 2, ticket 6",
+    }
+
+
+def test_slo_fields_belong_to_slo_entries_and_baseline_window_is_long() -> None:
+    data = _data()
+    data["checks"]["prefix_hit_rate_total"]["burn_rates"] = {"page": 2, "ticket": 1}
+    data["baseline_window"] = "5m"
+    problems = _problems(data)
+    assert problems == [
+        "alerts/thresholds.yaml: baseline_window: expected a window longer than window (5m), got \"5m\"",
+        "alerts/thresholds.yaml: checks.prefix_hit_rate_total.burn_rates: unknown key (burn_rates and "
+        "baseline_factor belong to SLO entries)",
+    ]

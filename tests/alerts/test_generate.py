@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import generate, rules
+from alerts import generate, promtests, rules
 from prefixscope import thresholds as config
-from prefixscope.catalog import CHECKS, RECORDING_RULES
+from prefixscope.catalog import BURN_WINDOWS, CHECKS, RECORDING_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = ROOT / "alerts" / "generated"
@@ -60,9 +60,14 @@ def test_recording_rules_come_first_in_catalogue_order() -> None:
     assert [r["record"] for r in groups[0]["rules"]] == [r.record for r in RECORDING_RULES]
 
 
+def _alert_names() -> list[str]:
+    """Catalogue order by step; an SLO has one rule per burn-rate pair under the same name."""
+    return [c.alert for c in sorted(CHECKS, key=lambda c: c.group) for _ in (BURN_WINDOWS if c.slo else [None])]
+
+
 def test_every_alert_has_labels_and_annotations() -> None:
     alerts = [r for g in _rules()["groups"][1:] for r in g["rules"]]
-    assert [a["alert"] for a in alerts] == [c.alert for c in sorted(CHECKS, key=lambda c: c.group)]
+    assert [a["alert"] for a in alerts] == _alert_names()
     th = config.load()
     for a in alerts:
         check = next(c for c in CHECKS if c.alert == a["alert"])
@@ -75,6 +80,9 @@ def test_every_alert_has_labels_and_annotations() -> None:
         assert ann["runbook_url"] == th.runbook_url(a["alert"])
         assert ann["dashboard_url"].startswith(th.dashboard_url_base + "prefixscope-diagnosis-chain?viewPanel=")
         assert a["for"] == th.checks[check.threshold].for_
+    severities = {(a["alert"], a["labels"]["severity"]) for a in alerts}
+    for slo in ("PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"):
+        assert {(slo, "critical"), (slo, "warning")} <= severities  # page and ticket
 
 
 def test_alert_expressions() -> None:
@@ -82,9 +90,61 @@ def test_alert_expressions() -> None:
     assert by_name["PrefixHitRateLow"]["expr"] == (
         "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m < 0.6")
     assert by_name["PrefixColdPrefillSlow"]["expr"] == (
-        "cluster:prefixscope_cold_prefill_seconds_per_token:p99_5m > 3 * "
-        "cluster:prefixscope_warm_prefill_seconds_per_token:p50_1h")
+        "max(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline) > 3")
     assert by_name["PrefixRouterTreeWalkSlow"]["expr"].endswith("> 0.005")
+    assert by_name["PrefixExporterDown"]["expr"] == "absent(prefixscope_exporter_build_info) or vector(0) > 0"
+    records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
+    # the baseline is the long window ending where the current window begins, per prompt class
+    assert records["prompt_class:prefixscope_cold_prefill_seconds:p99_baseline"] == (
+        "histogram_quantile(0.99, sum by (le, model, prompt_class) "
+        "(rate(prefixscope_cold_prefill_seconds_bucket[1d] offset 5m)))")
+    assert records["cluster:prefixscope_session_hit_ratio_below_0_8:share"] == (
+        'sum(prefixscope_session_hit_ratio_bucket{le="0.8"}) / sum(prefixscope_session_hit_ratio_bucket{le="+Inf"})')
+
+
+def test_slo_alerts_are_multiwindow_multi_burn_rate_pairs() -> None:
+    slo = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixSessionHitRateSloBurn"]
+    e = "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate"
+    # budget 15%: page at 4 × 15% = 60% over 1h and 5m, ticket at 2 × 15% = 30% over 6h and 30m
+    assert [(r["expr"], r["labels"]["severity"]) for r in slo] == [
+        (f"{e}1h > 0.6 and {e}5m > 0.6", "critical"), (f"{e}6h > 0.3 and {e}30m > 0.3", "warning")]
+    assert "exceed 4 × the 15% error budget (60%)" in slo[0]["annotations"]["description"]
+    miss = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixMissCostSloBurn"]
+    assert [r["expr"].split(" and ")[0] for r in miss] == [
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h > 0.72",
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3"]
+    records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
+    assert records["cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h"] == (
+        "(sum(rate(prefixscope_missed_requests_total[1h])) - "
+        "sum(rate(prefixscope_missed_requests_within_baseline_total[1h]))) / "
+        "sum(rate(prefixscope_missed_requests_total[1h]))")
+
+
+def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
+    data = yaml.safe_load((ROOT / "alerts" / "thresholds.yaml").read_text(encoding="utf-8"))
+    data["window"], data["baseline_window"] = "10m", "2d"
+    th = config.parse(data)
+    files = generate.build(th)
+    rule_file = files[GEN / "prefixscope.rules.yaml"]
+    exprs = [r["expr"] for g in yaml.safe_load(rule_file)["groups"] for r in g["rules"]
+             if not r.get("record", "").startswith("cluster:prefixscope_slo_")]
+    assert not [e for e in exprs if "[5m]" in e] and any("[10m]" in e for e in exprs)
+    assert any("[2d] offset 10m" in e for e in exprs) and not [e for e in exprs if "[1d]" in e]
+    # the SLO burn windows are the workbook's, not the rate window; rule names keep their suffix
+    assert "[30m]" in rule_file and "[6h]" in rule_file and ":ratio_rate5m" in rule_file
+    slo_short = "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate5m"
+    assert "sum(rate(prefixscope_session_followup_prompt_tokens_total[5m]))" in yaml.safe_load(rule_file)[
+        "groups"][0]["rules"][[r.record for r in RECORDING_RULES].index(slo_short)]["expr"]
+    assert yaml.safe_load(files[GEN / "prefixscope.prometheusrule.yaml"])["spec"] == yaml.safe_load(rule_file)
+    grafana_exprs = [d["model"].get("expr", "") for g in yaml.safe_load(files[GEN / "grafana-alerting.yaml"])["groups"]
+                     for r in g["rules"] for d in r["data"]]
+    assert not [e for e in grafana_exprs if "[5m]" in e] and any("[10m]" in e for e in grafana_exprs)
+    for path, text in files.items():
+        if path.suffix == ".json":  # dashboards: every rate over the configured window
+            assert "[5m]" not in text, path
+    assert "sum(increase(prefixscope_kv_index_repairs_total[10m]))" in files[ROOT / "docs" / "metrics.md"]
+    # and the generated promtool cases still build for the new window
+    assert promtests.test_file(th, generate.RULES_FILE, {c.alert: "u" for c in CHECKS})["tests"]
 
 
 def test_prometheusrule_wraps_the_same_groups() -> None:
@@ -101,6 +161,10 @@ def test_generated_promtool_tests_cover_every_alert_both_ways() -> None:
         mine = [t for t in tests if t["alert_rule_test"][0]["alertname"] == check.alert]
         fired = [t for t in mine if t["alert_rule_test"][0]["exp_alerts"]]
         silent = [t for t in mine if not t["alert_rule_test"][0]["exp_alerts"]]
+        if check.slo is not None:  # the ticket pair alone, both pairs, and neither
+            assert [len(t["alert_rule_test"][0]["exp_alerts"]) for t in mine] == [0, 1, 2], check.alert
+            assert mine[1]["alert_rule_test"][0]["exp_alerts"][0]["exp_labels"]["severity"] == "warning"
+            continue
         assert len(fired) == 1 and len(silent) == 1, check.alert
         exp = fired[0]["alert_rule_test"][0]["exp_alerts"][0]
         assert "{{" not in exp["exp_annotations"]["description"]

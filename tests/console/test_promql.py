@@ -64,6 +64,8 @@ def test_rate_per_minute_by() -> None:
 def test_check_queries_come_from_the_catalogue() -> None:
     assert promql.check_value("prefix_hit_rate_total") == \
         "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m"
-    assert promql.check_baseline("cold_prefill_time_p99") == "cluster:prefixscope_warm_prefill_seconds_per_token:p50_1h"
+    assert promql.check_value("cold_prefill_time_p99") == \
+        "max(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline)"
+    assert promql.check_baseline("cold_prefill_time_p99") is None  # the ratio rule divides by the baseline
     with pytest.raises(UnsafeQuery):
         promql.check_value("vector(1)")

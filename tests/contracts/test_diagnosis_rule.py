@@ -129,7 +129,7 @@ def test_mixed_missing_and_ok_is_ok_and_a_later_cause_takes_the_verdict(monkeypa
     sticky = CHECKS_BY_ALERT["PrefixStickyCollisionsHigh"]
     values = all_ok() | {SYMPTOM.key: _firing_value(SYMPTOM), sticky.key: _firing_value(sticky)}
     values["prefix_tree_depth_p99"] = None  # no data for one step-1 cause, the others ok
-    ev, *chains = three_chains(values, BASELINES, ALL_SIGNALS - {"kv_events"}, monkeypatch)
+    ev, *chains = three_chains(values, BASELINES, ALL_SIGNALS, monkeypatch)
     steps, verdict = assert_same_chain(ev, *chains)
     assert steps[1] == "ok" and steps[2] == "firing" and verdict == 2
     assert ev.verdict == {"step": 2, "title": "Affinity", "checks": [sticky.key]}

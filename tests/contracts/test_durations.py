@@ -39,6 +39,7 @@ def durations(draw: st.DrawFn) -> tuple[str, float]:
 def thresholds_with(window: str, for_: str):
     data = copy.deepcopy(BASE)
     data["window"] = window
+    data.pop("baseline_window", None)  # the default: a day, or twice a window of a day or more
     data["checks"][A_CHECK]["for"] = for_
     return parse(data, "thresholds.yaml")
 

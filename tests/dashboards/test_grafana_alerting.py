@@ -7,8 +7,9 @@ from pathlib import Path
 
 import yaml
 
+from alerts import grafana
 from prefixscope import thresholds as config
-from prefixscope.catalog import CHECKS, STEPS
+from prefixscope.catalog import BURN_WINDOWS, CHECKS, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 PROV = yaml.safe_load((ROOT / "alerts" / "generated" / "grafana-alerting.yaml").read_text(encoding="utf-8"))
@@ -19,6 +20,11 @@ RULE_KEYS = {"uid", "title", "condition", "data", "noDataState", "execErrState",
 
 def _rules() -> list[dict]:
     return [r for g in PROV["groups"] for r in g["rules"]]
+
+
+def _check(title: str):
+    """The catalogue check of a rule title (an SLO's pairs are titled "<alert> (page)")."""
+    return next(c for c in CHECKS if title == c.alert or title.startswith(c.alert + " ("))
 
 
 def test_file_shape() -> None:
@@ -35,19 +41,42 @@ def test_file_shape() -> None:
 
 def test_rules_are_flat_not_ruler_api() -> None:
     rules = _rules()
-    assert [r["title"] for r in rules] == [c.alert for c in sorted(CHECKS, key=lambda c: c.group)]
+    assert [r["title"] for r in rules] == [
+        f"{c.alert} ({p.pair})" if c.slo else c.alert
+        for c in sorted(CHECKS, key=lambda c: c.group) for p in (BURN_WINDOWS if c.slo else BURN_WINDOWS[:1])]
     for r in rules:
         assert set(r) == RULE_KEYS, r["title"]
         assert "grafana_alert" not in r
-        assert r["noDataState"] == "NoData" and r["execErrState"] == "Error"
         assert len(r["uid"]) <= 40
     assert len({r["uid"] for r in rules}) == len(rules)
+
+
+def test_a_missing_source_or_a_failing_query_never_pages() -> None:
+    """No data (a signal without a source) and an execution error resolve to OK, not NoData/Error
+    (which Grafana turns into firing DatasourceNoData/DatasourceError alerts)."""
+    assert grafana.NO_DATA_STATE == "OK" and grafana.EXEC_ERR_STATE == "OK"
+    for r in _rules():
+        assert r["noDataState"] == "OK" and r["execErrState"] == "OK", r["title"]
+
+
+def test_slo_pairs_check_both_windows() -> None:
+    th = config.load()
+    by_title = {r["title"]: r for r in _rules()}
+    page = by_title["PrefixSessionHitRateSloBurn (page)"]
+    refs = {d["refId"]: d for d in page["data"]}
+    assert refs["A"]["model"]["expr"] == "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate1h"
+    assert refs["D"]["model"]["expr"] == "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate5m"
+    assert refs["C"]["model"]["expression"] == "$B > 0.6 && $E > 0.6"
+    assert page["labels"]["severity"] == th.checks["slo_session_hit_rate"].severity == "critical"
+    assert by_title["PrefixSessionHitRateSloBurn (ticket)"]["labels"]["severity"] == "warning"
 
 
 def test_conditions_reference_their_queries_and_thresholds() -> None:
     th = config.load()
     for r in _rules():
-        check = next(c for c in CHECKS if c.alert == r["title"])
+        check = _check(r["title"])
+        if check.slo is not None:
+            continue  # test_slo_pairs_check_both_windows
         refs = {d["refId"]: d for d in r["data"]}
         assert r["condition"] == "C" and set(refs) >= {"A", "B", "C"}
         assert refs["A"]["model"]["expr"] == check.value
@@ -67,5 +96,5 @@ def test_rules_point_at_their_dashboard_panel() -> None:
     panels = {p["id"]: p for p in CHAIN["panels"]}
     for r in _rules():
         assert r["dashboardUid"] == CHAIN["uid"]
-        assert panels[r["panelId"]]["links"][0]["title"] == f"Runbook: {r['title']}"
+        assert panels[r["panelId"]]["links"][0]["title"] == f"Runbook: {_check(r['title']).alert}"
         assert r["annotations"]["dashboard_url"].endswith(f"{CHAIN['uid']}?viewPanel={r['panelId']}")

@@ -251,7 +251,10 @@ def expanded(expr: str) -> str:
     """
     rule = catalog.RULES_BY_NAME.get(expr)
     if rule is not None:
-        return rule.expr
-    for name, rule in catalog.RULES_BY_NAME.items():
-        expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", f"({rule.expr})", expr)
-    return expr
+        expr = rule.expr
+    while True:  # rules may read rules (a ratio of two quantile rules)
+        before = expr
+        for name, rule in catalog.RULES_BY_NAME.items():
+            expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", f"({rule.expr})", expr)
+        if expr == before:
+            return expr

@@ -52,6 +52,9 @@ SCENARIOS = preset_names()
 # Scenarios whose verdict the product does not get right yet: strict, so a fix turns them red
 # until the mark goes. Each reason says what happens and where the fix belongs.
 KNOWN_WRONG: dict[str, str] = {
+    "timestamp-in-system-prompt": "step 1 has no prefix-instability cause yet (new root branches per request, "
+                                  "near-duplicate prefixes); with the session hit rate in step 2 and cache "
+                                  "pressure needing thrash, nothing in step 1 names this fault",
     "cache-pressure": "the preset's document flood fills w0 with unique documents that never return: a full "
                       "cache without thrash, which is not cache pressure; its workload must revisit documents "
                       "after their eviction",
@@ -92,7 +95,8 @@ def test_prometheus_fires_the_expected_alerts_and_nothing_unrelated(scenario: st
         return
     missing = set(row.expected_alerts) - names
     assert not missing, f"expected alerts did not fire: {sorted(missing)}\n{row.describe()}"
-    unrelated = names - allowed_alongside(row.expected_step)
+    # a preset's side effects are of its step or later (the preset loader checks): never the verdict
+    unrelated = names - allowed_alongside(row.expected_step) - set(load_preset(scenario).side_effects)
     assert not unrelated, f"alerts of other steps fired: {sorted(unrelated)}\n{row.describe()}"
 
 
@@ -255,7 +259,8 @@ def test_unrelated_alerts_are_those_of_other_steps_that_name_a_cause() -> None:
     allowed = allowed_alongside(2)
     assert {"PrefixStickyCollisionsHigh", "PrefixWarmPoolSaturated", "PrefixSessionMigrationsHigh"} <= allowed
     assert {"PrefixHitRateLow", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"} <= allowed  # symptom, SLOs
-    assert "PrefixTelemetryTargetDown" not in allowed and "PrefixSessionHitRateLow" not in allowed
+    assert "PrefixSessionHitRateLow" in allowed  # the effect of stickiness is a step-2 check
+    assert "PrefixTelemetryTargetDown" not in allowed and "PrefixCacheNearCapacity" not in allowed
 
 
 # ---- the harness feeds the exporter as the live wire would ----------------------------------------

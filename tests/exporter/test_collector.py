@@ -93,7 +93,10 @@ def test_every_catalogue_metric_appears_when_all_inputs_are_present():
     text = exposition(full_state())
     missing = [m.name for m in catalog.METRICS if f"\n{m.sample_name}" not in text
                and f"\n{m.name}_bucket" not in text and f"\n{m.name}{{" not in text]
-    assert missing == [f"{catalog.NAMESPACE}_session_reshuffle_ratio"]  # only after a pool change
+    # the reshuffle ratio only after a pool change; missed requests are judged only against a
+    # cold-prefill baseline, which ends one window ago (none yet)
+    assert missing == [f"{catalog.NAMESPACE}_{n}" for n in (
+        "session_reshuffle_ratio", "missed_requests", "missed_requests_within_baseline")]
 
 
 def test_absent_signal_is_not_emitted_and_flagged():

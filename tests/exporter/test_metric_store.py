@@ -1,13 +1,14 @@
 """The metric store: each counter and histogram cumulative and windowed, expiring by input time."""
 
-from exporter.metric_store import LONG_WINDOW_S, MetricStore
+from exporter.baseline_window import LaggedBuckets
+from exporter.metric_store import MetricStore
 from prefixscope import catalog
 
 P = catalog.NAMESPACE
 PROMPT = f"{P}_request_prompt_tokens"
 ACHIEVED = f"{P}_reuse_achieved_tokens"
 WALK = f"{P}_router_tree_walk_seconds"
-PER_TOKEN = f"{P}_prefill_seconds_per_token"  # a recording rule reads it over [1h]
+COLD = f"{P}_cold_prefill_seconds"  # recording rules read it as a baseline ([1d] offset 5m)
 
 
 def test_counter_is_cumulative_and_windowed() -> None:
@@ -50,22 +51,35 @@ def test_scraped_running_totals() -> None:
     assert s.cum.counter(hits, ("w0", "m")) == 800 and s.window_counter(hits) == 300
 
 
-def test_histogram_window_and_the_long_window_a_rule_reads() -> None:
-    s = MetricStore(300)
-    bounds = catalog.METRICS_BY_NAME[PER_TOKEN].buckets
+def test_histogram_window_and_the_baseline_a_rule_reads() -> None:
+    s = MetricStore(300, baseline_s=3600)
+    bounds = catalog.METRICS_BY_NAME[COLD].buckets
     assert bounds is not None
     assert s.window_buckets(WALK) is None  # never observed: no window
-    s.observe(0.0, PER_TOKEN, ("m", "warm"), bounds[0] / 2)
-    s.observe(1000.0, PER_TOKEN, ("m", "cold"), bounds[0] / 2)
+    assert set(s.baselines) == {COLD}  # no rule reads another histogram as a baseline
+    s.observe(0.0, COLD, ("m", "H100", "0-1k"), bounds[0] / 2)
+    s.observe(1000.0, COLD, ("m", "H100", "1k-4k"), bounds[0] / 2)
     s.expire(1000.0)
-    got = s.window_buckets(PER_TOKEN)
+    got = s.window_buckets(COLD)
     assert got is not None and got[0] == bounds and sum(got[1]) == 1
-    long = s.window_buckets(PER_TOKEN, LONG_WINDOW_S)
-    assert long is not None and sum(long[1]) == 2 and long[1][0] == 2
-    warm = s.window_buckets(PER_TOKEN, LONG_WINDOW_S, where=lambda labels: labels[1] == "warm")
-    assert warm is not None and sum(warm[1]) == 1
-    assert s.window_buckets(WALK, LONG_WINDOW_S) is None  # no rule reads it over an hour
-    s.expire(3600.0)
-    assert sum(s.window_buckets(PER_TOKEN, LONG_WINDOW_S)[1]) == 1  # type: ignore[index]
-    row = s.cum.histograms[PER_TOKEN][("m", "warm")]
+    # The baseline ends one window ago: the observation at 1000 s is not in it yet.
+    assert s.baseline_rows(COLD) == {("m", "H100", "0-1k"): [1] + [0] * len(bounds)}
+    s.expire(1310.0)  # slots are 15 s: the one holding 1000 s ends at 1005 s
+    assert set(s.baseline_rows(COLD)) == {("m", "H100", "0-1k"), ("m", "H100", "1k-4k")}
+    s.expire(3600.0 + 300.0 + 15.0)  # the first one's slot is one baseline window + one window old
+    assert set(s.baseline_rows(COLD)) == {("m", "H100", "1k-4k")}
+    row = s.cum.histograms[COLD][("m", "H100", "0-1k")]
     assert row[0] == 1 and row[-1] == bounds[0] / 2  # [bucket counts..., +Inf, sum]
+
+
+def test_lagged_buckets_take_late_observations_and_keep_slots_in_order() -> None:
+    lb = LaggedBuckets(span_s=100, lag_s=30, bounds=(1.0, 2.0), slot_s=10)
+    lb.observe(55.0, "k", 0.5)
+    lb.observe(12.0, "k", 1.5)  # late: older than the pending slot, still before the lag
+    lb.observe(57.0, "j", 5.0)
+    lb.advance(60.0)  # window (−70, 30]: only the slot [10, 20)
+    assert lb.counts == {"k": [0, 1, 0]}
+    lb.advance(90.0)  # (−40, 60]: all three
+    assert lb.merged() == [1, 1, 1] and lb.merged(lambda key: key == "j") == [0, 0, 1]
+    lb.advance(150.0)  # (20, 120]: the slot [10, 20) has left
+    assert lb.counts == {"k": [1, 0, 0], "j": [0, 0, 1]}

@@ -6,18 +6,29 @@ from __future__ import annotations
 import itertools
 import re
 
-from prefixscope.catalog import RECORDING_RULES
+from prefixscope.catalog import RECORDING_RULES, RULES_BY_NAME
 
 
-def _sides(expr: str) -> list[str]:
+def _sides(expr: str, op: str = "/") -> list[str]:
     depth, cut = 0, []
     for i, ch in enumerate(expr):
         depth += ch == "("
         depth -= ch == ")"
-        if ch == "/" and depth == 0:
+        if ch == op and depth == 0:
             cut.append(i)
     bounds = [0, *cut, len(expr)]
-    return [expr[a:b].strip(" /") for a, b in itertools.pairwise(bounds)]
+    return [expr[a:b].strip(f" {op}") for a, b in itertools.pairwise(bounds)]
+
+
+def _aggregated(side: str) -> bool:
+    """A side that pools every shard's series: a sum or max, a difference of such in parentheses,
+    or another recording rule (checked on its own)."""
+    side = re.sub(r"^on \(\w+\) ", "", side).strip()
+    if side in RULES_BY_NAME:
+        return True
+    if side.startswith("(") and side.endswith(")") and len(_sides(side[1:-1], "-")) > 1:
+        return all(_aggregated(p) for p in _sides(side[1:-1], "-"))
+    return bool(re.match(r"(sum|max)( by \([\w, ]+\))? ?\(", side))
 
 
 # Resident blocks over capacity divides raw per-worker gauges. With worker-set shards each worker
@@ -32,10 +43,8 @@ def test_every_ratio_aggregates_both_sides_before_dividing() -> None:
     assert ratios
     unsafe = set()
     for rule in ratios:
-        for side in _sides(rule.expr):
-            side = re.sub(r"^on \(\w+\) ", "", side)
-            if not re.match(r"(sum|max)( by \([\w, ]+\))? ?\(", side):
-                unsafe.add(rule.record)
+        if not all(_aggregated(side) for side in _sides(rule.expr)):
+            unsafe.add(rule.record)
     assert unsafe == NOT_YET_SHARD_SAFE
 
 
