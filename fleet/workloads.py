@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 from typing import Any
@@ -36,7 +36,6 @@ from fleet import prompt_text as text
 from fleet.hashing import chain_hashes
 from fleet.tokenizer import encode
 
-VOCAB_OFFSET = 1  # token ids 1..256, valid for fleet.tokenizer
 TIMESTAMP_TOKENS = 16  # "08:05:01.123456\n": the time of day, to the microsecond, fills the first block
 DAY_START_S = 8 * 3600.0  # t = 0 is 08:00:00 on the rendered clock
 
@@ -167,7 +166,7 @@ class WorkloadGenerator:
         the stream's randomness is spent the same way whatever the text)."""
         return self.rng.randbytes(max(0, n))
 
-    def _text(self, render: Any, n: int) -> list[int]:
+    def _text(self, render: Callable[[bytes, int], str], n: int) -> list[int]:
         """Tokens of ``render(random bytes, n)``: exactly ``n`` of them (the text is ASCII)."""
         return encode(render(self._raw(n), n))
 
