@@ -261,6 +261,7 @@ class PagedPrefixCache:
             a.reserved = 0
             a.held = []
             a.pending = []
+            a.tokens = None
             a.committed = True
         self._refs.clear()
         self._lru.clear()
