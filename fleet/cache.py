@@ -24,13 +24,17 @@ MEDIUM_GPU = "GPU"
 @dataclass(frozen=True, slots=True)
 class Stored:
     """Consecutive newly cached blocks; ``token_ids`` has ``len(hashes) * block_size`` ids, or
-    is empty when the tokens are unknown (trace replay, where block ids stand in for hashes)."""
+    is empty when the tokens are unknown (trace replay, where block ids stand in for hashes).
+    ``lora_name``/``lora_id`` name the LoRA adapter of the request that computed them (vLLM's
+    BlockStored fields; None without one)."""
 
     hashes: tuple[int, ...]
     parent: int | None
     token_ids: tuple[int, ...]
     block_size: int
     medium: str = MEDIUM_GPU
+    lora_id: int | None = None
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +56,15 @@ class _Alloc:
     held: list[int]  # resident hashes this request references, in chain order
     pending: list[int]  # hashes it computes, stored on commit
     parent: int | None  # hash before pending[0]
-    tokens: Sequence[int] | None  # the whole prompt's tokens (for BlockStored.token_ids)
+    tokens: Sequence[int] | None  # the whole prompt's tokens (for BlockStored.token_ids), until commit
     first_new: int  # index of pending[0] in the request's chain
     reserved: int  # capacity reserved for pending blocks
     anon: int  # capacity for the partial tail and decode
     committed: bool = False
     hit_blocks: int = 0
     dropped_blocks: int = 0  # new blocks that found no room and were not cached
+    lora_id: int | None = None
+    lora_name: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -126,12 +132,16 @@ class PagedPrefixCache:
         token_ids: Sequence[int] | None = None,
         extra_blocks: int = 0,
         max_hit_blocks: int | None = None,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
     ) -> tuple[int, list[CacheEvent]]:
         """Admit a request: reference its resident prefix, reserve room for the rest.
 
         Returns (hit blocks, events). Hit blocks are capped by ``max_hit_blocks`` (vLLM's
         last-token rule); resident blocks beyond the cap are still referenced, not recomputed
         into a second copy. When room runs out the remaining new blocks are not cached.
+        ``token_ids`` (the prompt's, optional) are kept until :meth:`commit` publishes the new
+        blocks' tokens, and no longer: the cache itself keeps no tokens.
         """
         if request_id in self._allocs:
             raise ValueError(f"request {request_id!r} already holds blocks")
@@ -153,12 +163,14 @@ class PagedPrefixCache:
             held=held,
             pending=list(block_hashes[m : m + new]),
             parent=block_hashes[m - 1] if m else None,
-            tokens=token_ids,
+            tokens=token_ids if want_new else None,
             first_new=m,
             reserved=new,
             anon=anon,
             hit_blocks=hit,
             dropped_blocks=want_new - new,
+            lora_id=lora_id,
+            lora_name=lora_name,
         )
         return hit, events
 
@@ -180,7 +192,7 @@ class PagedPrefixCache:
                 toks: tuple[int, ...] = ()
                 if a.tokens is not None:
                     toks = tuple(a.tokens[run_start * bs : (run_start + len(run)) * bs])
-                events.append(Stored(tuple(run), run_parent, toks, bs))
+                events.append(Stored(tuple(run), run_parent, toks, bs, MEDIUM_GPU, a.lora_id, a.lora_name))
 
         prev = a.parent
         for i, h in enumerate(a.pending):
@@ -203,6 +215,7 @@ class PagedPrefixCache:
         self._reserved -= a.reserved
         a.reserved = 0
         a.pending = []
+        a.tokens = None  # published: the running request needs only its hashes from here on
         return events
 
     def release(self, request_id: str) -> list[CacheEvent]:
@@ -229,9 +242,12 @@ class PagedPrefixCache:
         token_ids: Sequence[int] | None = None,
         extra_blocks: int = 0,
         max_hit_blocks: int | None = None,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
     ) -> tuple[int, list[CacheEvent]]:
         """acquire + commit in one step (the request is still referenced until release)."""
-        hit, events = self.acquire(request_id, block_hashes, token_ids, extra_blocks, max_hit_blocks)
+        hit, events = self.acquire(request_id, block_hashes, token_ids, extra_blocks, max_hit_blocks,
+                                   lora_id, lora_name)
         events += self.commit(request_id)
         return hit, events
 
@@ -245,6 +261,7 @@ class PagedPrefixCache:
             a.reserved = 0
             a.held = []
             a.pending = []
+            a.tokens = None
             a.committed = True
         self._refs.clear()
         self._lru.clear()

@@ -99,7 +99,10 @@ class Knobs:
 @dataclass(slots=True)
 class EngineRequest:
     """One request. Give ``token_ids``, or ``block_hashes`` + ``prompt_tokens`` for trace replay
-    (a trace block id stands in for a block hash; the last block may hold a partial remainder)."""
+    (a trace block id stands in for a block hash; the last block may hold a partial remainder),
+    or both ``token_ids`` and the ``block_hashes`` of their full blocks when the caller hashed
+    them already (the reference router: the engine publishes the tokens without hashing again).
+    ``lora_name``/``lora_id``: the LoRA adapter it runs on, published with its blocks."""
 
     request_id: str
     token_ids: Sequence[int] | None = None
@@ -109,6 +112,8 @@ class EngineRequest:
     output_tokens: int | None = None  # tokens until EOS; None = generate max_tokens
     arrival: float | None = None  # defaults to the clock's now
     expert_signature: str | None = None
+    lora_name: str | None = None
+    lora_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -432,7 +437,12 @@ class SimEngine:
             tokens = req.token_ids
             if not tokens:
                 raise RequestError("the prompt is empty", "prompt")
-            return len(tokens), chain_hashes(tokens, bs), tokens
+            if req.block_hashes is None:
+                return len(tokens), chain_hashes(tokens, bs), tokens
+            if len(req.block_hashes) != len(tokens) // bs:
+                raise RequestError(f"{len(req.block_hashes)} block hashes for {len(tokens)} tokens "
+                                   f"(block size {bs})", "prompt")
+            return len(tokens), list(req.block_hashes), tokens
         if req.block_hashes is None or req.prompt_tokens is None:
             raise RequestError("a request needs token_ids, or block_hashes and prompt_tokens", "prompt")
         n = int(req.prompt_tokens)
@@ -550,7 +560,8 @@ class SimEngine:
         bs = spec.block_size
         extra = math.ceil((n + out) / bs) - len(hashes)
         hit_blocks, events = self.cache.acquire(
-            req.request_id, hashes, w.tokens, extra_blocks=extra, max_hit_blocks=w.max_hit
+            req.request_id, hashes, w.tokens, extra_blocks=extra, max_hit_blocks=w.max_hit,
+            lora_id=req.lora_id, lora_name=req.lora_name,
         )
         self._emit(events, t)
         cached = hit_blocks * bs

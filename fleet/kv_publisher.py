@@ -49,15 +49,17 @@ def encode_event(ev: CacheEvent, encoding: str = "array", hash_form: str = "int"
     if isinstance(ev, Stored):
         hashes = [wire_hash(h, hash_form) for h in ev.hashes]
         parent = None if ev.parent is None else wire_hash(ev.parent, hash_form)
-        extra = [None] * len(ev.hashes)
+        # one entry per block: vLLM lists there what its hash mixes in besides the tokens — a LoRA
+        # adapter's name, untagged (the simulated hashes leave it out: tenants' prompts differ anyway)
+        extra = [None if ev.lora_name is None else [ev.lora_name]] * len(ev.hashes)
         if encoding == "array":
             # block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys,
             # group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window (0.23 field order)
-            return ["BlockStored", hashes, parent, list(ev.token_ids), ev.block_size, None, ev.medium, None,
-                    extra, 0, "full_attention", None]
+            return ["BlockStored", hashes, parent, ev.token_ids, ev.block_size, ev.lora_id, ev.medium,
+                    ev.lora_name, extra, 0, "full_attention", None]
         return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-                "token_ids": list(ev.token_ids), "block_size": ev.block_size, "lora_id": None,
-                "medium": ev.medium, "lora_name": None, "extra_keys": extra, "group_idx": 0,
+                "token_ids": ev.token_ids, "block_size": ev.block_size, "lora_id": ev.lora_id,
+                "medium": ev.medium, "lora_name": ev.lora_name, "extra_keys": extra, "group_idx": 0,
                 "kv_cache_spec_kind": "full_attention"}
     if isinstance(ev, Removed):
         hashes = [wire_hash(h, hash_form) for h in ev.hashes]

@@ -138,14 +138,16 @@ class RouterConfig:
     downgrade_workers: tuple[str, ...] = ()  # workers serving topology.downgrade_model, if any
 
 
-def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int]) -> None:
+def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int], token_ids: Sequence[int] | None = None,
+                  lora_name: str | None = None, lora_id: int | None = None) -> None:
     """Soft migration: the session's blocks arrive over the interconnect and become resident.
 
     The engine has no KV-import call, so this reaches into its cache under its lock and emits
-    the resulting KV events the way a KV connector's load would.
+    the resulting KV events the way a KV connector's load would (with the blocks' tokens when
+    they are known, and the LoRA adapter they were computed with).
     """
     with engine._lock:
-        _, events = engine.cache.store(request_id, hashes)
+        _, events = engine.cache.store(request_id, hashes, token_ids, lora_id=lora_id, lora_name=lora_name)
         engine.cache.release(request_id)
         engine._emit(events, engine.clock.now())
 
@@ -452,7 +454,10 @@ class Router:
         hashes = d.req.block_hashes
         moved = self.engines[prev].lookup(hashes)
         if moved:
-            import_prefix(self.engines[d.worker], f"{d.req.request_id}-import", hashes[:moved])
+            toks = d.req.token_ids
+            import_prefix(self.engines[d.worker], f"{d.req.request_id}-import", hashes[:moved],
+                          None if toks is None else toks[: moved * self.topology.block_size],
+                          d.req.lora_name, d.req.lora_id)
             d.migrate_s = self.topology.transfer_seconds(moved * self.topology.block_size, prev, d.worker)
             if d.predicted is not None:
                 d.predicted = self._cached_prefix(d.req, moved)
@@ -480,13 +485,17 @@ class Router:
 
     # submit: hand the request to the engine ----------------------------------------------
     def _submit(self, d: RouteDecision) -> EngineResult | Pending | None:
-        """The engine's answer; None when it refused the request (counted, logged once)."""
+        """The engine's answer; None when it refused the request (counted, logged once).
+
+        The prompt's tokens go along with its hashes when the workload has them, so the engine's
+        KV events carry ``token_ids`` as vLLM's do (trace replay has hashes only)."""
         req = d.req
         try:
             return self.engines[d.worker].submit(EngineRequest(
-                request_id=req.request_id, block_hashes=req.block_hashes, prompt_tokens=req.prompt_tokens,
-                max_tokens=max(1, req.output_tokens), output_tokens=max(1, req.output_tokens),
-                arrival=d.now + d.migrate_s))
+                request_id=req.request_id, token_ids=req.token_ids, block_hashes=req.block_hashes,
+                prompt_tokens=req.prompt_tokens, max_tokens=max(1, req.output_tokens),
+                output_tokens=max(1, req.output_tokens), arrival=d.now + d.migrate_s,
+                lora_name=req.lora_name, lora_id=req.lora_id))
         except RequestError as exc:
             # The engine refuses it (as vLLM answers 400): count it, say so once, route on.
             self.rejected += 1

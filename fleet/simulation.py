@@ -115,7 +115,7 @@ class Simulation:
         self._requests = requests  # a replayed trace instead of the scenario's workload
         # Operators pre-warm the tenants' system prompts on every worker when it starts, so a
         # tenant's first session is not a cold miss and its sessions can spread.
-        self._prewarm = self.workload.shared_prefixes() if prewarm and requests is None else []
+        self._prewarm = self.workload.shared_prompts() if prewarm and requests is None else []
         for name in self.engines:  # standby workers too: they are warmed before they join
             self._warm(name)
 
@@ -142,8 +142,9 @@ class Simulation:
             self._outer_sink.close()
 
     def _warm(self, name: str) -> None:
-        for i, hashes in enumerate(self._prewarm):
-            import_prefix(self.engines[name], f"prewarm-{i}-{name}", hashes)
+        for i, shared in enumerate(self._prewarm):
+            import_prefix(self.engines[name], f"prewarm-{i}-{name}", shared.block_hashes, shared.token_ids,
+                          shared.lora_name, shared.lora_id)
 
     def _adopt(self, name: str) -> SimEngine:
         """Take a fleet worker's (new) engine; its KV events go to the publisher and the router."""

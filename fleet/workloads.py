@@ -15,21 +15,29 @@ Streams (each a Poisson process whose rate comes from the phase active at the ti
 A workload is a list of phases ``(start_s, WorkloadParams)``; a scenario switches phases at
 its fault time. Generation is pure and seeded: the same phases and seed give the same stream.
 Block hashes are computed incrementally per conversation (only new blocks are hashed).
+
+Prompts are readable text (``fleet/prompt_text.py``: "Acme billing assistant …", "5d01b7aa:
+Can you check …", "Report 3fa9c2e1: summarise …") tokenized by the byte-level
+``fleet/tokenizer.py``, so a worker's ``/detokenize`` turns the tokens of a KV event back into
+words. A tenant may run on a LoRA adapter (``tenant_loras``); its requests carry the adapter's
+name and id the way vLLM's KV events do.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 from typing import Any
 
+from fleet import prompt_text as text
 from fleet.hashing import chain_hashes
+from fleet.tokenizer import encode
 
-VOCAB_OFFSET = 1  # token ids 1..256, valid for fleet.tokenizer
-TIMESTAMP_TOKENS = 16  # "Current time: 2027-01-15 08:00:01" rendered into the first block
+TIMESTAMP_TOKENS = 16  # "08:05:01.123456\n": the time of day, to the microsecond, fills the first block
+DAY_START_S = 8 * 3600.0  # t = 0 is 08:00:00 on the rendered clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,7 @@ class WorkloadParams:
     timestamp_in_system_prompt: bool = False
     timestamp_segments: tuple[str, ...] = ("web", "mobile", "api")  # whose template renders it
     segments: tuple[tuple[str, float], ...] = (("web", 0.5), ("mobile", 0.3), ("api", 0.2))
+    tenant_loras: tuple[str | None, ...] = ()  # LoRA adapter name by tenant index (None/missing: none)
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> WorkloadParams:
         return replace(self, **dict(overrides))
@@ -86,6 +95,8 @@ class SimRequest:
     kind: str  # chat | cold | doc | docqa | extract | fork | trace
     block_size: int = 16
     token_ids: list[int] | None = None
+    lora_name: str | None = None  # the LoRA adapter the request runs on (vLLM's lora_name)
+    lora_id: int | None = None  # its integer id (vLLM's deprecated lora_id)
 
 
 @dataclass(slots=True)
@@ -100,7 +111,19 @@ class _Session:
     kind: str = "chat"
     out_range: tuple[int, int] = (80, 320)
     extend: bool = True  # follow-ups extend the context (chat) or resend it (document Q&A)
+    user: str | None = None  # the id its user turns are signed with (from its first turn)
+    lora: tuple[str | None, int | None] = (None, None)
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrompt:
+    """A tenant's system prompt + tools: what operators pre-warm on every worker."""
+
+    token_ids: list[int]
+    block_hashes: list[int]
+    lora_name: str | None = None
+    lora_id: int | None = None
 
 
 Phases = Sequence[tuple[float, WorkloadParams]]
@@ -110,7 +133,7 @@ class WorkloadGenerator:
     """Iterate :meth:`requests` for the stream; phases must start at 0 and be in order."""
 
     def __init__(self, phases: Phases, duration_s: float, seed: int = 0, block_size: int = 16,
-                 keep_tokens: bool = False) -> None:
+                 keep_tokens: bool = True) -> None:
         if not phases or phases[0][0] != 0:
             raise ValueError("the first workload phase must start at 0")
         if any(b[0] < a[0] for a, b in pairwise(phases)):
@@ -138,8 +161,22 @@ class WorkloadGenerator:
                 return start
         return float("inf")
 
-    def _tokens(self, n: int) -> list[int]:
-        return [b + VOCAB_OFFSET for b in self.rng.randbytes(max(0, n))]
+    def _raw(self, n: int) -> bytes:
+        """``n`` random bytes: the text of ``n`` tokens is chosen by them (one draw per token, so
+        the stream's randomness is spent the same way whatever the text)."""
+        return self.rng.randbytes(max(0, n))
+
+    def _text(self, render: Callable[[bytes, int], str], n: int) -> list[int]:
+        """Tokens of ``render(random bytes, n)``: exactly ``n`` of them (the text is ASCII)."""
+        return encode(render(self._raw(n), n))
+
+    @staticmethod
+    def _lora(i: int, p: WorkloadParams) -> tuple[str | None, int | None]:
+        """(name, id) of tenant ``i``'s LoRA adapter; the id numbers adapters from 1 in list order."""
+        name = p.tenant_loras[i] if i < len(p.tenant_loras) else None
+        if not name:
+            return None, None
+        return name, p.tenant_loras.index(name) + 1
 
     def _between(self, lo_hi: tuple[int, int]) -> int:
         lo, hi = lo_hi
@@ -155,15 +192,18 @@ class WorkloadGenerator:
 
     def _tenant(self, i: int, p: WorkloadParams) -> tuple[list[int], list[int]]:
         if i not in self._tenant_cache:
-            r = random.Random(f"tenant-{i}")
-            toks = [b + VOCAB_OFFSET for b in r.randbytes(p.system_tokens + p.tool_tokens)]
+            toks = encode(text.tenant_prompt(i, p.system_tokens, p.tool_tokens))
             self._tenant_cache[i] = (toks, chain_hashes(toks, self.bs))
         return self._tenant_cache[i]
 
     def shared_prefixes(self) -> list[list[int]]:
         """Block hashes of every tenant's shared system prompt + tools (first phase's tenants)."""
+        return [s.block_hashes for s in self.shared_prompts()]
+
+    def shared_prompts(self) -> list[SharedPrompt]:
+        """Every tenant's shared system prompt + tools (first phase's tenants), for pre-warming."""
         p = self.phases[0][1]
-        return [self._tenant(i, p)[1] for i in range(p.tenants)]
+        return [SharedPrompt(*self._tenant(i, p), *self._lora(i, p)) for i in range(p.tenants)]
 
     def _extend(self, ctx_hashes: list[int], prompt: list[int]) -> list[int]:
         """Hashes of the full blocks of ``prompt``, reusing those known for its prefix."""
@@ -218,21 +258,24 @@ class WorkloadGenerator:
 
     def _new_session(self, stream: str, p: WorkloadParams, ctx: list[int] | None = None,
                      ctx_hashes: list[int] | None = None, turns: int | None = None) -> _Session:
+        lora: tuple[str | None, int | None] = (None, None)
         if ctx is None:
             if stream == "chat":
-                ctx, ctx_hashes = self._tenant(self.rng.randrange(max(1, p.tenants)), p)
+                tenant = self.rng.randrange(max(1, p.tenants))
+                ctx, ctx_hashes = self._tenant(tenant, p)
                 ctx, ctx_hashes = list(ctx), list(ctx_hashes)
+                lora = self._lora(tenant, p)
             else:  # a system prompt nobody shares: nothing to reuse anywhere
-                ctx = self._tokens(self._between(p.cold_prompt_tokens))
+                ctx = self._text(text.cold_system_prompt, self._between(p.cold_prompt_tokens))
                 ctx_hashes = chain_hashes(ctx, self.bs)
         out_range = p.cold_output_tokens if stream == "cold" else p.output_tokens
         return _Session(conversation=self._new_id("c"), key=self._new_id("s"), segment=self._segment(p),
                         ctx=ctx, ctx_hashes=ctx_hashes or [],
                         turns_left=turns or self._between(p.cold_turns if stream == "cold" else p.turns),
-                        kind=stream, out_range=out_range)
+                        kind=stream, out_range=out_range, lora=lora)
 
     def _new_docqa(self, p: WorkloadParams) -> _Session:
-        doc = self._tokens(self._between(p.docqa_tokens))
+        doc = self._text(text.manual, self._between(p.docqa_tokens))
         return _Session(conversation=self._new_id("c"), key="", segment="api", ctx=doc,
                         ctx_hashes=chain_hashes(doc, self.bs), turns_left=self._between(p.docqa_questions),
                         kind="docqa", out_range=p.docqa_output_tokens, extend=False)
@@ -242,13 +285,19 @@ class WorkloadGenerator:
         s.turns_left -= 1
         if s.turn > 1 and s.key and s.segment in p.rekey_segments and self.rng.random() < p.rekey_prob:
             s.key = s.key[:-4] + f"{self.rng.getrandbits(16):04x}" if p.rekey_mode == "title" else self._new_id("s")
-        prompt = s.ctx + self._tokens(self._between(p.user_tokens))
+        n = self._between(p.user_tokens)
+        raw = self._raw(n)
+        if s.extend:
+            if s.user is None:
+                s.user = text.random_id(raw)
+            prompt = s.ctx + encode(text.user_turn(raw, n, s.user))
+        else:  # a question about the shared document
+            prompt = s.ctx + encode(text.question(raw, n))
         hashes = self._extend(s.ctx_hashes, prompt)
         out = self._between(s.out_range)
         if p.timestamp_in_system_prompt and s.segment in p.timestamp_segments:
             # The rendered prompt starts with the current time: every block's chain changes.
-            stamp = [b + VOCAB_OFFSET for b in f"{t:016.6f}".encode()[:TIMESTAMP_TOKENS]]
-            sent = stamp + prompt
+            sent = encode(clock_text(t)) + prompt
             sent_hashes = chain_hashes(sent, self.bs)
         else:
             sent, sent_hashes = prompt, hashes
@@ -256,21 +305,21 @@ class WorkloadGenerator:
         req = SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=s.key or None, conversation=s.conversation,
                          turn=s.turn, prompt_tokens=len(sent), block_hashes=sent_hashes, output_tokens=out,
                          segment=s.segment, kind=s.kind, block_size=self.bs,
-                         token_ids=sent if self.keep_tokens else None)
+                         token_ids=sent if self.keep_tokens else None, lora_name=s.lora[0], lora_id=s.lora[1])
         if not s.extend:
             return req, s.turns_left > 0
-        s.ctx = prompt + self._tokens(out)
+        s.ctx = prompt + self._text(text.answer, out)
         s.ctx_hashes = hashes
         if s.turn > 1 and self.rng.random() < p.fork_prob:
             fork = self._new_session("chat", p, list(s.ctx), list(hashes), turns=self._between((1, 3)))
-            fork.kind = "fork"
+            fork.kind, fork.lora = "fork", s.lora
             push(t + p.think_s * self.rng.uniform(0.1, 0.5), "turn", fork)
         return req, s.turns_left > 0
 
     def _single(self, t: float, stream: str, p: WorkloadParams) -> SimRequest:
         lo_hi, out_range = ((p.doc_tokens, p.doc_output_tokens) if stream == "doc"
                             else (p.extract_tokens, p.extract_output_tokens))
-        toks = self._tokens(self._between(lo_hi))
+        toks = self._text(text.report if stream == "doc" else text.invoice, self._between(lo_hi))
         self._ids += 1
         return SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=self._new_id("d"),
                           conversation=self._new_id("c"), turn=1, prompt_tokens=len(toks),
@@ -279,7 +328,16 @@ class WorkloadGenerator:
                           token_ids=toks if self.keep_tokens else None)
 
 
+def clock_text(t: float) -> str:
+    """``t`` seconds into the run as a time of day to the microsecond: "08:05:01.123456\\n"
+    (TIMESTAMP_TOKENS characters, so the whole first block differs from one request to the next)."""
+    s = (DAY_START_S + t) % 86400.0
+    h, rest = divmod(s, 3600.0)
+    m, sec = divmod(rest, 60.0)
+    return f"{int(h):02d}:{int(m):02d}:{sec:09.6f}\n"[-TIMESTAMP_TOKENS:]
+
+
 def generate(phases: Phases, duration_s: float, seed: int = 0, block_size: int = 16,
-             keep_tokens: bool = False) -> Iterator[SimRequest]:
+             keep_tokens: bool = True) -> Iterator[SimRequest]:
     """The request stream of ``phases`` over ``duration_s`` seconds, in time order."""
     return WorkloadGenerator(phases, duration_s, seed, block_size, keep_tokens).requests()

@@ -162,6 +162,7 @@ def test_reset_cache_emits_cleared_and_forgets_blocks():
         EngineRequest("x", block_hashes=[1], prompt_tokens=0),
         EngineRequest("x", token_ids=[1], max_tokens=0),
         EngineRequest("x", token_ids=[1] * 10, max_tokens=200_000),
+        EngineRequest("x", token_ids=[1] * 40, block_hashes=[5, 6, 7]),  # 40 tokens are 2 full blocks
     ],
 )
 def test_bad_requests_raise_request_error(req):
@@ -272,3 +273,20 @@ def test_execute_runs_the_schedule_ahead_until_admission_without_moving_the_cloc
     b = eng.execute(EngineRequest("b", token_ids=P, max_tokens=1))
     assert b.queue_s == near(a.prefill_s) and b.cached_tokens == 48  # a's blocks, last-token rule
     assert clock.now() == t0 and eng.load() == (1, 1)
+
+
+def test_tokens_given_with_their_hashes_are_published_not_rehashed_and_kept_only_until_the_prefill_ends():
+    eng, clock, events = make()
+    toks = list(range(1, 41))  # 2 full blocks + 8 tokens
+    r = eng.submit(EngineRequest("a", token_ids=toks, block_hashes=[101, 102], max_tokens=50,
+                                 lora_name="legal-ft", lora_id=3))
+    assert r.block_hashes == [101, 102] and r.prompt_tokens == 40
+    assert eng.cache._allocs["a"].tokens is toks  # held while the prefill runs
+    clock.advance(r.prefill_s)
+    eng.tick()
+    stored = [e for _, evs in events for e in evs if isinstance(e, Stored)]
+    assert stored == [Stored((101, 102), None, tuple(toks[:32]), 16, "GPU", 3, "legal-ft")]
+    assert eng.cache._allocs["a"].tokens is None  # published: decoding needs only the hashes
+    clock.advance(r.decode_s)
+    eng.tick()
+    assert eng.cache._allocs == {}

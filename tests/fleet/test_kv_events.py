@@ -23,8 +23,10 @@ def decode_event(raw, encoding):
     if encoding == "array":
         tag = raw[0]
         if tag == "BlockStored":
-            assert len(raw) == 12 and raw[6] == "GPU" and raw[5] is None and raw[7] is None
-            return Stored(tuple(map(h, raw[1])), None if raw[2] is None else h(raw[2]), tuple(raw[3]), raw[4])
+            assert len(raw) == 12 and raw[6] == "GPU"
+            assert raw[8] == [None if raw[7] is None else [raw[7]]] * len(raw[1])  # extra_keys per block
+            return Stored(tuple(map(h, raw[1])), None if raw[2] is None else h(raw[2]), tuple(raw[3]), raw[4],
+                          raw[6], raw[5], raw[7])
         if tag == "BlockRemoved":
             return Removed(tuple(map(h, raw[1])), raw[2])
         assert raw == ["AllBlocksCleared"]
@@ -34,7 +36,7 @@ def decode_event(raw, encoding):
         assert {"lora_id", "medium", "lora_name"} <= raw.keys()
         parent = raw["parent_block_hash"]
         return Stored(tuple(map(h, raw["block_hashes"])), None if parent is None else h(parent),
-                      tuple(raw["token_ids"]), raw["block_size"], raw["medium"])
+                      tuple(raw["token_ids"]), raw["block_size"], raw["medium"], raw["lora_id"], raw["lora_name"])
     if tag == "BlockRemoved":
         return Removed(tuple(map(h, raw["block_hashes"])), raw["medium"])
     assert raw == {"type": "AllBlocksCleared"}
@@ -67,7 +69,8 @@ def workload(eng: SimEngine, clock: VirtualClock) -> None:
     """Stores, hits, evictions (tiny cache) and a reset."""
     prompts = [list(range(1, 50)), list(range(1, 50)) + [7] * 20, [9] * 70, [3] * 40, list(range(1, 33))]
     for i, p in enumerate(prompts):
-        r = eng.execute(EngineRequest(f"r{i}", token_ids=p, max_tokens=1))
+        lora = {"lora_name": "billing-v2", "lora_id": 1} if i == 2 else {}  # one on a LoRA adapter
+        r = eng.execute(EngineRequest(f"r{i}", token_ids=p, max_tokens=1, **lora))
         clock.advance(r.e2e_s + 0.01)
         eng.tick()
     eng.reset_cache()
@@ -107,6 +110,9 @@ def test_frames_decode_into_exactly_the_cache_events(encoding, hash_form):
         assert kinds == {Stored, Removed, Cleared}  # the workload covers evictions and a reset
         stored = [e for e in performed if isinstance(e, Stored)]
         assert all(len(e.token_ids) == 16 * len(e.hashes) for e in stored)
+        assert stored[0].token_ids == tuple(range(1, 49))  # the tokens of exactly the stored blocks
+        assert [(e.lora_name, e.lora_id) for e in stored if e.lora_name] == [("billing-v2", 1)]
+        assert all(e.lora_id is None for e in stored if e.lora_name is None)
         assert all(0 <= h < 2**64 for e in stored for h in e.hashes)
         if hash_form == "bytes":
             _, events, _ = msgpack.unpackb(msgs[0][2], raw=False)
@@ -207,3 +213,32 @@ def test_dropped_batches_take_a_sequence_number_and_stay_replayable():
     finally:
         sub.close(0)
         pub.close()
+
+
+def test_a_simulated_fleet_publishes_the_words_of_every_stored_block(monkeypatch):
+    """Pre-warmed tenant prompts and every routed request's blocks carry their token ids, so a
+    worker's /detokenize names a branch by the text of its first block."""
+    from fleet.router import Router
+    from fleet.scenarios import load_preset
+    from fleet.simulation import Simulation
+    from fleet.tokenizer import decode
+    from fleet.topology import load_topology
+
+    seen: list[tuple[str, Stored]] = []
+    on_kv_events = Router.on_kv_events
+
+    def spy(self, worker, events, ts):
+        seen.extend((worker, e) for e in events if isinstance(e, Stored))
+        on_kv_events(self, worker, events, ts)
+
+    monkeypatch.setattr(Router, "on_kv_events", spy)
+    topo = load_topology()
+    sim = Simulation(load_preset("healthy"), topo, duration_s=60)
+    prewarm = len(seen)
+    assert prewarm == 4 * len(topo.workers)  # one event per tenant per worker
+    assert {decode(e.token_ids[:16]) for _, e in seen} == {
+        "Acme billing ass", "Globex support a", "Hooli travel ass", "Initech legal as"}
+    sim.run()
+    routed = [e for _, e in seen[prewarm:]]
+    assert routed and all(len(e.token_ids) == e.block_size * len(e.hashes) for e in routed)
+    assert all(e.lora_name is None and e.lora_id is None for _, e in seen)

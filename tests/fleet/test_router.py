@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from fleet.cache import Stored
 from fleet.clock import VirtualClock
 from fleet.engine import SimEngine
 from fleet.fallback import FallbackLadder, LadderConfig
@@ -23,10 +24,10 @@ def _tokens(seed: int, n: int) -> list[int]:
     return [b + 1 for b in random.Random(seed).randbytes(n)]
 
 
-def _req(rid: str, tokens: list[int], key: str | None, out: int = 50) -> SimRequest:
+def _req(rid: str, tokens: list[int], key: str | None, out: int = 50, **kw) -> SimRequest:
     return SimRequest(t=0.0, request_id=rid, session_key=key, conversation=key or rid, turn=1,
                       prompt_tokens=len(tokens), block_hashes=chain_hashes(tokens, BS), output_tokens=out,
-                      segment="web", kind="chat")
+                      segment="web", kind="chat", token_ids=tokens, **kw)
 
 
 class Fleet:
@@ -40,15 +41,19 @@ class Fleet:
                         for w in self.topo.workers}
         self.router = Router(self.topo, self.engines, self.clock, config=RouterConfig(policy=policy, **cfg),
                              sink=self.sink)
+        self.stored: list[tuple[str, Stored]] = []  # (worker, event) of every BlockStored
 
     def _cb(self, name: str):
-        return lambda events, ts: self.router.on_kv_events(name, events, ts)
+        def cb(events, ts):
+            self.stored += [(name, e) for e in events if isinstance(e, Stored)]
+            self.router.on_kv_events(name, events, ts)
+        return cb
 
-    def send(self, rid: str, tokens: list[int], key: str | None, gap_s: float = 30.0, out: int = 50) -> dict:
+    def send(self, rid: str, tokens: list[int], key: str | None, gap_s: float = 30.0, out: int = 50, **kw) -> dict:
         self.clock.advance(gap_s)  # earlier requests finish and their blocks become visible
         for e in self.engines.values():
             e.tick()
-        rec = self.router.route(_req(rid, tokens, key, out))
+        rec = self.router.route(_req(rid, tokens, key, out, **kw))
         assert rec is not None
         return rec
 
@@ -115,6 +120,20 @@ def test_a_drain_moves_the_session_soft_with_its_kv() -> None:
     assert rec["migration_kind"] == "soft" and rec["migrated_from"] == home
     assert rec["cached_tokens"] == 6400  # the moved blocks count as cached on the new worker
     assert rec["migrate_s"] == pytest.approx(f.topo.transfer_seconds(6400, home, rec["worker"]))
+    # the imported blocks arrive with their tokens, as a KV connector's load would store them
+    imported = next(e for w, e in f.stored if w == rec["worker"])
+    assert imported.parent is None and len(imported.hashes) == 400 and imported.token_ids == tuple(ctx)
+
+
+def test_the_engine_publishes_the_tokens_and_lora_of_what_the_router_sends() -> None:
+    f = Fleet()
+    ctx = _tokens(21, 100)  # 6 full blocks and 4 tokens
+    rec = f.send("t1", ctx, "tia", lora_name="billing-v2", lora_id=1)
+    f.clock.advance(30)
+    f.engines[rec["worker"]].tick()
+    (worker, ev), = f.stored
+    assert worker == rec["worker"] and ev.hashes == tuple(rec["block_hashes"])
+    assert ev.token_ids == tuple(ctx[:96]) and (ev.lora_name, ev.lora_id) == ("billing-v2", 1)
 
 
 def test_lost_kv_events_make_the_belief_stale() -> None:

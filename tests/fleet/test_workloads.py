@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from fleet.hashing import chain_hashes
+from fleet.prompt_text import tenant_prompt
+from fleet.tokenizer import decode, encode
 from fleet.traces import load_mooncake, parse_mooncake, replay_requests
-from fleet.workloads import WorkloadParams, generate
+from fleet.workloads import TIMESTAMP_TOKENS, WorkloadGenerator, WorkloadParams, clock_text, generate
 
 BASE = WorkloadParams()
 
@@ -135,3 +138,62 @@ def test_bad_trace_lines_are_reported_and_skipped() -> None:
         "line 5: hash_ids has 1 ids for input_length 1000 (expected 2 blocks of 512)",
         "line 6: hash_ids must be a list of unsigned 64-bit integers",
     ]
+
+
+def test_prompts_are_readable_text_of_exactly_their_token_counts() -> None:
+    reqs = _stream(duration=300, docqa_per_s=0.05, fork_prob=0.3)
+    assert {r.kind for r in reqs} >= {"chat", "cold", "doc", "docqa", "extract"}
+    for r in reqs:
+        text = decode(r.token_ids)
+        assert len(text) == r.prompt_tokens and text.isascii()
+        assert text.replace("\n", " ").isprintable()
+        assert encode(text) == r.token_ids
+    first = {r.kind: decode(r.token_ids[:16]) for r in reqs if r.turn == 1}
+    assert re.fullmatch(r"[A-Z][a-z]+ [a-z]+ [a-z ]+", first["chat"])  # "Acme billing ass"
+    assert re.fullmatch(r"Report [0-9a-f]{8}:", first["doc"])
+    assert re.fullmatch(r"Invoice [0-9a-f]{8}", first["extract"])
+    assert re.fullmatch(r"Manual [0-9a-f]{8}:", first["docqa"])
+    assert re.fullmatch(r"Agent [0-9a-f]{8}: ", first["cold"])
+    # a chat session's first user turn starts on a block boundary with the user's id, and the
+    # follow-ups are signed the same way
+    chat = next(r for r in reqs if r.kind == "chat" and r.turn == 2)
+    text = decode(chat.token_ids)
+    users = re.findall(r"\n([0-9a-f]{8}): ", text)
+    assert len(users) == 2 and users[0] == users[1]
+    assert text[4000:4010] == users[0] + ": "
+    assert "\nassistant: " in text
+
+
+def test_what_must_share_nothing_differs_in_its_first_block() -> None:
+    reqs = _stream(duration=600, docqa_per_s=0.05)
+    roots = [r for r in reqs if r.turn == 1 and r.kind != "chat"]
+    assert len({r.block_hashes[0] for r in roots}) == len(roots)
+    tenant_blocks = (BASE.system_tokens + BASE.tool_tokens) // 16
+    firsts = [r for r in reqs if r.turn == 1 and r.kind == "chat"]
+    assert len({r.block_hashes[tenant_blocks] for r in firsts}) == len(firsts)
+
+
+def test_tenants_are_named_in_their_first_block_and_may_run_on_a_lora_adapter() -> None:
+    assert len({tenant_prompt(i, 100, 0)[:16] for i in range(560)}) == 560
+    assert tenant_prompt(0, 100, 0)[:16] == "Acme billing ass"
+    gen = WorkloadGenerator([(0.0, BASE.with_overrides({"tenants": 3, "tenant_loras": ("billing-v2", None, "billing-v2"),
+                                                        "fork_prob": 0.5}))], 300, seed=2)
+    shared = gen.shared_prompts()
+    assert [(s.lora_name, s.lora_id) for s in shared] == [("billing-v2", 1), (None, None), ("billing-v2", 1)]
+    assert [decode(s.token_ids[:16]) for s in shared] == ["Acme billing ass", "Globex support a", "Hooli travel ass"]
+    by_tenant = defaultdict(set)
+    for r in gen.requests():
+        if r.kind == "chat" or (r.kind == "fork" and decode(r.token_ids[:6]) != "Agent "):  # not a cold fork
+            by_tenant[decode(r.token_ids[:16])].add((r.lora_name, r.lora_id))
+        else:
+            assert r.lora_name is None and r.lora_id is None
+    assert by_tenant == {"Acme billing ass": {("billing-v2", 1)}, "Globex support a": {(None, None)},
+                         "Hooli travel ass": {("billing-v2", 1)}}
+
+
+def test_the_timestamp_is_a_time_of_day_filling_the_first_block() -> None:
+    assert clock_text(0.0) == "08:00:00.000000\n" and clock_text(3723.25) == "09:02:03.250000\n"
+    stamped = [r for r in _stream(duration=120, timestamp_in_system_prompt=True) if r.kind == "chat"]
+    for r in stamped:
+        head = decode(r.token_ids[:TIMESTAMP_TOKENS])
+        assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{6}\n", head) and head == clock_text(r.t)
