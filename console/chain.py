@@ -93,7 +93,11 @@ class Chain:
 
     @property
     def verdict(self) -> StepState | None:
-        found = diagnosis.verdict({c.check.key: c.status for s in self.steps for c in s.checks})
+        """The step the diagnosis rule names from the checks past their limits now — fired or still
+        pending — the same instantaneous reading the exporter's own verdict is; the headline says
+        whether its alerts have fired yet."""
+        found = diagnosis.verdict({c.check.key: diagnosis.FIRING if c.pending else c.status
+                                   for s in self.steps for c in s.checks})
         return next((s for s in self.steps if s.number == found.step.number), None) if found else None
 
     def checks(self) -> dict[str, CheckState]:
