@@ -68,6 +68,8 @@ def openmetrics(signals: list[str], end: float, minutes: int = 20, step: int = 1
             lines += [f"{name}{_labels(labels)} {value} {t}" for t in times]
     for t in times:
         lines.append(f'prefixscope_kv_event_last_timestamp_seconds{{worker="w0"}} {t} {t}')
+        # the exporter was up and scraped all along (PrefixExporterDown stays quiet)
+        lines.append(f'prefixscope_exporter_build_info{{core="compiled",version="0.1.0"}} 1 {t}')
     for s in signals:
         lines += [f'prefixscope_signal_available{{signal="{s}"}} {0 if s in MISSING_SIGNALS else 1} {t}'
                   for t in times]

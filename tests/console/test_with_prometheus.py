@@ -47,7 +47,7 @@ def test_diagnosis_from_recording_rules_and_firing_alerts(monkeypatch: pytest.Mo
     monkeypatch.setenv(GRAFANA_ENV, "http://grafana.test:3000")
     at = run()
     assert not any("Prometheus" in w.value for w in at.warning)  # no fallback banner
-    assert at.error[0].value.startswith("Verdict: step 2 — Affinity.")
+    assert at.error[0].value.startswith("**FIRING** · Verdict: step 2 — Affinity.")
     body = texts(at)
     assert "Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — :red[:material/error: FIRING]" in body
     assert "**Sticky-session collisions**: 12.0% (alert when > 5.0%) — :red[:material/error: FIRING]" in body

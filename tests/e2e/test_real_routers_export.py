@@ -197,8 +197,9 @@ def test_router_and_workers_feed_every_group_they_can(stack: Stack) -> None:
     hit_rate = checks["prefix_hit_rate_total"]
     assert hit_rate["value"] == pytest.approx(hits / queries)
     assert hit_rate["status"] == ("firing" if hits / queries < hit_rate["threshold"] else "ok")
-    assert checks["prefix_block_count_per_worker"]["value"] == pytest.approx(
-        max(len(w.engine.cache.resident()) for w in s.fleet) / 4096)
+    # cache pressure is thrash on a full cache: these caches are far from full and evict nothing
+    assert max(len(w.engine.cache.resident()) for w in s.fleet) < 0.9 * 4096
+    assert checks["prefix_block_count_per_worker"]["value"] == 0.0
     draft = sum(w.engine.counters.spec_draft_tokens for w in s.fleet)
     accepted = sum(w.engine.counters.spec_accepted_tokens for w in s.fleet)
     spec = checks["speculative_decoding_acceptance_rate"]
