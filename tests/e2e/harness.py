@@ -257,4 +257,5 @@ def expanded(expr: str) -> str:
         for name, rule in catalog.RULES_BY_NAME.items():
             expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", f"({rule.expr})", expr)
         if expr == before:
-            return expr
+            # as the generated rule file has them: threshold(key) filled in from the threshold file
+            return catalog.render_expr(expr, load_thresholds().values())
