@@ -43,13 +43,13 @@ from typing import Any
 import msgpack
 
 from exporter.health import Health
+from exporter.kvcodec import excerpt
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 
 SOURCE = "kv_events"
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 TIER_MEDIUM = {"device": "GPU", "host_pinned": "CPU", "disk": "DISK", "external": "EXTERNAL"}
 ENVELOPE_KEYS = frozenset(("publisher_id", "sequence", "published_at", "published_at_ns", "topic"))
-_EXCERPT = 80
 
 
 class DynamoFormatError(ValueError):
@@ -84,11 +84,6 @@ def worker_name(worker_id: int, dp_rank: int = 0) -> str:
     return str(worker_id) if not dp_rank else f"{worker_id}-dp{dp_rank}"
 
 
-def _excerpt(obj: object) -> str:
-    text = repr(obj)
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
-
-
 def _load(data: bytes | str) -> Any:
     """JSON (text starting with ``{``/``[``/``"``) or msgpack; DynamoFormatError if neither."""
     if isinstance(data, str):
@@ -121,36 +116,36 @@ def _unwrap(obj: Any) -> tuple[Mapping[str, Any], float | None]:
             inner = _load(bytes(inner) if not isinstance(inner, str) else inner)
         obj = inner
     if not isinstance(obj, Mapping) or "worker_id" not in obj or "event" not in obj:
-        raise DynamoFormatError(f"not a RouterEvent {{worker_id, event}}: {_excerpt(obj)}")
+        raise DynamoFormatError(f"not a RouterEvent {{worker_id, event}}: {excerpt(obj)}")
     return obj, published
 
 
 def _u64(value: Any, what: str) -> int:
     if type(value) is int and 0 <= value <= MASK64:
         return value
-    raise DynamoFormatError(f"{what} {_excerpt(value)} is not an unsigned 64-bit int")
+    raise DynamoFormatError(f"{what} {excerpt(value)} is not an unsigned 64-bit int")
 
 
 def _event(data: Any, medium: str) -> KvEvent:
     if data == "cleared" or (isinstance(data, Mapping) and "cleared" in data):
         return AllBlocksCleared()
     if not isinstance(data, Mapping) or len(data) != 1:
-        raise DynamoFormatError(f"event data {_excerpt(data)} is not one tagged kind")
+        raise DynamoFormatError(f"event data {excerpt(data)} is not one tagged kind")
     kind, body = next(iter(data.items()))
     if kind == "stored":
         if not isinstance(body, Mapping) or not isinstance(body.get("blocks"), list) or not body["blocks"]:
-            raise DynamoFormatError(f"stored without blocks: {_excerpt(body)}")
+            raise DynamoFormatError(f"stored without blocks: {excerpt(body)}")
         hashes = []
         for b in body["blocks"]:
             if not isinstance(b, Mapping):
-                raise DynamoFormatError(f"stored block {_excerpt(b)} is not a map")
+                raise DynamoFormatError(f"stored block {excerpt(b)} is not a map")
             hashes.append(_u64(b.get("block_hash"), "block_hash"))
         parent = body.get("parent_hash")
         return BlockStored(tuple(hashes), None if parent is None else _u64(parent, "parent_hash"), 1, 0, medium)
     if kind == "removed":
         hs = body.get("block_hashes") if isinstance(body, Mapping) else None
         if not isinstance(hs, list):
-            raise DynamoFormatError(f"removed without block_hashes: {_excerpt(body)}")
+            raise DynamoFormatError(f"removed without block_hashes: {excerpt(body)}")
         return BlockRemoved(tuple(_u64(h, "block_hash") for h in hs), medium)
     raise UnknownKind(str(kind))
 
@@ -167,15 +162,15 @@ def decode(data: bytes | str, block_size: int, *, where: str = "dynamo",
         worker_id = _u64(obj["worker_id"], "worker_id")
         ev = obj["event"]
         if not isinstance(ev, Mapping):
-            raise DynamoFormatError(f"event {_excerpt(ev)} is not a KvCacheEvent map")
+            raise DynamoFormatError(f"event {excerpt(ev)} is not a KvCacheEvent map")
         event_id = _u64(ev.get("event_id"), "event_id")
         dp_rank = ev.get("dp_rank", 0) or 0
         if type(dp_rank) is not int or dp_rank < 0:
-            raise DynamoFormatError(f"dp_rank {_excerpt(dp_rank)}")
+            raise DynamoFormatError(f"dp_rank {excerpt(dp_rank)}")
         tier = obj.get("storage_tier") or "device"
         medium = TIER_MEDIUM.get(tier) if isinstance(tier, str) else None
         if medium is None:
-            raise DynamoFormatError(f"storage_tier {_excerpt(tier)}")
+            raise DynamoFormatError(f"storage_tier {excerpt(tier)}")
         event = _event(ev.get("data"), medium)
         if isinstance(event, BlockStored):
             event = BlockStored(event.hashes, event.parent, block_size, block_size * len(event.hashes), medium)

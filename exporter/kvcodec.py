@@ -59,18 +59,6 @@ def _maker(cls: type, *names: str) -> Callable[..., Any]:
             s1(o, b)
             return o
         return make2
-    if len(setters) == 5:
-        s0, s1, s2, s3, s4 = setters
-
-        def make5(a: Any, b: Any, c: Any, d: Any, e: Any) -> Any:
-            o = new(cls)
-            s0(o, a)
-            s1(o, b)
-            s2(o, c)
-            s3(o, d)
-            s4(o, e)
-            return o
-        return make5
     if len(setters) == 6:
         s0, s1, s2, s3, s4, s5 = setters
 
@@ -120,7 +108,7 @@ def _hash(h: object) -> int:
         if not b:
             raise BadHash("empty hash bytes")
         return int.from_bytes(b[-8:], "big")
-    raise BadHash(f"block hash of type {type(h).__name__}: {_excerpt(h)}")
+    raise BadHash(f"block hash of type {type(h).__name__}: {excerpt(h)}")
 
 
 def _hashes(hs: object) -> tuple[int, ...]:
@@ -194,7 +182,8 @@ def _from_map(ev: dict) -> KvEvent:
     raise KeyError(tag)
 
 
-def _excerpt(obj: object) -> str:
+def excerpt(obj: object) -> str:
+    """A bounded repr of a bad input for an error message (logged once, never the whole frame)."""
     text = repr(obj)
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
 
@@ -215,7 +204,7 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
     if type(obj) is not tuple or len(obj) < 2 or type(obj[1]) is not tuple \
             or type(obj[0]) not in (int, float) or not math.isfinite(obj[0]):
         if health is not None:
-            health.error(SOURCE, "decode", f"worker {worker} seq {seq}: not a [ts, events, dp_rank] batch: {_excerpt(obj)}")
+            health.error(SOURCE, "decode", f"worker {worker} seq {seq}: not a [ts, events, dp_rank] batch: {excerpt(obj)}")
         return None
     dp_rank = obj[2] if len(obj) > 2 and type(obj[2]) is int else None
     events: list[KvEvent] = []
@@ -268,14 +257,14 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
                 raise BadEvent("event is neither a tagged array nor a map")
         except BadHash as exc:
             if health is not None:
-                health.error(SOURCE, "decode", f"worker {worker} seq {seq}: batch rejected: {exc}: {_excerpt(ev)}")
+                health.error(SOURCE, "decode", f"worker {worker} seq {seq}: batch rejected: {exc}: {excerpt(ev)}")
             return None
         except KeyError as tag:
             if health is not None:
-                health.error(SOURCE, "unknown_event", f"worker {worker} seq {seq}: event type {tag}: {_excerpt(ev)}")
+                health.error(SOURCE, "unknown_event", f"worker {worker} seq {seq}: event type {tag}: {excerpt(ev)}")
         except (BadEvent, TypeError, IndexError, ValueError) as exc:
             if health is not None:
-                health.error(SOURCE, "bad_event", f"worker {worker} seq {seq}: {exc}: {_excerpt(ev)}")
+                health.error(SOURCE, "bad_event", f"worker {worker} seq {seq}: {exc}: {excerpt(ev)}")
     return KvBatch(worker=worker, seq=seq, ts=float(obj[0]), events=tuple(events), dp_rank=dp_rank)
 
 
