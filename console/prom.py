@@ -43,7 +43,12 @@ class PrometheusClient:
         return [Sample(r.get("metric", {}), _num(r["value"][1])) for r in data.get("result", [])]
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[tuple[dict, list[tuple[float, float | None]]]]:
-        data = self._get("/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step})
+        # Prometheus rounds each time to the millisecond on its own: sent as raw floats, start can
+        # round up while end rounds down, and the range then loses its last point (now).
+        end_ms = math.floor(end * 1000)
+        start_ms = end_ms - round((end - start) * 1000)
+        data = self._get("/api/v1/query_range", {"query": expr, "start": f"{start_ms / 1000:.3f}",
+                                                  "end": f"{end_ms / 1000:.3f}", "step": step})
         return [(r.get("metric", {}), [(float(t), _num(v)) for t, v in r.get("values", [])])
                 for r in data.get("result", [])]
 

@@ -136,7 +136,13 @@ def _wait_for_alerts(url: str, names: set[str], proc: subprocess.Popen, tmp: Pat
         if proc.poll() is not None:
             raise RuntimeError(f"prometheus exited: {(tmp / 'prometheus.log').read_text()[-2000:]}")
         alerts = requests.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-        return names <= {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+        if not names <= {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}:
+            return False
+        # The alerts API can say firing a moment before the ALERTS series that charts read is
+        # queryable; wait for both.
+        stored = requests.get(f"{url}/api/v1/query", params={"query": 'ALERTS{alertstate="firing"}'},
+                              timeout=5).json()["data"]["result"]
+        return names <= {s["metric"]["alertname"] for s in stored}
 
     wait_for(firing, f"alerts {sorted(names)} to fire", timeout, every=0.3,
              ignore=(requests.RequestException, ValueError, KeyError))
