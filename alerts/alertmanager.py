@@ -6,9 +6,12 @@ failure. So the inhibition rules say what the chain says:
 
 - a firing step-0 (telemetry) alert inhibits every alert of steps 1–5: with blind or stale
   telemetry nothing downstream can be trusted, symptoms and SLO burns included;
-- a firing *cause* of step N (N ≥ 1) inhibits the causes of every later step. The cluster hit
-  rate is the symptom that starts the walk and the SLO burns measure what users feel; neither
-  names a step, so neither inhibits, and only telemetry inhibits them.
+- a firing *cause* of step N (N ≥ 1) inhibits the causes and context alerts of every later step.
+  The cluster hit rate is the symptom that starts the walk and the SLO burns measure what users
+  feel; neither names a step, so neither inhibits, and only telemetry inhibits them. A context
+  alert (severity ``info`` in the threshold file) names no step either, so it inhibits nothing.
+
+Which check is a cause is :func:`prefixscope.diagnosis.is_cause`, the rule the verdict uses.
 
 Alerts are matched by name (the catalogue's), so alerts of other sources that happen to carry a
 ``step`` label are left alone. Source and target must agree on the scope labels (``cluster``: an
@@ -19,36 +22,39 @@ Pure data in, a plain dict out; :mod:`alerts.generate` writes it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Literal
 
 from prefixscope.catalog import CHECKS, STEPS, Check
+from prefixscope.diagnosis import context_checks, is_cause
+from prefixscope.thresholds import Thresholds
 
 RECEIVER = "prefixscope"
 SCOPE = ("cluster",)
-SYMPTOM = "prefix_hit_rate_total"  # the symptom that starts the walk (as exporter/checks.py and console/chain.py)
+Role = Literal["cause", "downstream", "any"]
 
 
-def is_cause(check: Check) -> bool:
-    return check.kind != "slo" and check.key != SYMPTOM
-
-
-def alerts_of(steps: Sequence[int], causes_only: bool) -> list[str]:
-    return [c.alert for c in CHECKS if c.group in steps and (is_cause(c) or not causes_only)]
+def alerts_of(steps: Sequence[int], role: Role, context: Collection[str]) -> list[str]:
+    """A cause names its step; downstream adds context alerts (a later step's consequences)."""
+    def chosen(check: Check) -> bool:
+        return role == "any" or is_cause(check, context) or (role == "downstream" and check.key in context)
+    return [c.alert for c in CHECKS if c.group in steps and chosen(c)]
 
 
 def _name_matcher(alerts: Sequence[str]) -> str:
     return f'alertname=~"{"|".join(re.escape(a) for a in alerts)}"'
 
 
-def inhibit_rules(scope: Sequence[str] = SCOPE) -> list[dict]:
+def inhibit_rules(thresholds: Thresholds, scope: Sequence[str] = SCOPE) -> list[dict]:
     """Step 0 inhibits everything after it; each later step's causes inhibit later steps' causes."""
+    context = context_checks(thresholds.severities)
     numbers = sorted(s.number for s in STEPS)
     rules: list[dict] = []
     for i, step in enumerate(numbers[:-1]):
         later = numbers[i + 1:]
         first = step == numbers[0]
-        sources = alerts_of([step], causes_only=True)
-        targets = alerts_of(later, causes_only=not first)
+        sources = alerts_of([step], "cause", context)
+        targets = alerts_of(later, "any" if first else "downstream", context)
         if sources and targets:
             rules.append({
                 "source_matchers": [_name_matcher(sources)],
@@ -58,7 +64,7 @@ def inhibit_rules(scope: Sequence[str] = SCOPE) -> list[dict]:
     return rules
 
 
-def config(receiver: str = RECEIVER) -> dict:
+def config(thresholds: Thresholds, receiver: str = RECEIVER) -> dict:
     """A complete Alertmanager configuration (a route to one receiver, plus the inhibition rules).
 
     The receiver has no integration: add yours (a webhook, PagerDuty, …) or lift ``route`` and
@@ -73,5 +79,5 @@ def config(receiver: str = RECEIVER) -> dict:
             "repeat_interval": "4h",
         },
         "receivers": [{"name": receiver}],
-        "inhibit_rules": inhibit_rules(),
+        "inhibit_rules": inhibit_rules(thresholds),
     }

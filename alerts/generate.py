@@ -81,7 +81,7 @@ def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
     out[gen / "prefixscope.prometheusrule.yaml"] = dump_yaml(rules.prometheus_rule(rule_doc))
     out[gen / "grafana-alerting.yaml"] = dump_yaml(grafana.provisioning(th, uid, panel_ids, urls))
     out[gen / "prefixscope.rules.test.yaml"] = dump_yaml(promtests.test_file(th, RULES_FILE, urls))
-    out[gen / "alertmanager.yaml"] = dump_yaml(alertmanager.config())
+    out[gen / "alertmanager.yaml"] = dump_yaml(alertmanager.config(th))
     out[root / "docs" / "metrics.md"] = docs.metrics_md(th)
     readme = root / "runbooks" / "README.md"
     current = readme.read_text(encoding="utf-8") if readme.exists() else ""

@@ -33,6 +33,7 @@ class CheckState:
     pending: bool = False  # over its threshold but the alert's `for` has not elapsed
     fires_in_s: float | None = None  # pending: how long until the alert fires if the breach holds
     culprits: Culprits | None = None  # who drives the number (the exporter's culprits)
+    context: bool = False  # marked ``info`` in the threshold file: shown, never a cause
 
     @property
     def alert_state(self) -> AlertState:
@@ -44,7 +45,7 @@ class CheckState:
 
     @property
     def cause(self) -> bool:
-        return is_cause(self.check)
+        return is_cause(self.check, (self.check.key,) if self.context else ())
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class Chain:
     steps: tuple[StepState, ...]
     symptom: CheckState | None
     reuse: Reuse
+    context: frozenset[str] = frozenset()  # context_checks() of the threshold file in use
 
     @property
     def verdict(self) -> StepState | None:
@@ -97,7 +99,7 @@ class Chain:
         pending — the same instantaneous reading the exporter's own verdict is; the headline says
         whether its alerts have fired yet."""
         found = diagnosis.verdict({c.check.key: diagnosis.FIRING if c.pending else c.status
-                                   for s in self.steps for c in s.checks})
+                                   for s in self.steps for c in s.checks}, self.context)
         return next((s for s in self.steps if s.number == found.step.number), None) if found else None
 
     def checks(self) -> dict[str, CheckState]:
@@ -107,7 +109,7 @@ class Chain:
     def headline(self) -> Headline:
         """Firing, pending or clear, by the rule the exporter's ``headline`` uses too."""
         states = self.checks()
-        return diagnosis.headline({k: c.alert_state for k, c in states.items()},
+        return diagnosis.headline({k: c.alert_state for k, c in states.items()}, self.context,
                                   {k: c.fires_in_s for k, c in states.items()})
 
     def with_culprits(self, culprits: Mapping[str, Culprits]) -> Chain:
@@ -120,13 +122,20 @@ class Chain:
         return replace(self, steps=steps, symptom=symptom)
 
 
-def _steps(states: Mapping[str, CheckState]) -> tuple[StepState, ...]:
+def _chain(source: Literal["prometheus", "exporter"], states: Mapping[str, CheckState], reuse: Reuse,
+           thresholds: Thresholds) -> Chain:
+    context = diagnosis.context_checks(thresholds.severities)
+    marked = {k: replace(c, context=k in context) for k, c in states.items()}
+    return Chain(source, _steps(marked, context), marked.get(SYMPTOM_KEY), reuse, context)
+
+
+def _steps(states: Mapping[str, CheckState], context: frozenset[str]) -> tuple[StepState, ...]:
     statuses = {key: s.status for key, s in states.items()}
     out = []
     for step in STEPS:
         checks = tuple(states[c.key] for c in CHECKS if c.group == step.number and c.key in states)
         out.append(StepState(step.number, step.title, step.question,
-                             diagnosis.step_status(step.number, statuses), checks))
+                             diagnosis.step_status(step.number, statuses, context), checks))
     return tuple(out)
 
 
@@ -176,7 +185,7 @@ def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping
         if pending and started is not None and wait is not None and now is not None:
             fires_in = max(0.0, started + wait - now)
         states[check.key] = CheckState(check, value, threshold, status, missing, pending, fires_in)
-    return Chain("prometheus", _steps(states), states.get(SYMPTOM_KEY), reuse)
+    return _chain("prometheus", states, reuse, thresholds)
 
 
 def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
@@ -217,7 +226,7 @@ def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
 
     reuse = Reuse(share("available_tokens"), share("predicted_tokens"), share("achieved_tokens"),
                   share("index_staleness_tokens"))
-    return Chain("exporter", _steps(states), states.get(SYMPTOM_KEY), reuse)
+    return _chain("exporter", states, reuse, thresholds)
 
 
 def reuse_reading(reuse: Reuse, thresholds: Thresholds) -> str:

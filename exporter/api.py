@@ -79,7 +79,7 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
             checks.append({
                 "key": c.key, "title": c.title, "alert": c.alert, "value": r.value, "op": c.op,
                 "threshold": r.threshold, "baseline": r.baseline, "unit": c.unit, "kind": c.kind,
-                "status": r.status, "missing_signals": r.missing_signals,
+                "severity": r.severity, "status": r.status, "missing_signals": r.missing_signals,
                 "runbook": f"runbooks/{c.alert}.md", "runbook_url": f"{base}{c.alert}.md" if base else None,
                 "for_s": state.thresholds.for_s(c), "breaching_since": since.get(c.key),
                 "alert_state": alert_states[c.key], "fires_in_s": fires_in[c.key],
@@ -94,7 +94,8 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
         "signals": ev.signals,
         "steps": steps,
         "verdict": ev.verdict,
-        "headline": diagnosis.headline(alert_states, fires_in).as_dict(),
+        "headline": diagnosis.headline(alert_states, diagnosis.context_checks(state.thresholds.severities),
+                                       fires_in).as_dict(),
         "symptom": {"prefix_hit_rate_total": symptom.value if symptom else None,
                     "firing": symptom.status == "firing" if symptom else False},
         "reuse": ev.reuse,

@@ -194,9 +194,10 @@ def _evaluate(state: ClusterState, now: float | None) -> Evaluation:
     # The rule (symptom and SLOs colour no step, the first firing cause step is the verdict)
     # lives in prefixscope.diagnosis, shared with the console.
     statuses = {key: r.status for key, r in results.items()}
-    found = diagnosis.verdict(statuses)
+    context = diagnosis.context_checks(state.thresholds.severities)
+    found = diagnosis.verdict(statuses, context)
     verdict = found.as_dict() if found is not None else None
-    return Evaluation(t, state.window_s, signals, results, diagnosis.step_statuses(statuses), verdict,
+    return Evaluation(t, state.window_s, signals, results, diagnosis.step_statuses(statuses, context), verdict,
                       _reuse(state))
 
 

@@ -9,17 +9,22 @@ both colour the chain through these functions, so they cannot disagree on the sa
 - Only *cause* checks colour a step and name a verdict. The cluster hit rate
   (``prefix_hit_rate_total``) is the symptom that starts the walk; SLO checks measure what
   users feel. Neither says which step is at fault, so neither colours step 1 nor takes it.
+- A check whose severity in the threshold file is ``info`` is *context*: shown with its step
+  and alerted as information, never a cause (:func:`context_checks`). The ingest-error rate and
+  the tree depth are context by default: a few rejected inputs or a deep tree on a healthy
+  cluster must not name a step.
 - A step is ``firing`` if one of its cause checks fires, ``ok`` if at least one was measured
   and none fires, ``not_instrumented`` if none could be measured.
 - The verdict is the first step (0 → 5) with a firing cause check, or none.
 
-Severity (a label in the threshold file, for routing alerts) plays no part: step 5's checks are
-``info`` and are still the verdict of a coupled-optimisation fault.
+Every function that applies the rule takes ``context``, the keys of the context checks of the
+threshold file in use (``context_checks(thresholds.severities)``), so the exporter, the console and the
+Alertmanager inhibitions all read severity from the same file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,9 +40,18 @@ STATUSES: tuple[Status, ...] = (OK, FIRING, NOT_INSTRUMENTED)
 SYMPTOM = "prefix_hit_rate_total"
 
 
-def is_cause(check: Check) -> bool:
-    """Whether the check's firing points at its step (the symptom and SLOs do not)."""
-    return check.key != SYMPTOM and check.kind != "slo"
+CONTEXT_SEVERITY = "info"
+
+
+def context_checks(severities: Mapping[str, str]) -> frozenset[str]:
+    """Keys of the checks the threshold file marks ``info`` (``severities``: threshold key →
+    severity, ``Thresholds.severities``): context, never a cause."""
+    return frozenset(c.key for c in CHECKS if severities.get(c.threshold) == CONTEXT_SEVERITY)
+
+
+def is_cause(check: Check, context: Collection[str]) -> bool:
+    """Whether the check's firing points at its step (the symptom, SLOs and context do not)."""
+    return check.key != SYMPTOM and check.kind != "slo" and check.key not in context
 
 
 def check_status(op: Literal["<", ">"] | str, value: float | None, limit: float | None) -> Status:
@@ -49,12 +63,12 @@ def check_status(op: Literal["<", ">"] | str, value: float | None, limit: float 
     return FIRING if (value < limit if op == "<" else value > limit) else OK
 
 
-def step_status(step: int, statuses: Mapping[str, Status]) -> Status:
+def step_status(step: int, statuses: Mapping[str, Status], context: Collection[str]) -> Status:
     """The status of one step from its cause checks' statuses (check key → status).
 
     A check absent from ``statuses`` counts as not instrumented.
     """
-    got = {statuses.get(c.key, NOT_INSTRUMENTED) for c in CHECKS if c.group == step and is_cause(c)}
+    got = {statuses.get(c.key, NOT_INSTRUMENTED) for c in CHECKS if c.group == step and is_cause(c, context)}
     if FIRING in got:
         return FIRING
     if OK in got:
@@ -62,9 +76,10 @@ def step_status(step: int, statuses: Mapping[str, Status]) -> Status:
     return NOT_INSTRUMENTED
 
 
-def firing_causes(step: int, statuses: Mapping[str, Status]) -> tuple[str, ...]:
+def firing_causes(step: int, statuses: Mapping[str, Status], context: Collection[str]) -> tuple[str, ...]:
     """Keys of the step's cause checks that fire, in catalogue order."""
-    return tuple(c.key for c in CHECKS if c.group == step and is_cause(c) and statuses.get(c.key) == FIRING)
+    return tuple(c.key for c in CHECKS
+                 if c.group == step and is_cause(c, context) and statuses.get(c.key) == FIRING)
 
 
 @dataclass(frozen=True)
@@ -77,18 +92,18 @@ class Verdict:
         return {"step": self.step.number, "title": self.step.title, "checks": list(self.checks)}
 
 
-def verdict(statuses: Mapping[str, Status]) -> Verdict | None:
+def verdict(statuses: Mapping[str, Status], context: Collection[str]) -> Verdict | None:
     """The first step whose own cause checks fire, or None when none does."""
     for step in STEPS:
-        causes = firing_causes(step.number, statuses)
+        causes = firing_causes(step.number, statuses, context)
         if causes:
             return Verdict(step, causes)
     return None
 
 
-def step_statuses(statuses: Mapping[str, Status]) -> dict[int, Status]:
+def step_statuses(statuses: Mapping[str, Status], context: Collection[str]) -> dict[int, Status]:
     """Every step's status, by step number."""
-    return {step.number: step_status(step.number, statuses) for step in STEPS}
+    return {step.number: step_status(step.number, statuses, context) for step in STEPS}
 
 
 # ---- the headline: firing, pending or clear ------------------------------------------------
@@ -125,12 +140,13 @@ class Headline:
                 "fires_in_s": self.fires_in_s}
 
 
-def headline(alerts: Mapping[str, AlertState], fires_in_s: Mapping[str, float | None] | None = None) -> Headline:
+def headline(alerts: Mapping[str, AlertState], context: Collection[str],
+             fires_in_s: Mapping[str, float | None] | None = None) -> Headline:
     """Firing beats pending beats clear. Within a state the step is the verdict's rule (the first
     step with such a cause check); the symptom alone makes the state without naming a step."""
     soon = fires_in_s or {}
     for state in ("firing", "pending"):
-        found = verdict({k: FIRING if s == state else OK for k, s in alerts.items()})
+        found = verdict({k: FIRING if s == state else OK for k, s in alerts.items()}, context)
         keys = found.checks if found is not None else ((SYMPTOM,) if alerts.get(SYMPTOM) == state else ())
         if not keys:
             continue

@@ -82,6 +82,11 @@ class Thresholds:
     def for_s(self, check: Check) -> float:
         return parse_duration(self.checks[check.threshold].for_)
 
+    @property
+    def severities(self) -> dict[str, str]:
+        """Every entry's severity by threshold key (``diagnosis.context_checks`` reads it)."""
+        return {key: entry.severity for key, entry in self.checks.items()}
+
 
 def _display(path: Path) -> str:
     try:

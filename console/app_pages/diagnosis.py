@@ -113,7 +113,8 @@ for step in chain.steps:
         st.caption(step.question)
         for c in step.checks:
             text, chart = st.columns([2, 3]) if chart_url else (st.container(), None)
-            role = "" if c.cause else (" _(symptom)_" if c.check.kind != "slo" else " _(SLO)_")
+            role = ("" if c.cause else " _(context)_" if c.context
+                    else " _(symptom)_" if c.check.kind != "slo" else " _(SLO)_")
             text.markdown(f"{check_line(c)}{role} · {links_line(c.check.alert)}")
             if chart is None:
                 continue

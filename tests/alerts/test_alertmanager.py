@@ -28,6 +28,11 @@ from alerts.generate import HEADER, ROOT, dump_yaml
 from console.alertmanager import BadAnswer, PageAlert, fetch_alerts, pages, parse_alerts
 from console.http_json import SourceUnavailable
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT
+from prefixscope.diagnosis import context_checks, is_cause
+from prefixscope.thresholds import load_thresholds
+
+THRESHOLDS = load_thresholds()
+CONTEXT = context_checks(THRESHOLDS.severities)
 
 GENERATED = ROOT / "alerts" / "generated" / "alertmanager.yaml"
 AMTOOL = shutil.which("amtool")
@@ -45,7 +50,7 @@ def _need(binary: str | None, what: str) -> str:
 
 def _rule_sets() -> list[tuple[set[str], set[str]]]:
     out = []
-    for rule in alertmanager.config()["inhibit_rules"]:
+    for rule in alertmanager.config(THRESHOLDS)["inhibit_rules"]:
         (src,), (dst,) = rule["source_matchers"], rule["target_matchers"]
         out.append((set(src.split('"')[1].split("|")), set(dst.split('"')[1].split("|"))))
     return out
@@ -53,13 +58,13 @@ def _rule_sets() -> list[tuple[set[str], set[str]]]:
 
 # -- the configuration as data ---------------------------------------------------------------------
 def test_the_committed_file_is_the_generated_one() -> None:
-    assert GENERATED.read_text(encoding="utf-8") == dump_yaml(alertmanager.config())
+    assert GENERATED.read_text(encoding="utf-8") == dump_yaml(alertmanager.config(THRESHOLDS))
     assert GENERATED.read_text(encoding="utf-8").startswith(HEADER)
 
 
 def test_step_0_inhibits_every_later_alert_symptoms_and_slos_included() -> None:
     src, dst = _rule_sets()[0]
-    assert src == {c.alert for c in CHECKS if c.group == 0}
+    assert src == {c.alert for c in CHECKS if c.group == 0 and c.key not in CONTEXT}
     assert dst == {c.alert for c in CHECKS if c.group > 0}
 
 
@@ -67,15 +72,19 @@ def test_a_cause_inhibits_only_the_causes_of_later_steps() -> None:
     for src, dst in _rule_sets()[1:]:
         (step,) = {CHECKS_BY_ALERT[a].group for a in src}
         assert step > 0
-        assert all(alertmanager.is_cause(CHECKS_BY_ALERT[a]) for a in src | dst)
-        assert dst == {c.alert for c in CHECKS if c.group > step and alertmanager.is_cause(c)}
-    symptom_and_slos = {c.alert for c in CHECKS if not alertmanager.is_cause(c)}
+        assert all(is_cause(CHECKS_BY_ALERT[a], CONTEXT) for a in src)
+        assert dst == {c.alert for c in CHECKS if c.group > step and (is_cause(c, CONTEXT) or c.key in CONTEXT)}
+    symptom_and_slos = {c.alert for c in CHECKS if not is_cause(c, CONTEXT) and c.key not in CONTEXT}
     assert symptom_and_slos == {"PrefixHitRateLow", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"}
     assert not any(src & symptom_and_slos for src, _ in _rule_sets())
+    # context alerts (severity info) inhibit nothing: a deep tree or a few rejected inputs name no step
+    context_alerts = {c.alert for c in CHECKS if c.key in CONTEXT}
+    assert context_alerts == {"PrefixTelemetryIngestErrors", "PrefixTreeTooDeep"}
+    assert not any(src & context_alerts for src, _ in _rule_sets())
 
 
 def test_no_alert_can_inhibit_itself_and_every_rule_keeps_to_its_cluster() -> None:
-    for rule, (src, dst) in zip(alertmanager.config()["inhibit_rules"], _rule_sets(), strict=True):
+    for rule, (src, dst) in zip(alertmanager.config(THRESHOLDS)["inhibit_rules"], _rule_sets(), strict=True):
         assert not src & dst
         assert rule["equal"] == ["cluster"]
 
@@ -84,7 +93,7 @@ def test_amtool_accepts_the_generated_configuration() -> None:
     amtool = _need(AMTOOL, "amtool")
     done = subprocess.run([amtool, "check-config", str(GENERATED)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"{len(alertmanager.inhibit_rules())} inhibit rules" in done.stdout
+    assert f"{len(alertmanager.inhibit_rules(THRESHOLDS))} inhibit rules" in done.stdout
 
 
 # -- the client on payloads ------------------------------------------------------------------------------
@@ -220,4 +229,4 @@ def test_an_incident_pages_once_at_its_first_failing_step(running_alertmanager: 
     assert [a.step for a in got] == sorted(a.step for a in got)  # the client orders by step
     # the config Alertmanager runs is the generated one
     status = requests.get(f"{url}/api/v2/status", timeout=10).json()
-    assert len(yaml.safe_load(status["config"]["original"])["inhibit_rules"]) == len(alertmanager.inhibit_rules())
+    assert len(yaml.safe_load(status["config"]["original"])["inhibit_rules"]) == len(alertmanager.inhibit_rules(THRESHOLDS))

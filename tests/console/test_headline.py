@@ -27,17 +27,20 @@ from tests.console.test_pages import APP, texts
 
 
 def test_firing_beats_pending_beats_clear_and_the_step_follows_the_verdict_rule() -> None:
-    assert headline({}).state == "clear"
+    assert headline({}, ()).state == "clear"
     h = headline({"sticky_session_collision_rate": "pending", "kv_event_staleness": "pending",
-                  "prefix_hit_rate_total": "firing"},
+                  "prefix_hit_rate_total": "firing"}, (),
                  {"sticky_session_collision_rate": 20.0, "kv_event_staleness": 5.0})
     assert (h.state, h.step, h.checks) == ("firing", None, ("prefix_hit_rate_total",))  # the symptom alone
-    h = headline({"sticky_session_collision_rate": "pending", "kv_event_staleness": "pending"},
+    h = headline({"sticky_session_collision_rate": "pending", "kv_event_staleness": "pending"}, (),
                  {"sticky_session_collision_rate": 20.0, "kv_event_staleness": 5.0})
     assert (h.state, h.step.number, h.checks, h.fires_in_s) == ("pending", 0, ("kv_event_staleness",), 5.0)
-    h = headline({"sticky_session_collision_rate": "firing", "kv_event_staleness": "pending"})
+    h = headline({"sticky_session_collision_rate": "firing", "kv_event_staleness": "pending"}, ())
     assert (h.state, h.step.number, h.fires_in_s) == ("firing", 2, None)
-    assert headline({"slo_session_hit_rate": "firing"}).state == "clear"  # SLOs do not take the headline
+    assert headline({"slo_session_hit_rate": "firing"}, ()).state == "clear"  # SLOs do not take the headline
+    # A context check (severity info) is shown but never takes the headline's step.
+    h = headline({"ingest_errors": "firing", "sticky_session_collision_rate": "pending"}, ("ingest_errors",))
+    assert (h.state, h.step.number, h.checks) == ("pending", 2, ("sticky_session_collision_rate",))
 
 
 def test_every_runbook_has_a_first_mitigation_step() -> None:

@@ -125,6 +125,24 @@ def test_slo_checks_alone_firing_name_no_verdict(monkeypatch) -> None:
     assert verdict is None and set(steps.values()) == {"ok"}
 
 
+def test_context_checks_firing_are_shown_but_name_no_verdict(monkeypatch) -> None:
+    """Severity ``info`` in the threshold file makes a check context: a few rejected inputs or a
+    deep tree on a healthy cluster must not send the on-call person to step 0 or step 1."""
+    context = [c for c in CHECKS if c.key in diagnosis.context_checks(TH.severities)]
+    assert {c.key for c in context} == {"ingest_errors", "prefix_tree_depth_p99"}
+    sticky = CHECKS_BY_ALERT["PrefixStickyCollisionsHigh"]
+    values = all_ok() | {c.key: _firing_value(c) for c in context}
+    ev, *chains = three_chains(values, BASELINES, ALL_SIGNALS, monkeypatch)
+    assert all(ev.results[c.key].status == "firing" for c in context)
+    steps, verdict = assert_same_chain(ev, *chains)
+    assert verdict is None and set(steps.values()) == {"ok"}
+    assert all(not c.cause and c.context for chain in chains for s in chain.steps for c in s.checks
+               if c.check.key in {k.key for k in context})
+    # with a real cause firing later in the chain, that cause takes the verdict
+    ev, *chains = three_chains(values | {sticky.key: _firing_value(sticky)}, BASELINES, ALL_SIGNALS, monkeypatch)
+    assert assert_same_chain(ev, *chains)[1] == 2
+
+
 def test_mixed_missing_and_ok_is_ok_and_a_later_cause_takes_the_verdict(monkeypatch) -> None:
     sticky = CHECKS_BY_ALERT["PrefixStickyCollisionsHigh"]
     values = all_ok() | {SYMPTOM.key: _firing_value(SYMPTOM), sticky.key: _firing_value(sticky)}
