@@ -290,21 +290,28 @@ def test_intake_beyond_loopback_needs_a_bearer_token(tmp_path: Path) -> None:
 
 
 # ---- /healthz ---------------------------------------------------------------------------------------------
-def dripping_target() -> tuple[socket.socket, int]:
-    """A worker /metrics that sends its page a byte at a time (within the scrape timeout)."""
+HEALTHY_PAGE = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm_0_33_dp2.txt").read_bytes()
+
+
+def page_server(drip_s: float, served: list[float]) -> tuple[socket.socket, int]:
+    """Serves a real vLLM page on ``/healthy``; on ``/drip`` it sends its status line and headers
+    one byte every ``drip_s`` seconds — each read is quick, so only a whole-scrape deadline ends it."""
     import threading
-    page = b'vllm:num_requests_running{model_name="m"} 1\n'
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
+    srv.listen(64)
 
     def serve(c: socket.socket) -> None:
         try:
-            c.recv(65536)
-            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(page))
-            for b in page:
-                c.send(bytes([b]))
-                time.sleep(0.01)
+            request = c.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(HEALTHY_PAGE)
+            if b"GET /drip" in request:
+                for b in head:
+                    c.send(bytes([b]))
+                    time.sleep(drip_s)
+            else:
+                c.sendall(head + HEALTHY_PAGE)
+                served.append(time.monotonic())
         except OSError:
             pass
         finally:
@@ -322,15 +329,32 @@ def dripping_target() -> tuple[socket.socket, int]:
     return srv, srv.getsockname()[1]
 
 
+def _up(rt: Runtime) -> dict[str, float]:
+    text = requests.get(rt.url + "/metrics", timeout=10).text
+    return {m["target"]: float(m["v"]) for m in re.finditer(r'^prefixscope_up\{[^}]*target="(?P<target>[^"]+)"[^}]*\} (?P<v>\S+)$',
+                                                             text, re.M)}
+
+
 def test_healthz_reflects_the_exporter_not_its_slowest_target(tmp_path: Path) -> None:
-    srv, port = dripping_target()
-    rt = start(tmp_path, f"scrape_interval: 1s\nscrape_timeout: 1s\n"
-                         f"workers: [{{name: slow, metrics_url: 'http://127.0.0.1:{port}/metrics'}}]\n")
+    """A worker that drips its headers one byte every 0.5 s used to hold the scrape loop: the
+    healthy worker went unscraped and /healthz answered 503 while `prefixscope_up` stayed 1."""
+    served: list[float] = []
+    srv, port = page_server(drip_s=0.5, served=served)
+    rt = start(tmp_path, "scrape_interval: 1s\nscrape_timeout: 1s\nworkers:\n"
+                         f"  - {{name: slow, metrics_url: 'http://127.0.0.1:{port}/drip'}}\n"
+                         f"  - {{name: fine, metrics_url: 'http://127.0.0.1:{port}/healthy'}}\n")
     try:
-        for _ in range(8):
-            r = requests.get(rt.url + "/healthz", timeout=10)
-            assert r.status_code == 200, r.text
-            time.sleep(0.25)
+        # one drip lasts 40 s; over several scrape intervals the exporter stays healthy
+        statuses = []
+        for _ in range(12):
+            statuses.append(requests.get(rt.url + "/healthz", timeout=10).status_code)
+            time.sleep(0.5)
+        assert set(statuses) == {200}, statuses
+        # the healthy worker was scraped round after round while the other dripped
+        assert len(served) >= 3, served
+        assert rt.scraper.last["slow"].error.startswith("timeout"), rt.scraper.last["slow"].error
+        up = _up(rt)
+        assert up["fine"] == 1.0 and up["slow"] == 0.0, up
     finally:
         rt.stop()
         srv.close()
