@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.breaches import BreachClock
-from exporter.checks import evaluate
+from exporter.checks import CheckResult, evaluate
 from exporter.culprits import Culprits, Namer
 from exporter.prefix_index import ROOT, TreeStats
 from exporter.prefix_text import PrefixNames
@@ -58,7 +58,7 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
     ev = evaluate(state)
     base = state.thresholds.runbook_url_base if hasattr(state.thresholds, "runbook_url_base") else ""
     now = ev.evaluated_at
-    since = (breaches or BreachClock()).observe({k: r.status for k, r in ev.results.items()}, now)
+    since = breaching_since(ev.results, breaches.since() if breaches is not None else {}, now)
     alert_states: dict[str, diagnosis.AlertState] = {}
     fires_in: dict[str, float | None] = {}
     for key, r in ev.results.items():
@@ -99,6 +99,21 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
                     "firing": symptom.status == "firing" if symptom else False},
         "reuse": ev.reuse,
     }
+
+
+def breaching_since(results: Mapping[str, CheckResult], recorded: Mapping[str, float], now: float) -> dict[str, float]:
+    """Check key → breaching since, for the checks this evaluation finds breaching.
+
+    The start is the background record's (``exporter.breach_loop``); a breach the record has not
+    seen yet (it began after the loop's latest evaluation) starts now. A recorded start after
+    ``now`` (input time went back) also starts now; a recorded check no longer breaching is not one.
+    """
+    out: dict[str, float] = {}
+    for key, r in results.items():
+        if r.status == diagnosis.FIRING:
+            start = recorded.get(key)
+            out[key] = now if start is None or start > now else start
+    return out
 
 
 def _namer(st: ClusterState, names: PrefixNames | None) -> Namer | None:
@@ -268,14 +283,17 @@ BUILDERS = {"groups": groups, "tree": tree, "hotspots": hotspots, "changes": cha
 class ApiBuilders:
     """The JSON API over one state: ``routes()`` maps endpoint name → builder(query) for the HTTP edge.
 
-    It keeps what outlives one request: when each check began breaching (for pending vs firing)
-    and, when prefix text is on, the names of branches.
+    It reads what outlives one request: the record of when each check began breaching (for
+    pending vs firing; advanced by the exporter's ``BreachLoop``, never by a request) and, when
+    prefix text is on, the names of branches. Without a record (``breaches=None``) nothing has
+    been recorded: a breaching check starts at each request.
     """
 
-    def __init__(self, state: ClusterState, names: PrefixNames | None = None) -> None:
+    def __init__(self, state: ClusterState, names: PrefixNames | None = None,
+                 breaches: BreachClock | None = None) -> None:
         self.state = state
         self.names = names
-        self.breaches = BreachClock()
+        self.breaches = breaches if breaches is not None else BreachClock()
 
     def routes(self) -> dict[str, Any]:
         st, names = self.state, self.names
