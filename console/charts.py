@@ -4,7 +4,9 @@ Pure (no Streamlit, no I/O). A chart is tall enough to read, names its unit on t
 (percent for ratios, seconds, tokens, USD), shows 24-hour times in a named time zone, draws the
 alert threshold, and shades the spans in which the alert was pending or firing. The y range
 fits the data and the threshold rather than starting at zero, so a fall from 100 % to 82 % is
-a visible drop.
+a visible drop. Given the selected range, the x axis spans that range ending now, so a fresh
+series (no point, one point, a few minutes of a day) is placed in time rather than stretched
+across the axis or left without one, and a caption says how much history there is.
 """
 
 from __future__ import annotations
@@ -124,14 +126,45 @@ def _value_range(values: list[float], threshold: float | None, unit: str) -> lis
     return [lo, hi]
 
 
+def duration_text(seconds: float) -> str:
+    """A length of time for a caption: ``45 s``, ``12 min``, ``1.5 h``, ``2 d``."""
+    for size, name in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {name}"
+    return f"{max(seconds, 0):.0f} s"
+
+
+def history_caption(points: Sequence[Point], start: float, end: float, tz: tzinfo) -> str | None:
+    """How much history the chart holds, when it is less than the range [start, end]; else None.
+
+    The series covers the range when it has values from (about) the range's start: within 5 %
+    of the range, a little more than one step of a ~120-point query."""
+    shown = sorted(t for t, v in points if v is not None and start <= t <= end)
+    whole = f"the last {duration_text(end - start)}"
+    if not shown:
+        return f"No history yet in {whole}"
+    if len(shown) == 1:
+        return f"History: one point, at {datetime.fromtimestamp(shown[0], tz):%H:%M:%S}, in {whole}"
+    if shown[0] - start <= (end - start) * 0.05:
+        return None
+    return (f"History: {duration_text(shown[-1] - shown[0])} (since "
+            f"{datetime.fromtimestamp(shown[0], tz):%H:%M}) of {whole}")
+
+
 def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: float | None = None,
                 op: str = ">", spans: Sequence[Span] = (), tz: tzinfo | None = None,
-                height: int = CHART_HEIGHT) -> go.Figure:
-    """One check over time: the line, the threshold, pending/firing spans, labelled axes."""
+                height: int = CHART_HEIGHT, range_s: float | None = None, now: float | None = None) -> go.Figure:
+    """One check over time: the line, the threshold, pending/firing spans, labelled axes.
+
+    With ``range_s`` (the selected chart range) the x axis spans ``range_s`` ending at ``now``
+    (default: the current time) and a caption in the plot says how much history there is when
+    the series is shorter than that; a lone point is drawn as a marker.
+    """
     tz = tz or zone(None)
     axis = axis_for(unit)
     times = [datetime.fromtimestamp(t, tz) for t, _ in points]
     values = [v for _, v in points]
+    valued = sum(1 for v in values if v is not None)
     fig = go.Figure()
     for span in spans:
         fig.add_vrect(x0=datetime.fromtimestamp(span.start, tz), x1=datetime.fromtimestamp(span.end, tz),
@@ -141,7 +174,8 @@ def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: fl
                                  marker={"symbol": "square", "size": 12,
                                          "color": SPAN_COLOURS.get(state, SPAN_COLOURS["pending"])}))
     hover_value = f"%{{y:{axis.tickformat or ',.4g'}}}"
-    fig.add_trace(go.Scatter(x=times, y=values, mode="lines", name=title, line={"color": LINE_COLOUR, "width": 2},
+    fig.add_trace(go.Scatter(x=times, y=values, mode="lines" if valued > 1 else "lines+markers", name=title,
+                             line={"color": LINE_COLOUR, "width": 2}, marker={"color": LINE_COLOUR, "size": 7},
                              connectgaps=False,
                              hovertemplate=f"%{{x|%Y-%m-%d %H:%M:%S}}<br>{axis.tickprefix}{hover_value}"
                                            f"{axis.ticksuffix}<extra></extra>"))
@@ -149,14 +183,22 @@ def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: fl
         fig.add_hline(y=threshold, line={"color": THRESHOLD_COLOUR, "dash": "dash", "width": 1.5},
                       annotation_text=f"alert when {op} threshold", annotation_position="top left",
                       annotation_font={"color": THRESHOLD_COLOUR, "size": 11})
-    start = points[0][0] if points else datetime.now().timestamp()
+    end = datetime.now().timestamp() if now is None else now
+    x_range = [datetime.fromtimestamp(end - range_s, tz), datetime.fromtimestamp(end, tz)] if range_s else None
+    start = end - range_s if range_s else (points[0][0] if points else end)
+    caption = history_caption(points, start, end, tz) if range_s else None
+    if caption is not None:
+        # Over the empty part of the plot: the middle without data, else the left side before it.
+        fig.add_annotation(text=caption, xref="paper", yref="paper", x=0.5 if not valued else 0.01,
+                           xanchor="center" if not valued else "left", y=0.5, yanchor="middle",
+                           showarrow=False, font={"size": 12, "color": "#5f6b7a"}, name="history")
     fig.update_layout(
         height=height, margin={"t": 36, "l": 70, "r": 16, "b": 52},
         title={"text": title, "font": {"size": 14}, "x": 0, "xanchor": "left"},
         showlegend=bool(spans), legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"},
         hovermode="x unified", plot_bgcolor="white",
     )
-    fig.update_xaxes(title_text=f"time ({zone_label(tz, start)})", tickformat="%H:%M",
+    fig.update_xaxes(title_text=f"time ({zone_label(tz, start)})", tickformat="%H:%M", range=x_range,
                      hoverformat="%Y-%m-%d %H:%M:%S", showgrid=True, gridcolor="#eceff3", nticks=8)
     fig.update_yaxes(title_text=axis.title, tickformat=axis.tickformat, tickprefix=axis.tickprefix,
                      ticksuffix=axis.ticksuffix, range=_value_range([v for v in values if v is not None],

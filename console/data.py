@@ -171,6 +171,11 @@ def hotspots(url: str, k: int) -> dict:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
+def workers(url: str) -> dict:
+    return exporter(url).workers()
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
 def changes(url: str, from_ts: float | None, to_ts: float | None) -> dict:
     return exporter(url).changes(from_ts, to_ts)
 

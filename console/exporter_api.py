@@ -33,6 +33,10 @@ class ExporterClient:
     def hotspots(self, k: int = 10) -> dict:
         return self._get("/api/v1/hotspots", {"k": int(k)})
 
+    def workers(self) -> dict:
+        """``/api/v1/workers``: one row per worker with its liveness, cache, hits and KV stream."""
+        return self._get("/api/v1/workers")
+
     def changes(self, from_ts: float | None = None, to_ts: float | None = None) -> dict:
         params = {}
         if from_ts is not None:

@@ -1,5 +1,9 @@
 """Is each worker up, down, or gone from the pool? Read from the exporter's own series (pure).
 
+With the exporter as the console's source, ``/api/v1/workers`` states each worker's liveness
+(:func:`liveness_from_api`). Beside Prometheus, the console derives it from the exporter's
+``/metrics`` by the rules below.
+
 The exporter's JSON API lists every worker it has *seen* (``/api/v1/hotspots``' ``workers``),
 including workers that died or left. Whether each one is alive comes from its ``/metrics``:
 
@@ -96,6 +100,16 @@ def classify(workers: Iterable[str], view: PoolView, served: Iterable[str] = ())
         else:
             out[w] = "unknown"
     return out
+
+
+# /api/v1/workers' liveness values → the console's words (anything else is unknown).
+API_LIVENESS: dict[str, Liveness] = {"up": "up", "down": "down", "left": LEFT}
+
+
+def liveness_from_api(rows: Iterable[Mapping[str, object]]) -> dict[str, Liveness]:
+    """Each worker's liveness as ``/api/v1/workers`` states it (the exporter applies the rules
+    above with what it knows first-hand: its pool, failing targets and traffic since)."""
+    return {str(r.get("worker")): API_LIVENESS.get(str(r.get("liveness")), "unknown") for r in rows}
 
 
 def in_pool(liveness: Mapping[str, Liveness], worker: str) -> bool:

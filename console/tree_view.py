@@ -55,6 +55,23 @@ def capacity_rows(workers: list[Mapping], liveness: Mapping[str, Liveness] | Non
     return rows
 
 
+def stream_rows(workers: list[Mapping], liveness: Mapping[str, Liveness], now: float | None) -> list[dict]:
+    """Per worker of ``/api/v1/workers``: liveness, how long since its last scrape and KV event
+    (seconds before ``now``), its share of the window's hit tokens, and its KV stream's gaps."""
+    def age(at: object) -> float | None:
+        return now - at if isinstance(at, int | float) and isinstance(now, int | float) else None
+
+    rows = []
+    for w in workers:
+        kv = w.get("kv_stream") or {}
+        rows.append({"worker": w.get("worker"), "liveness": liveness.get(str(w.get("worker")), "unknown"),
+                     "node": w.get("node"), "resident_blocks": w.get("resident_blocks"),
+                     "hit_share": w.get("hit_share"), "last_scrape_s_ago": age(w.get("last_scrape_at")),
+                     "last_kv_event_s_ago": age(kv.get("last_event_at")), "kv_sequence_gaps": kv.get("sequence_gaps"),
+                     "kv_lost_batches": kv.get("lost_batches")})
+    return rows
+
+
 def removal_ranking(workers: list[Mapping], liveness: Mapping[str, Liveness] | None = None) -> list[dict]:
     """Safest to remove first: ranked workers by rank, unranked (not instrumented) last.
 

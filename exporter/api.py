@@ -1,4 +1,4 @@
-"""Pure builders of the /api/v1 payloads (groups, tree, hotspots, changes) as docs/api.md documents.
+"""Pure builders of the /api/v1 payloads (groups, tree, hotspots, changes, workers) as docs/api.md documents.
 
 Each builder takes the state and the query parameters and returns the ``data`` part of the
 answer; a bad parameter raises :class:`ApiError` (the HTTP edge answers 400). Values without a
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.breaches import BreachClock
-from exporter.checks import evaluate
+from exporter.checks import CheckResult, evaluate
 from exporter.culprits import Culprits, Namer
 from exporter.prefix_index import ROOT, TreeStats
 from exporter.prefix_text import PrefixNames
@@ -58,7 +58,7 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
     ev = evaluate(state)
     base = state.thresholds.runbook_url_base if hasattr(state.thresholds, "runbook_url_base") else ""
     now = ev.evaluated_at
-    since = (breaches or BreachClock()).observe({k: r.status for k, r in ev.results.items()}, now)
+    since = breaching_since(ev.results, breaches.since() if breaches is not None else {}, now)
     alert_states: dict[str, diagnosis.AlertState] = {}
     fires_in: dict[str, float | None] = {}
     for key, r in ev.results.items():
@@ -100,6 +100,21 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
                     "firing": symptom.status == "firing" if symptom else False},
         "reuse": ev.reuse,
     }
+
+
+def breaching_since(results: Mapping[str, CheckResult], recorded: Mapping[str, float], now: float) -> dict[str, float]:
+    """Check key → breaching since, for the checks this evaluation finds breaching.
+
+    The start is the background record's (``exporter.breach_loop``); a breach the record has not
+    seen yet (it began after the loop's latest evaluation) starts now. A recorded start after
+    ``now`` (input time went back) also starts now; a recorded check no longer breaching is not one.
+    """
+    out: dict[str, float] = {}
+    for key, r in results.items():
+        if r.status == diagnosis.FIRING:
+            start = recorded.get(key)
+            out[key] = now if start is None or start > now else start
+    return out
 
 
 def _namer(st: ClusterState, names: PrefixNames | None) -> Namer | None:
@@ -230,6 +245,76 @@ def _hotspots(st: ClusterState, k: int, name: Namer | None = None) -> dict[str, 
             "duplication": dup, "workers": workers}
 
 
+# The KV-stream health of one worker in /api/v1/workers: field -> the Health counter it sums
+# (every label set of the worker), counted since the exporter started.
+KV_STREAM_COUNTERS = {
+    "batches": f"{P}_kv_event_batches", "sequence_gaps": f"{P}_kv_event_sequence_gaps",
+    "missed_batches": f"{P}_kv_event_missed_batches", "lost_batches": f"{P}_kv_event_lost_batches",
+    "repairs": f"{P}_kv_index_repairs", "restarts": f"{P}_worker_restarts",
+    "unknown_parent": f"{P}_kv_event_unknown_parent", "unknown_block_removals": f"{P}_kv_event_unknown_block_removals",
+}
+
+
+def workers(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """One row per worker the exporter follows: liveness, scrape, cache, hits, KV stream health."""
+    return state.snapshot_for(_workers)
+
+
+def _workers(st: ClusterState) -> dict[str, Any]:
+    pool = st.worker_pool
+    pool.track_down_targets()
+    down = pool.explicitly_down()
+    names = st.workers_seen()
+    liveness = {w: pool.liveness(w, down) for w in names}
+    # A worker that left the pool is no candidate for removal: only the others are ranked.
+    values = st.effective_cache_values()
+    ranks = st.removal_ranks({w: v for w, v in values.items() if liveness[w] != "left"})
+    hits = {w: st.worker_hit_tokens(w) for w in names}
+    total_hits = sum(h for h in hits.values() if h is not None)
+    counters, gauges = st.health.snapshot()
+    media = st.index.resident_by_medium()
+    rows = []
+    for w in names:
+        info = st.workers.get(w)
+        snap = info.snapshot if info is not None else None
+        t = st.topo_of(w)
+        since = pool.down_since.get((w, "worker"))
+        rows.append({
+            "worker": w, "liveness": liveness[w], "down_since": since if liveness[w] != "up" else None,
+            "last_seen": (info.last_seen or None) if info else None,
+            "last_served": (info.last_served or None) if info else None,
+            "last_scrape_at": info.scraped_at if info else None,
+            "resident_blocks": st.index.resident_blocks(w), "resident_blocks_by_medium": media.get(w),
+            "capacity_blocks": st.worker_capacity(w),
+            "kv_cache_usage_ratio": snap.kv_usage_ratio if snap is not None else None,
+            "hit_tokens": hits[w], "hit_share": hits[w] / total_hits if hits[w] is not None and total_hits else None,
+            "hit_ratio": st.worker_hit_ratio(w), "hit_tokens_by_tier": st.worker_tier_hit_tokens(w),
+            "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),
+            "node": t.node if t else None, "nvlink_domain": t.nvlink_domain if t else None,
+            "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,
+            "kv_stream": _kv_stream(w, counters, gauges),
+        })
+    return {"evaluated_at": st.clock(), "window_s": st.window_s, "pool_size": len(pool.pool), "workers": rows}
+
+
+def _kv_stream(worker: str, counters: Mapping[str, Mapping[tuple[str, ...], float]],
+               gauges: Mapping[str, Mapping[tuple[str, ...], float]]) -> dict[str, Any]:
+    """The worker's KV-event stream health; every field null for a worker that sent no KV events."""
+    batches = counters.get(KV_STREAM_COUNTERS["batches"], {})
+    streams = (worker,) in batches
+    out: dict[str, Any] = {
+        "last_event_at": gauges.get(f"{P}_kv_event_last_timestamp_seconds", {}).get((worker,)),
+        "lag_s": gauges.get(f"{P}_kv_event_lag_seconds", {}).get((worker,)),
+    }
+    for field, metric in KV_STREAM_COUNTERS.items():
+        series = counters.get(metric, {})
+        mine = [v for labels, v in series.items() if labels and labels[0] == worker]
+        out[field] = float(sum(mine)) if mine or streams else None
+    unreliable = gauges.get(f"{P}_kv_view_unreliable", {}).get((worker,))
+    out["view_unreliable"] = None if unreliable is None else unreliable == 1.0
+    return out
+
+
 def changes(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
     query = query or {}
     t_from, t_to = _float(query, "from"), _float(query, "to")
@@ -263,20 +348,24 @@ def _changes(st: ClusterState, t_from: float | None, t_to: float | None) -> dict
     return {"from": frm, "to": to, "lost_hits": lost[: st.top_k * 5], "rekeyed_segments": segs, "pool_changes": pools}
 
 
-BUILDERS = {"groups": groups, "tree": tree, "hotspots": hotspots, "changes": changes, "culprits": culprits}
+BUILDERS = {"groups": groups, "tree": tree, "hotspots": hotspots, "changes": changes, "culprits": culprits,
+            "workers": workers}
 
 
 class ApiBuilders:
     """The JSON API over one state: ``routes()`` maps endpoint name → builder(query) for the HTTP edge.
 
-    It keeps what outlives one request: when each check began breaching (for pending vs firing)
-    and, when prefix text is on, the names of branches.
+    It reads what outlives one request: the record of when each check began breaching (for
+    pending vs firing; advanced by the exporter's ``BreachLoop``, never by a request) and, when
+    prefix text is on, the names of branches. Without a record (``breaches=None``) nothing has
+    been recorded: a breaching check starts at each request.
     """
 
-    def __init__(self, state: ClusterState, names: PrefixNames | None = None) -> None:
+    def __init__(self, state: ClusterState, names: PrefixNames | None = None,
+                 breaches: BreachClock | None = None) -> None:
         self.state = state
         self.names = names
-        self.breaches = BreachClock()
+        self.breaches = breaches if breaches is not None else BreachClock()
 
     def routes(self) -> dict[str, Any]:
         st, names = self.state, self.names
@@ -284,4 +373,5 @@ class ApiBuilders:
                 "tree": lambda q: tree(st, q),
                 "hotspots": lambda q: hotspots(st, q, names),
                 "changes": lambda q: changes(st, q),
+                "workers": lambda q: workers(st, q),
                 "culprits": lambda q: culprits(st, q, names)}

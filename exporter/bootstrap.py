@@ -11,6 +11,10 @@ arguments, or both (an explicit argument wins):
 - window: ``window_s=`` › ``cfg.window`` › the thresholds' rate window;
 - clock: ``clock=`` (``time.time`` for a live exporter, a virtual clock for simulations).
 
+The parts include the breach record and the loop that advances it on that clock every
+``cfg.breach_interval`` (``exporter.breach_loop``): created, not started — the runtime starts
+and stops it with its other threads; a caller that drives time itself calls ``evaluate_once``.
+
 With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, NATS source,
 record-file tailers, scraper) — created, not started. A sharded config (``shard``) scrapes and
 subscribes over ZMQ only its home workers and reads every worker's NATS subject through the
@@ -23,6 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from exporter.breach_loop import BreachLoop
+from exporter.breaches import BreachClock
 from exporter.collector import PrefixscopeCollector
 from exporter.config import Config, ConfigError, WorkerTarget, load_fleet_manifest
 from exporter.health import Health
@@ -63,13 +69,16 @@ class ExporterParts:
     topology: Topology | None
     window_s: float
     clock: Clock
+    breaches: BreachClock  # when each check began breaching (the API reads it)
+    breach_loop: BreachLoop  # advances ``breaches`` in the background (not started)
     sources: Sources | None = None  # only with ``with_sources=True``
 
 
 def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None,
               topology: Topology | None = None, window_s: float | None = None, clock: Clock = time.time,
               with_sources: bool = False) -> ExporterParts:
-    """Build health, state (thresholds, topology, window, clock) and collector, and optionally the sources.
+    """Build health, state (thresholds, topology, window, clock), collector and breach record (with
+    its loop, unstarted), and optionally the sources.
 
     Raises ConfigError when the config names a thresholds or topology file that cannot be used.
     """
@@ -90,8 +99,10 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
     health = Health()
     state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits,
                          eviction_memory=cfg.eviction_memory)
+    breaches = BreachClock()
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
-                          thresholds=thresholds, topology=topology, window_s=window_s, clock=clock)
+                          thresholds=thresholds, topology=topology, window_s=window_s, clock=clock,
+                          breaches=breaches, breach_loop=BreachLoop(state, breaches, cfg.breach_interval))
     if not with_sources:
         return parts
     return replace(parts, sources=build_sources(cfg, state, health, clock))

@@ -4,7 +4,10 @@ Prometheus turns a breach into a *pending* alert and, after the alert's ``for``,
 one. Without Prometheus the console still needs to tell the two apart, so the exporter keeps,
 per check, the time of the first evaluation that found it past its limit; an evaluation that
 finds it within its limit (or unmeasured) forgets it, as Prometheus resets a pending alert.
-Thread-safe: API requests evaluate concurrently.
+
+The record advances on the exporter's own clock (``exporter.breach_loop`` evaluates every few
+seconds, as Prometheus evaluates its rules), never because someone asked: ``/api/v1/groups``
+only reads it. Thread-safe: the loop writes while API requests read.
 """
 
 from __future__ import annotations
@@ -30,4 +33,9 @@ class BreachClock:
                         self._since[key] = now
                 else:
                     self._since.pop(key, None)
+            return dict(self._since)
+
+    def since(self) -> dict[str, float]:
+        """Check key → when it began breaching, as of the latest evaluation (reads only)."""
+        with self._lock:
             return dict(self._since)

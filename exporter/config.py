@@ -134,6 +134,7 @@ class Config:
     scrape_interval: float = 5.0
     scrape_timeout: float = 2.0
     tree_stats_interval: float = 1.0  # background tree-statistics pass, at most this often
+    breach_interval: float = 5.0  # background check evaluation that records when each breach began
     window: float | None = None  # None: the thresholds file's window
     prefix_text: bool = False  # keep and serve the first words of hot prefixes (prompts may be private)
     eviction_memory: int = 4096  # recent evictions kept per worker (thrash, eviction age)
@@ -344,6 +345,7 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     if interval is not None and timeout is not None and timeout > interval:
         problems.add("scrape_timeout", f"{timeout:g}s exceeds scrape_interval {interval:g}s")
     tree_stats = _seconds(problems, d, "tree_stats_interval", 1.0)
+    breach_interval = _seconds(problems, d, "breach_interval", 5.0)
     window = _seconds(problems, d, "window", None)
     otlp = _otlp(problems, d)
     limits, web = _limits(problems, d), _web(problems, d)
@@ -353,7 +355,8 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
                   http_records=http, file_records=tailed, otlp=otlp, topology=topology,
                   thresholds=thresholds or PACKAGED_THRESHOLDS, scrape_interval=interval or 5.0,
-                  scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0, window=window,
+                  scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0,
+                  breach_interval=breach_interval or 5.0, window=window,
                   prefix_text=d.get("prefix_text") is True,
                   eviction_memory=int(d.get("eviction_memory", 4096)),
                   limits=limits, web=web, kv_nats=kv_nats, shard=shard)

@@ -10,7 +10,9 @@ traceback. SIGTERM and SIGINT stop every thread within a second or two.
 Threads: one scrape loop (every ``scrape_interval``; /metrics never triggers a scrape, it
 renders the latest state), one KV-event subscriber for all workers, one tailer per record
 file, one tree-statistics refresher (every ``tree_stats_interval`` when the index changed;
-/metrics never runs a statistics pass either), and the HTTP server's request threads.
+/metrics never runs a statistics pass either), one breach loop (checks evaluated every
+``breach_interval`` to record when each breach began; /api/v1/groups reads that record), and
+the HTTP server's request threads.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from prometheus_client import CollectorRegistry
 from exporter import otlp_http
 from exporter.api import ApiBuilders
 from exporter.bootstrap import bootstrap
+from exporter.breach_loop import BreachLoop
+from exporter.breaches import BreachClock
 from exporter.config import (
     DEFAULT_LISTEN,
     LOG_LEVELS,
@@ -92,7 +96,8 @@ class Runtime:
 
     def __init__(self, cfg: Config, workers: tuple[WorkerTarget, ...], health: Health, state: ClusterState,
                  server: ExporterServer, subscriber: KvEventSubscriber | None, tails: list[RecordFileTail],
-                 scraper: Scraper, clock: Callable[[], float], refresher: TreeStatsRefresher | None = None) -> None:
+                 scraper: Scraper, clock: Callable[[], float], refresher: TreeStatsRefresher | None = None,
+                 breach_loop: BreachLoop | None = None) -> None:
         self.cfg = cfg
         self.workers = workers
         self.health = health
@@ -103,6 +108,7 @@ class Runtime:
         self.scraper = scraper
         self.clock = clock
         self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
+        self.breach_loop = breach_loop or BreachLoop(state, BreachClock(), cfg.breach_interval)
         self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
         self.spans: SpanIntake | None = None  # the OTLP trace receiver's intake, when enabled
         self.nats: NatsKvSource | None = None  # KV events over NATS (set by build)
@@ -126,7 +132,7 @@ class Runtime:
         health, state, sources = parts.health, parts.state, parts.sources
         registry = CollectorRegistry(auto_describe=False)
         registry.register(parts.collector)
-        api = ApiBuilders(state, names=sources.names)
+        api = ApiBuilders(state, names=sources.names, breaches=parts.breaches)
 
         def ingest(body: bytes) -> IntakeResult:
             now = clock()  # the exporter's clock: a record's ts is checked against it
@@ -164,7 +170,7 @@ class Runtime:
         )
         server = ExporterServer(host, port, deps)
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
-                      sources.scraper, clock)
+                      sources.scraper, clock, breach_loop=parts.breach_loop)
         runtime.names = sources.names
         runtime.spans = spans if cfg.otlp.enabled else None
         runtime.nats = sources.nats
@@ -195,6 +201,7 @@ class Runtime:
             self.spans.start()
         self.scraper.start()
         self.refresher.start()
+        self.breach_loop.start()
         if self.names is not None:
             self.names.detokenizer.start()
         self.server.start()
@@ -211,6 +218,7 @@ class Runtime:
             tail.close(timeout=1.0)
         self.scraper.close(timeout=self.cfg.scrape_timeout + 1.0)
         self.refresher.close(timeout=2.0)
+        self.breach_loop.close(timeout=2.0)
         if self.names is not None:
             self.names.detokenizer.stop()
         if self.spans is not None:

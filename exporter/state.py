@@ -625,6 +625,26 @@ class ClusterState:
         c = get(("record_cached", name))
         return (c or 0.0) / p if p else None
 
+    def worker_hit_tokens(self, name: str) -> float | None:
+        """The worker's hit tokens in the window, from the same source as :meth:`worker_hit_ratio`
+        (engine counters, else its records); None when neither measured it."""
+        get = self.store.own_sum
+        if get(("worker_delta", "prefix_queried_tokens", name)):
+            return get(("worker_delta", "prefix_hit_tokens", name)) or 0.0
+        if get(("record_prompt", name)):
+            return get(("record_cached", name)) or 0.0
+        return None
+
+    def worker_tier_hit_tokens(self, name: str) -> dict[str, float] | None:
+        """The worker's cached tokens in the window by the tier that served them (None: the engine
+        does not report tiers)."""
+        out: dict[str, float] = {}
+        for key, v in self.store.win.sums.items():
+            if key[0] == _TIER_HITS and len(key) == 2 and key[1] and key[1][0] == name:
+                tier = key[1][-1]
+                out[tier] = out.get(tier, 0.0) + v
+        return out or None
+
     def effective_cache_values(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, blocks in self.index.resident_by_worker().items():

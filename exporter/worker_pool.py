@@ -8,6 +8,8 @@ the session table can measure how many sessions it reshuffled.
 
 A worker whose scrapes fail is either blinding us (traffic still reaches it) or has left the
 pool (its traffic stopped when it went down): :meth:`WorkerPool.left_pool` tells them apart.
+:meth:`WorkerPool.liveness` puts each worker in one of three states — up, down, left — the
+states the console's Workers page shows.
 
 Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from exporter.health import Health
 from exporter.input_time import InputTime
@@ -24,6 +27,7 @@ from exporter.model import RouterSnapshot, WorkerSnapshot
 from prefixscope import catalog
 
 UP = f"{catalog.NAMESPACE}_up"
+Liveness = Literal["up", "down", "left"]
 MAX_POOL_CHANGES = 100
 
 
@@ -147,6 +151,25 @@ class WorkerPool:
             return False
         w = self.workers.get(target)
         return w is None or w.last_served <= since
+
+    def liveness(self, name: str, down: set[str] | None = None) -> Liveness:
+        """``up`` (healthy: in the pool), ``down`` (reported down, yet traffic still reaches it) or
+        ``left`` (it left the pool: down with no traffic since, or silent past the health recency).
+
+        A failing scrape target is down or left by :meth:`left_pool`. A worker only a router marks
+        unhealthy is down while it still served within the health recency, else left. A worker
+        nothing reports down that stopped giving any sign of life has aged out of the pool: left.
+        Call :meth:`track_down_targets` first so that a newly failing scrape has its start.
+        """
+        down = self.explicitly_down() if down is None else down
+        if self.is_healthy(name, down):
+            return "up"
+        if (name, "worker") in self.down_since:
+            return "left" if self.left_pool(name, "worker") else "down"
+        w = self.workers.get(name)
+        if name in down and w is not None and self.time.now - w.last_served <= self.health_recency_s:
+            return "down"
+        return "left"
 
     def left_pool_targets(self) -> list[tuple[str, ...]]:
         return [key for key in self.down_since if self.left_pool(*key)]

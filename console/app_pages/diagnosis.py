@@ -100,7 +100,7 @@ def check_chart(c: CheckState) -> None:
         return
     unit_title = charts.axis_for(c.check.unit).title
     fig = charts.time_series(points, title=f"{c.check.title} ({unit_title})", unit=c.check.unit,
-                             threshold=c.threshold, op=c.check.op, spans=spans, tz=tz)
+                             threshold=c.threshold, op=c.check.op, spans=spans, tz=tz, range_s=range_s)
     st.plotly_chart(fig, key=f"chart-{c.check.key}", config={"displaylogo": False})
 
 

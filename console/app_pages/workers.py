@@ -6,29 +6,37 @@ import streamlit as st
 from console import data, ui
 from console.chain import Chain
 from console.http_json import SourceUnavailable
-from console.liveness import classify
+from console.liveness import classify, liveness_from_api
 from console.readings import check_shown, missing_signals, shown_text
-from console.tree_view import capacity_rows, domain_rows, left_pool, removal_ranking
+from console.tree_view import capacity_rows, domain_rows, left_pool, removal_ranking, stream_rows
 
 st.title("Workers & topology")
 src = data.sources()
 
 with st.spinner("Loading workers…"):
     try:
-        workers = data.hotspots(src.exporter_url, 10).get("workers") or []
         chain, notes = data.chain(src)
+        # The exporter as the source lists its workers whole (liveness included); beside
+        # Prometheus, liveness is read from the exporter's series as the alerts see them.
+        listing = data.workers(src.exporter_url) if chain.source == "exporter" else None
+        workers = (listing if listing is not None else data.hotspots(src.exporter_url, 10)).get("workers") or []
     except SourceUnavailable as exc:
         ui.source_down(exc)
         st.stop()
 ui.banners(notes)
 
-try:
-    view = data.pool_view(src.exporter_url)
-except SourceUnavailable as exc:
-    view = None
-    st.warning(f"Worker liveness is unknown: {exc}", icon=":material/warning:")
-served = [str(w.get("worker")) for w in workers if w.get("effective_cache_value_tokens") is not None]
-liveness = classify([str(w.get("worker")) for w in workers], view, served) if view is not None else {}
+if listing is not None:
+    liveness = liveness_from_api(workers)
+    pool = listing.get("pool_size")
+else:
+    try:
+        view = data.pool_view(src.exporter_url)
+    except SourceUnavailable as exc:
+        view = None
+        st.warning(f"Worker liveness is unknown: {exc}", icon=":material/warning:")
+    served = [str(w.get("worker")) for w in workers if w.get("effective_cache_value_tokens") is not None]
+    liveness = classify([str(w.get("worker")) for w in workers], view, served) if view is not None else {}
+    pool = view.pool_size if view is not None else None
 
 
 def check_metric(col, ch: Chain, key: str) -> None:
@@ -49,13 +57,17 @@ check_metric(m[3], chain, "cross_node_migration_count_per_minute")
 
 st.subheader("Liveness")
 counts = {state: sum(1 for v in liveness.values() if v == state) for state in ("up", "down", "left the pool", "unknown")}
-pool = view.pool_size if view is not None else None
 lv = st.columns(4)
 lv[0].metric("Up", counts["up"])
 lv[1].metric("Down", counts["down"], help="Fails its scrape or a router marks it unhealthy, yet still gets traffic.")
 lv[2].metric("Left the pool", counts["left the pool"], help="Down or silent, and no traffic since: not ranked below.")
 lv[3].metric("Pool size (exporter)", ui.fmt(pool, ""), help="Workers the exporter sees healthy right now.")
-if workers:
+if workers and listing is not None:
+    st.dataframe(pd.DataFrame(stream_rows(workers, liveness, listing.get("evaluated_at"))), hide_index=True,
+                 key="liveness", column_config={"hit_share": st.column_config.NumberColumn(format="percent")})
+    st.caption("Hit share: the worker's part of the cluster's hit tokens in the window. KV gaps and lost batches "
+               "count since the exporter started; a gap the replay healed is not a loss.")
+elif workers:
     st.dataframe(pd.DataFrame([{"worker": r["worker"], "liveness": r["liveness"], "node": r["node"],
                                 "resident_blocks": r["resident_blocks"]} for r in capacity_rows(workers, liveness)]),
                  hide_index=True, key="liveness")

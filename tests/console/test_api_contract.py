@@ -1,7 +1,7 @@
 """Every key the console reads from /api/v1/* is in the real exporter's answers and in docs/api.md.
 
-The list below is what console/chain.py, console/tree_view.py and the Prefix tree and Workers
-pages read; a key the exporter renames, or the document forgets, fails here rather than as an
+The list below is what console/chain.py, console/tree_view.py, console/liveness.py and the Prefix
+tree and Workers pages read; a key the exporter renames, or the document forgets, fails here rather than as an
 empty table on a page. ``a[].b`` means key ``b`` of every element of list ``a`` (which must not
 be empty, or nothing would be checked).
 """
@@ -39,6 +39,11 @@ CONSOLE_READS: dict[str, tuple[str, ...]] = {
         "duplication.duplicated_share",
         *(f"workers[].{k}" for k in ("worker", "resident_blocks", "capacity_blocks", "effective_cache_value_tokens",
                                      "removal_rank", "node", "nvlink_domain", "gpu_class", "warm_pool"))),
+    "workers": ("evaluated_at", "pool_size", "workers[].kv_stream.last_event_at",
+                "workers[].kv_stream.sequence_gaps", "workers[].kv_stream.lost_batches",
+                *(f"workers[].{k}" for k in ("worker", "liveness", "last_scrape_at", "resident_blocks",
+                                             "capacity_blocks", "hit_share", "effective_cache_value_tokens",
+                                             "removal_rank", "node", "nvlink_domain", "gpu_class", "warm_pool"))),
     "culprits": tuple(f"checks.sticky_session_collision_rate.{k}" for k in ("workers", "prefixes", "sessions",
                                                                             "nodes")),
     "changes": (
@@ -97,3 +102,12 @@ def test_docs_api_examples_show_every_key_the_console_reads(endpoint: str) -> No
     assert endpoint in examples, f"docs/api.md has no example for GET /api/v1/{endpoint}"
     # The tree example elides the grandchildren, so its first level is what is checked.
     assert [p for path in CONSOLE_READS[endpoint] for p in absent(examples[endpoint], path)] == []
+
+
+def test_the_console_knows_every_liveness_the_exporter_states() -> None:
+    from typing import get_args
+
+    from console.liveness import API_LIVENESS
+    from exporter.worker_pool import Liveness
+
+    assert set(get_args(Liveness)) == set(API_LIVENESS)

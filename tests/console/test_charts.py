@@ -56,3 +56,42 @@ def test_spans_from_alert_samples_merge_consecutive_steps() -> None:
 def test_zone_label_names_utc_plainly() -> None:
     assert zone_label(ZoneInfo("UTC"), T0) == "UTC+00:00"
     assert charts.timestamp_text(T0, BERLIN) == "2025-05-01 14:00:00 UTC+02:00 CEST"
+
+
+def _x_range(fig) -> list[float]:
+    return [x.timestamp() for x in fig.layout.xaxis.range]
+
+
+def _captions(fig) -> list[str]:
+    return [a.text for a in fig.layout.annotations if a.name == "history"]
+
+
+def test_a_chart_without_history_spans_the_selected_range_ending_now() -> None:
+    fig = time_series([], title="t", unit="ratio", threshold=0.6, tz=BERLIN, range_s=900, now=T0)
+    assert _x_range(fig) == [T0 - 900, T0]
+    assert fig.layout.xaxis.title.text == "time (UTC+02:00 CEST)"
+    assert _captions(fig) == ["No history yet in the last 15 min"]
+    assert fig.layout.yaxis.range is not None  # the threshold still gives the y axis a range
+
+
+def test_a_single_point_is_a_marker_placed_in_the_range_with_a_caption() -> None:
+    fig = time_series([(T0 - 60, 0.7), (T0 - 30, None)], title="t", unit="ratio", tz=BERLIN, range_s=3600, now=T0)
+    assert _x_range(fig) == [T0 - 3600, T0]
+    assert _captions(fig) == ["History: one point, at 13:59:00, in the last 1 h"]
+    assert "markers" in fig.data[-1].mode
+
+
+def test_a_short_history_says_how_long_and_a_full_one_says_nothing() -> None:
+    short = [(T0 - 720 + 60 * i, 0.9) for i in range(13)]  # the last 12 minutes of an hour
+    fig = time_series(short, title="t", unit="ratio", tz=BERLIN, range_s=3600, now=T0)
+    assert _x_range(fig) == [T0 - 3600, T0]
+    assert _captions(fig) == ["History: 12 min (since 13:48) of the last 1 h"]
+    assert fig.data[-1].mode == "lines"
+    full = [(T0 - 3600 + 30 * i, 0.9) for i in range(121)]
+    fig = time_series(full, title="t", unit="ratio", tz=BERLIN, range_s=3600, now=T0)
+    assert _captions(fig) == [] and _x_range(fig) == [T0 - 3600, T0]
+
+
+def test_without_a_selected_range_the_axis_fits_the_data_as_before() -> None:
+    fig = time_series([(T0 + 60 * i, 0.5) for i in range(5)], title="t", unit="ratio", tz=BERLIN)
+    assert fig.layout.xaxis.range is None and _captions(fig) == []

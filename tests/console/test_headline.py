@@ -18,6 +18,8 @@ from console.links import RUNBOOK_DIR, load_thresholds
 from console.runbook_steps import first_mitigation
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
 from exporter.api import ApiBuilders
+from exporter.breach_loop import BreachLoop
+from exporter.breaches import BreachClock
 from prefixscope import catalog
 from prefixscope.diagnosis import headline
 from prefixscope.thresholds import load_thresholds as load_exporter_thresholds
@@ -57,7 +59,10 @@ def test_the_exporter_turns_a_breach_pending_then_firing_after_its_for() -> None
     now = [cluster.NOW]
     state = cluster.build_state(th)
     state.clock = lambda: now[0]
-    groups = ApiBuilders(state).routes()["groups"]
+    record = BreachClock()
+    loop = BreachLoop(state, record)  # the exporter's background evaluation, stepped by hand
+    groups = ApiBuilders(state, breaches=record).routes()["groups"]
+    loop.evaluate_once()
     first = groups({})
     checks = {c["key"]: c for s in first["steps"] for c in s["checks"]}
     sticky = checks["sticky_session_collision_rate"]
@@ -73,7 +78,7 @@ def test_the_exporter_turns_a_breach_pending_then_firing_after_its_for() -> None
     assert culprits["prefixes"][0]["workers"] and culprits["workers"][0]["measure"] == "recent hit ratio"
     assert checks["prefix_block_count_per_worker"]["culprits"] is None  # within its limit
     now[0] += 300
-    later = groups({})
+    later = groups({})  # the record keeps the loop's start: 300 s on, the alert fires
     assert later["headline"]["state"] == "firing" and later["headline"]["fires_in_s"] is None
 
 

@@ -200,6 +200,28 @@ def test_workers_page_tells_dead_workers_from_live_ones(liveness_only: str) -> N
     assert worker_tables(at)["left_pool"]["worker"].tolist() == ["w2"]
 
 
+def test_the_workers_page_reads_the_exporters_worker_list(monkeypatch: pytest.MonkeyPatch, liveness_only: str) -> None:
+    """With the exporter as the source, liveness, scrape ages, hit shares and KV stream health come
+    from /api/v1/workers, not pieced together from /metrics (liveness_cluster.py; clock at 1000)."""
+    from console import data
+
+    def no_metrics(_url: str) -> None:
+        raise AssertionError("the Workers page read /metrics with the exporter as its source")
+
+    monkeypatch.setattr(data, "pool_view", no_metrics)
+    at = run("workers")  # fails on an exception if the page called pool_view
+    assert not any("liveness is unknown" in w.value for w in at.warning)
+    table = worker_tables(at)["liveness"].set_index("worker")
+    assert table["liveness"].to_dict() == {"w0": "up", "w1": "up", "w2": "left the pool", "w3": "down"}
+    assert table["last_scrape_s_ago"].to_dict() == {"w0": 10.0, "w1": 10.0, "w2": 100.0, "w3": 100.0}
+    assert table["last_kv_event_s_ago"].tolist() == [60.0] * 4
+    # Hit tokens in the window: w0 32 + 32, w1 48, w2 16, w3 32 + 32 of 192.
+    assert table["hit_share"].round(4).to_dict() == {"w0": 0.3333, "w1": 0.25, "w2": 0.0833, "w3": 0.3333}
+    assert table["kv_sequence_gaps"].tolist() == [0.0] * 4
+    ranking = worker_tables(at)["removal_ranking"]
+    assert ranking["worker"].tolist() == ["w0", "w3", "w1"]  # w2 left: not ranked
+
+
 def test_hot_branches_do_not_name_workers_that_left(liveness_only: str) -> None:
     at = run("prefix_tree")
     hot = at.dataframe[0].value  # hot branches

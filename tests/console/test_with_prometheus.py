@@ -94,6 +94,10 @@ def test_alerts_page_groups_prometheus_alerts(both: str) -> None:
 def test_workers_page_shows_migrations_by_kind(both: str) -> None:
     at = run("workers")
     assert metrics(at)["Session migrations per minute"] == "4.0/min"
+    # Beside Prometheus, liveness comes from the exporter's series (its /metrics), as before.
+    liveness = next(d.value for d in at.dataframe if "liveness" in d.value.columns)
+    assert list(liveness.columns) == ["worker", "liveness", "node", "resident_blocks"]
+    assert liveness["liveness"].tolist() == ["up", "up"]
     moves = at.dataframe[-1].value
     rows = moves.set_index("kind").round(3)
     assert rows.loc["soft"].tolist() == [4.0, 1.0]

@@ -159,8 +159,8 @@ colour: red
     durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
     assert set(err.value.problems) == {
         "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, otlp, topology, "
-        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, prefix_text, eviction_memory, window, "
-        "limits, web, kv_nats, shard)",
+        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, breach_interval, prefix_text, "
+        "eviction_memory, window, limits, web, kv_nats, shard)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
         'exporter.yaml: workers[1].name: duplicate worker name "a"',
@@ -179,6 +179,8 @@ def test_durations_take_the_prometheus_grammar_or_plain_seconds(tmp_path: Path) 
     cfg = load_config(write(tmp_path, "scrape_interval: 1h30m\nscrape_timeout: 1m30s\ntree_stats_interval: 2.5\n"
                                       "window: 1d\n"))
     assert (cfg.scrape_interval, cfg.scrape_timeout, cfg.tree_stats_interval, cfg.window) == (5400.0, 90.0, 2.5, 86400.0)
+    assert load_config(write(tmp_path, "breach_interval: 2s\n")).breach_interval == 2.0
+    assert load_config(write(tmp_path, "")).breach_interval == 5.0
 
 
 def test_empty_file_is_the_defaults(tmp_path: Path) -> None:
