@@ -22,6 +22,14 @@ most ``memory`` hashes (older than the window are dropped too), and store times 
 for a uniform sample of blocks (hash mod ``sample_every`` = 0; block hashes are uniformly
 distributed), at most ``memory`` of them. Eviction age and reuse are measured on that sample.
 
+Thrash is exact for blocks stored again within the last ``memory`` evictions. A worker whose
+working set is larger than its cache stores blocks again long after that: a full 64k-block
+cache turns over 16 times further back than a ring of 4096 reaches. So a second ring keeps the
+sampled evictions (the same 1 in ``sample_every``) for as far again, ``memory`` × ``sample_every``
+evictions (the window still bounds both): a sampled block stored again from beyond the exact
+ring stands for ``sample_every`` blocks of its age. What that estimate adds beyond a batch's
+stored blocks is carried to the worker's next stores, so restored never exceeds stored.
+
 Only GPU events count (``medium`` "GPU" or missing): offload tiers (CPU, disk) are other caches
 whose stores and removals are copies, not evictions of the GPU cache.
 
@@ -51,17 +59,19 @@ class BatchEvictions:
     """What one batch did to a worker's GPU cache, for the eviction series."""
 
     stored: int = 0  # GPU blocks named by BlockStored
-    restored: int = 0  # of those, evicted from this worker within the window before
+    restored: int = 0  # of those, evicted from this worker within the window before (see the module doc)
     evicted: int = 0  # GPU blocks named by BlockRemoved
     ages: list[tuple[float, bool]] = field(default_factory=list)  # sampled evictions: (age s, reused)
     other_media: bool = False  # the batch carried events of another medium (CPU, disk)
 
 
 class _Worker:
-    __slots__ = ("live", "recent")
+    __slots__ = ("carry", "live", "recent", "sampled")
 
     def __init__(self) -> None:
+        self.carry = 0  # estimated restores not yet counted (a batch counts at most its stored blocks)
         self.recent: OrderedDict[int, float] = OrderedDict()  # evicted hash -> time, oldest first
+        self.sampled: OrderedDict[int, float] = OrderedDict()  # the same for sampled hashes, reaching further
         # sampled resident block -> [stored at, first child or None, reuse seen]
         self.live: dict[int, list] = {}
 
@@ -77,6 +87,7 @@ class EvictionTracker:
             raise ValueError("sample_every must be a power of two")
         self.window_s = float(window_s)
         self.memory = memory
+        self.sample_every = sample_every
         self._sample_mask = sample_every - 1
         self._workers: dict[str, _Worker] = {}
 
@@ -102,6 +113,8 @@ class EvictionTracker:
                     out.other_media = True
             elif isinstance(ev, AllBlocksCleared):  # a reset, not eviction: nothing to learn from
                 w.recent.clear()
+                w.sampled.clear()
+                w.carry = 0
                 w.live.clear()
         self._expire(w, ts)
         return out
@@ -111,15 +124,27 @@ class EvictionTracker:
         if not hs:
             return
         out.stored += len(hs)
-        recent = w.recent
+        recent, sampled = w.recent, w.sampled
+        restored = 0
+        back: set[int] = set()
         if recent:
             back = recent.keys() & hs
             for h in back:
                 if ts - recent.pop(h) <= self.window_s:
-                    out.restored += 1
-        live = w.live
+                    restored += 1
         mask = self._sample_mask
-        for h in [h for h in hs if not h & mask]:
+        picked = [h for h in hs if not h & mask]
+        if sampled and picked:
+            for h in sampled.keys() & picked:
+                at = sampled.pop(h)
+                if ts - at <= self.window_s and h not in back:  # beyond the exact ring
+                    restored += self.sample_every
+        restored += w.carry
+        counted = min(restored, len(hs))
+        w.carry = restored - counted
+        out.restored += counted
+        live = w.live
+        for h in picked:
             rec = live.get(h)
             if rec is not None:
                 rec[2] = True  # announced again while resident: vLLM's full report mode on a hit
@@ -141,23 +166,30 @@ class EvictionTracker:
 
     def _removed(self, w: _Worker, hashes: Sequence[int], ts: float, out: BatchEvictions) -> None:
         out.evicted += len(hashes)
-        recent, live = w.recent, w.live
+        recent, sampled, live = w.recent, w.sampled, w.live
+        mask = self._sample_mask
         for h in hashes:
             recent[h] = ts
             recent.move_to_end(h)
+            if not h & mask:
+                sampled[h] = ts
+                sampled.move_to_end(h)
             rec = live.pop(h, None) if live else None
             if rec is not None:
                 out.ages.append((max(0.0, ts - rec[0]), rec[2]))
         while len(recent) > self.memory:
             recent.popitem(last=False)
+        while len(sampled) > self.memory:
+            sampled.popitem(last=False)
 
     def _expire(self, w: _Worker, now: float) -> None:
-        recent, cutoff = w.recent, now - self.window_s
-        while recent:
-            h, t = next(iter(recent.items()))
-            if t >= cutoff:
-                break
-            del recent[h]
+        cutoff = now - self.window_s
+        for ring in (w.recent, w.sampled):
+            while ring:
+                h, t = next(iter(ring.items()))
+                if t >= cutoff:
+                    break
+                del ring[h]
 
     def hits(self, worker: str, hashes: Sequence[int]) -> None:
         """Blocks a request record says were served from this worker's cache: reuse seen."""
@@ -172,6 +204,7 @@ class EvictionTracker:
         self._workers.pop(worker, None)
 
     def tracked(self, worker: str) -> tuple[int, int]:
-        """(recent evictions, sampled resident blocks) held for the worker (memory checks)."""
+        """(recent evictions in the larger of the two rings, sampled resident blocks) held for the
+        worker (memory checks: each is at most ``memory``)."""
         w = self._workers.get(worker)
-        return (0, 0) if w is None else (len(w.recent), len(w.live))
+        return (0, 0) if w is None else (max(len(w.recent), len(w.sampled)), len(w.live))

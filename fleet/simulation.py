@@ -25,6 +25,7 @@ from fleet.scenarios import Action, Scenario
 from fleet.topology import Topology, WorkerTopo
 from fleet.workers import WorkerFleet
 from fleet.workloads import SimRequest, WorkloadGenerator
+from prefixscope.catalog import prompt_class
 
 THRASH_WINDOW_S = 300.0  # a block stored again this soon after its eviction is thrash (the rate window)
 SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
@@ -393,8 +394,8 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
     Follow-ups are requests of a session key seen before, or the first request of a new key
     that continues another key's conversation (a re-keyed session: its prompt extends that
     session's last prompt). A collision is a follow-up served away from the session's previous
-    worker while that worker was still in the pool (a migration is not a collision). The cold
-    baseline (warm per-token p50) spans the hour before ``until``, like the recording rule.
+    worker while that worker was still in the pool (a migration is not a collision). Cold
+    prefill is read as the exporter's check reads it (:func:`cold_prefill_ratio`).
     ``None`` means the window had nothing to measure.
     """
     from fleet.router import cold_reuse_share
@@ -426,12 +427,9 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
             break
         remember(r)
     recs = _window(result, since, until)
-    baseline = _window(result, max(0.0, until - 3600), until)
     followups = collisions = 0
     fu_prompt = fu_cached = 0
     migrations = cross_node = 0
-    cold_per_token: list[float] = []
-    warm_per_token: list[float] = []
     cold_cost: list[float] = []
     async_waits: list[float] = []
     walks: list[float] = []
@@ -477,13 +475,9 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
             migrations += 1
             if r["migrated_from"] in topo and topo.node_of(r["migrated_from"]) != topo.node_of(r["worker"]):
                 cross_node += 1
-        computed = prompt - cached
-        if r.get("prefill_s") is not None and computed > 0:
-            per_token = r["prefill_s"] / computed
-            if cached <= cold_share * prompt:
-                cold_per_token.append(per_token)
-                w = topo.worker(r["worker"])
-                cold_cost.append(r["prefill_s"] * w.gpus * w.price_per_gpu_hour / 3600)
+        if _is_cold(r, cold_share):
+            w = topo.worker(r["worker"])
+            cold_cost.append(r["prefill_s"] * w.gpus * w.price_per_gpu_hour / 3600)
         if r.get("async_wait_s") is not None:
             async_waits.append(r["async_wait_s"])
         if r.get("walk_s") is not None:
@@ -498,10 +492,6 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
             admitted += 1
             affinity += bool(r["admitted_by_affinity"])
     last_served = {r["worker"]: r["ts"] for r in recs}
-    for r in baseline:
-        prompt, cached = r["prompt_tokens"], r.get("cached_tokens") or 0
-        if r.get("prefill_s") is not None and prompt - cached > 0 and cached > cold_share * prompt:
-            warm_per_token.append(r["prefill_s"] / (prompt - cached))
     minutes = (until - since) / 60
     warm = [w.name for w in topo.workers if w.warm_pool]
     warm_util = [sum(max(s.workers[w]["kv_usage"], s.workers[w]["running"] / s.workers[w]["max_running"])
@@ -515,7 +505,6 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
         stored = sum(n for n, _ in got)
         if fills and stored:
             pressure.append(sum(r for _, r in got) / stored if max(fills) > full_share else 0.0)
-    cold_p99, warm_p50 = quantile(cold_per_token, 0.99), quantile(warm_per_token, 0.5)
     placed = [topo.domain_of(w) in d for ts, d, w in result.placements if lo <= ts < result.start + until]
     return {
         "prefix_hit_rate_total": _ratio(_counter_delta(result.samples, since, until, "prefix_hits"),
@@ -525,7 +514,7 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
         "sticky_session_collision_rate": _ratio(collisions, followups),
         "warm_pool_utilization": sum(warm_util) / len(warm_util) if warm_util else None,
         "session_migration_count_per_minute": migrations / minutes if minutes else None,
-        "cold_prefill_time_p99": (cold_p99 / warm_p50) if cold_p99 is not None and warm_p50 else None,
+        "cold_prefill_time_p99": cold_prefill_ratio(result, since, until, cold_share),
         "cold_prefill_cost_per_request": sum(cold_cost) / len(cold_cost) if cold_cost else None,
         "async_prefill_wait_time_p99": quantile(async_waits, 0.99),
         "prefix_tree_walk_latency": quantile(walks, 0.99),
@@ -542,6 +531,40 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
                                    for w, ts in last_served.items()), default=None),
         "index_staleness": _ratio(stale, prompt_total),
     }
+
+
+def _is_cold(record: dict, cold_share: float) -> bool:
+    """A cold request as the exporter counts one: prefill timed, at most ``cold_share`` of the prompt reused."""
+    cached = record.get("cached_tokens")
+    return (record.get("prefill_s") is not None and cached is not None
+            and cached <= cold_share * record["prompt_tokens"])
+
+
+def cold_prefill_ratio(result: SimResult, since: float, until: float, cold_share: float) -> float | None:
+    """Cold prefill p99 in seconds over ``[since, until)`` against the cold p99 of the baseline
+    window that ends where this one begins, per model and prompt-length class; the worst class.
+
+    The catalogue's ``cold_prefill_time_p99`` (``prompt_class:…_p99:ratio_baseline``), with exact
+    quantiles where the exporter reads histogram buckets. A class without cold requests in either
+    window has no ratio; ``None`` when no class has one.
+    """
+    from prefixscope.thresholds import load_thresholds
+
+    start = since - load_thresholds().baseline_window_s
+    now: dict[tuple[str, str], list[float]] = {}
+    base: dict[tuple[str, str], list[float]] = {}
+    lo, mid, hi = result.start + start, result.start + since, result.start + until
+    for r in result.records:
+        if not lo <= r["ts"] < hi or not _is_cold(r, cold_share):
+            continue
+        into = now if r["ts"] >= mid else base
+        into.setdefault((r["model"], prompt_class(r["prompt_tokens"])), []).append(r["prefill_s"])
+    ratios = []
+    for key, values in now.items():
+        p99, baseline = quantile(values, 0.99), quantile(base.get(key, ()), 0.99)
+        if p99 is not None and baseline:
+            ratios.append(p99 / baseline)
+    return max(ratios, default=None)
 
 
 def _threshold(key: str) -> float:

@@ -4,7 +4,9 @@ Streams (each a Poisson process whose rate comes from the phase active at the ti
 - chat sessions: a few tenants, each with a long shared system prompt plus tool descriptions;
   every follow-up turn extends the previous context (prompt + answer + new user message);
 - cold sessions: a system prompt of their own (nothing shared) — a burst of new sessions;
-- document analysis: one long unique document per request, a summary-length answer;
+- document analysis: one long unique document per request, a summary-length answer; or, with
+  ``doc_pool``, questions about the documents of a fixed corpus, each document under its own
+  session key (the same document comes back, asked something new);
 - document Q&A: a shared document asked several questions by keyless API calls (each call
   resends document + question; only the document is shared);
 - extraction jobs: a long unique document and a very short answer (the async-prefill kind);
@@ -57,6 +59,9 @@ class WorkloadParams:
     doc_per_s: float = 0.02
     doc_tokens: tuple[int, int] = (8000, 20000)
     doc_output_tokens: tuple[int, int] = (200, 600)
+    # > 0: document analysis draws (uniformly) from a corpus of this many documents, each asked
+    # again and again under its own session key; 0: every document is new and asked once
+    doc_pool: int = 0
     docqa_per_s: float = 0.01  # shared documents questioned by keyless API calls (RAG-style)
     docqa_tokens: tuple[int, int] = (4000, 8000)
     docqa_questions: tuple[int, int] = (3, 8)
@@ -116,6 +121,16 @@ class _Session:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Document:
+    """A document of the corpus (``doc_pool``): its session key, tokens, block hashes, visits so far."""
+
+    key: str
+    token_ids: list[int]
+    block_hashes: list[int]
+    visits: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class SharedPrompt:
     """A tenant's system prompt + tools: what operators pre-warm on every worker."""
@@ -146,6 +161,7 @@ class WorkloadGenerator:
         self._seq = 0
         self._ids = 0
         self._tenant_cache: dict[int, tuple[list[int], list[int]]] = {}
+        self._corpus: dict[int, _Document] = {}  # doc_pool index -> the document, once visited
 
     # -- helpers --------------------------------------------------------------------------
     def params(self, t: float) -> WorkloadParams:
@@ -316,7 +332,26 @@ class WorkloadGenerator:
             push(t + p.think_s * self.rng.uniform(0.1, 0.5), "turn", fork)
         return req, s.turns_left > 0
 
+    def _pooled_doc(self, t: float, p: WorkloadParams) -> SimRequest:
+        """A new question about one document of the corpus: the document (the same tokens every
+        time, generated on its first visit) and the question, under the document's session key."""
+        i = self.rng.randrange(p.doc_pool)
+        if i not in self._corpus:
+            toks = self._text(text.report, self._between(p.doc_tokens))
+            self._corpus[i] = _Document(self._new_id("d"), toks, chain_hashes(toks, self.bs))
+        doc = self._corpus[i]
+        doc.visits += 1
+        n = self._between(p.user_tokens)
+        prompt = doc.token_ids + encode(text.question(self._raw(n), n))
+        self._ids += 1
+        return SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=doc.key, conversation=doc.key,
+                          turn=doc.visits, prompt_tokens=len(prompt), block_hashes=self._extend(doc.block_hashes, prompt),
+                          output_tokens=self._between(p.doc_output_tokens), segment="api", kind="doc",
+                          block_size=self.bs, token_ids=prompt if self.keep_tokens else None)
+
     def _single(self, t: float, stream: str, p: WorkloadParams) -> SimRequest:
+        if stream == "doc" and p.doc_pool > 0:
+            return self._pooled_doc(t, p)
         lo_hi, out_range = ((p.doc_tokens, p.doc_output_tokens) if stream == "doc"
                             else (p.extract_tokens, p.extract_output_tokens))
         toks = self._text(text.report if stream == "doc" else text.invoice, self._between(lo_hi))

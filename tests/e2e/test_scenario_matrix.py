@@ -55,9 +55,6 @@ KNOWN_WRONG: dict[str, str] = {
     "timestamp-in-system-prompt": "step 1 has no prefix-instability cause yet (new root branches per request, "
                                   "near-duplicate prefixes); with the session hit rate in step 2 and cache "
                                   "pressure needing thrash, nothing in step 1 names this fault",
-    "cache-pressure": "the preset's document flood fills w0 with unique documents that never return: a full "
-                      "cache without thrash, which is not cache pressure; its workload must revisit documents "
-                      "after their eviction",
 }
 
 
@@ -139,8 +136,6 @@ def test_the_exporter_measures_what_the_fleet_did(scenario: str, matrix_rows: di
 # Presets whose steady-state verdict is wrong today: strict, so a fix turns them red until the
 # mark goes; each reason names the cause.
 KNOWN_WRONG_STEADY: dict[str, str] = {
-    "cache-pressure": "on full caches nothing in step 1 sees this preset: its document flood evicts nothing that "
-                      "comes back, so there is no thrash; its workload must revisit documents after their eviction",
     "timestamp-in-system-prompt": "step 1 has no prefix-instability cause yet (new root branches per request, "
                                   "near-duplicate prefixes)",
 }

@@ -7,6 +7,8 @@ import json
 from dataclasses import fields, replace
 from itertools import pairwise
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import yaml
@@ -24,7 +26,7 @@ from fleet.scenarios import (
     load_scenario,
     preset_names,
 )
-from fleet.simulation import SimResult, Simulation, run_scenario, signals
+from fleet.simulation import SimResult, Simulation, cold_prefill_ratio, run_scenario, signals
 from fleet.topology import load_topology
 from fleet.workloads import WORKLOAD_FIELDS
 from lab.harness import settled_duration
@@ -75,19 +77,13 @@ def test_the_presets_are_the_acceptance_matrix() -> None:
             assert sc.expected_alerts and 0 < sc.fault_at_s < sc.duration_s
 
 
-# A full cache is not cache pressure: the check needs thrash (blocks evicted and stored again on the
-# same worker), and this preset's document flood evicts nothing that comes back.
-_NO_THRASH_YET = ("the cache-pressure preset fills w0 with unique documents that never return, so it "
-                  "causes no thrash; its workload must revisit documents after their eviction")
-
-
 # A broken shared prefix (a timestamp early in the system prompt) fills caches with chains nobody
 # wants again: no thrash, and the per-session hit rate is a step-2 signal. Its step-1 evidence is
 # prefix instability seen in the tree (new root branches per request), a check still to be built.
 _NO_INSTABILITY_CHECK = ("step 1 has no prefix-instability cause yet (new root branches per request, "
                          "near-duplicate prefixes): with session hit rate in step 2 and cache pressure "
                          "needing thrash, nothing in step 1 names this fault")
-_KNOWN_WRONG = {"cache-pressure": _NO_THRASH_YET, "timestamp-in-system-prompt": _NO_INSTABILITY_CHECK}
+_KNOWN_WRONG = {"timestamp-in-system-prompt": _NO_INSTABILITY_CHECK}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_WRONG[n]))
@@ -130,6 +126,22 @@ def test_raw_signals_by_hand_for_two_faults() -> None:
                    for w in r.engines)
     # per-position acceptance 0.45 with 3 draft tokens: (0.45 + 0.45² + 0.45³) / 3 ≈ 0.249
     assert accepted / drafts == pytest.approx((0.45 + 0.45**2 + 0.45**3) / 3, abs=0.02)
+
+
+def test_cold_prefill_signal_is_seconds_per_prompt_class_against_the_window_before() -> None:
+    """As the exporter's check: cold p99 in seconds of the window over the cold p99 of the long
+    window before it, per model and prompt-length class, the worst class; warm requests and
+    classes without a baseline do not count, and prefill time is not divided by tokens."""
+    def rec(ts: float, prompt: int, prefill: float, cached: int = 0) -> dict:
+        return {"ts": ts, "model": "m", "prompt_tokens": prompt, "cached_tokens": cached, "prefill_s": prefill}
+    records = [rec(10 + i, 2000, 0.1) for i in range(50)] + [rec(10 + i, 10000, 0.5) for i in range(50)]
+    records += [rec(400 + i, 2000, 0.25) for i in range(20)]  # 1k-4k: 2.5x its baseline
+    records += [rec(400 + i, 12000, 0.6) for i in range(20)]  # 4k-16k: longer prompts, 1.2x
+    records += [rec(450, 2000, 9.0, cached=1500)]  # warm: not cold, whatever it took
+    records += [rec(460, 40000, 3.0)]  # 16k+: no baseline for this class
+    result = cast(SimResult, SimpleNamespace(start=0.0, records=records))
+    assert cold_prefill_ratio(result, 300, 600, 0.1) == pytest.approx(2.5)
+    assert cold_prefill_ratio(result, 0, 300, 0.1) is None  # nothing before the first window
 
 
 def _bad(tmp_path: Path, changes: dict) -> Path:

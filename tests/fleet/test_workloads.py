@@ -197,3 +197,21 @@ def test_the_timestamp_is_a_time_of_day_filling_the_first_block() -> None:
     for r in stamped:
         head = decode(r.token_ids[:TIMESTAMP_TOKENS])
         assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{6}\n", head) and head == clock_text(r.t)
+
+
+def test_a_document_corpus_comes_back_under_each_documents_own_key() -> None:
+    """With doc_pool, document analysis asks new questions about the same few documents: each
+    document keeps its key and its tokens (so its blocks), only the question after it changes."""
+    docs = [r for r in _stream(duration=600, seed=5, doc_per_s=0.5, doc_pool=6, doc_tokens=(800, 1200))
+            if r.kind == "doc"]
+    by_key = defaultdict(list)
+    for r in docs:
+        by_key[r.session_key].append(r)
+    assert len(docs) > 100 and 1 < len(by_key) <= 6  # ~300 questions about at most six documents
+    for key, visits in by_key.items():
+        assert key is not None and [r.turn for r in visits] == list(range(1, len(visits) + 1))
+        doc_blocks = min(len(r.block_hashes) for r in visits) - 16  # a question is at most 240 tokens
+        assert len({tuple(r.block_hashes[:doc_blocks]) for r in visits}) == 1  # the same document ...
+        assert len({tuple(r.token_ids or ()) for r in visits}) == len(visits)  # ... asked something new
+    unique = [r for r in _stream(duration=600, seed=5, doc_per_s=0.5) if r.kind == "doc"]
+    assert len({r.session_key for r in unique}) == len(unique)  # without a pool every document is new
