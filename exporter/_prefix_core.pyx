@@ -33,6 +33,9 @@ from libc.stdint cimport uint64_t, uint32_t, int32_t, uint16_t, int64_t, uint8_t
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memmove, memset, memcpy, memcmp
 from cpython cimport array as carray
+from cpython.object cimport PyObject_GenericSetAttr, PyTypeObject
+from cpython.ref cimport PyObject
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 
 from exporter.eviction import DEFAULT_MEMORY as DEFAULT_EVICTION_MEMORY, DEFAULT_SAMPLE_EVERY, BatchEvictions
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
@@ -1681,3 +1684,69 @@ cdef class CompiledEvictionTracker:
         if w is None:
             return (0, 0)
         return (<object>w.recent.n, <object>w.live.n)
+
+
+# ---- KV events from the decoder's typed structs ---------------------------------------------------
+
+
+cdef inline object _new_slotted(type cls):
+    """An empty instance of a slotted class (``object.__new__(cls)``), its slots unset."""
+    return (<PyTypeObject*>cls).tp_new(cls, <PyObject*>(), NULL)
+
+
+cdef Py_ssize_t _raw_array_len(object raw) except -1:
+    """The length of a raw msgpack array from its header; 0 for anything else."""
+    cdef Py_buffer view
+    cdef const unsigned char* p
+    cdef Py_ssize_t n = 0
+    PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE)
+    try:
+        p = <const unsigned char*>view.buf
+        if view.len >= 1 and 0x90 <= p[0] <= 0x9F:
+            n = p[0] & 0x0F
+        elif view.len >= 3 and p[0] == 0xDC:
+            n = (<Py_ssize_t>p[1] << 8) | p[2]
+        elif view.len >= 5 and p[0] == 0xDD:
+            n = (<Py_ssize_t>p[1] << 24) | (<Py_ssize_t>p[2] << 16) | (<Py_ssize_t>p[3] << 8) | p[4]
+    finally:
+        PyBuffer_Release(&view)
+    return n
+
+
+cdef class EventBuilder:
+    """``exporter.model`` events from ``exporter.kvcodec``'s typed structs, their slots filled in C
+    (the work of ``kvcodec._build_events``, which defines it; the codec tests hold the two equal).
+    The event classes must be slotted with the fields ``kvcodec`` names (it checks before use)."""
+
+    cdef type stored_cls, removed_cls
+    cdef object cleared, tokens
+    cdef tuple stored_kinds, removed_kinds
+
+    def __init__(self, type stored_cls, type removed_cls, cleared, tuple stored_kinds, tuple removed_kinds, tokens):
+        self.stored_cls, self.removed_cls, self.cleared = stored_cls, removed_cls, cleared
+        self.stored_kinds, self.removed_kinds, self.tokens = stored_kinds, removed_kinds, tokens
+
+    def build(self, tuple structs, bint token_ids):
+        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(structs)
+        cdef list out = [None] * n
+        cdef object ev, kind, o, raw
+        for i in range(n):
+            ev = <object>PyTuple_GET_ITEM(structs, i)
+            kind = type(ev)
+            if kind is self.removed_kinds[0] or kind is self.removed_kinds[1]:
+                o = _new_slotted(self.removed_cls)
+                PyObject_GenericSetAttr(o, "hashes", ev.block_hashes)
+                PyObject_GenericSetAttr(o, "medium", ev.medium)
+            elif kind is self.stored_kinds[0] or kind is self.stored_kinds[1]:
+                raw = ev.token_ids
+                o = _new_slotted(self.stored_cls)
+                PyObject_GenericSetAttr(o, "hashes", ev.block_hashes)
+                PyObject_GenericSetAttr(o, "parent", ev.parent_block_hash)
+                PyObject_GenericSetAttr(o, "block_size", ev.block_size)
+                PyObject_GenericSetAttr(o, "token_count", _raw_array_len(raw))
+                PyObject_GenericSetAttr(o, "medium", ev.medium)
+                PyObject_GenericSetAttr(o, "token_ids", self.tokens(raw) if token_ids else ())
+            else:
+                o = self.cleared
+            out[i] = o
+        return tuple(out)

@@ -277,6 +277,40 @@ def _tokens(raw: msgspec.Raw) -> tuple:
     return t if type(t) is tuple else ()
 
 
+def _build_events_py(structs: tuple, token_ids: bool) -> tuple[KvEvent, ...]:
+    """The model events of the typed structs (the definition; ``_prefix_core.EventBuilder`` does
+    the same with the slots filled in C)."""
+    events: list[KvEvent] = []
+    append = events.append
+    new_stored, new_removed, removed, stored, count = _new_stored, _new_removed, _REMOVED, _STORED, _array_len
+    for ev in structs:
+        kind = type(ev)
+        if kind in removed:
+            append(new_removed(ev.block_hashes, ev.medium))
+        elif kind in stored:
+            raw = ev.token_ids
+            append(new_stored(ev.block_hashes, ev.parent_block_hash, ev.block_size, count(raw), ev.medium,
+                              _tokens(raw) if token_ids else ()))
+        else:
+            append(_CLEARED)
+    return tuple(events)
+
+
+def _event_builder() -> Callable[[tuple, bool], tuple[KvEvent, ...]]:
+    """The compiled builder when the extension is in use and the event classes are the slotted
+    ones it fills (the same check as :func:`_maker`'s), else the Python one."""
+    from exporter.prefix_index import CORE
+
+    if CORE != "compiled" or _new_stored is BlockStored or _new_removed is BlockRemoved:
+        return _build_events_py
+    from exporter._prefix_core import EventBuilder
+
+    return EventBuilder(BlockStored, BlockRemoved, _CLEARED, _STORED, _REMOVED, _tokens).build
+
+
+_build_events = _event_builder()
+
+
 def _typed(payload: bytes, worker: str, seq: int, token_ids: bool) -> KvBatch | None:
     """The batch when the typed path accepts the payload, else None (the careful path decides)."""
     for decode in _TYPED:
@@ -289,23 +323,11 @@ def _typed(payload: bytes, worker: str, seq: int, token_ids: bool) -> KvBatch | 
         return None
     if not math.isfinite(obj.ts):
         return None
-    events: list[KvEvent] = []
-    append = events.append
-    new_stored, new_removed, removed, stored, count = _new_stored, _new_removed, _REMOVED, _STORED, _array_len
     try:
-        for ev in obj.events:
-            kind = type(ev)
-            if kind in removed:
-                append(new_removed(ev.block_hashes, ev.medium))
-            elif kind in stored:
-                raw = ev.token_ids
-                append(new_stored(ev.block_hashes, ev.parent_block_hash, ev.block_size, count(raw), ev.medium,
-                                  _tokens(raw) if token_ids else ()))
-            else:
-                append(_CLEARED)
+        events = _build_events(obj.events, token_ids)
     except Exception:  # token ids msgpack cannot read: the careful path rejects the payload, as before
         return None
-    return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=tuple(events), dp_rank=obj.dp_rank)
+    return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=events, dp_rank=obj.dp_rank)
 
 
 def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None, *,

@@ -163,3 +163,18 @@ def test_the_benchmark_stream_decodes_alike_on_both_paths() -> None:
     for seq, payload in enumerate(data):
         assert kvcodec._typed(payload, "w", seq, True) is not None  # the common case takes the typed path
         _same(kvcodec.decode_batch(payload, "w", seq, token_ids=True), kvcodec.decode_careful(payload, "w", seq))
+
+
+@SETTINGS
+@given(batch(), st.booleans())
+def test_the_compiled_event_builder_equals_the_python_one(obj: list, token_ids: bool) -> None:
+    payload = msgpack.packb(obj, use_bin_type=True)
+    for decode in kvcodec._TYPED:
+        try:
+            structs = decode(payload).events
+        except Exception:
+            continue
+        want = kvcodec._build_events_py(structs, token_ids)
+        got = kvcodec._build_events(structs, token_ids)
+        assert [type(e) for e in got] == [type(e) for e in want] and got == want
+        assert [getattr(e, "token_ids", None) for e in got] == [getattr(e, "token_ids", None) for e in want]
