@@ -999,7 +999,9 @@ cdef class CompiledPrefixIndex:
         cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
         cdef int64_t stored_events = 0, removed_events = 0
         cdef int t = -1
-        cdef object last = self  # the previous event's medium (``self``: none yet)
+        # The previous event's medium (``self``: none yet). Decoded media are equal strings, rarely
+        # the same object: an equal one keeps the tier without a lookup.
+        cdef object last = self
         for ev in events:
             kind = type(ev)
             if kind is BlockStored:
@@ -1007,7 +1009,7 @@ cdef class CompiledPrefixIndex:
                 if type(hs) is not tuple:
                     hs = tuple(hs)
                 m = ev.medium
-                if m is not last:
+                if m is not last and not (type(m) is str and type(last) is str and m == last):
                     t, last = self._tier_id(m), m
                 stored_events += 1
                 stored += PyTuple_GET_SIZE(hs)
@@ -1017,7 +1019,7 @@ cdef class CompiledPrefixIndex:
                 if type(hs) is not tuple:
                     hs = tuple(hs)
                 m = ev.medium
-                if m is not last:
+                if m is not last and not (type(m) is str and type(last) is str and m == last):
                     t, last = self._tier_id(m), m
                 removed_events += 1
                 removed += PyTuple_GET_SIZE(hs)
