@@ -118,7 +118,8 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
                  if w.kv_events and not _is_nats(w.kv_events)}
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
-    subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock) if endpoints else None
+    subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock,
+                                   token_ids=texts is not None) if endpoints else None
     if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
         state.rebuild_request = subscriber.request_rebuild
     tails = [RecordFileTail(p, state, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)

@@ -34,6 +34,10 @@ Only GPU events count (``medium`` "GPU" or missing): offload tiers (CPU, disk) a
 whose stores and removals are copies, not evictions of the GPU cache.
 
 Pure core: no I/O, no clock, no lock (``ClusterState`` calls it under its lock).
+
+This module is the reference: the exporter runs ``exporter._prefix_core.CompiledEvictionTracker``
+(the same rule in C, chosen with the prefix index in ``exporter.prefix_index``) when the extension
+is built, and the equality tests hold the two to identical results.
 """
 
 from __future__ import annotations

@@ -11,10 +11,19 @@ event would break the parent chain of the events after it). Other unreadable eve
 counted (``bad_event``, ``unknown_event``) and left out, the rest of the batch kept. A batch
 timestamp must be a finite number. ``decode_batch`` never raises.
 
-A payload is decoded with one ``msgpack.unpackb`` call (``use_list=False`` so the hash
-arrays arrive as tuples ready for the event values); per event there is one tag dispatch, a
-sign check of the hashes (the one hash of a single-block event, else one C-level ``min``) and
-the event object built with its slots filled directly (see :func:`_maker`).
+Two paths, one result. The typed path decodes the payload with msgspec into structs shaped like
+vLLM's own (``msgspec.msgpack.Decoder``; a tagged union of map-encoded events, else of
+array-encoded ones), which checks every field the exporter reads in C: hashes and parents
+unsigned 64-bit ints, a positive int block size, a string or nil medium. ``token_ids`` is not
+decoded unless asked for (``token_ids=True``, for prefix text): its count is read from the array
+header. Whatever the typed path does not accept — bytes hashes, a bad or unknown event, a mix of
+encodings, a non-finite timestamp, bytes that are not msgpack — goes to the careful path, which
+decides and words the error: one ``msgpack.unpackb`` call (``use_list=False`` so the hash arrays
+arrive as tuples), an inline check of the common shapes, then per-field readers. The two agree
+on every batch both read (tests/exporter/test_kvcodec_paths.py). One difference is deliberate:
+fields the exporter never reads (``lora_name``, ``extra_keys``, …) are skipped unread by the
+typed path, so garbage inside them (invalid UTF-8, a malformed msgpack timestamp) no longer
+rejects a batch whose blocks are well formed.
 """
 
 from __future__ import annotations
@@ -22,9 +31,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
+import msgspec
 
 from exporter.health import Health
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
@@ -188,13 +198,153 @@ def excerpt(obj: object) -> str:
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
 
 
-def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None) -> KvBatch | None:
+# ---- the typed path (msgspec) ---------------------------------------------------------------------
+# The structs name only what the exporter reads; msgspec skips the other fields (and, for an
+# array-encoded event, extra trailing ones). A msgpack int is at most 2^64-1, so ``ge=0`` is the
+# whole hash check. ``token_ids`` stays raw msgpack until asked for.
+_U64 = Annotated[int, msgspec.Meta(ge=0)]
+_SIZE = Annotated[int, msgspec.Meta(gt=0)]
+_NIL = msgspec.Raw(b"\xc0")
+
+
+class _MapStored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
+    block_hashes: tuple[_U64, ...]
+    block_size: _SIZE
+    parent_block_hash: _U64 | None = None
+    token_ids: msgspec.Raw = _NIL
+    medium: str | None = "GPU"
+
+
+class _MapRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
+    block_hashes: tuple[_U64, ...]
+    medium: str | None = "GPU"
+
+
+class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type", gc=False):
+    pass
+
+
+class _ArrayStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
+    block_hashes: tuple[_U64, ...]
+    parent_block_hash: _U64 | None
+    token_ids: msgspec.Raw
+    block_size: _SIZE
+    lora_id: msgspec.Raw = _NIL
+    medium: str | None = "GPU"
+
+
+class _ArrayRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
+    block_hashes: tuple[_U64, ...]
+    medium: str | None = "GPU"
+
+
+class _ArrayCleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False):
+    pass
+
+
+class _MapBatch(msgspec.Struct, array_like=True, gc=False):  # vLLM ≥ 0.24
+    ts: float
+    events: tuple[_MapStored | _MapRemoved | _MapCleared, ...]
+    dp_rank: int | None = None
+
+
+class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):  # vLLM ≤ 0.23
+    ts: float
+    events: tuple[_ArrayStored | _ArrayRemoved | _ArrayCleared, ...]
+    dp_rank: int | None = None
+
+
+_TYPED = (msgspec.msgpack.Decoder(_MapBatch).decode, msgspec.msgpack.Decoder(_ArrayBatch).decode)
+_REMOVED = (_MapRemoved, _ArrayRemoved)
+_STORED = (_MapStored, _ArrayStored)
+
+
+def _array_len(raw: msgspec.Raw) -> int:
+    """The length of a raw msgpack array from its header; 0 for anything else (as for a non-array)."""
+    b = memoryview(raw)
+    head = b[0]
+    if 0x90 <= head <= 0x9F:
+        return head & 0x0F
+    if head == 0xDC:
+        return int.from_bytes(b[1:3], "big")
+    if head == 0xDD:
+        return int.from_bytes(b[1:5], "big")
+    return 0
+
+
+def _tokens(raw: msgspec.Raw) -> tuple:
+    t = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
+    return t if type(t) is tuple else ()
+
+
+def _build_events_py(structs: tuple, token_ids: bool) -> tuple[KvEvent, ...]:
+    """The model events of the typed structs (the definition; ``_prefix_core.EventBuilder`` does
+    the same with the slots filled in C)."""
+    events: list[KvEvent] = []
+    append = events.append
+    new_stored, new_removed, removed, stored, count = _new_stored, _new_removed, _REMOVED, _STORED, _array_len
+    for ev in structs:
+        kind = type(ev)
+        if kind in removed:
+            append(new_removed(ev.block_hashes, ev.medium))
+        elif kind in stored:
+            raw = ev.token_ids
+            append(new_stored(ev.block_hashes, ev.parent_block_hash, ev.block_size, count(raw), ev.medium,
+                              _tokens(raw) if token_ids else ()))
+        else:
+            append(_CLEARED)
+    return tuple(events)
+
+
+def _event_builder() -> Callable[[tuple, bool], tuple[KvEvent, ...]]:
+    """The compiled builder when the extension is in use and the event classes are the slotted
+    ones it fills (the same check as :func:`_maker`'s), else the Python one."""
+    from exporter.prefix_index import CORE
+
+    if CORE != "compiled" or _new_stored is BlockStored or _new_removed is BlockRemoved:
+        return _build_events_py
+    from exporter._prefix_core import EventBuilder
+
+    return EventBuilder(BlockStored, BlockRemoved, _CLEARED, _STORED, _REMOVED, _tokens).build
+
+
+_build_events = _event_builder()
+
+
+def _typed(payload: bytes, worker: str, seq: int, token_ids: bool) -> KvBatch | None:
+    """The batch when the typed path accepts the payload, else None (the careful path decides)."""
+    for decode in _TYPED:
+        try:
+            obj = decode(payload)
+        except Exception:  # msgspec's ValidationError / DecodeError, or a recursion limit
+            continue
+        break
+    else:
+        return None
+    if not math.isfinite(obj.ts):
+        return None
+    try:
+        events = _build_events(obj.events, token_ids)
+    except Exception:  # token ids msgpack cannot read: the careful path rejects the payload, as before
+        return None
+    return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=events, dp_rank=obj.dp_rank)
+
+
+def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None, *,
+                 token_ids: bool = False) -> KvBatch | None:
     """Decode one payload; ``None`` (and a ``decode`` error) when it is not a batch at all.
 
     A hash that is not an unsigned 64-bit int or bytes rejects the whole batch (``decode``).
     Unknown event types and unreadable events are counted (``unknown_event``, ``bad_event``)
-    and left out; the rest of the batch is kept in order. Never raises.
+    and left out; the rest of the batch is kept in order. ``token_ids``: fill the stored events'
+    token ids (else they are left empty; ``token_count`` is always read). Never raises.
     """
+    batch = _typed(payload, worker, seq, token_ids)
+    return batch if batch is not None else decode_careful(payload, worker, seq, health)
+
+
+def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None = None) -> KvBatch | None:
+    """The careful path of :func:`decode_batch` on its own (every shape, every error worded)."""
     try:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=False)
     except Exception as exc:  # msgpack raises a family of ValueError/TypeError subclasses

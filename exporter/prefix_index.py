@@ -4,6 +4,8 @@
 open-addressing hash table; ``exporter.prefix_index_ref`` is the plain-Python reference that
 defines the semantics. Both have the same public interface and observable behaviour (the
 equality tests apply random event streams to both). :data:`CORE` says which one is in use.
+The same extension holds the per-worker eviction tracking (:data:`EvictionTracker`; the reference
+is ``exporter.eviction``), chosen with the index.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from exporter.eviction import EvictionTracker as ReferenceEvictionTracker
 from exporter.prefix_index_ref import (
     DEFAULT_MEDIUM,
     MAX_MEDIA,
@@ -29,7 +32,7 @@ from exporter.prefix_index_ref import compute_stats as _reference_stats
 
 log = logging.getLogger("prefixscope.prefix_index")
 
-__all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "CopyTiming", "Match", "PrefixIndex",
+__all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "CopyTiming", "EvictionTracker", "Match", "PrefixIndex",
            "ReferencePrefixIndex", "StatsPass", "TreeCopy", "TreeStats", "compute_stats", "copy_in_slices"]
 
 # PREFIXSCOPE_INDEX=reference forces the Python index (to compare, or to rule the extension out).
@@ -48,17 +51,20 @@ class StatsPass(Protocol):
 
 # Both classes have ReferencePrefixIndex's interface (the compiled one is not a subclass).
 PrefixIndex: type[ReferencePrefixIndex]
+EvictionTracker: type[ReferenceEvictionTracker]
 try:
     if _WANT == "reference":
         raise ImportError("PREFIXSCOPE_INDEX=reference")
-    from exporter._prefix_core import CompiledPrefixIndex
+    from exporter._prefix_core import CompiledEvictionTracker, CompiledPrefixIndex
 except ImportError as exc:
     PrefixIndex = ReferencePrefixIndex
+    EvictionTracker = ReferenceEvictionTracker
     CORE = "reference"
     (log.info if _WANT == "reference" else log.warning)(
         "prefix index: the Python reference implementation (compiled core not used: %s)", exc)
 else:
     PrefixIndex = CompiledPrefixIndex  # type: ignore[assignment]
+    EvictionTracker = CompiledEvictionTracker  # type: ignore[assignment]
     CORE = "compiled"
 
 

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from exporter.cardinality import RecordLabels
 from exporter.config import Limits
-from exporter.eviction import DEFAULT_MEMORY, BatchEvictions, EvictionTracker
+from exporter.eviction import DEFAULT_MEMORY, BatchEvictions
 from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
@@ -51,7 +51,7 @@ from exporter.model import (
     RouterSnapshot,
     WorkerSnapshot,
 )
-from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats, copy_in_slices
+from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, copy_in_slices
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
     EVENT_FIELDS,

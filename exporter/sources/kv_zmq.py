@@ -115,9 +115,10 @@ class KvEventSubscriber:
 
     def __init__(self, endpoints: Mapping[str, KvEndpoint], sink: StateSink, health: Health, *,
                  replay_timeout: float = 2.0, poll_interval: float = 0.1,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, token_ids: bool = False) -> None:
         self.endpoints = dict(endpoints)
         self.sink = sink
+        self.token_ids = token_ids  # decode the stored blocks' token ids (prefix text reads them)
         self.health = health
         self.replay_timeout = replay_timeout
         self.poll_ms = max(1, int(poll_interval * 1000))
@@ -280,7 +281,7 @@ class KvEventSubscriber:
         log.warning("worker %s: %d KV-event batch(es) lost for good", worker, n)
 
     def _decode_and_apply(self, worker: str, seq: int, payload: bytes, received_at: float) -> None:
-        batch = kvcodec.decode_batch(payload, worker, seq, self.health)
+        batch = kvcodec.decode_batch(payload, worker, seq, self.health, token_ids=self.token_ids)
         if batch is not None:
             self._apply(batch, received_at)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,10 @@ def test_sources_are_built_from_the_config_but_not_started(tmp_path: Path) -> No
     assert [(t.name, t.kind) for t in sources.scraper.targets] == [("w0", "worker"), ("r", "router")]
     assert sources.subscriber is not None and sources.tails == []
     assert bootstrap(Config(), with_sources=True).sources.subscriber is None  # type: ignore[union-attr]
+    # Token ids are decoded only when prefix text reads them.
+    assert sources.subscriber.token_ids is False
+    named = bootstrap(replace(cfg, prefix_text=True), with_sources=True).sources
+    assert named is not None and named.subscriber is not None and named.subscriber.token_ids is True
 
 
 def test_nothing_but_the_bootstrap_builds_a_cluster_state() -> None:
