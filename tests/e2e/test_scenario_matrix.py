@@ -52,9 +52,6 @@ SCENARIOS = preset_names()
 # Scenarios whose verdict the product does not get right yet: strict, so a fix turns them red
 # until the mark goes. Each reason says what happens and where the fix belongs.
 KNOWN_WRONG: dict[str, str] = {
-    "timestamp-in-system-prompt": "step 1 has no prefix-instability cause yet (new root branches per request, "
-                                  "near-duplicate prefixes); with the session hit rate in step 2 and cache "
-                                  "pressure needing thrash, nothing in step 1 names this fault",
     "cache-pressure": "the preset's document flood fills w0 with unique documents that never return: a full "
                       "cache without thrash, which is not cache pressure; its workload must revisit documents "
                       "after their eviction",
@@ -141,8 +138,6 @@ def test_the_exporter_measures_what_the_fleet_did(scenario: str, matrix_rows: di
 KNOWN_WRONG_STEADY: dict[str, str] = {
     "cache-pressure": "on full caches nothing in step 1 sees this preset: its document flood evicts nothing that "
                       "comes back, so there is no thrash; its workload must revisit documents after their eviction",
-    "timestamp-in-system-prompt": "step 1 has no prefix-instability cause yet (new root branches per request, "
-                                  "near-duplicate prefixes)",
 }
 
 
