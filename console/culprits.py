@@ -69,9 +69,9 @@ class NearDuplicatePair:
 
     def line(self) -> str:
         first, last = self.span_offset + 1, self.span_offset + self.span_length
-        return (f"new root `{self.new_root}` {_shown(self.new_text, self.new_token_ids)} repeats recent root "
-                f"`{self.recent_root}` {_shown(self.recent_text, self.recent_token_ids)} but for tokens "
-                f"{first}–{last} ({self.span_length} tokens)")
+        new = f"new root `{self.new_root}` {_shown(self.new_text, self.new_token_ids)}".rstrip()
+        recent = f"recent root `{self.recent_root}` {_shown(self.recent_text, self.recent_token_ids)}".rstrip()
+        return f"{new} repeats {recent} but for tokens {first}–{last} ({self.span_length} tokens)"
 
 
 @dataclass(frozen=True)

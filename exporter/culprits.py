@@ -11,7 +11,7 @@ Read from what the state already holds, under its lock (``ClusterState.snapshot_
 - *nodes*: the topology nodes of those workers.
 - *near_duplicates* (prefix instability only): the newest pair of root branches of the window
   whose openings are the same but for a short early span, with where they differ and, when text
-  is on, their first words; empty for the other checks.
+  is on, their first tokens and words; empty for the other checks.
 
 Only breaching checks get culprits on ``/api/v1/groups``; ``/api/v1/culprits`` answers any.
 """
@@ -115,9 +115,9 @@ def _near_duplicates(st: ClusterState, name: Namer | None) -> list[dict[str, Any
     entry: dict[str, Any] = {
         "new_root": branch_label(pair.new_root), "recent_root": branch_label(pair.recent_root),
         "worker": pair.worker, "at": pair.at, "span_offset": pair.span_offset, "span_length": pair.span_length,
-        "new_token_ids": list(pair.new_tokens), "recent_token_ids": list(pair.recent_tokens),
-        "new_text": None, "recent_text": None}
-    if name is not None:
+        "new_token_ids": None, "recent_token_ids": None, "new_text": None, "recent_text": None}
+    if name is not None:  # prompt content leaves the exporter only when prefix text is on
+        entry["new_token_ids"], entry["recent_token_ids"] = list(pair.new_tokens), list(pair.recent_tokens)
         entry["new_text"] = name(pair.new_root, st.index.holders(pair.new_root)).get("text")
         entry["recent_text"] = name(pair.recent_root, st.index.holders(pair.recent_root)).get("text")
     return [entry]

@@ -120,9 +120,12 @@ def test_the_check_fires_on_a_stamped_prompt_through_metrics_and_the_api() -> No
     assert check["status"] == "firing" and abs(check["value"] - 179 / 600) < 1e-9
     assert data["verdict"]["step"] == 1 and data["verdict"]["checks"] == ["prefix_root_instability"]
     (pair,) = check["culprits"]["near_duplicates"]
-    assert pair["new_root"] != pair["recent_root"] and 0 < pair["span_length"] <= BS
-    new, old = pair["new_token_ids"], pair["recent_token_ids"]
-    off, n = pair["span_offset"], pair["span_length"]
+    assert pair["new_root"] != pair["recent_root"] and 0 < pair["span_offset"] + pair["span_length"] <= BS
+    # prefix text is off: where the two differ is shown, never the prompt's tokens
+    assert pair["new_token_ids"] is pair["recent_token_ids"] is pair["new_text"] is None
+    example = st.roots.example
+    assert example is not None
+    new, old, off, n = example.new_tokens, example.recent_tokens, example.span_offset, example.span_length
     assert new[:off] == old[:off] and new[off + n:] == old[off + n:] and new[off] != old[off]
 
 
