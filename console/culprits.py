@@ -47,16 +47,46 @@ class SessionCulprit:
     hit_ratio: float | None
 
 
+def _shown(text: str | None, tokens: tuple[int, ...]) -> str:
+    if text:
+        return f"“{text}”"
+    shown = " ".join(str(t) for t in tokens[:8])
+    return f"tokens {shown}{' …' if len(tokens) > 8 else ''}" if tokens else ""
+
+
+@dataclass(frozen=True)
+class NearDuplicatePair:
+    """Two root branches whose openings are the same but for a short early span (prefix instability)."""
+
+    new_root: str
+    recent_root: str
+    span_offset: int
+    span_length: int
+    new_text: str | None
+    recent_text: str | None
+    new_token_ids: tuple[int, ...]
+    recent_token_ids: tuple[int, ...]
+
+    def line(self) -> str:
+        first, last = self.span_offset + 1, self.span_offset + self.span_length
+        new = f"new root `{self.new_root}` {_shown(self.new_text, self.new_token_ids)}".rstrip()
+        recent = f"recent root `{self.recent_root}` {_shown(self.recent_text, self.recent_token_ids)}".rstrip()
+        return f"{new} repeats {recent} but for tokens {first}–{last} ({self.span_length} tokens)"
+
+
 @dataclass(frozen=True)
 class Culprits:
     workers: tuple[WorkerCulprit, ...] = ()
     prefixes: tuple[PrefixCulprit, ...] = ()
     sessions: tuple[SessionCulprit, ...] = ()
     nodes: tuple[str, ...] = ()
+    near_duplicates: tuple[NearDuplicatePair, ...] = ()
 
     def lines(self) -> list[str]:
         """One markdown line per kind of culprit that has any."""
         out = []
+        if self.near_duplicates:
+            out.append("**Near-duplicate prefixes**: " + "; ".join(p.line() for p in self.near_duplicates))
         if self.workers:
             w0 = self.workers[0]
             items = ", ".join(f"`{w.worker}` ({fmt(w.value, w.unit)})" if w.unit else f"`{w.worker}`"
@@ -89,6 +119,14 @@ def _rows(raw: dict, key: str) -> list[dict]:
     return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
+def _ints(v: object) -> tuple[int, ...]:
+    return tuple(t for t in v if isinstance(t, int) and not isinstance(t, bool)) if isinstance(v, list) else ()
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def parse_culprits(raw: object) -> Culprits | None:
     """The ``culprits`` object of one check, or None when there is none."""
     if not isinstance(raw, dict):
@@ -105,4 +143,10 @@ def parse_culprits(raw: object) -> Culprits | None:
     sessions = tuple(SessionCulprit(str(r["session"]), _str(r.get("worker")), _num(r.get("hit_ratio")))
                      for r in _rows(raw, "sessions") if _str(r.get("session")))
     nodes = tuple(str(r["node"]) for r in _rows(raw, "nodes") if _str(r.get("node")))
-    return Culprits(workers, prefixes, sessions, nodes)
+    pairs = tuple(NearDuplicatePair(
+        str(r["new_root"]), str(r["recent_root"]), _int(r.get("span_offset")) or 0, _int(r.get("span_length")) or 0,
+        _str(r.get("new_text")), _str(r.get("recent_text")), _ints(r.get("new_token_ids")),
+        _ints(r.get("recent_token_ids")))
+        for r in _rows(raw, "near_duplicates")
+        if _str(r.get("new_root")) and _str(r.get("recent_root")) and _int(r.get("span_length")) is not None)
+    return Culprits(workers, prefixes, sessions, nodes, pairs)

@@ -9,6 +9,9 @@ Read from what the state already holds, under its lock (``ClusterState.snapshot_
   hottest ones, with the workers holding them and, when text is on, their first words.
 - *sessions*: the sessions of the window whose follow-ups reused the least.
 - *nodes*: the topology nodes of those workers.
+- *near_duplicates* (prefix instability only): the newest pair of root branches of the window
+  whose openings are the same but for a short early span, with where they differ and, when text
+  is on, their first tokens and words; empty for the other checks.
 
 Only breaching checks get culprits on ``/api/v1/groups``; ``/api/v1/culprits`` answers any.
 """
@@ -101,6 +104,25 @@ def _sessions(st: ClusterState) -> list[dict[str, Any]]:
     return [{"session": s.key, "worker": s.worker, "hit_ratio": ratio, "turns": s.turn} for ratio, s in rows[:TOP]]
 
 
+INSTABILITY_KEY = "prefix_root_instability"
+
+
+def _near_duplicates(st: ClusterState, name: Namer | None) -> list[dict[str, Any]]:
+    """The newest near-duplicate pair of root branches, if it was seen within the window."""
+    pair = st.roots.example
+    if pair is None or pair.at < st.now - st.window_s:
+        return []
+    entry: dict[str, Any] = {
+        "new_root": branch_label(pair.new_root), "recent_root": branch_label(pair.recent_root),
+        "worker": pair.worker, "at": pair.at, "span_offset": pair.span_offset, "span_length": pair.span_length,
+        "new_token_ids": None, "recent_token_ids": None, "new_text": None, "recent_text": None}
+    if name is not None:  # prompt content leaves the exporter only when prefix text is on
+        entry["new_token_ids"], entry["recent_token_ids"] = list(pair.new_tokens), list(pair.recent_tokens)
+        entry["new_text"] = name(pair.new_root, st.index.holders(pair.new_root)).get("text")
+        entry["recent_text"] = name(pair.recent_root, st.index.holders(pair.recent_root)).get("text")
+    return [entry]
+
+
 def _nodes(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     nodes: dict[str, list[str]] = {}
     for w in workers:
@@ -117,7 +139,9 @@ class Culprits:
         stats = st.tree_stats() or NO_TREE
         self.prefixes = _prefixes(st, stats, name)
         self.sessions = _sessions(st)
+        self.near_duplicates = _near_duplicates(st, name)
 
     def of(self, check: catalog.Check) -> dict[str, Any]:
         workers = _workers(self.st, check)
-        return {"workers": workers, "prefixes": self.prefixes, "sessions": self.sessions, "nodes": _nodes(workers)}
+        return {"workers": workers, "prefixes": self.prefixes, "sessions": self.sessions, "nodes": _nodes(workers),
+                "near_duplicates": self.near_duplicates if check.key == INSTABILITY_KEY else []}

@@ -149,6 +149,7 @@ class RecordAccounting:
         """Prompt, achieved and predicted tokens of the reuse decomposition; index staleness."""
         rec, store, ml = v.rec, self.store, v.ml
         ts, prompt, cached, predicted = rec.ts, rec.prompt_tokens, rec.cached_tokens, rec.predicted_cached_tokens
+        store.inc(ts, f"{P}_requests", ml)
         store.inc(ts, f"{P}_request_prompt_tokens", ml, prompt)
         if cached is not None:
             store.inc(ts, f"{P}_reuse_achieved_tokens", ml, cached)

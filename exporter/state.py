@@ -52,6 +52,7 @@ from exporter.model import (
     WorkerSnapshot,
 )
 from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, copy_in_slices
+from exporter.prefix_instability import RootBatch, RootTracker
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
     EVENT_FIELDS,
@@ -112,6 +113,8 @@ _BLOCKS_STORED = _m("kv_blocks_stored").name
 _BLOCKS_EVICTED = _m("kv_blocks_evicted").name
 _BLOCKS_RESTORED = _m("kv_blocks_restored_after_eviction").name
 _EVICTION_AGE = _m("kv_block_eviction_age_seconds").name
+_ROOT_BRANCHES = _m("prefix_root_branches").name
+_UNSTABLE_ROOTS = _m("prefix_unstable_root_branches").name
 _KV_LAST_TS = _m("kv_event_last_timestamp_seconds").name
 _KV_LAG = _m("kv_event_lag_seconds").name
 _WORKER_RESTARTS = _m("worker_restarts").name
@@ -182,6 +185,7 @@ class ClusterState:
         self.health_increases = HealthIncreases(health, self.time, self.window_s,
                                                 (_KV_MISSED, _KV_REPAIRS, _INGEST_ERRORS))
         self.evictions = EvictionTracker(self.window_s, eviction_memory)
+        self.roots = RootTracker(self.window_s)  # new root branches that near-duplicate a recent one
         self.kv_seen = False
         self.spec_seen = False
         self._kv_workers: set[str] = set()  # workers whose KV health series exist
@@ -298,6 +302,7 @@ class ClusterState:
             res = self.index.apply(worker, batch.events)
             ev = self.evictions.apply(worker, batch.events, received_at)
             self._count_evictions(worker, ev, received_at)
+            self._count_roots(self.roots.apply(worker, batch.events, received_at), received_at)
             if not w.block_size:
                 w.block_size = next((ev.block_size for ev in batch.events
                                      if isinstance(ev, BlockStored) and ev.block_size), None)
@@ -342,6 +347,13 @@ class ClusterState:
             store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
         for age, reused in ev.ages:
             store.observe(ts, _EVICTION_AGE, (worker, "true" if reused else "false"), age)
+
+    def _count_roots(self, roots: RootBatch, ts: float) -> None:
+        """The prefix-instability series of one batch (under the lock); both exist from the first
+        judgeable root on, so a fleet without unstable prefixes reads 0."""
+        if roots.roots:
+            self.store.inc(ts, _ROOT_BRANCHES, (), roots.roots)
+            self.store.inc(ts, _UNSTABLE_ROOTS, (), roots.unstable)
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:
@@ -541,6 +553,7 @@ class ClusterState:
         for signal, ts in self.accounting.field_seen.items():
             out[signal] = ts > cutoff
         out["kv_events"] = self.kv_seen
+        out["kv_token_ids"] = self.roots.tokens_seen
         out["worker_metrics"] = any(w.snapshot is not None for w in self.workers.values())
         out["spec_decode"] = self.spec_seen
         out["router_metrics"] = bool(self.routers)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fleet.cache import Removed, Stored
+from fleet.cache import MEDIUM_GPU, Removed, Stored
 from fleet.clock import Clock, VirtualClock
 from fleet.engine import SimEngine, WorkerSpec
 from fleet.fallback import quantile
@@ -28,6 +28,11 @@ from fleet.workloads import SimRequest, WorkloadGenerator
 from prefixscope.catalog import prompt_class
 
 THRASH_WINDOW_S = 300.0  # a block stored again this soon after its eviction is thrash (the rate window)
+# Prefix instability, as the check reads it: a root branch stored with a first block not seen as a
+# root within ROOT_WINDOW_S whose opening (ROOT_OPENING_BLOCKS blocks) equals a recent root's from
+# block 1 or 2 on, over at least 8 blocks (the ground truth is written apart from the exporter's).
+ROOT_WINDOW_S = 300.0
+ROOT_OPENING_BLOCKS = 32
 SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
 SPEC_ACCEPTANCE = 0.85  # per-position acceptance: ≈ 0.73 accepted/draft with 3 draft tokens
 
@@ -76,6 +81,8 @@ class SimResult:
     placements: list[tuple[float, frozenset[str], str]] = field(default_factory=list)
     # per worker, (ts, GPU blocks stored, of those evicted from it within THRASH_WINDOW_S) per event batch
     evictions: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
+    # (ts, first block, opening tokens) of every GPU root branch stored with its tokens
+    roots: list[tuple[float, int, tuple[int, ...]]] = field(default_factory=list)
 
 
 class Simulation:
@@ -98,6 +105,7 @@ class Simulation:
         self.placements: list[tuple[float, frozenset[str], str]] = []
         self.evictions: dict[str, list[tuple[float, int, int]]] = {}
         self._evicted: dict[str, dict[int, float]] = {}  # worker -> evicted hash -> when
+        self.roots: list[tuple[float, int, tuple[int, ...]]] = []
         self._outer_sink = sink
         self._fresh: list[dict] = []  # records emitted since the run loop last handed them on
         self.fleet = fleet
@@ -180,9 +188,16 @@ class Simulation:
         if stored:
             self.evictions.setdefault(worker, []).append((ts, stored, restored))
 
+    def _roots(self, events: list, ts: float) -> None:
+        """Ground truth for prefix instability: the root branches stored, with their opening tokens."""
+        for ev in events:
+            if isinstance(ev, Stored) and ev.parent is None and ev.token_ids and ev.medium == MEDIUM_GPU:
+                self.roots.append((ts, ev.hashes[0], tuple(ev.token_ids[:ROOT_OPENING_BLOCKS * ev.block_size])))
+
     def _events_for(self, worker: str) -> Callable[[list, float], None]:
         def cb(events: list, ts: float) -> None:
             self._thrash(worker, events, ts)
+            self._roots(events, ts)
             router = getattr(self, "router", None)
             if router is not None:
                 router.on_kv_events(worker, events, ts)
@@ -320,7 +335,7 @@ class Simulation:
         if self._fresh:
             self._hand_on(on_request)
         return SimResult(sc, self.topology, self.router, self.engines, self.records, self.samples, self.start,
-                         time.perf_counter() - wall, self.events, self.placements, self.evictions)
+                         time.perf_counter() - wall, self.events, self.placements, self.evictions, self.roots)
 
     def _placement(self, record: dict) -> None:
         """Ground truth for topology-aware placement: where the longest cached prefix lives.
@@ -505,12 +520,14 @@ def signals(result: SimResult, since: float, until: float, cold_share: float | N
         stored = sum(n for n, _ in got)
         if fills and stored:
             pressure.append(sum(r for _, r in got) / stored if max(fills) > full_share else 0.0)
+    unstable = _unstable_roots(result, since, until)
     placed = [topo.domain_of(w) in d for ts, d, w in result.placements if lo <= ts < result.start + until]
     return {
         "prefix_hit_rate_total": _ratio(_counter_delta(result.samples, since, until, "prefix_hits"),
                                         _counter_delta(result.samples, since, until, "prefix_queries")),
         "prefix_hit_rate_per_session": _ratio(fu_cached, fu_prompt),
         "prefix_block_count_per_worker": max(pressure) if pressure else None,
+        "prefix_root_instability": _ratio(unstable, len(recs)) if result.roots else None,
         "sticky_session_collision_rate": _ratio(collisions, followups),
         "warm_pool_utilization": sum(warm_util) / len(warm_util) if warm_util else None,
         "session_migration_count_per_minute": migrations / minutes if minutes else None,
@@ -565,6 +582,29 @@ def cold_prefill_ratio(result: SimResult, since: float, until: float, cold_share
         if p99 is not None and baseline:
             ratios.append(p99 / baseline)
     return max(ratios, default=None)
+
+
+def _unstable_roots(result: SimResult, since: float, until: float) -> int:
+    """Root branches stored in ``[since, until)`` that are new (first block not a root within
+    ROOT_WINDOW_S before) and repeat a recent root's opening but for its first one or two blocks."""
+    lo, hi = result.start + since, result.start + until
+    bs = result.topology.block_size
+    last_seen: dict[int, float] = {}
+    tails: dict[tuple[int, int, tuple[int, ...]], tuple[int, float]] = {}  # (from block, blocks, tokens) -> root, when
+    count = 0
+    for ts, first, opening in result.roots:
+        if ts >= hi:
+            break
+        blocks = len(opening) // bs
+        keys = [(s, blocks, opening[s * bs:]) for s in (1, 2) if blocks - s >= 8]
+        prev = last_seen.get(first)
+        if lo <= ts and (prev is None or ts - prev > ROOT_WINDOW_S):
+            count += any((twin := tails.get(k)) is not None and twin[0] != first and ts - twin[1] <= ROOT_WINDOW_S
+                         for k in keys)
+        last_seen[first] = ts
+        for k in keys:
+            tails[k] = (first, ts)
+    return count
 
 
 def _threshold(key: str) -> float:

@@ -190,6 +190,7 @@ class Step:
 SIGNALS: dict[str, str] = {
     "worker_metrics": "worker /metrics scraped (vLLM or SGLang)",
     "kv_events": "vLLM KV-cache events over ZMQ",
+    "kv_token_ids": "KV events carry the stored blocks' token_ids",
     "records": "request records (prefixscope.request/v1)",
     "session_key": "records carry session_key",
     "block_hashes": "records carry block_hashes",
@@ -221,6 +222,7 @@ SOURCE_NAMES: dict[str, str] = {
 SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "worker_metrics": ("engine_metrics",),
     "kv_events": ("kv_events",),
+    "kv_token_ids": ("kv_events",),
     "records": ("records", "otlp_spans"),
     "session_key": ("records", "otlp_spans"),
     "block_hashes": ("records",),
@@ -268,6 +270,8 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
 SIGNAL_ENABLE: dict[str, str] = {
     "worker_metrics": "list each worker's metrics_url under workers: in the exporter config",
     "kv_events": "start vLLM with --kv-events-config (publisher zmq) and set kv_events: per worker",
+    "kv_token_ids": "use an engine whose BlockStored events carry token_ids (vLLM does), and keep them "
+                    "through any relay",
     "records": "POST prefixscope.request/v1 NDJSON to /api/v1/records, tail a file, or export vLLM's "
                "OTLP spans to /v1/traces",
     "session_key": "records: add session_key; spans: set otlp.session_attributes to the attribute that "
@@ -407,6 +411,11 @@ METRICS: tuple[Metric, ...] = (
             help="Children per branching node of the radix-compressed prefix tree."),
     _metric(name="prefix_tree_root_fanout", type="gauge", unit="", labels=(), group=1, source="kv_events",
             help="Distinct first blocks in the cluster prefix tree (a broken shared prefix shows as a jump)."),
+    _metric(name="prefix_root_branches", type="counter", unit="", labels=(), group=1, source="kv_events",
+            help="Root branches stored (GPU BlockStored without a parent, carrying token ids), cluster-wide."),
+    _metric(name="prefix_unstable_root_branches", type="counter", unit="", labels=(), group=1, source="kv_events",
+            help="Of those, new root branches (first block not seen as a root within the window) whose opening tokens "
+                 "equal a recent root's but for a short early span: a timestamp or request id in the system prompt."),
     _metric(name="prefix_tree_nodes", type="gauge", unit="", labels=(), group=1, source="kv_events",
             help="Nodes (radix edges) in the cluster prefix tree."),
     _metric(name="prefix_tree_blocks", type="gauge", unit="blocks", labels=(), group=1, source="kv_events",
@@ -480,6 +489,8 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="batch_affinity_admissions", type="counter", unit="", labels=(M,), group=5, source="records",
             help="Admissions chosen for prefix affinity."),
     # ---- beyond the checklist -------------------------------------------------------------
+    _metric(name="requests", type="counter", unit="", labels=(M,), group=None, source="records",
+            help="Recorded requests."),
     _metric(name="request_prompt_tokens", type="counter", unit="tokens", labels=(M,), group=None, source="records",
             help="Prompt tokens of recorded requests."),
     _metric(name="reuse_available_tokens", type="counter", unit="tokens", labels=(M,), group=None, source="records",
@@ -578,6 +589,9 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr="worker:prefixscope_kv_thrash:ratio_rate5m * on (worker) "
                        "(worker:prefixscope_worker_resident_blocks_per_capacity:ratio > bool threshold(prefix_block_count_per_worker))",
                   group=1, help="Thrash of workers whose cache is full (0 for the others)."),
+    RecordingRule(record="cluster:prefixscope_prefix_unstable_root_branches_per_requests:ratio_rate5m",
+                  expr=_ratio(f"{P}_prefix_unstable_root_branches_total", f"{P}_requests_total", ""),
+                  group=1, help="Prefix instability: new root branches that near-duplicate a recent root, per request."),
     RecordingRule(record="cluster:prefixscope_prefix_tree_leaf_depth:p99",
                   expr=f"histogram_quantile(0.99, sum by (le) ({P}_prefix_tree_leaf_depth_bucket))",
                   group=1, help="p99 leaf depth of the radix-compressed prefix tree."),
@@ -757,6 +771,17 @@ CHECKS: tuple[Check, ...] = (
           op=">", threshold="prefix_tree_depth_p99", unit="depth", signals=("kv_events",),
           meaning="p99 leaf depth of the radix-compressed prefix tree.",
           summary="The cluster prefix tree is deeper than {threshold} at p99."),
+    Check(key="prefix_root_instability", group=1, title="Prefix instability (near-duplicate new roots per request)",
+          alert="PrefixRootUnstable",
+          value="cluster:prefixscope_prefix_unstable_root_branches_per_requests:ratio_rate5m",
+          op=">", threshold="prefix_root_instability", unit="ratio", signals=("kv_events", "kv_token_ids", "records"),
+          meaning="New root branches of the prefix tree per request, counting only those whose opening tokens equal "
+                  "a recent root's but for a short early span: a first block that changes on every request (a "
+                  "timestamp or request id rendered into the system prompt), so nothing after it is ever reused. "
+                  "Genuinely new prompts (documents, a session's own system prompt) open new roots too but are "
+                  "no near-duplicates.",
+          summary="More than {threshold} of requests open a new prefix-tree root that repeats a recent prompt but for "
+                  "a short early span: something early in the prompt changes on every request."),
     # ---- step 2 -----------------------------------------------------------------------------
     # The session hit rate is the effect of stickiness (seed §7): the seed lists it in group 1,
     # the chain reads it in step 2.

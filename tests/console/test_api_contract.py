@@ -45,7 +45,7 @@ CONSOLE_READS: dict[str, tuple[str, ...]] = {
                                              "capacity_blocks", "hit_share", "effective_cache_value_tokens",
                                              "removal_rank", "node", "nvlink_domain", "gpu_class", "warm_pool"))),
     "culprits": tuple(f"checks.sticky_session_collision_rate.{k}" for k in ("workers", "prefixes", "sessions",
-                                                                            "nodes")),
+                                                                            "nodes", "near_duplicates")),
     "changes": (
         "lost_hits[].branch", "lost_hits[].before_hit_tokens", "lost_hits[].after_hit_tokens",
         "rekeyed_segments[].segment", "rekeyed_segments[].rekeys", "rekeyed_segments[].share",

@@ -52,9 +52,6 @@ SCENARIOS = preset_names()
 # Scenarios whose verdict the product does not get right yet: strict, so a fix turns them red
 # until the mark goes. Each reason says what happens and where the fix belongs.
 KNOWN_WRONG: dict[str, str] = {
-    "timestamp-in-system-prompt": "step 1 has no prefix-instability cause yet (new root branches per request, "
-                                  "near-duplicate prefixes); with the session hit rate in step 2 and cache "
-                                  "pressure needing thrash, nothing in step 1 names this fault",
 }
 
 
@@ -136,8 +133,6 @@ def test_the_exporter_measures_what_the_fleet_did(scenario: str, matrix_rows: di
 # Presets whose steady-state verdict is wrong today: strict, so a fix turns them red until the
 # mark goes; each reason names the cause.
 KNOWN_WRONG_STEADY: dict[str, str] = {
-    "timestamp-in-system-prompt": "step 1 has no prefix-instability cause yet (new root branches per request, "
-                                  "near-duplicate prefixes)",
 }
 
 

@@ -56,7 +56,8 @@ def full_state() -> ClusterState:
     for name in ("kv_event_sequence_gaps", "kv_event_missed_batches", "kv_event_lost_batches"):
         h.inc(f"prefixscope_{name}", ("w0",), 0)
     h.inc("prefixscope_kv_event_replays", ("w0", "recovered"), 0)
-    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16), BlockStored((4,), 2, 16))), 100.0)
+    st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16, token_ids=tuple(range(48))),
+                                              BlockStored((4,), 2, 16))), 100.0)
     # block 32 (a sampled hash) is evicted and stored again: thrash and an eviction age
     st.apply_kv_batch(KvBatch("w0", 1, 99.5, (BlockStored((32,), None, 16), BlockRemoved((32,)),
                                               BlockStored((32,), None, 16))), 100.5)

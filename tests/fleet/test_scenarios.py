@@ -77,13 +77,7 @@ def test_the_presets_are_the_acceptance_matrix() -> None:
             assert sc.expected_alerts and 0 < sc.fault_at_s < sc.duration_s
 
 
-# A broken shared prefix (a timestamp early in the system prompt) fills caches with chains nobody
-# wants again: no thrash, and the per-session hit rate is a step-2 signal. Its step-1 evidence is
-# prefix instability seen in the tree (new root branches per request), a check still to be built.
-_NO_INSTABILITY_CHECK = ("step 1 has no prefix-instability cause yet (new root branches per request, "
-                         "near-duplicate prefixes): with session hit rate in step 2 and cache pressure "
-                         "needing thrash, nothing in step 1 names this fault")
-_KNOWN_WRONG = {"timestamp-in-system-prompt": _NO_INSTABILITY_CHECK}
+_KNOWN_WRONG: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_WRONG[n]))
