@@ -1486,17 +1486,23 @@ cdef int32_t _ot_add(OrderedTable* t, uint64_t key, double ts, uint32_t limit) e
 
 
 cdef class _EvictionWorker:
-    """One worker's recent evictions and sampled resident blocks."""
+    """One worker's recent evictions (every one, and a sample reaching further) and sampled
+    resident blocks."""
 
     cdef OrderedTable recent
+    cdef OrderedTable sampled
     cdef OrderedTable live
+    cdef int64_t carry  # estimated restores not yet counted (a batch counts at most its stored blocks)
 
     def __cinit__(self):
         _ot_init(&self.recent)
+        _ot_init(&self.sampled)
         _ot_init(&self.live)
+        self.carry = 0
 
     def __dealloc__(self):
         _ot_free(&self.recent)
+        _ot_free(&self.sampled)
         _ot_free(&self.live)
 
 
@@ -1577,7 +1583,9 @@ cdef class CompiledEvictionTracker:
                     other_media = True
             elif isinstance(ev, AllBlocksCleared):  # a reset, not eviction: nothing to learn from
                 _ot_clear(&w.recent)
+                _ot_clear(&w.sampled)
                 _ot_clear(&w.live)
+                w.carry = 0
         self._expire(w, now)
         return BatchEvictions(stored=stored, restored=restored, evicted=evicted, ages=ages,
                               other_media=other_media)
@@ -1589,20 +1597,36 @@ cdef class CompiledEvictionTracker:
         cdef uint64_t mask = self.mask, p
         cdef uint32_t limit = <uint32_t>self.memory
         cdef int32_t k
-        cdef bint have_parent
+        cdef bint have_parent, back
         cdef object parent
+        cdef int64_t again = 0, counted
+        cdef int64_t every = <int64_t>(mask + 1)
         cdef OrderedTable* recent = &w.recent
+        cdef OrderedTable* sampled = &w.sampled
         cdef OrderedTable* live = &w.live
         if n == 0:
             return 0
         stored[0] += n
-        if recent.n:  # stored again: evicted from this worker before (within the window: thrash)
+        if recent.n or sampled.n:  # stored again: evicted from this worker before (within the window: thrash)
             for i in range(n):
-                k = _ot_find(recent, hs[i])
-                if k >= 0:
-                    if ts - recent.e[k].t <= self.window_s:
-                        restored[0] += 1
-                    _ot_unlink(recent, k)
+                back = False
+                if recent.n:
+                    k = _ot_find(recent, hs[i])
+                    if k >= 0:
+                        back = True
+                        if ts - recent.e[k].t <= self.window_s:
+                            again += 1
+                        _ot_unlink(recent, k)
+                if sampled.n and not hs[i] & mask:
+                    k = _ot_find(sampled, hs[i])
+                    if k >= 0:
+                        if not back and ts - sampled.e[k].t <= self.window_s:
+                            again += every  # beyond the exact ring: stands for ``every`` blocks
+                        _ot_unlink(sampled, k)
+        again += w.carry
+        counted = again if again < n else n
+        w.carry = again - counted
+        restored[0] += counted
         for i in range(n):
             if hs[i] & mask:
                 continue
@@ -1635,6 +1659,7 @@ cdef class CompiledEvictionTracker:
         cdef int32_t k
         cdef double age
         cdef OrderedTable* recent = &w.recent
+        cdef OrderedTable* sampled = &w.sampled
         cdef OrderedTable* live = &w.live
         for i in range(n):
             k = _ot_find(recent, hs[i])
@@ -1643,6 +1668,13 @@ cdef class CompiledEvictionTracker:
                 _ot_to_end(recent, k)
             else:
                 _ot_add(recent, hs[i], ts, limit)
+            if not hs[i] & mask:
+                k = _ot_find(sampled, hs[i])
+                if k >= 0:
+                    sampled.e[k].t = ts
+                    _ot_to_end(sampled, k)
+                else:
+                    _ot_add(sampled, hs[i], ts, limit)
             if not hs[i] & mask and live.n:
                 k = _ot_find(live, hs[i])
                 if k >= 0:
@@ -1654,10 +1686,15 @@ cdef class CompiledEvictionTracker:
     cdef void _expire(self, _EvictionWorker w, double now) noexcept:
         cdef double cutoff = now - self.window_s
         cdef OrderedTable* recent = &w.recent
+        cdef OrderedTable* sampled = &w.sampled
         while recent.n:
             if recent.e[recent.head].t >= cutoff:
                 break
             _ot_unlink(recent, recent.head)
+        while sampled.n:
+            if sampled.e[sampled.head].t >= cutoff:
+                break
+            _ot_unlink(sampled, sampled.head)
 
     def hits(self, str worker, hashes):
         """Blocks a request record says were served from this worker's cache: reuse seen."""
@@ -1681,11 +1718,12 @@ cdef class CompiledEvictionTracker:
         self._workers.pop(worker, None)
 
     def tracked(self, str worker):
-        """(recent evictions, sampled resident blocks) held for the worker (memory checks)."""
+        """(recent evictions in the larger of the two rings, sampled resident blocks) held for the
+        worker (memory checks)."""
         cdef _EvictionWorker w = self._workers.get(worker)
         if w is None:
             return (0, 0)
-        return (<object>w.recent.n, <object>w.live.n)
+        return (<object>(w.recent.n if w.recent.n > w.sampled.n else w.sampled.n), <object>w.live.n)
 
 
 # ---- KV events from the decoder's typed structs ---------------------------------------------------

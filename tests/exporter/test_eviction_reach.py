@@ -1,9 +1,22 @@
-"""Thrash beyond the exact ring of recent evictions: the sampled ring reaches further back."""
+"""Thrash beyond the exact ring of recent evictions: the sampled ring reaches further back.
+
+Run on the reference and, when the extension is built, on the compiled tracker."""
 
 from __future__ import annotations
 
+import pytest
+
 from exporter.eviction import EvictionTracker
 from exporter.model import BlockRemoved, BlockStored
+
+try:
+    from exporter._prefix_core import CompiledEvictionTracker
+except ImportError:  # the extension is not built: the reference alone
+    IMPLEMENTATIONS = [EvictionTracker]
+else:
+    IMPLEMENTATIONS = [EvictionTracker, CompiledEvictionTracker]
+
+pytestmark = pytest.mark.parametrize("Tracker", IMPLEMENTATIONS, ids=lambda c: c.__name__)
 
 
 def _cycle(tracker: EvictionTracker, blocks: range, rounds: int) -> tuple[int, int]:
@@ -20,22 +33,22 @@ def _cycle(tracker: EvictionTracker, blocks: range, rounds: int) -> tuple[int, i
     return stored, restored
 
 
-def test_blocks_stored_again_within_the_exact_ring_count_one_by_one() -> None:
-    tracker = EvictionTracker(window_s=300.0, memory=64, sample_every=16)
+def test_blocks_stored_again_within_the_exact_ring_count_one_by_one(Tracker: type) -> None:
+    tracker = Tracker(window_s=300.0, memory=64, sample_every=16)
     assert _cycle(tracker, range(50), 3) == (50, 50)
 
 
-def test_blocks_stored_again_beyond_the_exact_ring_are_counted_from_the_sample() -> None:
+def test_blocks_stored_again_beyond_the_exact_ring_are_counted_from_the_sample(Tracker: type) -> None:
     # 512 evictions between a block's eviction and its return: past the exact ring of 64, within
     # the sampled ring's 64 × 16; each of the 32 sampled blocks stands for 16
-    tracker = EvictionTracker(window_s=300.0, memory=64, sample_every=16)
+    tracker = Tracker(window_s=300.0, memory=64, sample_every=16)
     assert _cycle(tracker, range(512), 3) == (512, 512)
     recent, live = tracker.tracked("w0")
     assert recent <= 64 and live <= 64
 
 
-def test_the_sample_reaches_no_further_than_its_ring_nor_the_window() -> None:
-    far = EvictionTracker(window_s=300.0, memory=64, sample_every=16)
+def test_the_sample_reaches_no_further_than_its_ring_nor_the_window(Tracker: type) -> None:
+    far = Tracker(window_s=300.0, memory=64, sample_every=16)
     assert _cycle(far, range(64 * 16 * 2), 2)[1] == 0  # 2048 evictions back: forgotten
-    short = EvictionTracker(window_s=0.1, memory=64, sample_every=16)
+    short = Tracker(window_s=0.1, memory=64, sample_every=16)
     assert _cycle(short, range(512), 2)[1] == 0  # 0.5 s back with a 0.1 s window: not thrash
