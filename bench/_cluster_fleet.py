@@ -333,12 +333,16 @@ def main(argv: list[str] | None = None) -> int:
     groups = [workers[i::SUBTICKS] for i in range(SUBTICKS)]
     last = {w.name: time.monotonic() for w in workers}
     sub, next_tick = 0, time.monotonic()
+    visited = [next_tick] * SUBTICKS
+    stall = 0.0  # the longest a group waited between two visits since the last stats: the load's own delay
     blocks_per_step = 2 * shape.blocks_per_event
     while not stop.is_set():
         for sock, _ in poller.poll(0):
             routers[sock].serve_replay()
         now = time.monotonic()
         steps_per_s = rate[0] / 2  # two events a step
+        stall = max(stall, now - visited[sub])
+        visited[sub] = now
         for w in groups[sub]:
             w.accum += steps_per_s * (now - last[w.name])
             last[w.name] = now
@@ -350,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         if stats_requested.is_set():
             stats_requested.clear()
             print(json.dumps({"events": sum(w.events for w in workers), "batches": sum(w.batches for w in workers),
-                              "blocks": sum(w.blocks for w in workers)}), flush=True)
+                              "blocks": sum(w.blocks for w in workers), "stall_s": stall}), flush=True)
+            stall = 0.0
         next_tick += SUBTICK_S
         delay = next_tick - time.monotonic()
         if delay > 0:

@@ -28,8 +28,10 @@ split by duty from /proc — the exporter exposes no per-duty timing of its own)
 The exporter *follows* a phase when, over the scrapes in it, the largest
 ``prefixscope_kv_event_lag_seconds`` (receive time minus batch time of each worker's last
 batch) is at most ``--max-lag``, no worker's ``prefixscope_kv_event_last_timestamp_seconds``
-is older than ``--max-lag`` plus one batch interval, and no batch was lost
-(``prefixscope_kv_event_lost_batches``). The largest N followed at the base rate is the
+is older than ``--max-lag`` plus one batch interval (plus however late the load process itself
+was to send), and no batch was lost (``prefixscope_kv_event_lost_batches``). The staleness check
+is needed because the lag gauge holds only each worker's last applied batch: messages queued
+behind a replay, or a stuck subscriber, do not show in it until they are applied. The largest N followed at the base rate is the
 largest N one exporter follows here (``--find-max-n`` keeps multiplying N by 1.5 past the list).
 
 The machine matters: the load runs on the same cores as the exporter, and the report says how
@@ -173,8 +175,12 @@ class Verdict:
     why: str = ""
 
 
-def follow_verdict(scrapes: list[Scrape], max_lag: float, batch_interval: float) -> Verdict:
-    """Did the exporter follow the KV streams over these scrapes? (see the module docstring)"""
+def follow_verdict(scrapes: list[Scrape], max_lag: float, batch_interval: float, load_stall: float = 0.0) -> Verdict:
+    """Did the exporter follow the KV streams over these scrapes? (see the module docstring)
+
+    A stream may be as stale as the lag allowed plus one batch interval plus ``load_stall``, the
+    longest the load process itself was late to send (a busy machine delays the load too).
+    """
     ok = [s for s in scrapes if s.status == 200]
     lags = [s.lag_max for s in ok if s.lag_max is not None]
     stale = [s.stale_max for s in ok if s.stale_max is not None]
@@ -187,7 +193,7 @@ def follow_verdict(scrapes: list[Scrape], max_lag: float, batch_interval: float)
         why.append("no lag measured")
     elif max(lags) > max_lag:
         why.append(f"lag {max(lags):.2f}s > {max_lag:g}s")
-    if stale and max(stale) > max_lag + batch_interval:
+    if stale and max(stale) > max_lag + batch_interval + load_stall:
         why.append(f"a stream {max(stale):.2f}s stale")
     if lost > 0:
         why.append(f"{lost:.0f} batches lost")
@@ -425,7 +431,7 @@ class Cluster:
         totals: dict[str, float] = {}
         for load in self.loads:
             for k, v in load.stats().items():
-                totals[k] = totals.get(k, 0.0) + float(v)
+                totals[k] = max(totals.get(k, 0.0), float(v)) if k == "stall_s" else totals.get(k, 0.0) + float(v)
         return totals
 
     def set_rate(self, kv_per_worker: float) -> None:
@@ -449,6 +455,7 @@ class Cluster:
         return {"start": m0, "end": m1, "cpu": (c1 - c0) / span, "load_cpu": (l1 - l0) / span,
                 "events_per_s": (p1.get("events", 0) - p0.get("events", 0)) / span,
                 "blocks_per_s": (p1.get("blocks", 0) - p0.get("blocks", 0)) / span,
+                "load_stall_s": p1.get("stall_s", 0.0),
                 "rss_mb": status_kb(self.exporter.pid, "VmRSS") / 1024}
 
     def close(self) -> None:
@@ -488,7 +495,7 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
         steady["requested_events_per_s"] = s.rate * n
         phases["render"] = steady
         scrapes = cluster.scraper.between(steady["start"], steady["end"])
-        verdict = follow_verdict(scrapes, s.max_lag, batch_interval(s.rate))
+        verdict = follow_verdict(scrapes, s.max_lag, batch_interval(s.rate), steady["load_stall_s"])
         log(f"N={n}: base rate {s.rate:g} events/s per worker: "
             f"{'followed' if verdict.followed else 'NOT followed (' + verdict.why + ')'}")
         steps = []
@@ -499,11 +506,12 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
                 rate *= factor
                 cluster.set_rate(rate)
                 w = cluster.window(s.step, min(settle, s.step / 3))
-                v = follow_verdict(cluster.scraper.between(w["start"], w["end"]), s.max_lag, batch_interval(rate))
+                v = follow_verdict(cluster.scraper.between(w["start"], w["end"]), s.max_lag, batch_interval(rate),
+                                   w["load_stall_s"])
                 w["requested_events_per_s"] = rate * n
                 steps.append({"rate_per_worker": rate, "events_per_s": w["events_per_s"],
                               "requested_events_per_s": rate * n, "cpu": w["cpu"],
-                              "load_cpu": w["load_cpu"], **_verdict_fields(v)})
+                              "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"], **_verdict_fields(v)})
                 log(f"N={n}: ramp {rate:g} events/s per worker ({w['events_per_s']:.0f}/s): "
                     f"{'followed' if v.followed else 'NOT followed (' + v.why + ')'}, lag max "
                     f"{_fmt_s(v.lag_max_s)}, exporter CPU {w['cpu']:.2f}")
@@ -640,6 +648,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.workers:
         s.sizes = [int(x) for x in args.workers.split(",") if x.strip()]
     s.find_max_n, s.keep = args.find_max_n, args.keep
+    s.step = max(s.step, 3 * s.scrape_every)  # a verdict needs a few scrapes
     return s
 
 
