@@ -73,6 +73,7 @@ LOST = P + "kv_event_lost_batches_total"
 RECORDS = P + "records_ingested_total"
 UP = P + "up"
 ERRORS = P + "ingest_errors_total"
+STARTUP_REPLAY_WAIT_S = 30.0  # after every worker is scraped up, how long the warm caches may take to arrive
 LOAD_SHORT = 0.9  # the load fell short when it published less than this share of the rate asked for
 READ = (LAG, LAST_TS, APPLIED, BATCHES, MISSED, LOST, RECORDS, UP, ERRORS)
 
@@ -223,6 +224,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def run_queue_seconds(pid: int) -> float:
+    """Time the process's live threads spent runnable but waiting for a CPU (/proc schedstat):
+    what a busy machine, not the exporter's own work, adds to its lag."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that just ended
+            continue
+    return total / 1e9
+
+
 def status_kb(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -350,6 +363,7 @@ class Cluster:
         self.exporter: subprocess.Popen[bytes] | None = None
         self.scraper: Scraper | None = None
         self._logs: list[IO[bytes]] = []
+        self.startup_unreplayed = 0  # workers whose warm cache the exporter's startup replay did not bring
 
     def _logfile(self, name: str) -> IO[bytes]:
         f = open(self.run / name, "wb")  # noqa: SIM115 - closed in close()
@@ -386,15 +400,33 @@ class Cluster:
                                    "--workers", str(self.n), "--shape", shape], self._logfile("records.log"))
         self.scraper = Scraper(port, s.scrape_every)
         self.scraper.start()
-        self._wait_following(timeout=90 + 0.2 * self.n)
+        # Every worker scraped up and its warm cache (seq 0) applied from the exporter's startup
+        # replay; a worker whose startup replay the exporter gave up on is learned from its first
+        # live batch (a late join replays from 0), so after a while the workers send a little.
+        kv_at = self._wait_following(timeout=60 + 0.1 * self.n, nudge=False)
+        self.startup_unreplayed = self.n - kv_at
+        if kv_at < self.n:
+            self.log(f"N={self.n}: {self.n - kv_at} worker(s) not learned from the startup replay; "
+                     "they send a few batches so the exporter joins them")
+            self.set_rate(1.0)
+            self._wait_following(timeout=60 + 0.1 * self.n, nudge=True)
+            self.set_rate(0.0)
+            time.sleep(2.0)
         return time.monotonic() - started
 
-    def _wait_following(self, timeout: float) -> None:
-        """Until every worker is scraped up and its warm cache (seq 0, from the replay) is applied."""
+    def _wait_following(self, timeout: float, nudge: bool) -> int:
+        """Wait until every worker is scraped up and its KV stream applied; returns how many streams are.
+
+        Without ``nudge`` a stream that is not applied by the deadline is returned as missing (the
+        caller makes the workers send); with it, that is an error, as is a worker never scraped up.
+        """
         deadline = time.monotonic() + timeout
         assert self.scraper is not None and self.exporter is not None
-        seen = ""
+        seen, up, kv = "", 0, 0
+        all_up_at: float | None = None
         while time.monotonic() < deadline:
+            if not nudge and all_up_at is not None and time.monotonic() - all_up_at > STARTUP_REPLAY_WAIT_S:
+                return kv  # the exporter's startup replay is over (it is bounded): the rest comes live
             if self.exporter.poll() is not None:
                 raise RuntimeError(f"the exporter exited with {self.exporter.returncode}; see {self.run / 'exporter.log'}")
             try:
@@ -405,9 +437,13 @@ class Cluster:
                 up = page.count(UP, 1.0, 'kind="worker"')
                 kv = page.count(BATCHES, 1.0)
                 seen = f"{up}/{self.n} scraped up, {kv}/{self.n} KV streams applied"
+                if up >= self.n and all_up_at is None:
+                    all_up_at = time.monotonic()
                 if up >= self.n and kv >= self.n:
-                    return
+                    return kv
             time.sleep(1.0)
+        if up >= self.n and not nudge:
+            return kv
         raise RuntimeError(f"the exporter did not follow every worker within {timeout:.0f}s ({seen})")
 
     def _page(self) -> str:
@@ -448,11 +484,13 @@ class Cluster:
         time.sleep(settle)
         if self.exporter.poll() is not None:
             raise RuntimeError(f"the exporter exited with {self.exporter.returncode}; see {self.run / 'exporter.log'}")
-        c0, l0, m0, p0 = self.cpu(), self.load_cpu(), time.monotonic(), self.published()
+        pid = self.exporter.pid
+        c0, w0, l0, m0, p0 = self.cpu(), run_queue_seconds(pid), self.load_cpu(), time.monotonic(), self.published()
         time.sleep(max(0.5, seconds - settle))
-        c1, l1, m1, p1 = self.cpu(), self.load_cpu(), time.monotonic(), self.published()
+        c1, w1, l1, m1, p1 = self.cpu(), run_queue_seconds(pid), self.load_cpu(), time.monotonic(), self.published()
         span = m1 - m0
-        return {"start": m0, "end": m1, "cpu": (c1 - c0) / span, "load_cpu": (l1 - l0) / span,
+        return {"start": m0, "end": m1, "cpu": (c1 - c0) / span, "run_queue": max(0.0, w1 - w0) / span,
+                "load_cpu": (l1 - l0) / span,
                 "events_per_s": (p1.get("events", 0) - p0.get("events", 0)) / span,
                 "blocks_per_s": (p1.get("blocks", 0) - p0.get("blocks", 0)) / span,
                 "load_stall_s": p1.get("stall_s", 0.0),
@@ -511,10 +549,11 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
                 w["requested_events_per_s"] = rate * n
                 steps.append({"rate_per_worker": rate, "events_per_s": w["events_per_s"],
                               "requested_events_per_s": rate * n, "cpu": w["cpu"],
-                              "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"], **_verdict_fields(v)})
+                              "run_queue": w["run_queue"], "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"],
+                              **_verdict_fields(v)})
                 log(f"N={n}: ramp {rate:g} events/s per worker ({w['events_per_s']:.0f}/s): "
                     f"{'followed' if v.followed else 'NOT followed (' + v.why + ')'}, lag max "
-                    f"{_fmt_s(v.lag_max_s)}, exporter CPU {w['cpu']:.2f}")
+                    f"{_fmt_s(v.lag_max_s)}, exporter CPU {w['cpu']:.2f}, waiting for a CPU {w['run_queue']:.2f}")
                 if v.followed != verdict.followed:
                     break
         accounting = _drain(cluster)
@@ -526,6 +565,7 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
         ok = [x for x in scrapes if x.status == 200]
         result = {
             "workers": n, "load_processes": len(cluster.loads), "startup_s": startup,
+            "startup_unreplayed_workers": cluster.startup_unreplayed,
             "rate_per_worker": s.rate, "records_per_s": s.records_per_worker * n,
             "cpu": {"scrape": phases["scrape"]["cpu"],
                     "kv_ingest": phases["kv"]["cpu"] - phases["scrape"]["cpu"],
@@ -533,6 +573,7 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
                     "render": phases["render"]["cpu"] - phases["records"]["cpu"],
                     "total": phases["render"]["cpu"]},
             "load_cpu": steady["load_cpu"],
+            "run_queue": steady["run_queue"],
             "phases": {k: {kk: vv for kk, vv in v.items() if kk not in ("start", "end")} for k, v in phases.items()},
             "rss_mb": steady["rss_mb"], "rss_peak_mb": status_kb(cluster.exporter.pid, "VmHWM") / 1024,
             "render": {"p50_s": percentile(render, 0.5), "p99_s": percentile(render, 0.99),
@@ -601,7 +642,7 @@ def _fmt(v: float | None, spec: str = ".2f") -> str:
 
 
 COLUMNS = ("N", "KV ev/s", "followed", "lag max", "max ev/s followed", "CPU total", "kv", "scrape", "records",
-           "render", "load CPU", "RSS MB", "/metrics p50", "p99", "series")
+           "render", "CPU wait", "load CPU", "RSS MB", "/metrics p50", "p99", "series")
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -615,7 +656,7 @@ def table(results: list[dict[str, Any]]) -> str:
             _fmt_s(kv["lag_max_s"]),
             "-" if best is None else f"{'≥ ' if ramped else ''}{best:,.0f}",
             _fmt(cpu["total"]), _fmt(cpu["kv_ingest"]), _fmt(cpu["scrape"]), _fmt(cpu["records"]),
-            _fmt(cpu["render"]), _fmt(r["load_cpu"]), f"{r['rss_mb']:.0f}",
+            _fmt(cpu["render"]), _fmt(r["run_queue"]), _fmt(r["load_cpu"]), f"{r['rss_mb']:.0f}",
             _fmt_s(render["p50_s"]), _fmt_s(render["p99_s"]), _fmt(render["series"], ",.0f"),
         ])
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
@@ -702,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(table(results))
         print(f"\nCPU in CPU-seconds per second (cores) of the exporter process, by duty (added a phase at a time); "
+              f"CPU wait is the time its threads were runnable but waiting for a core (a busy machine); "
               f"load CPU is the simulated fleet and record load on the same machine.\n"
               f"largest N followed at {s.rate:g} events/s per worker: {out['largest_n_followed'] or 'none'}")
         short = [r["workers"] for r in results if r["load_short"]]
