@@ -13,8 +13,9 @@ size N it starts, all on 127.0.0.1:
 - a Prometheus-style scraper that GETs the exporter's /metrics every ``--scrape-every`` seconds
   (this process), timing each answer and reading the exporter's own KV-stream metrics from it.
 
-Then, one phase after another (the load is added a duty at a time, so the exporter's CPU can be
-split by duty from /proc — the exporter exposes no per-duty timing of its own):
+Then, one phase after another (the load is added a duty at a time, so each exporter thread's duty
+is seen as it gets busy, and the exporter's CPU is split by duty from its threads' CPU in /proc —
+the exporter exposes no per-duty timing of its own):
 
 1. ``scrape``: the exporter only scrapes the workers' /metrics (no KV events, no records);
 2. ``+kv``: workers publish KV events at ``--rate`` events/s each;
@@ -135,6 +136,30 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+Threads = dict[int, tuple[str, float]]  # thread id -> (name, CPU seconds so far)
+DUTIES = ("kv_ingest", "scrape", "records", "render", "other")
+
+
+def busiest(before: Threads, after: Threads, candidates: Iterable[int]) -> int | None:
+    """The candidate thread that used the most CPU between two snapshots (None if none ran)."""
+    best, used = None, 0.0
+    for tid in candidates:
+        if tid in before and tid in after and after[tid][1] - before[tid][1] > used:
+            best, used = tid, after[tid][1] - before[tid][1]
+    return best
+
+
+def by_duty(before: Threads, after: Threads, roles: dict[int, str], total: float) -> dict[str, float]:
+    """CPU seconds per duty between two snapshots: each thread's by its role; ``other`` is the rest of
+    the process's ``total`` (unassigned threads, threads that ended, the tree statistics pass)."""
+    out = dict.fromkeys(DUTIES, 0.0)
+    for tid, role in roles.items():
+        if tid in after:
+            out[role] += after[tid][1] - before.get(tid, (role, 0.0))[1]
+    out["other"] = max(0.0, total - sum(out.values()))
+    return out
+
+
 @dataclass
 class Scrape:
     """One GET of the exporter's /metrics and what it said."""
@@ -222,6 +247,20 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_cpu(pid: int) -> Threads:
+    """Every live thread's name and CPU seconds (utime + stime), from /proc/<pid>/task."""
+    out: Threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # a thread that just ended
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        f = stat.rsplit(")", 1)[1].split()
+        out[int(task.name)] = (name, (int(f[11]) + int(f[12])) / CLK_TCK)
+    return out
 
 
 def run_queue_seconds(pid: int) -> float:
@@ -485,11 +524,14 @@ class Cluster:
         if self.exporter.poll() is not None:
             raise RuntimeError(f"the exporter exited with {self.exporter.returncode}; see {self.run / 'exporter.log'}")
         pid = self.exporter.pid
-        c0, w0, l0, m0, p0 = self.cpu(), run_queue_seconds(pid), self.load_cpu(), time.monotonic(), self.published()
+        c0, t0, w0, l0 = self.cpu(), thread_cpu(pid), run_queue_seconds(pid), self.load_cpu()
+        m0, p0 = time.monotonic(), self.published()
         time.sleep(max(0.5, seconds - settle))
-        c1, w1, l1, m1, p1 = self.cpu(), run_queue_seconds(pid), self.load_cpu(), time.monotonic(), self.published()
+        c1, t1, w1, l1 = self.cpu(), thread_cpu(pid), run_queue_seconds(pid), self.load_cpu()
+        m1, p1 = time.monotonic(), self.published()
         span = m1 - m0
-        return {"start": m0, "end": m1, "cpu": (c1 - c0) / span, "run_queue": max(0.0, w1 - w0) / span,
+        return {"start": m0, "end": m1, "threads": (t0, t1), "cpu": (c1 - c0) / span,
+                "cpu_s": c1 - c0, "run_queue": max(0.0, w1 - w0) / span,
                 "load_cpu": (l1 - l0) / span,
                 "events_per_s": (p1.get("events", 0) - p0.get("events", 0)) / span,
                 "blocks_per_s": (p1.get("blocks", 0) - p0.get("blocks", 0)) / span,
@@ -523,13 +565,27 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
             f"({len(cluster.loads)} load process(es); logs in {run})")
         assert cluster.scraper is not None and cluster.exporter is not None
         phases: dict[str, dict[str, Any]] = {}
+        # Which exporter thread does which duty, found as each duty is added: ZMQ's own I/O threads
+        # and the thread that gets busy with KV events ingest them; the one busy with nothing else
+        # on scrapes the workers; threads born with the record load (its kept-alive connection) or
+        # with the scraper (its connection) take records and render /metrics.
+        roles: dict[int, str] = {}
+        born = set(thread_cpu(cluster.exporter.pid))
         phases["scrape"] = cluster.window(s.phase, settle)
+        roles.update(_assign(phases["scrape"], born, roles, "scrape"))
+        born.update(phases["scrape"]["threads"][1])
         cluster.set_rate(s.rate)
         phases["kv"] = cluster.window(s.phase, settle)
+        roles.update(_assign(phases["kv"], born, roles, "kv_ingest"))
+        roles.update({tid: "kv_ingest" for tid, (name, _) in phases["kv"]["threads"][1].items()
+                      if name.startswith("ZMQbg/")})
+        born.update(phases["kv"]["threads"][1])  # replay threads and the like stay "other"
         cluster.set_records(s.records_per_worker * n)
         phases["records"] = cluster.window(s.phase, settle)
+        roles.update({tid: "records" for tid in _new_threads(phases["records"], born, roles)})
         cluster.scraper.on.set()
         steady = cluster.window(s.duration, settle)
+        roles.update({tid: "render" for tid in _new_threads(steady, born, roles)})
         steady["requested_events_per_s"] = s.rate * n
         phases["render"] = steady
         scrapes = cluster.scraper.between(steady["start"], steady["end"])
@@ -549,7 +605,7 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
                 w["requested_events_per_s"] = rate * n
                 steps.append({"rate_per_worker": rate, "events_per_s": w["events_per_s"],
                               "requested_events_per_s": rate * n, "cpu": w["cpu"],
-                              "run_queue": w["run_queue"], "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"],
+                              "cpu_by_duty": _duties(w, roles), "run_queue": w["run_queue"], "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"],
                               **_verdict_fields(v)})
                 log(f"N={n}: ramp {rate:g} events/s per worker ({w['events_per_s']:.0f}/s): "
                     f"{'followed' if v.followed else 'NOT followed (' + v.why + ')'}, lag max "
@@ -567,14 +623,16 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
             "workers": n, "load_processes": len(cluster.loads), "startup_s": startup,
             "startup_unreplayed_workers": cluster.startup_unreplayed,
             "rate_per_worker": s.rate, "records_per_s": s.records_per_worker * n,
-            "cpu": {"scrape": phases["scrape"]["cpu"],
-                    "kv_ingest": phases["kv"]["cpu"] - phases["scrape"]["cpu"],
-                    "records": phases["records"]["cpu"] - phases["kv"]["cpu"],
-                    "render": phases["render"]["cpu"] - phases["records"]["cpu"],
-                    "total": phases["render"]["cpu"]},
+            "cpu": {**_duties(steady, roles), "total": steady["cpu"]},
+            "threads_by_duty": {d: sum(1 for r in roles.values() if r == d) for d in DUTIES[:-1]},
+            "cpu_added_by_phase": {"scrape": phases["scrape"]["cpu"],
+                                   "kv_ingest": phases["kv"]["cpu"] - phases["scrape"]["cpu"],
+                                   "records": phases["records"]["cpu"] - phases["kv"]["cpu"],
+                                   "render": phases["render"]["cpu"] - phases["records"]["cpu"]},
             "load_cpu": steady["load_cpu"],
             "run_queue": steady["run_queue"],
-            "phases": {k: {kk: vv for kk, vv in v.items() if kk not in ("start", "end")} for k, v in phases.items()},
+            "phases": {k: {kk: vv for kk, vv in v.items() if kk not in ("start", "end", "threads")}
+                       for k, v in phases.items()},
             "rss_mb": steady["rss_mb"], "rss_peak_mb": status_kb(cluster.exporter.pid, "VmHWM") / 1024,
             "render": {"p50_s": percentile(render, 0.5), "p99_s": percentile(render, 0.99),
                        "max_s": max(render) if render else None, "scrapes": len(render),
@@ -595,6 +653,27 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
             for f in run.iterdir():
                 f.unlink()
             run.rmdir()
+
+
+def _assign(window: dict[str, Any], born: set[int], roles: dict[int, str], role: str) -> dict[int, str]:
+    """The busiest thread of those there from the start and not yet assigned gets ``role``."""
+    before, after = window["threads"]
+    tid = busiest(before, after, (t for t in born if t not in roles and not after.get(t, ("", 0))[0].startswith("ZMQ")))
+    return {} if tid is None else {tid: role}
+
+
+def _new_threads(window: dict[str, Any], born: set[int], roles: dict[int, str]) -> list[int]:
+    """Threads alive at the window's end that were not there at the start of the run nor assigned."""
+    after = window["threads"][1]
+    fresh = [t for t in after if t not in born and t not in roles]
+    born.update(fresh)
+    return fresh
+
+
+def _duties(window: dict[str, Any], roles: dict[int, str]) -> dict[str, float]:
+    before, after = window["threads"]
+    span = window["end"] - window["start"]
+    return {k: v / span for k, v in by_duty(before, after, roles, window["cpu_s"]).items()}
 
 
 def _verdict_fields(v: Verdict) -> dict[str, Any]:
@@ -642,7 +721,7 @@ def _fmt(v: float | None, spec: str = ".2f") -> str:
 
 
 COLUMNS = ("N", "KV ev/s", "followed", "lag max", "max ev/s followed", "CPU total", "kv", "scrape", "records",
-           "render", "CPU wait", "load CPU", "RSS MB", "/metrics p50", "p99", "series")
+           "render", "other", "CPU wait", "load CPU", "RSS MB", "/metrics p50", "p99", "series")
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -656,7 +735,7 @@ def table(results: list[dict[str, Any]]) -> str:
             _fmt_s(kv["lag_max_s"]),
             "-" if best is None else f"{'≥ ' if ramped else ''}{best:,.0f}",
             _fmt(cpu["total"]), _fmt(cpu["kv_ingest"]), _fmt(cpu["scrape"]), _fmt(cpu["records"]),
-            _fmt(cpu["render"]), _fmt(r["run_queue"]), _fmt(r["load_cpu"]), f"{r['rss_mb']:.0f}",
+            _fmt(cpu["render"]), _fmt(cpu["other"]), _fmt(r["run_queue"]), _fmt(r["load_cpu"]), f"{r['rss_mb']:.0f}",
             _fmt_s(render["p50_s"]), _fmt_s(render["p99_s"]), _fmt(render["series"], ",.0f"),
         ])
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
@@ -742,7 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print()
         print(table(results))
-        print(f"\nCPU in CPU-seconds per second (cores) of the exporter process, by duty (added a phase at a time); "
+        print(f"\nCPU in CPU-seconds per second (cores) of the exporter process in the steady phase, by duty from the "
+              f"threads doing each (other: the tree statistics pass, the breach loop, ended threads); "
               f"CPU wait is the time its threads were runnable but waiting for a core (a busy machine); "
               f"load CPU is the simulated fleet and record load on the same machine.\n"
               f"largest N followed at {s.rate:g} events/s per worker: {out['largest_n_followed'] or 'none'}")

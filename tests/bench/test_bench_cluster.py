@@ -15,7 +15,7 @@ from bench._cluster_fleet import (
     prefix_hashes,
 )
 from bench._cluster_records import RecordMaker
-from bench.cluster import Scrape, Settings, follow_verdict, read_page, run_size, table
+from bench.cluster import Scrape, Settings, busiest, by_duty, follow_verdict, read_page, run_size, table
 from exporter.sources.records import parse_ndjson
 from fleet.cache import Removed, Stored
 from fleet.kv_publisher import encode_batch
@@ -97,13 +97,24 @@ def test_read_page_and_the_follow_verdict() -> None:
     assert not follow_verdict([], max_lag=1.0, batch_interval=0.2).followed
 
 
+def test_cpu_is_split_by_the_threads_doing_each_duty() -> None:
+    before = {1: ("python", 1.0), 2: ("python", 5.0), 3: ("ZMQbg/IO/0", 0.5), 4: ("python", 0.0)}
+    after = {1: ("python", 1.1), 2: ("python", 7.0), 3: ("ZMQbg/IO/0", 0.9), 5: ("python", 0.3)}
+    assert busiest(before, after, [1, 2, 4]) == 2
+    assert busiest(before, before, [1, 2]) is None
+    split = by_duty(before, after, {2: "kv_ingest", 3: "kv_ingest", 5: "records", 4: "render"}, total=3.0)
+    assert split["kv_ingest"] == 2.0 + 0.4 and split["records"] == 0.3 and split["render"] == 0.0
+    assert abs(split["other"] - (3.0 - 2.7)) < 1e-9  # thread 1, and thread 4 that ended
+
+
 def test_smallest_run_follows_three_workers_and_reports_every_figure() -> None:
     """Three workers, a few seconds a phase: the real exporter process, fleet and load processes."""
     s = Settings(sizes=[3], rate=10, records_per_worker=2, duration=4, phase=1.5, ramp=0, scrape_every=1,
                  worker_scrape_interval=1, shape=SMALL)
     r = run_size(3, s, log=lambda _msg: None, ramp=False)
     assert r["workers"] == 3 and r["startup_s"] > 0
-    assert set(r["cpu"]) == {"scrape", "kv_ingest", "records", "render", "total"}
+    assert set(r["cpu"]) == {"scrape", "kv_ingest", "records", "render", "other", "total"}
+    assert r["threads_by_duty"]["kv_ingest"] >= 1 and r["threads_by_duty"]["render"] >= 1
     assert r["cpu"]["total"] >= 0 and r["rss_mb"] > 0
     kv = r["kv"]
     assert kv["applied_events"] > 0 and kv["published_events"] > 0
