@@ -564,54 +564,14 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
         log(f"N={n}: following every worker {startup:.1f}s after the exporter started "
             f"({len(cluster.loads)} load process(es); logs in {run})")
         assert cluster.scraper is not None and cluster.exporter is not None
-        phases: dict[str, dict[str, Any]] = {}
-        # Which exporter thread does which duty, found as each duty is added: ZMQ's own I/O threads
-        # and the thread that gets busy with KV events ingest them; the one busy with nothing else
-        # on scrapes the workers; threads born with the record load (its kept-alive connection) or
-        # with the scraper (its connection) take records and render /metrics.
-        roles: dict[int, str] = {}
-        born = set(thread_cpu(cluster.exporter.pid))
-        phases["scrape"] = cluster.window(s.phase, settle)
-        roles.update(_assign(phases["scrape"], born, roles, "scrape"))
-        born.update(phases["scrape"]["threads"][1])
-        cluster.set_rate(s.rate)
-        phases["kv"] = cluster.window(s.phase, settle)
-        roles.update(_assign(phases["kv"], born, roles, "kv_ingest"))
-        roles.update({tid: "kv_ingest" for tid, (name, _) in phases["kv"]["threads"][1].items()
-                      if name.startswith("ZMQbg/")})
-        born.update(phases["kv"]["threads"][1])  # replay threads and the like stay "other"
-        cluster.set_records(s.records_per_worker * n)
-        phases["records"] = cluster.window(s.phase, settle)
-        roles.update({tid: "records" for tid in _new_threads(phases["records"], born, roles)})
-        cluster.scraper.on.set()
-        steady = cluster.window(s.duration, settle)
-        roles.update({tid: "render" for tid in _new_threads(steady, born, roles)})
+        phases, roles = _duty_phases(cluster, s, n, settle)
+        steady = phases["render"]
         steady["requested_events_per_s"] = s.rate * n
-        phases["render"] = steady
         scrapes = cluster.scraper.between(steady["start"], steady["end"])
         verdict = follow_verdict(scrapes, s.max_lag, batch_interval(s.rate), steady["load_stall_s"])
         log(f"N={n}: base rate {s.rate:g} events/s per worker: "
             f"{'followed' if verdict.followed else 'NOT followed (' + verdict.why + ')'}")
-        steps = []
-        if ramp and s.ramp > 0:
-            factor = s.ramp_factor if verdict.followed else 1 / s.ramp_factor
-            rate = s.rate
-            for _ in range(s.ramp):
-                rate *= factor
-                cluster.set_rate(rate)
-                w = cluster.window(s.step, min(settle, s.step / 3))
-                v = follow_verdict(cluster.scraper.between(w["start"], w["end"]), s.max_lag, batch_interval(rate),
-                                   w["load_stall_s"])
-                w["requested_events_per_s"] = rate * n
-                steps.append({"rate_per_worker": rate, "events_per_s": w["events_per_s"],
-                              "requested_events_per_s": rate * n, "cpu": w["cpu"],
-                              "cpu_by_duty": _duties(w, roles), "run_queue": w["run_queue"], "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"],
-                              **_verdict_fields(v)})
-                log(f"N={n}: ramp {rate:g} events/s per worker ({w['events_per_s']:.0f}/s): "
-                    f"{'followed' if v.followed else 'NOT followed (' + v.why + ')'}, lag max "
-                    f"{_fmt_s(v.lag_max_s)}, exporter CPU {w['cpu']:.2f}, waiting for a CPU {w['run_queue']:.2f}")
-                if v.followed != verdict.followed:
-                    break
+        steps = _ramp(cluster, s, n, verdict.followed, roles, settle) if ramp and s.ramp > 0 else []
         accounting = _drain(cluster)
         # the best rate followed, as published (the load may fall short of what was asked on a busy machine)
         followed = [(s.rate, steady["events_per_s"])] if verdict.followed else []
@@ -653,6 +613,62 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
             for f in run.iterdir():
                 f.unlink()
             run.rmdir()
+
+
+def _duty_phases(cluster: Cluster, s: Settings, n: int,
+                 settle: float) -> tuple[dict[str, dict[str, Any]], dict[int, str]]:
+    """The phases that add one duty at a time (the last, ``render``, is the steady phase), and
+    which exporter thread does which duty."""
+    assert cluster.scraper is not None and cluster.exporter is not None
+    phases: dict[str, dict[str, Any]] = {}
+    # Which exporter thread does which duty, found as each duty is added: ZMQ's own I/O threads
+    # and the thread that gets busy with KV events ingest them; the one busy with nothing else
+    # on scrapes the workers; threads born with the record load (its kept-alive connection) or
+    # with the scraper (its connection) take records and render /metrics.
+    roles: dict[int, str] = {}
+    born = set(thread_cpu(cluster.exporter.pid))
+    phases["scrape"] = cluster.window(s.phase, settle)
+    roles.update(_assign(phases["scrape"], born, roles, "scrape"))
+    born.update(phases["scrape"]["threads"][1])
+    cluster.set_rate(s.rate)
+    phases["kv"] = cluster.window(s.phase, settle)
+    roles.update(_assign(phases["kv"], born, roles, "kv_ingest"))
+    roles.update({tid: "kv_ingest" for tid, (name, _) in phases["kv"]["threads"][1].items()
+                  if name.startswith("ZMQbg/")})
+    born.update(phases["kv"]["threads"][1])  # replay threads and the like stay "other"
+    cluster.set_records(s.records_per_worker * n)
+    phases["records"] = cluster.window(s.phase, settle)
+    roles.update({tid: "records" for tid in _new_threads(phases["records"], born, roles)})
+    cluster.scraper.on.set()
+    phases["render"] = cluster.window(s.duration, settle)
+    roles.update({tid: "render" for tid in _new_threads(phases["render"], born, roles)})
+    return phases, roles
+
+
+def _ramp(cluster: Cluster, s: Settings, n: int, base_followed: bool, roles: dict[int, str],
+          settle: float) -> list[dict[str, Any]]:
+    """Multiply the rate each step while followed (divide while not) until that changes."""
+    assert cluster.scraper is not None
+    steps: list[dict[str, Any]] = []
+    factor = s.ramp_factor if base_followed else 1 / s.ramp_factor
+    rate = s.rate
+    for _ in range(s.ramp):
+        rate *= factor
+        cluster.set_rate(rate)
+        w = cluster.window(s.step, min(settle, s.step / 3))
+        v = follow_verdict(cluster.scraper.between(w["start"], w["end"]), s.max_lag, batch_interval(rate),
+                           w["load_stall_s"])
+        w["requested_events_per_s"] = rate * n
+        steps.append({"rate_per_worker": rate, "events_per_s": w["events_per_s"],
+                      "requested_events_per_s": rate * n, "cpu": w["cpu"], "cpu_by_duty": _duties(w, roles),
+                      "run_queue": w["run_queue"], "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"],
+                      **_verdict_fields(v)})
+        cluster.log(f"N={n}: ramp {rate:g} events/s per worker ({w['events_per_s']:.0f}/s): "
+            f"{'followed' if v.followed else 'NOT followed (' + v.why + ')'}, lag max "
+            f"{_fmt_s(v.lag_max_s)}, exporter CPU {w['cpu']:.2f}, waiting for a CPU {w['run_queue']:.2f}")
+        if v.followed != base_followed:
+            break
+    return steps
 
 
 def _assign(window: dict[str, Any], born: set[int], roles: dict[int, str], role: str) -> dict[int, str]:
