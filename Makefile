@@ -10,7 +10,7 @@ PIP         := $(VENV)/bin/pip
 SUDO        := $(shell [ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n")
 PYTEST_ARGS ?=
 
-.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench generate check-generated clean fuzz soak
+.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench bench-cluster generate check-generated clean fuzz soak
 
 # gcc builds the compiled prefix index during the install (without it the install still
 # succeeds and the exporter runs on the Python reference index).
@@ -76,6 +76,12 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python -m bench
+
+# One exporter process against N simulated workers (N = 100, 300, 1000): the KV event rate it
+# follows with lag <= 1 s, its CPU by duty, RSS and /metrics latency (docs/operating.md, sizing).
+# BENCH_CLUSTER_ARGS=--quick checks the mechanics in about two minutes; --json for the report as JSON.
+bench-cluster: $(VENV)/.installed
+	$(PY) -m bench.cluster $(BENCH_CLUSTER_ARGS)
 
 generate: $(VENV)/.installed
 	$(VENV)/bin/prefixscope generate

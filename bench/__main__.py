@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ("name", "value", "baseline", "ratio", "target", "ok")
+# Modules with a command line of their own, not a ``run()`` of in-process rows (``make bench-cluster``).
+STANDALONE = frozenset({"cluster"})
 
 
 def discover() -> list[str]:
-    """Benchmark modules: every ``bench/<name>.py`` except the package's own files."""
+    """Benchmark modules: every ``bench/<name>.py`` except the package's own files and the standalone ones."""
     here = Path(__file__).resolve().parent
-    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules([str(here)])
+                  if not m.name.startswith("_") and m.name not in STANDALONE)
 
 
 def _cell(value: Any) -> str:

@@ -1,0 +1,127 @@
+"""The cluster benchmark: its wire format, its reading of the exporter's page, and its smallest run."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+
+from bench._cluster_fleet import (
+    Shape,
+    WorkerStream,
+    batch_payload,
+    chain_hashes,
+    family_of,
+    prefix_hashes,
+)
+from bench._cluster_records import RecordMaker
+from bench.cluster import Scrape, Settings, busiest, by_duty, follow_verdict, read_page, run_size, table
+from exporter.sources.records import parse_ndjson
+from fleet.cache import Removed, Stored
+from fleet.kv_publisher import encode_batch
+
+SMALL = Shape(blocks_per_event=4, prefix_blocks=2, families=2, resident_chains=6, cycle_chains=10,
+              capacity_blocks=64)
+
+
+def test_spliced_batches_are_the_bytes_the_fleet_publisher_sends() -> None:
+    stream = WorkerStream(5, SMALL)
+    events = stream.next_events(1)
+    tokens = tuple(msgpack.unpackb(events[0])[3])
+    prefix = prefix_hashes(family_of(5, SMALL), SMALL)
+    expected = encode_batch([Stored(tuple(chain_hashes(5, SMALL.resident_chains, SMALL)), prefix[-1], tokens, 16),
+                             Removed(tuple(chain_hashes(5, 0, SMALL)))], 1234.5)
+    assert batch_payload(1234.5, events) == expected
+
+
+def _apply(resident: set[int], payload: bytes) -> None:
+    for ev in msgpack.unpackb(payload)[1]:
+        if ev[0] == "BlockStored":
+            assert ev[2] is None or ev[2] in resident  # the parent is always known
+            resident.update(ev[1])
+        else:
+            assert set(ev[1]) <= resident  # only resident blocks are evicted
+            resident.difference_update(ev[1])
+
+
+def test_the_store_evict_cycle_keeps_every_worker_at_its_resident_count() -> None:
+    stream = WorkerStream(3, SMALL)
+    resident: set[int] = set()
+    _apply(resident, batch_payload(0.0, stream.warm_events()))
+    assert len(resident) == SMALL.resident_blocks
+    for steps in (1, 3, 7, 2, 11):  # several cycles, in batches of different sizes
+        _apply(resident, batch_payload(0.0, stream.next_events(steps)))
+        assert len(resident) == SMALL.resident_blocks
+
+
+def test_records_are_valid_and_carry_the_workers_chains() -> None:
+    maker = RecordMaker(4, SMALL, seed=1)
+    body = maker.body(20)
+    records, errors = parse_ndjson(body, 1 << 20, now=time.time())
+    assert errors == [] and len(records) == 20
+    for rec in records:
+        assert rec.worker in {"w0000", "w0001", "w0002", "w0003"}
+        w = int(rec.worker[1:])
+        assert rec.block_hashes is not None
+        assert list(rec.block_hashes[:SMALL.prefix_blocks]) == prefix_hashes(family_of(w, SMALL), SMALL)
+        chain = list(rec.block_hashes[SMALL.prefix_blocks:])
+        assert any(chain == chain_hashes(w, j, SMALL) for j in range(SMALL.cycle_chains))
+
+
+def test_read_page_and_the_follow_verdict() -> None:
+    text = "\n".join([
+        "# HELP prefixscope_kv_event_lag_seconds x",
+        'prefixscope_kv_event_lag_seconds{worker="a"} 0.25',
+        'prefixscope_kv_event_lag_seconds{worker="b"} 1.5',
+        'prefixscope_kv_events_applied_total{worker="a",event="BlockStored"} 10.0',
+        'prefixscope_kv_events_applied_total{worker="b",event="BlockRemoved"} 5.0',
+        'prefixscope_up{target="a",kind="worker"} 1.0',
+        "other_metric 3",
+    ])
+    page = read_page(text)
+    assert page.series == 6  # every sample line, read or not
+    assert page.largest("prefixscope_kv_event_lag_seconds") == 1.5
+    assert page.total("prefixscope_kv_events_applied_total") == 15.0
+    assert page.count("prefixscope_up", 1.0, 'kind="worker"') == 1
+
+    def scrape(mono: float, lag: float, lost: float = 0.0, applied: float = 0.0) -> Scrape:
+        return Scrape(at=mono, mono=mono, seconds=0.01, size=1, status=200, lag_max=lag, stale_max=0.1,
+                      applied=applied, lost=lost)
+
+    good = follow_verdict([scrape(0, 0.1, applied=0), scrape(2, 0.3, applied=100)], max_lag=1.0, batch_interval=0.2)
+    assert good.followed and good.lag_max_s == 0.3 and good.applied_per_s == 50.0
+    late = follow_verdict([scrape(0, 0.1), scrape(2, 1.4)], max_lag=1.0, batch_interval=0.2)
+    assert not late.followed and "lag" in late.why
+    lossy = follow_verdict([scrape(0, 0.1, lost=0), scrape(2, 0.1, lost=3)], max_lag=1.0, batch_interval=0.2)
+    assert not lossy.followed and "lost" in lossy.why
+    assert not follow_verdict([], max_lag=1.0, batch_interval=0.2).followed
+
+
+def test_cpu_is_split_by_the_threads_doing_each_duty() -> None:
+    before = {1: ("python", 1.0), 2: ("python", 5.0), 3: ("ZMQbg/IO/0", 0.5), 4: ("python", 0.0)}
+    after = {1: ("python", 1.1), 2: ("python", 7.0), 3: ("ZMQbg/IO/0", 0.9), 5: ("python", 0.3)}
+    assert busiest(before, after, [1, 2, 4]) == 2
+    assert busiest(before, before, [1, 2]) is None
+    split = by_duty(before, after, {2: "kv_ingest", 3: "kv_ingest", 5: "records", 4: "render"}, total=3.0)
+    assert split["kv_ingest"] == 2.0 + 0.4 and split["records"] == 0.3 and split["render"] == 0.0
+    assert abs(split["other"] - (3.0 - 2.7)) < 1e-9  # thread 1, and thread 4 that ended
+
+
+def test_smallest_run_follows_three_workers_and_reports_every_figure() -> None:
+    """Three workers, a few seconds a phase: the real exporter process, fleet and load processes."""
+    s = Settings(sizes=[3], rate=10, records_per_worker=2, duration=4, phase=1.5, ramp=0, scrape_every=1,
+                 worker_scrape_interval=1, shape=SMALL)
+    r = run_size(3, s, log=lambda _msg: None, ramp=False)
+    assert r["workers"] == 3 and r["startup_s"] > 0
+    assert set(r["cpu"]) == {"scrape", "kv_ingest", "records", "render", "other", "total"}
+    assert r["threads_by_duty"]["kv_ingest"] >= 1 and r["threads_by_duty"]["render"] >= 1
+    assert r["cpu"]["total"] >= 0 and r["rss_mb"] > 0
+    kv = r["kv"]
+    assert kv["applied_events"] > 0 and kv["published_events"] > 0
+    assert kv["applied_events"] == kv["published_events"]  # a light load loses nothing
+    assert kv["lag_max_s"] is not None and kv["lag_max_s"] >= 0
+    assert kv["kv_ingest_errors"] == 0 and kv["lost_batches_total"] == 0
+    assert kv["records_accepted"] > 0 and kv["records_rejected"] == 0
+    assert r["render"]["scrapes"] >= 2 and r["render"]["p50_s"] is not None and r["render"]["p99_s"] is not None
+    assert r["followed"] and r["max_followed_rate_per_worker"] == 10 and r["max_followed_events_per_s"] > 0
+    assert table([r]).splitlines()[2].replace(" ", "").startswith("|3|")
