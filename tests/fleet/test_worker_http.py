@@ -175,9 +175,12 @@ def test_unhealthy_knob_and_kill_restart_resets_cache_and_sequence():
         sub = zmq.Context.instance().socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.LINGER, 0)
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sub.connect(w2.kv_endpoint)
         try:
-            time.sleep(0.3)  # let the subscription reach the PUB socket
+            # the subscription goes out once the handshake is done; then give the PUB side a moment
+            assert monitor.poll(10_000), "no ZMQ handshake with the restarted worker"
+            time.sleep(0.3)
             r = post(w2.url, "/v1/completions", {"prompt": prompt, "max_tokens": 1}).json()
             assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # a fresh cache
             clock.advance(10)
@@ -186,6 +189,8 @@ def test_unhealthy_knob_and_kill_restart_resets_cache_and_sequence():
             topic, seq, _ = sub.recv_multipart()
             assert topic == b"kv@w0@sim-model" and int.from_bytes(seq, "big") == 0
         finally:
+            sub.disable_monitor()
+            monitor.close(0)
             sub.close(0)
 
 
@@ -196,8 +201,9 @@ def test_on_the_real_clock_a_request_waits_for_a_free_slot_then_for_its_own_time
     from fleet.engine import SimEngine
     from fleet.worker_http import WorkerServer
 
-    # one slot; a 2000-token cold prompt takes 0.2 s of prefill, a 200-token one 0.02 s
-    spec = WorkerSpec("solo", block_size=16, max_running=1, prefill_tps=10000.0, prefill_overhead_s=0.0,
+    # one slot; a 2000-token cold prompt takes 2 s of prefill (room for the second request to
+    # arrive while it runs, even on a loaded machine), a 200-token one 0.2 s
+    spec = WorkerSpec("solo", block_size=16, max_running=1, prefill_tps=1000.0, prefill_overhead_s=0.0,
                       attention_knee_tokens=1e12)
     seen = {}
     server = WorkerServer(SimEngine(spec, RealClock()),
@@ -217,7 +223,7 @@ def test_on_the_real_clock_a_request_waits_for_a_free_slot_then_for_its_own_time
         a, b = seen[2000], seen[200]
         assert b.queue_s > 0
         assert b.arrival + b.queue_s == pytest.approx(a.finished_at, abs=1e-6)  # admitted as a's slot freed
-        assert b.prefill_s == pytest.approx(0.02)
+        assert b.prefill_s == pytest.approx(0.2)
         assert answered_s >= b.e2e_s - 0.01  # the answer waited for the queue and its prefill
         assert server.engine.load() == (0, 0)
     finally:
