@@ -5,11 +5,17 @@ tokens, session key); a branch is resolved only when read, against the tree stat
 read, so a hit counts for the branch its chain belongs to in the current tree. New session keys
 are kept the same way (time, segment, re-keyed?) so "what changed" can compare two windows.
 
+Memory: an hour of hits at a busy cluster's record rate is a lot of events, so each is kept
+small — its chain as 8 bytes a block (a tuple of Python ints costs ~40 B a block), and chains
+that repeat (turns of one conversation, requests behind one system prompt) share one copy. At
+most ``MAX_HISTORY_EVENTS`` hits are kept: ~0.1 KB each plus their distinct chains (≤ 0.5 KB).
+
 Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Sequence
 
@@ -18,6 +24,20 @@ from exporter.prefix_index import PrefixIndex, TreeStats
 HISTORY_S = 3600.0  # how far back /api/v1/changes can look
 MAX_HISTORY_EVENTS = 200_000
 MAX_CHAIN_KEPT = 64  # leading blocks of a hit's chain kept: enough to find its branch (radix depth ≤ 2)
+MAX_INTERNED = 65_536  # distinct chains remembered for sharing; past it the table starts afresh
+
+Chain = bytes | tuple[int, ...]  # 8 bytes a block (native order), or ints when not all fit in 64 bits
+
+
+def _packed(chain: Sequence[int]) -> Chain:
+    try:
+        return array("Q", chain).tobytes()
+    except (OverflowError, TypeError):  # not a 64-bit hash: kept as it came (the index will not know it)
+        return tuple(chain)
+
+
+def _blocks(chain: Chain) -> Sequence[int]:
+    return memoryview(chain).cast("Q") if isinstance(chain, bytes) else chain
 
 BranchHits = dict[int, tuple[float, set[str]]]
 
@@ -32,11 +52,18 @@ class Hotspots:
 
     def __init__(self, index: PrefixIndex) -> None:
         self.index = index
-        self.hit_events: deque[tuple[float, tuple[int, ...], float, str | None]] = deque(maxlen=MAX_HISTORY_EVENTS)
+        self.hit_events: deque[tuple[float, Chain, float, str | None]] = deque(maxlen=MAX_HISTORY_EVENTS)
+        self._interned: dict[Chain, Chain] = {}
         self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=MAX_HISTORY_EVENTS)
 
     def hit(self, ts: float, chain: Sequence[int], hit_blocks: int, tokens: float, session: str | None) -> None:
-        self.hit_events.append((ts, tuple(chain[:min(hit_blocks, MAX_CHAIN_KEPT)]), tokens, session))
+        packed = _packed(chain[:min(hit_blocks, MAX_CHAIN_KEPT)])
+        shared = self._interned.get(packed)
+        if shared is None:
+            if len(self._interned) >= MAX_INTERNED:
+                self._interned.clear()  # chains still in the history stay alive through their events
+            shared = self._interned[packed] = packed
+        self.hit_events.append((ts, shared, tokens, session))
 
     def new_session(self, ts: float, segment: str, rekeyed: bool) -> None:
         self.session_events.append((ts, segment, rekeyed))
@@ -52,7 +79,7 @@ class Hotspots:
         out: BranchHits = {}
         for ts, chain, tokens, session in self.hit_events:
             if start < ts <= end:
-                b = self.index.branch_of(chain, stats)
+                b = self.index.branch_of(_blocks(chain), stats)
                 if b is None:
                     continue
                 tok, sess = out.get(b, (0.0, set()))
