@@ -1,7 +1,8 @@
 """One row of the scenario matrix: a preset through the exporter into Prometheus's rule engine.
 
 :func:`run_row` replays a scenario with :func:`lab.harness.run_through_exporter` (long enough
-for its alerts' ``for`` to elapse), evaluates the generated alerting and recording rules over
+for its alerts' ``for`` to elapse; :func:`run_rows` replays presets that share their start with
+one run of it, :mod:`lab.family`), evaluates the generated alerting and recording rules over
 the scraped history with ``promtool test rules``, and reads the diagnosis chain three ways:
 the exporter's own check evaluation, the console's chain from the exporter's /api/v1/groups,
 and the console's chain from Prometheus's firing alerts. Everything it returns is plain data,
@@ -20,6 +21,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,16 +32,18 @@ from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import load_thresholds as console_thresholds
 from fleet.scenarios import load_preset
 from fleet.simulation import signals
-from fleet.topology import load_topology
+from fleet.topology import Topology, load_topology
+from lab.family import Member, family_key, run_family
 from lab.harness import (
     SCRAPE_EVERY_S,
+    ScenarioRun,
     ScrapeHistory,
     duration_seconds,
     promtool_test,
     run_through_exporter,
     settled_duration,
 )
-from lab.steady import run_steady, with_capacity
+from lab.steady import run_steady, run_steady_family, steady_member, with_capacity
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds, window_seconds
 from tests.support import free_port, wait_for
@@ -128,16 +132,42 @@ def fired_in_prometheus(history, windows: list[Window], workdir: Path) -> tuple[
     return found, second.returncode == 0, second.stdout + second.stderr
 
 
-def run_row(name: str, workdir: Path) -> Row:
-    started = time.perf_counter()
+def row_member(name: str) -> Member:
+    """The preset, run until its slowest expected alert's `for` has surely elapsed; the chain is
+    read where the scenario ends (its fault has filled the 5m window)."""
     scenario = load_preset(name)
+    chain_at = math.floor(scenario.duration_s / SCRAPE_EVERY_S) * SCRAPE_EVERY_S
+    return Member(scenario, settled_duration(scenario, load_thresholds(), SCRAPE_EVERY_S), (chain_at,))
+
+
+def row_family_key(name: str) -> tuple:
+    """Rows with equal keys share their run up to the fault (:mod:`lab.family`)."""
+    return family_key(row_member(name))
+
+
+def run_rows(names: Sequence[str], workdirs: dict[str, Path]) -> dict[str, Row | BaseException]:
+    """The rows of presets of one family (equal :func:`row_family_key`): their start runs once."""
+    def finish(run: ScenarioRun, _cpu_s: float, wall_s: float) -> Row:
+        return row_of(run, workdirs[run.scenario.name], wall_s)
+    results = run_family([row_member(n) for n in names], load_topology(), finish, scrape_every_s=SCRAPE_EVERY_S)
+    return dict(zip(names, results, strict=True))
+
+
+def run_row(name: str, workdir: Path) -> Row:
+    """One row on its own."""
+    started = time.perf_counter()
+    m = row_member(name)
+    run = run_through_exporter(m.scenario, load_topology(), scrape_every_s=SCRAPE_EVERY_S,
+                               checkpoints=m.checkpoints, duration_s=m.duration_s)
+    return row_of(run, workdir, time.perf_counter() - started)
+
+
+def row_of(run: ScenarioRun, workdir: Path, run_s: float) -> Row:
+    """A finished run of a preset read three ways (see the module docstring)."""
+    started = time.perf_counter()
+    scenario = run.scenario
     thresholds = console_thresholds()
-    interval = SCRAPE_EVERY_S
-    # The chain is read where the scenario ends (its fault has filled the 5m window); the run goes
-    # on until the slowest expected alert's `for` has surely elapsed.
-    chain_at = math.floor(scenario.duration_s / interval) * interval
-    run = run_through_exporter(scenario, load_topology(), scrape_every_s=interval, checkpoints=[chain_at],
-                               duration_s=settled_duration(scenario, load_thresholds(), interval))
+    (chain_at,) = row_member(scenario.name).checkpoints
     warmup, fault = (0.0, scenario.fault_at_s), (scenario.fault_at_s, run.end_s)
     fired, confirmed, output = fired_in_prometheus(run.history, [warmup, fault], workdir)
 
@@ -152,7 +182,7 @@ def run_row(name: str, workdir: Path) -> Row:
     truth = signals(run.result, chain_at - window_seconds(load_thresholds()), chain_at)
     missed = sum(run.health.snapshot()[0].get(f"{catalog.NAMESPACE}_kv_event_missed_batches", {}).values())
     return Row(
-        name=name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts,
+        name=scenario.name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts,
         chain_at_s=chain_at, end_s=run.end_s, warmup_firing=fired[warmup], firing=fired[fault],
         confirmed=confirmed, promtool_output=output,
         exporter_verdict=ev.verdict["step"] if ev.verdict else None,
@@ -161,22 +191,38 @@ def run_row(name: str, workdir: Path) -> Row:
         console_prometheus_verdict=console_prom.verdict.number if console_prom.verdict else None,
         values={k: (None if v is None else float(v)) for k, v in values.items()},
         kv_batches_lost=sum(run.kv_batches_lost.values()), kv_missed_batches=float(missed),
-        seconds=time.perf_counter() - started,
+        seconds=run_s + time.perf_counter() - started,
         truth={k: (truth.get(k), values.get(k)) for k in GROUND_TRUTH_KEYS},
     )
 
 
 # Steady state for the matrix: caches 8× smaller are over 99 % full after 15 simulated minutes of
 # warm-up plus the preset's own 5 healthy minutes, which keeps the 16 presets within a few minutes
-# on two cores (the CLI's default: 2 h, full size).
+# on two cores (the CLI's default: 2 h, full size). Presets that share their healthy start share
+# its run (lab.family): six warm-ups for the sixteen.
 STEADY_WARMUP_S = 900.0
 STEADY_CAPACITY_DIVISOR = 8
 
 
+def _steady_topology() -> Topology:
+    return with_capacity(load_topology(), STEADY_CAPACITY_DIVISOR)
+
+
+def steady_family_key(name: str) -> tuple:
+    """Presets with equal keys share their steady-state warm-up (:mod:`lab.family`)."""
+    return family_key(steady_member(load_preset(name), STEADY_WARMUP_S), block_size=_steady_topology().block_size)
+
+
+def run_steady_rows(names: Sequence[str]) -> dict[str, dict | BaseException]:
+    """Presets of one family (equal :func:`steady_family_key`) after the warm-up, read by the
+    exporter's own evaluation (plain data); the warm-up runs once."""
+    runs = run_steady_family([load_preset(n) for n in names], _steady_topology(), STEADY_WARMUP_S)
+    return {n: r if isinstance(r, BaseException) else r.as_dict() for n, r in runs.items()}
+
+
 def run_steady_row(name: str) -> dict:
-    """One preset after the steady-state warm-up, read by the exporter's own evaluation (plain data)."""
-    run = run_steady(load_preset(name), with_capacity(load_topology(), STEADY_CAPACITY_DIVISOR), STEADY_WARMUP_S)
-    return run.as_dict()
+    """One preset after the steady-state warm-up, on its own."""
+    return run_steady(load_preset(name), _steady_topology(), STEADY_WARMUP_S).as_dict()
 
 
 def allowed_alongside(step: int) -> set[str]:
