@@ -30,6 +30,7 @@ from fleet.topology import Topology
 from lab.harness import Replay, ScenarioRun
 
 R = TypeVar("R")
+Finish = Callable[[ScenarioRun, float, float], R]  # (the run, its own CPU seconds, its own wall seconds)
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,21 @@ def first_change(sc: Scenario) -> float:
     return min([sc.fault_at_s, *(a.at for a in sc.actions)])
 
 
-def family_key(m: Member, pause_at: float | None = None, seed: int | None = None, block_size: int = 16) -> tuple:
-    """Members with equal keys share everything before their pause (default: the first change):
-    the pause itself, router, pool, seed, first workload and the requests before it."""
-    sc = m.scenario
+def start_key(sc: Scenario, pause_at: float | None = None, seed: int | None = None) -> tuple:
+    """What a run up to its pause (default: its first change) depends on besides its requests:
+    the pause itself, router, pool, seed and first workload. Cheap; :func:`family_key` adds the
+    requests."""
     t = first_change(sc) if pause_at is None else pause_at
     return (t, sc.policy, sc.initial_workers, sc.workload, tuple(sorted(sc.router.items())),
-            sc.seed if seed is None else seed, requests_digest(sc, t, m.end_s, seed, block_size))
+            sc.seed if seed is None else seed)
+
+
+def family_key(m: Member, pause_at: float | None = None, seed: int | None = None, block_size: int = 16) -> tuple:
+    """Members with equal keys share everything before their pause: :func:`start_key` and the
+    requests up to it (by digest)."""
+    sc = m.scenario
+    key = start_key(sc, pause_at, seed)
+    return (*key, requests_digest(sc, key[0], m.end_s, seed, block_size))
 
 
 def families(members: Sequence[Member], seed: int | None = None, block_size: int = 16) -> list[list[Member]]:
@@ -65,6 +74,16 @@ def families(members: Sequence[Member], seed: int | None = None, block_size: int
     for m in members:
         groups.setdefault(family_key(m, seed=seed, block_size=block_size), []).append(m)
     return list(groups.values())
+
+
+def run_families(members: Sequence[Member], topology: Topology, finish: Finish[R], *, seed: int | None = None,
+                 **replay: Any) -> list[R | BaseException]:
+    """:func:`run_family` over each of the :func:`families` of ``members``; results in ``members``' order."""
+    out: dict[int, R | BaseException] = {}
+    for family in families(members, seed=seed, block_size=topology.block_size):
+        for m, r in zip(family, run_family(family, topology, finish, seed=seed, **replay), strict=True):
+            out[id(m)] = r
+    return [out[id(m)] for m in members]
 
 
 @dataclass
@@ -76,9 +95,6 @@ class _Outcome(Generic[R]):
 def can_fork() -> bool:
     """A fork copies only the calling thread: safe when it is the only one."""
     return hasattr(os, "fork") and threading.active_count() == 1
-
-
-Finish = Callable[[ScenarioRun, float, float], R]  # (the run, its own CPU seconds, its own wall seconds)
 
 
 def run_family(family: Sequence[Member], topology: Topology, finish: Finish[R], *,

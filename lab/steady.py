@@ -33,7 +33,7 @@ from typing import Any
 from exporter.checks import Evaluation
 from fleet.scenarios import Scenario, ScenarioError, load_preset
 from fleet.topology import Topology, TopologyError, load_topology
-from lab.family import Member, families, run_family
+from lab.family import Member, run_families
 from lab.harness import SCRAPE_EVERY_S, ScenarioRun, run_through_exporter
 from prefixscope.diagnosis import FIRING
 from prefixscope.durations import parse_duration
@@ -119,13 +119,12 @@ def steady_member(scenario: Scenario, warmup_s: float, scrape_every_s: float = S
     return Member(shifted, checkpoints=_marks(shifted, scrape_every_s))
 
 
-def run_steady_family(scenarios: Sequence[Scenario], topology: Topology, warmup_s: float, *,
-                      thresholds_path: str | Path | None = None, flavour: str = "vllm",
-                      scrape_every_s: float = SCRAPE_EVERY_S) -> dict[str, SteadyRun | BaseException]:
-    """:func:`run_steady` for scenarios that share their warm-up (one :func:`lab.family.family_key`
-    of their :func:`steady_member`), the warm-up run once. By name; a run that fails gives its
-    exception. A member's ``cpu_s`` and ``wall_s`` count its own part after the shared warm-up.
-    """
+def run_steady_many(scenarios: Sequence[Scenario], topology: Topology, warmup_s: float, *,
+                    thresholds_path: str | Path | None = None, flavour: str = "vllm",
+                    scrape_every_s: float = SCRAPE_EVERY_S) -> dict[str, SteadyRun | BaseException]:
+    """:func:`run_steady` for each scenario, by name (a run that fails gives its exception); the
+    scenarios that share their warm-up (:mod:`lab.family`) run it once. A member's ``cpu_s`` and
+    ``wall_s`` count its own part after the shared warm-up."""
     original = {sc.name: sc for sc in scenarios}
     members = [steady_member(sc, warmup_s, scrape_every_s) for sc in scenarios]
     shifted = {m.scenario.name: m.scenario for m in members}
@@ -134,20 +133,9 @@ def run_steady_family(scenarios: Sequence[Scenario], topology: Topology, warmup_
         name = run.scenario.name
         return _steady_run(original[name], shifted[name], run, cpu_s, wall_s, scrape_every_s)
 
-    results = run_family(members, topology, finish, thresholds_path=thresholds_path, flavour=flavour,
-                         scrape_every_s=scrape_every_s, keep_history=False)
+    results = run_families(members, topology, finish, thresholds_path=thresholds_path, flavour=flavour,
+                           scrape_every_s=scrape_every_s, keep_history=False)
     return {sc.name: r for sc, r in zip(scenarios, results, strict=True)}
-
-
-def run_steady_many(scenarios: Sequence[Scenario], topology: Topology, warmup_s: float,
-                    **kwargs: Any) -> dict[str, SteadyRun | BaseException]:
-    """:func:`run_steady_family` over each family of ``scenarios`` (:func:`lab.family.families`)."""
-    by_name = {sc.name: sc for sc in scenarios}
-    step = kwargs.get("scrape_every_s", SCRAPE_EVERY_S)
-    out: dict[str, SteadyRun | BaseException] = {}
-    for family in families([steady_member(sc, warmup_s, step) for sc in scenarios], block_size=topology.block_size):
-        out.update(run_steady_family([by_name[m.scenario.name] for m in family], topology, warmup_s, **kwargs))
-    return out
 
 
 def with_capacity(topology: Topology, divisor: int) -> Topology:

@@ -1,22 +1,23 @@
 """The scenario matrix's rows, computed once per session on both cores.
 
 Presets that run the same fleet up to their fault form a family (lab.family): its shared start
-runs once, and each preset continues from a fork of it. The families are found first (each
-preset's key, in the workers), then each family is one task; the largest go first so that both
-workers stay busy while the single presets fill in.
+runs once, and each preset continues from a fork of it. Presets that probably share their start
+(tests.e2e.harness.share_hint) go to the same worker, the largest groups first so that both
+workers stay busy while the single presets fill in; the worker groups them exactly.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from tests.e2e.harness import Row, row_family_key, run_rows, run_steady_rows, steady_family_key
+from fleet.scenarios import load_preset
+from tests.e2e.harness import Row, run_rows, run_steady_rows, share_hint
 from tests.support import require_tool
 
 WORKERS = 2  # CI's machine has two cores
@@ -25,17 +26,16 @@ WORKERS = 2  # CI's machine has two cores
 ROW_SAFETY_NET_S = 300.0
 
 
-def _families(pool: ProcessPoolExecutor, key: Callable[[str], Hashable], names: Sequence[str]) -> list[list[str]]:
-    """``names`` grouped by ``key`` (computed in the pool), largest group first; a preset whose
-    key cannot be computed is a family of its own (its run then says what is wrong)."""
-    futures = {n: pool.submit(key, n) for n in names}
+def _groups(names: Sequence[str]) -> list[list[str]]:
+    """``names`` grouped by :func:`share_hint`, largest group first; a preset that does not load is
+    a group of its own (its run then says what is wrong)."""
     groups: dict[Hashable, list[str]] = {}
-    for n, f in futures.items():
+    for n in names:
         try:
-            k = f.result()
+            key: Hashable = share_hint(load_preset(n))
         except Exception:
-            k = ("alone", n)
-        groups.setdefault(k, []).append(n)
+            key = ("alone", n)
+        groups.setdefault(key, []).append(n)
     return sorted(groups.values(), key=len, reverse=True)
 
 
@@ -60,12 +60,11 @@ def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     pool = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
     rows: dict[str, Row | BaseException] = {}
     try:
-        families = _families(pool, row_family_key, names)
-        futures = {tuple(fam): pool.submit(run_rows, fam, {n: dirs[n] for n in fam}) for fam in families}
+        futures = {tuple(g): pool.submit(run_rows, g, {n: dirs[n] for n in g}) for g in _groups(names)}
         for fam, f in futures.items():
             try:
                 rows.update(f.result(timeout=max(0.0, deadline - time.monotonic())))
-            except Exception as exc:  # one broken family fails its own tests, not the matrix
+            except Exception as exc:  # one broken group fails its own tests, not the matrix
                 rows.update(dict.fromkeys(fam, exc))
     finally:
         if any(isinstance(r, FutureTimeout) for r in rows.values()):
@@ -81,11 +80,11 @@ def steady_rows(request: pytest.FixtureRequest) -> dict[str, dict | BaseExceptio
     names = sorted({item.callspec.params["scenario"] for item in request.session.items
                     if "steady_rows" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")})
     with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {tuple(fam): pool.submit(run_steady_rows, fam) for fam in _families(pool, steady_family_key, names)}
+        futures = {tuple(g): pool.submit(run_steady_rows, g) for g in _groups(names)}
         rows: dict[str, dict | BaseException] = {}
         for fam, f in futures.items():
             try:
                 rows.update(f.result())
-            except Exception as exc:  # one broken family fails its own tests, not the matrix
+            except Exception as exc:  # one broken group fails its own tests, not the matrix
                 rows.update(dict.fromkeys(fam, exc))
     return rows

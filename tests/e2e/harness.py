@@ -30,10 +30,10 @@ import yaml
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import load_thresholds as console_thresholds
-from fleet.scenarios import load_preset
+from fleet.scenarios import Scenario, load_preset
 from fleet.simulation import signals
 from fleet.topology import Topology, load_topology
-from lab.family import Member, family_key, run_family
+from lab.family import Member, run_families, start_key
 from lab.harness import (
     SCRAPE_EVERY_S,
     ScenarioRun,
@@ -43,7 +43,7 @@ from lab.harness import (
     run_through_exporter,
     settled_duration,
 )
-from lab.steady import run_steady, run_steady_family, steady_member, with_capacity
+from lab.steady import run_steady, run_steady_many, with_capacity
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds, window_seconds
 from tests.support import free_port, wait_for
@@ -140,16 +140,19 @@ def row_member(name: str) -> Member:
     return Member(scenario, settled_duration(scenario, load_thresholds(), SCRAPE_EVERY_S), (chain_at,))
 
 
-def row_family_key(name: str) -> tuple:
-    """Rows with equal keys share their run up to the fault (:mod:`lab.family`)."""
-    return family_key(row_member(name))
+def share_hint(scenario: Scenario) -> tuple:
+    """Presets that probably share their start (:mod:`lab.family`), cheaply: the start's
+    configuration, and whether a workload phase follows (it moves the stream's random draws
+    before the fault). Only a hint for handing families to workers: :func:`lab.family.families`
+    groups exactly, by the requests themselves."""
+    return (*start_key(scenario), scenario.fault_workload is None)
 
 
 def run_rows(names: Sequence[str], workdirs: dict[str, Path]) -> dict[str, Row | BaseException]:
-    """The rows of presets of one family (equal :func:`row_family_key`): their start runs once."""
+    """The rows of ``names``; presets that share their start (:mod:`lab.family`) run it once."""
     def finish(run: ScenarioRun, _cpu_s: float, wall_s: float) -> Row:
         return row_of(run, workdirs[run.scenario.name], wall_s)
-    results = run_family([row_member(n) for n in names], load_topology(), finish, scrape_every_s=SCRAPE_EVERY_S)
+    results = run_families([row_member(n) for n in names], load_topology(), finish, scrape_every_s=SCRAPE_EVERY_S)
     return dict(zip(names, results, strict=True))
 
 
@@ -208,15 +211,10 @@ def _steady_topology() -> Topology:
     return with_capacity(load_topology(), STEADY_CAPACITY_DIVISOR)
 
 
-def steady_family_key(name: str) -> tuple:
-    """Presets with equal keys share their steady-state warm-up (:mod:`lab.family`)."""
-    return family_key(steady_member(load_preset(name), STEADY_WARMUP_S), block_size=_steady_topology().block_size)
-
-
 def run_steady_rows(names: Sequence[str]) -> dict[str, dict | BaseException]:
-    """Presets of one family (equal :func:`steady_family_key`) after the warm-up, read by the
-    exporter's own evaluation (plain data); the warm-up runs once."""
-    runs = run_steady_family([load_preset(n) for n in names], _steady_topology(), STEADY_WARMUP_S)
+    """``names`` after the warm-up, read by the exporter's own evaluation (plain data); presets
+    that share their warm-up (:mod:`lab.family`) run it once."""
+    runs = run_steady_many([load_preset(n) for n in names], _steady_topology(), STEADY_WARMUP_S)
     return {n: r if isinstance(r, BaseException) else r.as_dict() for n, r in runs.items()}
 
 

@@ -16,7 +16,7 @@ TOPOLOGY = load_topology().with_workers(3)
 def _scenario(name: str, **extra: object) -> Scenario:
     return parse_scenario({"name": name, "description": "a short run", "fault": "see below", "fault_at_s": 60,
                            "duration_s": 150, "expected_step": None, "expected_alerts": [],
-                           "workload": {"chat_sessions_per_s": 1.0}, **extra})
+                           "workload": {"chat_sessions_per_s": 1.0, "doc_per_s": 0, "extract_per_s": 0}, **extra})
 
 
 # three scenarios with the same first minute: none changes anything before it
@@ -62,7 +62,7 @@ def test_continuing_as_a_scenario_that_shares_the_start_is_that_scenario_s_run(o
 
 def test_scenarios_that_change_the_start_cannot_continue_it() -> None:
     assert requests_digest(HEALTHY, 60.0) == requests_digest(KNOB, 60.0)
-    other_workload = _scenario("busier", workload={"chat_sessions_per_s": 2.0})
+    other_workload = _scenario("busier", workload={"chat_sessions_per_s": 2.0, "doc_per_s": 0, "extract_per_s": 0})
     assert requests_digest(HEALTHY, 60.0) != requests_digest(other_workload, 60.0)
     early = _scenario("early", actions=[{"at": 30, "action": "reset_cache", "workers": ["w0"]}])
     # a later workload phase moves the stream's draws before it: the requests differ before the fault
