@@ -1,7 +1,8 @@
 """The scenario matrix's rows, computed once per session on both cores.
 
-Presets that run the same fleet up to their fault form a family (lab.family): its shared start
-runs once, and each preset continues from a fork of it. Presets that probably share their start
+For the steady-state rows, presets that run the same fleet up to their fault (after the long
+warm-up) form a family (lab.family): its shared start runs once, and each preset continues from a
+fork of it. Presets that probably share their start
 (tests.e2e.harness.share_hint) go to the same worker, the largest groups first so that both
 workers stay busy while the single presets fill in; the worker groups them exactly.
 """
@@ -17,7 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import pytest
 
 from fleet.scenarios import load_preset
-from tests.e2e.harness import Row, run_rows, run_steady_rows, share_hint
+from tests.e2e.harness import Row, run_row, run_steady_rows, share_hint
 from tests.support import require_tool
 
 WORKERS = 2  # CI's machine has two cores
@@ -60,12 +61,13 @@ def matrix_rows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     pool = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
     rows: dict[str, Row | BaseException] = {}
     try:
-        futures = {tuple(g): pool.submit(run_rows, g, {n: dirs[n] for n in g}) for g in _groups(names)}
-        for fam, f in futures.items():
+        # one task per preset: their shared first 300 s is too small a part to be worth a family
+        futures = {n: pool.submit(run_row, n, dirs[n]) for n in names}
+        for n, f in futures.items():
             try:
-                rows.update(f.result(timeout=max(0.0, deadline - time.monotonic())))
-            except Exception as exc:  # one broken group fails its own tests, not the matrix
-                rows.update(dict.fromkeys(fam, exc))
+                rows[n] = f.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as exc:  # one broken scenario fails its own tests, not the matrix
+                rows[n] = exc
     finally:
         if any(isinstance(r, FutureTimeout) for r in rows.values()):
             for proc in list(getattr(pool, "_processes", {}).values()):  # a hung row: stop it

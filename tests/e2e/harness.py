@@ -1,8 +1,7 @@
 """One row of the scenario matrix: a preset through the exporter into Prometheus's rule engine.
 
 :func:`run_row` replays a scenario with :func:`lab.harness.run_through_exporter` (long enough
-for its alerts' ``for`` to elapse; :func:`run_rows` replays presets that share their start with
-one run of it, :mod:`lab.family`), evaluates the generated alerting and recording rules over
+for its alerts' ``for`` to elapse), evaluates the generated alerting and recording rules over
 the scraped history with ``promtool test rules``, and reads the diagnosis chain three ways:
 the exporter's own check evaluation, the console's chain from the exporter's /api/v1/groups,
 and the console's chain from Prometheus's firing alerts. Everything it returns is plain data,
@@ -33,7 +32,7 @@ from console.links import load_thresholds as console_thresholds
 from fleet.scenarios import Scenario, load_preset
 from fleet.simulation import signals
 from fleet.topology import Topology, load_topology
-from lab.family import Member, run_families, start_key
+from lab.family import Member, start_key
 from lab.harness import (
     SCRAPE_EVERY_S,
     ScenarioRun,
@@ -148,16 +147,7 @@ def share_hint(scenario: Scenario) -> tuple:
     return (*start_key(scenario), scenario.fault_workload is None)
 
 
-def run_rows(names: Sequence[str], workdirs: dict[str, Path]) -> dict[str, Row | BaseException]:
-    """The rows of ``names``; presets that share their start (:mod:`lab.family`) run it once."""
-    def finish(run: ScenarioRun, _cpu_s: float, wall_s: float) -> Row:
-        return row_of(run, workdirs[run.scenario.name], wall_s)
-    results = run_families([row_member(n) for n in names], load_topology(), finish, scrape_every_s=SCRAPE_EVERY_S)
-    return dict(zip(names, results, strict=True))
-
-
 def run_row(name: str, workdir: Path) -> Row:
-    """One row on its own."""
     started = time.perf_counter()
     m = row_member(name)
     run = run_through_exporter(m.scenario, load_topology(), scrape_every_s=SCRAPE_EVERY_S,
