@@ -3,8 +3,8 @@
 For the steady-state rows, presets that run the same fleet up to their fault (after the long
 warm-up) form a family (lab.family): its shared start runs once, and each preset continues from a
 fork of it. Presets that probably share their start
-(tests.e2e.harness.share_hint) go to the same worker, the largest groups first so that both
-workers stay busy while the single presets fill in; the worker groups them exactly.
+(tests.e2e.harness.share_hint) go to the same worker, the most work first so that both workers
+stay busy to the end; the worker groups them exactly.
 """
 
 from __future__ import annotations
@@ -28,16 +28,26 @@ ROW_SAFETY_NET_S = 300.0
 
 
 def _groups(names: Sequence[str]) -> list[list[str]]:
-    """``names`` grouped by :func:`share_hint`, largest group first; a preset that does not load is
-    a group of its own (its run then says what is wrong)."""
+    """``names`` grouped by :func:`share_hint`, the most work first; a preset that does not load is
+    a group of its own (its run then says what is wrong).
+
+    A group's work is guessed from the chat sessions it routes: its healthy start once, then
+    each member's fault phase, at its chat session rate (``worker-failures``, at 2.4 sessions/s,
+    is a fifth of all the work: started last, it would leave one worker idle for a minute).
+    """
     groups: dict[Hashable, list[str]] = {}
+    work: dict[Hashable, float] = {}
     for n in names:
         try:
-            key: Hashable = share_hint(load_preset(n))
+            sc = load_preset(n)
+            key: Hashable = share_hint(sc)
         except Exception:
-            key = ("alone", n)
+            groups[("alone", n)], work[("alone", n)] = [n], 0.0
+            continue
+        rate = sc.workload.chat_sessions_per_s
+        work[key] = work.get(key, sc.fault_at_s * rate) + (sc.duration_s - sc.fault_at_s) * rate
         groups.setdefault(key, []).append(n)
-    return sorted(groups.values(), key=len, reverse=True)
+    return [groups[k] for k in sorted(groups, key=lambda k: work[k], reverse=True)]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
