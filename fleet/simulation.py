@@ -9,9 +9,10 @@ into the raw value behind each checklist item of ``prefixscope/catalog.py`` for 
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -122,6 +123,12 @@ class Simulation:
         self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed)
         self.workload = WorkloadGenerator(scenario.phases(), self.duration_s, self.seed, topology.block_size)
         self._requests = requests  # a replayed trace instead of the scenario's workload
+        # the run's progress, kept between pause_before and run
+        self._heap: list[tuple[float, int, Callable[[], None], str]] | None = None
+        self._stream: Iterator[SimRequest] | None = None
+        self._pending: SimRequest | None = None  # taken from the stream, not routed yet
+        self._paused_at: float | None = None
+        self._routed = _stream_digest()  # every request routed so far (continue_as compares)
         # Operators pre-warm the tenants' system prompts on every worker when it starts, so a
         # tenant's first session is not a cold miss and its sessions can spread.
         self._prewarm = self.workload.shared_prompts() if prewarm and requests is None else []
@@ -305,37 +312,108 @@ class Simulation:
     # -- the run -------------------------------------------------------------------------
     def run(self, on_request: Callable[[dict | None], None] | None = None,
             should_stop: Callable[[], bool] | None = None) -> SimResult:
-        """Run on the virtual clock (or pace a real clock: the clock's sleep does the waiting)."""
+        """Run on the virtual clock (or pace a real clock: the clock's sleep does the waiting).
+
+        After :meth:`pause_before` (and :meth:`continue_as`) the run goes on from where it paused.
+        """
         wall = time.perf_counter()
-        heap = self._schedule()
-        sc = self.scenario
+        self._begin()
         virtual = isinstance(self.clock, VirtualClock)
-
-        def until(t: float) -> None:
-            while heap and heap[0][0] <= t:
-                at, _, fn, what = heapq.heappop(heap)
-                self._goto(at, virtual)
-                fn()
-                if what:
-                    self.events.append((at, what))
-
-        stream = self.workload.requests() if self._requests is None else (
-            r for r in self._requests if r.t <= self.duration_s)
-        for req in stream:
-            if should_stop is not None and should_stop():
-                break
-            until(req.t)
-            self._goto(req.t, virtual)
-            self.router.route(req)
-            self._hand_on(on_request)
-        if should_stop is None or not should_stop():
-            until(self.duration_s)
+        stopped = self._drive(None, on_request, should_stop, virtual)
+        if not stopped and (should_stop is None or not should_stop()):
+            self._fire_until(self.duration_s, virtual, inclusive=True)
             self._goto(self.duration_s, virtual)
         self.router.settle()  # requests still waiting for a slot are admitted and recorded
         if self._fresh:
             self._hand_on(on_request)
-        return SimResult(sc, self.topology, self.router, self.engines, self.records, self.samples, self.start,
-                         time.perf_counter() - wall, self.events, self.placements, self.evictions, self.roots)
+        return SimResult(self.scenario, self.topology, self.router, self.engines, self.records, self.samples,
+                         self.start, time.perf_counter() - wall, self.events, self.placements, self.evictions,
+                         self.roots)
+
+    def pause_before(self, t: float, on_request: Callable[[dict | None], None] | None = None) -> None:
+        """Route every request and fire every scheduled event before ``t`` seconds, then return.
+
+        :meth:`run` goes on from there as if it had never stopped; :meth:`continue_as` first
+        swaps in another scenario that shares everything before ``t``. A process that forks here
+        has a snapshot of the fleet it can continue once per scenario (``lab.harness.run_family``).
+        """
+        self._begin()
+        if self._paused_at is not None and t < self._paused_at:
+            raise ValueError(f"already paused at {self._paused_at:g} s, cannot pause before {t:g} s")
+        virtual = isinstance(self.clock, VirtualClock)
+        self._drive(t, on_request, None, virtual)
+        self._fire_until(t, virtual, inclusive=False)
+        self._paused_at = t
+
+    def continue_as(self, scenario: Scenario, duration_s: float | None = None) -> None:
+        """Go on from the pause as ``scenario`` (run for ``duration_s``, default its own length).
+
+        Allowed only when ``scenario`` would have produced exactly this fleet up to the pause: the
+        same router, pool, seed and first workload, every change of its own (fault, actions,
+        workload phases) at or after the pause, and its request stream up to the pause the one
+        this run routed (checked request by request). Continuing is then the same as having run
+        ``scenario`` from the start.
+        """
+        at = self._paused_at
+        if at is None:
+            raise ValueError("continue_as needs a run paused with pause_before")
+        problems = shared_prefix_problems(self.scenario, scenario, at)
+        duration = scenario.duration_s if duration_s is None else duration_s
+        if duration < at:
+            problems.append(f"it ends at {duration:g} s, before the pause")
+        if problems:
+            raise ValueError(f"{scenario.name} cannot continue a run of {self.scenario.name} paused at {at:g} s: "
+                             + "; ".join(problems))
+        workload = WorkloadGenerator(scenario.phases(), duration, self.seed, self.topology.block_size)
+        stream = workload.requests() if self._requests is None else (
+            r for r in self._requests if r.t <= duration)
+        digest, pending = _digest_until(stream, at)
+        if digest != self._routed.digest():
+            raise ValueError(f"{scenario.name}'s requests before {at:g} s differ from those of "
+                             f"{self.scenario.name}: it cannot continue that run")
+        self.scenario, self.duration_s, self.workload = scenario, duration, workload
+        self._stream, self._pending = stream, pending
+        # its own schedule from the pause on (what came before was the same for both and has run)
+        self._heap = [e for e in self._schedule() if e[0] >= at]
+        heapq.heapify(self._heap)
+
+    def _begin(self) -> None:
+        if self._heap is None:
+            self._heap = self._schedule()
+            self._stream = self.workload.requests() if self._requests is None else (
+                r for r in self._requests if r.t <= self.duration_s)
+
+    def _fire_until(self, t: float, virtual: bool, inclusive: bool) -> None:
+        """Fire the scheduled events at or before ``t`` (before it, when not ``inclusive``)."""
+        heap = self._heap
+        assert heap is not None
+        while heap and (heap[0][0] <= t if inclusive else heap[0][0] < t):
+            at, _, fn, what = heapq.heappop(heap)
+            self._goto(at, virtual)
+            fn()
+            if what:
+                self.events.append((at, what))
+
+    def _drive(self, stop_before: float | None, on_request: Callable[[dict | None], None] | None,
+               should_stop: Callable[[], bool] | None, virtual: bool) -> bool:
+        """Route requests in time order, the scheduled events between them; True when ``should_stop``
+        ended the run. With ``stop_before``, the first request at or after it waits (pending)."""
+        assert self._stream is not None
+        while True:
+            req = self._pending if self._pending is not None else next(self._stream, None)
+            if req is None:
+                return False
+            self._pending = req
+            if stop_before is not None and req.t >= stop_before:
+                return False
+            if should_stop is not None and should_stop():
+                return True
+            self._pending = None
+            self._fire_until(req.t, virtual, inclusive=True)
+            self._goto(req.t, virtual)
+            _digest_request(self._routed, req)
+            self.router.route(req)
+            self._hand_on(on_request)
 
     def _placement(self, record: dict) -> None:
         """Ground truth for topology-aware placement: where the longest cached prefix lives.
@@ -356,6 +434,58 @@ class Simulation:
             self.clock.set(target)  # type: ignore[attr-defined]
         else:
             self.clock.sleep(target - self.clock.now())
+
+
+def shared_prefix_problems(ran: Scenario, other: Scenario, at: float) -> list[str]:
+    """Why ``other`` could not have run the same fleet as ``ran`` up to ``at`` seconds (none: it could).
+
+    Before ``at`` both must have the same router, pool, seed and first workload, and neither may
+    change anything (fault, workload phase, actions): the request streams are compared too, by
+    :meth:`Simulation.continue_as`.
+    """
+    problems = []
+    for what in ("policy", "initial_workers", "workload", "router", "seed"):
+        if getattr(ran, what) != getattr(other, what):
+            problems.append(f"its {what} differs")
+    for sc in (ran, other):
+        changes = [sc.fault_at_s, *(a.at for a in sc.actions)]
+        if min(changes) < at:
+            problems.append(f"{sc.name} changes the fleet at {min(changes):g} s, before the pause")
+    return problems
+
+
+def requests_digest(scenario: Scenario, until_s: float, duration_s: float | None = None, seed: int | None = None,
+                    block_size: int = 16) -> bytes:
+    """A digest of ``scenario``'s requests before ``until_s``: equal digests, equal streams up to there
+    (what :meth:`Simulation.continue_as` checks; callers group scenarios by it)."""
+    duration = scenario.duration_s if duration_s is None else duration_s
+    stream = WorkloadGenerator(scenario.phases(), duration, scenario.seed if seed is None else seed,
+                               block_size).requests()
+    return _digest_until(stream, until_s)[0]
+
+
+def _digest_until(stream: Iterator[SimRequest], at: float) -> tuple[bytes, SimRequest | None]:
+    """The digest of the requests before ``at``, and the first one at or after it (taken from ``stream``)."""
+    digest = _stream_digest()
+    for req in stream:
+        if req.t >= at:
+            return digest.digest(), req
+        _digest_request(digest, req)
+    return digest.digest(), None
+
+
+def _stream_digest() -> Any:
+    return hashlib.blake2b(digest_size=16)
+
+
+def _digest_request(digest: Any, r: SimRequest) -> None:
+    """Add what makes ``r`` this request: its identity, timing and sizes, its last block hash (a
+    chain hash: it stands for every block before it) and the tokens after the last full block."""
+    last = r.block_hashes[-1] if r.block_hashes else None
+    tail = tuple(r.token_ids[len(r.block_hashes) * r.block_size:]) if r.token_ids else ()
+    digest.update(repr((r.t, r.request_id, r.session_key, r.conversation, r.turn, r.prompt_tokens,
+                        r.output_tokens, r.segment, r.kind, r.lora_name, r.lora_id, len(r.block_hashes), last,
+                        tail)).encode())
 
 
 class ScaledClock:

@@ -353,22 +353,57 @@ def run_through_exporter(scenario: Scenario, topology: Topology, *, start: float
     runs the tree-statistics pass only at checkpoints: the history stays empty, and the
     evaluations are the same (they read only the latest pass).
     """
-    clock = VirtualClock(start)
-    parts = bootstrap(thresholds=load_thresholds(thresholds_path), topology=topology, clock=clock.now)
-    health, state = parts.health, parts.state
-    sim = _ScrapingSimulation(scenario, topology, clock=clock, duration_s=duration_s, seed=seed,
-                              sample_every_s=scrape_every_s)
-    feed = _Feed(sim, state, health, clock, flavour, start, scrape_every_s, keep_history)
-    feed.checkpoint_at = {round(float(t), 6) for t in checkpoints}
-    sim.attach(feed)
-    try:
-        result = sim.run(on_request=feed.on_request)
-        feed.flush_records()
-    finally:
-        feed.close()
-        sim.close()
-    return ScenarioRun(scenario, result, state, health, feed.history, clock, start, feed.sent, feed.lost,
-                       feed.timeline, feed.checkpoints)
+    replay = Replay(scenario, topology, start=start, scrape_every_s=scrape_every_s, flavour=flavour,
+                    thresholds_path=thresholds_path, duration_s=duration_s, seed=seed, checkpoints=checkpoints,
+                    keep_history=keep_history)
+    return replay.finish()
+
+
+class Replay:
+    """One simulation feeding one exporter state (:func:`run_through_exporter` in steps).
+
+    :meth:`pause_before` runs it up to a moment; :meth:`continue_as` lets another scenario that
+    shares everything up to there take over (see ``lab.family``); :meth:`finish` runs to the end.
+    """
+
+    def __init__(self, scenario: Scenario, topology: Topology, *, start: float = 0.0,
+                 scrape_every_s: float = SCRAPE_EVERY_S, flavour: str = "vllm",
+                 thresholds_path: str | Path | None = None, duration_s: float | None = None,
+                 seed: int | None = None, checkpoints: Iterable[float] = (), keep_history: bool = True) -> None:
+        self.clock = clock = VirtualClock(start)
+        self.start = start
+        parts = bootstrap(thresholds=load_thresholds(thresholds_path), topology=topology, clock=clock.now)
+        self.health, self.state = parts.health, parts.state
+        self.sim = _ScrapingSimulation(scenario, topology, clock=clock, duration_s=duration_s, seed=seed,
+                                       sample_every_s=scrape_every_s)
+        self.feed = _Feed(self.sim, self.state, self.health, clock, flavour, start, scrape_every_s, keep_history)
+        self.feed.checkpoint_at = {round(float(t), 6) for t in checkpoints}
+        self.sim.attach(self.feed)
+
+    def pause_before(self, t: float) -> None:
+        """Everything before ``t`` seconds since the start has run (requests, scrapes, checkpoints)."""
+        self.sim.pause_before(t, on_request=self.feed.on_request)
+
+    def continue_as(self, scenario: Scenario, duration_s: float | None = None,
+                    checkpoints: Iterable[float] | None = None) -> None:
+        """From the pause on, the run is ``scenario``'s (:meth:`fleet.simulation.Simulation.continue_as`);
+        ``checkpoints`` replaces the checkpoints still to come and those kept so far."""
+        self.sim.continue_as(scenario, duration_s)
+        if checkpoints is not None:
+            keep = {round(float(t), 6) for t in checkpoints}
+            self.feed.checkpoint_at = keep
+            self.feed.checkpoints = {t: v for t, v in self.feed.checkpoints.items() if t in keep}
+
+    def finish(self) -> ScenarioRun:
+        feed, sim = self.feed, self.sim
+        try:
+            result = sim.run(on_request=feed.on_request)
+            feed.flush_records()
+        finally:
+            feed.close()
+            sim.close()
+        return ScenarioRun(sim.scenario, result, self.state, self.health, feed.history, self.clock, self.start,
+                           feed.sent, feed.lost, feed.timeline, feed.checkpoints)
 
 
 def fired_during_expr(seconds: float) -> str:

@@ -25,6 +25,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ from typing import Any
 from exporter.checks import Evaluation
 from fleet.scenarios import Scenario, ScenarioError, load_preset
 from fleet.topology import Topology, TopologyError, load_topology
-from lab.harness import SCRAPE_EVERY_S, run_through_exporter
+from lab.family import Member, run_families
+from lab.harness import SCRAPE_EVERY_S, ScenarioRun, run_through_exporter
 from prefixscope.diagnosis import FIRING
 from prefixscope.durations import parse_duration
 
@@ -83,23 +85,57 @@ def _grid(t: float, every: float) -> float:
     return math.floor(t / every) * every
 
 
+def _marks(shifted: Scenario, scrape_every_s: float) -> tuple[float, float]:
+    """The two checkpoints: the last scrape strictly before the fault (at the fault's own instant
+    its actions have run) and the end of the fault."""
+    before = max(0.0, math.ceil(shifted.fault_at_s / scrape_every_s) * scrape_every_s - scrape_every_s)
+    return before, _grid(shifted.duration_s, scrape_every_s)
+
+
+def _steady_run(scenario: Scenario, shifted: Scenario, run: ScenarioRun, cpu_s: float, wall_s: float,
+                scrape_every_s: float) -> SteadyRun:
+    before, end = _marks(shifted, scrape_every_s)
+    fill = {name: round(eng.cache.resident_blocks / eng.spec.num_gpu_blocks, 4)
+            for name, eng in run.result.engines.items()}
+    return SteadyRun(scenario, shifted.fault_at_s - scenario.fault_at_s, phase(run.checkpoints[before][0]),
+                     phase(run.checkpoints[end][0]), len(run.result.records), fill, cpu_s, wall_s)
+
+
 def run_steady(scenario: Scenario, topology: Topology, warmup_s: float, *, seed: int | None = None,
                thresholds_path: str | Path | None = None, flavour: str = "vllm",
                scrape_every_s: float = SCRAPE_EVERY_S) -> SteadyRun:
     """``scenario`` after ``warmup_s`` of healthy traffic, through the exporter; see the module docstring."""
     cpu, wall = time.process_time(), time.perf_counter()
     shifted = with_warmup(scenario, warmup_s, scrape_every_s)
-    # the last scrape strictly before the fault (at the fault's own instant its actions have run)
-    before = max(0.0, math.ceil(shifted.fault_at_s / scrape_every_s) * scrape_every_s - scrape_every_s)
-    end = _grid(shifted.duration_s, scrape_every_s)
     run = run_through_exporter(shifted, topology, scrape_every_s=scrape_every_s, flavour=flavour,
-                               thresholds_path=thresholds_path, seed=seed, checkpoints=[before, end],
-                               keep_history=False)
-    fill = {name: round(eng.cache.resident_blocks / eng.spec.num_gpu_blocks, 4)
-            for name, eng in run.result.engines.items()}
-    return SteadyRun(scenario, shifted.fault_at_s - scenario.fault_at_s, phase(run.checkpoints[before][0]),
-                     phase(run.checkpoints[end][0]), len(run.result.records), fill,
-                     time.process_time() - cpu, time.perf_counter() - wall)
+                               thresholds_path=thresholds_path, seed=seed,
+                               checkpoints=_marks(shifted, scrape_every_s), keep_history=False)
+    return _steady_run(scenario, shifted, run, time.process_time() - cpu, time.perf_counter() - wall, scrape_every_s)
+
+
+def steady_member(scenario: Scenario, warmup_s: float, scrape_every_s: float = SCRAPE_EVERY_S) -> Member:
+    """``scenario`` after the warm-up, with its two checkpoints, as a member of a :mod:`lab.family`."""
+    shifted = with_warmup(scenario, warmup_s, scrape_every_s)
+    return Member(shifted, checkpoints=_marks(shifted, scrape_every_s))
+
+
+def run_steady_many(scenarios: Sequence[Scenario], topology: Topology, warmup_s: float, *,
+                    thresholds_path: str | Path | None = None, flavour: str = "vllm",
+                    scrape_every_s: float = SCRAPE_EVERY_S) -> dict[str, SteadyRun | BaseException]:
+    """:func:`run_steady` for each scenario, by name (a run that fails gives its exception); the
+    scenarios that share their warm-up (:mod:`lab.family`) run it once. A member's ``cpu_s`` and
+    ``wall_s`` count its own part after the shared warm-up."""
+    original = {sc.name: sc for sc in scenarios}
+    members = [steady_member(sc, warmup_s, scrape_every_s) for sc in scenarios]
+    shifted = {m.scenario.name: m.scenario for m in members}
+
+    def finish(run: ScenarioRun, cpu_s: float, wall_s: float) -> SteadyRun:
+        name = run.scenario.name
+        return _steady_run(original[name], shifted[name], run, cpu_s, wall_s, scrape_every_s)
+
+    results = run_families(members, topology, finish, thresholds_path=thresholds_path, flavour=flavour,
+                           scrape_every_s=scrape_every_s, keep_history=False)
+    return {sc.name: r for sc, r in zip(scenarios, results, strict=True)}
 
 
 def with_capacity(topology: Topology, divisor: int) -> Topology:

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,18 +29,20 @@ import yaml
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import load_thresholds as console_thresholds
-from fleet.scenarios import load_preset
+from fleet.scenarios import Scenario, load_preset
 from fleet.simulation import signals
-from fleet.topology import load_topology
+from fleet.topology import Topology, load_topology
+from lab.family import Member, start_key
 from lab.harness import (
     SCRAPE_EVERY_S,
+    ScenarioRun,
     ScrapeHistory,
     duration_seconds,
     promtool_test,
     run_through_exporter,
     settled_duration,
 )
-from lab.steady import run_steady, with_capacity
+from lab.steady import run_steady, run_steady_many, with_capacity
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds, window_seconds
 from tests.support import free_port, wait_for
@@ -128,16 +131,36 @@ def fired_in_prometheus(history, windows: list[Window], workdir: Path) -> tuple[
     return found, second.returncode == 0, second.stdout + second.stderr
 
 
+def row_member(name: str) -> Member:
+    """The preset, run until its slowest expected alert's `for` has surely elapsed; the chain is
+    read where the scenario ends (its fault has filled the 5m window)."""
+    scenario = load_preset(name)
+    chain_at = math.floor(scenario.duration_s / SCRAPE_EVERY_S) * SCRAPE_EVERY_S
+    return Member(scenario, settled_duration(scenario, load_thresholds(), SCRAPE_EVERY_S), (chain_at,))
+
+
+def share_hint(scenario: Scenario) -> tuple:
+    """Presets that probably share their start (:mod:`lab.family`), cheaply: the start's
+    configuration, and whether a workload phase follows (it moves the stream's random draws
+    before the fault). Only a hint for handing families to workers: :func:`lab.family.families`
+    groups exactly, by the requests themselves."""
+    return (*start_key(scenario), scenario.fault_workload is None)
+
+
 def run_row(name: str, workdir: Path) -> Row:
     started = time.perf_counter()
-    scenario = load_preset(name)
+    m = row_member(name)
+    run = run_through_exporter(m.scenario, load_topology(), scrape_every_s=SCRAPE_EVERY_S,
+                               checkpoints=m.checkpoints, duration_s=m.duration_s)
+    return row_of(run, workdir, time.perf_counter() - started)
+
+
+def row_of(run: ScenarioRun, workdir: Path, run_s: float) -> Row:
+    """A finished run of a preset read three ways (see the module docstring)."""
+    started = time.perf_counter()
+    scenario = run.scenario
     thresholds = console_thresholds()
-    interval = SCRAPE_EVERY_S
-    # The chain is read where the scenario ends (its fault has filled the 5m window); the run goes
-    # on until the slowest expected alert's `for` has surely elapsed.
-    chain_at = math.floor(scenario.duration_s / interval) * interval
-    run = run_through_exporter(scenario, load_topology(), scrape_every_s=interval, checkpoints=[chain_at],
-                               duration_s=settled_duration(scenario, load_thresholds(), interval))
+    (chain_at,) = row_member(scenario.name).checkpoints
     warmup, fault = (0.0, scenario.fault_at_s), (scenario.fault_at_s, run.end_s)
     fired, confirmed, output = fired_in_prometheus(run.history, [warmup, fault], workdir)
 
@@ -152,7 +175,7 @@ def run_row(name: str, workdir: Path) -> Row:
     truth = signals(run.result, chain_at - window_seconds(load_thresholds()), chain_at)
     missed = sum(run.health.snapshot()[0].get(f"{catalog.NAMESPACE}_kv_event_missed_batches", {}).values())
     return Row(
-        name=name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts,
+        name=scenario.name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts,
         chain_at_s=chain_at, end_s=run.end_s, warmup_firing=fired[warmup], firing=fired[fault],
         confirmed=confirmed, promtool_output=output,
         exporter_verdict=ev.verdict["step"] if ev.verdict else None,
@@ -161,22 +184,33 @@ def run_row(name: str, workdir: Path) -> Row:
         console_prometheus_verdict=console_prom.verdict.number if console_prom.verdict else None,
         values={k: (None if v is None else float(v)) for k, v in values.items()},
         kv_batches_lost=sum(run.kv_batches_lost.values()), kv_missed_batches=float(missed),
-        seconds=time.perf_counter() - started,
+        seconds=run_s + time.perf_counter() - started,
         truth={k: (truth.get(k), values.get(k)) for k in GROUND_TRUTH_KEYS},
     )
 
 
 # Steady state for the matrix: caches 8× smaller are over 99 % full after 15 simulated minutes of
 # warm-up plus the preset's own 5 healthy minutes, which keeps the 16 presets within a few minutes
-# on two cores (the CLI's default: 2 h, full size).
+# on two cores (the CLI's default: 2 h, full size). Presets that share their healthy start share
+# its run (lab.family): six warm-ups for the sixteen.
 STEADY_WARMUP_S = 900.0
 STEADY_CAPACITY_DIVISOR = 8
 
 
+def _steady_topology() -> Topology:
+    return with_capacity(load_topology(), STEADY_CAPACITY_DIVISOR)
+
+
+def run_steady_rows(names: Sequence[str]) -> dict[str, dict | BaseException]:
+    """``names`` after the warm-up, read by the exporter's own evaluation (plain data); presets
+    that share their warm-up (:mod:`lab.family`) run it once."""
+    runs = run_steady_many([load_preset(n) for n in names], _steady_topology(), STEADY_WARMUP_S)
+    return {n: r if isinstance(r, BaseException) else r.as_dict() for n, r in runs.items()}
+
+
 def run_steady_row(name: str) -> dict:
-    """One preset after the steady-state warm-up, read by the exporter's own evaluation (plain data)."""
-    run = run_steady(load_preset(name), with_capacity(load_topology(), STEADY_CAPACITY_DIVISOR), STEADY_WARMUP_S)
-    return run.as_dict()
+    """One preset after the steady-state warm-up, on its own."""
+    return run_steady(load_preset(name), _steady_topology(), STEADY_WARMUP_S).as_dict()
 
 
 def allowed_alongside(step: int) -> set[str]:
