@@ -61,7 +61,7 @@ class HttpRecords:
 
 @dataclass(frozen=True)
 class Limits:
-    """What clients can make the exporter hold: label values from records and sessions.
+    """What clients can make the exporter hold: label values from records, sessions, hit history.
 
     A value beyond its limit is counted under ``other``; a value unseen for ``label_idle``
     seconds (never less than the window) frees its slot and its series are dropped.
@@ -72,6 +72,7 @@ class Limits:
     workers: int = 2000
     label_idle: float = 3600.0
     sessions: int = 100_000
+    hit_history: int = 200_000  # hits kept for hot branches and "what changed" (an hour at most)
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,8 @@ def _limits(problems: Problems, d: Mapping[str, Any]) -> Limits:
     idle = None if problems.has("limits") else _seconds(problems, s, "label_idle", default.label_idle)
     return Limits(models=s.get("models") or default.models, segments=s.get("segments") or default.segments,
                   workers=s.get("workers") or default.workers, label_idle=idle or default.label_idle,
-                  sessions=s.get("sessions") or default.sessions)
+                  sessions=s.get("sessions") or default.sessions,
+                  hit_history=s.get("hit_history") or default.hit_history)
 
 
 def _web(problems: Problems, d: Mapping[str, Any]) -> Web:

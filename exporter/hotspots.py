@@ -8,7 +8,9 @@ are kept the same way (time, segment, re-keyed?) so "what changed" can compare t
 Memory: an hour of hits at a busy cluster's record rate is a lot of events, so each is kept
 small — its chain as 8 bytes a block (a tuple of Python ints costs ~40 B a block), and chains
 that repeat (turns of one conversation, requests behind one system prompt) share one copy. At
-most ``MAX_HISTORY_EVENTS`` hits are kept: ~0.1 KB each plus their distinct chains (≤ 0.5 KB).
+most ``max_events`` hits are kept (``limits.hit_history``, default ``MAX_HISTORY_EVENTS``): ~0.1 KB
+each plus their distinct chains (≤ 0.5 KB); past it the oldest go, and the history covers less
+than the hour.
 
 Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 """
@@ -50,11 +52,11 @@ def branch_label(block: int) -> str:
 class Hotspots:
     """Hit and new-session history over the last hour."""
 
-    def __init__(self, index: PrefixIndex) -> None:
+    def __init__(self, index: PrefixIndex, max_events: int = MAX_HISTORY_EVENTS) -> None:
         self.index = index
-        self.hit_events: deque[tuple[float, Chain, float, str | None]] = deque(maxlen=MAX_HISTORY_EVENTS)
+        self.hit_events: deque[tuple[float, Chain, float, str | None]] = deque(maxlen=max_events)
         self._interned: dict[Chain, Chain] = {}
-        self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=MAX_HISTORY_EVENTS)
+        self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=max_events)
 
     def hit(self, ts: float, chain: Sequence[int], hit_blocks: int, tokens: float, session: str | None) -> None:
         packed = _packed(chain[:min(hit_blocks, MAX_CHAIN_KEPT)])

@@ -178,7 +178,7 @@ class ClusterState:
         self.sessions = SessionTable(max_sessions=max_sessions or limits.sessions)
         self.store = MetricStore(self.window_s, getattr(thresholds, "baseline_window_s", 86400.0))
         self.worker_pool = WorkerPool(health, self.time, health_recency_s)
-        self.hotspots = Hotspots(self.index)
+        self.hotspots = Hotspots(self.index, limits.hit_history)
         self.accounting = RecordAccounting(self.time, self.store, self.worker_pool, self.index, self.sessions,
                                            self.hotspots, topology, self.cold_reuse_share,
                                            RecordLabels(limits, self.window_s), miss_cost_factor(thresholds))

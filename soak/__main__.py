@@ -23,7 +23,9 @@ The index is bounded by the workers' KV capacity, and at 10× the packaged fleet
 (64,000 blocks a worker) take longer than a 10-minute run to fill: RSS would still be growing
 towards that bound, legitimately. So the fleet runs the packaged topology with caches
 ``--cache-scale`` times its size (default 1/8), full within the first minutes, and the verdict
-also requires the index to be full (resident ≥ 90 % of capacity) over the last third.
+also requires the index to be full (resident ≥ 90 % of capacity) over the last third. Likewise
+the hit history (an hour of hits by default, ``limits.hit_history`` of them at most) is capped at
+20,000 hits, which the fleet's records fill in the first minutes.
 """
 
 from __future__ import annotations
@@ -220,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.write_text(json.dumps({
             "fleet_manifest": str(manifest), "scrape_interval": "1s", "scrape_timeout": "1s",
             "records": {"http": {"bearer_token": TOKEN}},
-            "limits": {"models": 50, "segments": 50, "workers": 200, "label_idle": "5m", "sessions": 5000},
+            "limits": {"models": 50, "segments": 50, "workers": 200, "label_idle": "5m", "sessions": 5000,
+                       "hit_history": 20000},
             "web": {"max_connections": 64, "read_timeout": "5s"},
         }))
         exp_log = open(run / "exporter.log", "wb")  # noqa: SIM115 - closed with the run

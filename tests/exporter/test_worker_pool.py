@@ -78,3 +78,20 @@ def test_hotspots_rank_branches_and_forget_after_an_hour() -> None:
     hs.new_session(100.0, "web", False)
     hs.expire(3700.0)
     assert list(hs.session_events) == [] and [e[0] for e in hs.hit_events] == [110.0, 120.0]
+
+
+def test_the_hit_history_keeps_at_most_its_configured_number_of_hits(tmp_path) -> None:
+    from exporter.config import load_config
+    from exporter.main import Runtime
+
+    hs = Hotspots(PrefixIndex(), max_events=3)
+    for i in range(5):
+        hs.hit(float(i), [i], 1, 16.0, f"s{i}")
+    assert [e[0] for e in hs.hit_events] == [2.0, 3.0, 4.0]
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text("limits: {hit_history: 1234}\n")
+    rt = Runtime.build(load_config(cfg).with_overrides(listen_address="127.0.0.1:0"))
+    try:
+        assert rt.state.hotspots.hit_events.maxlen == 1234
+    finally:
+        rt.server.httpd.server_close()
