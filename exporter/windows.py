@@ -44,31 +44,79 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
     return float(bounds[-1])
 
 
+# Events whose input times fall within RESOLUTION_S of their slot's first are held together: a
+# slot holds one sum (or one bucket row) per key instead of one entry per event, so what a window
+# holds grows with the keys in use and the window's length, not with the event rate. A slot leaves
+# the window when its newest event does, so an event can outlive its window by up to RESOLUTION_S
+# (Prometheus reads window edges at scrape granularity, coarser still).
+RESOLUTION_S = 1.0
+
+
+class _Slot:
+    __slots__ = ("first", "last", "rows")
+
+    def __init__(self, ts: float) -> None:
+        self.first = self.last = ts
+        self.rows: dict = {}  # key -> the slot's sum, or its bucket row
+
+
+class _Slots:
+    """Slots in arrival order; an event joins the newest slot when it is no older than that slot's
+    newest event and within ``resolution_s`` of its first (an event out of order opens a slot)."""
+
+    def __init__(self, window_s: float, resolution_s: float) -> None:
+        self.window_s = window_s
+        self.resolution_s = resolution_s
+        self.slots: deque[_Slot] = deque()
+        self.events = 0  # events held (for reporting)
+
+    def slot_for(self, ts: float) -> _Slot:
+        slots = self.slots
+        if slots:
+            tail = slots[-1]
+            if tail.last <= ts < tail.first + self.resolution_s:
+                tail.last = ts
+                return tail
+        slot = _Slot(ts)
+        slots.append(slot)
+        return slot
+
+    def expired(self, now: float) -> Iterable[_Slot]:
+        cutoff = now - self.window_s
+        slots = self.slots
+        while slots and slots[0].last <= cutoff:
+            yield slots.popleft()
+
+
 class WindowedSum:
     """Sums per key of the values added in the last ``window_s`` seconds."""
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, resolution_s: float = RESOLUTION_S) -> None:
         self.window_s = window_s
-        self._events: deque[tuple[float, Hashable, float]] = deque()
+        self._slots = _Slots(window_s, resolution_s)
         self.sums: dict[Hashable, float] = {}
-        self._n: Counter[Hashable] = Counter()  # events per key still in the window
+        self._n: Counter[Hashable] = Counter()  # slots per key still in the window
 
     def add(self, ts: float, key: Hashable, value: float = 1.0) -> None:
-        self._events.append((ts, key, value))
+        rows = self._slots.slot_for(ts).rows
+        if key in rows:
+            rows[key] += value
+        else:
+            rows[key] = value
+            self._n[key] += 1
         self.sums[key] = self.sums.get(key, 0.0) + value
-        self._n[key] += 1
+        self._slots.events += 1
 
     def expire(self, now: float) -> None:
-        cutoff = now - self.window_s
-        ev, sums, n = self._events, self.sums, self._n
-        while ev and ev[0][0] <= cutoff:
-            _, key, value = ev.popleft()
-            # A key leaves only with its last event: a sum of zeros (0 stale tokens) is still data.
-            n[key] -= 1
-            if n[key] == 0:
-                del sums[key], n[key]
-            else:
-                sums[key] -= value
+        sums, n = self.sums, self._n
+        for slot in self._slots.expired(now):
+            for key, value in slot.rows.items():
+                # A key leaves only with its last slot: a sum of zeros (0 stale tokens) is still data.
+                n[key] -= 1
+                if n[key] == 0:
+                    del sums[key], n[key]
+                else:
+                    sums[key] -= value
 
     def get(self, key: Hashable) -> float | None:
         """The windowed sum, or None when nothing with this key is in the window."""
@@ -79,35 +127,40 @@ class WindowedSum:
         return sum(vals) if vals else None
 
     def __len__(self) -> int:
-        return len(self._events)
+        """Slots held (each one sum per key seen in it)."""
+        return len(self._slots.slots)
 
 
 class WindowedBuckets:
     """Per-key bucket counts of observations made in the last ``window_s`` seconds."""
 
-    def __init__(self, window_s: float, bounds: Sequence[float]) -> None:
+    def __init__(self, window_s: float, bounds: Sequence[float], resolution_s: float = RESOLUTION_S) -> None:
         self.window_s = window_s
         self.bounds = tuple(bounds)
-        self._events: deque[tuple[float, Hashable, int]] = deque()
+        self._slots = _Slots(window_s, resolution_s)
         self.counts: dict[Hashable, list[int]] = {}
 
     def observe(self, ts: float, key: Hashable, value: float) -> None:
         i = bucket_index(self.bounds, value)
-        self._events.append((ts, key, i))
+        rows = self._slots.slot_for(ts).rows
+        slot_row = rows.get(key)
+        if slot_row is None:
+            slot_row = rows[key] = [0] * (len(self.bounds) + 1)
+        slot_row[i] += 1
         row = self.counts.get(key)
         if row is None:
             row = self.counts[key] = [0] * (len(self.bounds) + 1)
         row[i] += 1
 
     def expire(self, now: float) -> None:
-        cutoff = now - self.window_s
-        ev = self._events
-        while ev and ev[0][0] <= cutoff:
-            _, key, i = ev.popleft()
-            row = self.counts[key]
-            row[i] -= 1
-            if not any(row):
-                del self.counts[key]
+        for slot in self._slots.expired(now):
+            for key, slot_row in slot.rows.items():
+                row = self.counts[key]
+                for i, c in enumerate(slot_row):
+                    if c:
+                        row[i] -= c
+                if not any(row):
+                    del self.counts[key]
 
     def merged(self, key: Hashable | None = None) -> list[int]:
         """Bucket counts of one key, or summed over all keys (``sum by (le)``)."""
