@@ -1785,7 +1785,9 @@ cdef class EventBuilder:
                 PyObject_GenericSetAttr(o, "block_size", ev.block_size)
                 PyObject_GenericSetAttr(o, "token_count", _raw_array_len(raw))
                 PyObject_GenericSetAttr(o, "medium", ev.medium)
-                PyObject_GenericSetAttr(o, "token_ids", self.tokens(raw) if token_ids else ())
+                # a root store's tokens always (prefix instability compares openings)
+                PyObject_GenericSetAttr(o, "token_ids", self.tokens(raw)
+                                        if token_ids or ev.parent_block_hash is None else ())
             else:
                 o = self.cleared
             out[i] = o

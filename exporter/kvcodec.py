@@ -14,9 +14,10 @@ timestamp must be a finite number. ``decode_batch`` never raises.
 Two paths, one result. The typed path decodes the payload with msgspec into structs shaped like
 vLLM's own (``msgspec.msgpack.Decoder``; a tagged union of map-encoded events, else of
 array-encoded ones), which checks every field the exporter reads in C: hashes and parents
-unsigned 64-bit ints, a positive int block size, a string or nil medium. ``token_ids`` is not
-decoded unless asked for (``token_ids=True``, for prefix text): its count is read from the array
-header. Whatever the typed path does not accept — bytes hashes, a bad or unknown event, a mix of
+unsigned 64-bit ints, a positive int block size, a string or nil medium. ``token_ids`` is
+decoded for root stores (no parent: the opening of a prompt, which prefix instability compares)
+and for the rest only when asked for (``token_ids=True``, for prefix text); otherwise its count is
+read from the array header. Whatever the typed path does not accept — bytes hashes, a bad or unknown event, a mix of
 encodings, a non-finite timestamp, bytes that are not msgpack — goes to the careful path, which
 decides and words the error: one ``msgpack.unpackb`` call (``use_list=False`` so the hash arrays
 arrive as tuples), an inline check of the common shapes, then per-field readers. The two agree
@@ -289,8 +290,9 @@ def _build_events_py(structs: tuple, token_ids: bool) -> tuple[KvEvent, ...]:
             append(new_removed(ev.block_hashes, ev.medium))
         elif kind in stored:
             raw = ev.token_ids
-            append(new_stored(ev.block_hashes, ev.parent_block_hash, ev.block_size, count(raw), ev.medium,
-                              _tokens(raw) if token_ids else ()))
+            parent = ev.parent_block_hash
+            append(new_stored(ev.block_hashes, parent, ev.block_size, count(raw), ev.medium,
+                              _tokens(raw) if token_ids or parent is None else ()))
         else:
             append(_CLEARED)
     return tuple(events)

@@ -147,8 +147,9 @@ def test_damaged_payloads_agree_or_are_read_by_neither(obj: list, data: st.DataO
     assert fast_counts == careful_counts
 
 
-def test_token_ids_are_read_only_when_asked_for() -> None:
-    ev = {"type": "BlockStored", "block_hashes": [1, 2], "block_size": 16, "token_ids": list(range(32))}
+def test_token_ids_are_read_only_when_asked_for_or_for_a_root() -> None:
+    ev = {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": 7, "block_size": 16,
+          "token_ids": list(range(32))}
     for payload in (msgpack.packb([1.0, [ev, ev], 0]), msgpack.packb([1.0, [["BlockStored", [3], 2, list(range(32)), 16]] * 2])):
         lean = kvcodec.decode_batch(payload, "w", 0)
         full = kvcodec.decode_batch(payload, "w", 0, token_ids=True)
@@ -156,6 +157,9 @@ def test_token_ids_are_read_only_when_asked_for() -> None:
         assert [e.token_ids for e in full.events] == [tuple(range(32))] * 2
     big = msgpack.packb([1.0, [{**ev, "token_ids": list(range(70000))}], 0])  # a 32-bit array header
     assert kvcodec.decode_batch(big, "w", 0).events[0].token_count == 70000
+    # a root store (no parent) opens a prompt: its tokens are read for prefix instability
+    root = msgpack.packb([1.0, [{**ev, "parent_block_hash": None}, ev], 0])
+    assert [e.token_ids for e in kvcodec.decode_batch(root, "w", 0).events] == [tuple(range(32)), ()]
 
 
 def test_the_benchmark_stream_decodes_alike_on_both_paths() -> None:
