@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from exporter import otlp_http
+from exporter import allocator, otlp_http
 from exporter.api import ApiBuilders
 from exporter.bootstrap import bootstrap
 from exporter.breach_loop import BreachLoop
@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help/--version (0) or a bad flag (2, message already printed)
         return int(exc.code or 0)
     _configure_logging(cfg.log_level)
+    allocator.limit_arenas()  # before any thread of the runtime allocates
     try:
         runtime = Runtime.build(cfg)
     except ConfigError as exc:
@@ -296,8 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         runtime.start()
         # The address line is the one machine-readable log line: tests and scripts parse it.
         log.info("listening on %s", runtime.url)
+        trimmed_at = time.monotonic()
         while not stop.wait(0.5):
-            pass
+            if time.monotonic() - trimmed_at >= allocator.TRIM_EVERY_S:
+                allocator.trim()
+                trimmed_at = time.monotonic()
     finally:
         runtime.stop()
         for s, handler in previous.items():
