@@ -198,7 +198,9 @@ def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: fl
         showlegend=bool(spans), legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"},
         hovermode="x unified", plot_bgcolor="white",
     )
-    fig.update_xaxes(title_text=f"time ({zone_label(tz, start)})", tickformat="%H:%M", range=x_range,
+    # type="date" explicitly: the legend entries of shaded spans come first with no x values, and
+    # plotly would otherwise take the axis for a linear one (ticks -1…6, the line and spans lost).
+    fig.update_xaxes(type="date", title_text=f"time ({zone_label(tz, start)})", tickformat="%H:%M", range=x_range,
                      hoverformat="%Y-%m-%d %H:%M:%S", showgrid=True, gridcolor="#eceff3", nticks=8)
     fig.update_yaxes(title_text=axis.title, tickformat=axis.tickformat, tickprefix=axis.tickprefix,
                      ticksuffix=axis.ticksuffix, range=_value_range([v for v in values if v is not None],

@@ -45,6 +45,9 @@ def test_alert_spans_are_shaded_and_named() -> None:
     assert [r.fillcolor for r in rects] == [charts.SPAN_COLOURS["pending"], charts.SPAN_COLOURS["firing"]]
     assert {t.name for t in fig.data} >= {"alert pending", "alert firing"}
     assert fig.layout.showlegend
+    # The spans' legend entries come first and carry no x values: the axis must still be a time
+    # axis (plotly took it for a linear one, with ticks -1…6 and neither line nor spans shown).
+    assert fig.layout.xaxis.type == "date"
 
 
 def test_spans_from_alert_samples_merge_consecutive_steps() -> None:
