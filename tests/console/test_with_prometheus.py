@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -55,7 +56,10 @@ def test_diagnosis_from_recording_rules_and_firing_alerts(monkeypatch: pytest.Mo
     # a full cache is normal: what counts is its thrash (3%)
     assert "**Cache pressure (full and thrashing)**: 3.0% (alert when > 10.0%) — :green[:material/check_circle: ok]" in body
     assert "**Prefix-tree depth p99**: 3.96 (alert when > 32) — :green[:material/check_circle: ok]" in body
-    assert "**Session migrations per minute**: 4.0/min (alert when > 100.0/min) — :green[:material/check_circle: ok]" in body
+    # a rate: read later than the backfill's end on a loaded machine, Prometheus extrapolates it less
+    moved = re.search(r"\*\*Session migrations per minute\*\*: ([0-9.]+)/min \(alert when > 100\.0/min\) — "
+                      r":green\[:material/check_circle: ok\]", body)
+    assert moved and float(moved.group(1)) == pytest.approx(4.0, rel=0.1)
     assert "**Topology-aware placement**: 95.0% (alert when < 90.0%) — :green[:material/check_circle: ok]" in body
     assert "### Step 3 — Cold-miss cost · :gray[:material/help: not instrumented]" in body
     assert "**Router tree-walk p99**: — (alert when > 5.0 ms) — :gray[:material/help: not instrumented] · missing signal: walk_latency" in body
@@ -92,14 +96,18 @@ def test_alerts_page_groups_prometheus_alerts(both: str) -> None:
 
 
 def test_workers_page_shows_migrations_by_kind(both: str) -> None:
+    # The backfill ends when the fixture starts; a test that runs later on a loaded machine reads
+    # rates over windows that reach past the last sample, which Prometheus extrapolates less (4.0
+    # reads 3.87 some twenty seconds on): rates are compared within 10 %.
     at = run("workers")
-    assert metrics(at)["Session migrations per minute"] == "4.0/min"
+    shown = metrics(at)["Session migrations per minute"]
+    assert shown.endswith("/min") and float(shown.removesuffix("/min")) == pytest.approx(4.0, rel=0.1)
     # Beside Prometheus, liveness comes from the exporter's series (its /metrics), as before.
     liveness = next(d.value for d in at.dataframe if "liveness" in d.value.columns)
     assert list(liveness.columns) == ["worker", "liveness", "node", "resident_blocks"]
     assert liveness["liveness"].tolist() == ["up", "up"]
     moves = at.dataframe[-1].value
     rows = moves.set_index("kind").round(3)
-    assert rows.loc["soft"].tolist() == [4.0, 1.0]
+    assert rows.loc["soft"].tolist() == pytest.approx([4.0, 1.0], rel=0.1)
     assert rows.loc["hard", "session_migrations_per_min"] == 0.0
     assert pd.isna(rows.loc["hard", "cross_node_per_min"])  # no cross-node hard series: missing, not 0
