@@ -9,10 +9,10 @@ Like Prometheus's rule evaluation, a breach's start is known to within one inter
 from __future__ import annotations
 
 import logging
-import threading
 
 from exporter.breaches import BreachClock
 from exporter.checks import evaluate
+from exporter.periodic import Periodic
 from exporter.state import ClusterState
 
 log = logging.getLogger("prefixscope.breaches")
@@ -25,13 +25,11 @@ class BreachLoop:
     ``evaluate_once()`` is one step, for callers that drive time themselves (tests, replays)."""
 
     def __init__(self, state: ClusterState, record: BreachClock, interval: float = DEFAULT_INTERVAL_S) -> None:
-        if interval <= 0:
-            raise ValueError(f"breach evaluation interval must be > 0, got {interval}")
         self.state = state
         self.record = record
+        self._loop = Periodic("breach loop", interval, lambda: self.evaluate_once(), log,
+                              "the breach record keeps its previous state")
         self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def evaluate_once(self) -> dict[str, float]:
         """Evaluate every check now and advance the record; returns check key → breaching since."""
@@ -39,34 +37,14 @@ class BreachLoop:
         return self.record.observe({key: r.status for key, r in ev.results.items()}, ev.evaluated_at)
 
     def start(self) -> BreachLoop:
-        if self._thread is not None:
-            raise RuntimeError("breach loop already started")
         log.info("checks evaluated every %gs for pending and firing alerts", self.interval)
-        self._thread = threading.Thread(target=self._run, name="prefixscope-breaches", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._loop.running
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread; an evaluation in progress finishes first (bounded by ``timeout``)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("breach loop did not stop within %.1fs", timeout)
-
-    def _run(self) -> None:
-        failed = False
-        while True:
-            try:
-                self.evaluate_once()
-                failed = False
-            except Exception:  # an exporter bug, not bad input: log it once per run of failures, keep going
-                if not failed:
-                    log.exception("check evaluation failed; the breach record keeps its previous state")
-                failed = True
-            if self._stop.wait(self.interval):
-                return
+        self._loop.close(timeout)

@@ -9,8 +9,8 @@ runs the pass outside it. /metrics and the API serve the latest completed pass, 
 from __future__ import annotations
 
 import logging
-import threading
 
+from exporter.periodic import Periodic
 from exporter.prefix_index import CORE, PrefixIndex
 from exporter.state import ClusterState
 
@@ -23,43 +23,21 @@ class TreeStatsRefresher:
     """``start()`` runs the refresher thread (one pass right away); ``close()`` stops it."""
 
     def __init__(self, state: ClusterState, interval: float = DEFAULT_INTERVAL_S) -> None:
-        if interval <= 0:
-            raise ValueError(f"tree statistics interval must be > 0, got {interval}")
         self.state = state
         self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("tree statistics", interval, lambda: self.state.refresh_tree_stats(), log,
+                              "/metrics keeps the previous statistics")
 
     def start(self) -> TreeStatsRefresher:
-        if self._thread is not None:
-            raise RuntimeError("tree statistics refresher already started")
         log.info("prefix index: the %s core (%s); tree statistics at most every %gs",
                  CORE, PrefixIndex.__name__, self.interval)
-        self._thread = threading.Thread(target=self._run, name="prefixscope-tree-stats", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._loop.running
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread; a pass in progress finishes first (bounded by ``timeout``)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("tree statistics refresher did not stop within %.1fs", timeout)
-
-    def _run(self) -> None:
-        failed = False
-        while True:
-            try:
-                self.state.refresh_tree_stats()
-                failed = False
-            except Exception:  # an exporter bug, not bad input: log it once per run of failures, keep going
-                if not failed:
-                    log.exception("tree statistics pass failed; /metrics keeps the previous statistics")
-                failed = True
-            if self._stop.wait(self.interval):
-                return
+        self._loop.close(timeout)
