@@ -26,7 +26,8 @@ class Stored:
     """Consecutive newly cached blocks; ``token_ids`` has ``len(hashes) * block_size`` ids, or
     is empty when the tokens are unknown (trace replay, where block ids stand in for hashes).
     ``lora_name``/``lora_id`` name the LoRA adapter of the request that computed them (vLLM's
-    BlockStored fields; None without one)."""
+    BlockStored fields; None without one). ``cache_salt``: the request's salt (vLLM lists it in
+    the ``extra_keys`` of the prompt's first block only)."""
 
     hashes: tuple[int, ...]
     parent: int | None
@@ -35,6 +36,7 @@ class Stored:
     medium: str = MEDIUM_GPU
     lora_id: int | None = None
     lora_name: str | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,7 @@ class _Alloc:
     dropped_blocks: int = 0  # new blocks that found no room and were not cached
     lora_id: int | None = None
     lora_name: str | None = None
+    cache_salt: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -82,6 +85,8 @@ class PagedPrefixCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced resident, oldest first
         self._reserved = 0  # capacity held by pending and anonymous blocks
         self._allocs: dict[str, _Alloc] = {}
+        # resident hash -> (LoRA adapter, cache salt) of the request that stored it (ground truth)
+        self._labels: dict[int, tuple[str | None, str | None]] = {}
 
     # -- read-only views ------------------------------------------------------------------
     def match(self, block_hashes: Sequence[int]) -> int:
@@ -113,6 +118,14 @@ class PagedPrefixCache:
     def resident(self) -> set[int]:
         return set(self._refs)
 
+    def resident_by_label(self) -> dict[tuple[str | None, str | None], int]:
+        """Resident blocks per (LoRA adapter, cache salt) of the request that stored them."""
+        out: dict[tuple[str | None, str | None], int] = {}
+        for h in self._refs:
+            key = self._labels.get(h, (None, None))
+            out[key] = out.get(key, 0) + 1
+        return out
+
     # -- request lifecycle ----------------------------------------------------------------
     def _make_room(self, n: int, events: list[CacheEvent]) -> int:
         """Evict unreferenced blocks until ``n`` blocks are free; returns how many are free (≤ n)."""
@@ -121,6 +134,7 @@ class PagedPrefixCache:
         while free < n and lru:
             h, _ = lru.popitem(last=False)
             del refs[h]
+            self._labels.pop(h, None)
             events.append(Removed((h,)))  # vLLM emits one BlockRemoved per evicted block
             free += 1
         return min(free, n)
@@ -134,6 +148,7 @@ class PagedPrefixCache:
         max_hit_blocks: int | None = None,
         lora_id: int | None = None,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[int, list[CacheEvent]]:
         """Admit a request: reference its resident prefix, reserve room for the rest.
 
@@ -171,6 +186,7 @@ class PagedPrefixCache:
             dropped_blocks=want_new - new,
             lora_id=lora_id,
             lora_name=lora_name,
+            cache_salt=cache_salt,
         )
         return hit, events
 
@@ -192,7 +208,8 @@ class PagedPrefixCache:
                 toks: tuple[int, ...] = ()
                 if a.tokens is not None:
                     toks = tuple(a.tokens[run_start * bs : (run_start + len(run)) * bs])
-                events.append(Stored(tuple(run), run_parent, toks, bs, MEDIUM_GPU, a.lora_id, a.lora_name))
+                events.append(Stored(tuple(run), run_parent, toks, bs, MEDIUM_GPU, a.lora_id, a.lora_name,
+                                     a.cache_salt))
 
         prev = a.parent
         for i, h in enumerate(a.pending):
@@ -208,6 +225,8 @@ class PagedPrefixCache:
                 if not run:
                     run_parent, run_start = prev, a.first_new + i
                 refs[h] = 1
+                if a.lora_name is not None or a.cache_salt is not None:
+                    self._labels[h] = (a.lora_name, a.cache_salt)
                 run.append(h)
             prev = h
             a.held.append(h)
@@ -244,10 +263,11 @@ class PagedPrefixCache:
         max_hit_blocks: int | None = None,
         lora_id: int | None = None,
         lora_name: str | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[int, list[CacheEvent]]:
         """acquire + commit in one step (the request is still referenced until release)."""
         hit, events = self.acquire(request_id, block_hashes, token_ids, extra_blocks, max_hit_blocks,
-                                   lora_id, lora_name)
+                                   lora_id, lora_name, cache_salt)
         events += self.commit(request_id)
         return hit, events
 
@@ -265,4 +285,5 @@ class PagedPrefixCache:
             a.committed = True
         self._refs.clear()
         self._lru.clear()
+        self._labels.clear()
         return [Cleared()]

@@ -102,7 +102,8 @@ class EngineRequest:
     (a trace block id stands in for a block hash; the last block may hold a partial remainder),
     or both ``token_ids`` and the ``block_hashes`` of their full blocks when the caller hashed
     them already (the reference router: the engine publishes the tokens without hashing again).
-    ``lora_name``/``lora_id``: the LoRA adapter it runs on, published with its blocks."""
+    ``lora_name``/``lora_id``: the LoRA adapter it runs on, published with its blocks;
+    ``cache_salt``: vLLM's request field, published in the first block's ``extra_keys``."""
 
     request_id: str
     token_ids: Sequence[int] | None = None
@@ -114,6 +115,7 @@ class EngineRequest:
     expert_signature: str | None = None
     lora_name: str | None = None
     lora_id: int | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -561,7 +563,7 @@ class SimEngine:
         extra = math.ceil((n + out) / bs) - len(hashes)
         hit_blocks, events = self.cache.acquire(
             req.request_id, hashes, w.tokens, extra_blocks=extra, max_hit_blocks=w.max_hit,
-            lora_id=req.lora_id, lora_name=req.lora_name,
+            lora_id=req.lora_id, lora_name=req.lora_name, cache_salt=req.cache_salt,
         )
         self._emit(events, t)
         cached = hit_blocks * bs

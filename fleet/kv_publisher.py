@@ -50,8 +50,11 @@ def encode_event(ev: CacheEvent, encoding: str = "array", hash_form: str = "int"
         hashes = [wire_hash(h, hash_form) for h in ev.hashes]
         parent = None if ev.parent is None else wire_hash(ev.parent, hash_form)
         # one entry per block: vLLM lists there what its hash mixes in besides the tokens — a LoRA
-        # adapter's name, untagged (the simulated hashes leave it out: tenants' prompts differ anyway)
+        # adapter's name, untagged, and on the prompt's first block (no parent) the request's
+        # cache_salt, last (the simulated hashes leave both out: tenants' prompts differ anyway)
         extra = [None if ev.lora_name is None else [ev.lora_name]] * len(ev.hashes)
+        if ev.parent is None and ev.cache_salt is not None and extra:
+            extra[0] = [*(extra[0] or ()), ev.cache_salt]
         if encoding == "array":
             # block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys,
             # group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window (0.23 field order)

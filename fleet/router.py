@@ -139,7 +139,7 @@ class RouterConfig:
 
 
 def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int], token_ids: Sequence[int] | None = None,
-                  lora_name: str | None = None, lora_id: int | None = None) -> None:
+                  lora_name: str | None = None, lora_id: int | None = None, cache_salt: str | None = None) -> None:
     """Soft migration: the session's blocks arrive over the interconnect and become resident.
 
     The engine has no KV-import call, so this reaches into its cache under its lock and emits
@@ -147,7 +147,8 @@ def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int], tok
     they are known, and the LoRA adapter they were computed with).
     """
     with engine._lock:
-        _, events = engine.cache.store(request_id, hashes, token_ids, lora_id=lora_id, lora_name=lora_name)
+        _, events = engine.cache.store(request_id, hashes, token_ids, lora_id=lora_id, lora_name=lora_name,
+                                       cache_salt=cache_salt)
         engine.cache.release(request_id)
         engine._emit(events, engine.clock.now())
 
@@ -457,7 +458,7 @@ class Router:
             toks = d.req.token_ids
             import_prefix(self.engines[d.worker], f"{d.req.request_id}-import", hashes[:moved],
                           None if toks is None else toks[: moved * self.topology.block_size],
-                          d.req.lora_name, d.req.lora_id)
+                          d.req.lora_name, d.req.lora_id, d.req.cache_salt)
             d.migrate_s = self.topology.transfer_seconds(moved * self.topology.block_size, prev, d.worker)
             if d.predicted is not None:
                 d.predicted = self._cached_prefix(d.req, moved)
@@ -495,7 +496,7 @@ class Router:
                 request_id=req.request_id, token_ids=req.token_ids, block_hashes=req.block_hashes,
                 prompt_tokens=req.prompt_tokens, max_tokens=max(1, req.output_tokens),
                 output_tokens=max(1, req.output_tokens), arrival=d.now + d.migrate_s,
-                lora_name=req.lora_name, lora_id=req.lora_id))
+                lora_name=req.lora_name, lora_id=req.lora_id, cache_salt=req.cache_salt))
         except RequestError as exc:
             # The engine refuses it (as vLLM answers 400): count it, say so once, route on.
             self.rejected += 1
@@ -566,6 +567,11 @@ class Router:
             "admitted_by_affinity": res.admitted_by_affinity,
             "segment": req.segment,
         }
+        # the request's LoRA adapter and tenant (its cache_salt), when it has them
+        if req.lora_name is not None:
+            record["lora_name"] = req.lora_name
+        if req.cache_salt is not None:
+            record["tenant"] = req.cache_salt
         if self.sink is not None:
             self.sink.emit(record)
         return record

@@ -160,7 +160,7 @@ class Simulation:
     def _warm(self, name: str) -> None:
         for i, shared in enumerate(self._prewarm):
             import_prefix(self.engines[name], f"prewarm-{i}-{name}", shared.block_hashes, shared.token_ids,
-                          shared.lora_name, shared.lora_id)
+                          shared.lora_name, shared.lora_id, shared.cache_salt)
 
     def _adopt(self, name: str) -> SimEngine:
         """Take a fleet worker's (new) engine; its KV events go to the publisher and the router."""
@@ -485,7 +485,7 @@ def _digest_request(digest: Any, r: SimRequest) -> None:
     tail = tuple(r.token_ids[len(r.block_hashes) * r.block_size:]) if r.token_ids else ()
     digest.update(repr((r.t, r.request_id, r.session_key, r.conversation, r.turn, r.prompt_tokens,
                         r.output_tokens, r.segment, r.kind, r.lora_name, r.lora_id, len(r.block_hashes), last,
-                        tail)).encode())
+                        tail, *((r.cache_salt,) if r.cache_salt is not None else ()))).encode())
 
 
 class ScaledClock:

@@ -22,7 +22,9 @@ Prompts are readable text (``fleet/prompt_text.py``: "Acme billing assistant …
 Can you check …", "Report 3fa9c2e1: summarise …") tokenized by the byte-level
 ``fleet/tokenizer.py``, so a worker's ``/detokenize`` turns the tokens of a KV event back into
 words. A tenant may run on a LoRA adapter (``tenant_loras``); its requests carry the adapter's
-name and id the way vLLM's KV events do.
+name and id the way vLLM's KV events do. A tenant may also send a ``cache_salt``
+(``tenant_salts``), which vLLM mixes into the first block's hash and lists in its
+``extra_keys`` (the simulated hashes leave it out: tenants' system prompts differ anyway).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class WorkloadParams:
     timestamp_segments: tuple[str, ...] = ("web", "mobile", "api")  # whose template renders it
     segments: tuple[tuple[str, float], ...] = (("web", 0.5), ("mobile", 0.3), ("api", 0.2))
     tenant_loras: tuple[str | None, ...] = ()  # LoRA adapter name by tenant index (None/missing: none)
+    tenant_salts: tuple[str | None, ...] = ()  # cache_salt by tenant index (None/missing: none)
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> WorkloadParams:
         return replace(self, **dict(overrides))
@@ -102,6 +105,7 @@ class SimRequest:
     token_ids: list[int] | None = None
     lora_name: str | None = None  # the LoRA adapter the request runs on (vLLM's lora_name)
     lora_id: int | None = None  # its integer id (vLLM's deprecated lora_id)
+    cache_salt: str | None = None  # the request's cache_salt (its tenant's)
 
 
 @dataclass(slots=True)
@@ -118,6 +122,7 @@ class _Session:
     extend: bool = True  # follow-ups extend the context (chat) or resend it (document Q&A)
     user: str | None = None  # the id its user turns are signed with (from its first turn)
     lora: tuple[str | None, int | None] = (None, None)
+    salt: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -139,6 +144,7 @@ class SharedPrompt:
     block_hashes: list[int]
     lora_name: str | None = None
     lora_id: int | None = None
+    cache_salt: str | None = None
 
 
 Phases = Sequence[tuple[float, WorkloadParams]]
@@ -194,6 +200,11 @@ class WorkloadGenerator:
             return None, None
         return name, p.tenant_loras.index(name) + 1
 
+    @staticmethod
+    def _salt(i: int, p: WorkloadParams) -> str | None:
+        """Tenant ``i``'s cache_salt."""
+        return (p.tenant_salts[i] if i < len(p.tenant_salts) else None) or None
+
     def _between(self, lo_hi: tuple[int, int]) -> int:
         lo, hi = lo_hi
         return self.rng.randint(lo, max(lo, hi))
@@ -219,7 +230,7 @@ class WorkloadGenerator:
     def shared_prompts(self) -> list[SharedPrompt]:
         """Every tenant's shared system prompt + tools (first phase's tenants), for pre-warming."""
         p = self.phases[0][1]
-        return [SharedPrompt(*self._tenant(i, p), *self._lora(i, p)) for i in range(p.tenants)]
+        return [SharedPrompt(*self._tenant(i, p), *self._lora(i, p), self._salt(i, p)) for i in range(p.tenants)]
 
     def _extend(self, ctx_hashes: list[int], prompt: list[int]) -> list[int]:
         """Hashes of the full blocks of ``prompt``, reusing those known for its prefix."""
@@ -275,12 +286,13 @@ class WorkloadGenerator:
     def _new_session(self, stream: str, p: WorkloadParams, ctx: list[int] | None = None,
                      ctx_hashes: list[int] | None = None, turns: int | None = None) -> _Session:
         lora: tuple[str | None, int | None] = (None, None)
+        salt: str | None = None
         if ctx is None:
             if stream == "chat":
                 tenant = self.rng.randrange(max(1, p.tenants))
                 ctx, ctx_hashes = self._tenant(tenant, p)
                 ctx, ctx_hashes = list(ctx), list(ctx_hashes)
-                lora = self._lora(tenant, p)
+                lora, salt = self._lora(tenant, p), self._salt(tenant, p)
             else:  # a system prompt nobody shares: nothing to reuse anywhere
                 ctx = self._text(text.cold_system_prompt, self._between(p.cold_prompt_tokens))
                 ctx_hashes = chain_hashes(ctx, self.bs)
@@ -288,7 +300,7 @@ class WorkloadGenerator:
         return _Session(conversation=self._new_id("c"), key=self._new_id("s"), segment=self._segment(p),
                         ctx=ctx, ctx_hashes=ctx_hashes or [],
                         turns_left=turns or self._between(p.cold_turns if stream == "cold" else p.turns),
-                        kind=stream, out_range=out_range, lora=lora)
+                        kind=stream, out_range=out_range, lora=lora, salt=salt)
 
     def _new_docqa(self, p: WorkloadParams) -> _Session:
         doc = self._text(text.manual, self._between(p.docqa_tokens))
@@ -321,14 +333,15 @@ class WorkloadGenerator:
         req = SimRequest(t=t, request_id=f"r{self._ids:07d}", session_key=s.key or None, conversation=s.conversation,
                          turn=s.turn, prompt_tokens=len(sent), block_hashes=sent_hashes, output_tokens=out,
                          segment=s.segment, kind=s.kind, block_size=self.bs,
-                         token_ids=sent if self.keep_tokens else None, lora_name=s.lora[0], lora_id=s.lora[1])
+                         token_ids=sent if self.keep_tokens else None, lora_name=s.lora[0], lora_id=s.lora[1],
+                         cache_salt=s.salt)
         if not s.extend:
             return req, s.turns_left > 0
         s.ctx = prompt + self._text(text.answer, out)
         s.ctx_hashes = hashes
         if s.turn > 1 and self.rng.random() < p.fork_prob:
             fork = self._new_session("chat", p, list(s.ctx), list(hashes), turns=self._between((1, 3)))
-            fork.kind, fork.lora = "fork", s.lora
+            fork.kind, fork.lora, fork.salt = "fork", s.lora, s.salt
             push(t + p.think_s * self.rng.uniform(0.1, 0.5), "turn", fork)
         return req, s.turns_left > 0
 
