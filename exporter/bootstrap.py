@@ -119,7 +119,7 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
     subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock,
-                                   token_ids=texts is not None) if endpoints else None
+                                   token_ids=texts is not None, attribution=cfg.attribution) if endpoints else None
     if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
         state.rebuild_request = subscriber.request_rebuild
     tails = [RecordFileTail(p, state, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
@@ -156,7 +156,8 @@ def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvS
     durable = n.durable or ("prefixscope-export" + (f"-shard{spec.index}" if spec.sharded else ""))
     settings = NatsKvSettings(url=n.url, stream=n.stream, subject_prefix=n.subject_prefix,
                               workers=None if n.all_workers else named, durable=durable, relay=relay,
-                              dynamo_subjects=n.dynamo_subjects, dynamo_block_size=n.dynamo_block_size)
+                              dynamo_subjects=n.dynamo_subjects, dynamo_block_size=n.dynamo_block_size,
+                              attribution=cfg.attribution)
     sink: KvSink = ShardSink(state, spec, health=health) if spec.sharded else state
     return NatsKvSource(settings, sink, health, clock=clock)
 

@@ -73,6 +73,8 @@ class Limits:
     label_idle: float = 3600.0
     sessions: int = 100_000
     hit_history: int = 200_000  # hits kept for hot branches and "what changed" (an hour at most)
+    adapters: int = 20  # LoRA adapter label values (records, spans, KV events)
+    tenants: int = 50  # tenant label values (records, spans; KV events: cache salts)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class OtlpTraces:
     session_attributes: tuple[str, ...] = ()
     cached_attributes: tuple[str, ...] = ("gen_ai.usage.cache_read.input_tokens",)
     session_wait: float = 2.0
+    adapter_attributes: tuple[str, ...] = ()  # e.g. gen_ai.request.model on a vLLM that serves LoRA adapters
+    tenant_attributes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class Config:
     breach_interval: float = 5.0  # background check evaluation that records when each breach began
     window: float | None = None  # None: the thresholds file's window
     prefix_text: bool = False  # keep and serve the first words of hot prefixes (prompts may be private)
+    attribution: bool = True  # read KV events' lora_name and extra_keys (cache salt) for per-adapter/tenant series
     eviction_memory: int = 4096  # recent evictions kept per worker (thrash, eviction age)
     listen_address: str = DEFAULT_LISTEN
     log_level: str = "info"
@@ -275,7 +280,9 @@ def _otlp(problems: Problems, d: Mapping[str, Any]) -> OtlpTraces:
                       worker_attributes=names("worker_attributes", default.worker_attributes),
                       session_attributes=names("session_attributes", default.session_attributes),
                       cached_attributes=names("cached_attributes", default.cached_attributes),
-                      session_wait=_seconds(problems, o, "session_wait", default.session_wait) or 0.0)
+                      session_wait=_seconds(problems, o, "session_wait", default.session_wait) or 0.0,
+                      adapter_attributes=names("adapter_attributes", default.adapter_attributes),
+                      tenant_attributes=names("tenant_attributes", default.tenant_attributes))
 
 
 def _kv_nats(problems: Problems, d: Mapping[str, Any], workers: tuple[WorkerTarget, ...]) -> NatsKv | None:
@@ -320,7 +327,8 @@ def _limits(problems: Problems, d: Mapping[str, Any]) -> Limits:
     return Limits(models=s.get("models") or default.models, segments=s.get("segments") or default.segments,
                   workers=s.get("workers") or default.workers, label_idle=idle or default.label_idle,
                   sessions=s.get("sessions") or default.sessions,
-                  hit_history=s.get("hit_history") or default.hit_history)
+                  hit_history=s.get("hit_history") or default.hit_history,
+                  adapters=s.get("adapters") or default.adapters, tenants=s.get("tenants") or default.tenants)
 
 
 def _web(problems: Problems, d: Mapping[str, Any]) -> Web:
@@ -360,6 +368,7 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
                   scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0,
                   breach_interval=breach_interval or 5.0, window=window,
                   prefix_text=d.get("prefix_text") is True,
+                  attribution=d.get("attribution") is not False,
                   eviction_memory=int(d.get("eviction_memory", 4096)),
                   limits=limits, web=web, kv_nats=kv_nats, shard=shard)
 

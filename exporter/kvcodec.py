@@ -25,6 +25,10 @@ on every batch both read (tests/exporter/test_kvcodec_paths.py). One difference 
 fields the exporter never reads (``lora_name``, ``extra_keys``, …) are skipped unread by the
 typed path, so garbage inside them (invalid UTF-8, a malformed msgpack timestamp) no longer
 rejects a batch whose blocks are well formed.
+
+Attribution (``attribution=True``): the stored structs also keep ``lora_name`` and ``extra_keys``
+as raw msgpack (unparsed, so they still cannot reject a batch) and the batch passes its decoded
+events on as ``KvBatch.raw_events`` for ``exporter.attribution`` to read. Off, nothing changes.
 """
 
 from __future__ import annotations
@@ -255,9 +259,38 @@ class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):  # vLLM ≤ 0.23
     dp_rank: int | None = None
 
 
+class _MapStoredLabelled(_MapStored, tag="BlockStored", tag_field="type", gc=False):
+    """A stored event with the fields attribution reads, raw (vLLM ≥ 0.14 / ≥ 0.20)."""
+
+    lora_name: msgspec.Raw = _NIL
+    extra_keys: msgspec.Raw = _NIL
+
+
+class _ArrayStoredLabelled(_ArrayStored, tag="BlockStored", array_like=True, gc=False):
+    lora_name: msgspec.Raw = _NIL  # field 7, after medium
+    extra_keys: msgspec.Raw = _NIL  # field 8
+
+
+class _MapBatchLabelled(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: tuple[_MapStoredLabelled | _MapRemoved | _MapCleared, ...]
+    dp_rank: int | None = None
+
+
+class _ArrayBatchLabelled(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: tuple[_ArrayStoredLabelled | _ArrayRemoved | _ArrayCleared, ...]
+    dp_rank: int | None = None
+
+
 _TYPED = (msgspec.msgpack.Decoder(_MapBatch).decode, msgspec.msgpack.Decoder(_ArrayBatch).decode)
+_TYPED_LABELLED = (msgspec.msgpack.Decoder(_MapBatchLabelled).decode,
+                   msgspec.msgpack.Decoder(_ArrayBatchLabelled).decode)
 _REMOVED = (_MapRemoved, _ArrayRemoved)
 _STORED = (_MapStored, _ArrayStored)
+_STORED_LABELLED = (_MapStoredLabelled, _ArrayStoredLabelled)
+# The struct types ``KvBatch.raw_events`` holds with ``attribution=True`` (``exporter.attribution``).
+LABELLED_STORED, REMOVED_STRUCTS, CLEARED_STRUCTS = _STORED_LABELLED, _REMOVED, (_MapCleared, _ArrayCleared)
 
 
 def _array_len(raw: msgspec.Raw) -> int:
@@ -278,12 +311,12 @@ def _tokens(raw: msgspec.Raw) -> tuple:
     return t if type(t) is tuple else ()
 
 
-def _build_events_py(structs: tuple, token_ids: bool) -> tuple[KvEvent, ...]:
+def _build_events_py(structs: tuple, token_ids: bool, stored: tuple[type, ...] = _STORED) -> tuple[KvEvent, ...]:
     """The model events of the typed structs (the definition; ``_prefix_core.EventBuilder`` does
     the same with the slots filled in C)."""
     events: list[KvEvent] = []
     append = events.append
-    new_stored, new_removed, removed, stored, count = _new_stored, _new_removed, _REMOVED, _STORED, _array_len
+    new_stored, new_removed, removed, count = _new_stored, _new_removed, _REMOVED, _array_len
     for ev in structs:
         kind = type(ev)
         if kind in removed:
@@ -298,24 +331,25 @@ def _build_events_py(structs: tuple, token_ids: bool) -> tuple[KvEvent, ...]:
     return tuple(events)
 
 
-def _event_builder() -> Callable[[tuple, bool], tuple[KvEvent, ...]]:
+def _event_builder(stored: tuple[type, ...] = _STORED) -> Callable[[tuple, bool], tuple[KvEvent, ...]]:
     """The compiled builder when the extension is in use and the event classes are the slotted
     ones it fills (the same check as :func:`_maker`'s), else the Python one."""
     from exporter.prefix_index import CORE
 
     if CORE != "compiled" or _new_stored is BlockStored or _new_removed is BlockRemoved:
-        return _build_events_py
+        return lambda structs, token_ids: _build_events_py(structs, token_ids, stored)
     from exporter._prefix_core import EventBuilder
 
-    return EventBuilder(BlockStored, BlockRemoved, _CLEARED, _STORED, _REMOVED, _tokens).build
+    return EventBuilder(BlockStored, BlockRemoved, _CLEARED, stored, _REMOVED, _tokens).build
 
 
 _build_events = _event_builder()
+_build_events_labelled = _event_builder(_STORED_LABELLED)
 
 
-def _typed(payload: bytes, worker: str, seq: int, token_ids: bool) -> KvBatch | None:
+def _typed(payload: bytes, worker: str, seq: int, token_ids: bool, attribution: bool = False) -> KvBatch | None:
     """The batch when the typed path accepts the payload, else None (the careful path decides)."""
-    for decode in _TYPED:
+    for decode in _TYPED_LABELLED if attribution else _TYPED:
         try:
             obj = decode(payload)
         except Exception:  # msgspec's ValidationError / DecodeError, or a recursion limit
@@ -326,26 +360,29 @@ def _typed(payload: bytes, worker: str, seq: int, token_ids: bool) -> KvBatch | 
     if not math.isfinite(obj.ts):
         return None
     try:
-        events = _build_events(obj.events, token_ids)
+        events = (_build_events_labelled if attribution else _build_events)(obj.events, token_ids)
     except Exception:  # token ids msgpack cannot read: the careful path rejects the payload, as before
         return None
-    return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=events, dp_rank=obj.dp_rank)
+    return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=events, dp_rank=obj.dp_rank,
+                   raw_events=obj.events if attribution else None)
 
 
 def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None, *,
-                 token_ids: bool = False) -> KvBatch | None:
+                 token_ids: bool = False, attribution: bool = False) -> KvBatch | None:
     """Decode one payload; ``None`` (and a ``decode`` error) when it is not a batch at all.
 
     A hash that is not an unsigned 64-bit int or bytes rejects the whole batch (``decode``).
     Unknown event types and unreadable events are counted (``unknown_event``, ``bad_event``)
     and left out; the rest of the batch is kept in order. ``token_ids``: fill the stored events'
-    token ids (else they are left empty; ``token_count`` is always read). Never raises.
+    token ids (else they are left empty; ``token_count`` is always read). ``attribution``: keep
+    the decoded events as ``raw_events`` (with ``lora_name`` and ``extra_keys``). Never raises.
     """
-    batch = _typed(payload, worker, seq, token_ids)
-    return batch if batch is not None else decode_careful(payload, worker, seq, health)
+    batch = _typed(payload, worker, seq, token_ids, attribution)
+    return batch if batch is not None else decode_careful(payload, worker, seq, health, attribution=attribution)
 
 
-def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None = None) -> KvBatch | None:
+def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None = None, *,
+                   attribution: bool = False) -> KvBatch | None:
     """The careful path of :func:`decode_batch` on its own (every shape, every error worded)."""
     try:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=False)
@@ -417,7 +454,8 @@ def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None 
         except (BadEvent, TypeError, IndexError, ValueError) as exc:
             if health is not None:
                 health.error(SOURCE, "bad_event", f"worker {worker} seq {seq}: {exc}: {excerpt(ev)}")
-    return KvBatch(worker=worker, seq=seq, ts=float(obj[0]), events=tuple(events), dp_rank=dp_rank)
+    return KvBatch(worker=worker, seq=seq, ts=float(obj[0]), events=tuple(events), dp_rank=dp_rank,
+                   raw_events=obj[1] if attribution else None)
 
 
 def event_name(event: KvEvent) -> str:

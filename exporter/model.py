@@ -52,6 +52,11 @@ class KvBatch:
     ts: float
     events: tuple[KvEvent, ...]
     dp_rank: int | None = None
+    # The events as decoded, for readers of fields the model leaves out (LoRA adapter, cache
+    # salt: ``exporter.attribution``); set only when the decoder was asked for them. Each item is
+    # a typed stored/removed struct of ``exporter.kvcodec`` or, from its careful path, the raw
+    # msgpack event (a map or a tagged array), not necessarily aligned with ``events``.
+    raw_events: tuple[object, ...] | None = None
 
 
 @dataclass(slots=True)

@@ -82,6 +82,10 @@ class SpanMapping:
     session_attributes: tuple[str, ...] = ()  # none by default: vLLM's span carries no session
     cached_attributes: tuple[str, ...] = (CACHE_READ,)
     model_attributes: tuple[str, ...] = (RESPONSE_MODEL, REQUEST_MODEL)
+    # The request's LoRA adapter and tenant (records' lora_name and tenant): none by default —
+    # vLLM names a LoRA request's adapter as its model, so (REQUEST_MODEL,) when it serves adapters.
+    adapter_attributes: tuple[str, ...] = ()
+    tenant_attributes: tuple[str, ...] = ()
     # An attribute value (a worker's URL, host:port or name) -> the configured worker name.
     worker_names: Mapping[str, str] = field(default_factory=dict)
 
@@ -238,6 +242,8 @@ def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
         "session_key": session_key,
         "migrated_from": migrated_from,
         "migration_kind": "hard" if migrated_from else None,
+        "lora_name": _string(span.attr(mapping.adapter_attributes)) if mapping.adapter_attributes else None,
+        "tenant": _string(span.attr(mapping.tenant_attributes)) if mapping.tenant_attributes else None,
     }
     for name in ("cached_tokens", "output_tokens"):
         if values[name] is not None:

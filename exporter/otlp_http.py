@@ -28,6 +28,7 @@ def mapping_for(cfg: OtlpTraces, workers: Iterable[WorkerTarget]) -> otlp.SpanMa
     names.update({w.name.lower(): w.name for w in workers})
     return otlp.SpanMapping(span_names=frozenset(cfg.span_names), worker_attributes=cfg.worker_attributes,
                             session_attributes=cfg.session_attributes, cached_attributes=cfg.cached_attributes,
+                            adapter_attributes=cfg.adapter_attributes, tenant_attributes=cfg.tenant_attributes,
                             worker_names=names)
 
 

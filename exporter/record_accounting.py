@@ -50,6 +50,8 @@ RECORD_FIELD_SIGNALS: dict[str, str] = {
     "migration_kind": "migrations",
     "expert_signature": "expert_signature",
     "admitted_by_affinity": "affinity_admission",
+    "lora_name": "attribution",
+    "tenant": "attribution",
 }
 
 # Fields that describe an event (a migration, an async-prefill wait): a producer that writes the

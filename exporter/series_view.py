@@ -108,12 +108,20 @@ def _worker_gauges(st: ClusterState, out: Series) -> None:
             for t in (topology.worker(w) for w in seen if w in topology)}
     for w, n in st.index.resident_by_worker().items():
         g.setdefault(f"{P}_worker_resident_blocks", {})[(w,)] = float(n)
+    _media_gauges(st, g)
     for w, u in st.warm_pool_utilization().items():
         g.setdefault(f"{P}_warm_pool_utilization_ratio", {})[(w,)] = u
     values = st.effective_cache_values()
     ranks = st.removal_ranks(values)
     g[f"{P}_worker_effective_cache_value_tokens"] = {(w,): v for w, v in values.items()}
     g[f"{P}_worker_removal_rank"] = {(w,): float(r) for w, r in ranks.items()}
+
+
+def _media_gauges(st: ClusterState, g: dict[str, dict[LabelValues, float]]) -> None:
+    """Resident blocks per cache tier (medium) and per LoRA adapter and tenant, from KV events."""
+    media = st.index.resident_by_medium()
+    g.update(st.attribution.gauges(media))
+    g[f"{P}_worker_medium_resident_blocks"] = {(w, m): float(n) for w, by in media.items() for m, n in by.items()}
 
 
 def _tree_and_hotspots(st: ClusterState, out: Series) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from exporter.attribution import Attribution
 from exporter.cardinality import RecordLabels
 from exporter.config import Limits
 from exporter.eviction import DEFAULT_MEMORY, BatchEvictions
@@ -186,6 +187,9 @@ class ClusterState:
                                                 (_KV_MISSED, _KV_REPAIRS, _INGEST_ERRORS))
         self.evictions = EvictionTracker(self.window_s, eviction_memory)
         self.roots = RootTracker(self.window_s)  # new root branches that near-duplicate a recent one
+        # resident blocks and hits per LoRA adapter and tenant (KV events' raw fields, records)
+        self.attribution = Attribution(self.store, limits.adapters, limits.tenants,
+                                       max(float(limits.label_idle), self.window_s))
         self.kv_seen = False
         self.spec_seen = False
         self._kv_workers: set[str] = set()  # workers whose KV health series exist
@@ -300,6 +304,8 @@ class ClusterState:
             self.kv_seen = True
             w = self.worker_pool.worker(worker, received_at)
             res = self.index.apply(worker, batch.events)
+            if batch.raw_events is not None:
+                self.attribution.kv.apply(worker, batch.raw_events)
             ev = self.evictions.apply(worker, batch.events, received_at)
             self._count_evictions(worker, ev, received_at)
             self._count_roots(self.roots.apply(worker, batch.events, received_at), received_at)
@@ -413,6 +419,7 @@ class ClusterState:
         with self.lock:
             self.index.clear_worker(worker)
             self.evictions.clear_worker(worker)
+            self.attribution.kv.clear_worker(worker)
             self._rebuilding.add(worker)
 
     def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
@@ -435,6 +442,7 @@ class ClusterState:
         with self.lock:
             self.index.clear_worker(worker)
             self.evictions.clear_worker(worker)
+            self.attribution.kv.clear_worker(worker)
             was_unreliable = self._unreliable.pop(worker, None) is not None  # an empty cache is known exactly
         self.health.inc(_WORKER_RESTARTS, (worker,))
         if was_unreliable:
@@ -522,6 +530,7 @@ class ClusterState:
                 try:
                     record = rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec)
                     worker = self.accounting.account(record)
+                    self.attribution.records.account(record, self.time.now)
                     if record.block_hashes and record.cached_tokens:  # reuse seen on that worker
                         hit = record.cached_tokens // self.worker_block_size(record.worker)
                         self.evictions.hits(record.worker, record.block_hashes[:hit])

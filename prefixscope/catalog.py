@@ -208,6 +208,7 @@ SIGNALS: dict[str, str] = {
     "router_metrics": "router /metrics scraped (SGLang gateway, vllm-router, Dynamo KV router or llm-d scheduler)",
     "router_predicted_reuse": "the router exports the reuse it predicted per request (match ratio)",
     "otlp_spans": "request spans received over OTLP (vLLM's llm_request)",
+    "attribution": "records or spans name the LoRA adapter or tenant (lora_name, tenant)",
 }
 
 # Where each signal can come from, in the words of the table in README.md and docs/routers.md.
@@ -240,6 +241,7 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "router_metrics": ("router_metrics",),
     "router_predicted_reuse": ("router_metrics",),
     "otlp_spans": ("otlp_spans",),
+    "attribution": ("records", "otlp_spans"),
 }
 # What each router's own /metrics feeds (exporter/routers/ implements it; docs/routers.md is generated
 # from it): prefixscope series -> router kind -> the router's series, or None when it exports none.
@@ -296,6 +298,9 @@ SIGNAL_ENABLE: dict[str, str] = {
     "router_predicted_reuse": "scrape a router that exports its match ratio (SGLang gateway ≥ 1.11, Dynamo)",
     "otlp_spans": "vLLM --otlp-traces-endpoint http://EXPORTER/v1/traces with "
                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf",
+    "attribution": "records: add lora_name and/or tenant (e.g. the request's cache_salt); spans: set "
+                   "otlp.adapter_attributes (gen_ai.request.model names a LoRA request's adapter) or "
+                   "otlp.tenant_attributes",
 }
 
 STEPS: tuple[Step, ...] = (
@@ -385,6 +390,32 @@ METRICS: tuple[Metric, ...] = (
             help="Blocks resident on the worker, from its KV events."),
     _metric(name="worker_capacity_blocks", type="gauge", unit="blocks", labels=(W,), group=1, source="worker_metrics",
             help="The worker's KV-cache capacity (num_gpu_blocks from cache_config_info, or the topology)."),
+    # ---- cache tiers and attribution (resident blocks by medium, LoRA adapter, tenant) ------
+    _metric(name="worker_medium_resident_blocks", type="gauge", unit="blocks", labels=(W, "medium"), group=None,
+            source="kv_events",
+            help="Blocks resident on the worker per cache tier (the KV events' medium: GPU, CPU, STORAGE, …)."),
+    _metric(name="adapter_resident_blocks", type="gauge", unit="blocks", labels=("adapter", "medium"), group=None,
+            source="kv_events",
+            help="Resident blocks cluster-wide per LoRA adapter (BlockStored lora_name; none: the base model), "
+                 "top adapters by blocks, the rest summed under other. Absent with attribution: false."),
+    _metric(name="tenant_resident_blocks", type="gauge", unit="blocks", labels=("tenant", "medium"), group=None,
+            source="kv_events",
+            help="Resident blocks cluster-wide per tenant: the cache_salt in the first block's extra_keys, inherited "
+                 "along the chain (none: unsalted), top tenants by blocks, the rest under other."),
+    _metric(name="adapter_prefix_cache_queried_tokens", type="counter", unit="tokens", labels=("adapter",), group=None,
+            source="attribution",
+            help="Prompt tokens of requests that report cached tokens, per LoRA adapter (records' lora_name; none: "
+                 "no adapter; other: past limits.adapters)."),
+    _metric(name="adapter_prefix_cache_hit_tokens", type="counter", unit="tokens", labels=("adapter",), group=None,
+            source="attribution",
+            help="Engine-reported cached prompt tokens per LoRA adapter (hit rate: ÷ the queried tokens)."),
+    _metric(name="tenant_prefix_cache_queried_tokens", type="counter", unit="tokens", labels=("tenant",), group=None,
+            source="attribution",
+            help="Prompt tokens of requests that report cached tokens, per tenant (records' tenant; none: no tenant; "
+                 "other: past limits.tenants)."),
+    _metric(name="tenant_prefix_cache_hit_tokens", type="counter", unit="tokens", labels=("tenant",), group=None,
+            source="attribution",
+            help="Engine-reported cached prompt tokens per tenant (hit rate: ÷ the queried tokens)."),
     _metric(name="kv_blocks_stored", type="counter", unit="blocks", labels=(W,), group=1, source="kv_events",
             help="GPU blocks stored on the worker (BlockStored events)."),
     _metric(name="kv_blocks_evicted", type="counter", unit="blocks", labels=(W,), group=1, source="kv_events",

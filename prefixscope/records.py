@@ -97,6 +97,8 @@ class RequestRecord:
     expert_signature: str | None = None
     admitted_by_affinity: bool | None = None
     segment: str | None = None
+    lora_name: str | None = None
+    tenant: str | None = None
     # Not a schema field: the optional fields the source object carried, null included.
     carried: frozenset[str] = frozenset()
 

@@ -69,6 +69,7 @@ class NatsKvSettings:
     relay: bool = True  # read the relay's stream
     dynamo_subjects: tuple[str, ...] = ()
     dynamo_block_size: int = 16
+    attribution: bool = False  # keep the stored blocks' lora_name and extra_keys (exporter.attribution)
 
 
 class NatsKvSource:
@@ -239,7 +240,7 @@ class NatsKvSource:
             self.health.error(SOURCE, "frame", f"worker {worker}: stream message {stream_seq} without a valid {H_SEQ}")
             return
         self._sequence(worker, seq, headers.get(H_RESTART) == "1")
-        batch = kvcodec.decode_batch(data, worker, seq, self.health)
+        batch = kvcodec.decode_batch(data, worker, seq, self.health, attribution=self.settings.attribution)
         if batch is not None:
             self._apply(lambda: self.sink.apply_kv_batch(batch, self.clock()), worker)
 

@@ -115,10 +115,12 @@ class KvEventSubscriber:
 
     def __init__(self, endpoints: Mapping[str, KvEndpoint], sink: StateSink, health: Health, *,
                  replay_timeout: float = 2.0, poll_interval: float = 0.1,
-                 clock: Callable[[], float] = time.time, token_ids: bool = False) -> None:
+                 clock: Callable[[], float] = time.time, token_ids: bool = False,
+                 attribution: bool = False) -> None:
         self.endpoints = dict(endpoints)
         self.sink = sink
         self.token_ids = token_ids  # decode the stored blocks' token ids (prefix text reads them)
+        self.attribution = attribution  # keep the stored blocks' lora_name and extra_keys (exporter.attribution)
         self.health = health
         self.replay_timeout = replay_timeout
         self.poll_ms = max(1, int(poll_interval * 1000))
@@ -281,7 +283,8 @@ class KvEventSubscriber:
         log.warning("worker %s: %d KV-event batch(es) lost for good", worker, n)
 
     def _decode_and_apply(self, worker: str, seq: int, payload: bytes, received_at: float) -> None:
-        batch = kvcodec.decode_batch(payload, worker, seq, self.health, token_ids=self.token_ids)
+        batch = kvcodec.decode_batch(payload, worker, seq, self.health, token_ids=self.token_ids,
+                                     attribution=self.attribution)
         if batch is not None:
             self._apply(batch, received_at)
 

@@ -3,9 +3,11 @@
 import math
 import subprocess
 
+import msgpack
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from exporter import kvcodec
 from exporter.collector import PrefixscopeCollector
 from exporter.health import Health
 from exporter.model import (
@@ -61,6 +63,11 @@ def full_state() -> ClusterState:
     # block 32 (a sampled hash) is evicted and stored again: thrash and an eviction age
     st.apply_kv_batch(KvBatch("w0", 1, 99.5, (BlockStored((32,), None, 16), BlockRemoved((32,)),
                                               BlockStored((32,), None, 16))), 100.5)
+    # a tenant's chain on a LoRA adapter (vLLM's lora_name and cache salt), decoded with attribution
+    st.apply_kv_batch(kvcodec.decode_batch(msgpack.packb([100.6, [
+        {"type": "BlockStored", "block_hashes": [40, 41], "parent_block_hash": None, "token_ids": [1] * 32,
+         "block_size": 16, "lora_name": "sql", "extra_keys": [["sql", "acme"], ["sql"]]}], 0]), "w0", 2,
+        attribution=True), 100.6)
     for t, q, hits in ((100, 100, 50), (110, 300, 150)):
         st.observe_worker(WorkerSnapshot("w0", "vllm", model="m", prefix_queried_tokens=q, prefix_hit_tokens=hits,
                                          kv_usage_ratio=0.5, num_gpu_blocks=100, block_size=16, running=2,
@@ -73,7 +80,8 @@ def full_state() -> ClusterState:
                                          predicted_hit_ratio=ratio), t)
     base = {"model": "m", "block_hashes": [1, 2, 3, 9], "cached_tokens": 0, "predicted_cached_tokens": 32,
             "prefill_s": 0.5, "queue_s": 0.1, "walk_s": 0.001, "async_wait_s": 1.0, "expert_signature": "e1",
-            "admitted_by_affinity": True, "fallback_tier": "warm_pool", "segment": "web", "session_key": "s"}
+            "admitted_by_affinity": True, "fallback_tier": "warm_pool", "segment": "web", "session_key": "s",
+            "lora_name": "sql", "tenant": "acme"}
     st.ingest_records([
         {**base, "ts": 111, "request_id": "1", "worker": "w0", "prompt_tokens": 64},
         {**base, "ts": 112, "request_id": "2", "worker": "w1", "prompt_tokens": 64, "cached_tokens": 48,
