@@ -20,6 +20,7 @@ from exporter.prefix_index import ROOT, TreeStats
 from exporter.prefix_text import PrefixNames
 from exporter.server import BadRequest
 from exporter.state import NO_TREE, TREE_CHILDREN_DEPTH, ClusterState, branch_label
+from exporter.tiers import medium_capacity
 from exporter.windows import bucket_counts, histogram_quantile
 from prefixscope import catalog, diagnosis
 
@@ -286,9 +287,14 @@ def _workers(st: ClusterState) -> dict[str, Any]:
             "last_scrape_at": info.scraped_at if info else None,
             "resident_blocks": st.index.resident_blocks(w), "resident_blocks_by_medium": media.get(w),
             "capacity_blocks": st.worker_capacity(w),
+            "capacity_blocks_by_medium": medium_capacity(st.worker_capacity(w),
+                                                         snap.offload_usage_ratio if snap is not None else None,
+                                                         media.get(w)) or None,
             "kv_cache_usage_ratio": snap.kv_usage_ratio if snap is not None else None,
             "hit_tokens": hits[w], "hit_share": hits[w] / total_hits if hits[w] is not None and total_hits else None,
             "hit_ratio": st.worker_hit_ratio(w), "hit_tokens_by_tier": st.worker_tier_hit_tokens(w),
+            "external_queried_tokens": st.store.own_sum(("worker_delta", "external_queried_tokens", w)),
+            "external_hit_tokens": st.store.own_sum(("worker_delta", "external_hit_tokens", w)),
             "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),
             "node": t.node if t else None, "nvlink_domain": t.nvlink_domain if t else None,
             "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,

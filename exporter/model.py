@@ -82,6 +82,7 @@ class WorkerSnapshot:
     external_queried_tokens: float | None = None
     external_hit_tokens: float | None = None
     tier_hit_tokens: dict[str, float] | None = None  # cached prompt tokens by the tier that served them
+    offload_usage_ratio: dict[str, float] | None = None  # offload tier (KV-event medium) -> used share of it
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,11 @@ V_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 V_EXT_QUERIES = "vllm:external_prefix_cache_queries_total"
 V_EXT_HITS = "vllm:external_prefix_cache_hits_total"
 V_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+# The OffloadingConnector's CPU tier: the share of it in use (vLLM ≥ 0.33); its KV events say "CPU"
+V_OFFLOAD_CPU_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+# LMCache (a KV connector inside vLLM): its hits count as external hits where vLLM's own are absent
+L_REQUESTED = "lmcache:num_requested_tokens_total"
+L_HITS = "lmcache:num_hit_tokens_total"
 # ---- SGLang ----------------------------------------------------------------------------
 S_PROMPT = "sglang:prompt_tokens_total"
 S_CACHED = "sglang:cached_tokens_total"
@@ -58,7 +63,7 @@ S_HIT_RATE = "sglang:cache_hit_rate"  # a windowed gauge: used for detection onl
 
 VLLM_NAMES = frozenset({V_QUERIES, V_HITS, V_USAGE, V_QUERIES_OLD, V_HITS_OLD, V_USAGE_OLD, V_CACHE_CONFIG,
                         V_RUNNING, V_WAITING, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
-                        V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE})
+                        V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE, V_OFFLOAD_CPU_USAGE, L_REQUESTED, L_HITS})
 SGLANG_NAMES = frozenset({S_PROMPT, S_CACHED, S_USAGE, S_RUNNING, S_QUEUE, S_REQUESTS, S_HIT_RATE})
 WORKER_NAMES = VLLM_NAMES | SGLANG_NAMES
 
@@ -79,9 +84,9 @@ COUNT: ValueRule = ("a finite number ≥ 0", _count)
 RATIO: ValueRule = ("a ratio in [0, 1]", _ratio)
 VALUE_RULES: dict[str, ValueRule] = {
     **dict.fromkeys((V_QUERIES, V_HITS, V_QUERIES_OLD, V_HITS_OLD, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
-                     V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE,
+                     V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE, L_REQUESTED, L_HITS,
                      V_RUNNING, V_WAITING, S_PROMPT, S_CACHED, S_REQUESTS, S_RUNNING, S_QUEUE), COUNT),
-    **dict.fromkeys((V_USAGE, V_USAGE_OLD, S_USAGE, S_HIT_RATE), RATIO),
+    **dict.fromkeys((V_USAGE, V_USAGE_OLD, S_USAGE, S_HIT_RATE, V_OFFLOAD_CPU_USAGE), RATIO),
     **{name: COUNT for a in routers.ADAPTERS for name in a.counts},
     **{name: RATIO for a in routers.ADAPTERS for name in a.ratios},
 }
@@ -200,6 +205,12 @@ def _vllm(worker: str, p: ParseResult) -> WorkerSnapshot:
     snap.spec_accepted_tokens = _sum(p.samples.get(V_ACCEPTED, ()))
     snap.external_queried_tokens = _sum(p.samples.get(V_EXT_QUERIES, ()))
     snap.external_hit_tokens = _sum(p.samples.get(V_EXT_HITS, ()))
+    if snap.external_queried_tokens is None and snap.external_hit_tokens is None:
+        snap.external_queried_tokens = _sum(p.samples.get(L_REQUESTED, ()))
+        snap.external_hit_tokens = _sum(p.samples.get(L_HITS, ()))
+    offload = p.samples.get(V_OFFLOAD_CPU_USAGE)
+    if offload:  # a share of each engine's own tier: their mean is the worker's
+        snap.offload_usage_ratio = {"CPU": sum(s.value for s in offload) / len(offload)}
     snap.tier_hit_tokens = by_label(p.samples.get(V_CACHED_BY_SOURCE, ()), "source") or None
     snap.model = _model(queries, usage, p.samples.get(V_RUNNING), p.samples.get(V_PROMPT))
     return snap

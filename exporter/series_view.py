@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from exporter.hotspots import branch_label
 from exporter.prefix_index import CORE
+from exporter.tiers import medium_capacity
 from exporter.windows import LabelValues
 from prefixscope import __version__, catalog
 
@@ -122,6 +123,14 @@ def _media_gauges(st: ClusterState, g: dict[str, dict[LabelValues, float]]) -> N
     media = st.index.resident_by_medium()
     g.update(st.attribution.gauges(media))
     g[f"{P}_worker_medium_resident_blocks"] = {(w, m): float(n) for w, by in media.items() for m, n in by.items()}
+    capacity, usage = g.setdefault(f"{P}_worker_medium_capacity_blocks", {}), {}
+    for w in st.workers_seen():
+        info = st.worker_pool.workers.get(w)
+        offload = info.snapshot.offload_usage_ratio if info is not None and info.snapshot is not None else None
+        capacity.update({(w, m): c for m, c in medium_capacity(st.worker_capacity(w), offload, media.get(w)).items()})
+        usage.update({(w, m): u for m, u in (offload or {}).items()})
+    if usage:
+        g[f"{P}_worker_offload_usage_ratio"] = usage
 
 
 def _tree_and_hotspots(st: ClusterState, out: Series) -> None:

@@ -394,6 +394,14 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="worker_medium_resident_blocks", type="gauge", unit="blocks", labels=(W, "medium"), group=None,
             source="kv_events",
             help="Blocks resident on the worker per cache tier (the KV events' medium: GPU, CPU, STORAGE, …)."),
+    _metric(name="worker_medium_capacity_blocks", type="gauge", unit="blocks", labels=(W, "medium"), group=None,
+            source="worker_metrics",
+            help="The worker's capacity per cache tier: GPU from num_gpu_blocks (or the topology); the CPU offload "
+                 "tier estimated as its resident blocks ÷ vLLM's kv_offload_cpu_cache_usage_perc (from 5 % used); "
+                 "absent when unknown."),
+    _metric(name="worker_offload_usage_ratio", type="gauge", unit="ratio", labels=(W, "medium"), group=None,
+            source="worker_metrics",
+            help="Share of the worker's offload tier in use (vLLM's kv_offload_cpu_cache_usage_perc: medium CPU)."),
     _metric(name="adapter_resident_blocks", type="gauge", unit="blocks", labels=("adapter", "medium"), group=None,
             source="kv_events",
             help="Resident blocks cluster-wide per LoRA adapter (BlockStored lora_name; none: the base model), "

@@ -66,14 +66,17 @@ def full_state() -> ClusterState:
     # a tenant's chain on a LoRA adapter (vLLM's lora_name and cache salt), decoded with attribution
     st.apply_kv_batch(kvcodec.decode_batch(msgpack.packb([100.6, [
         {"type": "BlockStored", "block_hashes": [40, 41], "parent_block_hash": None, "token_ids": [1] * 32,
-         "block_size": 16, "lora_name": "sql", "extra_keys": [["sql", "acme"], ["sql"]]}], 0]), "w0", 2,
+         "block_size": 16, "lora_name": "sql", "extra_keys": [["sql", "acme"], ["sql"]]},
+        {"type": "BlockStored", "block_hashes": [40, 41], "parent_block_hash": None, "token_ids": [1] * 32,
+         "block_size": 16, "medium": "CPU"}], 0]), "w0", 2,
         attribution=True), 100.6)
     for t, q, hits in ((100, 100, 50), (110, 300, 150)):
         st.observe_worker(WorkerSnapshot("w0", "vllm", model="m", prefix_queried_tokens=q, prefix_hit_tokens=hits,
                                          kv_usage_ratio=0.5, num_gpu_blocks=100, block_size=16, running=2,
                                          max_running=8, spec_draft_tokens=q, spec_accepted_tokens=hits,
                                          external_queried_tokens=q, external_hit_tokens=hits,
-                                         tier_hit_tokens={"device": hits, "host": 0.0}), t)
+                                         tier_hit_tokens={"device": hits, "host": 0.0},
+                                         offload_usage_ratio={"CPU": 0.5}), t)
     for t, n in ((105, 1), (110, 3)):  # a router's predicted match ratio: a baseline, then two more requests
         ratio = CumulativeHistogram((0.5, 1.0, math.inf), (0, n, n), 0.9 * n, n)
         st.observe_router(RouterSnapshot("r", "sglang-router", {"w0": 3}, {"w0": 1}, {"hit": 2, "miss": 1},
