@@ -76,6 +76,18 @@ def check_value(check: Check) -> str:
     return windowed(check.value)
 
 
+def offload_hit_tokens_rate(by: str = "") -> str:
+    """Cached prompt tokens per second served by tiers other than the GPU (host, disk, p2p, …)."""
+    sel = series("prefix_cache_tier_hit_tokens").replace("{", '{tier!="device", ', 1)
+    return f"sum{f' by ({by})' if by else ''} (rate({sel}[$__rate_interval]))"
+
+
+def offload_resident_blocks(by: str = "") -> str:
+    """Blocks the offload tiers hold (every medium but the GPU), from KV events."""
+    sel = series("worker_medium_resident_blocks").replace("{", '{medium!="GPU", ', 1)
+    return f"sum{f' by ({by})' if by else ''} ({sel})"
+
+
 def signal_available(signals: tuple[str, ...]) -> str:
     names = "|".join(signals)
     return f'{metric("signal_available")}{{signal=~"{names}"}}'
