@@ -1,6 +1,6 @@
 """The console's entrypoint: page config, the sources in the sidebar, and the page router.
 
-Every page has its own URL (``/diagnosis``, ``/tree``, ``/workers``, ``/alerts``, ``/runbook``)
+Every page has its own URL (``/diagnosis``, ``/tree``, ``/workers``, ``/tiers``, ``/alerts``, ``/runbook``)
 so links and bookmarks open it directly. The root URL shows the diagnosis chain through a hidden
 page running the same script: Streamlit serves a page marked ``default`` at ``/`` only, so the
 visible diagnosis page cannot be the default without losing ``/diagnosis``.
@@ -18,6 +18,7 @@ pages = [
     st.Page(DIAGNOSIS, title="Diagnosis chain", icon=":material/route:", url_path="diagnosis"),
     st.Page("app_pages/prefix_tree.py", title="Prefix tree", icon=":material/account_tree:", url_path="tree"),
     st.Page("app_pages/workers.py", title="Workers & topology", icon=":material/dns:", url_path="workers"),
+    st.Page("app_pages/tiers.py", title="Cache tiers", icon=":material/layers:", url_path="tiers"),
     st.Page("app_pages/alerts.py", title="Alerts", icon=":material/notifications_active:", url_path="alerts"),
     st.Page("app_pages/runbook.py", title="Runbooks", icon=":material/menu_book:", url_path="runbook"),
     st.Page(DIAGNOSIS, title="Diagnosis chain", icon=":material/route:", url_path="home", default=True,
