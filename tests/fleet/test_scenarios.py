@@ -24,6 +24,7 @@ from fleet.scenarios import (
     ScenarioError,
     load_preset,
     load_scenario,
+    parse_scenario,
     preset_names,
 )
 from fleet.simulation import SimResult, Simulation, cold_prefill_ratio, run_scenario, signals
@@ -266,3 +267,14 @@ def test_a_saturated_run_records_every_request_once_admitted_and_hands_each_on()
     sim = Simulation(sc, topo, duration_s=60, prewarm=False, track_placement=False)
     sim.run(on_request=lambda r: handed.append(r) if r is not None else None)
     assert sorted(r["request_id"] for r in handed) == sorted(ids)
+
+
+def test_a_scenario_gives_its_tenants_adapters_and_cache_salts() -> None:
+    data = yaml.safe_load((PRESET_DIR / "healthy.yaml").read_text())
+    data["workload"] = {**(data.get("workload") or {}), "tenant_loras": ["billing-v2", None],
+                        "tenant_salts": ["acme", None]}
+    sc = parse_scenario(data, "tenants.yaml")
+    assert (sc.workload.tenant_loras, sc.workload.tenant_salts) == (("billing-v2", None), ("acme", None))
+    data["workload"]["tenant_salts"] = [""]
+    with pytest.raises(ScenarioError, match="tenant_salts"):
+        parse_scenario(data, "tenants.yaml")

@@ -215,3 +215,25 @@ def test_a_document_corpus_comes_back_under_each_documents_own_key() -> None:
         assert len({tuple(r.token_ids or ()) for r in visits}) == len(visits)  # ... asked something new
     unique = [r for r in _stream(duration=600, seed=5, doc_per_s=0.5) if r.kind == "doc"]
     assert len({r.session_key for r in unique}) == len(unique)  # without a pool every document is new
+
+
+def test_a_tenant_may_send_a_cache_salt_published_in_its_first_blocks_extra_keys() -> None:
+    from fleet.cache import Stored
+    from fleet.kv_publisher import encode_event
+
+    gen = WorkloadGenerator([(0.0, BASE.with_overrides({"tenants": 2, "tenant_loras": ("billing-v2",),
+                                                        "tenant_salts": ("acme", None), "fork_prob": 0.5}))],
+                            300, seed=2)
+    assert [(s.lora_name, s.cache_salt) for s in gen.shared_prompts()] == [("billing-v2", "acme"), (None, None)]
+    by_tenant = defaultdict(set)
+    for r in gen.requests():
+        if r.kind in ("chat", "fork") and decode(r.token_ids[:6]) != "Agent ":
+            by_tenant[decode(r.token_ids[:16])].add((r.lora_name, r.cache_salt))
+        else:
+            assert r.cache_salt is None
+    assert by_tenant == {"Acme billing ass": {("billing-v2", "acme")}, "Globex support a": {(None, None)}}
+    root = Stored((1, 2), None, (), 16, lora_name="billing-v2", cache_salt="acme")
+    assert encode_event(root, "map")["extra_keys"] == [["billing-v2", "acme"], ["billing-v2"]]
+    assert encode_event(Stored((1,), None, (), 16, cache_salt="acme"), "array")[8] == [["acme"]]
+    later = Stored((3,), 2, (), 16, lora_name="billing-v2", cache_salt="acme")  # not the prompt's first block
+    assert encode_event(later, "map")["extra_keys"] == [["billing-v2"]]
