@@ -160,7 +160,7 @@ colour: red
     assert set(err.value.problems) == {
         "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, otlp, topology, "
         "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, breach_interval, prefix_text, "
-        "eviction_memory, window, limits, web, kv_nats, shard)",
+        "attribution, eviction_memory, window, limits, web, kv_nats, shard)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
         'exporter.yaml: workers[1].name: duplicate worker name "a"',
@@ -190,3 +190,15 @@ def test_empty_file_is_the_defaults(tmp_path: Path) -> None:
 def test_the_schema_knows_the_router_kinds() -> None:
     schema = json.loads((SCHEMAS_DIR / SCHEMA_FILE).read_text())
     assert tuple(schema["$defs"]["router"]["properties"]["kind"]["enum"]) == ROUTER_KINDS
+
+
+def test_attribution_is_on_by_default_and_bounded_by_the_limits(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "{}\n"))
+    assert cfg.attribution and (cfg.limits.adapters, cfg.limits.tenants) == (20, 50)
+    assert cfg.otlp.adapter_attributes == () and cfg.otlp.tenant_attributes == ()
+    cfg = load_config(write(tmp_path, """attribution: false
+limits: {adapters: 3, tenants: 7}
+otlp: {adapter_attributes: [gen_ai.request.model], tenant_attributes: [tenant.id]}
+"""))
+    assert not cfg.attribution and (cfg.limits.adapters, cfg.limits.tenants) == (3, 7)
+    assert cfg.otlp.adapter_attributes == ("gen_ai.request.model",) and cfg.otlp.tenant_attributes == ("tenant.id",)

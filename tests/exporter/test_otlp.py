@@ -83,6 +83,17 @@ def test_cache_read_attribute_and_worker_url_mapping() -> None:
     assert rec.cached_tokens == 384 and rec.worker == "w0"
 
 
+def test_the_configured_attributes_name_the_adapter_and_the_tenant() -> None:
+    attrs = VLLM_ATTRS | {"gen_ai.request.model": "sql-lora"}
+    spans = otlp.decode(_json_request([{"trace": TRACE, "attrs": attrs}], {"service.instance.id": "w0",
+                                                                          "tenant.id": "acme"}), "application/json")
+    rec = otlp.record_of(spans[0], otlp.SpanMapping())
+    assert rec.lora_name is None and rec.tenant is None  # not configured: vLLM's model may be the base model
+    mapping = otlp.SpanMapping(adapter_attributes=("gen_ai.request.model",), tenant_attributes=("tenant.id",))
+    rec = otlp.record_of(spans[0], mapping)
+    assert (rec.lora_name, rec.tenant) == ("sql-lora", "acme")
+
+
 def test_a_request_span_without_prompt_tokens_is_rejected_and_a_bad_body_refused() -> None:
     spans = otlp.decode(_json_request([{"trace": TRACE, "attrs": {"gen_ai.request.id": "x"}}], {"service.name": "w"}),
                         "application/json")
