@@ -3,13 +3,15 @@ nats-server's JetStream → one exporter, three family shards, and a real ``pref
 
 One answer: the shards add up to the single exporter (resident blocks per worker, applied
 events, "available" lookups), and both equal the workers' caches — after the relay and NATS
-were each killed and restarted mid-run.
+were each killed and restarted mid-run, and after one shard process was SIGKILLed mid-run and
+restarted (it then equals the shard that never died).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -238,3 +240,111 @@ def test_a_real_export_process_reads_the_stream(rig: dict) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ---- a shard killed mid-run ----------------------------------------------------------------------
+def metric_values(text: str, name: str) -> Counter[tuple[tuple[str, str], ...]]:
+    """The samples of one metric family in an exposition, by their sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Counter[tuple[tuple[str, str], ...]] = Counter()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.value:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def exposition(port: int) -> str | None:
+    try:
+        r = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    except requests.RequestException:
+        return None
+    return r.text if r.ok else None
+
+
+class ShardProcess:
+    """``prefixscope export`` as shard ``index`` of ``SHARDS``, reading the stream; killable with SIGKILL."""
+
+    def __init__(self, rig: dict, index: int) -> None:
+        self.cfg = rig["tmp"] / f"shard{index}.yaml"
+        # its own durable: two processes pulling one durable consumer would split the stream between them
+        self.cfg.write_text(yaml.safe_dump({"kv_nats": {"url": rig["nats"].url, "all_workers": True,
+                                                        "durable": f"killable-shard{index}"},
+                                            "shard": {"index": index, "count": SHARDS},
+                                            "records": {"http": {"enabled": False}}}))
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "export", "--config.file", str(self.cfg),
+                                      "--web.listen-address", f"127.0.0.1:{self.port}"], cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: exposition(self.port), what="shard process serving /metrics", timeout=60)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL: no shutdown, no final ack
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def shard_view(text: str) -> tuple[Counter, Counter]:
+    """What must survive the kill: resident blocks per worker, and events applied per worker and type."""
+    applied_ = Counter({k: v for k, v in metric_values(text, "prefixscope_kv_events_applied_total").items()
+                        if dict(k).get("event") != "AllBlocksCleared"})
+    return metric_values(text, "prefixscope_worker_resident_blocks"), applied_
+
+
+def test_a_shard_killed_mid_run_loses_no_block_after_recovery(rig: dict) -> None:
+    """Shard 1 as a real process, SIGKILLed while the workers store and evict, then restarted: it
+    rebuilds from the stream (its durable consumer recreated from the first retained message) and
+    then serves exactly the blocks and counters of the shard that never died — and with the other
+    shards it still adds up to the single exporter."""
+    fleet = rig["fleet"]
+    for e in [rig["single"], *rig["shards"]]:
+        assert e.source.wait_started(30)
+    proc = ShardProcess(rig, 1)
+    try:
+        proc.start()
+        traffic(fleet, "a")
+        settle(rig)
+        assert_one_answer(rig)
+
+        during = threading.Thread(target=traffic, args=(fleet, "b", 40))
+        during.start()
+        wait_for(lambda: len(rig["chains"]) >= 24 + 10, what="traffic under way")
+        proc.kill()  # mid-run: batches it fetched but had not acknowledged are redelivered to nobody
+        during.join(60)
+        traffic(fleet, "c")  # the stream moves on while the shard is down
+        settle(rig)
+        proc.start()
+        traffic(fleet, "d")  # and after it is back
+        settle(rig)
+        assert_one_answer(rig)
+        reference = rig["shards"][1]
+
+        def recovered() -> bool:
+            text = exposition(proc.port)
+            if text is None:
+                return False
+            blocks, applied_ = shard_view(text)
+            want_blocks = Counter({(("worker", w),): n for w, n in resident(reference).items() if n})
+            want_applied = Counter({tuple(sorted({"worker": k[0], "event": k[1]}.items())): v
+                                    for k, v in applied(reference).items() if v})
+            return blocks == want_blocks and applied_ == want_applied
+        wait_for(recovered, what="the restarted shard equals the shard that never died", timeout=60)
+    finally:
+        proc.stop()
+
+    # a second live process on shard 2's durable would split its stream: it says so
+    twin = exporter(rig["nats"].url, Shard(2, SHARDS))
+    try:
+        wait_for(lambda: twin.health.snapshot()[0].get("prefixscope_ingest_errors", {}).get(("kv_events", "durable")),
+                 what="the shared durable reported")
+    finally:
+        twin.source.close()
