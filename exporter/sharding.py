@@ -60,6 +60,8 @@ from typing import Protocol
 
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from exporter.prefix_index import ROOT, Match, TreeStats
+from exporter.prefix_instability import RootBatch, RootTracker
+from prefixscope.records import RequestRecord
 
 DEFAULT_MEDIUM = "GPU"
 _M64 = (1 << 64) - 1
@@ -225,12 +227,94 @@ class FamilyRouter:
                 del holders[h], fam[h]
 
 
+def record_shard(record: RequestRecord, count: int) -> int:
+    """The shard that accounts a request record: the owner of its chain's family, so the record's
+    "available" lookup, hot-branch hits and eviction reuse meet the blocks they are about.
+
+    A chain's first block is a root (vLLM chains start with no parent), and a root's family is its
+    own hash, so the owner follows from the record alone — every shard decides the same without
+    waiting for the record's KV events. A record without block hashes goes by its session key (a
+    session's records stay together), else by its worker's home shard.
+    """
+    if record.block_hashes:
+        return family_shard(record.block_hashes[0], count)
+    if record.session_key:
+        return home_shard("session:" + record.session_key, count)
+    return home_shard(record.worker, count)
+
+
+class RecordSink(Protocol):
+    def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None: ...
+
+    def signal_seen(self, signal: str, ts: float) -> None: ...
+
+
+class ShardRecords:
+    """A record sink that passes on only the records this shard owns (:func:`record_shard`).
+
+    Every shard is sent every record (each POSTs to all shards, or all tail the same file), so
+    the records' counters are partitioned, not duplicated: their sum over shards is one
+    exporter's. The intake's own count (``prefixscope_records_ingested``) is of what each shard
+    received.
+    """
+
+    def __init__(self, state: RecordSink, spec: ShardSpec) -> None:
+        self.state = state
+        self.spec = spec
+
+    def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None:
+        mine = [r for r in records if record_shard(r, self.spec.count) == self.spec.index]
+        if mine:
+            self.state.ingest_records(mine, received_at)
+
+    def signal_seen(self, signal: str, ts: float) -> None:
+        self.state.signal_seen(signal, ts)
+
+
+class SharedRoots(RootTracker):
+    """Prefix instability with shards: every shard judges every root, each counts the roots it owns.
+
+    A root and its near-duplicate twin differ in their first block, so they are different families
+    and may live on different shards: a shard that saw only its own roots would miss the twin. So
+    each shard's tracker is fed every root branch of the stream (by :class:`ShardSink`, in the
+    stream's one order — the same decisions as one exporter's tracker), and a root is counted by
+    the shard that owns its family. Sum over shards = one exporter's count, exactly; each shard
+    remembers every recent root (bounded by ``max_roots``, as one exporter).
+
+    The state calls :meth:`apply` with its own events; it gets the counts of the roots this shard
+    owns among those the sink fed since the last call.
+    """
+
+    def __init__(self, window_s: float, max_roots: int) -> None:
+        super().__init__(window_s, max_roots)
+        self._owned = RootBatch()
+
+    def observe(self, worker: str, events: Sequence[KvEvent], ts: float, owned: bool) -> None:
+        """One root event of the stream (every shard sees it); counted here when ``owned``."""
+        got = RootTracker.apply(self, worker, events, ts)
+        if owned:
+            self._owned.roots += got.roots
+            self._owned.unstable += got.unstable
+
+    def apply(self, worker: str, events: Iterable[KvEvent], ts: float) -> RootBatch:
+        out, self._owned = self._owned, RootBatch()
+        return out
+
+
 class KvSink(Protocol):
     """The KV half of ``exporter.model.StateSink``."""
 
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None: ...
 
     def worker_restarted(self, worker: str) -> None: ...
+
+
+class FamilyKvSink(Protocol):
+    """A state that can apply a batch or a restart without its stream-health series (ClusterState)."""
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float, stream: bool = True) -> None: ...
+
+    def worker_restarted(self, worker: str, stream: bool = True) -> None: ...
 
 
 STREAM_GAUGES = ("prefixscope_kv_event_last_timestamp_seconds", "prefixscope_kv_event_lag_seconds")
@@ -249,28 +333,63 @@ class ShardSink:
     """
 
     def __init__(self, state: KvSink, spec: ShardSpec, router: FamilyRouter | None = None,
-                 health: GaugeOwner | None = None) -> None:
+                 health: GaugeOwner | None = None, roots: SharedRoots | None = None,
+                 stream_aware: bool = False) -> None:
+        """``roots``: the state's root tracker (``ClusterState.roots``, replaced by a SharedRoots), so
+        prefix instability is judged over every root; None where the state keeps no tracker."""
         self.state = state
         self.spec = spec
         self.router = router or FamilyRouter(spec)
         self.health = health
+        self.roots = roots
+        # a ClusterState leaves stream health to the home shard itself; a plain KvSink (tests) is
+        # given whole batches and its stale gauges removed
+        self.stream_aware = stream_aware
+
+    def home(self, worker: str) -> bool:
+        """This shard owns the worker's stream health (batches, lag, gaps, restarts)."""
+        return home_shard(worker, self.spec.count) == self.spec.index
 
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        if self.roots is not None:
+            self._observe_roots(batch, received_at)
         events = self.router.route(batch)
-        home = home_shard(batch.worker, self.spec.count) == self.spec.index
-        if events or home:
+        home = self.home(batch.worker)
+        if events or home or self.stream_aware:
             if len(events) != len(batch.events) or any(a is not b for a, b in zip(events, batch.events, strict=False)):
                 batch = KvBatch(batch.worker, batch.seq, batch.ts, events, batch.dp_rank)
-            self.state.apply_kv_batch(batch, received_at)
-            if not home and self.health is not None:
-                # Only the home shard sees every batch: another shard's last-timestamp and lag
-                # would go stale between its families' batches and raise a false "stream stale".
-                for gauge in STREAM_GAUGES:
-                    self.health.remove(gauge, (batch.worker,))
+            if home:
+                self.state.apply_kv_batch(batch, received_at)
+            elif self.stream_aware:
+                # Every shard sees every batch, events or not: the worker is alive on every shard's
+                # pool (pool changes and "still healthy" agree). Its stream-health series stay on
+                # its home shard: another shard's last timestamp would only move with its families'
+                # batches (a false "stream stale"), and batches would be counted once per shard.
+                self.state.apply_kv_batch(batch, received_at, stream=False)  # type: ignore[call-arg]
+            else:
+                self.state.apply_kv_batch(batch, received_at)
+                if self.health is not None:
+                    for gauge in STREAM_GAUGES:
+                        self.health.remove(gauge, (batch.worker,))
+
+    def _observe_roots(self, batch: KvBatch, received_at: float) -> None:
+        """Every root branch of the batch to the shared tracker, before routing: a root's family is
+        its first block's (its own hash, or the family of that block if some worker holds it)."""
+        roots, fam = self.roots, self.router._family
+        assert roots is not None
+        for ev in batch.events:
+            if type(ev) is BlockStored and ev.parent is None and ev.hashes:
+                # the family the router gives the event's first segment: so the owner applies it
+                owner = family_shard(fam.get(ev.hashes[0], ev.hashes[0]), self.spec.count)
+                roots.observe(batch.worker, (ev,), received_at, owner == self.spec.index)
 
     def worker_restarted(self, worker: str) -> None:
+        """Every shard clears the worker's blocks; its home shard counts the restart."""
         self.router.worker_restarted(worker)
-        self.state.worker_restarted(worker)
+        if self.stream_aware and not self.home(worker):
+            self.state.worker_restarted(worker, stream=False)  # type: ignore[call-arg]
+        else:
+            self.state.worker_restarted(worker)
 
 
 # ---- one answer from N shards ------------------------------------------------------------------

@@ -79,8 +79,11 @@ class NatsKvSource:
     """``start()`` runs the source on its own thread (an asyncio loop); ``close()`` stops it."""
 
     def __init__(self, settings: NatsKvSettings, sink: KvSink, health: Health,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, home: Callable[[str], bool] | None = None) -> None:
+        """``home``: whether this process counts a worker's sequence gaps and missed batches (a
+        family shard: only the worker's home shard, so each gap is counted once); None: every worker."""
         self.settings = settings
+        self.home = home
         self.sink = sink
         self.health = health
         self.clock = clock
@@ -269,7 +272,7 @@ class NatsKvSource:
         elif restart or seq < expected:
             log.info("worker %s: KV-event sequence went from %d to %d: worker restarted", worker, expected - 1, seq)
             self._apply(lambda: self.sink.worker_restarted(worker), worker)
-        elif seq > expected:
+        elif seq > expected and (self.home is None or self.home(worker)):
             self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
             self.health.inc("prefixscope_kv_event_missed_batches", (worker,), seq - expected)
         self._next[worker] = seq + 1
