@@ -15,10 +15,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.bootstrap import ExporterParts, bootstrap
+from exporter.checks import evaluate
 from exporter.config import Config, Shard
 from exporter.model import BlockRemoved, BlockStored, KvBatch
 from exporter.sharding import ShardRecords, ShardSink, ShardSpec, SharedRoots, family_shard, record_shard
 from prefixscope.records import RequestRecord
+from tests.scale.shards_as_one import ShardsAsOne
 
 BS = 4
 T0 = 1_700_000_000.0
@@ -153,7 +155,7 @@ def test_every_series_sums_over_shards_to_one_exporter(seed: int) -> None:
     assert one[("prefixscope_prefix_unstable_root_branches_total", ())][0] > 0
     assert one[("prefixscope_sticky_collisions_total", (("model", "unknown"),))][0] > 0
     for s in shards:  # every shard owns roots and records
-        assert s.parts.state.index.stats().root_fanout and s.parts.state.window_counter("prefixscope_requests")
+        assert s.parts.state.window_counter("prefixscope_prefix_root_branches") and s.parts.state.window_counter("prefixscope_requests")
 
 
 def test_hot_branches_merge_to_one_exporters_top_k() -> None:
@@ -177,3 +179,26 @@ def test_a_record_goes_to_one_shard() -> None:
     no_hashes = RequestRecord(ts=T0, request_id="r", worker="w0", prompt_tokens=8, session_key="abc")
     assert record_shard(no_hashes, 4) == record_shard(RequestRecord(ts=T0, request_id="q", worker="w3",
                                                                     prompt_tokens=9, session_key="abc"), 4)
+
+
+def test_checks_and_the_verdict_over_the_shards_are_one_exporters() -> None:
+    """The catalogue's checks evaluated over the shards' series as Prometheus pools them equal one
+    exporter's: every value (ratios exactly, quantiles on the same bucket sums), every status, the
+    steps and the chain's verdict — what /api/v1/groups reports, and what the console shows."""
+    single, shards = run(4, 3)
+    for e in [single, *shards]:
+        e.parts.state.refresh_tree_stats()  # the background pass, now
+    one = evaluate(single.parts.state)
+    many = evaluate(ShardsAsOne([s.parts.state for s in shards]))  # type: ignore[arg-type]
+    compared = 0
+    for key, r in one.results.items():
+        got = many.results[key]
+        assert got.status == r.status, key
+        if r.value is None:
+            assert got.value is None, key
+        else:
+            assert got.value is not None and math.isclose(got.value, r.value, rel_tol=1e-9, abs_tol=1e-12), key
+            compared += 1
+    assert compared >= 9, [k for k, r in one.results.items() if r.value is not None]
+    assert many.step_status == one.step_status and many.verdict == one.verdict
+    assert {k: v for k, v in many.reuse.items()} == pytest.approx(one.reuse)
