@@ -9,6 +9,7 @@ restarted (it then equals the shard that never died).
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -23,12 +24,16 @@ import requests
 import yaml
 
 from exporter.bootstrap import bootstrap, build_nats_source
+from exporter.checks import evaluate
+from exporter.collector import PrefixscopeCollector
 from exporter.config import Config, NatsKv, Shard, WorkerTarget
 from exporter.relay import Relay, RelayConfig
-from exporter.sharding import ShardSink, owner_of_chain
+from exporter.sharding import ShardRecords, ShardSink, ShardSpec, owner_of_chain
 from exporter.sources.kv_nats import NatsKvSource
 from fleet.engine import EngineResult, WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
+from prefixscope.records import RequestRecord
+from tests.scale.shards_as_one import ShardsAsOne, pooled_differences, samples
 from tests.support import REPO, free_port, require_tool, wait_for
 
 pytestmark = pytest.mark.slow
@@ -90,8 +95,11 @@ def rig(tmp_path: Path) -> Iterator[dict]:
     chains: list[list[int]] = []
     specs = [WorkerSpec(n, block_size=BLOCK, num_gpu_blocks=40, max_running=4) for n in WORKERS]
 
-    def on_request(result: EngineResult, _headers: dict[str, str], _path: str) -> None:
+    results: list[tuple[EngineResult, str | None]] = []
+
+    def on_request(result: EngineResult, headers: dict[str, str], _path: str) -> None:
         chains.append(list(result.block_hashes))
+        results.append((result, {k.lower(): v for k, v in headers.items()}.get("x-session-id")))
 
     fleet = WorkerFleet(specs, options=FleetOptions(delay_scale=0.0), on_request=on_request).start()
     targets = tuple(WorkerTarget(e["name"], None, e["kv_endpoint"], e["replay_endpoint"], e["topic"])
@@ -103,7 +111,7 @@ def rig(tmp_path: Path) -> Iterator[dict]:
     single = exporter(nats.url, Shard())
     shards = [exporter(nats.url, Shard(i, SHARDS)) for i in range(SHARDS)]
     rig = {"nats": nats, "fleet": fleet, "relay": relay, "relay_cfg": relay_cfg, "single": single,
-           "shards": shards, "chains": chains, "tmp": tmp_path}
+           "shards": shards, "chains": chains, "results": results, "tmp": tmp_path}
     try:
         yield rig
     finally:
@@ -120,7 +128,7 @@ def traffic(fleet: WorkerFleet, tag: str, n: int = 24) -> None:
     for i in range(n):
         w = WORKERS[i % len(WORKERS)]
         text = f"[system {i % 3}] " + "you are a helpful assistant " * 12 + f"[{tag} user {i}] " + "tell me more " * (5 + i % 7)
-        r = requests.post(fleet[w].url + "/v1/completions", timeout=10,
+        r = requests.post(fleet[w].url + "/v1/completions", timeout=10, headers={"X-Session-Id": f"{tag}-{i % 6}"},
                           json={"model": "sim-model", "prompt": text, "max_tokens": 2})
         r.raise_for_status()
 
@@ -348,3 +356,57 @@ def test_a_shard_killed_mid_run_loses_no_block_after_recovery(rig: dict) -> None
                  what="the shared durable reported")
     finally:
         twin.source.close()
+
+
+# ---- one answer beyond counters ------------------------------------------------------------------
+# measured on each exporter's own clock as it received the batch: equal label sets, close values
+WALL_CLOCK = frozenset({"prefixscope_kv_event_lag_seconds", "prefixscope_kv_event_last_timestamp_seconds",
+                        "prefixscope_kv_block_eviction_age_seconds_sum"})
+
+
+def records_of(rig: dict) -> list[RequestRecord]:
+    """The fleet's requests as the router's records (session key, chain, cached tokens, timings)."""
+    now = time.time()
+    return [RequestRecord(ts=now, request_id=r.request_id, worker=r.worker, prompt_tokens=r.prompt_tokens,
+                          session_key=key, block_hashes=tuple(r.block_hashes), cached_tokens=r.cached_tokens,
+                          predicted_cached_tokens=r.cached_tokens, ttft_s=r.ttft_s, prefill_s=r.prefill_s,
+                          queue_s=r.queue_s)
+            for r, key in rig["results"]]
+
+
+def test_shards_give_one_exporters_series_checks_and_verdict(rig: dict) -> None:
+    """Every shard is sent every record and keeps those of its families: with the KV events from the
+    stream, every series pooled over the shards (as the recording rules pool them) is the single
+    exporter's, and so are the checks' values and statuses, the steps and the chain's verdict."""
+    for e in [rig["single"], *rig["shards"]]:
+        assert e.source.wait_started(30)
+    for tag in ("a", "b", "c"):
+        traffic(rig["fleet"], tag)
+    settle(rig)
+    assert_one_answer(rig)
+    records = records_of(rig)
+    now = time.time()
+    rig["single"].state.ingest_records(records, now)
+    for i, s in enumerate(rig["shards"]):
+        ShardRecords(s.state, ShardSpec(i, SHARDS)).ingest_records(records, now)
+    states = [s.state for s in rig["shards"]]
+    assert sum(1 for s in states if s.window_counter("prefixscope_requests")) >= 2  # records split
+    for st in [rig["single"].state, *states]:
+        st.refresh_tree_stats()
+
+    diffs, compared = pooled_differences(samples(PrefixscopeCollector(rig["single"].state, rig["single"].health)),
+                                         [samples(PrefixscopeCollector(s.state, s.health)) for s in rig["shards"]],
+                                         timed=WALL_CLOCK)
+    assert not diffs and compared > 40
+    one = evaluate(rig["single"].state)
+    many = evaluate(ShardsAsOne(states))  # type: ignore[arg-type]
+    for key, r in one.results.items():
+        got = many.results[key]
+        assert got.status == r.status, key
+        assert (got.value is None) == (r.value is None), key
+        if r.value is not None:
+            # quantiles interpolate the same pooled buckets; ratios are sums over sums; staleness is
+            # each process's clock minus its last batch
+            assert math.isclose(got.value, r.value, rel_tol=1e-9, abs_tol=5.0 if key == "kv_event_staleness" else 1e-12), key
+    assert many.step_status == one.step_status and many.verdict == one.verdict
+    assert sum(1 for r in one.results.values() if r.value is not None) >= 8

@@ -9,10 +9,15 @@ the shards can be compared with one exporter's.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import PrefixscopeCollector
 from exporter.series_view import Series
 from exporter.state import ClusterState
 from prefixscope import catalog
@@ -23,6 +28,48 @@ P = catalog.NAMESPACE
 # the one shard that owns it (a worker's home shard) or is the same on every shard: max.
 SUMMED_GAUGES = {f"{P}_worker_resident_blocks", f"{P}_prefix_tree_root_fanout", f"{P}_prefix_tree_nodes",
                  f"{P}_prefix_tree_blocks"}
+
+# Per-process gauges: every shard exports its own, equal on all (max over shards is the cluster's).
+PER_PROCESS = {f"{P}_exporter_build_info", f"{P}_signal_available", f"{P}_worker_pool_size",
+               f"{P}_worker_pool_changes_total"}
+# Not pooled by a sum: top-K lists (the top K of the shards' top-K lists is the cluster's), and
+# per-worker values computed from a shard's part (docs/operating.md).
+NOT_SUMMED = {f"{P}_hot_branch_hit_tokens", f"{P}_worker_effective_cache_value_tokens",
+              f"{P}_worker_removal_rank", f"{P}_session_reshuffle_ratio"}
+
+
+def samples(collector: PrefixscopeCollector) -> dict[tuple, float]:
+    """A collector's exposition: (sample name, sorted labels) -> value."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(generate_latest(reg).decode()) for s in fam.samples}
+
+
+def pooled_differences(one: dict[tuple, float], shards: Sequence[dict[tuple, float]],
+                       timed: frozenset[str] = frozenset()) -> tuple[list, int]:
+    """Where the shards' samples, pooled as Prometheus pools them, differ from one exporter's
+    (zero-valued samples aside), and how many metric names were compared. ``timed``: samples
+    measured on each process's own clock (lag, ages): only their label sets must agree."""
+    total: Counter = Counter()
+    peak: dict[tuple, float] = {}
+    for part in shards:
+        for k, v in part.items():
+            total[k] += v
+            peak[k] = max(peak.get(k, v), v)
+    diffs, compared = [], 0
+    for name in sorted(({k[0] for k in one} | set(k[0] for k in total)) - NOT_SUMMED):
+        got = peak if name in PER_PROCESS else total
+        want = {k: v for k, v in one.items() if k[0] == name and v}
+        have = {k: v for k, v in got.items() if k[0] == name and v}
+        compared += 1
+        if name in timed:
+            diffs += [(k, "label set") for k in want.keys() ^ have.keys()]
+            continue
+        for k in want.keys() | have.keys():
+            if not math.isclose(have.get(k, 0.0), want.get(k, 0.0), rel_tol=1e-9):
+                diffs.append((k, want.get(k), have.get(k)))
+    return diffs, compared
 
 
 def _sum(dicts: Sequence[dict]) -> dict:

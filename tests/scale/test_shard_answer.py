@@ -11,8 +11,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.bootstrap import ExporterParts, bootstrap
 from exporter.checks import evaluate
@@ -20,19 +18,11 @@ from exporter.config import Config, Shard
 from exporter.model import BlockRemoved, BlockStored, KvBatch
 from exporter.sharding import ShardRecords, ShardSink, ShardSpec, SharedRoots, family_shard, record_shard
 from prefixscope.records import RequestRecord
-from tests.scale.shards_as_one import ShardsAsOne
+from tests.scale.shards_as_one import ShardsAsOne, pooled_differences, samples
 
 BS = 4
 T0 = 1_700_000_000.0
 WORKERS = [f"w{i}" for i in range(4)]
-# Per-process gauges: every shard exports its own (max over shards is the cluster's).
-PER_PROCESS = {"prefixscope_exporter_build_info", "prefixscope_signal_available", "prefixscope_worker_pool_size",
-               "prefixscope_worker_pool_changes_total"}
-# Top-K and per-worker products of a shard's part: merged otherwise (see exporter/sharding.py).
-NOT_SUMMED = {"prefixscope_hot_branch_hit_tokens", "prefixscope_worker_effective_cache_value_tokens",
-              "prefixscope_worker_removal_rank", "prefixscope_session_reshuffle_ratio"}
-
-
 @dataclass
 class Exp:
     parts: ExporterParts
@@ -106,16 +96,6 @@ def workload(seed: int, steps: int = 500):
         yield ts, batch, rec
 
 
-def samples(parts: ExporterParts) -> dict[tuple, tuple[float, str]]:
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(parts.collector)
-    out = {}
-    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = (s.value, fam.type)
-    return out
-
-
 def run(seed: int, count: int) -> tuple[Exp, list[Exp]]:
     clock = [T0]
     single = exporter(ShardSpec(), clock)
@@ -133,27 +113,14 @@ def run(seed: int, count: int) -> tuple[Exp, list[Exp]]:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_series_sums_over_shards_to_one_exporter(seed: int) -> None:
     single, shards = run(seed, 3)
-    one = samples(single.parts)
-    total: dict[tuple, float] = Counter()
-    peak: dict[tuple, float] = {}
-    for s in shards:
-        for k, (v, _t) in samples(s.parts).items():
-            total[k] += v
-            peak[k] = max(peak.get(k, v), v)
-    names = {k[0] for k in one} | {k[0] for k in total}
-    checked = 0
-    for name in sorted(names - NOT_SUMMED):
-        got = peak if name in PER_PROCESS else total
-        want = {k: v for k, (v, _t) in one.items() if k[0] == name and v}
-        have = {k: v for k, v in got.items() if k[0] == name and v}
-        assert have.keys() == want.keys(), name
-        for k, v in want.items():
-            assert math.isclose(have[k], v, rel_tol=1e-9), (k, have[k], v)
-        checked += 1
-    assert checked > 40
+    diffs, compared = pooled_differences(samples(single.parts.collector),
+                                         [samples(s.parts.collector) for s in shards])
+    assert not diffs
+    assert compared > 40
     # the workload exercised what the shards had to get right
-    assert one[("prefixscope_prefix_unstable_root_branches_total", ())][0] > 0
-    assert one[("prefixscope_sticky_collisions_total", (("model", "unknown"),))][0] > 0
+    one = samples(single.parts.collector)
+    assert one[("prefixscope_prefix_unstable_root_branches_total", ())] > 0
+    assert one[("prefixscope_sticky_collisions_total", (("model", "unknown"),))] > 0
     for s in shards:  # every shard owns roots and records
         assert s.parts.state.window_counter("prefixscope_prefix_root_branches") and s.parts.state.window_counter("prefixscope_requests")
 
@@ -163,7 +130,7 @@ def test_hot_branches_merge_to_one_exporters_top_k() -> None:
     single, shards = run(3, 3)
 
     def top(parts: ExporterParts) -> dict[str, float]:
-        return {dict(k[1])["branch"]: v for k, (v, _t) in samples(parts).items()
+        return {dict(k[1])["branch"]: v for k, v in samples(parts.collector).items()
                 if k[0] == "prefixscope_hot_branch_hit_tokens"}
     want = top(single.parts)
     merged: dict[str, float] = {}
