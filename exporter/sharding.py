@@ -1,13 +1,15 @@
 """How N exporter processes split one cluster and still give one answer (pure; no I/O).
 
-Two rules, each chosen so the shards' outputs add up to what one exporter would say:
+Four rules, each chosen so the shards' series pooled by the generated recording rules (``sum``
+of numerators and of denominators, of histogram buckets, of a worker's resident blocks) are
+what one exporter would export:
 
 **Workers → home shard** (``home_shard``: a stable hash of the worker name, modulo N). A worker's
-home shard scrapes its /metrics, owns its KV-stream health series (batches, lag, last
-timestamp), and is where its request records should go. Counters are per worker, so the
-recording rules' ``sum`` over every shard's series is the cluster value (they sum numerator
-and denominator before dividing). Routers are scraped by shard 0 alone, or their decisions
-would be counted N times.
+home shard scrapes its /metrics and owns its KV-stream health: batches, lag, last timestamp,
+sequence gaps, missed batches and restarts are counted there only. Every shard still sees every
+batch (with its own families' events, possibly none), so a worker is alive in every shard's pool
+and pool changes agree. Routers are scraped by shard 0 alone, or their decisions would be
+counted N times.
 
 **Prefix families → owning shard** (``family_shard``: a 64-bit mix of the family's root hash,
 modulo N). Every shard reads every worker's KV batches, in the one total order of the JetStream
@@ -25,14 +27,44 @@ the events of the families it owns. A block's *family* is the root of its chain,
   hash, so exactly one shard counts the unknown removal); AllBlocksCleared and restarts go to
   every shard.
 
+**Request records → the owner of their chain's family** (:func:`record_shard`). Every shard is
+sent every record and keeps those whose first block hash is a family it owns (a chain's first
+block is a root, and a root's family is its own hash, so every shard decides alike from the
+record alone, whatever KV events it has applied yet). The record's "available" lookup, the hits
+it adds to hot branches and eviction reuse, and its session all meet the blocks they are about;
+a record without hashes goes by its session key, else by its worker's home shard.
+
+**Prefix instability → judged over every root, counted by the root's owner** (:class:`SharedRoots`).
+A root and its near-duplicate twin (a timestamp in the first block) have different first blocks,
+so they are different families and may live on different shards. Every shard's tracker is fed
+every root branch of the stream in stream order, so it makes one exporter's decisions, and a
+new root is counted only by the shard that owns its family: the sum over shards is exact. (Keying
+families by content instead — e.g. the tokens after the early span — would keep twins together
+but could not route a record, which carries hashes and no tokens, without waiting for its KV
+events.)
+
 So every connected part of the prefix tree lies in one shard, and per-block holder masks are
-complete where they live. What is then exact, as sums or unions over shards (tests/scale):
-resident blocks per worker and per medium; the tree statistics (nodes, blocks, root fan-out,
-leaf-depth, fan-out and replica distributions: disjoint subtrees, so the gaugehistograms add in
+complete where they live. What is then exact, as sums or unions over shards (tests/scale,
+tests/e2e/test_shards.py): every counter and histogram on /metrics (record counters, reuse
+decomposition, cold prefill, miss cost, sessions, stream health, instability); resident blocks
+per worker and per medium; the tree statistics (disjoint subtrees, so the gaugehistograms add in
 Prometheus); duplication across workers; ``longest_match`` ("available") through
-:func:`owner_of_chain` (or :func:`combined_match` over all shards, which holds even for chains
-that cross families after loss). Stored/removed event counts are exact unless a run crosses
-families (only after an orphan run, itself counted as an unknown parent).
+:func:`owner_of_chain` (or :func:`combined_match` over all shards); and from those the checks'
+values, the five groups' statuses and the diagnosis chain's verdict, as the recording rules
+compute them over all shards. Stored/removed event counts are exact unless a run crosses
+families (only after an orphan run) or one BlockRemoved names blocks of several families (vLLM
+sends one hash per removal).
+
+The bounds (not exact, by design):
+
+* a session whose records start with different first blocks (its system prompt itself changes)
+  is accounted on several shards: its follow-ups, collisions and hit ratio are split by family;
+* "still healthy" for a sticky collision reads the pool, whose scrape-reported down targets only
+  the worker's home shard knows (batches and records keep every worker alive on every shard);
+* hot branches are top K per shard: the cluster's top K is the top K of the shards' lists (each
+  branch lives on one shard), not their sum; ``effective_cache_value`` and the removal rank per
+  worker are a shard's part, and ``session_reshuffle_ratio`` is a share of the shard's sessions;
+* ``prefixscope_records_ingested_total`` counts what each shard received (every record, N times).
 
 The one assumption: a block whose parent left every worker stays a root of its own (the
 index's orphan) until that parent is stored again — if the parent then comes back in another
@@ -41,13 +73,9 @@ index's by that link. It needs a chain evicted top-down on every worker that hol
 frees a request's blocks tail first, so a worker evicts a chain leaf first (the property test
 generates such streams; ``combined_match`` stays exact regardless).
 
-What this module does not make exact: hit counts and hot branches come from request records,
-which a shard takes for its own workers, while the blocks they hit may live in another shard's
-families; the records' reuse decomposition ("available" at record time) needs the record at
-the chain's owner. Both are exact with one exporter, and per shard for the families it owns.
-
 Cost: each shard keeps the family table (two dict entries per resident block in the cluster,
-about 150 B/block in CPython) besides its own part of the index.
+about 100–150 B/block in CPython) and the recent-root tracker (bounded) besides its own part of
+the index, and reads every batch of the stream.
 """
 
 from __future__ import annotations
@@ -466,7 +494,9 @@ class ShardPlan:
 
     def lines(self) -> list[str]:
         out = [f"{self.count} shard(s). Prefix families: shard = splitmix64(root block hash) mod {self.count}; "
-               "every shard reads every worker's KV subject and keeps its families' events."]
+               "every shard reads every worker's KV subject and keeps its families' events.",
+               "Request records: send every record to every shard; each keeps those whose first block's family "
+               "it owns (no block hashes: by session key, else the worker's shard)."]
         for i in range(self.count):
             ws, rs = self.workers.get(i, ()), self.routers.get(i, ())
             out.append(f"shard {i}: {len(ws)} worker(s): {', '.join(ws) or '-'}"
