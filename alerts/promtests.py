@@ -178,8 +178,8 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         if want(float(eval_s)):
             return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0x{n}")], float(eval_s))
         return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0+{INTERVAL_S}x{n}")], 0.0)
-    if m := re.fullmatch(r"(\w+) / on \((\w+)\) (\w+)", expr):
-        num, _, den = m.groups()
+    if m := re.fullmatch(r"sum by \((\w+)\) \((\w+)\) / on \(\w+\) max by \(\w+\) \((\w+)\)", expr):
+        _, num, den = m.groups()
         return Synth([_series(num, _labels_for(num), f"{1000 * hint:g}x{n}"),
                       _series(den, _labels_for(den), f"1000x{n}")], hint)
     raise UnsupportedShape(f"no input synthesiser for the expression shape: {expr}")

@@ -18,7 +18,8 @@ and stops it with its other threads; a caller that drives time itself calls ``ev
 With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, NATS source,
 record-file tailers, scraper) — created, not started. A sharded config (``shard``) scrapes and
 subscribes over ZMQ only its home workers and reads every worker's NATS subject through the
-family filter (``exporter.sharding``); routers are scraped by shard 0 alone. A problem with a referenced file is a ConfigError.
+family filter (``exporter.sharding``), keeping only the request records it owns; routers are
+scraped by shard 0 alone. A problem with a referenced file is a ConfigError.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from exporter.health import Health
 from exporter.model import StateSink
 from exporter.normalize import worker_names_by_url
 from exporter.prefix_text import Detokenizer, PrefixNames, PrefixTokens, TokenTee
-from exporter.sharding import KvSink, ShardSink, ShardSpec, home_shard
+from exporter.sharding import KvSink, RecordSink, ShardRecords, ShardSink, ShardSpec, SharedRoots, home_shard
 from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import RecordFileTail
@@ -58,6 +59,8 @@ class Sources:
     scraper: Scraper
     names: PrefixNames | None = None  # hot branches' text; None unless the config turns it on
     nats: NatsKvSource | None = None  # None when no KV events come over NATS
+    # where request records go: the state, or (sharded) the filter keeping this shard's records
+    records: RecordSink | None = None
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,8 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
                                    token_ids=texts is not None, attribution=cfg.attribution) if endpoints else None
     if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
         state.rebuild_request = subscriber.request_rebuild
-    tails = [RecordFileTail(p, state, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
+    records: RecordSink = ShardRecords(state, spec) if spec.sharded else state
+    tails = [RecordFileTail(p, records, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
              for p in cfg.file_records.paths]
     targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in home if w.metrics_url]
     names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
@@ -131,7 +135,7 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
                       clock=clock)
     return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper, names=texts,
-                   nats=build_nats_source(cfg, workers, state, health, clock))
+                   nats=build_nats_source(cfg, workers, state, health, clock), records=records)
 
 
 def prefix_names(cfg: Config, workers: tuple[WorkerTarget, ...]) -> PrefixNames:
@@ -158,8 +162,14 @@ def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvS
                               workers=None if n.all_workers else named, durable=durable, relay=relay,
                               dynamo_subjects=n.dynamo_subjects, dynamo_block_size=n.dynamo_block_size,
                               attribution=cfg.attribution)
-    sink: KvSink = ShardSink(state, spec, health=health) if spec.sharded else state
-    return NatsKvSource(settings, sink, health, clock=clock)
+    if not spec.sharded:
+        return NatsKvSource(settings, state, health, clock=clock)
+    full = isinstance(state, ClusterState)  # (tests pass a bare KV sink)
+    roots = None
+    if isinstance(state, ClusterState):  # judge prefix instability over every shard's roots
+        roots = state.roots = SharedRoots(state.roots.window_s, state.roots.max_roots)
+    shard = ShardSink(state, spec, health=health, roots=roots, stream_aware=full)
+    return NatsKvSource(settings, shard, health, clock=clock, home=shard.home)
 
 
 def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:

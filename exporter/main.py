@@ -133,12 +133,13 @@ class Runtime:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(parts.collector)
         api = ApiBuilders(state, names=sources.names, breaches=parts.breaches)
+        records_sink = sources.records or state  # sharded: only the records this shard owns
 
         def ingest(body: bytes) -> IntakeResult:
             now = clock()  # the exporter's clock: a record's ts is checked against it
             records, errors = parse_ndjson(body, cfg.http_records.max_body_bytes, now=now,
                                            ts_tolerance_s=cfg.http_records.ts_tolerance_s)
-            deliver(records, errors, state, health, "http", now)
+            deliver(records, errors, records_sink, health, "http", now)
             return IntakeResult(len(records), len(errors), [e.as_dict() for e in errors[:MAX_ERRORS_REPORTED]])
 
         host, port = parse_listen_address(cfg.listen_address)
@@ -150,7 +151,7 @@ class Runtime:
         def healthz() -> tuple[bool, dict[str, Any]]:
             return runtime.healthz()
 
-        spans = SpanIntake(otlp_http.mapping_for(cfg.otlp, sources.workers), state, health, is_healthy=state.is_healthy,
+        spans = SpanIntake(otlp_http.mapping_for(cfg.otlp, sources.workers), records_sink, health, is_healthy=state.is_healthy,
                            session_wait_s=cfg.otlp.session_wait, max_body_bytes=cfg.http_records.max_body_bytes,
                            clock=clock)
         endpoints_auth = otlp_http.bearer_check(cfg.http_records.bearer_token)

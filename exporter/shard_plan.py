@@ -13,8 +13,8 @@ from exporter.sharding import plan
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="prefixscope shard-plan",
-                                description="Print each shard's workers (scrape, stream health, records) and the "
-                                            "prefix-family rule, for an exporter config split into N shards.")
+                                description="Print each shard's workers (scrape, stream health) and the prefix-family "
+                                            "and record rules, for an exporter config split into N shards.")
     p.add_argument("--config.file", dest="config_file", metavar="FILE", required=True)
     p.add_argument("--shards", type=int, default=None, help="shard count (default: the config's shard.count)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     pl = plan((w.name for w in workers), (r.name for r in cfg.routers), count)
     if args.json:
         print(json.dumps({"shards": count, "family_rule": "splitmix64(root block hash) mod shards",
+                          "record_rule": "every record to every shard; kept by the owner of its first block's family "
+                                         "(no hashes: by session key, else the worker's home shard)",
                           "workers": {str(k): list(v) for k, v in pl.workers.items()},
                           "routers": {str(k): list(v) for k, v in pl.routers.items()}}, indent=2))
     else:

@@ -1,13 +1,15 @@
 """How N exporter processes split one cluster and still give one answer (pure; no I/O).
 
-Two rules, each chosen so the shards' outputs add up to what one exporter would say:
+Four rules, each chosen so the shards' series pooled by the generated recording rules (``sum``
+of numerators and of denominators, of histogram buckets, of a worker's resident blocks) are
+what one exporter would export:
 
 **Workers → home shard** (``home_shard``: a stable hash of the worker name, modulo N). A worker's
-home shard scrapes its /metrics, owns its KV-stream health series (batches, lag, last
-timestamp), and is where its request records should go. Counters are per worker, so the
-recording rules' ``sum`` over every shard's series is the cluster value (they sum numerator
-and denominator before dividing). Routers are scraped by shard 0 alone, or their decisions
-would be counted N times.
+home shard scrapes its /metrics and owns its KV-stream health: batches, lag, last timestamp,
+sequence gaps, missed batches and restarts are counted there only. Every shard still sees every
+batch (with its own families' events, possibly none), so a worker is alive in every shard's pool
+and pool changes agree. Routers are scraped by shard 0 alone, or their decisions would be
+counted N times.
 
 **Prefix families → owning shard** (``family_shard``: a 64-bit mix of the family's root hash,
 modulo N). Every shard reads every worker's KV batches, in the one total order of the JetStream
@@ -25,14 +27,44 @@ the events of the families it owns. A block's *family* is the root of its chain,
   hash, so exactly one shard counts the unknown removal); AllBlocksCleared and restarts go to
   every shard.
 
+**Request records → the owner of their chain's family** (:func:`record_shard`). Every shard is
+sent every record and keeps those whose first block hash is a family it owns (a chain's first
+block is a root, and a root's family is its own hash, so every shard decides alike from the
+record alone, whatever KV events it has applied yet). The record's "available" lookup, the hits
+it adds to hot branches and eviction reuse, and its session all meet the blocks they are about;
+a record without hashes goes by its session key, else by its worker's home shard.
+
+**Prefix instability → judged over every root, counted by the root's owner** (:class:`SharedRoots`).
+A root and its near-duplicate twin (a timestamp in the first block) have different first blocks,
+so they are different families and may live on different shards. Every shard's tracker is fed
+every root branch of the stream in stream order, so it makes one exporter's decisions, and a
+new root is counted only by the shard that owns its family: the sum over shards is exact. (Keying
+families by content instead — e.g. the tokens after the early span — would keep twins together
+but could not route a record, which carries hashes and no tokens, without waiting for its KV
+events.)
+
 So every connected part of the prefix tree lies in one shard, and per-block holder masks are
-complete where they live. What is then exact, as sums or unions over shards (tests/scale):
-resident blocks per worker and per medium; the tree statistics (nodes, blocks, root fan-out,
-leaf-depth, fan-out and replica distributions: disjoint subtrees, so the gaugehistograms add in
+complete where they live. What is then exact, as sums or unions over shards (tests/scale,
+tests/e2e/test_shards.py): every counter and histogram on /metrics (record counters, reuse
+decomposition, cold prefill, miss cost, sessions, stream health, instability); resident blocks
+per worker and per medium; the tree statistics (disjoint subtrees, so the gaugehistograms add in
 Prometheus); duplication across workers; ``longest_match`` ("available") through
-:func:`owner_of_chain` (or :func:`combined_match` over all shards, which holds even for chains
-that cross families after loss). Stored/removed event counts are exact unless a run crosses
-families (only after an orphan run, itself counted as an unknown parent).
+:func:`owner_of_chain` (or :func:`combined_match` over all shards); and from those the checks'
+values, the five groups' statuses and the diagnosis chain's verdict, as the recording rules
+compute them over all shards. Stored/removed event counts are exact unless a run crosses
+families (only after an orphan run) or one BlockRemoved names blocks of several families (vLLM
+sends one hash per removal).
+
+The bounds (not exact, by design):
+
+* a session whose records start with different first blocks (its system prompt itself changes)
+  is accounted on several shards: its follow-ups, collisions and hit ratio are split by family;
+* "still healthy" for a sticky collision reads the pool, whose scrape-reported down targets only
+  the worker's home shard knows (batches and records keep every worker alive on every shard);
+* hot branches are top K per shard: the cluster's top K is the top K of the shards' lists (each
+  branch lives on one shard), not their sum; ``effective_cache_value`` and the removal rank per
+  worker are a shard's part, and ``session_reshuffle_ratio`` is a share of the shard's sessions;
+* ``prefixscope_records_ingested_total`` counts what each shard received (every record, N times).
 
 The one assumption: a block whose parent left every worker stays a root of its own (the
 index's orphan) until that parent is stored again — if the parent then comes back in another
@@ -41,13 +73,9 @@ index's by that link. It needs a chain evicted top-down on every worker that hol
 frees a request's blocks tail first, so a worker evicts a chain leaf first (the property test
 generates such streams; ``combined_match`` stays exact regardless).
 
-What this module does not make exact: hit counts and hot branches come from request records,
-which a shard takes for its own workers, while the blocks they hit may live in another shard's
-families; the records' reuse decomposition ("available" at record time) needs the record at
-the chain's owner. Both are exact with one exporter, and per shard for the families it owns.
-
 Cost: each shard keeps the family table (two dict entries per resident block in the cluster,
-about 150 B/block in CPython) besides its own part of the index.
+about 100–150 B/block in CPython) and the recent-root tracker (bounded) besides its own part of
+the index, and reads every batch of the stream.
 """
 
 from __future__ import annotations
@@ -60,6 +88,8 @@ from typing import Protocol
 
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from exporter.prefix_index import ROOT, Match, TreeStats
+from exporter.prefix_instability import RootBatch, RootTracker
+from prefixscope.records import RequestRecord
 
 DEFAULT_MEDIUM = "GPU"
 _M64 = (1 << 64) - 1
@@ -225,12 +255,94 @@ class FamilyRouter:
                 del holders[h], fam[h]
 
 
+def record_shard(record: RequestRecord, count: int) -> int:
+    """The shard that accounts a request record: the owner of its chain's family, so the record's
+    "available" lookup, hot-branch hits and eviction reuse meet the blocks they are about.
+
+    A chain's first block is a root (vLLM chains start with no parent), and a root's family is its
+    own hash, so the owner follows from the record alone — every shard decides the same without
+    waiting for the record's KV events. A record without block hashes goes by its session key (a
+    session's records stay together), else by its worker's home shard.
+    """
+    if record.block_hashes:
+        return family_shard(record.block_hashes[0], count)
+    if record.session_key:
+        return home_shard("session:" + record.session_key, count)
+    return home_shard(record.worker, count)
+
+
+class RecordSink(Protocol):
+    def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None: ...
+
+    def signal_seen(self, signal: str, ts: float) -> None: ...
+
+
+class ShardRecords:
+    """A record sink that passes on only the records this shard owns (:func:`record_shard`).
+
+    Every shard is sent every record (each POSTs to all shards, or all tail the same file), so
+    the records' counters are partitioned, not duplicated: their sum over shards is one
+    exporter's. The intake's own count (``prefixscope_records_ingested``) is of what each shard
+    received.
+    """
+
+    def __init__(self, state: RecordSink, spec: ShardSpec) -> None:
+        self.state = state
+        self.spec = spec
+
+    def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None:
+        mine = [r for r in records if record_shard(r, self.spec.count) == self.spec.index]
+        if mine:
+            self.state.ingest_records(mine, received_at)
+
+    def signal_seen(self, signal: str, ts: float) -> None:
+        self.state.signal_seen(signal, ts)
+
+
+class SharedRoots(RootTracker):
+    """Prefix instability with shards: every shard judges every root, each counts the roots it owns.
+
+    A root and its near-duplicate twin differ in their first block, so they are different families
+    and may live on different shards: a shard that saw only its own roots would miss the twin. So
+    each shard's tracker is fed every root branch of the stream (by :class:`ShardSink`, in the
+    stream's one order — the same decisions as one exporter's tracker), and a root is counted by
+    the shard that owns its family. Sum over shards = one exporter's count, exactly; each shard
+    remembers every recent root (bounded by ``max_roots``, as one exporter).
+
+    The state calls :meth:`apply` with its own events; it gets the counts of the roots this shard
+    owns among those the sink fed since the last call.
+    """
+
+    def __init__(self, window_s: float, max_roots: int) -> None:
+        super().__init__(window_s, max_roots)
+        self._owned = RootBatch()
+
+    def observe(self, worker: str, events: Sequence[KvEvent], ts: float, owned: bool) -> None:
+        """One root event of the stream (every shard sees it); counted here when ``owned``."""
+        got = RootTracker.apply(self, worker, events, ts)
+        if owned:
+            self._owned.roots += got.roots
+            self._owned.unstable += got.unstable
+
+    def apply(self, worker: str, events: Iterable[KvEvent], ts: float) -> RootBatch:
+        out, self._owned = self._owned, RootBatch()
+        return out
+
+
 class KvSink(Protocol):
     """The KV half of ``exporter.model.StateSink``."""
 
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None: ...
 
     def worker_restarted(self, worker: str) -> None: ...
+
+
+class FamilyKvSink(Protocol):
+    """A state that can apply a batch or a restart without its stream-health series (ClusterState)."""
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float, stream: bool = True) -> None: ...
+
+    def worker_restarted(self, worker: str, stream: bool = True) -> None: ...
 
 
 STREAM_GAUGES = ("prefixscope_kv_event_last_timestamp_seconds", "prefixscope_kv_event_lag_seconds")
@@ -249,28 +361,63 @@ class ShardSink:
     """
 
     def __init__(self, state: KvSink, spec: ShardSpec, router: FamilyRouter | None = None,
-                 health: GaugeOwner | None = None) -> None:
+                 health: GaugeOwner | None = None, roots: SharedRoots | None = None,
+                 stream_aware: bool = False) -> None:
+        """``roots``: the state's root tracker (``ClusterState.roots``, replaced by a SharedRoots), so
+        prefix instability is judged over every root; None where the state keeps no tracker."""
         self.state = state
         self.spec = spec
         self.router = router or FamilyRouter(spec)
         self.health = health
+        self.roots = roots
+        # a ClusterState leaves stream health to the home shard itself; a plain KvSink (tests) is
+        # given whole batches and its stale gauges removed
+        self.stream_aware = stream_aware
+
+    def home(self, worker: str) -> bool:
+        """This shard owns the worker's stream health (batches, lag, gaps, restarts)."""
+        return home_shard(worker, self.spec.count) == self.spec.index
 
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        if self.roots is not None:
+            self._observe_roots(batch, received_at)
         events = self.router.route(batch)
-        home = home_shard(batch.worker, self.spec.count) == self.spec.index
-        if events or home:
+        home = self.home(batch.worker)
+        if events or home or self.stream_aware:
             if len(events) != len(batch.events) or any(a is not b for a, b in zip(events, batch.events, strict=False)):
                 batch = KvBatch(batch.worker, batch.seq, batch.ts, events, batch.dp_rank)
-            self.state.apply_kv_batch(batch, received_at)
-            if not home and self.health is not None:
-                # Only the home shard sees every batch: another shard's last-timestamp and lag
-                # would go stale between its families' batches and raise a false "stream stale".
-                for gauge in STREAM_GAUGES:
-                    self.health.remove(gauge, (batch.worker,))
+            if home:
+                self.state.apply_kv_batch(batch, received_at)
+            elif self.stream_aware:
+                # Every shard sees every batch, events or not: the worker is alive on every shard's
+                # pool (pool changes and "still healthy" agree). Its stream-health series stay on
+                # its home shard: another shard's last timestamp would only move with its families'
+                # batches (a false "stream stale"), and batches would be counted once per shard.
+                self.state.apply_kv_batch(batch, received_at, stream=False)  # type: ignore[call-arg]
+            else:
+                self.state.apply_kv_batch(batch, received_at)
+                if self.health is not None:
+                    for gauge in STREAM_GAUGES:
+                        self.health.remove(gauge, (batch.worker,))
+
+    def _observe_roots(self, batch: KvBatch, received_at: float) -> None:
+        """Every root branch of the batch to the shared tracker, before routing: a root's family is
+        its first block's (its own hash, or the family of that block if some worker holds it)."""
+        roots, fam = self.roots, self.router._family
+        assert roots is not None
+        for ev in batch.events:
+            if type(ev) is BlockStored and ev.parent is None and ev.hashes:
+                # the family the router gives the event's first segment: so the owner applies it
+                owner = family_shard(fam.get(ev.hashes[0], ev.hashes[0]), self.spec.count)
+                roots.observe(batch.worker, (ev,), received_at, owner == self.spec.index)
 
     def worker_restarted(self, worker: str) -> None:
+        """Every shard clears the worker's blocks; its home shard counts the restart."""
         self.router.worker_restarted(worker)
-        self.state.worker_restarted(worker)
+        if self.stream_aware and not self.home(worker):
+            self.state.worker_restarted(worker, stream=False)  # type: ignore[call-arg]
+        else:
+            self.state.worker_restarted(worker)
 
 
 # ---- one answer from N shards ------------------------------------------------------------------
@@ -347,7 +494,9 @@ class ShardPlan:
 
     def lines(self) -> list[str]:
         out = [f"{self.count} shard(s). Prefix families: shard = splitmix64(root block hash) mod {self.count}; "
-               "every shard reads every worker's KV subject and keeps its families' events."]
+               "every shard reads every worker's KV subject and keeps its families' events.",
+               "Request records: send every record to every shard; each keeps those whose first block's family "
+               "it owns (no block hashes: by session key, else the worker's shard)."]
         for i in range(self.count):
             ws, rs = self.workers.get(i, ()), self.routers.get(i, ())
             out.append(f"shard {i}: {len(ws)} worker(s): {', '.join(ws) or '-'}"

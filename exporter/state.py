@@ -297,7 +297,10 @@ class ClusterState:
         return self.health_increases.increase(name)
 
     # ---- StateSink -----------------------------------------------------------------------------
-    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+    def apply_kv_batch(self, batch: KvBatch, received_at: float, stream: bool = True) -> None:
+        """``stream`` False (a family shard that is not the worker's home, exporter.sharding): apply
+        the events but leave the worker's stream-health series (batches, lag, last timestamp) to its
+        home shard, so each exists once across shards."""
         worker = batch.worker
         with self.lock:
             self.time.advance(received_at)
@@ -321,9 +324,9 @@ class ClusterState:
             drift = self._drift(worker)
         lab = (worker,)
         # The batch's whole health accounting in one Health call (one lock round trip).
-        incs = [(_KV_BATCHES, lab, 1.0)]
-        sets = [(_KV_LAST_TS, lab, received_at), (_KV_LAG, lab, max(0.0, received_at - batch.ts))]
-        if first:  # these series exist from a worker's first batch: a stream with no gap reads 0, not missing
+        incs = [(_KV_BATCHES, lab, 1.0)] if stream else []
+        sets = [(_KV_LAST_TS, lab, received_at), (_KV_LAG, lab, max(0.0, received_at - batch.ts))] if stream else []
+        if first and stream:  # these series exist from a worker's first batch: a stream with no gap reads 0, not missing
             incs += [(_WORKER_RESTARTS, lab, 0), (_KV_MISSED, lab, 0), (_KV_LOST, lab, 0), (_KV_UNKNOWN_PARENT, lab, 0),
                      (_KV_UNKNOWN_REMOVALS, lab, 0), *((_KV_REPAIRS, (worker, r), 0) for r in REPAIR_REASONS)]
             sets.append((_KV_UNRELIABLE, lab, 0.0))
@@ -438,13 +441,15 @@ class ClusterState:
         with self.lock:
             return sorted(self._unreliable)
 
-    def worker_restarted(self, worker: str) -> None:
+    def worker_restarted(self, worker: str, stream: bool = True) -> None:
+        """``stream`` False: clear the view without counting the restart (counted by the home shard)."""
         with self.lock:
             self.index.clear_worker(worker)
             self.evictions.clear_worker(worker)
             self.attribution.kv.clear_worker(worker)
             was_unreliable = self._unreliable.pop(worker, None) is not None  # an empty cache is known exactly
-        self.health.inc(_WORKER_RESTARTS, (worker,))
+        if stream:
+            self.health.inc(_WORKER_RESTARTS, (worker,))
         if was_unreliable:
             self.health.set(_KV_UNRELIABLE, (worker,), 0.0)
 

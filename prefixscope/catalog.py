@@ -610,7 +610,8 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr=_ratio(f"{P}_prefix_cache_hit_tokens_total", f"{P}_prefix_cache_queried_tokens_total", "worker"),
                   group=1, help="Prefix-cache hit ratio per worker."),
     RecordingRule(record="worker:prefixscope_worker_resident_blocks_per_capacity:ratio",
-                  expr=f"{P}_worker_resident_blocks / on (worker) {P}_worker_capacity_blocks",
+                  # summed by worker: each family shard exports its part of a worker's blocks
+                  expr=f"sum by (worker) ({P}_worker_resident_blocks) / on (worker) max by (worker) ({P}_worker_capacity_blocks)",
                   group=1, help="Resident blocks against capacity per worker."),
     RecordingRule(record="worker:prefixscope_kv_thrash:ratio_rate5m",
                   expr=_ratio(f"{P}_kv_blocks_restored_after_eviction_total", f"{P}_kv_blocks_stored_total", "worker"),

@@ -6,7 +6,11 @@ batches (so every shard and a single exporter see the same interleaving). The ru
 
 * **start-up rebuild**: the exporter's state lives in memory, so at start the durable consumer is
   created afresh from the first retained message (``deliver_policy=all``): every retained batch
-  of every worker is applied again. ``wait_started`` turns true once the consumer has reached
+  of every worker is applied again. That is also how a killed process (or shard) recovers: what
+  it had fetched and not acknowledged, and everything since, is in the stream, and after the
+  rebuild its index and counters equal those of a process that never died (tests/e2e/test_shards.py).
+  The durable name must be this process's own: one that another live exporter is pulling from is
+  reported as an ingest error (``durable``), as the two would split the stream between them. ``wait_started`` turns true once the consumer has reached
   the stream's last sequence as it was at start. A worker whose first retained batch has seq > 0
   joined before the retention window: like a late join on ZMQ, it is logged, not a gap (size
   ``max_age`` to cover how long a block stays cached; docs/operating.md);
@@ -76,8 +80,11 @@ class NatsKvSource:
     """``start()`` runs the source on its own thread (an asyncio loop); ``close()`` stops it."""
 
     def __init__(self, settings: NatsKvSettings, sink: KvSink, health: Health,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, home: Callable[[str], bool] | None = None) -> None:
+        """``home``: whether this process counts a worker's sequence gaps and missed batches (a
+        family shard: only the worker's home shard, so each gap is counted once); None: every worker."""
         self.settings = settings
+        self.home = home
         self.sink = sink
         self.health = health
         self.clock = clock
@@ -155,6 +162,7 @@ class NatsKvSource:
         target = await self._stream_end(js)
         if target is None:
             return
+        await self._warn_if_shared(js)
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer(s.stream, s.durable)
         psub = await self._subscribe(js, DeliverPolicy.ALL, None)
@@ -186,6 +194,19 @@ class NatsKvSource:
                 log.debug("ack failed: %s", exc)
             if self.last_stream_seq >= target:
                 self._started.set()
+
+    async def _warn_if_shared(self, js: nats.js.JetStreamContext) -> None:
+        """A durable someone is pulling from right now belongs to another live exporter (an HA twin or
+        a second copy of this shard with the same ``durable``): deleting it and pulling from it too
+        would split the stream between the two, each missing the other's half. Say so, loudly;
+        a durable left by a killed process has no waiting pulls and is simply recreated."""
+        try:
+            info = await js.consumer_info(self.settings.stream, self.settings.durable)
+        except Exception:
+            return
+        if info.num_waiting:
+            self.health.error(SOURCE, "durable", f"durable consumer {self.settings.durable} has {info.num_waiting} "
+                              "pull(s) waiting from another process: give every exporter its own kv_nats.durable")
 
     async def _stream_end(self, js: nats.js.JetStreamContext) -> int | None:
         """The stream's last sequence now (waiting for the relay to create it)."""
@@ -252,7 +273,7 @@ class NatsKvSource:
         elif restart or seq < expected:
             log.info("worker %s: KV-event sequence went from %d to %d: worker restarted", worker, expected - 1, seq)
             self._apply(lambda: self.sink.worker_restarted(worker), worker)
-        elif seq > expected:
+        elif seq > expected and (self.home is None or self.home(worker)):
             self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
             self.health.inc("prefixscope_kv_event_missed_batches", (worker,), seq - expected)
         self._next[worker] = seq + 1

@@ -3,13 +3,16 @@ nats-server's JetStream → one exporter, three family shards, and a real ``pref
 
 One answer: the shards add up to the single exporter (resident blocks per worker, applied
 events, "available" lookups), and both equal the workers' caches — after the relay and NATS
-were each killed and restarted mid-run.
+were each killed and restarted mid-run, and after one shard process was SIGKILLed mid-run and
+restarted (it then equals the shard that never died).
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,12 +24,16 @@ import requests
 import yaml
 
 from exporter.bootstrap import bootstrap, build_nats_source
+from exporter.checks import evaluate
+from exporter.collector import PrefixscopeCollector
 from exporter.config import Config, NatsKv, Shard, WorkerTarget
 from exporter.relay import Relay, RelayConfig
-from exporter.sharding import ShardSink, owner_of_chain
+from exporter.sharding import ShardRecords, ShardSink, ShardSpec, owner_of_chain
 from exporter.sources.kv_nats import NatsKvSource
 from fleet.engine import EngineResult, WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
+from prefixscope.records import RequestRecord
+from tests.scale.shards_as_one import ShardsAsOne, pooled_differences, samples
 from tests.support import REPO, free_port, require_tool, wait_for
 
 pytestmark = pytest.mark.slow
@@ -88,8 +95,11 @@ def rig(tmp_path: Path) -> Iterator[dict]:
     chains: list[list[int]] = []
     specs = [WorkerSpec(n, block_size=BLOCK, num_gpu_blocks=40, max_running=4) for n in WORKERS]
 
-    def on_request(result: EngineResult, _headers: dict[str, str], _path: str) -> None:
+    results: list[tuple[EngineResult, str | None]] = []
+
+    def on_request(result: EngineResult, headers: dict[str, str], _path: str) -> None:
         chains.append(list(result.block_hashes))
+        results.append((result, {k.lower(): v for k, v in headers.items()}.get("x-session-id")))
 
     fleet = WorkerFleet(specs, options=FleetOptions(delay_scale=0.0), on_request=on_request).start()
     targets = tuple(WorkerTarget(e["name"], None, e["kv_endpoint"], e["replay_endpoint"], e["topic"])
@@ -101,7 +111,7 @@ def rig(tmp_path: Path) -> Iterator[dict]:
     single = exporter(nats.url, Shard())
     shards = [exporter(nats.url, Shard(i, SHARDS)) for i in range(SHARDS)]
     rig = {"nats": nats, "fleet": fleet, "relay": relay, "relay_cfg": relay_cfg, "single": single,
-           "shards": shards, "chains": chains, "tmp": tmp_path}
+           "shards": shards, "chains": chains, "results": results, "tmp": tmp_path}
     try:
         yield rig
     finally:
@@ -118,7 +128,7 @@ def traffic(fleet: WorkerFleet, tag: str, n: int = 24) -> None:
     for i in range(n):
         w = WORKERS[i % len(WORKERS)]
         text = f"[system {i % 3}] " + "you are a helpful assistant " * 12 + f"[{tag} user {i}] " + "tell me more " * (5 + i % 7)
-        r = requests.post(fleet[w].url + "/v1/completions", timeout=10,
+        r = requests.post(fleet[w].url + "/v1/completions", timeout=10, headers={"X-Session-Id": f"{tag}-{i % 6}"},
                           json={"model": "sim-model", "prompt": text, "max_tokens": 2})
         r.raise_for_status()
 
@@ -238,3 +248,165 @@ def test_a_real_export_process_reads_the_stream(rig: dict) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ---- a shard killed mid-run ----------------------------------------------------------------------
+def metric_values(text: str, name: str) -> Counter[tuple[tuple[str, str], ...]]:
+    """The samples of one metric family in an exposition, by their sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Counter[tuple[tuple[str, str], ...]] = Counter()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.value:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def exposition(port: int) -> str | None:
+    try:
+        r = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    except requests.RequestException:
+        return None
+    return r.text if r.ok else None
+
+
+class ShardProcess:
+    """``prefixscope export`` as shard ``index`` of ``SHARDS``, reading the stream; killable with SIGKILL."""
+
+    def __init__(self, rig: dict, index: int) -> None:
+        self.cfg = rig["tmp"] / f"shard{index}.yaml"
+        # its own durable: two processes pulling one durable consumer would split the stream between them
+        self.cfg.write_text(yaml.safe_dump({"kv_nats": {"url": rig["nats"].url, "all_workers": True,
+                                                        "durable": f"killable-shard{index}"},
+                                            "shard": {"index": index, "count": SHARDS},
+                                            "records": {"http": {"enabled": False}}}))
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "export", "--config.file", str(self.cfg),
+                                      "--web.listen-address", f"127.0.0.1:{self.port}"], cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: exposition(self.port), what="shard process serving /metrics", timeout=60)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL: no shutdown, no final ack
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def shard_view(text: str) -> tuple[Counter, Counter]:
+    """What must survive the kill: resident blocks per worker, and events applied per worker and type."""
+    applied_ = Counter({k: v for k, v in metric_values(text, "prefixscope_kv_events_applied_total").items()
+                        if dict(k).get("event") != "AllBlocksCleared"})
+    return metric_values(text, "prefixscope_worker_resident_blocks"), applied_
+
+
+def test_a_shard_killed_mid_run_loses_no_block_after_recovery(rig: dict) -> None:
+    """Shard 1 as a real process, SIGKILLed while the workers store and evict, then restarted: it
+    rebuilds from the stream (its durable consumer recreated from the first retained message) and
+    then serves exactly the blocks and counters of the shard that never died — and with the other
+    shards it still adds up to the single exporter."""
+    fleet = rig["fleet"]
+    for e in [rig["single"], *rig["shards"]]:
+        assert e.source.wait_started(30)
+    proc = ShardProcess(rig, 1)
+    try:
+        proc.start()
+        traffic(fleet, "a")
+        settle(rig)
+        assert_one_answer(rig)
+
+        during = threading.Thread(target=traffic, args=(fleet, "b", 40))
+        during.start()
+        wait_for(lambda: len(rig["chains"]) >= 24 + 10, what="traffic under way")
+        proc.kill()  # mid-run: batches it fetched but had not acknowledged are redelivered to nobody
+        during.join(60)
+        traffic(fleet, "c")  # the stream moves on while the shard is down
+        settle(rig)
+        proc.start()
+        traffic(fleet, "d")  # and after it is back
+        settle(rig)
+        assert_one_answer(rig)
+        reference = rig["shards"][1]
+
+        def recovered() -> bool:
+            text = exposition(proc.port)
+            if text is None:
+                return False
+            blocks, applied_ = shard_view(text)
+            want_blocks = Counter({(("worker", w),): n for w, n in resident(reference).items() if n})
+            want_applied = Counter({tuple(sorted({"worker": k[0], "event": k[1]}.items())): v
+                                    for k, v in applied(reference).items() if v})
+            return blocks == want_blocks and applied_ == want_applied
+        wait_for(recovered, what="the restarted shard equals the shard that never died", timeout=60)
+    finally:
+        proc.stop()
+
+    # a second live process on shard 2's durable would split its stream: it says so
+    twin = exporter(rig["nats"].url, Shard(2, SHARDS))
+    try:
+        wait_for(lambda: twin.health.snapshot()[0].get("prefixscope_ingest_errors", {}).get(("kv_events", "durable")),
+                 what="the shared durable reported")
+    finally:
+        twin.source.close()
+
+
+# ---- one answer beyond counters ------------------------------------------------------------------
+# measured on each exporter's own clock as it received the batch: equal label sets, close values
+WALL_CLOCK = frozenset({"prefixscope_kv_event_lag_seconds", "prefixscope_kv_event_last_timestamp_seconds",
+                        "prefixscope_kv_block_eviction_age_seconds_sum"})
+
+
+def records_of(rig: dict) -> list[RequestRecord]:
+    """The fleet's requests as the router's records (session key, chain, cached tokens, timings)."""
+    now = time.time()
+    return [RequestRecord(ts=now, request_id=r.request_id, worker=r.worker, prompt_tokens=r.prompt_tokens,
+                          session_key=key, block_hashes=tuple(r.block_hashes), cached_tokens=r.cached_tokens,
+                          predicted_cached_tokens=r.cached_tokens, ttft_s=r.ttft_s, prefill_s=r.prefill_s,
+                          queue_s=r.queue_s)
+            for r, key in rig["results"]]
+
+
+def test_shards_give_one_exporters_series_checks_and_verdict(rig: dict) -> None:
+    """Every shard is sent every record and keeps those of its families: with the KV events from the
+    stream, every series pooled over the shards (as the recording rules pool them) is the single
+    exporter's, and so are the checks' values and statuses, the steps and the chain's verdict."""
+    for e in [rig["single"], *rig["shards"]]:
+        assert e.source.wait_started(30)
+    for tag in ("a", "b", "c"):
+        traffic(rig["fleet"], tag)
+    settle(rig)
+    assert_one_answer(rig)
+    records = records_of(rig)
+    now = time.time()
+    rig["single"].state.ingest_records(records, now)
+    for i, s in enumerate(rig["shards"]):
+        ShardRecords(s.state, ShardSpec(i, SHARDS)).ingest_records(records, now)
+    states = [s.state for s in rig["shards"]]
+    assert sum(1 for s in states if s.window_counter("prefixscope_requests")) >= 2  # records split
+    for st in [rig["single"].state, *states]:
+        st.refresh_tree_stats()
+
+    diffs, compared = pooled_differences(samples(PrefixscopeCollector(rig["single"].state, rig["single"].health)),
+                                         [samples(PrefixscopeCollector(s.state, s.health)) for s in rig["shards"]],
+                                         timed=WALL_CLOCK)
+    assert not diffs and compared > 40
+    one = evaluate(rig["single"].state)
+    many = evaluate(ShardsAsOne(states))  # type: ignore[arg-type]
+    for key, r in one.results.items():
+        got = many.results[key]
+        assert got.status == r.status, key
+        assert (got.value is None) == (r.value is None), key
+        if r.value is not None:
+            # quantiles interpolate the same pooled buckets; ratios are sums over sums; staleness is
+            # each process's clock minus its last batch
+            assert math.isclose(got.value, r.value, rel_tol=1e-9, abs_tol=5.0 if key == "kv_event_staleness" else 1e-12), key
+    assert many.step_status == one.step_status and many.verdict == one.verdict
+    assert sum(1 for r in one.results.values() if r.value is not None) >= 8
