@@ -22,7 +22,7 @@ the live tree in bounded slices under the caller's lock, without a copy (``Stats
 from collections import Counter
 from collections.abc import Mapping, Set
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from cpython.exc cimport PyErr_Occurred
@@ -40,6 +40,7 @@ from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
 from exporter.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResult, TreeStats
 
 cdef carray.array _RUN = array("Q")
+cdef carray.array _LENGTHS = array("I")
 cdef carray.array _GROUPS = array("I")
 
 DEF NMEDIA = 8  # a worker's tiers are 8 bits of its holder entry
@@ -49,7 +50,7 @@ DEF FLAG_HIT = 2
 DEF INLINE = 2
 DEF MAX_WORKERS = 65535
 DEF MAX_KEEP = 16  # radix edges of the tree's top recorded by a pass (the API's deepest request)
-DEF WALK_SLICE = 1 << 17  # entries (and walk-up steps) one statistics ``step`` visits: ~1-2 ms
+DEF WALK_SLICE = 1 << 16  # entries (and walk-up steps) one statistics ``step`` visits: ~0.5 ms at 10 M pairs
 
 assert MAX_MEDIA == NMEDIA, "the reference and the compiled index must allow the same media"
 
@@ -250,6 +251,45 @@ class RunsView(Mapping):
         return len(self._firsts)
 
 
+class ChildrenView(Mapping):
+    """The kept child lists of a walk as ``ROOT or a branching block -> first blocks of its child
+    runs`` (in walk order), over two flat arrays sorted by parent: a list is built when read."""
+
+    def __init__(self, nroot, unders, firsts, nkeys):
+        self._nroot, self._unders, self._firsts, self._nkeys = nroot, unders, firsts, nkeys
+
+    def _span(self, key):
+        if key == ROOT:
+            return (0, self._nroot) if self._nroot else None
+        if type(key) is not int or key < 0 or key > 0xFFFFFFFFFFFFFFFF:
+            return None
+        lo = bisect_left(self._unders, key)
+        if lo == len(self._unders) or self._unders[lo] != key:
+            return None
+        return self._nroot + lo, self._nroot + bisect_right(self._unders, key, lo)
+
+    def __getitem__(self, key):
+        span = self._span(key)
+        if span is None:
+            raise KeyError(key)
+        return list(self._firsts[span[0]:span[1]])
+
+    def __contains__(self, key):
+        return self._span(key) is not None
+
+    def __iter__(self):
+        if self._nroot:
+            yield ROOT
+        prev = None
+        for u in self._unders:
+            if u != prev:
+                yield u
+                prev = u
+
+    def __len__(self):
+        return self._nkeys
+
+
 cdef struct Vec:  # a growable C array
     char* data
     size_t n
@@ -320,9 +360,37 @@ cdef struct KeptRun:  # a run within MAX_KEEP radix edges of the root, as the wa
     uint8_t under_root
 
 
+cdef struct ChildKey:  # a kept run as its parent's child list entry
+    uint64_t under
+    uint64_t first
+    uint32_t seq        # walk order
+    uint8_t root
+
+
+cdef struct RunKey:
+    uint64_t first
+    uint64_t last
+    uint32_t length
+
+
 cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
     cdef uint64_t x = (<const uint64_t*>a)[0], y = (<const uint64_t*>b)[0]
     return (x > y) - (x < y)
+
+
+cdef int _cmp_child(const void* a, const void* b) noexcept nogil:
+    """The root's children first, then by parent, each list in walk order."""
+    cdef const ChildKey* x = <const ChildKey*>a
+    cdef const ChildKey* y = <const ChildKey*>b
+    if x.root != y.root:
+        return <int>y.root - <int>x.root
+    if x.under != y.under:
+        return (x.under > y.under) - (x.under < y.under)
+    return (x.seq > y.seq) - (x.seq < y.seq)
+
+
+cdef int _cmp_run(const void* a, const void* b) noexcept nogil:
+    return _cmp_u64(a, b)  # by first block (the struct's first field)
 
 
 cdef class BranchSet:
@@ -434,13 +502,12 @@ cdef class StatsWalk:
     def to_stats(self, keep_children_depth=0):
         """The statistics with the runs and child lists of the top ``keep_children_depth`` edges
         (finishing the walk first if steps remain: only without concurrent changes)."""
-        cdef size_t i
-        cdef KeptRun* k
         cdef BranchSet branching = BranchSet.__new__(BranchSet)
         if keep_children_depth > MAX_KEEP:
             raise ValueError(f"the compiled index keeps at most {MAX_KEEP} edges of the tree's top")
         while not self.step():
             pass
+        self._free_work()
         branching.data = <uint64_t*>malloc(self.branching.n * sizeof(uint64_t) + 8)
         if not branching.data:
             raise MemoryError()
@@ -448,20 +515,53 @@ cdef class StatsWalk:
             memcpy(branching.data, self.branching.data, self.branching.n * sizeof(uint64_t))
         branching.n = self.branching.n
         qsort(branching.data, branching.n, sizeof(uint64_t), _cmp_u64)
-        children, runs = {}, []
-        for i in range(self.kept.n):
-            k = &(<KeptRun*>self.kept.data)[i]
-            if k.edges > keep_children_depth:
-                continue
-            children.setdefault(ROOT if k.under_root else k.under, []).append(k.first)
-            if k.length > 1:
-                runs.append((k.first, k.last, k.length))
-        runs.sort()
-        view = RunsView(self.index, array("Q", [r[0] for r in runs]), array("Q", [r[1] for r in runs]),
-                        array("I", [r[2] for r in runs]))
+        children, runs = self._kept_views(keep_children_depth)
         return TreeStats(version=self.version, leaf_depths=_counter_of(&self.leaf_e, 0),
                          leaf_block_depths=_counter_of(&self.leaf_b, 0), branching=branching,
-                         children=children, children_depth=keep_children_depth, runs=view, **self.counters)
+                         children=children, children_depth=keep_children_depth, runs=runs, **self.counters)
+
+    cdef tuple _kept_views(self, int keep):
+        """The kept runs within ``keep`` edges as a ``ChildrenView`` and a ``RunsView`` (flat arrays
+        sorted in C: no Python object per run is held)."""
+        cdef size_t i, nc = 0, nr = 0, nroot = 0, nkeys = 0
+        cdef KeptRun* k
+        cdef ChildKey* ck = <ChildKey*>malloc(self.kept.n * sizeof(ChildKey) + 1)
+        cdef RunKey* rk = <RunKey*>malloc(self.kept.n * sizeof(RunKey) + 1)
+        cdef carray.array firsts, unders, run_firsts, run_lasts, run_lengths
+        try:
+            if not (ck and rk):
+                raise MemoryError()
+            for i in range(self.kept.n):
+                k = &(<KeptRun*>self.kept.data)[i]
+                if k.edges > keep:
+                    continue
+                ck[nc].under, ck[nc].first, ck[nc].seq, ck[nc].root = k.under, k.first, <uint32_t>i, k.under_root
+                nc += 1
+                nroot += k.under_root
+                if k.length > 1:
+                    rk[nr].first, rk[nr].last, rk[nr].length = k.first, k.last, k.length
+                    nr += 1
+            qsort(ck, nc, sizeof(ChildKey), _cmp_child)
+            qsort(rk, nr, sizeof(RunKey), _cmp_run)
+            firsts = carray.clone(_RUN, nc, zero=False)
+            unders = carray.clone(_RUN, nc - nroot, zero=False)
+            for i in range(nc):
+                firsts.data.as_ulonglongs[i] = ck[i].first
+                if i >= nroot:
+                    unders.data.as_ulonglongs[i - nroot] = ck[i].under
+                    nkeys += i == nroot or ck[i].under != ck[i - 1].under
+            run_firsts = carray.clone(_RUN, nr, zero=False)
+            run_lasts = carray.clone(_RUN, nr, zero=False)
+            run_lengths = carray.clone(_LENGTHS, nr, zero=False)
+            for i in range(nr):
+                run_firsts.data.as_ulonglongs[i] = rk[i].first
+                run_lasts.data.as_ulonglongs[i] = rk[i].last
+                run_lengths.data.as_uints[i] = rk[i].length
+        finally:
+            free(ck)
+            free(rk)
+        return (ChildrenView(nroot, unders, firsts, nkeys + (nroot > 0)),
+                RunsView(self.index, run_firsts, run_lasts, run_lengths))
 
 
 cdef class CompiledPrefixIndex:
@@ -825,8 +925,9 @@ cdef class CompiledPrefixIndex:
         return self.live
 
     def memory_bytes(self):
-        """Bytes this index has allocated (blocks in use, hash table, holder arrays)."""
+        """Bytes this index has allocated (blocks in use, hash table, holder arrays, statistics)."""
         cdef uint64_t total = self.nblocks * sizeof(Block) + (self.tmask + 1) * sizeof(uint32_t)
+        total += self.nblocks * sizeof(uint32_t) + (self.st_reps.cap + self.st_fan.cap) * sizeof(int64_t)
         cdef uint32_t b
         for b in range(self.nblocks):
             total += self.blocks[b].cap * sizeof(uint32_t)
@@ -1248,8 +1349,7 @@ cdef class CompiledPrefixIndex:
         if b < nb:
             return False
         w.version, w.counters, w.done = self.version, self._stats_counters(), True
-        w._free_work()
-        return True
+        return True  # the working memory goes in ``to_stats``, outside the lock (unmapping takes ms)
 
     cdef int64_t _walk_depth(self, StatsWalk w, uint32_t b) except -1:
         """Depths of ``b`` and of its ancestors not yet known: up to a known one, a run hanging
