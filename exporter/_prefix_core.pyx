@@ -487,8 +487,12 @@ cdef class StatsWalk:
         _vec_free(&self.kept)
 
     cdef void _free_work(self) noexcept:
-        _scratch_unmap(self.bdep, self.cap * sizeof(int32_t))
-        _scratch_unmap(self.edep, self.cap * sizeof(int32_t))
+        cdef int32_t* bdep = self.bdep
+        cdef int32_t* edep = self.edep
+        cdef size_t size = self.cap * sizeof(int32_t)
+        with nogil:  # unmapping hundreds of megabytes takes milliseconds: let ingest run meanwhile
+            _scratch_unmap(bdep, size)
+            _scratch_unmap(edep, size)
         free(self.stack)
         self.bdep, self.edep, self.cap, self.stack, self.stackcap = NULL, NULL, 0, NULL, 0
 
@@ -514,7 +518,8 @@ cdef class StatsWalk:
         if self.branching.n:
             memcpy(branching.data, self.branching.data, self.branching.n * sizeof(uint64_t))
         branching.n = self.branching.n
-        qsort(branching.data, branching.n, sizeof(uint64_t), _cmp_u64)
+        with nogil:
+            qsort(branching.data, branching.n, sizeof(uint64_t), _cmp_u64)
         children, runs = self._kept_views(keep_children_depth)
         return TreeStats(version=self.version, leaf_depths=_counter_of(&self.leaf_e, 0),
                          leaf_block_depths=_counter_of(&self.leaf_b, 0), branching=branching,
@@ -541,8 +546,9 @@ cdef class StatsWalk:
                 if k.length > 1:
                     rk[nr].first, rk[nr].last, rk[nr].length = k.first, k.last, k.length
                     nr += 1
-            qsort(ck, nc, sizeof(ChildKey), _cmp_child)
-            qsort(rk, nr, sizeof(RunKey), _cmp_run)
+            with nogil:
+                qsort(ck, nc, sizeof(ChildKey), _cmp_child)
+                qsort(rk, nr, sizeof(RunKey), _cmp_run)
             firsts = carray.clone(_RUN, nc, zero=False)
             unders = carray.clone(_RUN, nc - nroot, zero=False)
             for i in range(nc):
