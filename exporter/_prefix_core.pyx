@@ -456,9 +456,17 @@ cdef class StatsWalk:
     from once. Without ingest between steps the result is exact; with ingest, each leaf's
     depths are those of the step that visited it, and a leaf stored or removed meanwhile may
     be missed or counted once more (the next walk is exact again).
+
+    The walk is skipped when the tree's shape is that of the index's latest complete walk (no
+    block entered or left the tree since, only holders and tiers changed — replicas, offloads
+    between tiers): the reading then reuses that walk and completes in its first step,
+    O(histogram size).
     """
 
     cdef object index          # the CompiledPrefixIndex walked
+    cdef StatsWalk src         # the walk whose depths this reading reuses (None: its own)
+    cdef bint started
+    cdef int64_t shape0, shape1  # the index's shape count at the first and the last step
     cdef int32_t* bdep         # per entry: depth in blocks (0 unknown, -1 on the current walk up)
     cdef int32_t* edep         # per entry: depth in radix edges
     cdef size_t cap
@@ -506,12 +514,18 @@ cdef class StatsWalk:
     def to_stats(self, keep_children_depth=0):
         """The statistics with the runs and child lists of the top ``keep_children_depth`` edges
         (finishing the walk first if steps remain: only without concurrent changes)."""
-        cdef BranchSet branching = BranchSet.__new__(BranchSet)
         if keep_children_depth > MAX_KEEP:
             raise ValueError(f"the compiled index keeps at most {MAX_KEEP} edges of the tree's top")
         while not self.step():
             pass
         self._free_work()
+        if self.src is None and self.shape0 == self.shape1:  # the tree kept its shape throughout
+            self.index._stats_remember(self)
+        src = self if self.src is None else self.src
+        return src._build(self.version, self.counters, keep_children_depth)
+
+    cdef object _build(self, long version, dict counters, int keep_children_depth):
+        cdef BranchSet branching = BranchSet.__new__(BranchSet)
         branching.data = <uint64_t*>malloc(self.branching.n * sizeof(uint64_t) + 8)
         if not branching.data:
             raise MemoryError()
@@ -521,9 +535,9 @@ cdef class StatsWalk:
         with nogil:
             qsort(branching.data, branching.n, sizeof(uint64_t), _cmp_u64)
         children, runs = self._kept_views(keep_children_depth)
-        return TreeStats(version=self.version, leaf_depths=_counter_of(&self.leaf_e, 0),
+        return TreeStats(version=version, leaf_depths=_counter_of(&self.leaf_e, 0),
                          leaf_block_depths=_counter_of(&self.leaf_b, 0), branching=branching,
-                         children=children, children_depth=keep_children_depth, runs=runs, **self.counters)
+                         children=children, children_depth=keep_children_depth, runs=runs, **counters)
 
     cdef tuple _kept_views(self, int keep):
         """The kept runs within ``keep`` edges as a ``ChildrenView`` and a ``RunsView`` (flat arrays
@@ -598,6 +612,8 @@ cdef class CompiledPrefixIndex:
     cdef Vec st_fan            # int64: live children -> branching blocks in the tree with that many
     cdef int64_t st_root       # blocks in the tree whose parent is the root or out of the tree
     cdef int64_t st_fansum     # live children of the branching blocks in the tree
+    cdef int64_t st_shape      # blocks that entered or left the tree so far
+    cdef tuple st_last         # (shape, StatsWalk): the latest walk during which the shape held
 
     def __cinit__(self):
         self.capblocks = 1024
@@ -1270,6 +1286,7 @@ cdef class CompiledPrefixIndex:
         b's own live children (kept while it was out) stop hanging off the root."""
         cdef int64_t p = self.blocks[b].parent
         cdef uint32_t k
+        self.st_shape += 1
         if self.nblocks > self.st_kcap:
             self._st_grow_kids()
         if p >= 0 and self._st_kid(p, 1):
@@ -1288,6 +1305,7 @@ cdef class CompiledPrefixIndex:
         """Block ``b`` left the tree (before its entry is released): the reverse of ``_st_enter``."""
         cdef int64_t p = self.blocks[b].parent
         cdef uint32_t k = self.st_kids[b]
+        self.st_shape += 1
         if p >= 0:
             self._st_kid(p, -1)  # never grows the histogram: it cannot fail
         if p < 0 or not self.blocks[p].n:
@@ -1318,6 +1336,12 @@ cdef class CompiledPrefixIndex:
         cdef uint64_t h
         if w.index is not self:
             raise RuntimeError("a statistics walk steps over the index that started it")
+        if not w.started:
+            w.started, w.shape0 = True, self.st_shape
+            if self.st_last is not None and self.st_last[0] == self.st_shape:  # the shape held: reuse
+                w.src = self.st_last[1]
+                w.shape1, w.version, w.counters, w.done = self.st_shape, self.version, self._stats_counters(), True
+                return True
         if nb > w.cap:  # first step, or the index grew past the walk's address space
             # Address space for twice the block array: pages are taken only as the walk touches
             # them, and a regrowth (a copy of the depths so far, under the lock) needs the index
@@ -1354,8 +1378,12 @@ cdef class CompiledPrefixIndex:
         w.cursor = b
         if b < nb:
             return False
-        w.version, w.counters, w.done = self.version, self._stats_counters(), True
+        w.shape1, w.version, w.counters, w.done = self.st_shape, self.version, self._stats_counters(), True
         return True  # the working memory goes in ``to_stats``, outside the lock (unmapping takes ms)
+
+    def _stats_remember(self, StatsWalk w):
+        """A complete walk during which the shape held: later readings at that shape reuse it."""
+        self.st_last = (w.shape1, w)
 
     cdef int64_t _walk_depth(self, StatsWalk w, uint32_t b) except -1:
         """Depths of ``b`` and of its ancestors not yet known: up to a known one, a run hanging
