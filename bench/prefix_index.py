@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.memory import StallMeter, fill, peak_rss_bytes, reset_peak, rss_bytes
+from bench.memory import SHAPE_CHANGE, StallMeter, fill, peak_rss_bytes, reset_peak, rss_bytes
 from exporter.model import BlockRemoved, BlockStored, KvEvent
 from exporter.prefix_index import ReferencePrefixIndex, compute_stats, pass_in_slices
 
@@ -98,6 +98,7 @@ def _memory(factory: Factory) -> tuple[float, float | None, int, float]:
     stats = index.stats(KEEP)
     gc.collect()
     held = rss_bytes() - before
+    index.apply("w0", [BlockStored((SHAPE_CHANGE,), None, 16)])  # unchanged, the tree would reuse the walk
     measured = reset_peak()
     now = rss_bytes()
     t0 = time.perf_counter()
