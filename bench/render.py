@@ -8,9 +8,10 @@ baseline, measured in the same run, renders the very same samples from plain
 (no state maths at all), so a ratio below 1 means a scrape costs less than bare
 prometheus_client text generation of the same samples.
 
-A scrape never runs a tree-statistics pass: it renders the latest pass of the background
-refresher. That pass is measured on its own rows (information, not a scrape cost): its copy
-step holds the state lock — the ingest pause each pass causes — and the pass itself runs
+A scrape never reads the tree statistics itself: it renders the latest reading of the
+background refresher. That reading is measured on its own rows (information, not a scrape
+cost): its steps hold the state lock — the counters kept at apply time are read and the live
+tree is walked for the depths, the ingest pause each reading causes — and the result is built
 outside the lock.
 """
 
@@ -166,16 +167,16 @@ def run() -> list[dict[str, Any]]:
         return render_state(st)
 
     changed_ms, _ = best_ms(changed)
-    # The background pass after a change: its copy under the lock, and the pass outside it.
-    copy_s, pass_s = [], []
+    # The background reading after a change: its steps under the lock, and the build outside it.
+    held_s, pass_s = [], []
     for _ in range(REPEATS):
         kv_batch()
         st.refresh_tree_stats()
         timing = st.tree_stats_timing
         assert timing is not None
-        copy_s.append(timing.copy_s)
+        held_s.append(timing.held_s)
         pass_s.append(timing.pass_s)
-    copy_ms, pass_ms = min(copy_s) * 1000.0, min(pass_s) * 1000.0
+    held_ms, pass_ms = min(held_s) * 1000.0, min(pass_s) * 1000.0
     samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     what = f"{WORKERS:,} workers, {samples:,} samples, {len(st.index):,} blocks"
     target = f"< {TARGET_MS:g} ms"
@@ -185,10 +186,10 @@ def run() -> list[dict[str, Any]]:
         {"name": "render /metrics after a KV batch (latest background tree statistics, no pass; ms)",
          "value": changed_ms, "baseline": base_ms, "ratio": changed_ms / base_ms, "target": target,
          "ok": changed_ms < TARGET_MS},
-        {"name": f"background tree-statistics pass, outside the lock ({len(st.index):,} blocks; ms)",
+        {"name": f"background tree-statistics reading, built outside the lock ({len(st.index):,} blocks; ms)",
          "value": pass_ms, "baseline": base_ms, "ratio": pass_ms / base_ms, "target": "information", "ok": True},
-        {"name": "... its copy step under the state lock = ingest pause per pass (ms)",
-         "value": copy_ms, "baseline": base_ms, "ratio": copy_ms / base_ms, "target": "information", "ok": True},
+        {"name": "... its steps under the state lock: counters + live-tree walk, no copy (ms)",
+         "value": held_ms, "baseline": base_ms, "ratio": held_ms / base_ms, "target": "information", "ok": True},
         {"name": "render /metrics through the collector + generate_latest (ms)", "value": coll_ms,
          "baseline": base_ms, "ratio": coll_ms / base_ms, "target": "reference", "ok": True},
     ]

@@ -13,18 +13,16 @@ A block leaves the tree when its last holder goes; its entry stays, holder-less,
 blocks still name it as parent, so a child keeps its parent link exactly as the reference's
 block -> parent-hash map does (and re-attaches when the parent is stored again).
 
-Tree statistics are one pass over a consistent copy of the tree, taken in slices so that no
-single hold of the caller's lock is long: ``copy_for_stats`` starts a copy (16 bytes per block:
-hash, parent, holder count) and each ``copy_slice`` copies the next entries under the caller's
-lock. Between slices ingest goes on; every change to an entry already copied is written through
-to the copy (one comparison per change while no copy is running), so the finished copy is the
-tree as it stood when the last slice ran. The pass then runs in C on the copy without the GIL
-(12 more bytes per block while it runs), and only its small results become Python objects.
+Tree statistics are kept at apply time where a transition changes them by a known amount —
+live children per entry (4 bytes a block), holders -> blocks, children -> branching blocks,
+root-level blocks — and read in O(histogram size). Leaf depths and the tree's top are a walk of
+the live tree in bounded slices under the caller's lock, without a copy (``StatsWalk`` says why).
 """
 
 from collections import Counter
 from collections.abc import Mapping, Set
 from array import array
+from bisect import bisect_left, bisect_right
 
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from cpython.exc cimport PyErr_Occurred
@@ -41,10 +39,9 @@ from exporter.eviction import DEFAULT_MEMORY as DEFAULT_EVICTION_MEMORY, DEFAULT
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
 from exporter.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResult, TreeStats
 
-cdef carray.array _PAIRS = array("Q")
+cdef carray.array _RUN = array("Q")
+cdef carray.array _LENGTHS = array("I")
 cdef carray.array _GROUPS = array("I")
-cdef carray.array _EDGES = array("I")
-cdef carray.array _FLAGS = array("B")
 
 DEF NMEDIA = 8  # a worker's tiers are 8 bits of its holder entry
 DEF EMPTY = 0xFFFFFFFF
@@ -53,7 +50,7 @@ DEF FLAG_HIT = 2
 DEF INLINE = 2
 DEF MAX_WORKERS = 65535
 DEF MAX_KEEP = 16  # radix edges of the tree's top recorded by a pass (the API's deepest request)
-DEF SLICE = 1 << 17  # entries one ``copy_slice`` copies: 4 MB read, ~1.5 ms of CPU
+DEF WALK_SLICE = 1 << 16  # entries (and walk-up steps) one statistics ``step`` visits: ~0.5 ms at 10 M pairs
 
 assert MAX_MEDIA == NMEDIA, "the reference and the compiled index must allow the same media"
 
@@ -70,12 +67,6 @@ cdef struct Block:
     uint16_t cap     # capacity of h.ext; 0 while the entries are inline
     uint32_t flags
     Holders h
-
-
-cdef struct SnapEntry:  # what a statistics pass reads of one entry
-    uint64_t hash
-    int32_t parent
-    uint32_t n       # holders; 0: not in the tree (holder-less or free)
 
 
 cdef extern from *:
@@ -228,67 +219,78 @@ cdef uint32_t _best_excluding(carray.array pairs, carray.array excluded) noexcep
 
 
 class RunsView(Mapping):
-    """The kept runs of a pass as ``first block -> array('Q') of the run``, over one flat array
-    (a run is sliced out when read): no per-run object is held between passes."""
+    """The kept runs of a walk as ``first block -> array('Q') of the run`` (runs of two blocks or
+    more). Only each run's first and last hash and its length are held (20 bytes a run, where
+    the blocks themselves would be 8 bytes each); a run's blocks are read from the live index
+    when asked for — up from its last block — so read it under the lock that guards the index.
+    A run the tree no longer holds as it was reads as its first block alone."""
 
-    def __init__(self, blocks, offsets, lengths, index):
-        self._blocks, self._offsets, self._lengths, self._index = blocks, offsets, lengths, index
+    def __init__(self, index, firsts, lasts, lengths):
+        self._ix, self._firsts, self._lasts, self._lengths = index, firsts, lasts, lengths
+
+    def _at(self, first):
+        if type(first) is not int or first < 0 or first > 0xFFFFFFFFFFFFFFFF:
+            return -1
+        r = bisect_left(self._firsts, first)
+        return r if r < len(self._firsts) and self._firsts[r] == first else -1
 
     def __getitem__(self, first):
-        r = self._index[first]
-        off = self._offsets[r]
-        return self._blocks[off:off + self._lengths[r]]
+        r = self._at(first)
+        if r < 0:
+            raise KeyError(first)
+        run = self._ix._run_up(self._lasts[r], self._lengths[r])
+        return run if run is not None and run[0] == first else array("Q", [first])
+
+    def __contains__(self, first):
+        return self._at(first) >= 0
 
     def __iter__(self):
-        return iter(self._index)
+        return iter(self._firsts)
 
     def __len__(self):
-        return len(self._index)
+        return len(self._firsts)
 
 
-class CompiledTreePass:
-    """A completed C statistics pass at one version; ``to_stats(keep)`` keeps the top ``keep`` edges.
+class ChildrenView(Mapping):
+    """The kept child lists of a walk as ``ROOT or a branching block -> first blocks of its child
+    runs`` (in walk order), over two flat arrays sorted by parent: a list is built when read."""
 
-    Every run within ``MAX_KEEP`` edges of the root is recorded in flat arrays: its edge depth,
-    the block it hangs under (``under_root`` when it starts at the root) and its blocks, end to
-    end in ``blocks`` from ``offsets[r]`` for ``lengths[r]``.
-    """
+    def __init__(self, nroot, unders, firsts, nkeys):
+        self._nroot, self._unders, self._firsts, self._nkeys = nroot, unders, firsts, nkeys
 
-    def __init__(self, version, fields, edges, under, under_root, offsets, lengths, blocks):
-        self.version = version
-        self._fields = fields
-        self._edges, self._under, self._under_root = edges, under, under_root
-        self._offsets, self._lengths, self._blocks = offsets, lengths, blocks
+    def _span(self, key):
+        if key == ROOT:
+            return (0, self._nroot) if self._nroot else None
+        if type(key) is not int or key < 0 or key > 0xFFFFFFFFFFFFFFFF:
+            return None
+        lo = bisect_left(self._unders, key)
+        if lo == len(self._unders) or self._unders[lo] != key:
+            return None
+        return self._nroot + lo, self._nroot + bisect_right(self._unders, key, lo)
 
-    def to_stats(self, keep_children_depth=0):
-        if keep_children_depth > MAX_KEEP:
-            raise ValueError(f"the compiled pass keeps at most {MAX_KEEP} edges of the tree's top")
-        edges, under, under_root = self._edges, self._under, self._under_root
-        offsets, lengths, blocks = self._offsets, self._lengths, self._blocks
-        children, index = {}, {}
-        kept = [r for r in range(len(edges)) if edges[r] <= keep_children_depth]
-        if len(kept) < len(edges):  # hold only the kept runs' blocks between passes
-            new_blocks, new_offsets, new_lengths = array("Q"), array("Q"), array("I")
-            for r in kept:
-                new_offsets.append(len(new_blocks))
-                new_lengths.append(lengths[r])
-                new_blocks.extend(blocks[offsets[r]:offsets[r] + lengths[r]])
-            order = range(len(kept))
-            firsts = [(ROOT if under_root[r] else under[r]) for r in kept]
-            offsets, lengths, blocks = new_offsets, new_lengths, new_blocks
-        else:
-            order = range(len(edges))
-            firsts = [(ROOT if under_root[r] else under[r]) for r in order]
-        for r, parent in zip(order, firsts):
-            first = blocks[offsets[r]]
-            children.setdefault(parent, []).append(first)
-            if lengths[r] > 1:
-                index[first] = r
-        return TreeStats(version=self.version, children=children, children_depth=keep_children_depth,
-                         runs=RunsView(blocks, offsets, lengths, index), **self._fields)
+    def __getitem__(self, key):
+        span = self._span(key)
+        if span is None:
+            raise KeyError(key)
+        return list(self._firsts[span[0]:span[1]])
+
+    def __contains__(self, key):
+        return self._span(key) is not None
+
+    def __iter__(self):
+        if self._nroot:
+            yield ROOT
+        prev = None
+        for u in self._unders:
+            if u != prev:
+                yield u
+                prev = u
+
+    def __len__(self):
+        return self._nkeys
 
 
-cdef struct Vec:  # a growable C array (the pass runs without the GIL)
+cdef struct Vec:  # a growable C array
     char* data
     size_t n
     size_t cap
@@ -318,152 +320,57 @@ cdef inline int _push(Vec* v, const void* x) noexcept nogil:
     return 0
 
 
-cdef struct PassOut:
-    int64_t root_level
-    int64_t nodes
-    int64_t maxdep
-    int64_t* reps     # holders -> entries
-    int64_t* leaf_e   # radix depth -> leaves
-    int64_t* leaf_b   # block depth -> leaves
-    Vec branching     # u64 hashes of entries with two or more children
-    Vec fanouts       # u32 children of each branching block in the tree
-    Vec ke, ku, kr, ko, kl, kb  # the kept runs (see CompiledTreePass)
+cdef int _tally(Vec* v, size_t i, int64_t d) noexcept nogil:
+    """Add ``d`` to the i-th int64 counter of ``v``, growing it with zeros as needed."""
+    if i >= v.n:
+        if _reserve(v, i + 1 - v.n):
+            return -1
+        memset(v.data + v.n * v.item, 0, (i + 1 - v.n) * v.item)
+        v.n = i + 1
+    (<int64_t*>v.data)[i] += d
+    return 0
 
 
 cdef void _vec_init(Vec* v, size_t item) noexcept nogil:
     v.data, v.n, v.cap, v.item = NULL, 0, 0, item
 
 
-cdef void _out_free(PassOut* o) noexcept nogil:
-    free(o.reps)
-    free(o.leaf_e)
-    free(o.leaf_b)
-    free(o.branching.data)
-    free(o.fanouts.data)
-    free(o.ke.data)
-    free(o.ku.data)
-    free(o.kr.data)
-    free(o.ko.data)
-    free(o.kl.data)
-    free(o.kb.data)
+cdef void _vec_free(Vec* v) noexcept nogil:
+    free(v.data)
+    v.data, v.n, v.cap = NULL, 0, 0
 
 
-cdef int _pass_core(const SnapEntry* e, uint32_t nb, PassOut* o) noexcept nogil:
-    """The statistics of a copied tree, in C; -1 when memory ran out."""
-    cdef size_t cells = (<size_t>nb + 1) * sizeof(uint32_t)
-    cdef uint32_t* kids = <uint32_t*>_scratch_map(cells)  # live children per entry
-    cdef int32_t* bdep = <int32_t*>_scratch_map(cells)  # depth in blocks
-    cdef int32_t* edep = <int32_t*>_scratch_map(cells)  # depth in radix edges
-    cdef int32_t* stack = NULL
-    cdef int rc = -1
-    if kids and bdep and edep:
-        rc = _pass_body(e, nb, o, kids, bdep, edep, &stack)
-    free(stack)
-    _scratch_unmap(kids, cells)
-    _scratch_unmap(bdep, cells)
-    _scratch_unmap(edep, cells)
-    return rc
+cdef object _counter_of(Vec* v, size_t start):
+    """The nonzero int64 counters of ``v`` from ``start`` on, as value -> count."""
+    cdef size_t i
+    cdef int64_t* c = <int64_t*>v.data
+    out = Counter()
+    for i in range(start, v.n):
+        if c[i]:
+            out[i] = c[i]
+    return out
 
 
-cdef int _pass_body(const SnapEntry* e, uint32_t nb, PassOut* o, uint32_t* kids, int32_t* bdep,
-                    int32_t* edep, int32_t** stackp) noexcept nogil:
-    cdef uint32_t b, x, u32
-    cdef int64_t p, q, sp, cap = 0, length, j, start
-    cdef uint64_t u64
-    cdef uint8_t flag
-    cdef bint root_run
-    cdef int32_t* stack = NULL
-    for b in range(nb):
-        if e[b].n:
-            bdep[b] = -1
-            p = e[b].parent
-            if p >= 0:
-                kids[p] += 1
-            if p < 0 or e[p].n == 0:
-                o.root_level += 1
-    o.reps = <int64_t*>calloc(MAX_WORKERS + 1, sizeof(int64_t))
-    if not o.reps:
-        return -1
-    for b in range(nb):
-        if kids[b] > 1:
-            u64 = e[b].hash
-            if _push(&o.branching, &u64):
-                return -1
-            if e[b].n:
-                if _push(&o.fanouts, &kids[b]):
-                    return -1
-                o.nodes += kids[b]
-        o.reps[e[b].n] += 1  # free and holder-less entries count under 0, dropped later
-    # Depths: walk up to a known block or a run hanging off the root, then back down.
-    # -2 marks a block on the current walk (a parent cycle from colliding hashes ends there).
-    for b in range(nb):
-        if not e[b].n or bdep[b] != -1:
-            continue
-        sp = 0
-        x = b
-        while True:
-            if sp == cap:
-                cap = cap * 2 + 64
-                stack = <int32_t*>realloc(stackp[0], cap * sizeof(int32_t))
-                if not stack:
-                    return -1
-                stackp[0] = stack
-            stack[sp] = x
-            sp += 1
-            bdep[x] = -2
-            p = e[x].parent
-            if p < 0 or e[p].n == 0 or bdep[p] != -1:
-                break
-            x = <uint32_t>p
-        while sp:
-            sp -= 1
-            x = stack[sp]
-            p = e[x].parent
-            if p < 0 or e[p].n == 0 or bdep[p] < 0:
-                bdep[x] = 1
-                edep[x] = 1
-            else:
-                bdep[x] = bdep[p] + 1
-                edep[x] = edep[p] + (1 if kids[p] > 1 else 0)
-    for b in range(nb):
-        if e[b].n and bdep[b] > o.maxdep:
-            o.maxdep = bdep[b]
-    o.leaf_e = <int64_t*>calloc(o.maxdep + 1, sizeof(int64_t))
-    o.leaf_b = <int64_t*>calloc(o.maxdep + 1, sizeof(int64_t))
-    if not (o.leaf_e and o.leaf_b):
-        return -1
-    for b in range(nb):
-        if not e[b].n:
-            continue
-        if kids[b] == 0:
-            o.leaf_e[edep[b]] += 1
-            o.leaf_b[bdep[b]] += 1
-        if kids[b] != 1 and edep[b] <= MAX_KEEP:  # a run's end within the kept top
-            x = b
-            length = 1
-            while True:  # up to the run's start (the length bound cuts a parent cycle)
-                p = e[x].parent
-                if p < 0 or e[p].n == 0 or kids[p] > 1 or <uint32_t>p == b or length > nb:
-                    break
-                x = <uint32_t>p
-                length += 1
-            root_run = p < 0 or e[p].n == 0 or <uint32_t>p == b
-            u32 = <uint32_t>edep[b]
-            flag = root_run
-            u64 = 0 if root_run else e[p].hash
-            if _push(&o.ke, &u32) or _push(&o.ku, &u64) or _push(&o.kr, &flag):
-                return -1
-            u64 = o.kb.n
-            u32 = <uint32_t>length
-            if _push(&o.ko, &u64) or _push(&o.kl, &u32) or _reserve(&o.kb, length):
-                return -1
-            start = o.kb.n
-            q = b
-            for j in range(length - 1, -1, -1):
-                (<uint64_t*>o.kb.data)[start + j] = e[q].hash
-                q = e[q].parent
-            o.kb.n += length
-    return 0
+cdef struct KeptRun:  # a run within MAX_KEEP radix edges of the root, as the walk found it
+    uint64_t first
+    uint64_t last
+    uint64_t under      # the branching block it hangs under (unless under_root)
+    uint32_t length
+    uint16_t edges      # its radix depth
+    uint8_t under_root
+
+
+cdef struct ChildKey:  # a kept run as its parent's child list entry
+    uint64_t under
+    uint64_t first
+    uint32_t seq        # walk order
+    uint8_t root
+
+
+cdef struct RunKey:
+    uint64_t first
+    uint64_t last
+    uint32_t length
 
 
 cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
@@ -471,20 +378,23 @@ cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
     return (x > y) - (x < y)
 
 
-cdef int _cmp_u32(const void* a, const void* b) noexcept nogil:
-    cdef uint32_t x = (<const uint32_t*>a)[0], y = (<const uint32_t*>b)[0]
-    return (x > y) - (x < y)
+cdef int _cmp_child(const void* a, const void* b) noexcept nogil:
+    """The root's children first, then by parent, each list in walk order."""
+    cdef const ChildKey* x = <const ChildKey*>a
+    cdef const ChildKey* y = <const ChildKey*>b
+    if x.root != y.root:
+        return <int>y.root - <int>x.root
+    if x.under != y.under:
+        return (x.under > y.under) - (x.under < y.under)
+    return (x.seq > y.seq) - (x.seq < y.seq)
 
 
-cdef carray.array _as_array(carray.array template, Vec* v):
-    cdef carray.array out = carray.clone(template, v.n, zero=False)
-    if v.n:
-        memcpy(out.data.as_voidptr, v.data, v.n * v.item)
-    return out
+cdef int _cmp_run(const void* a, const void* b) noexcept nogil:
+    return _cmp_u64(a, b)  # by first block (the struct's first field)
 
 
 cdef class BranchSet:
-    """The branching blocks of a pass: a sorted C array of hashes (8 bytes each, no Python int
+    """The branching blocks of a walk: a sorted C array of hashes (8 bytes each, no Python int
     per block), a read-only set for ``in`` (a binary search), iteration and comparison."""
 
     cdef uint64_t* data
@@ -531,96 +441,147 @@ cdef class BranchSet:
 Set.register(BranchSet)
 
 
-cdef class StatsCopy:
-    """A statistics copy of the tree, filled by ``copy_slice`` under the caller's lock; once
-    complete, ``to_stats`` runs the pass (without the GIL) and keeps its result."""
+cdef class StatsWalk:
+    """One statistics reading of a compiled index: ``step`` under the caller's lock until it
+    returns True, then ``to_stats`` (outside the lock).
 
-    cdef SnapEntry* entries
+    The counters the index keeps at apply time (blocks, nodes, root fan-out, fan-outs, replicas)
+    are read at the last step, exact at that version. Leaf depths (in blocks and in radix edges),
+    the branching blocks and the runs of the tree's top are a walk of the live tree — no copy —
+    in slices of a bounded number of entries: a depth is the sum of a path, and one block
+    leaving the middle of the tree (or a block gaining its second child) changes the depth of
+    every leaf below it, which apply-time upkeep could follow only by visiting that subtree
+    (and keeping child links, 8-12 more bytes a block). The walk remembers each visited entry's
+    depths (8 bytes an entry while it runs, freed at its end), so every entry is walked up
+    from once. Without ingest between steps the result is exact; with ingest, each leaf's
+    depths are those of the step that visited it, and a leaf stored or removed meanwhile may
+    be missed or counted once more (the next walk is exact again).
+
+    The walk is skipped when the tree's shape is that of the index's latest complete walk (no
+    block entered or left the tree since, only holders and tiers changed — replicas, offloads
+    between tiers): the reading then reuses that walk and completes in its first step,
+    O(histogram size).
+    """
+
+    cdef object index          # the CompiledPrefixIndex walked
+    cdef StatsWalk src         # the walk whose depths this reading reuses (None: its own)
+    cdef bint started
+    cdef int64_t shape0, shape1  # the index's shape count at the first and the last step
+    cdef int32_t* bdep         # per entry: depth in blocks (0 unknown, -1 on the current walk up)
+    cdef int32_t* edep         # per entry: depth in radix edges
     cdef size_t cap
-    cdef uint32_t nb
+    cdef uint32_t cursor
+    cdef int32_t* stack
+    cdef size_t stackcap
+    cdef Vec leaf_e, leaf_b    # int64 leaves per depth
+    cdef Vec branching         # u64 hashes of entries with two or more live children
+    cdef Vec kept              # KeptRun
     cdef readonly bint done
     cdef public long version
-    cdef int64_t live
-    cdef object index   # the index filling this copy (None once complete or replaced)
-    cdef object result  # the CompiledTreePass
+    cdef object counters       # the apply-time counters at the last step
 
     def __cinit__(self):
         self.version = -1
+        _vec_init(&self.leaf_e, sizeof(int64_t))
+        _vec_init(&self.leaf_b, sizeof(int64_t))
+        _vec_init(&self.branching, sizeof(uint64_t))
+        _vec_init(&self.kept, sizeof(KeptRun))
 
     def __dealloc__(self):
-        _scratch_unmap(self.entries, self.cap * sizeof(SnapEntry))
+        self._free_work()
+        _vec_free(&self.leaf_e)
+        _vec_free(&self.leaf_b)
+        _vec_free(&self.branching)
+        _vec_free(&self.kept)
 
-    def copy_slice(self, max_blocks=SLICE):
-        """Copy the next ``max_blocks`` entries (call it under the lock that guards the index's
-        changes); True once the copy is complete."""
+    cdef void _free_work(self) noexcept:
+        cdef int32_t* bdep = self.bdep
+        cdef int32_t* edep = self.edep
+        cdef size_t size = self.cap * sizeof(int32_t)
+        with nogil:  # unmapping hundreds of megabytes takes milliseconds: let ingest run meanwhile
+            _scratch_unmap(bdep, size)
+            _scratch_unmap(edep, size)
+        free(self.stack)
+        self.bdep, self.edep, self.cap, self.stack, self.stackcap = NULL, NULL, 0, NULL, 0
+
+    def step(self, max_blocks=0):
+        """Walk the next entries (about ``max_blocks``, 0: ~1 ms worth; call it under the lock
+        that guards the index's changes); True once the walk is complete."""
         if self.done:
             return True
-        if self.index is None:
-            raise RuntimeError("a newer statistics copy of this index replaced this one")
-        return self.index._stats_copy_slice(self, max_blocks)
+        return self.index._stats_walk_step(self, max_blocks)
 
     def to_stats(self, keep_children_depth=0):
-        """The statistics (finishing the copy first if slices remain: only without concurrent changes)."""
-        while not self.copy_slice():
+        """The statistics with the runs and child lists of the top ``keep_children_depth`` edges
+        (finishing the walk first if steps remain: only without concurrent changes)."""
+        if keep_children_depth > MAX_KEEP:
+            raise ValueError(f"the compiled index keeps at most {MAX_KEEP} edges of the tree's top")
+        while not self.step():
             pass
-        if self.result is None:
-            self.result = self._run()
-        return self.result.to_stats(keep_children_depth)
+        self._free_work()
+        if self.src is None and self.shape0 == self.shape1:  # the tree kept its shape throughout
+            self.index._stats_remember(self)
+        src = self if self.src is None else self.src
+        return src._build(self.version, self.counters, keep_children_depth)
 
-    cdef object _run(self):
-        cdef PassOut o
-        cdef int rc
-        cdef int64_t r
-        cdef size_t i, k
-        cdef uint32_t* f
+    cdef object _build(self, long version, dict counters, int keep_children_depth):
         cdef BranchSet branching = BranchSet.__new__(BranchSet)
-        memset(&o, 0, sizeof(PassOut))
-        _vec_init(&o.branching, sizeof(uint64_t))
-        _vec_init(&o.fanouts, sizeof(uint32_t))
-        _vec_init(&o.ke, sizeof(uint32_t))
-        _vec_init(&o.ku, sizeof(uint64_t))
-        _vec_init(&o.kr, sizeof(uint8_t))
-        _vec_init(&o.ko, sizeof(uint64_t))
-        _vec_init(&o.kl, sizeof(uint32_t))
-        _vec_init(&o.kb, sizeof(uint64_t))
+        branching.data = <uint64_t*>malloc(self.branching.n * sizeof(uint64_t) + 8)
+        if not branching.data:
+            raise MemoryError()
+        if self.branching.n:
+            memcpy(branching.data, self.branching.data, self.branching.n * sizeof(uint64_t))
+        branching.n = self.branching.n
         with nogil:
-            rc = _pass_core(self.entries, self.nb, &o)
-            if rc == 0:
-                qsort(o.branching.data, o.branching.n, sizeof(uint64_t), _cmp_u64)
-                qsort(o.fanouts.data, o.fanouts.n, sizeof(uint32_t), _cmp_u32)
+            qsort(branching.data, branching.n, sizeof(uint64_t), _cmp_u64)
+        children, runs = self._kept_views(keep_children_depth)
+        return TreeStats(version=version, leaf_depths=_counter_of(&self.leaf_e, 0),
+                         leaf_block_depths=_counter_of(&self.leaf_b, 0), branching=branching,
+                         children=children, children_depth=keep_children_depth, runs=runs, **counters)
+
+    cdef tuple _kept_views(self, int keep):
+        """The kept runs within ``keep`` edges as a ``ChildrenView`` and a ``RunsView`` (flat arrays
+        sorted in C: no Python object per run is held)."""
+        cdef size_t i, nc = 0, nr = 0, nroot = 0, nkeys = 0
+        cdef KeptRun* k
+        cdef ChildKey* ck = <ChildKey*>malloc(self.kept.n * sizeof(ChildKey) + 1)
+        cdef RunKey* rk = <RunKey*>malloc(self.kept.n * sizeof(RunKey) + 1)
+        cdef carray.array firsts, unders, run_firsts, run_lasts, run_lengths
         try:
-            if rc:
-                raise MemoryError("prefix index statistics pass")
-            replicas, leaf_e, leaf_b, fanouts = Counter(), Counter(), Counter(), Counter()
-            for r in range(1, MAX_WORKERS + 1):
-                if o.reps[r]:
-                    replicas[r] = o.reps[r]
-            for r in range(o.maxdep + 1):
-                if o.leaf_e[r]:
-                    leaf_e[r] = o.leaf_e[r]
-                if o.leaf_b[r]:
-                    leaf_b[r] = o.leaf_b[r]
-            f = <uint32_t*>o.fanouts.data
-            i = 0
-            while i < o.fanouts.n:  # sorted: runs of equal values
-                k = i
-                while k < o.fanouts.n and f[k] == f[i]:
-                    k += 1
-                fanouts[f[i]] = k - i
-                i = k
-            branching.data, branching.n = <uint64_t*>o.branching.data, o.branching.n
-            o.branching.data = NULL
-            fields = dict(nodes=o.root_level + o.nodes, blocks=self.live, root_fanout=o.root_level,
-                          leaf_depths=leaf_e, leaf_block_depths=leaf_b, fanouts=fanouts,
-                          replicas=replicas, branching=branching)
-            result = CompiledTreePass(self.version, fields, _as_array(_EDGES, &o.ke), _as_array(_PAIRS, &o.ku),
-                                      _as_array(_FLAGS, &o.kr), _as_array(_PAIRS, &o.ko),
-                                      _as_array(_EDGES, &o.kl), _as_array(_PAIRS, &o.kb))
+            if not (ck and rk):
+                raise MemoryError()
+            for i in range(self.kept.n):
+                k = &(<KeptRun*>self.kept.data)[i]
+                if k.edges > keep:
+                    continue
+                ck[nc].under, ck[nc].first, ck[nc].seq, ck[nc].root = k.under, k.first, <uint32_t>i, k.under_root
+                nc += 1
+                nroot += k.under_root
+                if k.length > 1:
+                    rk[nr].first, rk[nr].last, rk[nr].length = k.first, k.last, k.length
+                    nr += 1
+            with nogil:
+                qsort(ck, nc, sizeof(ChildKey), _cmp_child)
+                qsort(rk, nr, sizeof(RunKey), _cmp_run)
+            firsts = carray.clone(_RUN, nc, zero=False)
+            unders = carray.clone(_RUN, nc - nroot, zero=False)
+            for i in range(nc):
+                firsts.data.as_ulonglongs[i] = ck[i].first
+                if i >= nroot:
+                    unders.data.as_ulonglongs[i - nroot] = ck[i].under
+                    nkeys += i == nroot or ck[i].under != ck[i - 1].under
+            run_firsts = carray.clone(_RUN, nr, zero=False)
+            run_lasts = carray.clone(_RUN, nr, zero=False)
+            run_lengths = carray.clone(_LENGTHS, nr, zero=False)
+            for i in range(nr):
+                run_firsts.data.as_ulonglongs[i] = rk[i].first
+                run_lasts.data.as_ulonglongs[i] = rk[i].last
+                run_lengths.data.as_uints[i] = rk[i].length
         finally:
-            _out_free(&o)
-        _scratch_unmap(self.entries, self.cap * sizeof(SnapEntry))  # the copy is done with
-        self.entries, self.cap = NULL, 0
-        return result
+            free(ck)
+            free(rk)
+        return (ChildrenView(nroot, unders, firsts, nkeys + (nroot > 0)),
+                RunsView(self.index, run_firsts, run_lasts, run_lengths))
 
 
 cdef class CompiledPrefixIndex:
@@ -644,9 +605,15 @@ cdef class CompiledPrefixIndex:
     cdef dict _medium_id
     cdef dict _hits
     cdef public long version
-    cdef SnapEntry* snap       # the statistics copy being filled (entries below ``snap_cursor`` copied)
-    cdef uint32_t snap_cursor  # 0 while no copy is being filled
-    cdef object snap_owner     # its StatsCopy
+    # statistics kept at apply time (see the statistics section below)
+    cdef uint32_t* st_kids     # per entry: live children
+    cdef size_t st_kcap
+    cdef Vec st_reps           # int64: holders -> blocks in the tree
+    cdef Vec st_fan            # int64: live children -> branching blocks in the tree with that many
+    cdef int64_t st_root       # blocks in the tree whose parent is the root or out of the tree
+    cdef int64_t st_fansum     # live children of the branching blocks in the tree
+    cdef int64_t st_shape      # blocks that entered or left the tree so far
+    cdef tuple st_last         # (shape, StatsWalk): the latest walk during which the shape held
 
     def __cinit__(self):
         self.capblocks = 1024
@@ -667,6 +634,8 @@ cdef class CompiledPrefixIndex:
         self._medium_id = {}
         self._hits = {}
         self.version = 0
+        _vec_init(&self.st_reps, sizeof(int64_t))
+        _vec_init(&self.st_fan, sizeof(int64_t))
 
     def __dealloc__(self):
         cdef uint32_t i
@@ -679,17 +648,11 @@ cdef class CompiledPrefixIndex:
         free(self.res)
         free(self.tres)
         free(self.scratch)
+        _scratch_unmap(self.st_kids, self.st_kcap * sizeof(uint32_t))
+        _vec_free(&self.st_reps)
+        _vec_free(&self.st_fan)
 
     # ---- hash table ----------------------------------------------------------------------
-    cdef inline void _touch(self, int64_t b) noexcept:
-        """Entry ``b`` changed: write it through to a statistics copy that already holds it."""
-        cdef SnapEntry* s
-        if b < self.snap_cursor:
-            s = &self.snap[b]
-            s.hash = self.blocks[b].hash
-            s.parent = self.blocks[b].parent
-            s.n = self.blocks[b].n
-
     cdef inline int64_t _find(self, uint64_t h) noexcept:
         cdef uint64_t i = _mix(h) & self.tmask
         cdef uint32_t s
@@ -749,7 +712,6 @@ cdef class CompiledPrefixIndex:
         blk.n = 0
         blk.cap = 0
         blk.flags = 0
-        self._touch(b)
         self.slots[i] = <uint32_t>b
         self.used += 1
         if self.used * 4 >= (self.tmask + 1) * 3:
@@ -797,7 +759,6 @@ cdef class CompiledPrefixIndex:
         self.blocks[b].n = 0
         self.blocks[b].parent = <int32_t>self.free_head
         self.free_head = b
-        self._touch(b)
 
     cdef void _release(self, int64_t b) noexcept:
         """Free holder-less entries nobody names as parent, up the parent chain."""
@@ -849,7 +810,7 @@ cdef class CompiledPrefixIndex:
         memmove(e + pos + 1, e + pos, (blk.n - pos) * sizeof(uint32_t))
         e[pos] = entry
         blk.n += 1
-        self._touch(b)
+        self._st_holders_up(blk.n)  # statistics
         return 0
 
     cdef void _erase(self, int64_t b, int pos) noexcept:
@@ -858,7 +819,7 @@ cdef class CompiledPrefixIndex:
         cdef uint32_t* ext
         memmove(e + pos, e + pos + 1, (blk.n - pos - 1) * sizeof(uint32_t))
         blk.n -= 1
-        self._touch(b)
+        self._st_holders_down(blk.n)  # statistics
         if blk.cap and blk.n <= INLINE:  # back inline: no allocation for one or two holders
             ext = blk.h.ext
             memcpy(blk.h.inl, ext, blk.n * sizeof(uint32_t))
@@ -867,6 +828,7 @@ cdef class CompiledPrefixIndex:
 
     cdef void _leave(self, int64_t b) noexcept:
         """Block ``b`` lost its last holder: it leaves the tree (its hits with it)."""
+        self._st_leave(b)  # statistics
         self.live -= 1
         if self.blocks[b].flags & FLAG_HIT:
             self.blocks[b].flags &= ~FLAG_HIT
@@ -985,8 +947,9 @@ cdef class CompiledPrefixIndex:
         return self.live
 
     def memory_bytes(self):
-        """Bytes this index has allocated (blocks in use, hash table, holder arrays)."""
+        """Bytes this index has allocated (blocks in use, hash table, holder arrays, statistics)."""
         cdef uint64_t total = self.nblocks * sizeof(Block) + (self.tmask + 1) * sizeof(uint32_t)
+        total += self.nblocks * sizeof(uint32_t) + (self.st_reps.cap + self.st_fan.cap) * sizeof(int64_t)
         cdef uint32_t b
         for b in range(self.nblocks):
             total += self.blocks[b].cap * sizeof(uint32_t)
@@ -1061,10 +1024,10 @@ cdef class CompiledPrefixIndex:
                     if prev >= 0:
                         self.blocks[prev].refs += 1
                     self.blocks[b].parent = <int32_t>prev
-                    self._touch(b)
                     if p >= 0:
                         self.blocks[p].refs -= 1
                         self._release(p)
+                self._st_enter(b)  # statistics
             else:
                 pos = self._slot_of(blk, <uint32_t>wid)
                 if pos < 0:
@@ -1272,60 +1235,229 @@ cdef class CompiledPrefixIndex:
         return block_hashes[0]
 
     # ---- statistics -----------------------------------------------------------------------------
-    def copy_for_stats(self):
-        """Start a statistics copy of the tree; fill it with ``copy_slice`` (each call under the
-        caller's lock), then ``compute_stats`` it outside the lock. A new copy replaces one
-        still being filled (only one is written through at a time)."""
-        cdef StatsCopy c = StatsCopy.__new__(StatsCopy)
-        # Address space for twice the index's block array: pages are only taken as slices touch
-        # them, and growing the copy mid-way (a copy of everything copied so far, under the lock)
-        # then needs the index to more than double during one copy.
-        cdef size_t cap = <size_t>self.capblocks * 2 + 1024
-        if self.snap_owner is not None:
-            (<StatsCopy>self.snap_owner).index = None
-            self.snap, self.snap_cursor, self.snap_owner = NULL, 0, None
-        c.entries = <SnapEntry*>_scratch_map(cap * sizeof(SnapEntry))
-        if not c.entries:
+    # Kept at apply time, one call per block-state transition (``_st_*``): live children per
+    # entry (``refs`` also counts holder-less children), holders -> blocks, children -> branching
+    # blocks, root-level blocks. Reading them is O(histogram size); ``StatsWalk`` adds the depths.
+    cdef int _st_grow_kids(self) except -1:
+        cdef size_t cap = self.capblocks
+        cdef uint32_t* kids = <uint32_t*>_scratch_map(cap * sizeof(uint32_t))
+        if not kids:
             raise MemoryError()
-        c.cap = cap
-        c.index = self
-        self.snap, self.snap_cursor, self.snap_owner = c.entries, 0, c
-        return c
+        if self.st_kids:
+            memcpy(kids, self.st_kids, self.st_kcap * sizeof(uint32_t))
+            _scratch_unmap(self.st_kids, self.st_kcap * sizeof(uint32_t))
+        self.st_kids, self.st_kcap = kids, cap
+        return 0
 
-    def _stats_copy_slice(self, StatsCopy c, Py_ssize_t max_blocks):
-        cdef uint32_t nb = self.nblocks, b, end
-        cdef size_t cap
-        cdef SnapEntry* grown
-        cdef SnapEntry* s
-        if c is not self.snap_owner:
-            raise RuntimeError("a newer statistics copy of this index replaced this one")
-        if max_blocks <= 0:
-            max_blocks = SLICE
-        if nb > c.cap:  # the index grew since the copy started
-            cap = nb + (nb >> 1)
-            grown = <SnapEntry*>_scratch_map(cap * sizeof(SnapEntry))
-            if not grown:
+    cdef inline uint32_t _st_kids_of(self, int64_t b) noexcept:
+        return self.st_kids[b] if <size_t>b < self.st_kcap else 0
+
+    cdef int _st_kid(self, int64_t p, int d) noexcept:
+        """Entry ``p`` gained (d=1) or lost (d=-1) a live child; -1 when memory ran out."""
+        cdef uint32_t before = self.st_kids[p]
+        cdef uint32_t after = before + d
+        self.st_kids[p] = after
+        if self.blocks[p].n:  # fan-outs count branching blocks in the tree only
+            if before >= 2:
+                (<int64_t*>self.st_fan.data)[before] -= 1
+                self.st_fansum -= before
+            if after >= 2:
+                if _tally(&self.st_fan, after, 1):
+                    return -1
+                self.st_fansum += after
+        return 0
+
+    cdef int _st_holders_up(self, uint32_t n) except -1:
+        """A block's holders went from n - 1 to n."""
+        if n > 1:
+            (<int64_t*>self.st_reps.data)[n - 1] -= 1
+        if _tally(&self.st_reps, n, 1):
+            raise MemoryError()
+        return 0
+
+    cdef void _st_holders_down(self, uint32_t n) noexcept:
+        """A block's holders went from n + 1 to n (0: it is leaving the tree)."""
+        (<int64_t*>self.st_reps.data)[n + 1] -= 1
+        if n:
+            (<int64_t*>self.st_reps.data)[n] += 1
+
+    cdef int _st_enter(self, int64_t b) except -1:
+        """Block ``b`` came into the tree, its parent set: the parent gained a live child, and
+        b's own live children (kept while it was out) stop hanging off the root."""
+        cdef int64_t p = self.blocks[b].parent
+        cdef uint32_t k
+        self.st_shape += 1
+        if self.nblocks > self.st_kcap:
+            self._st_grow_kids()
+        if p >= 0 and self._st_kid(p, 1):
+            raise MemoryError()
+        if p < 0 or not self.blocks[p].n:
+            self.st_root += 1
+        k = self.st_kids[b]
+        self.st_root -= k
+        if k >= 2:
+            if _tally(&self.st_fan, k, 1):
                 raise MemoryError()
-            memcpy(grown, c.entries, self.snap_cursor * sizeof(SnapEntry))
-            _scratch_unmap(c.entries, c.cap * sizeof(SnapEntry))
-            c.entries, c.cap, self.snap = grown, cap, grown
-        end = nb if nb - self.snap_cursor <= <uint64_t>max_blocks else self.snap_cursor + <uint32_t>max_blocks
-        for b in range(self.snap_cursor, end):
-            s = &c.entries[b]
-            s.hash = self.blocks[b].hash
-            s.parent = self.blocks[b].parent
-            s.n = self.blocks[b].n
-        self.snap_cursor = end
-        if end < nb:
+            self.st_fansum += k
+        return 0
+
+    cdef void _st_leave(self, int64_t b) noexcept:
+        """Block ``b`` left the tree (before its entry is released): the reverse of ``_st_enter``."""
+        cdef int64_t p = self.blocks[b].parent
+        cdef uint32_t k = self.st_kids[b]
+        self.st_shape += 1
+        if p >= 0:
+            self._st_kid(p, -1)  # never grows the histogram: it cannot fail
+        if p < 0 or not self.blocks[p].n:
+            self.st_root -= 1
+        self.st_root += k
+        if k >= 2:
+            (<int64_t*>self.st_fan.data)[k] -= 1
+            self.st_fansum -= k
+
+    cdef object _stats_counters(self):
+        """The statistics kept at apply time, exact at this version."""
+        return dict(nodes=self.st_root + self.st_fansum, blocks=self.live, root_fanout=self.st_root,
+                    fanouts=_counter_of(&self.st_fan, 2), replicas=_counter_of(&self.st_reps, 1))
+
+    def stats_pass(self):
+        """Start a statistics reading (``StatsWalk``): ``step`` it under the caller's lock until
+        it returns True, then ``to_stats``. Walks are independent: nothing is written through."""
+        cdef StatsWalk w = StatsWalk.__new__(StatsWalk)
+        w.index = self
+        return w
+
+    def _stats_walk_step(self, StatsWalk w, Py_ssize_t max_blocks):
+        cdef uint32_t nb = self.nblocks, b, k
+        cdef size_t cap
+        cdef int64_t budget = max_blocks if max_blocks > 0 else WALK_SLICE, work = 0
+        cdef int32_t* bdep
+        cdef int32_t* edep
+        cdef uint64_t h
+        if w.index is not self:
+            raise RuntimeError("a statistics walk steps over the index that started it")
+        if not w.started:
+            w.started, w.shape0 = True, self.st_shape
+            if self.st_last is not None and self.st_last[0] == self.st_shape:  # the shape held: reuse
+                w.src = self.st_last[1]
+                w.shape1, w.version, w.counters, w.done = self.st_shape, self.version, self._stats_counters(), True
+                return True
+        if nb > w.cap:  # first step, or the index grew past the walk's address space
+            # Address space for twice the block array: pages are taken only as the walk touches
+            # them, and a regrowth (a copy of the depths so far, under the lock) needs the index
+            # to more than double during one walk.
+            cap = <size_t>self.capblocks * 2 + 1024
+            bdep = <int32_t*>_scratch_map(cap * sizeof(int32_t))
+            edep = <int32_t*>_scratch_map(cap * sizeof(int32_t))
+            if not (bdep and edep):
+                _scratch_unmap(bdep, cap * sizeof(int32_t))
+                _scratch_unmap(edep, cap * sizeof(int32_t))
+                raise MemoryError()
+            if w.cap:
+                memcpy(bdep, w.bdep, w.cap * sizeof(int32_t))
+                memcpy(edep, w.edep, w.cap * sizeof(int32_t))
+                _scratch_unmap(w.bdep, w.cap * sizeof(int32_t))
+                _scratch_unmap(w.edep, w.cap * sizeof(int32_t))
+            w.bdep, w.edep, w.cap = bdep, edep, cap
+        b = w.cursor
+        while b < nb and work < budget:
+            work += 1
+            k = self._st_kids_of(b)
+            if k >= 2:  # branching, in the tree or not (as the reference counts it)
+                h = self.blocks[b].hash
+                if _push(&w.branching, &h):
+                    raise MemoryError()
+            if self.blocks[b].n:
+                if w.bdep[b] == 0:
+                    work += self._walk_depth(w, b)
+                if k == 0 and (_tally(&w.leaf_e, w.edep[b], 1) or _tally(&w.leaf_b, w.bdep[b], 1)):
+                    raise MemoryError()
+                if k != 1 and w.edep[b] <= MAX_KEEP:  # a run's end within the kept top
+                    work += self._walk_keep(w, b)
+            b += 1
+        w.cursor = b
+        if b < nb:
             return False
-        c.nb, c.version, c.live, c.done = nb, self.version, self.live, True
-        c.index = None
-        self.snap, self.snap_cursor, self.snap_owner = NULL, 0, None
-        return True
+        w.shape1, w.version, w.counters, w.done = self.st_shape, self.version, self._stats_counters(), True
+        return True  # the working memory goes in ``to_stats``, outside the lock (unmapping takes ms)
+
+    def _stats_remember(self, StatsWalk w):
+        """A complete walk during which the shape held: later readings at that shape reuse it."""
+        self.st_last = (w.shape1, w)
+
+    cdef int64_t _walk_depth(self, StatsWalk w, uint32_t b) except -1:
+        """Depths of ``b`` and of its ancestors not yet known: up to a known one, a run hanging
+        off the root or a parent cycle (colliding hashes: it ends where the walk meets itself),
+        then back down. Returns the entries visited."""
+        cdef int32_t* bdep = w.bdep
+        cdef int32_t* edep = w.edep
+        cdef size_t sp = 0, visited
+        cdef int64_t p
+        cdef uint32_t x = b
+        cdef int32_t* grown
+        while True:
+            if sp == w.stackcap:
+                grown = <int32_t*>realloc(w.stack, (w.stackcap * 2 + 64) * sizeof(int32_t))
+                if not grown:
+                    raise MemoryError()
+                w.stack, w.stackcap = grown, w.stackcap * 2 + 64
+            w.stack[sp] = x
+            sp += 1
+            bdep[x] = -1
+            p = self.blocks[x].parent
+            if p < 0 or not self.blocks[p].n or bdep[p] != 0:
+                break
+            x = <uint32_t>p
+        visited = sp
+        while sp:
+            sp -= 1
+            x = w.stack[sp]
+            p = self.blocks[x].parent
+            if p < 0 or not self.blocks[p].n or bdep[p] < 0:
+                bdep[x] = 1
+                edep[x] = 1
+            else:
+                bdep[x] = bdep[p] + 1
+                edep[x] = edep[p] + (1 if self._st_kids_of(p) > 1 else 0)
+        return visited
+
+    cdef int64_t _walk_keep(self, StatsWalk w, uint32_t b) except -1:
+        """Record the run ending at ``b`` (up to its start; the length bound cuts a parent cycle)."""
+        cdef KeptRun r
+        cdef uint32_t x = b, nb = self.nblocks
+        cdef int64_t p
+        cdef uint32_t length = 1
+        cdef bint root_run
+        while True:
+            p = self.blocks[x].parent
+            if p < 0 or not self.blocks[p].n or self._st_kids_of(p) > 1 or <uint32_t>p == b or length > nb:
+                break
+            x = <uint32_t>p
+            length += 1
+        root_run = p < 0 or not self.blocks[p].n or <uint32_t>p == b
+        r.first, r.last, r.length = self.blocks[x].hash, self.blocks[b].hash, length
+        r.under = 0 if root_run else self.blocks[p].hash
+        r.edges, r.under_root = <uint16_t>w.edep[b], root_run
+        if _push(&w.kept, &r):
+            raise MemoryError()
+        return length
+
+    def _run_up(self, last, uint32_t length):
+        """The ``length`` blocks ending at ``last``, read up its parent links, first to last
+        (None when the tree no longer links them so)."""
+        cdef int64_t b = self._find(_u64(last))
+        cdef carray.array out = carray.clone(_RUN, length, zero=False)
+        cdef uint32_t j
+        for j in range(length, 0, -1):
+            if b < 0 or not self.blocks[b].n:
+                return None
+            out.data.as_ulonglongs[j - 1] = self.blocks[b].hash
+            b = self.blocks[b].parent
+        return out
 
     def stats(self, keep_children_depth=0):
-        """A statistics pass over the current tree, synchronously (tests and offline tools)."""
-        return self.copy_for_stats().to_stats(keep_children_depth)
+        """The statistics of the current tree, synchronously (tests and offline tools)."""
+        return self.stats_pass().to_stats(keep_children_depth)
 
 
 # ---- eviction lifecycle ---------------------------------------------------------------------------

@@ -32,19 +32,20 @@ from exporter.prefix_index_ref import compute_stats as _reference_stats
 
 log = logging.getLogger("prefixscope.prefix_index")
 
-__all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "CopyTiming", "EvictionTracker", "Match", "PrefixIndex",
-           "ReferencePrefixIndex", "StatsPass", "TreeCopy", "TreeStats", "compute_stats", "copy_in_slices"]
+__all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "EvictionTracker", "Match", "PrefixIndex",
+           "ReferencePrefixIndex", "SliceTiming", "StatsPass", "TreeCopy", "TreeStats", "compute_stats", "pass_in_slices"]
 
 # PREFIXSCOPE_INDEX=reference forces the Python index (to compare, or to rule the extension out).
 _WANT = os.environ.get("PREFIXSCOPE_INDEX", "").strip().lower()
 
 class StatsPass(Protocol):
-    """What the compiled index's ``copy_for_stats`` returns: a copy filled slice by slice
-    (``copy_slice`` under the caller's lock until it returns True), then ``to_stats``."""
+    """What the compiled index's ``stats_pass`` returns (a ``StatsWalk``): the counters kept at
+    apply time plus a walk of the live tree, stepped under the caller's lock until ``step``
+    returns True, then ``to_stats``."""
 
     version: int
 
-    def copy_slice(self, max_blocks: int = ...) -> bool: ...
+    def step(self, max_blocks: int = ...) -> bool: ...
 
     def to_stats(self, keep_children_depth: int = 0) -> TreeStats: ...
 
@@ -69,8 +70,8 @@ else:
 
 
 @dataclass(frozen=True)
-class CopyTiming:
-    """How a statistics copy held the index's lock: the longest hold (the ingest pause), all of them, how many."""
+class SliceTiming:
+    """How a statistics reading held the index's lock: the longest hold (the ingest pause), all of them, how many."""
 
     max_hold_s: float
     total_s: float
@@ -78,36 +79,35 @@ class CopyTiming:
     max_hold_cpu_s: float = 0.0  # the longest hold in this thread's CPU time (a loaded host's preemptions left out)
 
 
-def copy_in_slices(index: ReferencePrefixIndex, lock: AbstractContextManager[object],
-                   max_blocks: int = 0) -> tuple[TreeCopy | StatsPass, CopyTiming]:
-    """A statistics copy of ``index`` taken under ``lock`` one slice per hold (ingest runs between).
+def pass_in_slices(index: ReferencePrefixIndex, lock: AbstractContextManager[object],
+                   max_blocks: int = 0) -> tuple[TreeCopy | StatsPass, SliceTiming]:
+    """A statistics reading of ``index``, stepped under ``lock`` one slice per hold (ingest runs between).
 
-    The reference's copy is one hold (C-level dict copies); the compiled index copies a bounded
-    number of entries per hold and writes later changes through, so the finished copy is
-    consistent. ``max_blocks`` is the compiled slice size (0: its default, about a millisecond).
+    The reference copies its dicts in one hold (C-level copies); the compiled index reads the
+    statistics it keeps at apply time and walks its live tree for the depths, a bounded number
+    of entries per hold (``max_blocks``; 0: its default, about a millisecond), nothing copied.
     """
-    with lock:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        tree = index.copy_for_stats()
-        done = tree.copy_slice(max_blocks)
-        longest = total = time.perf_counter() - t0
-        cpu = time.thread_time() - c0
-        slices = 1
+    holds: list[float] = []
+    cpu = 0.0
+    done = False
+    tree: TreeCopy | StatsPass | None = None
     while not done:
         with lock:
             t0, c0 = time.perf_counter(), time.thread_time()
-            done = tree.copy_slice(max_blocks)
-            held = time.perf_counter() - t0
+            if tree is None:
+                tree = index.stats_pass()
+            done = tree.step(max_blocks)
+            holds.append(time.perf_counter() - t0)
             cpu = max(cpu, time.thread_time() - c0)
-        longest, total, slices = max(longest, held), total + held, slices + 1
-    return tree, CopyTiming(longest, total, slices, cpu)
+    assert tree is not None
+    return tree, SliceTiming(max(holds), sum(holds), len(holds), cpu)
 
 
 def compute_stats(tree: TreeCopy | StatsPass, keep_children_depth: int = 0) -> TreeStats:
-    """The statistics of a finished copy, keeping the top ``keep_children_depth`` edges.
+    """The statistics of a finished reading, keeping the top ``keep_children_depth`` edges.
 
-    The reference walks its copy here; the compiled index runs its C pass on its copy here,
-    without the GIL (and filters the kept top of the tree).
+    The reference runs its pass on its copy here; the compiled index only turns its counters
+    and walk into Python objects (and filters the kept top of the tree).
     """
     if isinstance(tree, TreeCopy):
         return _reference_stats(tree, keep_children_depth)

@@ -8,11 +8,12 @@ one ``dict[int, int]`` maps a block hash to its parent hash and another maps it 
 the workers holding it (bit i = worker i of a small worker-id table). A block leaves the tree
 when its mask drops to 0. Hit counters are kept per block, only for blocks that were hit.
 
-Tree statistics (radix depth, fan-out, duplication) are one pass over a copy of the tree:
-:meth:`PrefixIndex.copy_for_stats` takes the copy with C-level dict/list copies (the only step
-that needs the caller's lock) and :func:`compute_stats` does the pass on it, without the lock.
-The copy protocol is sliced (``copy_slice`` until it returns True, each call under the caller's
-lock) so the compiled index can copy millions of blocks in short holds; here one slice is all.
+Tree statistics (radix depth, fan-out, duplication) are defined here as one pass over a copy of
+the tree: :meth:`ReferencePrefixIndex.stats_pass` takes the copy with C-level dict/list copies
+(the only step that needs the caller's lock) and :func:`compute_stats` does the pass on it,
+without the lock. The protocol is sliced (``step`` until it returns True, each call under the
+caller's lock): the compiled index keeps most statistics at apply time and walks its live tree
+for the rest in short holds; here one step is all.
 
 Cache tiers: events carry a ``medium`` (GPU, CPU, disk; ``None`` reads as GPU). Each (worker,
 medium) is its own view: a removal on one tier never touches another. A worker holds a block
@@ -103,8 +104,8 @@ class TreeCopy:
     parent: dict[int, int]  # block -> parent (ROOT for root-level blocks)
     masks: list[int]  # the holder bitmask of every block (only their bit counts matter)
 
-    def copy_slice(self, max_blocks: int = 0) -> bool:
-        """The copy was taken whole (see the compiled index's sliced copy): always complete."""
+    def step(self, max_blocks: int = 0) -> bool:
+        """The copy was taken whole (the compiled index walks in steps): always complete."""
         return True
 
 
@@ -471,13 +472,13 @@ class ReferencePrefixIndex:
         return self._hits.get(block, 0)
 
     # ---- statistics ----------------------------------------------------------------------
-    def copy_for_stats(self) -> TreeCopy:
+    def stats_pass(self) -> TreeCopy:
         """The input of a statistics pass: C-level copies, so the caller's lock is held only briefly."""
         return TreeCopy(self.version, self._parent.copy(), list(self._mask.values()))
 
     def stats(self, keep_children_depth: int = 0) -> TreeStats:
         """A statistics pass over the current tree, synchronously (tests and offline tools)."""
-        return compute_stats(self.copy_for_stats(), keep_children_depth)
+        return compute_stats(self.stats_pass(), keep_children_depth)
 
     def branch_of(self, block_hashes: Sequence[int], stats: TreeStats) -> int | None:
         """The branch a chain belongs to: the first block of its depth-2 radix node, else of depth 1."""

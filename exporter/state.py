@@ -16,10 +16,11 @@ batches, so it is taken once per batch:
 
 The state itself applies KV batches and scrapes, and owns the prefix index, the session table
 and the tree statistics. Tree statistics (depths, fan-out, duplication) are never computed by a
-reader: ``refresh_tree_stats`` copies the tree under the lock (C-level copies, the only ingest
-pause) and runs the pass outside it; /metrics, the checks and the API read the latest completed
-pass. The exporter's runtime calls it in the background (``exporter.tree_refresher``); tests and
-offline replays call it explicitly.
+reader: ``refresh_tree_stats`` reads them under the lock in short holds (the compiled index keeps
+the counters at apply time and walks its live tree for the depths, a slice per hold — the only
+ingest pause) and builds the result outside it; /metrics, the checks and the API read the latest
+completed one. The exporter's runtime calls it in the background (``exporter.tree_refresher``);
+tests and offline replays call it explicitly.
 
 KV-event stream health split: sources count what they see on the wire (sequence gaps, missed
 batches, replays, decode errors); the state counts what applying the events did (batches,
@@ -52,7 +53,7 @@ from exporter.model import (
     RouterSnapshot,
     WorkerSnapshot,
 )
-from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, copy_in_slices
+from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, pass_in_slices
 from exporter.prefix_instability import RootBatch, RootTracker
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
@@ -144,10 +145,10 @@ RecordInput = RequestRecord | Mapping[str, Any]
 
 @dataclass(frozen=True)
 class TreeStatsTiming:
-    """Cost of the latest statistics pass: the copy under the state lock (all its slices, and the
-    longest, which is the ingest pause), and the pass outside it."""
+    """Cost of the latest statistics reading: its steps under the state lock (all of them, and the
+    longest, which is the ingest pause), and the rest outside it."""
 
-    copy_s: float
+    held_s: float
     pass_s: float
     blocks: int
     max_hold_s: float = 0.0
@@ -583,15 +584,15 @@ class ClusterState:
     def refresh_tree_stats(self) -> TreeStats:
         """Run a statistics pass now if the index changed since the latest one; return the latest.
 
-        Only the copy holds the state lock, in short slices (``copy_in_slices``); the pass runs
-        outside it and its result is swapped in whole, so readers see either the previous pass or this one.
+        Only the reading's steps hold the state lock, in short slices (``pass_in_slices``); the
+        result is built outside it and swapped in whole, so readers see either the previous one or this one.
         """
         with self._refresh_lock:  # a concurrent caller waits, then finds the statistics current
             with self.lock:
                 latest = self._tree_stats
                 if latest is not None and latest.version == self.index.version:
                     return latest
-            tree, held = copy_in_slices(self.index, self.lock)
+            tree, held = pass_in_slices(self.index, self.lock)
             t1 = time.perf_counter()
             stats = compute_stats(tree, TREE_CHILDREN_DEPTH)
             self.tree_stats_timing = TreeStatsTiming(held.total_s, time.perf_counter() - t1, stats.blocks,
@@ -601,13 +602,13 @@ class ClusterState:
 
     def tree_stats_with_children(self, depth: int) -> TreeStats | None:
         """The latest statistics if they keep the runs ``depth`` edges deep, else a pass of
-        their own for this one request (copied under the lock, computed outside it).
+        their own for this one request (stepped under the lock, built outside it).
         None before the first pass: the tree is missing until the statistics exist."""
         latest = self._tree_stats
         if latest is None or latest.children_depth >= depth:
             return latest
-        with self._refresh_lock:  # the index fills one statistics copy at a time
-            tree, _held = copy_in_slices(self.index, self.lock)
+        with self._refresh_lock:  # one reading at a time (each holds its walk's working memory)
+            tree, _held = pass_in_slices(self.index, self.lock)
         return compute_stats(tree, depth)
 
     def worker_capacity(self, name: str) -> int | None:

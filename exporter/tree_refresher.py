@@ -1,9 +1,10 @@
 """The background thread that keeps the tree statistics fresh, so no /metrics scrape computes them.
 
 At most every ``interval`` seconds it calls ``ClusterState.refresh_tree_stats``, which does
-nothing while the index is unchanged; otherwise it copies the tree under the state lock and
-runs the pass outside it. /metrics and the API serve the latest completed pass, at most about
-``interval`` plus one pass old.
+nothing while the index is unchanged; otherwise it reads the statistics under the state lock in
+short steps (counters kept at apply time, a walk of the live tree for the depths; no copy) and
+builds the result outside it. /metrics and the API serve the latest completed reading, at most
+about ``interval`` plus one reading old.
 """
 
 from __future__ import annotations

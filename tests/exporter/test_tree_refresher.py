@@ -65,7 +65,7 @@ def test_statistics_become_visible_after_an_explicit_refresh_and_stay_until_the_
     assert tree_gauges(st) == {"nodes": 4.0, "blocks": 5.0, "root_fanout": 1.0}
     assert st.refresh_tree_stats() is second  # unchanged index: no new pass
     timing = st.tree_stats_timing
-    assert timing is not None and timing.blocks == 5 and timing.copy_s >= 0 and timing.pass_s >= 0
+    assert timing is not None and timing.blocks == 5 and timing.held_s >= 0 and timing.pass_s >= 0
 
 
 def test_no_reader_ever_runs_a_pass(monkeypatch: pytest.MonkeyPatch):
@@ -118,23 +118,23 @@ def test_tree_request_before_any_pass_reports_missing_statistics():
     assert hot["duplication"]["duplicated_share"] is None and hot["fanout"]["root_fanout"] is None
 
 
-def test_the_pass_reads_a_copy_so_ingest_during_it_changes_nothing():
+def test_a_completed_reading_is_fixed_so_later_ingest_changes_nothing():
     idx = PrefixIndex()
     idx.apply("w0", [stored([1, 2, 3])])
-    copy = idx.copy_for_stats()
-    while not copy.copy_slice():
+    reading = idx.stats_pass()
+    while not reading.step():
         pass
     idx.apply("w0", [stored([4], parent=2), stored([9])])
-    s = compute_stats(copy)
+    s = compute_stats(reading)
     assert (s.version, s.blocks, s.nodes, s.leaf_block_depths) == (1, 3, 1, {3: 1})
     now = idx.stats()
     assert (now.blocks, now.root_fanout, sorted(now.leaf_block_depths.elements())) == (5, 2, [1, 3, 3])
 
 
-def test_a_copy_taken_in_slices_is_the_tree_when_its_last_slice_ran():
-    # Ingest between slices: changes to entries already copied are written through, so the
-    # finished copy is the tree at its last slice, not a mix of older and newer entries.
-    # (A reference index fed the same batches says what that tree's statistics are.)
+def test_a_reading_in_steps_has_the_counters_of_its_last_step():
+    # Ingest between steps: the counters the index keeps at apply time are read at the last
+    # step, so they are the tree's at that moment (a reference index fed the same batches says
+    # what they are); the depths are each leaf's at the step that visited it.
     idx, ref = PrefixIndex(), ReferencePrefixIndex()
 
     def apply(worker, events):
@@ -142,40 +142,42 @@ def test_a_copy_taken_in_slices_is_the_tree_when_its_last_slice_ran():
         ref.apply(worker, events)
 
     apply("w0", [stored(range(1, 41))])
-    copy = idx.copy_for_stats()
-    done = copy.copy_slice(8)  # the reference copies in one slice, the compiled index in 8-entry ones
+    reading = idx.stats_pass()
+    done = reading.step(8)  # the reference copies in one step, the compiled index walks 8 entries a step
     assert done is (PrefixIndex is ReferencePrefixIndex)
     want = ref.stats(2)
     apply("w0", [BlockRemoved((3,)), stored([100, 101], parent=5), stored([102])])
     while not done:
-        if copy.copy_slice(8):
+        if reading.step(8):
             want, done = ref.stats(2), True
         else:
             apply("w1", [stored([1, 2])])
-    s = compute_stats(copy, 2)
-    assert (s.blocks, s.nodes, s.root_fanout, s.leaf_depths, s.leaf_block_depths, s.fanouts, s.replicas) == (
-        want.blocks, want.nodes, want.root_fanout, want.leaf_depths, want.leaf_block_depths, want.fanouts,
-        want.replicas)
-    assert set(s.branching) == set(want.branching) and s.children == want.children
-    assert s.version == (1 if PrefixIndex is ReferencePrefixIndex else idx.version)  # the index when copied
+    s = compute_stats(reading, 2)
+    assert (s.blocks, s.nodes, s.root_fanout, s.fanouts, s.replicas) == (
+        want.blocks, want.nodes, want.root_fanout, want.fanouts, want.replicas)
+    assert s.version == (1 if PrefixIndex is ReferencePrefixIndex else idx.version)  # the index at the last step
+    again = idx.stats(2)  # a reading without ingest between its steps is exact
+    want = ref.stats(2)
+    assert (again.leaf_depths, again.leaf_block_depths, set(again.branching), again.children) == (
+        want.leaf_depths, want.leaf_block_depths, set(want.branching), want.children)
 
 
-def test_the_refresh_copies_under_the_lock_in_slices(monkeypatch: pytest.MonkeyPatch):
+def test_the_refresh_holds_the_lock_in_slices(monkeypatch: pytest.MonkeyPatch):
     st = fed_state()
     st.apply_kv_batch(KvBatch("w0", 1, 101.0, (stored(range(1000, 1200)),)), 101.0)
     holds = []
-    real = state_module.copy_in_slices
+    real = state_module.pass_in_slices
 
     def small_slices(index, lock, max_blocks=0):
         tree, timing = real(index, lock, 16)
         holds.append(timing)
         return tree, timing
 
-    monkeypatch.setattr(state_module, "copy_in_slices", small_slices)
+    monkeypatch.setattr(state_module, "pass_in_slices", small_slices)
     s = st.refresh_tree_stats()
     assert s.blocks == 204 and s.version == st.index.version
     timing = st.tree_stats_timing
-    assert timing is not None and timing.slices == holds[0].slices and timing.max_hold_s <= timing.copy_s
+    assert timing is not None and timing.slices == holds[0].slices and timing.max_hold_s <= timing.held_s
     if PrefixIndex.__name__ != "ReferencePrefixIndex":
         assert timing.slices > 1
 
