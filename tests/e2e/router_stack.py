@@ -29,6 +29,12 @@ CAPACITY_BLOCKS = 4096
 COUNTERS = {"prefix_cache_hit_tokens": "prefix_hits", "prefix_cache_queried_tokens": "prefix_queries",
             "spec_decode_draft_tokens": "spec_draft_tokens", "spec_decode_accepted_tokens": "spec_accepted_tokens"}
 
+# The signals each stack feeds with no request record posted: routers and workers alone, and the
+# same with vLLM's spans, a GenAI client's spans and a topology file (docs/routers.md's columns).
+FED_WITHOUT_RECORDS = frozenset({"worker_metrics", "kv_events", "kv_token_ids", "spec_decode", "router_metrics"})
+FED_BY_SPANS_AND_TOPOLOGY = FED_WITHOUT_RECORDS | {"otlp_spans", "records", "session_key", "cached_tokens",
+                                                   "prefill_timing", "migrations", "topology", "warm_pool"}
+
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

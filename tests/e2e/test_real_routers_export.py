@@ -30,7 +30,17 @@ from exporter.main import Runtime
 from fleet.engine import WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
 from prefixscope import catalog
-from tests.e2e.router_stack import COUNTERS, MODEL, TOKEN, Stack, exported, open_stack, settle
+from tests.e2e.router_stack import (
+    COUNTERS,
+    FED_BY_SPANS_AND_TOPOLOGY,
+    FED_WITHOUT_RECORDS,
+    MODEL,
+    TOKEN,
+    Stack,
+    exported,
+    open_stack,
+    settle,
+)
 from tests.e2e.routers import ENDPOINT, KINDS, ask, drive
 from tests.support import require_tool, wait_for
 
@@ -257,18 +267,18 @@ def test_access_log_records_feed_the_session_signals(tmp_path: Path) -> None:
 
 # ---- docs/routers.md agrees with the catalogue ----------------------------------------------------
 def test_routers_doc_lists_every_check_with_what_feeds_it() -> None:
-    """Each check's row says "fed" exactly when routers and workers alone feed all its signals."""
-    fed_without_records = {"worker_metrics", "kv_events", "spec_decode"}
+    """Each check's row says "fed" exactly when the stack of its column feeds all its signals: routers
+    and workers alone, then with OTLP spans and a topology file (the e2e tests check both sets)."""
     rows = {}
     for line in (REPO / "docs" / "routers.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0].isdigit():
+        if len(cells) == 5 and cells[0].isdigit():
             for key in re.findall(r"`(\w+)`", cells[1]):
-                rows[key] = cells[3]
+                rows[key] = cells[3:]
     assert set(rows) == {c.key for c in catalog.CHECKS}
     for c in catalog.CHECKS:
-        fed = set(c.signals) <= fed_without_records
-        assert rows[c.key].startswith("fed") == fed, (c.key, rows[c.key])
+        for fed_signals, said in zip((FED_WITHOUT_RECORDS, FED_BY_SPANS_AND_TOPOLOGY), rows[c.key], strict=True):
+            assert said.startswith("fed") == (set(c.signals) <= fed_signals), (c.key, said)
 
 
 # ---- examples/prometheus.yml ----------------------------------------------------------------------

@@ -40,6 +40,7 @@ from prefixscope.thresholds import load_thresholds
 from tests.e2e.router_stack import (
     CAPACITY_BLOCKS,
     COUNTERS,
+    FED_BY_SPANS_AND_TOPOLOGY,
     MODEL,
     TOKEN,
     Stack,
@@ -359,6 +360,8 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
         got = checks[key]
         assert got["status"] != "not_instrumented" and got["value"] is not None, (key, got)
         assert want is not None and got["value"] == pytest.approx(want), (key, got["value"], want)
+    for sig in catalog.SIGNALS:  # fed exactly as docs/routers.md's last column says
+        assert data["signals"][sig] is (sig in FED_BY_SPANS_AND_TOPOLOGY), sig
     lit = {k for k in CHECKLIST if checks[k]["status"] != "not_instrumented" and checks[k]["value"] is not None}
     assert lit == set(expected) | {"prefix_tree_depth_p99"}, sorted(lit)
     assert set(CHECKLIST) - lit == DARK
