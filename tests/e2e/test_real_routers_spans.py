@@ -316,9 +316,10 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
     wait_for(lambda: s.checks()["prefix_tree_depth_p99"]["value"] == pytest.approx(depth),
              f"the tree's leaf-depth p99 to reach {depth}")
 
-    # kill a worker that holds conversations (not the warm pool's w0, unless it holds them all)
+    # kill a worker that holds conversations: w2 (alone on node-b, so they all move across nodes)
+    # if it holds any, else w1, else the warm pool's w0
     holders = Counter(last_worker.values())
-    victim = next((w for w, _ in holders.most_common() if w != "w0"), "w0")
+    victim = next(w for w in ("w2", "w1", "w0") if holders[w])
     moving = sorted(int(k.split("-")[1]) for k, w in last_worker.items() if w == victim)
     s.fleet.kill(victim)
     died = time.time()
@@ -336,6 +337,7 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
     nodes = {w["name"]: w["node"] for w in TOPOLOGY["workers"]}
     moves = session_moves(served, split, {victim: died}, nodes)
     assert moves.migrations == len(moving) > 0
+    assert victim != "w2" or moves.cross_node == moves.migrations
     now = counters(s)
     delta = {k: now[k] - before[k] for k in now}
     data = s.groups()
@@ -367,4 +369,5 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
     assert set(CHECKLIST) - lit == DARK
     for key in DARK:  # missing, never 0
         assert checks[key]["value"] is None and checks[key]["missing_signals"], checks[key]
+    print(f"{s.kind}: victim {victim}, {moves}; values {expected}")
     print(f"{s.kind}: {len(lit)} of {len(CHECKLIST)} checklist checks lit from spans: {sorted(lit)}")
