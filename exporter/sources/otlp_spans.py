@@ -28,7 +28,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from exporter import otlp
 from exporter.health import Health
@@ -38,6 +38,7 @@ from prefixscope.records import RequestRecord
 
 SOURCE = "otlp"
 TRANSPORT = "otlp"
+V = TypeVar("V")
 MAX_TRACES = 100_000  # traces whose session is remembered; sessions' last workers likewise
 
 
@@ -163,7 +164,7 @@ class SpanIntake:
 
     # ---- spans → records ------------------------------------------------------------------
     @staticmethod
-    def _remember(table: OrderedDict[str, Any], key: str, value: Any) -> None:
+    def _remember(table: OrderedDict[str, V], key: str, value: V) -> None:
         table[key] = value
         table.move_to_end(key)
         if len(table) > MAX_TRACES:

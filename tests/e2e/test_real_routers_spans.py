@@ -323,6 +323,9 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
     moving = sorted(int(k.split("-")[1]) for k, w in last_worker.items() if w == victim)
     s.fleet.kill(victim)
     died = time.time()
+    # the router stops routing to it (its health check), and the exporter's pool loses it
+    wait_for(lambda: s.value(f"{P}_router_worker_healthy", router=s.kind, worker=victim) == 0.0,
+             f"{s.kind} to report {victim} unhealthy")
     wait_for(lambda: s.value(f"{P}_worker_pool_size") == 2.0, "the healthy pool to shrink to 2")
     moved = turns([(g, 3) for g in moving])
     assert victim not in moved
