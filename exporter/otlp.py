@@ -10,6 +10,13 @@ vllm-project/vllm#41788), read when present. The worker is named by a resource a
 (``service.instance.id``, else ``service.name``), the session by a configured attribute on the
 span, its resource or another span of the same trace (a client's or router's span).
 
+What vLLM's span lacks, the client's span of the same trace may carry: both routers forward
+``traceparent``, so an OpenTelemetry GenAI client's span (kind CLIENT, ``chat MODEL``) is the
+parent of vLLM's. Its ``gen_ai.conversation.id`` names the session, and its
+``gen_ai.usage.cache_read.input_tokens`` is the response's ``usage.prompt_tokens_details.cached_tokens``
+(vLLM reports it with ``--enable-prompt-tokens-details``). :func:`trace_facts` collects both per
+trace; the request span's own values win.
+
 Both OTLP/HTTP encodings decode to the same :class:`Span` values: binary protobuf
 (``application/x-protobuf``, what vLLM's ``http/protobuf`` exporter sends) and OTLP JSON
 (``application/json``: hex ids, lowerCamelCase keys, 64-bit integers as decimal strings).
@@ -206,22 +213,67 @@ def session_of(span: Span, mapping: SpanMapping) -> str | None:
     return _string(span.attr(mapping.session_attributes)) if mapping.session_attributes else None
 
 
-def sessions_by_trace(spans: Iterable[Span], mapping: SpanMapping) -> dict[str, str]:
-    """Trace id → session key, from any span of the batch that carries a session attribute."""
-    out: dict[str, str] = {}
+@dataclass(frozen=True, slots=True)
+class TraceFacts:
+    """What the other spans of a request's trace say about it (None: no span said)."""
+
+    session_key: str | None = None
+    cached_tokens: int | None = None
+
+    def merged(self, newer: TraceFacts) -> TraceFacts:
+        """The facts known so far, completed (never overwritten) by a later span's."""
+        return TraceFacts(self.session_key if self.session_key is not None else newer.session_key,
+                          self.cached_tokens if self.cached_tokens is not None else newer.cached_tokens)
+
+
+def _tokens(v: AttrValue) -> int | None:
+    n = _number(v)
+    return int(n) if n is not None and n == int(n) else None
+
+
+def trace_facts(spans: Iterable[Span], mapping: SpanMapping) -> dict[str, TraceFacts]:
+    """Trace id → the session key (any span with a session attribute) and the cached tokens a
+    span that is not itself a request reports (a client's span, from the response's usage)."""
+    out: dict[str, TraceFacts] = {}
     for s in spans:
+        if not s.trace_id:
+            continue
         key = session_of(s, mapping)
-        if key is not None and s.trace_id:
-            out.setdefault(s.trace_id, key)
+        cached = None
+        if mapping.cached_attributes and not is_request(s, mapping):
+            cached = _tokens(s.attr(mapping.cached_attributes))
+        if key is None and cached is None:
+            continue
+        facts = TraceFacts(key, cached)
+        out[s.trace_id] = out[s.trace_id].merged(facts) if s.trace_id in out else facts
     return out
 
 
+def sessions_by_trace(spans: Iterable[Span], mapping: SpanMapping) -> dict[str, str]:
+    """Trace id → session key, from any span of the batch that carries a session attribute."""
+    return {t: f.session_key for t, f in trace_facts(spans, mapping).items() if f.session_key is not None}
+
+
+def migration_source(previous: str | None, worker: str, previous_healthy: bool) -> str | None:
+    """The worker a keyed session's request left, when it left one that is no longer healthy.
+
+    A follow-up served elsewhere while its previous worker is still healthy is a sticky
+    collision (the session table counts it), not a migration; the first request has nowhere
+    to come from.
+    """
+    if previous is None or previous == worker or previous_healthy:
+        return None
+    return previous
+
+
 def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
-              migrated_from: str | None = None, reports_migrations: bool = False) -> RequestRecord:
+              migrated_from: str | None = None, reports_migrations: bool = False,
+              trace_cached: int | None = None) -> RequestRecord:
     """The request record a request span carries; ValueError (with the reason) if it carries none.
 
     A measurement the span lacks stays missing (never 0). ``reports_migrations``: the producer
     knows whether the session moved, so ``migrated_from`` is carried even when None.
+    ``trace_cached``: the cached tokens another span of the trace reported (the span's own win).
     """
     prompt = _number(span.attributes.get(PROMPT_TOKENS))
     if prompt is None:
@@ -245,6 +297,8 @@ def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
         "lora_name": _string(span.attr(mapping.adapter_attributes)) if mapping.adapter_attributes else None,
         "tenant": _string(span.attr(mapping.tenant_attributes)) if mapping.tenant_attributes else None,
     }
+    if values["cached_tokens"] is None and mapping.cached_attributes:
+        values["cached_tokens"] = trace_cached
     for name in ("cached_tokens", "output_tokens"):
         if values[name] is not None:
             values[name] = int(values[name])

@@ -8,19 +8,30 @@ request's ``traceparent``, and it carries ``gen_ai.latency.*``, ``gen_ai.usage.p
 v0.33); ``cache_read=True`` adds ``gen_ai.usage.cache_read.input_tokens`` as the open vLLM proposals
 would (vllm-project/vllm#41788), to show what that attribute turns on.
 
-Use a :class:`SpanExport` as (or chained into) a ``WorkerServer``'s ``on_request`` callback.
+Use a :class:`SpanExport` as (or chained into) a ``WorkerServer``'s ``on_request`` callback, or a
+:class:`FleetSpans` as a ``WorkerFleet``'s (one exporter per worker, as each vLLM process has its own).
+
+:class:`GenAiClient` is the other end: an application calling the router with OpenTelemetry's
+GenAI client conventions — a CLIENT span ``chat MODEL`` whose ``traceparent`` goes with the
+request (both routers forward it, so vLLM's span becomes its child), carrying the conversation
+(``gen_ai.conversation.id``) and, from the response's ``usage``, ``gen_ai.usage.input_tokens``,
+``.output_tokens`` and ``.cache_read.input_tokens`` (``prompt_tokens_details.cached_tokens``,
+which vLLM reports with ``--enable-prompt-tokens-details``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import propagate
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 
 from fleet.engine import EngineResult
 
@@ -33,12 +44,13 @@ class SpanExport:
     """One worker's span exporter: ``__call__(result, headers, path)`` exports the request's span."""
 
     def __init__(self, endpoint: str, instance_id: str, *, cache_read: bool = False, batch: bool = True,
-                 service_name: str = "vllm") -> None:
+                 service_name: str = "vllm", headers: Mapping[str, str] | None = None) -> None:
         self.cache_read = cache_read
         self.provider = TracerProvider(resource=Resource.create({
             "service.name": service_name, "service.instance.id": instance_id,
             "vllm.instrumenting_module_name": "vllm.llm_engine"}))
-        exporter = OTLPSpanExporter(endpoint=endpoint)  # http/protobuf, as vLLM's exporter sends it
+        # http/protobuf, as vLLM's exporter sends it; ``headers`` as OTEL_EXPORTER_OTLP_TRACES_HEADERS
+        exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers or {}))
         self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200) if batch
                                          else SimpleSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer(SCOPE)
@@ -65,6 +77,75 @@ class SpanExport:
         span = self.tracer.start_span(SPAN_NAME, context=ctx, kind=SpanKind.SERVER, start_time=start)
         span.set_attributes(self.attributes(r))
         span.end(end_time=start + int(r.e2e_s * NS))
+
+    def close(self) -> None:
+        self.provider.shutdown()
+
+
+class FleetSpans:
+    """A fleet's ``on_request``: each worker's requests go out through that worker's own exporter
+    (resource ``service.instance.id`` = the worker's name), made on its first request."""
+
+    def __init__(self, endpoint: str, *, cache_read: bool = False, batch: bool = True,
+                 headers: Mapping[str, str] | None = None) -> None:
+        self.endpoint, self.cache_read, self.batch, self.headers = endpoint, cache_read, batch, headers
+        self._lock = threading.Lock()
+        self.exports: dict[str, SpanExport] = {}
+
+    def export_for(self, worker: str) -> SpanExport:
+        with self._lock:
+            if worker not in self.exports:
+                self.exports[worker] = SpanExport(self.endpoint, worker, cache_read=self.cache_read, batch=self.batch,
+                                                  headers=self.headers)
+            return self.exports[worker]
+
+    def __call__(self, r: EngineResult, headers: Mapping[str, str], path: str) -> None:
+        self.export_for(r.worker)(r, headers, path)
+
+    def flush(self) -> None:
+        for e in list(self.exports.values()):
+            e.provider.force_flush()
+
+    def close(self) -> None:
+        for e in list(self.exports.values()):
+            e.close()
+
+
+class GenAiClient:
+    """An application's GenAI client spans (OpenTelemetry GenAI semantic conventions), exported
+    over OTLP/HTTP protobuf like any instrumented service."""
+
+    def __init__(self, endpoint: str, service_name: str = "chat-app", *, batch: bool = True,
+                 headers: Mapping[str, str] | None = None) -> None:
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers or {}))
+        self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200) if batch
+                                         else SimpleSpanProcessor(exporter))
+        self.tracer = self.provider.get_tracer("genai.client")
+
+    @contextmanager
+    def call(self, model: str, conversation: str | None) -> Iterator[tuple[Span, dict[str, str]]]:
+        """A CLIENT span around one call → (the span, headers carrying its ``traceparent``)."""
+        attrs: dict[str, str] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+        if conversation is not None:
+            attrs["gen_ai.conversation.id"] = conversation
+        with self.tracer.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attrs) as span:
+            headers: dict[str, str] = {}
+            propagate.inject(headers)
+            yield span, headers
+
+    @staticmethod
+    def record_usage(span: Span, usage: Mapping[str, Any]) -> None:
+        """The response's OpenAI ``usage`` on the span; a count the response lacks is left out."""
+        for attr, value in (("gen_ai.usage.input_tokens", usage.get("prompt_tokens")),
+                            ("gen_ai.usage.output_tokens", usage.get("completion_tokens")),
+                            ("gen_ai.usage.cache_read.input_tokens",
+                             (usage.get("prompt_tokens_details") or {}).get("cached_tokens"))):
+            if isinstance(value, int) and not isinstance(value, bool):
+                span.set_attribute(attr, value)
+
+    def flush(self) -> None:
+        self.provider.force_flush()
 
     def close(self) -> None:
         self.provider.shutdown()

@@ -3,11 +3,12 @@
 Decoding and the span → record mapping are pure (``exporter.otlp``); this adapter adds what
 needs memory across export requests:
 
-- **sessions by trace**: vLLM's span carries no session, but it shares its trace with the
-  client's or router's span (both routers forward ``traceparent``), which may. That span
-  usually ends — and is exported — after the engine's, so a request span waits up to
-  ``session_wait_s`` for a session attribute of its trace before it is delivered without one.
-  Only when ``session_attributes`` are configured; otherwise spans are delivered at once.
+- **sessions (and cached tokens) by trace**: vLLM's span carries no session and no cached
+  count, but it shares its trace with the client's or router's span (both routers forward
+  ``traceparent``), which may carry both (``otlp.trace_facts``). That span usually ends — and is
+  exported — after the engine's, so a request span waits up to ``session_wait_s`` for a session
+  attribute of its trace before it is delivered without one. Only when ``session_attributes``
+  are configured; otherwise spans are delivered at once.
 - **migrations**: for a keyed session, a follow-up served by another worker while the previous
   one is not healthy (``is_healthy``) is a migration from it (kind ``hard``: the exporter sees
   a failed or drained worker, not the router's reason). Every keyed record says whether it
@@ -27,6 +28,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from exporter import otlp
 from exporter.health import Health
@@ -36,6 +38,7 @@ from prefixscope.records import RequestRecord
 
 SOURCE = "otlp"
 TRANSPORT = "otlp"
+V = TypeVar("V")
 MAX_TRACES = 100_000  # traces whose session is remembered; sessions' last workers likewise
 
 
@@ -71,7 +74,7 @@ class SpanIntake:
         self.max_body_bytes = max_body_bytes
         self.clock = clock
         self._lock = threading.Lock()
-        self._trace_session: OrderedDict[str, str] = OrderedDict()
+        self._trace_facts: OrderedDict[str, otlp.TraceFacts] = OrderedDict()
         self._last_worker: OrderedDict[str, str] = OrderedDict()
         self._pending: OrderedDict[str, list[_Pending]] = OrderedDict()  # trace id -> request spans
         self._stop = threading.Event()
@@ -123,11 +126,14 @@ class SpanIntake:
         ready: list[otlp.Span] = []
         requests = [s for s in spans if otlp.is_request(s, self.mapping)]
         with self._lock:
-            for trace, key in otlp.sessions_by_trace(spans, self.mapping).items():
-                self._remember(self._trace_session, trace, key)
-                ready += [p.span for p in self._pending.pop(trace, ())]
+            for trace, facts in otlp.trace_facts(spans, self.mapping).items():
+                known = self._trace_facts.get(trace)
+                self._remember(self._trace_facts, trace, known.merged(facts) if known is not None else facts)
+                if self._trace_facts[trace].session_key is not None:
+                    ready += [p.span for p in self._pending.pop(trace, ())]
             for s in requests:
-                if self.session_wait_s > 0 and s.trace_id not in self._trace_session \
+                known = self._trace_facts.get(s.trace_id)
+                if self.session_wait_s > 0 and (known is None or known.session_key is None) \
                         and otlp.session_of(s, self.mapping) is None:
                     self._pending.setdefault(s.trace_id, []).append(_Pending(s, now + self.session_wait_s))
                 else:
@@ -158,20 +164,22 @@ class SpanIntake:
 
     # ---- spans → records ------------------------------------------------------------------
     @staticmethod
-    def _remember(table: OrderedDict[str, str], key: str, value: str) -> None:
+    def _remember(table: OrderedDict[str, V], key: str, value: V) -> None:
         table[key] = value
         table.move_to_end(key)
         if len(table) > MAX_TRACES:
             table.popitem(last=False)
 
     def _record(self, span: otlp.Span) -> RequestRecord:
-        key = otlp.session_of(span, self.mapping) or self._trace_session.get(span.trace_id)
+        facts = self._trace_facts.get(span.trace_id) or otlp.TraceFacts()
+        key = otlp.session_of(span, self.mapping) or facts.session_key
         if key is None:
-            return otlp.record_of(span, self.mapping)
+            return otlp.record_of(span, self.mapping, trace_cached=facts.cached_tokens)
         worker = self.mapping.worker(str(span.attr(self.mapping.worker_attributes) or ""))
         prev = self._last_worker.get(key)
-        moved = prev if prev is not None and prev != worker and not self.is_healthy(prev) else None
-        rec = otlp.record_of(span, self.mapping, key, moved, reports_migrations=True)
+        moved = otlp.migration_source(prev, worker, prev is not None and self.is_healthy(prev))
+        rec = otlp.record_of(span, self.mapping, key, moved, reports_migrations=True,
+                             trace_cached=facts.cached_tokens)
         self._remember(self._last_worker, key, rec.worker)
         return rec
 

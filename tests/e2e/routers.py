@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,17 +109,22 @@ def start_router(kind: str, bin_dir: Path, worker_urls: Sequence[str], log_dir: 
 
 
 # ---- load with shared prefixes ----------------------------------------------------------------
-def ask(base: str, endpoint: str, group: int, i: int, model: str = "sim-model") -> tuple[int, str, int]:
-    """One request of prefix group ``group`` → (group, serving worker, engine-reported cached tokens)."""
+def post(base: str, endpoint: str, group: int, i: int, model: str = "sim-model",
+         headers: Mapping[str, str] | None = None) -> requests.Response:
+    """Request ``i`` of prefix group ``group``: the group's long shared prefix, then a question."""
     prefix = f"You are an expert assistant on {TOPICS[group]}. " * 12
     question = f"Question {i}: what matters most about {TOPICS[group]} when item {i} is involved?"
     if endpoint == "chat":
-        r = requests.post(f"{base}/v1/chat/completions", timeout=30, json={
+        return requests.post(f"{base}/v1/chat/completions", timeout=30, headers=headers, json={
             "model": model, "max_tokens": 16,
             "messages": [{"role": "system", "content": prefix}, {"role": "user", "content": question}]})
-    else:
-        r = requests.post(f"{base}/v1/completions", timeout=30,
-                          json={"model": model, "prompt": prefix + question, "max_tokens": 16})
+    return requests.post(f"{base}/v1/completions", timeout=30, headers=headers,
+                         json={"model": model, "prompt": prefix + question, "max_tokens": 16})
+
+
+def ask(base: str, endpoint: str, group: int, i: int, model: str = "sim-model") -> tuple[int, str, int]:
+    """One request of prefix group ``group`` → (group, serving worker, engine-reported cached tokens)."""
+    r = post(base, endpoint, group, i, model)
     assert r.status_code == 200, r.text
     return group, r.headers[WORKER_HEADER], r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 

@@ -17,23 +17,32 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
 from jsonschema import Draft202012Validator
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import normalize
-from exporter.config import DEFAULT_LISTEN, Config, HttpRecords, RouterTarget, WorkerTarget
+from exporter.config import DEFAULT_LISTEN, Config, HttpRecords
 from exporter.main import Runtime
 from fleet.engine import WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
 from prefixscope import catalog
-from tests.e2e.routers import ENDPOINT, KINDS, RouterProcess, ask, drive, start_router
-from tests.support import require_routers_bin, require_tool, wait_for
+from tests.e2e.router_stack import (
+    COUNTERS,
+    FED_BY_SPANS_AND_TOPOLOGY,
+    FED_WITHOUT_RECORDS,
+    MODEL,
+    TOKEN,
+    Stack,
+    exported,
+    open_stack,
+    settle,
+)
+from tests.e2e.routers import ENDPOINT, KINDS, ask, drive
+from tests.support import require_tool, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -41,12 +50,7 @@ ACCESS_LOG_SCRIPT = REPO / "examples" / "records-from-access-log.py"
 SCHEMA = REPO / "prefixscope" / "schemas" / "request.v1.json"
 RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
 P = catalog.NAMESPACE
-MODEL = "sim-model"
 GROUPS, PER_GROUP = 4, 5
-TOKEN = "e2e-token"
-# exporter counter (without prefix and _total) → the simulated engine's own counter
-COUNTERS = {"prefix_cache_hit_tokens": "prefix_hits", "prefix_cache_queried_tokens": "prefix_queries",
-            "spec_decode_draft_tokens": "spec_draft_tokens", "spec_decode_accepted_tokens": "spec_accepted_tokens"}
 
 # Signals only request records can feed: with routers and workers alone they must be missing.
 RECORD_SIGNALS = ("records", "session_key", "block_hashes", "cached_tokens", "predicted_cached_tokens",
@@ -73,85 +77,11 @@ def test_router_worker_urls_are_mapped_to_configured_names() -> None:
     assert snap.decisions == {"a": 60.0, "http://127.0.0.1:8152": 63.0, "http://127.0.0.1:8153": 33.0}
 
 
-def exported(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample on the exporter's /metrics, keyed by (name, sorted labels)."""
-    text = requests.get(base_url + "/metrics", timeout=5).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
 # ---- the stack --------------------------------------------------------------------------------
-@dataclass
-class Stack:
-    kind: str
-    fleet: WorkerFleet
-    router: RouterProcess
-    runtime: Runtime
-
-    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        return exported(self.runtime.url)
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.samples().get((name, tuple(sorted(labels.items()))))
-
-    def names(self) -> set[str]:
-        return {name for name, _ in self.samples()}
-
-    def groups(self) -> dict:
-        r = requests.get(self.runtime.url + "/api/v1/groups", timeout=5)
-        assert r.status_code == 200, r.text
-        return r.json()["data"]
-
-
 @pytest.fixture(params=KINDS)
 def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
-    kind = request.param
-    bin_dir = require_routers_bin()
-    # decode 16 tokens at 50/s ≈ 0.3 s per request, so concurrent first requests spread out
-    specs = [WorkerSpec(f"w{i}", decode_tps=50.0, spec_tokens=3, num_gpu_blocks=4096) for i in range(3)]
-    fleet = WorkerFleet(specs, options=FleetOptions(delay_scale=1.0)).start()
-    router = runtime = None
-    try:
-        router = start_router(kind, bin_dir, fleet.urls, tmp_path, health_interval_s=1)
-        workers = tuple(WorkerTarget(e["name"], e["url"] + "/metrics", e["kv_endpoint"], e["replay_endpoint"],
-                                     e["topic"]) for e in fleet.endpoints())
-        cfg = Config(source="e2e", workers=workers, routers=(RouterTarget(kind, router.metrics_url, kind),),
-                     scrape_interval=0.5, scrape_timeout=0.5, listen_address="127.0.0.1:0",
-                     http_records=HttpRecords(bearer_token=TOKEN))
-        runtime = Runtime.build(cfg).start()
-        assert runtime.subscriber is not None and runtime.subscriber.wait_connected(5)
-        s = Stack(kind, fleet, router, runtime)
-        # Counters enter the windows as increases from the first scrape: take it before any traffic.
-        wait_for(lambda: all(s.value(f"{P}_up", target=t, kind=k) == 1.0
-                             for t, k in [*((w.name, "worker") for w in fleet), (kind, "router")]),
-                 "a first successful scrape of every target")
-        time.sleep(0.3)  # ZMQ subscriptions reach the PUB sockets asynchronously
+    with open_stack(request.param, tmp_path) as s:
         yield s
-    finally:
-        if runtime is not None:
-            runtime.stop()
-        if router is not None:
-            router.stop()
-        fleet.stop()
-
-
-def settle(s: Stack) -> None:
-    """Every engine idle, every KV batch published, and a scrape taken after that."""
-    for w in s.fleet:
-        if w.alive:
-            wait_for(lambda w=w: w.engine.load() == (0, 0), f"{w.name} idle")
-            w.engine.tick()
-            w.publisher.flush(2.0)
-    served = {w.name: sum(w.engine.counters.requests_success.values()) for w in s.fleet}
-    wait_for(lambda: all(s.value(f"{P}_router_decisions_total", router=s.kind, worker=n) == v
-                         for n, v in served.items() if v),
-             "router decisions to match the workers' served requests")
-    def scraped_after_load() -> bool:
-        got = s.samples()
-        return all(got.get((f"{P}_{name}_total", (("model", MODEL), ("worker", w.name)))) == getattr(w.engine.counters, fld)
-                   for w in s.fleet for name, fld in COUNTERS.items())
-
-    wait_for(scraped_after_load, "a scrape after the load")
 
 
 # ---- the end-to-end test ------------------------------------------------------------------------
@@ -337,18 +267,18 @@ def test_access_log_records_feed_the_session_signals(tmp_path: Path) -> None:
 
 # ---- docs/routers.md agrees with the catalogue ----------------------------------------------------
 def test_routers_doc_lists_every_check_with_what_feeds_it() -> None:
-    """Each check's row says "fed" exactly when routers and workers alone feed all its signals."""
-    fed_without_records = {"worker_metrics", "kv_events", "spec_decode"}
+    """Each check's row says "fed" exactly when the stack of its column feeds all its signals: routers
+    and workers alone, then with OTLP spans and a topology file (the e2e tests check both sets)."""
     rows = {}
     for line in (REPO / "docs" / "routers.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0].isdigit():
+        if len(cells) == 5 and cells[0].isdigit():
             for key in re.findall(r"`(\w+)`", cells[1]):
-                rows[key] = cells[3]
+                rows[key] = cells[3:]
     assert set(rows) == {c.key for c in catalog.CHECKS}
     for c in catalog.CHECKS:
-        fed = set(c.signals) <= fed_without_records
-        assert rows[c.key].startswith("fed") == fed, (c.key, rows[c.key])
+        for fed_signals, said in zip((FED_WITHOUT_RECORDS, FED_BY_SPANS_AND_TOPOLOGY), rows[c.key], strict=True):
+            assert said.startswith("fed") == (set(c.signals) <= fed_signals), (c.key, said)
 
 
 # ---- examples/prometheus.yml ----------------------------------------------------------------------

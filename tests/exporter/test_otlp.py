@@ -141,6 +141,49 @@ def test_a_follow_up_that_left_an_unhealthy_worker_is_a_migration() -> None:
     assert sink.records[2].migration_kind == "hard"
 
 
+def test_trace_facts_take_the_session_and_the_clients_cached_tokens_of_each_trace() -> None:
+    mapping = otlp.SpanMapping(session_attributes=("gen_ai.conversation.id",))
+    other = "b" * 32
+    client = {"trace": TRACE, "span": "1111111111111111", "name": "chat sim-model",
+              "attrs": {"gen_ai.conversation.id": "s1", "gen_ai.usage.cache_read.input_tokens": 96}}
+    session_only = {"trace": other, "span": "2222222222222222", "name": "chat", "attrs": {"gen_ai.conversation.id": "s2"}}
+    engine = {"trace": other, "attrs": VLLM_ATTRS | {"gen_ai.usage.cache_read.input_tokens": 7}}
+    spans = otlp.decode(_json_request([client, session_only, engine], {"service.name": "app"}), "application/json")
+    facts = otlp.trace_facts(spans, mapping)
+    assert facts == {TRACE: otlp.TraceFacts("s1", 96), other: otlp.TraceFacts("s2", None)}  # a request's own count is not the trace's
+    assert otlp.sessions_by_trace(spans, mapping) == {TRACE: "s1", other: "s2"}
+    assert otlp.TraceFacts("s1").merged(otlp.TraceFacts("s9", 5)) == otlp.TraceFacts("s1", 5)
+    vllm = otlp.decode(_json_request([{"trace": TRACE, "attrs": VLLM_ATTRS}], {"service.name": "w0"}),
+                       "application/json")[0]
+    assert otlp.record_of(vllm, mapping, "s1", trace_cached=96).cached_tokens == 96
+    assert otlp.record_of(vllm, mapping, "s1").cached_tokens is None  # no span said: missing, not 0
+    own = otlp.decode(_json_request([engine], {"service.name": "w0"}), "application/json")[0]
+    assert otlp.record_of(own, mapping, trace_cached=96).cached_tokens == 7  # the engine's own count wins
+    # a fractional or negative count is no token count
+    odd = {"trace": TRACE, "span": "3333333333333333", "name": "chat", "attrs": {"gen_ai.usage.cache_read.input_tokens": 1.5}}
+    assert otlp.trace_facts(otlp.decode(_json_request([odd], {}), "application/json"), mapping) == {}
+
+
+def test_migration_source_is_a_move_off_an_unhealthy_worker_only() -> None:
+    assert otlp.migration_source(None, "w1", False) is None  # the session's first request
+    assert otlp.migration_source("w1", "w1", False) is None  # stayed
+    assert otlp.migration_source("w0", "w1", True) is None  # left a healthy worker: a collision
+    assert otlp.migration_source("w0", "w1", False) == "w0"
+
+
+def test_the_clients_span_gives_the_engines_span_its_session_and_cached_tokens() -> None:
+    sink = Sink()
+    intake = _intake(sink, {"w0"})
+    intake.ingest(_json_request([{"trace": TRACE, "attrs": VLLM_ATTRS}], {"service.instance.id": "w0"}),
+                  "application/json")
+    assert sink.records == []
+    client = {"trace": TRACE, "span": "1111111111111111", "name": "chat sim-model",
+              "attrs": {"gen_ai.conversation.id": "s1", "gen_ai.usage.cache_read.input_tokens": 384}}
+    intake.ingest(_json_request([client], {"service.name": "app"}), "application/json")
+    [rec] = sink.records
+    assert (rec.session_key, rec.cached_tokens, rec.prompt_tokens, rec.worker) == ("s1", 384, 512, "w0")
+
+
 def test_gzip_and_limits() -> None:
     sink = Sink()
     intake = _intake(sink, set(), wait=0.0)
