@@ -12,11 +12,20 @@ most ``max_events`` hits are kept (``limits.hit_history``, default ``MAX_HISTORY
 each plus their distinct chains (≤ 0.5 KB); past it the oldest go, and the history covers less
 than the hour.
 
+Hot branches on /metrics read only the current window, and not by scanning the history: hits
+are summed per distinct chain as they enter the window (``WindowTokens``) and taken out again
+when they leave it (by age, or when the history drops them). A read resolves each distinct
+chain of the window to its branch once per tree version (statistics pass and index version) and
+ranks the branches; an unchanged window at an unchanged tree costs nothing. The cost of a read
+therefore depends on the distinct chains and branches hit in the window, never on how many
+events the hour-long history holds.
+
 Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 """
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -42,6 +51,69 @@ def _blocks(chain: Chain) -> Sequence[int]:
     return memoryview(chain).cast("Q") if isinstance(chain, bytes) else chain
 
 BranchHits = dict[int, tuple[float, set[str]]]
+HitEvent = tuple[float, Chain, float, str | None]
+_UNRESOLVED = object()
+
+
+class WindowTokens:
+    """Hit tokens per distinct chain over a sliding window (start, end], kept incrementally.
+
+    Every event has a sequence number; the history deque holds exactly the events numbered
+    ``first_seq`` .. ``next_seq - 1`` (both expiry and the deque's cap drop from the left), so
+    an event the history drops is found by its number and taken out of the sums. Events
+    counted are also on a heap by time, and leave when the window's start passes them; events
+    from the future (after the window's end) wait on a second heap.
+    """
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+        self.tokens: dict[Chain, float] = {}
+        self.hits: dict[Chain, int] = {}  # events counted per chain (a chain leaves at 0: sums restart exact)
+        self.counted: dict[int, tuple[float, Chain, float]] = {}  # seq -> (ts, chain, tokens)
+        self.leaving: list[tuple[float, int]] = []  # (ts, seq) of counted events
+        self.pending: list[tuple[float, int, Chain, float]] = []  # events after the window's end
+        self.changes = 0  # bumped whenever the sums change
+
+    def add(self, seq: int, ts: float, chain: Chain, tokens: float) -> None:
+        if ts <= self.start:
+            return
+        if ts > self.end:
+            heapq.heappush(self.pending, (ts, seq, chain, tokens))
+            return
+        self.counted[seq] = (ts, chain, tokens)
+        heapq.heappush(self.leaving, (ts, seq))
+        self.tokens[chain] = self.tokens.get(chain, 0.0) + tokens
+        self.hits[chain] = self.hits.get(chain, 0) + 1
+        self.changes += 1
+
+    def drop(self, seq: int) -> None:
+        """Take an event out (it left the window or the history); nothing if it was not counted."""
+        ev = self.counted.pop(seq, None)
+        if ev is None:
+            return
+        _ts, chain, tokens = ev
+        n = self.hits[chain] - 1
+        if n:
+            self.hits[chain] = n
+            self.tokens[chain] -= tokens
+        else:
+            del self.hits[chain], self.tokens[chain]
+        self.changes += 1
+
+    def advance(self, start: float, end: float, first_seq: int) -> None:
+        """Move the window forward to (start, end]; events numbered below ``first_seq`` are gone."""
+        self.start, self.end = start, end
+        pending = self.pending
+        while pending and pending[0][0] <= end:
+            ts, seq, chain, tokens = heapq.heappop(pending)
+            if seq >= first_seq:
+                self.add(seq, ts, chain, tokens)
+        leaving, counted = self.leaving, self.counted
+        while leaving and leaving[0][0] <= start:
+            self.drop(heapq.heappop(leaving)[1])
+        if len(leaving) > 2 * len(counted) + 1024:  # entries of events the history dropped: compact
+            self.leaving = [(ts, seq) for seq, (ts, _c, _t) in counted.items()]
+            heapq.heapify(self.leaving)
 
 
 def branch_label(block: int) -> str:
@@ -54,9 +126,19 @@ class Hotspots:
 
     def __init__(self, index: PrefixIndex, max_events: int = MAX_HISTORY_EVENTS) -> None:
         self.index = index
-        self.hit_events: deque[tuple[float, Chain, float, str | None]] = deque(maxlen=max_events)
+        self.hit_events: deque[HitEvent] = deque(maxlen=max_events)
         self._interned: dict[Chain, Chain] = {}
         self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=max_events)
+        self._next_seq = 0  # sequence number of the next hit event; the deque holds the latest len() of them
+        self._window: WindowTokens | None = None  # set by the first hot-branch read
+        # The latest read's branch of each chain, valid for one (statistics, index version).
+        self._branch_of: dict[Chain, object] = {}
+        self._resolved_for: tuple[object, int] | None = None
+        self._ranked: tuple[tuple[object, int, int, int], list[tuple[int, float]]] | None = None
+
+    @property
+    def _first_seq(self) -> int:
+        return self._next_seq - len(self.hit_events)
 
     def hit(self, ts: float, chain: Sequence[int], hit_blocks: int, tokens: float, session: str | None) -> None:
         packed = _packed(chain[:min(hit_blocks, MAX_CHAIN_KEPT)])
@@ -65,16 +147,27 @@ class Hotspots:
             if len(self._interned) >= MAX_INTERNED:
                 self._interned.clear()  # chains still in the history stay alive through their events
             shared = self._interned[packed] = packed
-        self.hit_events.append((ts, shared, tokens, session))
+        events, window = self.hit_events, self._window
+        if window is not None and len(events) == events.maxlen:
+            window.drop(self._first_seq)  # the deque drops its oldest event on this append
+        events.append((ts, shared, tokens, session))
+        if window is not None:
+            window.add(self._next_seq, ts, shared, tokens)
+        self._next_seq += 1
 
     def new_session(self, ts: float, segment: str, rekeyed: bool) -> None:
         self.session_events.append((ts, segment, rekeyed))
 
     def expire(self, now: float) -> None:
         cutoff = now - HISTORY_S
-        for events in (self.hit_events, self.session_events):
-            while events and events[0][0] <= cutoff:
-                events.popleft()
+        hits, window = self.hit_events, self._window
+        while hits and hits[0][0] <= cutoff:
+            if window is not None:
+                window.drop(self._first_seq)
+            hits.popleft()
+        sessions = self.session_events
+        while sessions and sessions[0][0] <= cutoff:
+            sessions.popleft()
 
     def branch_hits(self, start: float, end: float, stats: TreeStats) -> BranchHits:
         """Hit tokens and sessions per branch for hits with start < ts ≤ end."""
@@ -95,3 +188,45 @@ class Hotspots:
         hits = self.branch_hits(start, end, stats)
         ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], kv[0]))[:k]
         return [(b, tok, len(sess)) for b, (tok, sess) in ranked]
+
+    def _window_at(self, start: float, end: float) -> WindowTokens:
+        """The incremental window moved to (start, end]; rebuilt from the history only on the
+        first read or when a read goes back in time (the input clock never does)."""
+        w = self._window
+        if w is None or start < w.start or end < w.end:
+            w = self._window = WindowTokens(start, end)
+            for seq, (ts, chain, tokens, _s) in enumerate(self.hit_events, self._first_seq):
+                w.add(seq, ts, chain, tokens)
+        else:
+            w.advance(start, end, self._first_seq)
+        return w
+
+    def hot_branch_tokens(self, k: int, start: float, end: float, stats: TreeStats) -> list[tuple[int, float]]:
+        """Top-k branches of hits in (start, end] by hit tokens: (first block, hit tokens).
+
+        The same ranking as :meth:`hot_branches` without the session counts, at a cost that does
+        not depend on the history's length (see the module docstring).
+        """
+        w = self._window_at(start, end)
+        tree = (stats, self.index.version)
+        key = (stats, self.index.version, w.changes, k)
+        cached = self._ranked
+        if cached is not None and cached[0][0] is stats and cached[0][1:] == key[1:]:
+            return cached[1]
+        resolved = self._resolved_for
+        if resolved is None or resolved[0] is not stats or resolved[1] != tree[1]:
+            self._branch_of = {}
+            self._resolved_for = tree
+        memo, branch_of = self._branch_of, self.index.branch_of
+        if len(memo) > 2 * len(w.tokens) + 1024:  # chains that left the window since the tree last changed
+            memo.clear()
+        totals: dict[int, float] = {}
+        for chain, tokens in w.tokens.items():
+            b = memo.get(chain, _UNRESOLVED)
+            if b is _UNRESOLVED:
+                b = memo[chain] = branch_of(_blocks(chain), stats)
+            if b is not None:
+                totals[b] = totals.get(b, 0.0) + tokens
+        ranked = heapq.nsmallest(k, totals.items(), key=lambda kv: (-kv[1], kv[0]))
+        self._ranked = (key, ranked)
+        return ranked

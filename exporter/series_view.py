@@ -128,7 +128,7 @@ def _tree_and_hotspots(st: ClusterState, out: Series) -> None:
         gh[f"{P}_prefix_tree_node_fanout"] = stats.fanouts
         gh[f"{P}_prefix_tree_block_replicas"] = stats.replicas
     g[f"{P}_hot_branch_hit_tokens"] = {(str(i + 1), branch_label(b)): tok
-                                     for i, (b, tok, _s) in enumerate(st.hot_branches(stats=stats))}
+                                     for i, (b, tok) in enumerate(st.hot_branch_tokens(stats))}
 
 
 def _routers(st: ClusterState, out: Series) -> None:

@@ -687,6 +687,12 @@ class ClusterState:
         return self.hotspots.hot_branches(self.top_k if k is None else k, now - self.window_s, now,
                                           stats or self._tree_stats or NO_TREE)
 
+    def hot_branch_tokens(self, stats: TreeStats | None = None) -> list[tuple[int, float]]:
+        """Top-k branches of the window by hit tokens, kept incrementally (what /metrics renders)."""
+        now = self.time.now
+        return self.hotspots.hot_branch_tokens(self.top_k, now - self.window_s, now,
+                                               stats or self._tree_stats or NO_TREE)
+
     def fallback_active(self) -> dict[str, float]:
         return self.accounting.fallback_active()
 
