@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from exporter.hotspots import branch_label
 from exporter.prefix_index import CORE
+from exporter.record_accounting import DEFAULT_BLOCK_SIZE
 from exporter.windows import LabelValues
 from prefixscope import __version__, catalog
 
@@ -92,24 +93,43 @@ def _pool_gauges(st: ClusterState, out: Series) -> None:
 def _worker_gauges(st: ClusterState, out: Series) -> None:
     g, topology = out.gauges, st.topology
     seen = st.workers_seen()
+    workers = st.worker_pool.workers
+    usage: dict[LabelValues, float] = {}
+    capacity: dict[LabelValues, float] = {}
+    block_size: dict[LabelValues, float] = {}
+    # One pass over the workers with ClusterState.worker_capacity and worker_block_size inlined
+    # (a scrape reads them for every worker).
+    default_block_size = float(getattr(topology, "block_size", 0) or DEFAULT_BLOCK_SIZE)
     for w in seen:
-        info = st.worker_pool.workers.get(w)
+        info = workers.get(w)
         snap = info.snapshot if info else None
         if snap is not None and snap.kv_usage_ratio is not None:
-            g.setdefault(f"{P}_worker_kv_cache_usage_ratio", {})[(w, snap.model or UNKNOWN)] = snap.kv_usage_ratio
-        cap = st.worker_capacity(w)
-        if cap is not None:
-            g.setdefault(f"{P}_worker_capacity_blocks", {})[(w,)] = float(cap)
-        if (info and info.block_size) or topology is not None:
-            g.setdefault(f"{P}_worker_block_size_tokens", {})[(w,)] = float(st.worker_block_size(w))
+            usage[(w, snap.model or UNKNOWN)] = snap.kv_usage_ratio
+        if snap is not None and snap.num_gpu_blocks:
+            capacity[(w,)] = float(snap.num_gpu_blocks)
+        else:
+            cap = st.worker_capacity(w)
+            if cap is not None:
+                capacity[(w,)] = float(cap)
+        if info and info.block_size:
+            block_size[(w,)] = float(info.block_size)
+        elif topology is not None:
+            block_size[(w,)] = default_block_size
+    for name, values in ((f"{P}_worker_kv_cache_usage_ratio", usage), (f"{P}_worker_capacity_blocks", capacity),
+                         (f"{P}_worker_block_size_tokens", block_size)):
+        if values:
+            g.setdefault(name, {}).update(values)
     if topology is not None:
+        by_name = {t.name: t for t in topology.workers}
         g[f"{P}_worker_info"] = {
             (t.name, t.node, t.nvlink_domain, t.gpu_class, "true" if t.warm_pool else "false"): 1.0
-            for t in (topology.worker(w) for w in seen if w in topology)}
-    for w, n in st.index.resident_by_worker().items():
-        g.setdefault(f"{P}_worker_resident_blocks", {})[(w,)] = float(n)
-    for w, u in st.warm_pool_utilization().items():
-        g.setdefault(f"{P}_warm_pool_utilization_ratio", {})[(w,)] = u
+            for t in (by_name[w] for w in seen if w in by_name)}
+    resident = {(w,): float(n) for w, n in st.index.resident_by_worker().items()}
+    if resident:
+        g.setdefault(f"{P}_worker_resident_blocks", {}).update(resident)
+    warm = {(w,): u for w, u in st.warm_pool_utilization().items()}
+    if warm:
+        g.setdefault(f"{P}_warm_pool_utilization_ratio", {}).update(warm)
     values = st.effective_cache_values()
     ranks = st.removal_ranks(values)
     g[f"{P}_worker_effective_cache_value_tokens"] = {(w,): v for w, v in values.items()}
