@@ -28,7 +28,9 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
+from itertools import islice
+from operator import neg
 
 from exporter.prefix_index import PrefixIndex, TreeStats
 
@@ -52,7 +54,6 @@ def _blocks(chain: Chain) -> Sequence[int]:
 
 BranchHits = dict[int, tuple[float, set[str]]]
 HitEvent = tuple[float, Chain, float, str | None]
-_UNRESOLVED = object()
 
 
 class WindowTokens:
@@ -69,6 +70,7 @@ class WindowTokens:
         self.start, self.end = start, end
         self.tokens: dict[Chain, float] = {}
         self.hits: dict[Chain, int] = {}  # events counted per chain (a chain leaves at 0: sums restart exact)
+        self.blocks: dict[Chain, Sequence[int]] = {}  # each chain's blocks as read by branch_of, made once
         self.counted: dict[int, tuple[float, Chain, float]] = {}  # seq -> (ts, chain, tokens)
         self.leaving: list[tuple[float, int]] = []  # (ts, seq) of counted events
         self.pending: list[tuple[float, int, Chain, float]] = []  # events after the window's end
@@ -82,8 +84,11 @@ class WindowTokens:
             return
         self.counted[seq] = (ts, chain, tokens)
         heapq.heappush(self.leaving, (ts, seq))
+        n = self.hits.get(chain, 0)
+        if not n:
+            self.blocks[chain] = _blocks(chain)
+        self.hits[chain] = n + 1
         self.tokens[chain] = self.tokens.get(chain, 0.0) + tokens
-        self.hits[chain] = self.hits.get(chain, 0) + 1
         self.changes += 1
 
     def drop(self, seq: int) -> None:
@@ -97,7 +102,7 @@ class WindowTokens:
             self.hits[chain] = n
             self.tokens[chain] -= tokens
         else:
-            del self.hits[chain], self.tokens[chain]
+            del self.hits[chain], self.tokens[chain], self.blocks[chain]
         self.changes += 1
 
     def advance(self, start: float, end: float, first_seq: int) -> None:
@@ -121,6 +126,72 @@ def branch_label(block: int) -> str:
     return f"{block & 0xFFFFFFFFFFFFFFFF:016x}"[:8]
 
 
+Walk = tuple[Chain | None, int, int] | None  # (path to the branch point or None, branch, first block)
+
+
+class BranchResolver:
+    """Hit tokens per branch, each chain resolved exactly as ``PrefixIndex.branch_of`` does, with
+    the work split by what each part of the answer depends on.
+
+    ``branch_of`` walks a chain from its first block: at the first block that branches in the
+    tree statistics (position j, before the last block) the branch is the next block, provided
+    blocks 1..j are all in the index; otherwise — a block missing on the way, or no branching
+    block — it is the chain's first block. Where j lies depends only on the statistics: it is
+    found once per chain and statistics pass. Whether the path up to j is in the index depends
+    only on the index: it is checked once per distinct path and index version, and the chains
+    behind one shared prompt share their path. A read at unchanged statistics therefore costs a
+    few dictionary look-ups per distinct chain of the window.
+    """
+
+    def __init__(self, index: PrefixIndex) -> None:
+        self.index = index
+        self._stats: TreeStats | None = None
+        self._walks: dict[Chain, Walk] = {}  # for ``_stats``
+        self._version = -1
+        self._path_in_index: dict[Chain, bool] = {}  # for index ``_version``
+
+    def _walk(self, chain: Chain, blocks: Sequence[int], branching: Set[int]) -> Walk:
+        if not len(blocks):
+            return None
+        for j in range(len(blocks) - 1):
+            if blocks[j] in branching:
+                return (chain[:8 * (j + 1)] if isinstance(chain, bytes) else chain[:j + 1]), blocks[j + 1], blocks[0]
+        return None, blocks[0], blocks[0]
+
+    def totals(self, tokens: dict[Chain, float], blocks: dict[Chain, Sequence[int]],
+               stats: TreeStats) -> dict[int, float]:
+        """Σ hit tokens per branch of the chains in ``tokens``."""
+        index = self.index
+        if stats is not self._stats or len(self._walks) > 2 * len(tokens) + 1024:
+            self._stats, self._walks = stats, {}
+        if index.version != self._version:
+            self._version, self._path_in_index = index.version, {}
+        walks, in_index, branching = self._walks, self._path_in_index, stats.branching
+        out: dict[int, float] = {}
+        for chain, tok in tokens.items():
+            walk = walks.get(chain, _UNWALKED)
+            if walk is _UNWALKED:
+                walk = walks[chain] = self._walk(chain, blocks[chain], branching)
+            if walk is None:
+                continue
+            path, b, first = walk
+            if path is not None:
+                ok = in_index.get(path)
+                if ok is None:
+                    ok = in_index[path] = all(x in index for x in islice(blocks[chain], 1, _path_len(path)))
+                if not ok:
+                    b = first
+            out[b] = out.get(b, 0.0) + tok
+        return out
+
+
+def _path_len(path: Chain) -> int:
+    return len(path) // 8 if isinstance(path, bytes) else len(path)
+
+
+_UNWALKED: Walk = (None, -1, -1)  # a marker: never a real walk (it is compared by identity)
+
+
 class Hotspots:
     """Hit and new-session history over the last hour."""
 
@@ -131,9 +202,7 @@ class Hotspots:
         self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=max_events)
         self._next_seq = 0  # sequence number of the next hit event; the deque holds the latest len() of them
         self._window: WindowTokens | None = None  # set by the first hot-branch read
-        # The latest read's branch of each chain, valid for one (statistics, index version).
-        self._branch_of: dict[Chain, object] = {}
-        self._resolved_for: tuple[object, int] | None = None
+        self._resolver = BranchResolver(index)
         self._ranked: tuple[tuple[object, int, int, int], list[tuple[int, float]]] | None = None
 
     @property
@@ -208,25 +277,13 @@ class Hotspots:
         not depend on the history's length (see the module docstring).
         """
         w = self._window_at(start, end)
-        tree = (stats, self.index.version)
         key = (stats, self.index.version, w.changes, k)
         cached = self._ranked
         if cached is not None and cached[0][0] is stats and cached[0][1:] == key[1:]:
             return cached[1]
-        resolved = self._resolved_for
-        if resolved is None or resolved[0] is not stats or resolved[1] != tree[1]:
-            self._branch_of = {}
-            self._resolved_for = tree
-        memo, branch_of = self._branch_of, self.index.branch_of
-        if len(memo) > 2 * len(w.tokens) + 1024:  # chains that left the window since the tree last changed
-            memo.clear()
-        totals: dict[int, float] = {}
-        for chain, tokens in w.tokens.items():
-            b = memo.get(chain, _UNRESOLVED)
-            if b is _UNRESOLVED:
-                b = memo[chain] = branch_of(_blocks(chain), stats)
-            if b is not None:
-                totals[b] = totals.get(b, 0.0) + tokens
-        ranked = heapq.nsmallest(k, totals.items(), key=lambda kv: (-kv[1], kv[0]))
+        totals = self._resolver.totals(w.tokens, w.blocks, stats)
+        # Most tokens first, ties by block: the order hot_branches sorts by, without a key function.
+        top = heapq.nsmallest(k, zip(map(neg, totals.values()), totals, strict=True))
+        ranked = [(b, -t) for t, b in top]
         self._ranked = (key, ranked)
         return ranked
