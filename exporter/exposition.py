@@ -8,19 +8,20 @@ collector's families (same family order, same sorted label names, same value for
 ``_bucket`` plus the ``_gcount``/``_gsum`` gauges) from precomputed per-metric templates.
 ``exporter.collector`` stays the reference (and serves OpenMetrics); tests compare the two.
 
-What a scrape costs. A family's sample lines are cached between scrapes (``Renderer``): its
-label sets in sorted order, each one's ``name{labels} `` prefix already escaped and formatted,
-the values as raw 8-byte doubles, and the rendered text. A scrape reads the family's values in
-the cached order (one C-level ``itemgetter`` call; a missing label set, or a different count,
-means the set changed: the prefixes are rebuilt and sorted once), packs them into a double
-array and compares its bytes with the last scrape's — exact, so ``-0.0`` against ``0.0`` or a
-NaN counts as a change. An unchanged family reuses its text; a changed one formats its values
-(C-level ``repr``; only values ≥ 1e6 and non-finite ones go through ``format_value``) and joins
-them to the cached prefixes. So a scrape costs a few C-level operations per sample plus the
-formatting of the families whose values changed, and the sort and escaping only when a
-family's label sets change. Nothing here depends on history or age: the cache holds one entry
-per family, replaced whole (threads rendering at once each see a complete entry), and its size
-follows the number of series, which the exporter's cardinality limits bound.
+What a scrape costs. A counter or gauge family's lines are cached between scrapes
+(``Renderer``): its label sets in sorted order, each one's ``name{labels} `` prefix already
+escaped, the values as raw 8-byte doubles and as written, and the family's text. A scrape reads
+the family's values in the cached order (one C-level ``itemgetter`` call; a missing label set,
+or a different count, means the label sets changed: prefixes are rebuilt and sorted once),
+packs them into a double array and compares its bytes with the last scrape's — exact, so
+``-0.0`` against ``0.0`` or a NaN counts as a change. An unchanged family reuses its text; in a
+changed one only the values whose bytes differ are formatted again, and the lines are joined.
+So a scrape costs a few C-level operations per sample, plus formatting per changed value, plus
+a sort and escaping per family whose label sets changed; histograms (few series) are formatted
+every time. Nothing depends on history or age: the cache holds one entry per family, replaced
+whole (threads rendering at once each see a complete entry), sized by the number of series,
+which the exporter's cardinality limits bound. What the series themselves cost to gather is
+``exporter.series_view``'s (hot branches: ``exporter.hotspots``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import math
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from operator import add, itemgetter
+from itertools import compress
+from operator import add, itemgetter, ne
 
 from exporter.collector import ALWAYS, _le
 from exporter.state import ClusterState, Series
@@ -146,24 +148,42 @@ def _histogram_lines(out: list[str], name: str, bounds: tuple[str, ...], labels:
     dest.append(f"{name}{sum_suffix}{plain} {format_value(total)}\n")
 
 
-def _values_text(prefixes: list[str], values: list[float]) -> bytes:
-    """Sample lines (UTF-8): each prefix followed by its value as ``format_value`` writes it."""
+def _value_texts(values: list[float]) -> list[str]:
+    """Each value as ``format_value`` writes it."""
     text = list(map(repr, values))  # what format_value returns for finite values below 1e6
     for i, v in enumerate(values):
         if not -_INF < v < 1e6:  # Go-style exponents, +Inf, -Inf, NaN
             text[i] = format_value(v)
-    return ("\n".join(map(add, prefixes, text)) + "\n").encode("utf-8") if prefixes else b""
+    return text
+
+
+def _changed_texts(old: list[str], old_raw: bytes, raw: bytes, values: list[float]) -> list[str]:
+    """``old`` with the values whose 8 bytes differ from the last scrape's formatted anew."""
+    changed = list(compress(range(len(values)), map(ne, array("Q", raw), array("Q", old_raw))))
+    if 2 * len(changed) > len(values):
+        return _value_texts(values)
+    text = old.copy()
+    for i in changed:
+        text[i] = format_value(values[i])
+    return text
+
+
+def _joined(prefixes: list[str], texts: list[str]) -> bytes:
+    """Sample lines (UTF-8): each prefix followed by its value."""
+    return ("\n".join(map(add, prefixes, texts)) + "\n").encode("utf-8") if prefixes else b""
 
 
 @dataclass(frozen=True)
 class _Family:
-    """One family's lines at one scrape: enough to tell whether the next scrape's values differ."""
+    """One family's lines at one scrape: enough to tell whether the next scrape's values differ,
+    and which."""
 
     keys: tuple[LabelValues, ...]  # label values, sorted as the reference sorts them
     get: Callable[[dict[LabelValues, float]], tuple[float, ...]]  # the values in that order
     prefixes: list[str]  # ``name{labels} `` of each
     raw: bytes  # the values as native doubles
-    text: bytes
+    texts: list[str]  # the values as written
+    text: bytes  # the lines
 
 
 def _getter(keys: tuple[LabelValues, ...]) -> Callable[[dict[LabelValues, float]], tuple[float, ...]]:
@@ -202,10 +222,14 @@ class Renderer:
             keys, prefixes, get = fam.keys, fam.prefixes, fam.get
         packed = array("d", ordered)
         raw = packed.tobytes()
-        if fam is not None and raw == fam.raw:
+        if fam is None:
+            texts = _value_texts(packed.tolist())
+        elif raw == fam.raw:
             return fam.text
-        text = _values_text(prefixes, packed.tolist())
-        self._families[name] = _Family(keys, get, prefixes, raw, text)
+        else:
+            texts = _changed_texts(fam.texts, fam.raw, raw, packed.tolist())
+        text = _joined(prefixes, texts)
+        self._families[name] = _Family(keys, get, prefixes, raw, texts, text)
         return text
 
     def render(self, series: Series) -> bytes:
