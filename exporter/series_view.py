@@ -6,6 +6,16 @@ the worker pool, the index, the tree statistics and the hotspots. A value withou
 left out (missing), never written as 0.
 
 ``build_series`` runs under the state lock (``ClusterState.series`` is called via ``snapshot_for``).
+
+What it costs per scrape, and what it does not depend on: a copy of each counter and histogram
+family and one pass over the workers (both linear in the series /metrics shows, which the
+cardinality limits bound); the session hit ratios of the sessions active in the window
+(``SessionTable.active_since``: not the hour of sessions the table keeps); the hot branches of
+the window's distinct hit chains (``Hotspots.hot_branch_tokens``: not the hour of hits the
+history keeps, and nothing at all while neither the hits nor the tree changed); the tree
+statistics are the background pass's, never computed here. So a scrape of an exporter that
+has run for hours costs what one of a fresh exporter with the same window traffic costs.
+Rendering the text is ``exporter.exposition``'s.
 """
 
 from __future__ import annotations

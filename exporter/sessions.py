@@ -11,10 +11,15 @@ fingerprint of a few of its latest chain's blocks, its *anchors*: the last block
 ended its first prompt, and the blocks at depths 1, 2, 4, 8, 16, 64 and 256, which is where a prefix
 shared with another session is noticed (the shared depth is known to the anchor depth below it). The registry maps an anchor to the one session holding it, or to how many hold it
 once several do; a session costs well under 1 KB however long its prompts.
+
+The sessions active in the current window (``active_since``, what /metrics reads) are kept
+apart as they are served, so that a scrape reads the window's sessions, not the whole table,
+which holds an hour of them: a heap of (last served time, key) says when each one leaves.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +77,11 @@ class SessionTable:
         self._held: dict[int, str | int] = {}
         self.shared_depth = 0  # longest prefix (blocks) seen shared by two unrelated sessions
         self.evicted = 0
+        # Sessions whose last_ts is after ``_cutoff``, in the table's order, and (last_ts, key)
+        # of every serve that moved a last_ts, to find the ones that fall out of the window.
+        self._active: dict[str, Session] = {}
+        self._leaving: list[tuple[float, str]] = []
+        self._cutoff = float("-inf")
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -82,6 +92,38 @@ class SessionTable:
     def sessions(self) -> list[Session]:
         return list(self._sessions.values())
 
+    def _served(self, s: Session) -> None:
+        """Keep ``_active`` in the table's order (the session moved to its end) and note when it leaves."""
+        active = self._active
+        active.pop(s.key, None)
+        if s.last_ts > self._cutoff:
+            active[s.key] = s
+            heapq.heappush(self._leaving, (s.last_ts, s.key))
+            if len(self._leaving) > 2 * len(active) + 1024:  # serves of sessions served again since
+                self._leaving = [(a.last_ts, k) for k, a in active.items()]
+                heapq.heapify(self._leaving)
+
+    def active_since(self, cutoff: float) -> list[Session]:
+        """Sessions served after ``cutoff`` (``last_ts > cutoff``), in the table's order.
+
+        Costs the sessions active since ``cutoff`` plus the serves that fell out since the last
+        call, not the table's size. The cutoff only moves forward (the input clock does); one that
+        goes back is answered from the whole table once.
+        """
+        if cutoff < self._cutoff:
+            self._cutoff = cutoff
+            self._active = {k: s for k, s in self._sessions.items() if s.last_ts > cutoff}
+            self._leaving = [(s.last_ts, k) for k, s in self._active.items()]
+            heapq.heapify(self._leaving)
+        self._cutoff = cutoff
+        leaving, active, sessions = self._leaving, self._active, self._sessions
+        while leaving and leaving[0][0] <= cutoff:
+            _ts, key = heapq.heappop(leaving)
+            s = sessions.get(key)
+            if s is None or s.last_ts <= cutoff:
+                active.pop(key, None)
+        return list(active.values())
+
     def observe(self, key: str, ts: float, worker: str, chain: Sequence[int] | None,
                 segment: str | None, epoch: int) -> Turn:
         """Advance the session for one request (turn, last worker, chain) and detect re-keys."""
@@ -91,6 +133,7 @@ class SessionTable:
             rekey_of = self._rekey_source(key, chain_t, ts) if chain_t else None
             s = Session(key, worker, ts, ts, segment, first_chain_len=len(chain_t), pool_epoch=epoch)
             self._sessions[key] = s
+            self._served(s)
             self._register(s, chain_t, related=rekey_of)
             self._evict()
             return Turn(s, 1, None, None, None, rekey_of)
@@ -98,6 +141,7 @@ class SessionTable:
         prev_worker, prev_ts, prev_epoch = s.worker, s.last_ts, s.pool_epoch
         s.turn += 1
         s.worker, s.last_ts, s.pool_epoch = worker, max(s.last_ts, ts), epoch
+        self._served(s)
         if segment:
             s.segment = segment
         if chain_t:
@@ -159,6 +203,7 @@ class SessionTable:
     def _evict(self) -> None:
         while len(self._sessions) > self.max_sessions:
             _, s = self._sessions.popitem(last=False)
+            self._active.pop(s.key, None)
             self._unregister(s.anchors, s.key)
             self.evicted += 1
 
@@ -169,5 +214,6 @@ class SessionTable:
             if now - s.last_ts <= horizon_s:
                 break
             del self._sessions[key]
+            self._active.pop(key, None)
             self._unregister(s.anchors, s.key)
             self.evicted += 1
