@@ -138,17 +138,22 @@ class BranchResolver:
     blocks 1..j are all in the index; otherwise — a block missing on the way, or no branching
     block — it is the chain's first block. Where j lies depends only on the statistics: it is
     found once per chain and statistics pass. Whether the path up to j is in the index depends
-    only on the index: it is checked once per distinct path and index version, and the chains
-    behind one shared prompt share their path. A read at unchanged statistics therefore costs a
-    few dictionary look-ups per distinct chain of the window.
+    only on the index: it is checked once per distinct path, and when the index changes the
+    known paths are checked again (the chains behind one shared prompt share their path, so
+    there are few). ``epoch`` changes only when an answer may have: new statistics, or a path
+    that came into or left the index. A read at an unchanged epoch and window costs nothing;
+    otherwise a few dictionary look-ups per distinct chain of the window.
     """
+
+    MAX_RECHECKED = 4096  # known paths checked again when the index changes; past it, forgotten
 
     def __init__(self, index: PrefixIndex) -> None:
         self.index = index
+        self.epoch = 0
         self._stats: TreeStats | None = None
         self._walks: dict[Chain, Walk] = {}  # for ``_stats``
         self._version = -1
-        self._path_in_index: dict[Chain, bool] = {}  # for index ``_version``
+        self._path_in_index: dict[Chain, bool] = {}  # at index ``_version``
 
     def _walk(self, chain: Chain, blocks: Sequence[int], branching: Set[int]) -> Walk:
         if not len(blocks):
@@ -158,14 +163,34 @@ class BranchResolver:
                 return (chain[:8 * (j + 1)] if isinstance(chain, bytes) else chain[:j + 1]), blocks[j + 1], blocks[0]
         return None, blocks[0], blocks[0]
 
+    def _in_index(self, path: Chain) -> bool:
+        index = self.index
+        return all(x in index for x in islice(_blocks(path), 1, None))
+
+    def refresh(self, stats: TreeStats) -> int:
+        """Catch up with the statistics and the index; the epoch the answers are now at."""
+        if stats is not self._stats:
+            self._stats, self._walks = stats, {}
+            self.epoch += 1
+        version = self.index.version
+        if version != self._version:
+            self._version = version
+            known = self._path_in_index
+            if len(known) > self.MAX_RECHECKED:
+                self._path_in_index = {}
+                self.epoch += 1
+            elif any(self._in_index(path) != ok for path, ok in known.items()):
+                self._path_in_index = {path: self._in_index(path) for path in known}
+                self.epoch += 1
+        return self.epoch
+
     def totals(self, tokens: dict[Chain, float], blocks: dict[Chain, Sequence[int]],
                stats: TreeStats) -> dict[int, float]:
-        """Σ hit tokens per branch of the chains in ``tokens``."""
-        index = self.index
-        if stats is not self._stats or len(self._walks) > 2 * len(tokens) + 1024:
-            self._stats, self._walks = stats, {}
-        if index.version != self._version:
-            self._version, self._path_in_index = index.version, {}
+        """Σ hit tokens per branch of the chains in ``tokens`` (after :meth:`refresh`)."""
+        if stats is not self._stats:
+            self.refresh(stats)
+        if len(self._walks) > 2 * len(tokens) + 1024:  # chains that left the window: walked again if they return
+            self._walks = {}
         walks, in_index, branching = self._walks, self._path_in_index, stats.branching
         out: dict[int, float] = {}
         for chain, tok in tokens.items():
@@ -178,15 +203,11 @@ class BranchResolver:
             if path is not None:
                 ok = in_index.get(path)
                 if ok is None:
-                    ok = in_index[path] = all(x in index for x in islice(blocks[chain], 1, _path_len(path)))
+                    ok = in_index[path] = self._in_index(path)
                 if not ok:
                     b = first
             out[b] = out.get(b, 0.0) + tok
         return out
-
-
-def _path_len(path: Chain) -> int:
-    return len(path) // 8 if isinstance(path, bytes) else len(path)
 
 
 _UNWALKED: Walk = (None, -1, -1)  # a marker: never a real walk (it is compared by identity)
@@ -277,7 +298,7 @@ class Hotspots:
         not depend on the history's length (see the module docstring).
         """
         w = self._window_at(start, end)
-        key = (stats, self.index.version, w.changes, k)
+        key = (stats, self._resolver.refresh(stats), w.changes, k)
         cached = self._ranked
         if cached is not None and cached[0][0] is stats and cached[0][1:] == key[1:]:
             return cached[1]
