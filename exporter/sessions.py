@@ -14,12 +14,11 @@ once several do; a session costs well under 1 KB however long its prompts.
 
 The sessions active in the current window (``active_since``, what /metrics reads) are kept
 apart as they are served, so that a scrape reads the window's sessions, not the whole table,
-which holds an hour of them: a heap of (last served time, key) says when each one leaves.
+which holds an hour of them (one dictionary entry per session in the window).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,10 +76,9 @@ class SessionTable:
         self._held: dict[int, str | int] = {}
         self.shared_depth = 0  # longest prefix (blocks) seen shared by two unrelated sessions
         self.evicted = 0
-        # Sessions whose last_ts is after ``_cutoff``, in the table's order, and (last_ts, key)
-        # of every serve that moved a last_ts, to find the ones that fall out of the window.
-        self._active: dict[str, Session] = {}
-        self._leaving: list[tuple[float, str]] = []
+        # Sessions whose last_ts is after ``_cutoff``, in the table's order: kept from the first
+        # ``active_since`` call on (a table nobody reads the window of keeps nothing extra).
+        self._active: dict[str, Session] | None = None
         self._cutoff = float("-inf")
 
     def __len__(self) -> int:
@@ -93,36 +91,29 @@ class SessionTable:
         return list(self._sessions.values())
 
     def _served(self, s: Session) -> None:
-        """Keep ``_active`` in the table's order (the session moved to its end) and note when it leaves."""
+        """Keep ``_active`` in the table's order (the session moved to its end)."""
         active = self._active
+        if active is None:
+            return
         active.pop(s.key, None)
         if s.last_ts > self._cutoff:
             active[s.key] = s
-            heapq.heappush(self._leaving, (s.last_ts, s.key))
-            if len(self._leaving) > 2 * len(active) + 1024:  # serves of sessions served again since
-                self._leaving = [(a.last_ts, k) for k, a in active.items()]
-                heapq.heapify(self._leaving)
 
     def active_since(self, cutoff: float) -> list[Session]:
         """Sessions served after ``cutoff`` (``last_ts > cutoff``), in the table's order.
 
-        Costs the sessions active since ``cutoff`` plus the serves that fell out since the last
-        call, not the table's size. The cutoff only moves forward (the input clock does); one that
-        goes back is answered from the whole table once.
+        Costs the sessions active since the previous call's cutoff, not the table's size. The
+        first call, and one whose cutoff goes back (the input clock never does), read the whole
+        table once.
         """
-        if cutoff < self._cutoff:
-            self._cutoff = cutoff
+        active = self._active
+        if active is None or cutoff < self._cutoff:
             self._active = {k: s for k, s in self._sessions.items() if s.last_ts > cutoff}
-            self._leaving = [(s.last_ts, k) for k, s in self._active.items()]
-            heapq.heapify(self._leaving)
+        else:
+            for key in [k for k, s in active.items() if s.last_ts <= cutoff]:
+                del active[key]
         self._cutoff = cutoff
-        leaving, active, sessions = self._leaving, self._active, self._sessions
-        while leaving and leaving[0][0] <= cutoff:
-            _ts, key = heapq.heappop(leaving)
-            s = sessions.get(key)
-            if s is None or s.last_ts <= cutoff:
-                active.pop(key, None)
-        return list(active.values())
+        return list(self._active.values())
 
     def observe(self, key: str, ts: float, worker: str, chain: Sequence[int] | None,
                 segment: str | None, epoch: int) -> Turn:
@@ -203,7 +194,8 @@ class SessionTable:
     def _evict(self) -> None:
         while len(self._sessions) > self.max_sessions:
             _, s = self._sessions.popitem(last=False)
-            self._active.pop(s.key, None)
+            if self._active is not None:
+                self._active.pop(s.key, None)
             self._unregister(s.anchors, s.key)
             self.evicted += 1
 
@@ -214,6 +206,7 @@ class SessionTable:
             if now - s.last_ts <= horizon_s:
                 break
             del self._sessions[key]
-            self._active.pop(key, None)
+            if self._active is not None:
+                self._active.pop(key, None)
             self._unregister(s.anchors, s.key)
             self.evicted += 1
