@@ -12,13 +12,17 @@ most ``max_events`` hits are kept (``limits.hit_history``, default ``MAX_HISTORY
 each plus their distinct chains (≤ 0.5 KB); past it the oldest go, and the history covers less
 than the hour.
 
-Hot branches on /metrics read only the current window, and not by scanning the history: hits
-are summed per distinct chain as they enter the window (``WindowTokens``) and taken out again
-when they leave it (by age, or when the history drops them). A read resolves each distinct
-chain of the window to its branch once per tree version (statistics pass and index version) and
-ranks the branches; an unchanged window at an unchanged tree costs nothing. The cost of a read
-therefore depends on the distinct chains and branches hit in the window, never on how many
-events the hour-long history holds.
+Hot branches on /metrics (``hot_branch_tokens``) read only the current window, and not by
+scanning the history: hits are summed per distinct chain as they enter the window
+(``WindowTokens``) and taken out again when they leave it (by age, or when the history drops
+them). Each chain is resolved to its branch by ``BranchResolver``: where its branch point lies
+once per statistics pass, whether the path to it is in the index once per distinct path and
+index change. So a read costs, at most, a few dictionary look-ups per distinct chain hit in the
+window plus a top-k of its branches, and nothing while neither the window nor the tree changed;
+it never depends on how many events the hour-long history holds. The window costs ~0.2 KB per
+event in it and one view per distinct chain; if nobody reads it for long, it is dropped and
+rebuilt from the history at the next read. ``branch_hits``/``hot_branches`` (the API, with
+session counts, over any interval) still scan the history.
 
 Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 """
@@ -243,6 +247,10 @@ class Hotspots:
         events.append((ts, shared, tokens, session))
         if window is not None:
             window.add(self._next_seq, ts, shared, tokens)
+            if len(window.pending) > len(events) // 2 + 1024:
+                # Nobody has read the window for a while (every hit is after its end): drop it
+                # rather than keep a second history; the next read rebuilds it once.
+                self._window = None
         self._next_seq += 1
 
     def new_session(self, ts: float, segment: str, rekeyed: bool) -> None:

@@ -112,3 +112,18 @@ def test_read_cost_does_not_grow_with_the_history() -> None:
         return reads[0], reads[1] - reads[0], reads[2] - reads[1]
 
     assert lookups(40_000) == lookups(0) == (2, 0, 2)
+
+
+def test_an_unread_window_does_not_keep_a_second_history() -> None:
+    """Hits keep arriving while nobody reads hot branches: the window lets go of them, and the
+    next read is still exact."""
+    stats = TreeStats(version=1, branching=frozenset({3}))
+    index = CountingIndex(set(range(1, 100)))
+    hs = Hotspots(index, max_events=5000)  # type: ignore[arg-type]
+    hs.hot_branch_tokens(10, 0.0, 1.0, stats)
+    for i in range(20_000):
+        hs.hit(2.0 + i / 10, [1, 2, 3, 4 + i % 7], 4, 16.0, None)
+        window = hs._window
+        assert window is None or len(window.pending) <= 2500 + 1024
+    now = 2.0 + 20_000 / 10
+    assert hs.hot_branch_tokens(10, now - 60, now, stats) == _scan(hs, 10, now - 60, now, stats)
