@@ -85,6 +85,12 @@ class _Template:
     def ordered(self, values: tuple[str, ...]) -> list[str]:
         return [escape_label_value(values[i]) for i in self.order]
 
+    def prefix(self, values: tuple[str, ...]) -> str:
+        """``name{labels} ``: a sample line up to its value."""
+        if not self.order:
+            return f"{self.metric.sample_name} "
+        return f"{self.line[:-4] % tuple(self.ordered(values))} "  # the line's format without " %s\n"
+
     def labels(self, values: tuple[str, ...]) -> str:
         if not self.order:
             return ""
@@ -98,21 +104,6 @@ class _Template:
         head = "{" + head + "," if head else "{"
         tail = "," + tail + "}" if tail else "}"
         return lambda le: f'{head}le="{le}"{tail}'
-
-    def lines(self, items: Iterable[tuple[tuple[str, ...], float]]) -> list[str]:
-        """Sample lines of a counter or gauge family, in the order given."""
-        items = list(items)
-        line, order, fv = self.line, self.order, format_value
-        if not order:
-            return [line % fv(v) for _lv, v in items]
-        # One C-level scan decides whether any label value needs escaping at all.
-        if any(c in "".join("".join(lv) for lv, _v in items) for c in '\\\n"'):
-            items = [(tuple(escape_label_value(x) for x in lv), v) for lv, v in items]
-        if len(order) == 1:
-            i = order[0]
-            return [line % (lv[i], fv(v)) for lv, v in items]
-        get = itemgetter(*order)
-        return [line % (*get(lv), fv(v)) for lv, v in items]
 
 
 def _header(name: str, help_: str, type_: str) -> str:
@@ -214,8 +205,7 @@ class Renderer:
             fam = None
         if fam is None:
             keys = tuple(sorted(values))
-            head = t.line[:-4]  # the line's format without " %s\n"
-            prefixes = [f"{head % tuple(t.ordered(lv))} " for lv in keys] if t.order else [f"{name} "] * len(keys)
+            prefixes = [t.prefix(lv) for lv in keys]
             get = _getter(keys)
             ordered = get(values)
         else:
