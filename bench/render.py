@@ -13,7 +13,13 @@ to ``limits.hit_history`` by an hour of older hits (the same chains and sessions
 window) and its session table filled to ``limits.sessions`` by sessions idle since before the
 window is rendered against the fresh one, turn about, and the ratio of the two is the row's value. An
 information row renders a scrape in which every value changed since the last one (formatting
-only: no family's cached lines can be reused), the worst case of the per-family cache.
+only: no family's cached lines can be reused), the worst case of the per-family cache. The
+renderer reuses the text of families whose values did not change since the previous scrape, so
+the first rows are its good case; in a live cluster most per-worker values move between two
+scrapes, and a scrape costs about the first row plus part of that information row.
+
+Scrape rows are the best of ``SCRAPE_REPEATS`` runs (a scrape is short: on a busy machine its
+best run is what the code costs), the baseline and the reference the best of ``REPEATS``.
 
 A scrape never runs a tree-statistics pass: it renders the latest pass of the background
 refresher. That pass is measured on its own rows (information, not a scrape cost): its copy
