@@ -7,18 +7,35 @@ collector's families (same family order, same sorted label names, same value for
 ``_total`` counters, histograms as ``_bucket``/``_count``/``_sum``, gauge histograms as
 ``_bucket`` plus the ``_gcount``/``_gsum`` gauges) from precomputed per-metric templates.
 ``exporter.collector`` stays the reference (and serves OpenMetrics); tests compare the two.
+
+What a scrape costs. A counter or gauge family's lines are cached between scrapes
+(``Renderer``): its label sets in sorted order, each one's ``name{labels} `` prefix already
+escaped, the values as raw 8-byte doubles and as written, and the family's text. A scrape reads
+the family's values in the cached order (one C-level ``itemgetter`` call; a missing label set,
+or a different count, means the label sets changed: prefixes are rebuilt and sorted once),
+packs them into a double array and compares its bytes with the last scrape's — exact, so
+``-0.0`` against ``0.0`` or a NaN counts as a change. An unchanged family reuses its text; in a
+changed one only the values whose bytes differ are formatted again, and the lines are joined.
+So a scrape costs a few C-level operations per sample, plus formatting per changed value, plus
+a sort and escaping per family whose label sets changed; histograms (few series) are formatted
+every time. Nothing depends on history or age: the cache holds one entry per family, replaced
+whole (threads rendering at once each see a complete entry), sized by the number of series,
+which the exporter's cardinality limits bound. What the series themselves cost to gather is
+``exporter.series_view``'s (hot branches: ``exporter.hotspots``).
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import compress
+from operator import add, itemgetter, ne
 
 from exporter.collector import ALWAYS, _le
 from exporter.state import ClusterState, Series
-from exporter.windows import bucket_counts
+from exporter.windows import LabelValues, bucket_counts
 from prefixscope import catalog
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -68,6 +85,12 @@ class _Template:
     def ordered(self, values: tuple[str, ...]) -> list[str]:
         return [escape_label_value(values[i]) for i in self.order]
 
+    def prefix(self, values: tuple[str, ...]) -> str:
+        """``name{labels} ``: a sample line up to its value."""
+        if not self.order:
+            return f"{self.metric.sample_name} "
+        return f"{self.line[:-4] % tuple(self.ordered(values))} "  # the line's format without " %s\n"
+
     def labels(self, values: tuple[str, ...]) -> str:
         if not self.order:
             return ""
@@ -81,21 +104,6 @@ class _Template:
         head = "{" + head + "," if head else "{"
         tail = "," + tail + "}" if tail else "}"
         return lambda le: f'{head}le="{le}"{tail}'
-
-    def lines(self, items: Iterable[tuple[tuple[str, ...], float]]) -> list[str]:
-        """Sample lines of a counter or gauge family, in the order given."""
-        items = list(items)
-        line, order, fv = self.line, self.order, format_value
-        if not order:
-            return [line % fv(v) for _lv, v in items]
-        # One C-level scan decides whether any label value needs escaping at all.
-        if any(c in "".join("".join(lv) for lv, _v in items) for c in '\\\n"'):
-            items = [(tuple(escape_label_value(x) for x in lv), v) for lv, v in items]
-        if len(order) == 1:
-            i = order[0]
-            return [line % (lv[i], fv(v)) for lv, v in items]
-        get = itemgetter(*order)
-        return [line % (*get(lv), fv(v)) for lv, v in items]
 
 
 def _header(name: str, help_: str, type_: str) -> str:
@@ -113,6 +121,7 @@ def _template(m: catalog.Metric) -> _Template:
 
 
 TEMPLATES: tuple[_Template, ...] = tuple(_template(m) for m in catalog.METRICS)
+_HEADERS: tuple[bytes, ...] = tuple(t.header.encode("utf-8") for t in TEMPLATES)
 _BOUNDS: dict[str, tuple[str, ...]] = {
     m.name: (*(_le(b) for b in m.buckets), "+Inf") for m in catalog.METRICS if m.buckets is not None}
 
@@ -130,35 +139,129 @@ def _histogram_lines(out: list[str], name: str, bounds: tuple[str, ...], labels:
     dest.append(f"{name}{sum_suffix}{plain} {format_value(total)}\n")
 
 
+def _value_texts(values: list[float]) -> list[str]:
+    """Each value as ``format_value`` writes it."""
+    text = list(map(repr, values))  # what format_value returns for finite values below 1e6
+    for i, v in enumerate(values):
+        if not -_INF < v < 1e6:  # Go-style exponents, +Inf, -Inf, NaN
+            text[i] = format_value(v)
+    return text
+
+
+def _changed_texts(old: list[str], old_raw: bytes, raw: bytes, values: list[float]) -> list[str]:
+    """``old`` with the values whose 8 bytes differ from the last scrape's formatted anew."""
+    changed = list(compress(range(len(values)), map(ne, array("Q", raw), array("Q", old_raw))))
+    if 2 * len(changed) > len(values):
+        return _value_texts(values)
+    text = old.copy()
+    for i in changed:
+        text[i] = format_value(values[i])
+    return text
+
+
+def _joined(prefixes: list[str], texts: list[str]) -> bytes:
+    """Sample lines (UTF-8): each prefix followed by its value."""
+    return ("\n".join(map(add, prefixes, texts)) + "\n").encode("utf-8") if prefixes else b""
+
+
+@dataclass(frozen=True)
+class _Family:
+    """One family's lines at one scrape: enough to tell whether the next scrape's values differ,
+    and which."""
+
+    keys: tuple[LabelValues, ...]  # label values, sorted as the reference sorts them
+    get: Callable[[dict[LabelValues, float]], tuple[float, ...]]  # the values in that order
+    prefixes: list[str]  # ``name{labels} `` of each
+    raw: bytes  # the values as native doubles
+    texts: list[str]  # the values as written
+    text: bytes  # the lines
+
+
+def _getter(keys: tuple[LabelValues, ...]) -> Callable[[dict[LabelValues, float]], tuple[float, ...]]:
+    if len(keys) == 1:
+        only = keys[0]
+        return lambda d: (d[only],)
+    if not keys:
+        return lambda d: ()
+    return itemgetter(*keys)
+
+
+class Renderer:
+    """The text exposition with each counter and gauge family cached between scrapes (see the
+    module docstring for what a scrape costs)."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, _Family] = {}
+
+    def _lines(self, t: _Template, values: dict[LabelValues, float]) -> bytes:
+        name = t.metric.sample_name
+        fam = self._families.get(name)
+        if fam is not None and len(fam.keys) == len(values):
+            try:
+                ordered = fam.get(values)
+            except KeyError:  # another label set in place of a cached one
+                fam = None
+        else:
+            fam = None
+        if fam is None:
+            keys = tuple(sorted(values))
+            prefixes = [t.prefix(lv) for lv in keys]
+            get = _getter(keys)
+            ordered = get(values)
+        else:
+            keys, prefixes, get = fam.keys, fam.prefixes, fam.get
+        packed = array("d", ordered)
+        raw = packed.tobytes()
+        if fam is None:
+            texts = _value_texts(packed.tolist())
+        elif raw == fam.raw:
+            return fam.text
+        else:
+            texts = _changed_texts(fam.texts, fam.raw, raw, packed.tolist())
+        text = _joined(prefixes, texts)
+        self._families[name] = _Family(keys, get, prefixes, raw, texts, text)
+        return text
+
+    def render(self, series: Series) -> bytes:
+        """The text exposition of every catalogue metric whose source signal is available."""
+        signals = series.signals
+        out: list[bytes] = []
+        for t, header in zip(TEMPLATES, _HEADERS, strict=True):
+            m = t.metric
+            if m.source not in ALWAYS and not signals.get(m.source, False):
+                continue
+            out.append(header)
+            if m.type == "counter" or m.type in ("gauge", "info"):
+                values = series.counters if m.type == "counter" else series.gauges
+                out.append(self._lines(t, values.get(m.name, {})))
+                continue
+            text: list[str] = []
+            if m.type == "histogram":
+                bounds = _BOUNDS[m.name]
+                for lv, row in sorted(series.histograms.get(m.name, {}).items()):
+                    _histogram_lines(text, m.name, bounds, t.bucket_labels(lv), t.labels(lv), row[:-1], row[-1],
+                                     "_count", "_sum")
+            else:  # gauge histogram: _bucket here, then the _gcount and _gsum gauges as families of their own
+                obs = series.gaugehistograms.get(m.name)
+                if obs is None:
+                    continue
+                counts, total = bucket_counts(m.buckets or (), obs)
+                tail: list[str] = []
+                _histogram_lines(text, m.name, _BOUNDS[m.name], t.bucket_labels(()), "", counts, total,
+                                 "_gcount", "_gsum", tail)
+                for suffix, line in zip(("_gcount", "_gsum"), tail, strict=True):
+                    text.append(_header(m.name + suffix, m.help, "gauge"))
+                    text.append(line)
+            out.append("".join(text).encode("utf-8"))
+        return b"".join(out)
+
+
+_RENDERER = Renderer()
+
+
 def render(series: Series) -> bytes:
     """The text exposition of every catalogue metric whose source signal is available."""
-    signals = series.signals
-    out: list[str] = []
-    for t in TEMPLATES:
-        m = t.metric
-        if m.source not in ALWAYS and not signals.get(m.source, False):
-            continue
-        out.append(t.header)
-        if m.type == "counter" or m.type in ("gauge", "info"):
-            values = series.counters if m.type == "counter" else series.gauges
-            out.extend(t.lines(sorted(values.get(m.name, {}).items())))
-        elif m.type == "histogram":
-            bounds = _BOUNDS[m.name]
-            for lv, row in sorted(series.histograms.get(m.name, {}).items()):
-                _histogram_lines(out, m.name, bounds, t.bucket_labels(lv), t.labels(lv), row[:-1], row[-1],
-                                 "_count", "_sum")
-        else:  # gauge histogram: _bucket here, then the _gcount and _gsum gauges as families of their own
-            obs = series.gaugehistograms.get(m.name)
-            if obs is None:
-                continue
-            counts, total = bucket_counts(m.buckets or (), obs)
-            tail: list[str] = []
-            _histogram_lines(out, m.name, _BOUNDS[m.name], t.bucket_labels(()), "", counts, total,
-                             "_gcount", "_gsum", tail)
-            for suffix, line in zip(("_gcount", "_gsum"), tail, strict=True):
-                out.append(_header(m.name + suffix, m.help, "gauge"))
-                out.append(line)
-    return "".join(out).encode("utf-8")
+    return _RENDERER.render(series)
 
 
 def render_state(state: ClusterState) -> bytes:

@@ -6,6 +6,16 @@ the worker pool, the index, the tree statistics and the hotspots. A value withou
 left out (missing), never written as 0.
 
 ``build_series`` runs under the state lock (``ClusterState.series`` is called via ``snapshot_for``).
+
+What it costs per scrape, and what it does not depend on: a copy of each counter and histogram
+family and one pass over the workers (both linear in the series /metrics shows, which the
+cardinality limits bound); the session hit ratios of the sessions active in the window
+(``SessionTable.active_since``: not the hour of sessions the table keeps); the hot branches of
+the window's distinct hit chains (``Hotspots.hot_branch_tokens``: not the hour of hits the
+history keeps, and nothing at all while neither the hits nor the tree changed); the tree
+statistics are the background pass's, never computed here. So a scrape of an exporter that
+has run for hours costs what one of a fresh exporter with the same window traffic costs.
+Rendering the text is ``exporter.exposition``'s.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from exporter.hotspots import branch_label
 from exporter.prefix_index import CORE
+from exporter.record_accounting import DEFAULT_BLOCK_SIZE
 from exporter.tiers import medium_capacity
 from exporter.windows import LabelValues
 from prefixscope import __version__, catalog
@@ -93,25 +104,44 @@ def _pool_gauges(st: ClusterState, out: Series) -> None:
 def _worker_gauges(st: ClusterState, out: Series) -> None:
     g, topology = out.gauges, st.topology
     seen = st.workers_seen()
+    workers = st.worker_pool.workers
+    usage: dict[LabelValues, float] = {}
+    capacity: dict[LabelValues, float] = {}
+    block_size: dict[LabelValues, float] = {}
+    # One pass over the workers with ClusterState.worker_capacity and worker_block_size inlined
+    # (a scrape reads them for every worker).
+    default_block_size = float(getattr(topology, "block_size", 0) or DEFAULT_BLOCK_SIZE)
     for w in seen:
-        info = st.worker_pool.workers.get(w)
+        info = workers.get(w)
         snap = info.snapshot if info else None
         if snap is not None and snap.kv_usage_ratio is not None:
-            g.setdefault(f"{P}_worker_kv_cache_usage_ratio", {})[(w, snap.model or UNKNOWN)] = snap.kv_usage_ratio
-        cap = st.worker_capacity(w)
-        if cap is not None:
-            g.setdefault(f"{P}_worker_capacity_blocks", {})[(w,)] = float(cap)
-        if (info and info.block_size) or topology is not None:
-            g.setdefault(f"{P}_worker_block_size_tokens", {})[(w,)] = float(st.worker_block_size(w))
+            usage[(w, snap.model or UNKNOWN)] = snap.kv_usage_ratio
+        if snap is not None and snap.num_gpu_blocks:
+            capacity[(w,)] = float(snap.num_gpu_blocks)
+        else:
+            cap = st.worker_capacity(w)
+            if cap is not None:
+                capacity[(w,)] = float(cap)
+        if info and info.block_size:
+            block_size[(w,)] = float(info.block_size)
+        elif topology is not None:
+            block_size[(w,)] = default_block_size
+    for name, values in ((f"{P}_worker_kv_cache_usage_ratio", usage), (f"{P}_worker_capacity_blocks", capacity),
+                         (f"{P}_worker_block_size_tokens", block_size)):
+        if values:
+            g.setdefault(name, {}).update(values)
     if topology is not None:
+        by_name = {t.name: t for t in topology.workers}
         g[f"{P}_worker_info"] = {
             (t.name, t.node, t.nvlink_domain, t.gpu_class, "true" if t.warm_pool else "false"): 1.0
-            for t in (topology.worker(w) for w in seen if w in topology)}
-    for w, n in st.index.resident_by_worker().items():
-        g.setdefault(f"{P}_worker_resident_blocks", {})[(w,)] = float(n)
+            for t in (by_name[w] for w in seen if w in by_name)}
+    resident = {(w,): float(n) for w, n in st.index.resident_by_worker().items()}
+    if resident:
+        g.setdefault(f"{P}_worker_resident_blocks", {}).update(resident)
     _media_gauges(st, g)
-    for w, u in st.warm_pool_utilization().items():
-        g.setdefault(f"{P}_warm_pool_utilization_ratio", {})[(w,)] = u
+    warm = {(w,): u for w, u in st.warm_pool_utilization().items()}
+    if warm:
+        g.setdefault(f"{P}_warm_pool_utilization_ratio", {}).update(warm)
     values = st.effective_cache_values()
     ranks = st.removal_ranks(values)
     g[f"{P}_worker_effective_cache_value_tokens"] = {(w,): v for w, v in values.items()}
@@ -145,7 +175,7 @@ def _tree_and_hotspots(st: ClusterState, out: Series) -> None:
         gh[f"{P}_prefix_tree_node_fanout"] = stats.fanouts
         gh[f"{P}_prefix_tree_block_replicas"] = stats.replicas
     g[f"{P}_hot_branch_hit_tokens"] = {(str(i + 1), branch_label(b)): tok
-                                     for i, (b, tok, _s) in enumerate(st.hot_branches(stats=stats))}
+                                     for i, (b, tok) in enumerate(st.hot_branch_tokens(stats))}
 
 
 def _routers(st: ClusterState, out: Series) -> None:

@@ -11,6 +11,10 @@ fingerprint of a few of its latest chain's blocks, its *anchors*: the last block
 ended its first prompt, and the blocks at depths 1, 2, 4, 8, 16, 64 and 256, which is where a prefix
 shared with another session is noticed (the shared depth is known to the anchor depth below it). The registry maps an anchor to the one session holding it, or to how many hold it
 once several do; a session costs well under 1 KB however long its prompts.
+
+The sessions active in the current window (``active_since``, what /metrics reads) are kept
+apart as they are served, so that a scrape reads the window's sessions, not the whole table,
+which holds an hour of them (one dictionary entry per session in the window).
 """
 
 from __future__ import annotations
@@ -72,6 +76,10 @@ class SessionTable:
         self._held: dict[int, str | int] = {}
         self.shared_depth = 0  # longest prefix (blocks) seen shared by two unrelated sessions
         self.evicted = 0
+        # Sessions whose last_ts is after ``_cutoff``, in the table's order: kept from the first
+        # ``active_since`` call on (a table nobody reads the window of keeps nothing extra).
+        self._active: dict[str, Session] | None = None
+        self._cutoff = float("-inf")
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -82,6 +90,31 @@ class SessionTable:
     def sessions(self) -> list[Session]:
         return list(self._sessions.values())
 
+    def _served(self, s: Session) -> None:
+        """Keep ``_active`` in the table's order (the session moved to its end)."""
+        active = self._active
+        if active is None:
+            return
+        active.pop(s.key, None)
+        if s.last_ts > self._cutoff:
+            active[s.key] = s
+
+    def active_since(self, cutoff: float) -> list[Session]:
+        """Sessions served after ``cutoff`` (``last_ts > cutoff``), in the table's order.
+
+        Costs the sessions active since the previous call's cutoff, not the table's size. The
+        first call, and one whose cutoff goes back (the input clock never does), read the whole
+        table once.
+        """
+        active = self._active
+        if active is None or cutoff < self._cutoff:
+            self._active = {k: s for k, s in self._sessions.items() if s.last_ts > cutoff}
+        else:
+            for key in [k for k, s in active.items() if s.last_ts <= cutoff]:
+                del active[key]
+        self._cutoff = cutoff
+        return list(self._active.values())
+
     def observe(self, key: str, ts: float, worker: str, chain: Sequence[int] | None,
                 segment: str | None, epoch: int) -> Turn:
         """Advance the session for one request (turn, last worker, chain) and detect re-keys."""
@@ -91,6 +124,7 @@ class SessionTable:
             rekey_of = self._rekey_source(key, chain_t, ts) if chain_t else None
             s = Session(key, worker, ts, ts, segment, first_chain_len=len(chain_t), pool_epoch=epoch)
             self._sessions[key] = s
+            self._served(s)
             self._register(s, chain_t, related=rekey_of)
             self._evict()
             return Turn(s, 1, None, None, None, rekey_of)
@@ -98,6 +132,7 @@ class SessionTable:
         prev_worker, prev_ts, prev_epoch = s.worker, s.last_ts, s.pool_epoch
         s.turn += 1
         s.worker, s.last_ts, s.pool_epoch = worker, max(s.last_ts, ts), epoch
+        self._served(s)
         if segment:
             s.segment = segment
         if chain_t:
@@ -159,6 +194,8 @@ class SessionTable:
     def _evict(self) -> None:
         while len(self._sessions) > self.max_sessions:
             _, s = self._sessions.popitem(last=False)
+            if self._active is not None:
+                self._active.pop(s.key, None)
             self._unregister(s.anchors, s.key)
             self.evicted += 1
 
@@ -169,5 +206,7 @@ class SessionTable:
             if now - s.last_ts <= horizon_s:
                 break
             del self._sessions[key]
+            if self._active is not None:
+                self._active.pop(key, None)
             self._unregister(s.anchors, s.key)
             self.evicted += 1

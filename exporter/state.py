@@ -689,8 +689,8 @@ class ClusterState:
 
     def session_hit_ratios(self) -> list[float]:
         cutoff = self.time.now - self.window_s
-        return [s.followup_cached / s.followup_prompt for s in self.sessions.sessions()
-                if s.last_ts > cutoff and s.followup_prompt > 0]
+        return [s.followup_cached / s.followup_prompt for s in self.sessions.active_since(cutoff)
+                if s.followup_prompt > 0]
 
     def branch_hits(self, start: float, end: float, stats: TreeStats | None = None) -> dict[int, tuple[float, set]]:
         """Hit tokens and sessions per branch for hits with start < ts ≤ end."""
@@ -701,6 +701,12 @@ class ClusterState:
         now = self.time.now
         return self.hotspots.hot_branches(self.top_k if k is None else k, now - self.window_s, now,
                                           stats or self._tree_stats or NO_TREE)
+
+    def hot_branch_tokens(self, stats: TreeStats | None = None) -> list[tuple[int, float]]:
+        """Top-k branches of the window by hit tokens, kept incrementally (what /metrics renders)."""
+        now = self.time.now
+        return self.hotspots.hot_branch_tokens(self.top_k, now - self.window_s, now,
+                                               stats or self._tree_stats or NO_TREE)
 
     def fallback_active(self) -> dict[str, float]:
         return self.accounting.fallback_active()
