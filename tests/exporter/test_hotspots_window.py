@@ -11,7 +11,7 @@ import pytest
 
 from exporter.hotspots import Hotspots
 from exporter.model import BlockRemoved, BlockStored, KvEvent
-from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats, copy_in_slices
+from exporter.prefix_index import PrefixIndex, TreeStats, compute_stats, pass_in_slices
 from exporter.prefix_index_ref import ReferencePrefixIndex
 
 
@@ -80,7 +80,7 @@ def test_resolution_matches_branch_of_on_a_real_index(make: type) -> None:
     for i, chain in enumerate(chains):
         hs.hit(10.0 + i, chain, len(chain), 16.0 * (i % 5 + 1), None)
     for step in range(3):
-        stats = compute_stats(copy_in_slices(index, threading.Lock())[0])
+        stats = compute_stats(pass_in_slices(index, threading.Lock())[0])
         assert stats.branching  # the test needs branch points
         assert hs.hot_branch_tokens(20, 0.0, 100.0, stats) == [(b, t) for b, t, _s in
                                                                hs.hot_branches(20, 0.0, 100.0, stats)]
