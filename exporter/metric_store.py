@@ -50,7 +50,11 @@ class MetricStore:
     # ---- writes --------------------------------------------------------------------------------
     def inc(self, ts: float, metric: str, labels: LabelValues, value: float = 1.0) -> None:
         """Add to a counter, cumulatively and in the window at input time ``ts``."""
-        self.cum.inc(metric, labels, value)
+        counters = self.cum.counters  # Cumulative.inc, inline: this is the records' hottest write
+        series = counters.get(metric)
+        if series is None:
+            series = counters[metric] = {}
+        series[labels] = series.get(labels, 0.0) + value
         self.win.add(ts, (metric, labels), value)
 
     def zero(self, metric: str, labels: LabelValues) -> None:

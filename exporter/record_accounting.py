@@ -88,6 +88,12 @@ class RecordView:
         return (self.model,)
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    signals: tuple[tuple[str, str, bool], ...]
+    steps: tuple[Callable[[RecordView], None], ...]
+
+
 class RecordAccounting:
     """Applies request records to the metric store, the index, the sessions and the hotspots."""
 
@@ -116,6 +122,33 @@ class RecordAccounting:
         self._steps: tuple[Callable[[RecordView], None], ...] = (
             self._reuse, self._prefix, self._session, self._migration, self._prefill, self._miss,
             self._router_timings, self._fallback, self._moe, self._admission)
+        # The fields without which a step adds nothing (it returns at once when all are null):
+        # a record that carries none of them skips the step.
+        self._step_fields: dict[Callable[[RecordView], None], frozenset[str]] = {
+            self._prefix: frozenset({"block_hashes"}), self._session: frozenset({"session_key"}),
+            self._migration: frozenset({"migrated_from"}), self._prefill: frozenset({"prefill_s"}),
+            self._miss: frozenset({"prefill_s"}), self._router_timings: frozenset({"async_wait_s", "walk_s"}),
+            self._fallback: frozenset({"fallback_tier"}), self._moe: frozenset({"expert_signature"}),
+            self._admission: frozenset({"admitted_by_affinity"})}
+        self._plans: dict[frozenset[str], _Plan] = {}
+
+    def _plan(self, carried: frozenset[str]) -> _Plan:
+        """What a record carrying ``carried`` needs: the signal fields it may report, as
+        (field, signal, counts even when null), and the steps its fields can feed.
+
+        A record read from JSON or a span carries every optional field it has a value for (and
+        the explicit nulls), so only those are looked at; records of one producer carry the same
+        fields, so this is worked out once. A record built without ``carried`` gets everything."""
+        plan = self._plans.get(carried)
+        if plan is None:
+            signals = tuple((fld, signal, fld in EVENT_FIELDS and fld in carried)
+                            for fld, signal in RECORD_FIELD_SIGNALS.items() if fld in carried or not carried)
+            steps = tuple(step for step in self._steps
+                          if not carried or step not in self._step_fields or self._step_fields[step] & carried)
+            plan = _Plan(signals, steps)
+            if len(self._plans) < 1024:
+                self._plans[carried] = plan
+        return plan
 
     def topo(self, worker: str) -> WorkerTopo | None:
         topo = self.topology
@@ -131,16 +164,16 @@ class RecordAccounting:
         # places it in the windows but never moves them
         # Newest record per signal: a late (or wrongly stamped) record must not age a signal out.
         seen = self.field_seen
-        for fld, signal in RECORD_FIELD_SIGNALS.items():
-            if (getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried)) \
-                    and ts > seen.get(signal, -1.0):
+        plan = self._plan(rec.carried)
+        for fld, signal, event in plan.signals:
+            if (event or getattr(rec, fld) is not None) and ts > seen.get(signal, -1.0):
                 seen[signal] = ts
         if ts > seen.get("records", -1.0):
             seen["records"] = ts
         w = self.pool.served(rec.worker, ts)
         view = RecordView(rec, rec.model or UNKNOWN, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
                           rec.block_hashes or None)
-        for step in self._steps:
+        for step in plan.steps:
             step(view)
         return rec.worker
 
@@ -176,7 +209,8 @@ class RecordAccounting:
         # use, whatever its last view says. The match answers per worker (no per-worker dict).
         prompt = rec.prompt_tokens
         own = v.hit_on_worker if cached is None else blocks_of(cached, prompt, len(hashes), bs)
-        others_out = {t for t, kind in self.pool.left_pool_targets() if kind == "worker"}
+        pool = self.pool
+        others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"} if pool.down_since else set()
         others_out.add(worker)  # the chosen worker counts with ``own``
         best = max(own, match.best_depth(others_out))
         # what the engine reused was available, whatever the block rounding: achieved ≤ available
