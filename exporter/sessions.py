@@ -63,20 +63,6 @@ class Turn:
     rekey_of: str | None  # on a first turn: the session this key continues, if re-keyed
 
 
-_DEPTHS: dict[tuple[int, int], tuple[int, ...]] = {}
-
-
-def _depths(length: int, first_len: int) -> tuple[int, ...]:
-    """``anchor_depths``, remembered (chains come in few lengths)."""
-    key = (length, first_len)
-    out = _DEPTHS.get(key)
-    if out is None:
-        out = tuple(anchor_depths(length, first_len))
-        if len(_DEPTHS) < 65536:
-            _DEPTHS[key] = out
-    return out
-
-
 class SessionTable:
     def __init__(self, max_sessions: int = 100_000, rekey_horizon_s: float = 1800.0) -> None:
         self.max_sessions = max_sessions
@@ -140,13 +126,10 @@ class SessionTable:
 
     def _register(self, s: Session, chain: Sequence[int], related: str | None = None) -> None:
         """Replace the session's anchors by those of ``chain`` and update the sharing depth."""
-        depths = _depths(len(chain), s.first_chain_len)
-        if s.anchors and self._reregister(s, chain, depths):
-            return
         self._unregister(s.anchors, s.key)
         held = self._held
         anchors = []
-        for depth in depths:
+        for depth in anchor_depths(len(chain), s.first_chain_len):
             h = chain[depth - 1]
             anchors.append(h)
             other = held.get(h)
@@ -158,42 +141,6 @@ class SessionTable:
                 self.shared_depth = max(self.shared_depth, depth)
             held[h] = (2 if isinstance(other, str) else other + 1) if other != s.key else other
         s.anchors, s.chain_len = tuple(anchors), len(chain)
-
-    def _reregister(self, s: Session, chain: Sequence[int], depths: tuple[int, ...]) -> bool:
-        """A later turn's anchors, as :meth:`_register` would leave them (releasing every old
-        anchor, then taking the new ones), with the work spent on the anchors that changed: a
-        growing conversation keeps its leading ones, and one it keeps ends as releasing and taking
-        it again would leave it. False (nothing done) when a chain repeats a hash."""
-        old = s.anchors
-        new = tuple(chain[d - 1] for d in depths)
-        old_set, new_set = set(old), set(new)
-        if len(old_set) != len(old) or len(new_set) != len(new):
-            return False
-        key, held = s.key, self._held
-        self._unregister([h for h in old if h not in new_set], key)
-        for depth, h in zip(depths, new, strict=True):
-            other = held.get(h)
-            if h in old_set:  # released, then taken again
-                if other is None or other == key:
-                    released: str | int | None = None
-                elif isinstance(other, str):
-                    released = other
-                else:
-                    released = None if other <= 1 else other - 1
-                if released is None:
-                    held[h] = key
-                else:
-                    self.shared_depth = max(self.shared_depth, depth)
-                    held[h] = 2 if isinstance(released, str) else released + 1
-                continue
-            if other is None:
-                held[h] = key
-                continue
-            if other != key:
-                self.shared_depth = max(self.shared_depth, depth)
-            held[h] = (2 if isinstance(other, str) else other + 1) if other != key else other
-        s.anchors, s.chain_len = new, len(chain)
-        return True
 
     def _unregister(self, anchors: Sequence[int], key: str) -> None:
         held = self._held
