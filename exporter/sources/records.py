@@ -358,9 +358,12 @@ def _compile_fast_record(schema: dict[str, Any]) -> Callable[[Any], RequestRecor
 
 
 FAST_RECORD = _compile_fast_record(SCHEMA)
-# The decoder of the fast path: floats parse in C; one too large for a float (inf) fails the
-# fast checks, and the line is parsed again by the strict decoder, which names it.
-_FAST_DECODE = json.JSONDecoder(parse_constant=lambda name: _no_constant(name)).decode
+# The decoder of the fast path: the JSON scanner itself (``JSONDecoder.decode`` less its wrapper:
+# the caller checks that only JSON whitespace follows the value). Floats parse in C; one too large
+# for a float (inf) fails the fast checks, and the line is parsed again by the strict decoder,
+# which names it.
+_FAST_SCAN = json.JSONDecoder(parse_constant=lambda name: _no_constant(name)).scan_once
+_JSON_WS = " \t\n\r"
 
 
 def validate(record: Any) -> str | None:
@@ -397,13 +400,15 @@ def parse_lines(lines: list[bytes], first_line: int = 1, *, now: float | None = 
     records: list[RequestRecord] = []
     errors: list[RecordError] = []
     loads, build = json.loads, RequestRecord.from_json
-    fast_decode, fast_record = _FAST_DECODE, FAST_RECORD
+    scan, fast_record = _FAST_SCAN, FAST_RECORD
     for i, line in enumerate(lines, first_line):
         # The fast path, for a line that opens an object in UTF-8 (what json.loads would detect)
         if line[:1] == b"{" and line[1:2] != b"\x00":
             try:
-                record = fast_record(fast_decode(line.decode("utf-8", "surrogatepass")))
-            except (ValueError, RecursionError):
+                text = line.decode("utf-8", "surrogatepass")
+                obj, end = scan(text, 0)
+                record = fast_record(obj) if end == len(text) or not text[end:].strip(_JSON_WS) else None
+            except (ValueError, RecursionError, StopIteration):
                 record = None
             if record is not None:
                 if now is not None and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:

@@ -144,11 +144,14 @@ def test_lines_the_fast_path_declines_get_the_same_answer() -> None:
              b'{"ts": 1, "request_id": "\xed\xa0\x80", "worker": "w", "prompt_tokens": 1}',
              b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1} x',
              b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "block_hashes": [1, 2.0]}',
-             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "session_key": "\u00e9"}']
+             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "session_key": "\u00e9"}',
+             b'{"ts": 1, "request_id": "b", "worker": "w", "prompt_tokens": 1} \r',
+             b'{"ts": 1, "request_id": "c", "worker": "w", "prompt_tokens": 1}\x0b']
     recs, errors = parse_lines(lines)
-    assert [r.request_id for r in recs] == ["a"]  # only the non-ASCII session key is fine
+    assert [r.request_id for r in recs] == ["a", "b"]  # the non-ASCII session key is fine; so is a CRLF
     assert [(e.line, e.kind) for e in errors] == [(1, "non_finite"), (2, "non_finite"), (3, "value"),
-                                                  (4, "json"), (5, "value"), (6, "json"), (7, "value")]
+                                                  (4, "json"), (5, "value"), (6, "json"), (7, "value"),
+                                                  (10, "json")]
 
 
 def test_body_limit() -> None:
