@@ -28,10 +28,10 @@ from dataclasses import replace
 from typing import Any
 
 from exporter import normalize, promtext
+from exporter.bootstrap import bootstrap
 from exporter.health import Health
 from exporter.sources.scrape import Scraper, ScrapeTarget
 from exporter.state import ClusterState
-from prefixscope.thresholds import load_thresholds
 
 WORKERS = 1000
 SMALL = 100
@@ -97,15 +97,16 @@ class PageServer:
             self.proc.kill()
 
 
-def _state(health: Health) -> ClusterState:
-    return ClusterState(health, load_thresholds())
+def _parts() -> tuple[Health, ClusterState]:
+    parts = bootstrap()
+    return parts.health, parts.state
 
 
 # ---- rows -----------------------------------------------------------------------------------
 def _round_cpu(server: PageServer) -> tuple[list[float], list[float], int]:
     """CPU seconds and wall seconds of each scrape round over WORKERS targets; targets up."""
-    health = Health()
-    scraper = Scraper(server.targets(WORKERS), _state(health), health, timeout=INTERVAL_S, interval=INTERVAL_S)
+    health, state = _parts()
+    scraper = Scraper(server.targets(WORKERS), state, health, timeout=INTERVAL_S, interval=INTERVAL_S)
     scraper.scrape_once()  # connections open, the pool is discovered
     cpu, wall = [], []
     up = 0
@@ -132,8 +133,7 @@ def _per_scrape_work(n_workers: int, rounds: int = 14) -> float:
 
     snapshot, _ = normalize.parse_worker("w", worker_page())
     snaps = [replace(snapshot, worker=f"w{i:04d}") for i in range(n_workers)]
-    health = Health()
-    state = _state(health)
+    _health, state = _parts()
     t = 1.8e9
     spent = 0.0
     for r in range(rounds):

@@ -244,7 +244,8 @@ class RecordAccounting:
         # workers' are unaffected). A worker that left the pool holds nothing the router could
         # use, whatever its last view says. The match answers per worker (no per-worker dict).
         prompt = rec.prompt_tokens
-        own = v.hit_on_worker if cached is None else blocks_of(cached, prompt, len(hashes), bs)
+        cached_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else None
+        own = v.hit_on_worker if cached_blocks is None else cached_blocks
         pool = self.pool
         others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"} if pool.down_since else set()
         others_out.add(worker)  # the chosen worker counts with ``own``
@@ -259,7 +260,7 @@ class RecordAccounting:
             if own == best or any(match.depth_on(x) == best for x in self._domain_workers[topo.domain_of(worker)]
                                   if x not in others_out):
                 store.inc(ts, _PLACEMENT_DOMAIN_HITS, ml)
-        hit_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else v.hit_on_worker
+        hit_blocks = own  # the blocks the engine reused (its own report, else the worker's view)
         if hit_blocks:
             self.index.record_hits(hashes, hit_blocks, bs)
             tokens = float(cached) if cached is not None else float(hit_blocks * bs)
