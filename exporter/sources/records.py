@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -324,22 +324,49 @@ def _fast_convert(name: str, spec: dict[str, Any]) -> Convert | None:
 _INT_ONLY = {int}
 
 
+_FLAT_UNKNOWN: Convert = lambda v: _FAIL  # noqa: E731 - marks a key the schema does not name
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))  # the constructor's positional order
+Shape = tuple[tuple[tuple[Convert, int], ...], list[Any]] | None  # per key (converter, position); the arguments
+
+
 def _compile_fast_record(schema: dict[str, Any]) -> Callable[[Any], RequestRecord | None]:
     convert = {name: _fast_convert(name, spec) for name, spec in schema.get("properties", {}).items()}
     required = tuple(schema.get("required", ()))
     if (any(c is None for c in convert.values()) or schema.get("additionalProperties", True) is not True
-            or required != ("ts", "request_id", "worker", "prompt_tokens")):
+            or required != _RECORD_FIELDS[:4] or _RECORD_FIELDS[-1] != "carried"
+            or set(convert) != set(_RECORD_FIELDS[:-1])):
         return lambda _obj: None  # the schema outgrew the fast path: every line takes the steps
-    get = convert.get
+    position = {name: i for i, name in enumerate(_RECORD_FIELDS)}
+    # A producer writes the same keys in the same order record after record: per such shape, the
+    # converter and constructor position of each key, and the optional fields it carries.
+    shapes: dict[tuple[str, ...], Shape] = {}
+
+    def shape_of(keys: tuple[str, ...]) -> Shape:
+        if not all(name in keys for name in required):
+            return None
+        steps = tuple((convert[k], position[k]) if k in convert else (_FLAT_UNKNOWN, -1) for k in keys)
+        template: list[Any] = [None] * len(_RECORD_FIELDS)
+        template[-1] = frozenset(k for k in keys if k in convert and k not in required)  # carried
+        return steps, template
+
     fail = _FAIL
 
     def fast_record(obj: Any) -> RequestRecord | None:
         if type(obj) is not dict:
             return None
-        kw: dict[str, Any] = {}
-        for name, value in obj.items():
-            conv = get(name)
-            if conv is None:  # a key the schema does not name: allowed, if flat and finite
+        keys = tuple(obj)
+        try:
+            shape = shapes[keys]
+        except KeyError:
+            shape = shape_of(keys)
+            if len(shapes) < 256:
+                shapes[keys] = shape
+        if shape is None:
+            return None
+        steps, template = shape
+        args = template.copy()
+        for (conv, at), value in zip(steps, obj.values(), strict=True):
+            if at < 0:  # a key the schema does not name: allowed, if flat and finite
                 t = type(value)
                 if t is dict or t is list or (t is float and value - value != 0.0):
                     return None
@@ -347,12 +374,8 @@ def _compile_fast_record(schema: dict[str, Any]) -> Callable[[Any], RequestRecor
             out = conv(value)
             if out is fail:
                 return None
-            kw[name] = out
-        try:
-            ts, rid, worker, prompt = kw.pop("ts"), kw.pop("request_id"), kw.pop("worker"), kw.pop("prompt_tokens")
-        except KeyError:
-            return None
-        return RequestRecord(ts, rid, worker, prompt, carried=frozenset(kw), **kw)
+            args[at] = out
+        return RequestRecord(*args)
 
     return fast_record
 
