@@ -17,6 +17,8 @@ from itertools import chain
 
 from prefixscope.catalog import METRICS_BY_NAME
 
+_ABSENT = object()  # a gauge series not set yet
+
 log = logging.getLogger("prefixscope.ingest")
 
 LabelValues = tuple[str, ...]
@@ -47,8 +49,10 @@ class Health:
         self._totals[metric] = self._totals.get(metric, 0.0) + n
 
     def _set(self, metric: str, labels: LabelValues, value: float) -> None:  # caller holds the lock
-        self.gauges[metric][labels] = value
-        self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+        series = self.gauges[metric]
+        if series.get(labels, _ABSENT) != value:  # the same value again is no change
+            series[labels] = value
+            self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
 
     def update(self, incs: Iterable[tuple[str, LabelValues, float]] = (),
                sets: Iterable[tuple[str, LabelValues, float]] = ()) -> None:
@@ -66,8 +70,9 @@ class Health:
                 totals[metric] = totals.get(metric, 0.0) + n
             gauges, writes = self.gauges, self._gauge_writes
             for metric, labels, value in sets:
-                gauges[metric][labels] = value
-                writes[metric] = writes.get(metric, 0) + 1
+                if gauges[metric].get(labels, _ABSENT) != value:
+                    gauges[metric][labels] = value
+                    writes[metric] = writes.get(metric, 0) + 1
 
     def inc(self, metric: str, labels: LabelValues = (), n: float = 1.0) -> None:
         self._check(metric, labels)
@@ -89,7 +94,8 @@ class Health:
         return self._totals.get(metric) if self.counters.get(metric) else None
 
     def gauge_writes(self, metric: str) -> int:
-        """How often a gauge was set or removed: unchanged means its values are unchanged."""
+        """How often a gauge's values changed (a series set to a new value, or removed): the
+        same count means the same values, so a reader can skip what depends only on them."""
         return self._gauge_writes.get(metric, 0)
 
     def error(self, source: str, kind: str, context: str, n: int = 1) -> None:

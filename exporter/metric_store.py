@@ -50,12 +50,21 @@ class MetricStore:
     # ---- writes --------------------------------------------------------------------------------
     def inc(self, ts: float, metric: str, labels: LabelValues, value: float = 1.0) -> None:
         """Add to a counter, cumulatively and in the window at input time ``ts``."""
-        self.cum.inc(metric, labels, value)
+        counters = self.cum.counters  # Cumulative.inc, inline: this is the records' hottest write
+        series = counters.get(metric)
+        if series is None:
+            series = counters[metric] = {}
+        series[labels] = series.get(labels, 0.0) + value
         self.win.add(ts, (metric, labels), value)
 
     def zero(self, metric: str, labels: LabelValues) -> None:
         """Create a counter series at 0: a ratio's numerator exists whenever its denominator does."""
-        self.cum.inc(metric, labels, 0.0)
+        counters = self.cum.counters
+        series = counters.get(metric)
+        if series is None:
+            series = counters[metric] = {}
+        if labels not in series:  # an existing series stays as it is (adding 0 would not change it)
+            series[labels] = 0.0
 
     def observe(self, ts: float, metric: str, labels: LabelValues, value: float) -> None:
         """One histogram observation: cumulative, in the window, and in the baseline if kept."""

@@ -67,6 +67,42 @@ _COLD_PREFILL = f"{P}_cold_prefill_seconds"
 _COLD_LABELS = catalog.METRICS_BY_NAME[_COLD_PREFILL].labels  # (model, gpu_class, prompt_class)
 
 
+def _m(name: str) -> str:
+    """A catalogue metric's full name (a name the catalogue lacks fails here, at import)."""
+    return catalog.METRICS_BY_NAME[f"{P}_{name}"].name
+
+
+# The series the steps write, named once (not formatted per record).
+_ASYNC_PREFILL_WAIT_SECONDS = _m("async_prefill_wait_seconds")
+_BATCH_ADMISSIONS = _m("batch_admissions")
+_BATCH_AFFINITY_ADMISSIONS = _m("batch_affinity_admissions")
+_COLD_PREFILL_COST_USD = _m("cold_prefill_cost_usd")
+_COLD_PREFILL_GPU_SECONDS = _m("cold_prefill_gpu_seconds")
+_COLD_REQUESTS = _m("cold_requests")
+_CROSS_NODE_MIGRATIONS = _m("cross_node_migrations")
+_FALLBACK_REQUESTS = _m("fallback_requests")
+_FOLLOWUP_REQUESTS = _m("followup_requests")
+_INDEX_STALENESS_TOKENS = _m("index_staleness_tokens")
+_MISSED_REQUESTS = _m("missed_requests")
+_MISSED_REQUESTS_WITHIN_BASELINE = _m("missed_requests_within_baseline")
+_MOE_EXPERT_ALIGNED_HITS = _m("moe_expert_aligned_hits")
+_MOE_PREFIX_HITS = _m("moe_prefix_hits")
+_PLACEMENT_DECISIONS = _m("placement_decisions")
+_PLACEMENT_DOMAIN_HITS = _m("placement_domain_hits")
+_PREFIX_MISS_COST_SECONDS = _m("prefix_miss_cost_seconds")
+_REQUEST_PROMPT_TOKENS = _m("request_prompt_tokens")
+_REQUESTS = _m("requests")
+_REUSE_ACHIEVED_TOKENS = _m("reuse_achieved_tokens")
+_REUSE_AVAILABLE_TOKENS = _m("reuse_available_tokens")
+_REUSE_PREDICTED_TOKENS = _m("reuse_predicted_tokens")
+_ROUTER_TREE_WALK_SECONDS = _m("router_tree_walk_seconds")
+_SESSION_FOLLOWUP_CACHED_TOKENS = _m("session_followup_cached_tokens")
+_SESSION_FOLLOWUP_PROMPT_TOKENS = _m("session_followup_prompt_tokens")
+_SESSION_MIGRATIONS = _m("session_migrations")
+_SESSION_REKEYS = _m("session_rekeys")
+_STICKY_COLLISIONS = _m("sticky_collisions")
+
+
 def miss_cost_factor(thresholds: Thresholds) -> float:
     """The miss-cost SLO's baseline factor from the thresholds (the seed's 1.5 without an entry)."""
     entry = thresholds.checks.get("slo_prefix_miss_cost")
@@ -88,6 +124,12 @@ class RecordView:
     @property
     def ml(self) -> LabelValues:
         return (self.model,)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    signals: tuple[tuple[str, str, bool], ...]
+    steps: tuple[Callable[[RecordView], None], ...]
 
 
 class RecordAccounting:
@@ -118,6 +160,33 @@ class RecordAccounting:
         self._steps: tuple[Callable[[RecordView], None], ...] = (
             self._reuse, self._prefix, self._session, self._migration, self._prefill, self._miss,
             self._router_timings, self._fallback, self._moe, self._admission)
+        # The fields without which a step adds nothing (it returns at once when all are null):
+        # a record that carries none of them skips the step.
+        self._step_fields: dict[Callable[[RecordView], None], frozenset[str]] = {
+            self._prefix: frozenset({"block_hashes"}), self._session: frozenset({"session_key"}),
+            self._migration: frozenset({"migrated_from"}), self._prefill: frozenset({"prefill_s"}),
+            self._miss: frozenset({"prefill_s"}), self._router_timings: frozenset({"async_wait_s", "walk_s"}),
+            self._fallback: frozenset({"fallback_tier"}), self._moe: frozenset({"expert_signature"}),
+            self._admission: frozenset({"admitted_by_affinity"})}
+        self._plans: dict[frozenset[str], _Plan] = {}
+
+    def _plan(self, carried: frozenset[str]) -> _Plan:
+        """What a record carrying ``carried`` needs: the signal fields it may report, as
+        (field, signal, counts even when null), and the steps its fields can feed.
+
+        A record read from JSON or a span carries every optional field it has a value for (and
+        the explicit nulls), so only those are looked at; records of one producer carry the same
+        fields, so this is worked out once. A record built without ``carried`` gets everything."""
+        plan = self._plans.get(carried)
+        if plan is None:
+            signals = tuple((fld, signal, fld in EVENT_FIELDS and fld in carried)
+                            for fld, signal in RECORD_FIELD_SIGNALS.items() if fld in carried or not carried)
+            steps = tuple(step for step in self._steps
+                          if not carried or step not in self._step_fields or self._step_fields[step] & carried)
+            plan = _Plan(signals, steps)
+            if len(self._plans) < 1024:
+                self._plans[carried] = plan
+        return plan
 
     def topo(self, worker: str) -> WorkerTopo | None:
         topo = self.topology
@@ -133,16 +202,16 @@ class RecordAccounting:
         # places it in the windows but never moves them
         # Newest record per signal: a late (or wrongly stamped) record must not age a signal out.
         seen = self.field_seen
-        for fld, signal in RECORD_FIELD_SIGNALS.items():
-            if (getattr(rec, fld) is not None or (fld in EVENT_FIELDS and fld in rec.carried)) \
-                    and ts > seen.get(signal, -1.0):
+        plan = self._plan(rec.carried)
+        for fld, signal, event in plan.signals:
+            if (event or getattr(rec, fld) is not None) and ts > seen.get(signal, -1.0):
                 seen[signal] = ts
         if ts > seen.get("records", -1.0):
             seen["records"] = ts
         w = self.pool.served(rec.worker, ts)
         view = RecordView(rec, rec.model or UNKNOWN, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
                           rec.block_hashes or None)
-        for step in self._steps:
+        for step in plan.steps:
             step(view)
         return rec.worker
 
@@ -151,16 +220,16 @@ class RecordAccounting:
         """Prompt, achieved and predicted tokens of the reuse decomposition; index staleness."""
         rec, store, ml = v.rec, self.store, v.ml
         ts, prompt, cached, predicted = rec.ts, rec.prompt_tokens, rec.cached_tokens, rec.predicted_cached_tokens
-        store.inc(ts, f"{P}_requests", ml)
-        store.inc(ts, f"{P}_request_prompt_tokens", ml, prompt)
+        store.inc(ts, _REQUESTS, ml)
+        store.inc(ts, _REQUEST_PROMPT_TOKENS, ml, prompt)
         if cached is not None:
-            store.inc(ts, f"{P}_reuse_achieved_tokens", ml, cached)
+            store.inc(ts, _REUSE_ACHIEVED_TOKENS, ml, cached)
             store.add_own(ts, ("record_cached", rec.worker), cached)
             store.add_own(ts, ("record_prompt", rec.worker), prompt)
         if predicted is not None:
-            store.inc(ts, f"{P}_reuse_predicted_tokens", ml, predicted)
+            store.inc(ts, _REUSE_PREDICTED_TOKENS, ml, predicted)
             if cached is not None:
-                store.inc(ts, f"{P}_index_staleness_tokens", ml, max(0, predicted - cached))
+                store.inc(ts, _INDEX_STALENESS_TOKENS, ml, max(0, predicted - cached))
 
     def _prefix(self, v: RecordView) -> None:
         """Available tokens and placement from the index; the hits it records."""
@@ -177,21 +246,23 @@ class RecordAccounting:
         # workers' are unaffected). A worker that left the pool holds nothing the router could
         # use, whatever its last view says. The match answers per worker (no per-worker dict).
         prompt = rec.prompt_tokens
-        own = v.hit_on_worker if cached is None else blocks_of(cached, prompt, len(hashes), bs)
-        others_out = {t for t, kind in self.pool.left_pool_targets() if kind == "worker"}
+        cached_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else None
+        own = v.hit_on_worker if cached_blocks is None else cached_blocks
+        pool = self.pool
+        others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"} if pool.down_since else set()
         others_out.add(worker)  # the chosen worker counts with ``own``
         best = max(own, match.best_depth(others_out))
         # what the engine reused was available, whatever the block rounding: achieved ≤ available
         available = max(tokens_of(best, prompt, bs), min(cached or 0, prompt))
         v.available_blocks = best
-        store.inc(ts, f"{P}_reuse_available_tokens", ml, available)
+        store.inc(ts, _REUSE_AVAILABLE_TOKENS, ml, available)
         if topo is not None and best > 0 and worker in topo:
-            store.inc(ts, f"{P}_placement_decisions", ml)
-            store.zero(f"{P}_placement_domain_hits", ml)
+            store.inc(ts, _PLACEMENT_DECISIONS, ml)
+            store.zero(_PLACEMENT_DOMAIN_HITS, ml)
             if own == best or any(match.depth_on(x) == best for x in self._domain_workers[topo.domain_of(worker)]
                                   if x not in others_out):
-                store.inc(ts, f"{P}_placement_domain_hits", ml)
-        hit_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else v.hit_on_worker
+                store.inc(ts, _PLACEMENT_DOMAIN_HITS, ml)
+        hit_blocks = own  # the blocks the engine reused (its own report, else the worker's view)
         if hit_blocks:
             self.index.record_hits(hashes, hit_blocks, bs)
             tokens = float(cached) if cached is not None else float(hit_blocks * bs)
@@ -210,21 +281,21 @@ class RecordAccounting:
         prev = turn.previous_worker
         if turn.turn == 1:
             self.hotspots.new_session(ts, segment, turn.rekey_of is not None)
-            store.zero(f"{P}_session_rekeys", (segment,))
+            store.zero(_SESSION_REKEYS, (segment,))
             if turn.rekey_of is None:
                 return
-            store.inc(ts, f"{P}_session_rekeys", (segment,))
+            store.inc(ts, _SESSION_REKEYS, (segment,))
             # A re-keyed conversation's turn is a follow-up of the session it continues: sticky
             # routing should have sent it back to that session's worker.
             continued = self.sessions.get(turn.rekey_of)
             prev = continued.worker if continued is not None else None
-        store.inc(ts, f"{P}_followup_requests", ml)
-        store.zero(f"{P}_sticky_collisions", ml)
+        store.inc(ts, _FOLLOWUP_REQUESTS, ml)
+        store.zero(_STICKY_COLLISIONS, ml)
         if prev is not None and prev != worker and not rec.migrated_from and pool.is_healthy(prev):
-            store.inc(ts, f"{P}_sticky_collisions", ml)
+            store.inc(ts, _STICKY_COLLISIONS, ml)
         if cached is not None:
-            store.inc(ts, f"{P}_session_followup_prompt_tokens", ml, rec.prompt_tokens)
-            store.inc(ts, f"{P}_session_followup_cached_tokens", ml, cached)
+            store.inc(ts, _SESSION_FOLLOWUP_PROMPT_TOKENS, ml, rec.prompt_tokens)
+            store.inc(ts, _SESSION_FOLLOWUP_CACHED_TOKENS, ml, cached)
             turn.session.followup_prompt += rec.prompt_tokens
             turn.session.followup_cached += cached
         # Reshuffle: sessions served before the last pool change and again after it.
@@ -243,19 +314,19 @@ class RecordAccounting:
             # A producer that reports migrations (even "none this time") gets both kinds at 0, so
             # the per-minute rates read 0 rather than "no data" until the first migration.
             for k in MIGRATION_KINDS:
-                store.zero(f"{P}_session_migrations", (k,))
+                store.zero(_SESSION_MIGRATIONS, (k,))
                 if self.topology is not None:
-                    store.zero(f"{P}_cross_node_migrations", (k,))
+                    store.zero(_CROSS_NODE_MIGRATIONS, (k,))
         src = rec.migrated_from
         if not src:
             return
         kind = rec.migration_kind or "hard"
-        store.inc(rec.ts, f"{P}_session_migrations", (kind,))
+        store.inc(rec.ts, _SESSION_MIGRATIONS, (kind,))
         a, b = self.topo(src), self.topo(rec.worker)
         if a is not None and b is not None:
-            store.zero(f"{P}_cross_node_migrations", (kind,))
+            store.zero(_CROSS_NODE_MIGRATIONS, (kind,))
             if a.node != b.node:
-                store.inc(rec.ts, f"{P}_cross_node_migrations", (kind,))
+                store.inc(rec.ts, _CROSS_NODE_MIGRATIONS, (kind,))
 
     def is_cold(self, rec: RequestRecord) -> bool:
         return rec.cached_tokens is not None and rec.cached_tokens <= self.cold_reuse_share * rec.prompt_tokens
@@ -267,13 +338,13 @@ class RecordAccounting:
         if prefill is None or not self.is_cold(rec):
             return
         wt = self.topo(rec.worker)
-        store.inc(ts, f"{P}_cold_requests", ml)
+        store.inc(ts, _COLD_REQUESTS, ml)
         store.observe(ts, _COLD_PREFILL, (v.model, wt.gpu_class if wt else UNKNOWN,
                                           catalog.prompt_class(rec.prompt_tokens)), prefill)
         gpu_s = prefill * (wt.gpus if wt else 1)
-        store.inc(ts, f"{P}_cold_prefill_gpu_seconds", ml, gpu_s)
+        store.inc(ts, _COLD_PREFILL_GPU_SECONDS, ml, gpu_s)
         if wt is not None:
-            store.inc(ts, f"{P}_cold_prefill_cost_usd", ml, gpu_s * wt.price_per_gpu_hour / 3600.0)
+            store.inc(ts, _COLD_PREFILL_COST_USD, ml, gpu_s * wt.price_per_gpu_hour / 3600.0)
 
     def missed(self, v: RecordView) -> bool | None:
         """Did the request miss part of its available prefix (None: cannot tell)?
@@ -298,14 +369,14 @@ class RecordAccounting:
         if rec.prefill_s is None or not self.missed(v):
             return
         cost = rec.prefill_s + (rec.queue_s or 0.0) + (rec.migrate_s or 0.0)
-        store.observe(ts, f"{P}_prefix_miss_cost_seconds", ml, cost)
+        store.observe(ts, _PREFIX_MISS_COST_SECONDS, ml, cost)
         baseline = self.cold_baseline(ts, v.model, catalog.prompt_class(rec.prompt_tokens))
         if baseline is None:
             return  # no baseline for this class yet: not judged (missing, never good or bad)
-        store.inc(ts, f"{P}_missed_requests", ml)
-        store.zero(f"{P}_missed_requests_within_baseline", ml)
+        store.inc(ts, _MISSED_REQUESTS, ml)
+        store.zero(_MISSED_REQUESTS_WITHIN_BASELINE, ml)
         if cost <= self.miss_cost_factor * baseline:
-            store.inc(ts, f"{P}_missed_requests_within_baseline", ml)
+            store.inc(ts, _MISSED_REQUESTS_WITHIN_BASELINE, ml)
 
     def cold_baseline(self, ts: float, model: str, prompt_class: str) -> float | None:
         """The long-window cold-prefill p95 of a model and prompt-length class, ending one window ago."""
@@ -320,14 +391,14 @@ class RecordAccounting:
     def _router_timings(self, v: RecordView) -> None:
         rec = v.rec
         if rec.async_wait_s is not None:
-            self.store.observe(rec.ts, f"{P}_async_prefill_wait_seconds", v.ml, rec.async_wait_s)
+            self.store.observe(rec.ts, _ASYNC_PREFILL_WAIT_SECONDS, v.ml, rec.async_wait_s)
         if rec.walk_s is not None:
-            self.store.observe(rec.ts, f"{P}_router_tree_walk_seconds", (), rec.walk_s)
+            self.store.observe(rec.ts, _ROUTER_TREE_WALK_SECONDS, (), rec.walk_s)
 
     def _fallback(self, v: RecordView) -> None:
         tier, ts = v.rec.fallback_tier, v.rec.ts
         if tier:
-            self.store.inc(ts, f"{P}_fallback_requests", (tier,))
+            self.store.inc(ts, _FALLBACK_REQUESTS, (tier,))
             self.fallback_last[tier] = max(ts, self.fallback_last.get(tier, 0.0))
 
     def _moe(self, v: RecordView) -> None:
@@ -340,20 +411,20 @@ class RecordAccounting:
         cached = rec.cached_tokens
         is_hit = (cached > 0) if cached is not None else v.hit_on_worker > 0
         if expected is not None and is_hit:
-            self.store.inc(rec.ts, f"{P}_moe_prefix_hits", v.ml)
-            self.store.zero(f"{P}_moe_expert_aligned_hits", v.ml)
+            self.store.inc(rec.ts, _MOE_PREFIX_HITS, v.ml)
+            self.store.zero(_MOE_EXPERT_ALIGNED_HITS, v.ml)
             if sig == expected:
-                self.store.inc(rec.ts, f"{P}_moe_expert_aligned_hits", v.ml)
+                self.store.inc(rec.ts, _MOE_EXPERT_ALIGNED_HITS, v.ml)
         self.moe_signatures.observe(first, sig)
 
     def _admission(self, v: RecordView) -> None:
         admitted = v.rec.admitted_by_affinity
         if admitted is None:
             return
-        self.store.inc(v.rec.ts, f"{P}_batch_admissions", v.ml)
-        self.store.zero(f"{P}_batch_affinity_admissions", v.ml)
+        self.store.inc(v.rec.ts, _BATCH_ADMISSIONS, v.ml)
+        self.store.zero(_BATCH_AFFINITY_ADMISSIONS, v.ml)
         if admitted:
-            self.store.inc(v.rec.ts, f"{P}_batch_affinity_admissions", v.ml)
+            self.store.inc(v.rec.ts, _BATCH_AFFINITY_ADMISSIONS, v.ml)
 
     def expire_labels(self, now: float) -> None:
         """Drop the series of label values records stopped bringing (and forget such workers)."""

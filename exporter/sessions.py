@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MAX_CHAIN = 512  # blocks of a prompt chain looked at (re-keys show within the first ones)
 
@@ -55,9 +56,8 @@ class Session:
     pool_epoch: int = 0  # pool-change epoch in which the session was last served
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """What one request did to its session."""
+class Turn(NamedTuple):
+    """What one request did to its session (a tuple: one is made per request record)."""
 
     session: Session
     turn: int

@@ -479,7 +479,10 @@ class ClusterState:
                 self.store.set_total(metric, labels, value, (scraped_at, delta) if prev is not None else None)
                 if prev is not None:
                     self.store.add_own(scraped_at, ("worker_delta", fld, snapshot.worker), delta)
-            self._update_pool(scraped_at)
+            # One worker's scrape: the pool is brought up to date for it alone (no walk over all
+            # workers per scrape, which made a round O(W²)).
+            if self.worker_pool.note(snapshot.worker, scraped_at):
+                self.store.inc(scraped_at, _POOL_CHANGES, ())
             self._expire()
             drift = self._drift(snapshot.worker) if snapshot.worker in self._kv_workers else None
         if drift is not None:

@@ -98,14 +98,21 @@ class WindowedSum:
         self._n: Counter[Hashable] = Counter()  # slots per key still in the window
 
     def add(self, ts: float, key: Hashable, value: float = 1.0) -> None:
-        rows = self._slots.slot_for(ts).rows
+        slots = self._slots
+        tail = slots.slots[-1] if slots.slots else None
+        if tail is not None and tail.last <= ts < tail.first + slots.resolution_s:  # slot_for's common case, inline
+            tail.last = ts
+        else:
+            tail = slots.slot_for(ts)
+        rows = tail.rows
         if key in rows:
             rows[key] += value
         else:
             rows[key] = value
             self._n[key] += 1
-        self.sums[key] = self.sums.get(key, 0.0) + value
-        self._slots.events += 1
+        sums = self.sums
+        sums[key] = sums.get(key, 0.0) + value
+        slots.events += 1
 
     def expire(self, now: float) -> None:
         sums, n = self.sums, self._n

@@ -72,6 +72,7 @@ class WorkerPool:
         self.records_seen = False  # a record source exists: it tells which workers serve traffic
         self._stable_until = -math.inf  # input time until which no pool member can age out
         self._up_writes = -1  # Health's write count of the up gauges at the last pool update
+        self._down: set[str] = set()  # explicitly down at the last full update (up gauges, routers)
 
     # ---- evidence ------------------------------------------------------------------------------
     def worker(self, name: str, ts: float | None = None) -> WorkerInfo:
@@ -182,15 +183,38 @@ class WorkerPool:
         return (worker in self.pool and self.time.now <= self._stable_until
                 and self.health.gauge_writes(UP) == self._up_writes)
 
+    def note(self, worker: str, ts: float) -> bool:
+        """Bring the pool up to date after new evidence from ``worker`` (already recorded at
+        ``ts``); True when that is a pool change (counted by the caller).
+
+        Work that does not grow with the pool: while no member can have aged out and no up
+        gauge or router changed since the last full update (:meth:`unchanged_for`'s conditions),
+        only this worker can have changed — it joins the pool if it is healthy. Otherwise, a
+        full :meth:`update`, which happens about once per health recency as members age.
+        """
+        if self.unchanged_for(worker):
+            return False
+        if worker in self.pool or self.time.now > self._stable_until \
+                or self.health.gauge_writes(UP) != self._up_writes:
+            return self.update(ts)
+        w = self.workers.get(worker)
+        if w is None or self.time.now - w.last_seen > self.health_recency_s or worker in self._down:
+            return False  # not healthy: the full update would leave the pool as it is
+        self._stable_until = min(self._stable_until, w.last_seen + self.health_recency_s)
+        return self._set_pool(self.pool | {worker}, ts)
+
     def update(self, ts: float) -> bool:
         """Recompute the healthy set; True when that is a pool change (counted by the caller)."""
         self._up_writes = self.health.gauge_writes(UP)
         self.track_down_targets()
-        down = self.explicitly_down()
+        down = self._down = self.explicitly_down()
         pool = frozenset(w for w in self.workers if self.is_healthy(w, down))
         # Members only get fresher, so until then none of them can age out of the pool.
         self._stable_until = min((self.workers[w].last_seen for w in pool), default=-math.inf) \
             + self.health_recency_s
+        return self._set_pool(pool, ts)
+
+    def _set_pool(self, pool: frozenset[str], ts: float) -> bool:
         if pool == self.pool:
             return False
         before, self.pool = self.pool, pool

@@ -7,8 +7,12 @@ yields what it waits for; one ``selectors`` loop drives them all, so a slow targ
 costs its own deadline, which covers resolving, connecting, TLS, the request, the headers, the
 body and (through ``on_done``, called on the loop thread) whatever the caller does with it.
 
-What is spoken: HTTP/1.1 ``GET`` with ``Connection: close``; a body by ``Content-Length``,
-chunked, or up to the close; ``Content-Encoding: gzip`` (prometheus_client's). Redirects are
+What is spoken: HTTP/1.1 ``GET``; a body by ``Content-Length``, chunked, or up to the close;
+``Content-Encoding: gzip`` (prometheus_client's). With a :class:`ConnectionPool` (the scraper
+keeps one for its lifetime) a connection the server keeps open (HTTP/1.1, a framed body, no
+``Connection: close``) is kept for the next round, so a round over a thousand targets does not
+open a thousand connections; a kept connection the server has closed meanwhile is replaced once,
+within the same deadline. Without a pool, ``Connection: close``. Redirects are
 not followed (kind ``redirect``): a metrics URL that moved is a configuration to fix, and
 following it would let a target send the scraper anywhere. The body is capped before and after
 decompression (kind ``too_large``). Host names are resolved on a small thread pool, so a slow
@@ -47,6 +51,46 @@ class FetchFailed(Exception):
         self.kind = kind
 
 
+PoolKey = tuple[str, str, int]  # scheme, host, port
+
+
+class ConnectionPool:
+    """Idle kept-alive connections by (scheme, host, port), between rounds; at most ``max_idle``."""
+
+    def __init__(self, max_idle: int = 4096) -> None:
+        self.max_idle = max_idle
+        self._idle: dict[PoolKey, list[socket.socket]] = {}
+        self._count = 0
+
+    def take(self, key: PoolKey) -> socket.socket | None:
+        socks = self._idle.get(key)
+        if not socks:
+            return None
+        self._count -= 1
+        return socks.pop()
+
+    def put(self, key: PoolKey, sock: socket.socket) -> None:
+        if self._count >= self.max_idle:
+            sock.close()
+            return
+        self._idle.setdefault(key, []).append(sock)
+        self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
+
+    def close(self) -> None:
+        for socks in self._idle.values():
+            for sock in socks:
+                sock.close()
+        self._idle.clear()
+        self._count = 0
+
+
+class _Stale(Exception):
+    """A kept connection the server closed while it was idle: open a new one."""
+
+
 @dataclass(slots=True)
 class _Job:
     index: int
@@ -57,6 +101,8 @@ class _Job:
     gen: Generator[Wait, None, bytes] | None = None
     waiting: Future | None = None
     registered: int | None = field(default=None)  # the fd registered with the selector
+    key: PoolKey | None = None  # set when the connection may be kept (a pool was given)
+    keep: bool = False  # the exchange ended with the connection reusable
 
 
 _resolver: ThreadPoolExecutor | None = None
@@ -79,23 +125,32 @@ def _resolve(host: str, port: int) -> Future:
 
 def fetch_all(urls: Sequence[str], timeout: float, max_body: int, accept: str,
               on_done: Callable[[int, bytes | FetchFailed, float], None],
-              tls: ssl.SSLContext | None = None) -> None:
+              tls: ssl.SSLContext | None = None, pool: ConnectionPool | None = None) -> None:
     """GET every URL; call ``on_done(index, body or failure, deadline)`` once for each, as each ends.
 
     Each target has ``timeout`` seconds from the moment its connection starts (at once for the
     first ``MAX_IN_FLIGHT``). ``on_done`` runs on this thread and may use the deadline it is given.
+    With ``pool``, connections are taken from it and those the server keeps open go back to it.
     """
     sel = selectors.DefaultSelector()
     queued = list(enumerate(urls))[::-1]
+    # Jobs in the order they started, which is the order of their deadlines (each is its start
+    # plus ``timeout``): the next deadline is the first job's, and expired jobs are a prefix.
     active: dict[int, _Job] = {}
+    resolving: dict[int, _Job] = {}  # jobs waiting for a host name to resolve
 
     def finish(job: _Job, result: bytes | FetchFailed) -> None:
         active.pop(job.index, None)
+        resolving.pop(job.index, None)
         if job.registered is not None:
             sel.unregister(job.registered)
             job.registered = None
         if job.sock is not None:
-            job.sock.close()
+            if pool is not None and job.keep and job.key is not None and not isinstance(result, FetchFailed):
+                pool.put(job.key, job.sock)
+            else:
+                job.sock.close()
+            job.sock = None
         if job.gen is not None:
             job.gen.close()
         on_done(job.index, result, job.deadline)
@@ -111,6 +166,7 @@ def fetch_all(urls: Sequence[str], timeout: float, max_body: int, accept: str,
             return finish(job, FetchFailed("connect", f"{type(exc).__name__}: {exc}"))
         if isinstance(want, Future):
             job.waiting = want
+            resolving[job.index] = job
             return None
         sock, events = want
         fd = sock.fileno()
@@ -128,24 +184,30 @@ def fetch_all(urls: Sequence[str], timeout: float, max_body: int, accept: str,
             while queued and len(active) < MAX_IN_FLIGHT:
                 index, url = queued.pop()
                 job = _Job(index, url, time.monotonic() + timeout)
-                job.gen = _exchange(job, url, max_body, accept, tls)
+                job.gen = _exchange(job, url, max_body, accept, tls, pool)
                 active[index] = job
                 advance(job)
             if not active:
                 continue
             now = time.monotonic()
-            for job in [j for j in active.values() if j.deadline <= now]:
+            expired = []
+            for j in active.values():
+                if j.deadline > now:
+                    break
+                expired.append(j)
+            for job in expired:
                 finish(job, FetchFailed("timeout", f"no complete answer within {timeout:g}s ({job.phase})"))
             if not active:
                 continue
-            wait = min(j.deadline for j in active.values()) - now
-            if any(j.waiting is not None for j in active.values()):
+            wait = next(iter(active.values())).deadline - now
+            if resolving:
                 wait = min(wait, 0.01)
             for key, _events in sel.select(max(0.0, wait)):
                 job = key.data
                 if job.index in active:
                     advance(job)
-            for job in [j for j in active.values() if j.waiting is not None and j.waiting.done()]:
+            for job in [j for j in resolving.values() if j.waiting is not None and j.waiting.done()]:
+                del resolving[job.index]
                 job.waiting = None
                 advance(job)
     finally:
@@ -230,16 +292,9 @@ def _address(job: _Job, host: str, port: int) -> Generator[Wait, None, tuple]:
     return (socket.AF_INET6 if ip.version == 6 else socket.AF_INET), (host, port)
 
 
-def _exchange(job: _Job, url: str, max_body: int, accept: str,
-              tls: ssl.SSLContext | None) -> Generator[Wait, None, bytes]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise FetchFailed("connect", f"not an http(s) URL: {url!r}")
-    https = parts.scheme == "https"
-    host = parts.hostname
-    port = parts.port or (443 if https else 80)
+def _connect(job: _Job, host: str, port: int, https: bool,
+             tls: ssl.SSLContext | None) -> Generator[Wait, None, socket.socket]:
     family, addr = yield from _address(job, host, port)
-
     job.phase = "connecting"
     sock = job.sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -262,13 +317,20 @@ def _exchange(job: _Job, url: str, max_body: int, accept: str,
                 yield sock, _WRITE
             except ssl.SSLError as exc:
                 raise FetchFailed("connect", f"TLS: {exc}") from None
+    return sock
 
+
+def _request_and_head(job: _Job, sock: socket.socket, request: bytes,
+                      reused: bool) -> Generator[Wait, None, tuple[_Buffer, str]]:
+    """Send the request and read the response head; :class:`_Stale` when a kept connection
+    turns out closed before any byte of the answer."""
     job.phase = "sending the request"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    request = (f"GET {target} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\nAccept: {accept}\r\n"
-               f"Accept-Encoding: gzip\r\nUser-Agent: {USER_AGENT}\r\nConnection: close\r\n\r\n")
-    yield from _send_all(sock, request.encode("ascii", "replace"))
-
+    try:
+        yield from _send_all(sock, request)
+    except (ConnectionResetError, BrokenPipeError):
+        if reused:
+            raise _Stale from None
+        raise
     job.phase = "waiting for the headers"
     buf = _Buffer(sock)
     start = 0
@@ -276,10 +338,48 @@ def _exchange(job: _Job, url: str, max_body: int, accept: str,
         if len(buf.data) > MAX_HEADER_BYTES:
             raise FetchFailed("too_large", f"headers exceed {MAX_HEADER_BYTES} bytes")
         start = max(0, len(buf.data) - 3)
-        if not (yield from buf.more()):
+        try:
+            more = yield from buf.more()
+        except ConnectionResetError:
+            if reused and not buf.data:
+                raise _Stale from None
+            raise
+        if not more:
+            if reused and not buf.data:
+                raise _Stale
             raise FetchFailed("connect", "connection closed before the headers ended")
     head = bytes(buf.data[:end]).decode("latin-1")
     del buf.data[:end + 4]
+    return buf, head
+
+
+def _exchange(job: _Job, url: str, max_body: int, accept: str,
+              tls: ssl.SSLContext | None, pool: ConnectionPool | None = None) -> Generator[Wait, None, bytes]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FetchFailed("connect", f"not an http(s) URL: {url!r}")
+    https = parts.scheme == "https"
+    host = parts.hostname
+    port = parts.port or (443 if https else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection = "keep-alive" if pool is not None else "close"
+    request = (f"GET {target} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\nAccept: {accept}\r\n"
+               f"Accept-Encoding: gzip\r\nUser-Agent: {USER_AGENT}\r\nConnection: {connection}\r\n\r\n"
+               ).encode("ascii", "replace")
+    if pool is not None:
+        job.key = (parts.scheme, host, port)
+    kept = pool.take(job.key) if pool is not None and job.key is not None else None
+    while True:
+        if kept is not None:
+            sock = job.sock = kept
+        else:
+            sock = yield from _connect(job, host, port, https, tls)
+        try:
+            buf, head = yield from _request_and_head(job, sock, request, reused=kept is not None)
+            break
+        except _Stale:
+            sock.close()
+            job.sock = kept = None  # once: the next attempt is a new connection
     status_line, *header_lines = head.split("\r\n")
     words = status_line.split(" ", 2)
     if len(words) < 2 or not words[0].startswith("HTTP/1.") or not (words[1].isdigit() and len(words[1]) == 3):
@@ -328,6 +428,11 @@ def _exchange(job: _Job, url: str, max_body: int, accept: str,
             if len(buf.data) > max_body:
                 raise FetchFailed("too_large", f"body exceeds {max_body} bytes")
         body = bytes(buf.data)
+    # Kept for the next round only when the answer ended where its framing says and the server
+    # did not ask to close (HTTP/1.0 closes unless it says otherwise: not kept).
+    job.keep = (pool is not None and words[0] == "HTTP/1.1" and not buf.data and not buf.eof
+                and "close" not in headers.get("connection", "").lower()
+                and ("content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()))
     if encoding == "gzip":
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:

@@ -29,12 +29,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from exporter.health import Health
-from exporter.labels import label_value_problem
+from exporter.labels import MAX_LABEL_VALUE_CHARS, label_value_problem
 from exporter.model import StateSink
 from prefixscope import REQUEST_SCHEMA_PATH
 from prefixscope.records import (
@@ -232,6 +232,163 @@ def strict_problem(rec: dict[str, Any]) -> str | None:
     return None
 
 
+# ---- the whole-record fast path: check and convert in one pass -----------------------------
+# Most lines are plain records: ASCII strings, integer token counts and hashes, finite numbers.
+# For those, one pass over the object does what the schema check, ``strict_problem`` and
+# ``RequestRecord.from_json`` do in three, and builds the value. Anything else (a type or bound
+# it does not know to be fine, a non-ASCII string, a nested value under an unknown key) makes it
+# answer None, and the line takes the three steps, which then decide and word the error. It
+# accepts only what those steps accept, with the same value (tests/exporter/test_records_source.py).
+_FAIL: Any = object()
+Convert = Callable[[Any], Any]  # the value as RequestRecord holds it, or _FAIL
+
+
+def _fast_convert(name: str, spec: dict[str, Any]) -> Convert | None:
+    """Check-and-convert for one schema property; None if the fast path cannot decide it."""
+    if set(spec) - {"type", "minimum", "maximum", "minLength", "maxLength", "enum", "items", "description", "const"}:
+        return None
+    raw = spec.get("type")
+    types = set((raw,) if isinstance(raw, str) else raw or ())
+    nullable = "null" in types
+    types.discard("null")
+    enum = spec.get("enum")
+    if enum is not None and nullable and None not in enum:
+        nullable = False
+    if "const" in spec:
+        const = spec["const"]
+        if types or enum is not None or type(const) is not str or not const.isascii():
+            return None
+        return lambda v: v if v == const and type(v) is str else _FAIL
+    if len(types) != 1:
+        return None
+    (kind,) = types
+    lo, hi = spec.get("minimum"), spec.get("maximum")
+    if kind == "string":
+        if lo is not None or hi is not None:
+            return None
+        min_len = spec.get("minLength", 0)
+        max_len = min(spec.get("maxLength", MAX_LABEL_VALUE_CHARS), MAX_LABEL_VALUE_CHARS)
+        allowed = frozenset(e for e in enum if type(e) is str) if enum is not None else None
+
+        def string(v: Any) -> Any:
+            if type(v) is str:
+                if min_len <= len(v) <= max_len and v.isascii() and (allowed is None or v in allowed):
+                    return v
+                return _FAIL
+            return None if v is None and nullable else _FAIL
+        return string
+    if enum is not None or "minLength" in spec or "maxLength" in spec:
+        return None
+    if kind == "integer":
+        low, high = (lo if lo is not None else -MAX_INTEGER), min(hi if hi is not None else MAX_INTEGER, MAX_INTEGER)
+
+        def integer(v: Any) -> Any:
+            if type(v) is int:
+                return v if low <= v <= high else _FAIL
+            return None if v is None and nullable else _FAIL
+        return integer
+    if kind == "number":
+        low_n = max(lo, -MAX_NUMBER) if lo is not None else -MAX_NUMBER
+        high_n = min(hi, MAX_NUMBER) if hi is not None else MAX_NUMBER
+
+        def number(v: Any) -> Any:
+            t = type(v)
+            if t is float or t is int:
+                return float(v) if low_n <= v <= high_n else _FAIL  # NaN fails the comparison
+            return None if v is None and nullable else _FAIL
+        return number
+    if kind == "boolean":
+        if lo is not None or hi is not None:
+            return None
+        return lambda v: v if type(v) is bool or (v is None and nullable) else _FAIL
+    if kind == "array":
+        items = spec.get("items", {})
+        if lo is not None or hi is not None or set(items) - {"type", "minimum", "maximum", "description"} \
+                or items.get("type") != "integer":
+            return None
+        i_lo = items.get("minimum", -MAX_INTEGER)
+        i_hi = items.get("maximum", 2**64 - 1)
+
+        def int_array(v: Any) -> Any:
+            if type(v) is list:
+                if not v:
+                    return ()
+                if set(map(type, v)) == _INT_ONLY and i_lo <= min(v) and max(v) <= i_hi:
+                    return tuple(v)
+                return _FAIL
+            return None if v is None and nullable else _FAIL
+        return int_array
+    return None
+
+
+_INT_ONLY = {int}
+
+
+_FLAT_UNKNOWN: Convert = lambda v: _FAIL  # noqa: E731 - marks a key the schema does not name
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))  # the constructor's positional order
+Shape = tuple[tuple[tuple[Convert, int], ...], list[Any]] | None  # per key (converter, position); the arguments
+
+
+def _compile_fast_record(schema: dict[str, Any]) -> Callable[[Any], RequestRecord | None]:
+    convert = {name: _fast_convert(name, spec) for name, spec in schema.get("properties", {}).items()}
+    required = tuple(schema.get("required", ()))
+    if (any(c is None for c in convert.values()) or schema.get("additionalProperties", True) is not True
+            or required != _RECORD_FIELDS[:4] or _RECORD_FIELDS[-1] != "carried"
+            or set(convert) != set(_RECORD_FIELDS[:-1])):
+        return lambda _obj: None  # the schema outgrew the fast path: every line takes the steps
+    position = {name: i for i, name in enumerate(_RECORD_FIELDS)}
+    # A producer writes the same keys in the same order record after record: per such shape, the
+    # converter and constructor position of each key, and the optional fields it carries.
+    shapes: dict[tuple[str, ...], Shape] = {}
+
+    def shape_of(keys: tuple[str, ...]) -> Shape:
+        if not all(name in keys for name in required):
+            return None
+        steps = tuple((convert[k], position[k]) if k in convert else (_FLAT_UNKNOWN, -1) for k in keys)
+        template: list[Any] = [None] * len(_RECORD_FIELDS)
+        template[-1] = frozenset(k for k in keys if k in convert and k not in required)  # carried
+        return steps, template
+
+    fail = _FAIL
+
+    def fast_record(obj: Any) -> RequestRecord | None:
+        if type(obj) is not dict:
+            return None
+        keys = tuple(obj)
+        try:
+            shape = shapes[keys]
+        except KeyError:
+            shape = shape_of(keys)
+            if len(shapes) < 256:
+                shapes[keys] = shape
+        if shape is None:
+            return None
+        steps, template = shape
+        args = template.copy()
+        for (conv, at), value in zip(steps, obj.values(), strict=True):
+            if at < 0:  # a key the schema does not name: allowed, if flat and finite
+                t = type(value)
+                if t is dict or t is list or (t is float and value - value != 0.0):
+                    return None
+                continue
+            out = conv(value)
+            if out is fail:
+                return None
+            args[at] = out
+        return RequestRecord(*args)
+
+    return fast_record
+
+
+FAST_RECORD = _compile_fast_record(SCHEMA)
+# The decoder of the fast path: the JSON scanner itself (``JSONDecoder.decode`` less its wrapper:
+# the caller checks that only JSON whitespace follows the value). Floats parse in C; one too large
+# for a float (inf) fails the fast checks, and the line is parsed again by the strict decoder,
+# which names it.
+_FAST_SCAN = json.JSONDecoder(parse_constant=lambda name: _no_constant(name)).scan_once
+_JSON_WS = " \t\n\r"
+
+
 def validate(record: Any) -> str | None:
     """None if the record is valid, else the validator's message (with the field's path)."""
     return None if FAST_OK(record) else schema_error(record)
@@ -266,7 +423,22 @@ def parse_lines(lines: list[bytes], first_line: int = 1, *, now: float | None = 
     records: list[RequestRecord] = []
     errors: list[RecordError] = []
     loads, build = json.loads, RequestRecord.from_json
+    scan, fast_record = _FAST_SCAN, FAST_RECORD
     for i, line in enumerate(lines, first_line):
+        # The fast path, for a line that opens an object in UTF-8 (what json.loads would detect)
+        if line[:1] == b"{" and line[1:2] != b"\x00":
+            try:
+                text = line.decode("utf-8", "surrogatepass")
+                obj, end = scan(text, 0)
+                record = fast_record(obj) if end == len(text) or not text[end:].strip(_JSON_WS) else None
+            except (ValueError, RecursionError, StopIteration):
+                record = None
+            if record is not None:
+                if now is not None and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
+                    errors.append(RecordError(i, "timestamp", why))
+                else:
+                    records.append(record)
+                continue
         if not line.strip():
             continue
         try:

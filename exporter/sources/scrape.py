@@ -2,7 +2,8 @@
 
 Every round scrapes all targets at once on one thread (``exporter.sources.http_get``), each
 under a hard deadline of ``timeout`` seconds that covers connecting, the headers, the body
-and parsing it, so a target that hangs or drips its answer costs only itself. Redirects are
+and parsing it, so a target that hangs or drips its answer costs only itself. Connections the
+targets keep open are reused round after round (one pool per scraper). Redirects are
 not followed; bodies are capped at ``max_body_bytes`` (before and after gzip). Each scrape sets
 ``prefixscope_up{target,kind}`` and ``prefixscope_scrape_duration_seconds{target,kind}``; a
 target that fails gets up=0 and an ingest error of its kind (``http_status``, ``redirect``,
@@ -74,6 +75,7 @@ class Scraper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._connections = http_get.ConnectionPool()  # kept-alive connections between rounds
         self.last: dict[str, ScrapeOutcome] = {}
         self.round_started: float | None = None  # time.monotonic() of the latest round's start (liveness)
 
@@ -86,6 +88,8 @@ class Scraper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._connections.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -125,7 +129,8 @@ class Scraper:
             page = body if isinstance(body, ScrapeFailed) else body.decode("utf-8", "surrogateescape")
             outcomes[index] = self._conclude(targets[index], page, scraped_at, started, deadline)
 
-        http_get.fetch_all([t.url for t in targets], self.timeout, self.max_body_bytes, ACCEPT, done)
+        http_get.fetch_all([t.url for t in targets], self.timeout, self.max_body_bytes, ACCEPT, done,
+                           pool=self._connections)
         return [o for o in outcomes if o is not None]
 
     def _fetch(self, url: str) -> str:

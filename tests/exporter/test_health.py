@@ -38,13 +38,16 @@ def test_total_over_label_sets_is_missing_until_a_series_exists():
     assert h.total(f"{P}_kv_event_missed_batches") == 0.0  # a series at 0 is data, not missing
 
 
-def test_gauge_writes_count_sets_and_removals_per_gauge():
+def test_gauge_writes_count_changes_and_removals_per_gauge():
     h = Health()
     up = f"{P}_up"
     assert h.gauge_writes(up) == 0
     h.set(up, ("w0", "worker"), 1.0)
     h.update([], [(up, ("w1", "worker"), 0.0)])
     h.set(f"{P}_kv_event_lag_seconds", ("w0",), 1.0)  # another gauge: not counted for up
+    assert h.gauge_writes(up) == 2
+    h.set(up, ("w0", "worker"), 1.0)  # the same value again (every healthy scrape): no change
+    h.update([], [(up, ("w1", "worker"), 0.0)])
     assert h.gauge_writes(up) == 2
     h.remove(up, ("w1", "worker"))
     h.remove(up, ("gone", "worker"))  # nothing to remove: no change

@@ -358,3 +358,28 @@ def test_healthz_reflects_the_exporter_not_its_slowest_target(tmp_path: Path) ->
     finally:
         rt.stop()
         srv.close()
+
+
+def test_a_label_budget_frees_exactly_what_a_walk_from_its_oldest_value_would() -> None:
+    """``expire`` skips its walk until the first value can be due; over random admissions the
+    freed values and the folds are those of the walk done every time."""
+    import random
+
+    from exporter.cardinality import LabelBudget
+
+    rng = random.Random(3)
+    quick, walk = LabelBudget("model", 5, 10.0), LabelBudget("model", 5, 10.0)
+    walk_expire = walk.expire
+
+    def always_walk(now: float) -> list[str]:
+        walk._due = -float("inf")
+        return walk_expire(now)
+
+    walk.expire = always_walk  # type: ignore[method-assign]
+    now = 0.0
+    for _ in range(5000):
+        now += rng.choice((0.0, 0.5, 2.0, 7.0))
+        assert quick.expire(now) == walk.expire(now)
+        value, ts = f"m{rng.randrange(9)}", now - rng.choice((0.0, 0.0, 3.0, 12.0))
+        assert quick.admit(value, ts) == walk.admit(value, ts)
+    assert quick.folded == walk.folded and list(quick._last.items()) == list(walk._last.items())

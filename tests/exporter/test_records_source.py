@@ -11,10 +11,13 @@ import pytest
 
 from exporter.health import Health
 from exporter.sources import records
-from exporter.sources.records import BodyTooLarge, RecordFileTail, deliver, parse_ndjson
+from exporter.sources.records import BodyTooLarge, RecordFileTail, deliver, parse_lines, parse_ndjson
 from prefixscope.records import RequestRecord
 
 GOOD = {"ts": 1795947861.5, "request_id": "r1", "worker": "w0", "prompt_tokens": 512}
+GOOD_LINE = json.dumps({**GOOD, "session_key": "s1", "model": "m", "block_hashes": [1, 2, 2**64 - 1],
+                        "cached_tokens": 16, "prefill_s": 0.02, "fallback_tier": None, "migrated_from": None,
+                        "admitted_by_affinity": True, "schema": "prefixscope.request/v1"})
 
 
 def _at_good() -> float:  # the exporter's clock when GOOD arrives: its ts is checked against it
@@ -104,6 +107,51 @@ def test_fast_path_agrees_with_the_full_validator() -> None:
         if records.FAST_OK(rec):
             assert full_ok, rec
         assert (records.validate(rec) is None) == full_ok, rec
+
+
+def _three_steps(obj: dict) -> RequestRecord | None:
+    """What a line takes without the whole-record fast path: schema, strict check, conversion."""
+    if records.validate(obj) is not None or records.strict_problem(obj) is not None:
+        return None
+    return RequestRecord.from_json(obj)
+
+
+def test_whole_record_fast_path_agrees_with_the_three_steps() -> None:
+    rng = random.Random(11)
+    values = [None, -1, 0, 1, 2.5, -0.5, 1e16, 2**53, 2**53 + 1, 2**64, 2**64 - 1, True, False, "", "x", "é",
+              "\ud800", "x" * 300, "soft", "warm_pool", "prefixscope.request/v1", [], [1], [-1], [1.0], [True],
+              [2**64], {"a": 1}, float("inf"), float("nan")]
+    fields = [*records.SCHEMA["properties"], "extra"]
+    fast_taken = 0
+    for _ in range(5000):
+        rec = json.loads(GOOD_LINE)
+        for name in rng.sample(fields, rng.randint(1, 4)):
+            rec[name] = rng.choice(values)
+        if rng.random() < 0.1:
+            rec.pop(rng.choice(list(rec)))
+        fast = records.FAST_RECORD(rec)
+        if fast is not None:
+            fast_taken += 1
+            assert fast == _three_steps(rec), rec
+    assert fast_taken > 100  # (records compare with the fields they carried)
+
+
+def test_lines_the_fast_path_declines_get_the_same_answer() -> None:
+    lines = [b'{"ts": 1e400, "request_id": "a", "worker": "w", "prompt_tokens": 1}',
+             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "x": 1e400}',
+             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 16.0}',
+             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "x": NaN}',
+             b'{"ts": 1, "request_id": "\xed\xa0\x80", "worker": "w", "prompt_tokens": 1}',
+             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1} x',
+             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "block_hashes": [1, 2.0]}',
+             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "session_key": "\u00e9"}',
+             b'{"ts": 1, "request_id": "b", "worker": "w", "prompt_tokens": 1} \r',
+             b'{"ts": 1, "request_id": "c", "worker": "w", "prompt_tokens": 1}\x0b']
+    recs, errors = parse_lines(lines)
+    assert [r.request_id for r in recs] == ["a", "b"]  # the non-ASCII session key is fine; so is a CRLF
+    assert [(e.line, e.kind) for e in errors] == [(1, "non_finite"), (2, "non_finite"), (3, "value"),
+                                                  (4, "json"), (5, "value"), (6, "json"), (7, "value"),
+                                                  (10, "json")]
 
 
 def test_body_limit() -> None:

@@ -95,3 +95,39 @@ def test_the_hit_history_keeps_at_most_its_configured_number_of_hits(tmp_path) -
         assert rt.state.hotspots.hit_events.maxlen == 1234
     finally:
         rt.server.httpd.server_close()
+
+
+def test_noting_one_workers_evidence_keeps_the_pool_a_full_update_would() -> None:
+    """``note`` touches only the worker that sent evidence while nothing else can have changed;
+    over random scrapes, failures and silences it ends every step where ``update`` does."""
+    import random
+
+    rng = random.Random(5)
+    a, ta, ha = pool()
+    b, tb, hb = pool()
+    ts = 1000.0
+    names = [f"w{i}" for i in range(30)]
+    full_updates = 0
+    real_update = a.update
+
+    def counted(ts: float) -> bool:
+        nonlocal full_updates
+        full_updates += 1
+        return real_update(ts)
+
+    a.update = counted  # type: ignore[method-assign]
+    for step in range(3000):
+        ts += rng.choice((0.0, 0.1, 1.0, 5.0))
+        name = rng.choice(names[:10] if rng.random() < 0.8 else names)
+        if rng.random() < 0.02:  # a target's up gauge flips (a failing or recovering scrape)
+            up = rng.choice((0.0, 1.0))
+            ha.set(UP, (name, "worker"), up)
+            hb.set(UP, (name, "worker"), up)
+            continue
+        for p, t in ((a, ta), (b, tb)):
+            t.advance(ts)
+            p.worker(name, ts)
+        changed_a, changed_b = a.note(name, ts), b.update(ts)
+        assert (changed_a, a.pool, a.epoch) == (changed_b, b.pool, b.epoch), step
+        assert a.down_since == b.down_since
+    assert full_updates < 3000 / 3  # most scrapes changed nothing the worker itself did not
