@@ -222,6 +222,12 @@ def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Sce
                 router.stop()
 
 
+def router_flavour(requested: str | None, topology: Topology) -> str:
+    """Whose /metrics names the reference router serves: the command line's, else the topology's,
+    else the demo's default."""
+    return requested or topology.router_metrics or DEFAULT_FLAVOUR
+
+
 class RouterFace:
     """The reference router's /metrics: one tally for the whole run (as one router process
     would keep across the scenarios), rendered by whichever simulation routes now."""
@@ -234,7 +240,7 @@ class RouterFace:
 
     @classmethod
     def start(cls, args: argparse.Namespace, topology: Topology, fleet: WorkerFleet) -> RouterFace | None:
-        flavour = args.router_metrics or topology.router_metrics or DEFAULT_FLAVOUR
+        flavour = router_flavour(args.router_metrics, topology)
         if flavour == NONE:
             return None
         face = cls(flavour, fleet, args.policy or "topology-aware", args.router_port)
