@@ -506,7 +506,7 @@ class Router:
             return ""
         with self._lock:
             health = {w: w in self.healthy for w in self.pool}
-        return self.metrics.render(health, self.config.policy, worker_label)
+        return self.metrics.render(health, self.config.policy, worker_label, prefix_aware=not self.stateless)
 
     # submit: hand the request to the engine ----------------------------------------------
     def _submit(self, d: RouteDecision) -> EngineResult | Pending | None:

@@ -15,7 +15,9 @@ import the exporter; a contract test holds this table and the adapters' names to
 :class:`RouterMetrics` keeps the tally (decisions per worker, lookup outcomes, histograms on the
 flavour's own bounds) and renders the page. Like a Prometheus client library, it shows unlabelled
 series from the start (0, empty histograms) and a labelled one once its label set was used;
-worker health is shown for every worker in the router's pool.
+worker health is shown for every worker in the router's pool. Under a policy that walks no
+prefix index (round-robin, hashing) the prefix series are left out, as the real routers export
+them from their cache-aware / KV-aware policy only.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ PREDICTED_RATIO = "predicted_ratio"  # histogram: predicted cached share of the 
 WALK_SECONDS = "walk_seconds"  # histogram: the index walk's latency (seconds, before ``scale``)
 PER_WORKER = frozenset({DECISIONS, DECISIONS_OK, DECISIONS_FAILED, HEALTHY})
 HISTOGRAMS = frozenset({PREDICTED_RATIO, WALK_SECONDS})
+# Signals only a prefix-aware policy produces: a router routing round-robin exports none of them.
+PREFIX_SIGNALS = frozenset({"prefix_outcomes", "predicted_hit_ratio", "lookup_seconds"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,14 +255,15 @@ class RouterMetrics:
         return {w: float(n - self.failed[w]) for w, n in self.decisions.items() if n > self.failed[w]}
 
     def render(self, health: Mapping[str, bool], policy: str = "topology-aware",
-               worker_label: Callable[[str], str] = str) -> str:
+               worker_label: Callable[[str], str] = str, prefix_aware: bool = True) -> str:
         """The page: ``health`` is the router's pool (worker -> healthy), ``worker_label`` names a
-        worker as the router labels it (its URL)."""
+        worker as the router labels it (its URL); ``prefix_aware``: the policy walks the index."""
         pol = policy_label(policy)
+        shown = [s for s in self.series if prefix_aware or s.signal not in PREFIX_SIGNALS]
         lines: list[str] = []
         with self._lock:
-            for name in dict.fromkeys(s.name for s in self.series):
-                rows = [s for s in self.series if s.name == name]
+            for name in dict.fromkeys(s.name for s in shown):
+                rows = [s for s in shown if s.name == name]
                 samples: list[str] = []
                 for s in rows:
                     samples += self._samples(s, health, pol, worker_label)
