@@ -4,7 +4,9 @@ Real time (the default, and the demo): N workers serve /metrics, KV events and t
 on 127.0.0.1; the reference router drives a scenario (or the storyline: every fault in turn)
 and sends its request records to ``--records-url`` and/or ``--records-file``. ``--accelerated``
 runs the same on a virtual clock without servers and prints each check's raw value before and
-after the fault. ``--no-traffic`` only serves the workers (for external routers).
+after the fault. ``--no-traffic`` only serves the workers (for external routers). In real time the
+reference router serves its own /metrics in a real router's names (``--router-metrics``, else the
+topology's ``router_metrics``, else sglang), named in the manifest as ``router.metrics_url``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import yaml
 from fleet.control import FleetControl
 from fleet.policies import POLICIES
 from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
+from fleet.router import Router
+from fleet.router_http import RouterMetricsServer
+from fleet.router_metrics import CHOICES, DEFAULT_FLAVOUR, NONE, RouterMetrics
 from fleet.scenarios import Scenario, ScenarioError, load_preset, presets
 from fleet.simulation import ScaledClock, Simulation, signals, with_block_size, worker_spec
 from fleet.storyline import STORYLINES, runs, storyline
@@ -65,6 +70,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--control-port", type=int, default=0,
                    help="real time: the control endpoint's port on 127.0.0.1 (kill/restart a worker; "
                         "default: a free port, named in the manifest)")
+    p.add_argument("--router-metrics", choices=CHOICES, default=None,
+                   help="real time: whose /metrics names the reference router serves (default: the topology's "
+                        f"router_metrics, else {DEFAULT_FLAVOUR}; {NONE}: no router /metrics)")
+    p.add_argument("--router-port", type=int, default=0,
+                   help="real time: the router /metrics port on 127.0.0.1 (default: a free port, named in the manifest)")
     through = p.add_argument_group("through the exporter (run as `prefixscope sim`, which hands these to lab.steady)")
     through.add_argument("--warmup", default=None,
                          help="with --accelerated: run the scenario after this much healthy traffic (e.g. 2h) and "
@@ -116,14 +126,18 @@ def _cell(v: float | None, op: str, threshold: float) -> str:
     return f"{v:.4g}{' !' if crossed else '  '}"
 
 
-def write_manifest(path: Path, fleet: WorkerFleet, topology: Topology, control_url: str | None = None) -> None:
-    """Endpoints plus the effective topology, written atomically (readers poll for the file)."""
+def write_manifest(path: Path, fleet: WorkerFleet, topology: Topology, control_url: str | None = None,
+                   router: dict[str, str] | None = None) -> None:
+    """Endpoints plus the effective topology, written atomically (readers poll for the file);
+    ``router`` is the reference router's ``metrics_url`` and ``flavour`` when it serves /metrics."""
     topo_path = path.with_name(path.stem + ".topology.yaml")
     topo_path.write_text(yaml.safe_dump(topology.as_dict(), sort_keys=False), encoding="utf-8")
     tmp = path.with_suffix(path.suffix + ".tmp")
     body: dict = {"workers": fleet.endpoints(), "topology": str(topo_path.resolve())}
     if control_url:
         body["control"] = control_url
+    if router:
+        body["router"] = router
     tmp.write_text(json.dumps(body, indent=2), encoding="utf-8")
     tmp.replace(path)
 
@@ -199,10 +213,55 @@ def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Sce
     options = FleetOptions(flavour=args.metrics_flavour, encoding=args.event_encoding)
     with WorkerFleet(specs, clock=clock, options=options) as fleet:
         control = FleetControl(fleet, port=args.control_port).start()
+        router = None if args.no_traffic else RouterFace.start(args, topology, fleet)
         try:
-            return _drive(args, topology, scenarios, sink, fleet, control, clock, stop)
+            return _drive(args, topology, scenarios, sink, fleet, control, clock, stop, router)
         finally:
             control.stop()
+            if router is not None:
+                router.stop()
+
+
+def router_flavour(requested: str | None, topology: Topology) -> str:
+    """Whose /metrics names the reference router serves: the command line's, else the topology's,
+    else the demo's default."""
+    return requested or topology.router_metrics or DEFAULT_FLAVOUR
+
+
+class RouterFace:
+    """The reference router's /metrics: one tally for the whole run (as one router process
+    would keep across the scenarios), rendered by whichever simulation routes now."""
+
+    def __init__(self, flavour: str, fleet: WorkerFleet, policy: str, port: int = 0) -> None:
+        self.flavour, self.fleet, self.policy = flavour, fleet, policy
+        self.metrics = RouterMetrics(flavour)
+        self.server = RouterMetricsServer(self.page, port=port)
+        self.router: Router | None = None  # the current simulation's
+
+    @classmethod
+    def start(cls, args: argparse.Namespace, topology: Topology, fleet: WorkerFleet) -> RouterFace | None:
+        flavour = router_flavour(args.router_metrics, topology)
+        if flavour == NONE:
+            return None
+        face = cls(flavour, fleet, args.policy or "topology-aware", args.router_port)
+        face.server.start()
+        return face
+
+    def url_of(self, worker: str) -> str:
+        return self.fleet[worker].url if worker in self.fleet.workers else worker
+
+    def page(self) -> str:
+        router = self.router
+        if router is not None:
+            return router.metrics_page(self.url_of)
+        return self.metrics.render({w.name: w.alive for w in self.fleet}, self.policy, self.url_of)
+
+    @property
+    def manifest_entry(self) -> dict[str, str]:
+        return {"metrics_url": self.server.metrics_url, "flavour": self.flavour}
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 class StoppableClock(ScaledClock):
@@ -219,11 +278,14 @@ class StoppableClock(ScaledClock):
 
 
 def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink, fleet: WorkerFleet,
-           control: FleetControl, clock: StoppableClock, stop: threading.Event) -> int:
+           control: FleetControl, clock: StoppableClock, stop: threading.Event, router: RouterFace | None = None) -> int:
     for w in fleet:
         print(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", flush=True)
     print(f"control: {control.url}/workers (POST /workers/<name>/kill or /restart)", flush=True)
-    published = ManifestPublisher(args.manifest, fleet, topology, control.url)
+    if router is not None:
+        print(f"router: {router.server.metrics_url} ({router.flavour} names)", flush=True)
+    published = ManifestPublisher(args.manifest, fleet, topology, control.url,
+                                  router.manifest_entry if router is not None else None)
     published.refresh()
     if args.no_traffic:
         print("serving workers only (--no-traffic); Ctrl-C stops", flush=True)
@@ -237,7 +299,10 @@ def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenari
         print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
         sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
                          duration_s=args.duration, seed=seed, fleet=fleet, track_placement=False,
-                         requests=replay_requests(args.requests) if args.requests else None)
+                         requests=replay_requests(args.requests) if args.requests else None,
+                         router_metrics=router.metrics if router is not None else None)
+        if router is not None:
+            router.router = sim.router
 
         def between_requests(_record: dict | None, sim: Simulation = sim) -> None:
             control.apply(sim)
@@ -254,8 +319,10 @@ class ManifestPublisher:
     """Writes the manifest once the workers serve, and again when a restart moved a worker to
     fresh ports (its old one was taken), so readers find it at its new address."""
 
-    def __init__(self, path: Path | None, fleet: WorkerFleet, topology: Topology, control_url: str) -> None:
+    def __init__(self, path: Path | None, fleet: WorkerFleet, topology: Topology, control_url: str,
+                 router: dict[str, str] | None = None) -> None:
         self.path, self.fleet, self.topology, self.control_url = path, fleet, topology, control_url
+        self.router = router
         self._moves: int | None = None
 
     def refresh(self) -> None:
@@ -264,7 +331,7 @@ class ManifestPublisher:
         if self._moves is not None:
             print(f"a worker came back on new ports; manifest {self.path} rewritten", flush=True)
         self._moves = self.fleet.moves
-        write_manifest(self.path, self.fleet, self.topology, self.control_url)
+        write_manifest(self.path, self.fleet, self.topology, self.control_url, self.router)
 
 
 def _heal(fleet: WorkerFleet) -> None:

@@ -13,6 +13,8 @@ cold sessions and submits to the engine. Its own state (index, sessions) changes
 the ``prefixscope.request/v1`` record is built and emitted when the engine admits the request,
 which under load is later than its arrival (``ts`` stays the arrival time, so records may reach
 the sink slightly out of ``ts`` order). Until then the request counts towards its worker's load.
+Given a :class:`~fleet.router_metrics.RouterMetrics`, it also counts each decision, lookup
+outcome, predicted ratio and walk latency the way a real router's /metrics does (``metrics_page``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleet.cache import Cleared, Removed, Stored
@@ -44,6 +46,7 @@ from fleet.policies import (
     preferred_classes,
 )
 from fleet.records import SCHEMA_NAME, RecordSink
+from fleet.router_metrics import Lookup, Routed, RouterMetrics
 from fleet.topology import Topology
 from fleet.workloads import SimRequest
 from prefixscope.thresholds import load as load_thresholds
@@ -174,6 +177,7 @@ class RouteDecision:
     tier: str | None = None
     predicted: int | None = None
     walk_s: float | None = None
+    best: int | None = None  # the longest prefix (blocks) any worker was believed to hold
     migrated_from: str | None = None
     kind: str | None = None  # migration kind: "soft" (KV moved) or "hard" (recomputed)
     migrate_s: float = 0.0
@@ -182,7 +186,7 @@ class RouteDecision:
 class Router:
     def __init__(self, topology: Topology, engines: Mapping[str, SimEngine], clock, *,
                  config: RouterConfig | None = None, sink: RecordSink | None = None,
-                 pool: Sequence[str] | None = None, seed: int = 0) -> None:
+                 pool: Sequence[str] | None = None, seed: int = 0, metrics: RouterMetrics | None = None) -> None:
         self.topology = topology
         self.engines = dict(engines)
         self.clock = clock
@@ -190,6 +194,7 @@ class Router:
         if self.config.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.config.policy!r} (choose from {', '.join(POLICIES)})")
         self.sink = sink
+        self.metrics = metrics  # the router's own /metrics, in a real router's names (None: not kept)
         self.rng = random.Random(seed)
         self.pool: list[str] = list(pool if pool is not None else topology.names)
         self.healthy: set[str] = set(self.pool)
@@ -365,6 +370,8 @@ class Router:
         self._migrate(d)
         self._escalate(d)
         res = self._submit(d)
+        if self.metrics is not None:
+            self.metrics.observe(self._routed(d, accepted=res is not None))
         if res is None:
             return None
         self._remember(d)
@@ -390,7 +397,7 @@ class Router:
             return
         matches = self._walk(d)
         cands = self._candidates(d.names, matches, d.now)
-        best = max(matches.values(), default=0)
+        best = d.best = max(matches.values(), default=0)
         if d.displaced is not None:
             d.worker, d.decision = self._migration_target(d.displaced, cands), "migrate"
         elif d.prev is not None and d.prev in self.healthy:
@@ -483,6 +490,23 @@ class Router:
             if small:
                 d.worker = min(small, key=lambda w: self.load(w, d.now))
                 d.tier, d.model = "model_downgrade", self.topology.downgrade_model
+
+    # the router's own metrics: what it decided, and what its index walk predicted ------------
+    def _routed(self, d: RouteDecision, accepted: bool) -> Routed:
+        if d.walk_s is None or d.predicted is None:
+            return Routed(d.worker, accepted, None)
+        ratio = min(1.0, d.predicted / max(1, d.req.prompt_tokens))
+        return Routed(d.worker, accepted, Lookup(d.walk_s, ratio, pick_matched=d.predicted > 0,
+                                                 any_matched=bool(d.best)))
+
+    def metrics_page(self, worker_label: Callable[[str], str] = str) -> str:
+        """The router's /metrics in its flavour ('' when it keeps none); workers labelled by
+        ``worker_label`` (the real routers use the worker's URL)."""
+        if self.metrics is None:
+            return ""
+        with self._lock:
+            health = {w: w in self.healthy for w in self.pool}
+        return self.metrics.render(health, self.config.policy, worker_label, prefix_aware=not self.stateless)
 
     # submit: hand the request to the engine ----------------------------------------------
     def _submit(self, d: RouteDecision) -> EngineResult | Pending | None:

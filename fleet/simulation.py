@@ -22,6 +22,7 @@ from fleet.engine import SimEngine, WorkerSpec
 from fleet.fallback import quantile
 from fleet.records import RecordSink
 from fleet.router import Router, RouterConfig, import_prefix
+from fleet.router_metrics import RouterMetrics
 from fleet.scenarios import Action, Scenario
 from fleet.topology import Topology, WorkerTopo
 from fleet.workers import WorkerFleet
@@ -91,7 +92,7 @@ class Simulation:
                  clock: Clock | None = None, sink: RecordSink | None = None, duration_s: float | None = None,
                  seed: int | None = None, sample_every_s: float = 5.0, track_placement: bool = True,
                  prewarm: bool = True, fleet: WorkerFleet | None = None,
-                 requests: Iterable[SimRequest] | None = None) -> None:
+                 requests: Iterable[SimRequest] | None = None, router_metrics: RouterMetrics | None = None) -> None:
         self.scenario = scenario
         self.topology = topology
         self.clock = clock or VirtualClock()
@@ -120,7 +121,9 @@ class Simulation:
         initial = topology.names[: scenario.initial_workers] if scenario.initial_workers else topology.names
         cfg = RouterConfig(policy=policy or scenario.policy)
         self._configure(cfg, scenario.router)
-        self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed)
+        # router_metrics may outlive this run: the CLI keeps one across scenarios, as one router process would
+        self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed,
+                             metrics=router_metrics)
         self.workload = WorkloadGenerator(scenario.phases(), self.duration_s, self.seed, topology.block_size)
         self._requests = requests  # a replayed trace instead of the scenario's workload
         # the run's progress, kept between pause_before and run

@@ -82,8 +82,9 @@ def next_backoff(previous_s: float | None, ran_s: float) -> float:
 
 
 def exporter_config(manifest: Path, topology: Path | None, scrape_interval: float,
-                    thresholds: Path | None = None) -> dict:
-    """The exporter's config for a demo fleet described by its manifest."""
+                    thresholds: Path | None = None, router_metrics_url: str | None = None) -> dict:
+    """The exporter's config for a demo fleet described by its manifest (and its reference
+    router's /metrics, scraped as a router of the kind its names show)."""
     cfg: dict = {
         "fleet_manifest": str(manifest),
         "records": {"http": {"enabled": True}},
@@ -94,6 +95,8 @@ def exporter_config(manifest: Path, topology: Path | None, scrape_interval: floa
         cfg["topology"] = str(topology)
     if thresholds is not None:
         cfg["thresholds"] = str(thresholds)
+    if router_metrics_url:
+        cfg["routers"] = [{"name": "router", "metrics_url": router_metrics_url, "kind": "auto"}]
     return cfg
 
 
@@ -419,11 +422,12 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
     data = json.loads(manifest_text)
     topology = data.get("topology")
     control = data.get("control")
+    router_metrics_url = (data.get("router") or {}).get("metrics_url")
 
     # 2. the exporter: restarted if it exits; a new one replays every worker's KV events from seq 0
     cfg_path = run / "exporter.yaml"
     cfg_path.write_text(yaml.safe_dump(exporter_config(manifest, Path(topology) if topology else None, 5.0,
-                                                       thresholds)))
+                                                       thresholds, router_metrics_url)))
     exp_cmd = _prefixscope("export", "--config.file", str(cfg_path), "--web.listen-address", exporter_addr)
     if (code := _launch(sup, "exporter", exp_cmd, RESTART, f"{exporter_url}/healthz", 30, stop, say)) is not None:
         return code
@@ -493,6 +497,8 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
     say(f"  running      {what}; thresholds: "
         f"{'alerts/thresholds.yaml' if args.profile == NO_PROFILE else 'profile ' + args.profile}")
     say(f"  fleet        {len(data['workers'])} simulated workers (manifest {manifest})")
+    if router_metrics_url:
+        say(f"  router       {router_metrics_url}  ({data['router'].get('flavour')} names)")
     if control:
         say(f"  control      {control}/workers  (kill a worker: curl -X POST {control}/workers/{first}/kill)")
     say(f"  logs         {logs}")

@@ -66,6 +66,7 @@ class Topology:
     downgrade_model: str | None = None
     kv_bytes_per_token: int = 131072  # KV size of one token (moves during soft migration)
     source: str = "<topology>"
+    router_metrics: str | None = None  # simulator only: the reference router's /metrics flavour
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {w.name: w for w in self.workers})
@@ -138,6 +139,8 @@ class Topology:
                                 "workers": [{f: getattr(w, f) for f in w.__slots__} for w in self.workers]}
         if self.downgrade_model:
             data["downgrade_model"] = self.downgrade_model
+        if self.router_metrics:
+            data["router_metrics"] = self.router_metrics
         return data
 
 
@@ -189,7 +192,8 @@ def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topol
     return Topology(model=data["model"], block_size=int(data.get("block_size", 16)),
                     workers=tuple(_worker(w, classes) for w in data["workers"]),
                     downgrade_model=data.get("downgrade_model"),
-                    kv_bytes_per_token=int(data.get("kv_bytes_per_token", 131072)), source=source)
+                    kv_bytes_per_token=int(data.get("kv_bytes_per_token", 131072)), source=source,
+                    router_metrics=data.get("router_metrics"))
 
 
 def load_topology(path: str | Path) -> Topology:

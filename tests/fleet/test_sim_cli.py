@@ -88,12 +88,18 @@ def test_real_time_fleet_serves_workers_and_posts_records(tmp_path: Path) -> Non
     manifest = tmp_path / "fleet.json"
     # 60 simulated seconds at 30x: about two seconds of wall time, then it stops by itself
     proc = _sim("--scenario", "healthy", "--speed", "30", "--duration", "60", "--workers", "3",
-                "--records-url", rx.url, "--manifest", str(manifest), "--metrics-flavour", "vllm-legacy")
+                "--records-url", rx.url, "--manifest", str(manifest), "--metrics-flavour", "vllm-legacy",
+                "--router-metrics", "vllm-router")
     try:
         data = _wait_for(manifest, proc)
         assert [w["name"] for w in data["workers"]] == ["w0", "w1", "w2"]
         metrics = urllib.request.urlopen(data["workers"][1]["url"] + "/metrics", timeout=5).read().decode()
         assert "vllm:gpu_prefix_cache_queries_total" in metrics  # the flavour switch reached the workers
+        # the reference router serves its own /metrics in vllm-router's names, workers labelled by URL
+        assert data["router"]["flavour"] == "vllm-router"
+        page = urllib.request.urlopen(data["router"]["metrics_url"], timeout=5).read().decode()
+        for w in data["workers"]:
+            assert f'vllm_router_worker_health{{worker="{w["url"]}"}} 1' in page
         topo = yaml.safe_load(Path(data["topology"]).read_text())
         assert [w["name"] for w in topo["workers"]] == ["w0", "w1", "w2"]
         assert proc.wait(timeout=60) == 0

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleet.cli import router_flavour
 from fleet.topology import DEFAULT_TOPOLOGY, TopologyError, load_topology, parse_topology
 
 
@@ -143,3 +144,13 @@ def test_placement_alone_is_a_valid_topology_file() -> None:
     assert (w.gpus, w.warm_pool, w.prefill_tps, w.kv_blocks) == (1, False, None, None)
     with pytest.raises(TopologyError, match=r"^real.yaml: workers\[0\].prefill_tps: missing \(the simulator needs it"):
         t.require_simulator_fields()
+
+
+def test_router_metrics_flavour_comes_from_the_command_line_else_the_topology(tmp_path: Path) -> None:
+    data = _default_data() | {"router_metrics": "llm-d"}
+    t = load_topology(_write(tmp_path, data, "llmd.yaml"))
+    assert t.router_metrics == "llm-d" and parse_topology(t.as_dict()).router_metrics == "llm-d"
+    assert router_flavour(None, t) == "llm-d" and router_flavour("none", t) == "none"
+    assert router_flavour(None, load_topology()) == "sglang"  # the demo's default
+    with pytest.raises(TopologyError, match="router_metrics"):
+        load_topology(_write(tmp_path, _default_data() | {"router_metrics": "nginx"}))

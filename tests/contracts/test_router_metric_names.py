@@ -1,0 +1,84 @@
+"""The simulated router's /metrics names against the exporter's router adapters.
+
+The fleet keeps its own table of the real routers' names (``fleet/router_metrics.py``; it may not
+import the exporter). Every name a flavour emits is one its adapter reads, every signal the table
+says a flavour carries is filled in when the adapter reads the flavour's page, and every name an
+adapter reads is emitted by some flavour — except the alternative spellings listed here, each an
+older or parallel name of a signal a simulated flavour already carries.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter import normalize, routers
+from exporter.routers import dynamo, sglang, vllm_router
+from fleet import router_metrics as rm
+from prefixscope import catalog
+
+# Names the adapters read that no simulated flavour emits, and why that is fine.
+NOT_SIMULATED: dict[str, str] = {
+    sglang.SGL_WORKER_REQUESTS: "SGLang's in-tree experimental router; decisions are simulated as smg and sgl_router",
+    sglang.SGL_CACHE_DECISIONS: "SGLang's in-tree experimental router; outcomes are simulated as smg and sgl_router",
+    vllm_router.VR_HITS: "vllm-router's unlabelled cache-aware counters; outcomes are simulated as the 0.1.17 series",
+    vllm_router.VR_MISSES: "as above",
+    **{n: "Dynamo's name before the dynamo_router_ prefix; the latency is simulated under the current name"
+       for n in (f"{dynamo.FIND_MATCHES_MS_OLD}{s}" for s in ("_bucket", "_sum", "_count"))},
+}
+
+# RouterSnapshot field -> the catalogue series it feeds (the matrix in docs/routers.md).
+FEEDS = {"decisions": "router_decisions", "prefix_outcomes": "router_prefix_outcomes",
+         "healthy": "router_worker_healthy", "predicted_hit_ratio": "router_predicted_hit_ratio",
+         "lookup_seconds": "router_tree_walk_seconds"}
+
+
+def busy_page(flavour: str) -> str:
+    """A page with every series of the flavour present (a hit, a miss, a refusal, an unhealthy worker)."""
+    m = rm.RouterMetrics(flavour)
+    for i, (worker, matched) in enumerate((("w0", True), ("w1", False), ("w0", True))):
+        m.observe(rm.Routed(worker, accepted=i != 2,
+                            lookup=rm.Lookup(0.002, 0.5 if matched else 0.0, matched, matched or i == 1)))
+    return m.render({"w0": True, "w1": False}, "prefix-tree", lambda w: f"http://10.0.0.{w[1:]}:8000")
+
+
+@pytest.mark.parametrize("flavour", sorted(rm.FLAVOURS))
+def test_every_name_a_flavour_emits_is_one_its_adapter_reads(flavour: str) -> None:
+    adapter = routers.BY_KIND[rm.FLAVOURS[flavour].adapter]
+    assert rm.names_of(flavour) <= adapter.names
+    assert adapter.matches(rm.names_of(flavour))
+
+
+@pytest.mark.parametrize("flavour", sorted(rm.FLAVOURS))
+def test_every_signal_a_flavour_carries_is_read_from_its_page(flavour: str) -> None:
+    kind = rm.FLAVOURS[flavour].adapter
+    snap, errors = normalize.parse_router("r", busy_page(flavour))  # kind: auto
+    assert errors == [] and snap.kind == kind
+    carried = {s.signal for s in rm.series_of(flavour)}
+    for fld, series in FEEDS.items():
+        assert bool(getattr(snap, fld)) == (fld in carried), (flavour, fld)
+        # the table and the catalogue's router matrix agree on what this router can feed
+        if fld in carried:
+            assert catalog.ROUTER_FEEDS[f"{catalog.NAMESPACE}_{series}"][kind] is not None, (flavour, fld)
+
+
+def test_every_name_an_adapter_reads_is_emitted_by_some_flavour() -> None:
+    for adapter in routers.ADAPTERS:
+        emitted = frozenset().union(*(rm.names_of(f) for f, fl in rm.FLAVOURS.items() if fl.adapter == adapter.kind))
+        assert emitted, f"no simulated flavour speaks {adapter.kind}"
+        assert adapter.names - emitted == {n for n in NOT_SIMULATED if n in adapter.names}, adapter.kind
+
+
+def test_every_simulated_flavour_has_an_adapter_and_none_is_a_choice() -> None:
+    assert {f.adapter for f in rm.FLAVOURS.values()} == set(catalog.ROUTER_KINDS)
+    assert rm.CHOICES[-1] == rm.NONE and rm.RouterMetrics(rm.NONE).render({"w0": True}) == ""
+    with pytest.raises(ValueError, match="unknown router_metrics flavour"):
+        rm.RouterMetrics("nginx")
+
+
+def test_the_table_rows_are_well_formed() -> None:
+    for s in rm.SERIES:
+        assert s.type in ("counter", "gauge", "histogram") and s.help
+        assert (s.type == "histogram") == (s.value in rm.HISTOGRAMS) == bool(s.buckets)
+        assert s.type != "counter" or s.name.endswith("_total")
+        assert (s.value in rm.PER_WORKER) == any(lb.value == rm.WORKER for lb in s.labels)
+        assert list(s.buckets) == sorted(set(s.buckets))
