@@ -60,8 +60,9 @@ class GrpcTraceReceiver:
     def __init__(self, intake: SpanIntake, address: str, bearer_token: str | None = None) -> None:
         self.intake = intake
         self.token = bearer_token
+        self.pool = futures.ThreadPoolExecutor(THREADS, thread_name_prefix="prefixscope-otlp-grpc")
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(THREADS, thread_name_prefix="prefixscope-otlp-grpc"),
+            self.pool,
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
             options=[("grpc.max_receive_message_length", 2 * intake.max_body_bytes),
                      ("grpc.so_reuseport", 0)])
@@ -81,7 +82,9 @@ class GrpcTraceReceiver:
         return self
 
     def stop(self, grace: float = 1.0) -> None:
+        """Calls in flight get ``grace`` seconds to finish; new ones are refused at once."""
         self.server.stop(grace).wait(grace + 1.0)
+        self.pool.shutdown(wait=False)
 
     def export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         if not authorised(tuple(context.invocation_metadata()), self.token):

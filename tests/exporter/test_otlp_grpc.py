@@ -203,3 +203,21 @@ def test_a_taken_grpc_port_is_a_clear_error() -> None:
         cfg = Config(listen_address="127.0.0.1:0", otlp=OtlpTraces(grpc_listen_address=f"127.0.0.1:{port}"))
         with pytest.raises(ConfigError, match=rf"otlp\.grpc_listen_address: cannot listen on 127\.0\.0\.1:{port}"):
             Runtime.build(cfg)
+
+
+def test_the_runtime_starts_and_stops_the_grpc_receiver() -> None:
+    cfg = Config(listen_address="127.0.0.1:0", workers=WORKERS, scrape_interval=60.0, scrape_timeout=1.0,
+                 otlp=OtlpTraces(grpc_listen_address="127.0.0.1:0", session_wait=0.0))
+    rt = Runtime.build(cfg).start()
+    assert rt.grpc is not None
+    address = rt.grpc.address
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            stub.Export(_span({"gen_ai.usage.prompt_tokens": 32}), timeout=5)
+        assert rt.state.window_counter("prefixscope_request_prompt_tokens") == 32
+    finally:
+        rt.stop()
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as gone:
+        trace_service_pb2_grpc.TraceServiceStub(channel).Export(_span({"gen_ai.usage.prompt_tokens": 32}), timeout=2)
+    assert gone.value.code() == grpc.StatusCode.UNAVAILABLE
