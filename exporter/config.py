@@ -94,9 +94,15 @@ class FileRecords:
 
 @dataclass(frozen=True)
 class OtlpTraces:
-    """POST /v1/traces: which spans are requests and which attributes name worker and session."""
+    """The trace receivers: which spans are requests and which attributes name worker and session.
+
+    ``enabled`` is ``POST /v1/traces`` on the exporter's port (OTLP/HTTP); ``grpc_listen_address``
+    turns on OTLP/gRPC ``TraceService/Export`` on a port of its own (what vLLM's and sglang-router's
+    ``--otlp-traces-endpoint`` send by default). Both feed the same intake.
+    """
 
     enabled: bool = True
+    grpc_listen_address: str | None = None  # e.g. 127.0.0.1:4317; None: no gRPC receiver
     span_names: tuple[str, ...] = ("llm_request",)
     worker_attributes: tuple[str, ...] = ("service.instance.id", "service.name")
     session_attributes: tuple[str, ...] = ()
@@ -179,12 +185,24 @@ def is_loopback(host: str) -> bool:
 
 
 def check_intake_auth(cfg: Config) -> None:
-    """Records over HTTP from beyond this machine need a bearer token: refuse to start without one."""
-    host, _ = parse_listen_address(cfg.listen_address)
+    """Records over HTTP, and spans over gRPC, from beyond this machine need a bearer token: refuse to
+    start without one. The gRPC receiver needs a port of its own (checked after the flags' overrides)."""
+    host, port = parse_listen_address(cfg.listen_address)
     if cfg.http_records.enabled and not cfg.http_records.bearer_token and not is_loopback(host):
         raise ConfigError(
             f"{cfg.source}: records.http: listening on {cfg.listen_address} (beyond loopback) needs "
             "records.http.bearer_token or bearer_token_file, or records.http.enabled: false")
+    grpc_address = cfg.otlp.grpc_listen_address
+    if grpc_address is None:
+        return
+    grpc_host, grpc_port = parse_listen_address(grpc_address)
+    if grpc_port and grpc_port == port and (grpc_host == host or "0.0.0.0" in (host, grpc_host)):
+        raise ConfigError(f"{cfg.source}: otlp.grpc_listen_address: {grpc_address} is the HTTP listen address "
+                          f"{cfg.listen_address}; the gRPC receiver needs a port of its own")
+    if not cfg.http_records.bearer_token and not is_loopback(grpc_host):
+        raise ConfigError(
+            f"{cfg.source}: otlp.grpc_listen_address: listening on {grpc_address} (beyond loopback) needs "
+            "records.http.bearer_token or bearer_token_file (the trace receivers share the records intake's token)")
 
 
 class _Files:
@@ -275,7 +293,15 @@ def _otlp(problems: Problems, d: Mapping[str, Any]) -> OtlpTraces:
         value = o.get(key)
         return tuple(value) if isinstance(value, list) else fallback
 
+    grpc_address = o.get("grpc_listen_address")
+    if grpc_address is not None and not problems.has("otlp.grpc_listen_address"):
+        try:
+            parse_listen_address(str(grpc_address))
+        except ValueError as exc:
+            problems.add("otlp.grpc_listen_address", str(exc))
+            grpc_address = None
     return OtlpTraces(enabled=o.get("enabled") is not False,
+                      grpc_listen_address=None if grpc_address is None else str(grpc_address),
                       span_names=names("span_names", default.span_names),
                       worker_attributes=names("worker_attributes", default.worker_attributes),
                       session_attributes=names("session_attributes", default.session_attributes),

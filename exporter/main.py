@@ -46,6 +46,7 @@ from exporter.config import (
 )
 from exporter.exposition import render_state
 from exporter.health import Health
+from exporter.otlp_grpc import GrpcTraceReceiver
 from exporter.prefix_text import PrefixNames
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from exporter.sources.kv_nats import NatsKvSource
@@ -110,7 +111,8 @@ class Runtime:
         self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
         self.breach_loop = breach_loop or BreachLoop(state, BreachClock(), cfg.breach_interval)
         self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
-        self.spans: SpanIntake | None = None  # the OTLP trace receiver's intake, when enabled
+        self.spans: SpanIntake | None = None  # the OTLP trace receivers' intake, when either is on
+        self.grpc: GrpcTraceReceiver | None = None  # OTLP/gRPC TraceService/Export (otlp.grpc_listen_address)
         self.nats: NatsKvSource | None = None  # KV events over NATS (set by build)
         self.started_at = clock()
         self.started_mono = time.monotonic()
@@ -170,10 +172,18 @@ class Runtime:
             read_timeout=cfg.web.read_timeout,
         )
         server = ExporterServer(host, port, deps)
+        grpc_receiver = None
+        if cfg.otlp.grpc_listen_address is not None:
+            try:
+                grpc_receiver = GrpcTraceReceiver(spans, cfg.otlp.grpc_listen_address, cfg.http_records.bearer_token)
+            except OSError as exc:
+                server.httpd.server_close()  # the HTTP port was bound already
+                raise ConfigError(f"{cfg.source}: otlp.grpc_listen_address: {exc}") from None
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
                       sources.scraper, clock, breach_loop=parts.breach_loop)
         runtime.names = sources.names
-        runtime.spans = spans if cfg.otlp.enabled else None
+        runtime.spans = spans if cfg.otlp.enabled or grpc_receiver is not None else None
+        runtime.grpc = grpc_receiver
         runtime.nats = sources.nats
         return runtime
 
@@ -197,9 +207,14 @@ class Runtime:
         for tail in self.tails:
             tail.start()
         if self.spans is not None:
-            log.info("traces: POST /v1/traces (OTLP/HTTP protobuf or JSON; session attributes: %s)",
-                     ", ".join(cfg.otlp.session_attributes) or "none")
+            if cfg.otlp.enabled:
+                log.info("traces: POST /v1/traces (OTLP/HTTP protobuf or JSON; session attributes: %s)",
+                         ", ".join(cfg.otlp.session_attributes) or "none")
+            if self.grpc is not None:
+                log.info("traces: OTLP/gRPC TraceService/Export on %s", self.grpc.address)
             self.spans.start()
+            if self.grpc is not None:
+                self.grpc.start()
         self.scraper.start()
         self.refresher.start()
         self.breach_loop.start()
@@ -211,6 +226,8 @@ class Runtime:
     def stop(self) -> None:
         """Stop every thread; each part gets a bounded join so shutdown stays within seconds."""
         self.server.stop()
+        if self.grpc is not None:
+            self.grpc.stop(grace=1.0)
         if self.subscriber is not None:
             self.subscriber.close(timeout=2.0)
         if self.nats is not None:

@@ -18,8 +18,15 @@ parent of vLLM's. Its ``gen_ai.conversation.id`` names the session, and its
 trace; the request span's own values win.
 
 Both OTLP/HTTP encodings decode to the same :class:`Span` values: binary protobuf
-(``application/x-protobuf``, what vLLM's ``http/protobuf`` exporter sends) and OTLP JSON
+(``application/x-protobuf``, what vLLM's ``http/protobuf`` exporter sends; an OTLP/gRPC
+``Export`` message is the same bytes, ``exporter.otlp_grpc``) and OTLP JSON
 (``application/json``: hex ids, lowerCamelCase keys, 64-bit integers as decimal strings).
+
+Routers' spans map onto nothing. sglang-router's ``--enable-trace`` (0.3.2) exports one root
+``http_request`` span per HTTP request whose duration is the whole request, the worker's time
+included, and no span of its worker selection; mapping it onto the router tree-walk time
+(``walk_latency``) would report the worker's latency as the router's lookup, so it is skipped
+like any span that is not a request (docs/routers.md, tests/fixtures/sglang_router_spans.binpb).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Simulated workers export request spans the way vLLM does: OTLP/HTTP protobuf, one ``llm_request``
-span per finished request, made by opentelemetry-sdk's own tracer and OTLP exporter.
+"""Simulated workers export request spans the way vLLM does: one ``llm_request`` span per finished
+request, made by opentelemetry-sdk's own tracer and OTLP exporter — OTLP/HTTP protobuf, or OTLP/gRPC
+with ``protocol="grpc"`` (vLLM's default, ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``).
 
 Span name, kind, tracer scope, resource and attribute names are vLLM's (vllm/tracing/{otel,utils}.py,
 v1/engine/output_processor.py ``do_tracing``): the span starts at arrival, its parent comes from the
@@ -30,7 +31,7 @@ from opentelemetry import propagate
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind
 
 from fleet.engine import EngineResult
@@ -38,19 +39,32 @@ from fleet.engine import EngineResult
 SPAN_NAME = "llm_request"
 SCOPE = "vllm.tracing.otel"
 NS = 1_000_000_000
+PROTOCOLS = ("http/protobuf", "grpc")  # vLLM's two (tracing/otel.py get_span_exporter)
+
+
+def span_exporter(endpoint: str, protocol: str, headers: Mapping[str, str] | None) -> SpanExporter:
+    """The SDK's exporter for ``protocol``: ``endpoint`` is ``http://HOST:PORT/v1/traces`` for
+    http/protobuf, ``http://HOST:PORT`` (plaintext) for grpc."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+        return GrpcSpanExporter(endpoint=endpoint, headers={k.lower(): v for k, v in (headers or {}).items()})
+    if protocol != "http/protobuf":
+        raise ValueError(f"unknown OTLP protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    return OTLPSpanExporter(endpoint=endpoint, headers=dict(headers or {}))
 
 
 class SpanExport:
     """One worker's span exporter: ``__call__(result, headers, path)`` exports the request's span."""
 
     def __init__(self, endpoint: str, instance_id: str, *, cache_read: bool = False, batch: bool = True,
-                 service_name: str = "vllm", headers: Mapping[str, str] | None = None) -> None:
+                 service_name: str = "vllm", headers: Mapping[str, str] | None = None,
+                 protocol: str = "http/protobuf") -> None:
         self.cache_read = cache_read
         self.provider = TracerProvider(resource=Resource.create({
             "service.name": service_name, "service.instance.id": instance_id,
             "vllm.instrumenting_module_name": "vllm.llm_engine"}))
-        # http/protobuf, as vLLM's exporter sends it; ``headers`` as OTEL_EXPORTER_OTLP_TRACES_HEADERS
-        exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers or {}))
+        # as vLLM's exporter sends it; ``headers`` as OTEL_EXPORTER_OTLP_TRACES_HEADERS
+        exporter = span_exporter(endpoint, protocol, headers)
         self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200) if batch
                                          else SimpleSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer(SCOPE)
@@ -87,8 +101,9 @@ class FleetSpans:
     (resource ``service.instance.id`` = the worker's name), made on its first request."""
 
     def __init__(self, endpoint: str, *, cache_read: bool = False, batch: bool = True,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, protocol: str = "http/protobuf") -> None:
         self.endpoint, self.cache_read, self.batch, self.headers = endpoint, cache_read, batch, headers
+        self.protocol = protocol
         self._lock = threading.Lock()
         self.exports: dict[str, SpanExport] = {}
 
@@ -96,7 +111,7 @@ class FleetSpans:
         with self._lock:
             if worker not in self.exports:
                 self.exports[worker] = SpanExport(self.endpoint, worker, cache_read=self.cache_read, batch=self.batch,
-                                                  headers=self.headers)
+                                                  headers=self.headers, protocol=self.protocol)
             return self.exports[worker]
 
     def __call__(self, r: EngineResult, headers: Mapping[str, str], path: str) -> None:

@@ -79,6 +79,7 @@ class StackOptions:
     topology: Path | None = None
     window: float | None = None
     on_request: RequestCallback | None = None
+    router_args: tuple[str, ...] = ()  # appended to the router's command line
 
 
 def worker_specs(n: int) -> Sequence[WorkerSpec]:
@@ -95,7 +96,7 @@ def open_stack(kind: str, log_dir: Path, options: StackOptions = StackOptions())
                         on_request=options.on_request).start()
     router = runtime = None
     try:
-        router = start_router(kind, bin_dir, fleet.urls, log_dir, health_interval_s=1)
+        router = start_router(kind, bin_dir, fleet.urls, log_dir, health_interval_s=1, extra_args=options.router_args)
         workers = tuple(WorkerTarget(e["name"], e["url"] + "/metrics", e["kv_endpoint"], e["replay_endpoint"],
                                      e["topic"]) for e in fleet.endpoints())
         cfg = Config(source="e2e", workers=workers, routers=(RouterTarget(kind, router.metrics_url, kind),),

@@ -63,17 +63,21 @@ class RouterProcess:
 
 
 def router_command(kind: str, bin_dir: Path, worker_urls: Sequence[str], port: int, metrics_port: int, *,
-                   policy: str = "cache_aware", health_interval_s: int | None = None) -> list[str]:
-    """The command line of one router; ``health_interval_s`` turns on fast runtime health checks."""
+                   policy: str = "cache_aware", health_interval_s: int | None = None,
+                   extra_args: Sequence[str] = ()) -> list[str]:
+    """The command line of one router; ``health_interval_s`` turns on fast runtime health checks,
+    ``extra_args`` go last (e.g. sglang-router's ``--enable-trace --otlp-traces-endpoint H:P``)."""
     common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
               "--prometheus-port", str(metrics_port), "--worker-urls", *worker_urls, "--policy", policy]
     if health_interval_s is not None:
         common += ["--health-check-interval-secs", str(health_interval_s), "--health-failure-threshold", "1",
                    "--health-check-timeout-secs", "1"]
     if kind == "sglang-router":
-        return [str(bin_dir / "python"), "-m", "sglang_router.launch_router", *common, "--log-level", "warn"]
+        return [str(bin_dir / "python"), "-m", "sglang_router.launch_router", *common, "--log-level", "warn",
+                *extra_args]
     if kind == "vllm-router":
-        return [str(bin_dir / "vllm-router"), *common, "--worker-startup-check-interval", "1", "--log-level", "warning"]
+        return [str(bin_dir / "vllm-router"), *common, "--worker-startup-check-interval", "1", "--log-level", "warning",
+                *extra_args]
     raise ValueError(f"unknown router kind {kind!r}; choose one of {', '.join(KINDS)}")
 
 
@@ -85,11 +89,11 @@ def _ready(kind: str, workers: int) -> Callable[[requests.Response], bool]:
 
 def start_router(kind: str, bin_dir: Path, worker_urls: Sequence[str], log_dir: Path, *,
                  policy: str = "cache_aware", health_interval_s: int | None = None,
-                 timeout: float = 30.0) -> RouterProcess:
+                 extra_args: Sequence[str] = (), timeout: float = 30.0) -> RouterProcess:
     """Start one router in front of ``worker_urls`` and wait until it routes to all of them."""
     port, metrics_port = free_port(), free_port()
     cmd = router_command(kind, bin_dir, worker_urls, port, metrics_port, policy=policy,
-                         health_interval_s=health_interval_s)
+                         health_interval_s=health_interval_s, extra_args=extra_args)
     log_path = log_dir / f"{kind}.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed by RouterProcess.stop
     router = RouterProcess(kind, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT),

@@ -23,14 +23,16 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import yaml
 
+from exporter import otlp
 from exporter.baseline_window import SLOT_S
 from exporter.config import OtlpTraces
+from exporter.sources.otlp_spans import SpanResult
 from exporter.windows import bucket_index, histogram_quantile
 from fleet.engine import EngineResult
 from fleet.spans import FleetSpans, GenAiClient
@@ -49,7 +51,7 @@ from tests.e2e.router_stack import (
     settle,
 )
 from tests.e2e.routers import ENDPOINT, KINDS, TOPICS, post
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 P = catalog.NAMESPACE
 WINDOW_S = 60.0
@@ -60,7 +62,8 @@ CONVERSATION = "gen_ai.conversation.id"
 CHECKLIST = tuple(c.key for c in catalog.CHECKS if c.kind == "checklist" and c.group in (1, 2, 3, 4, 5)
                   and c.key not in ("prefix_cache_thrash", "prefix_root_instability"))
 # What no source of this stack carries: the prompt's block hashes (placement), the router's
-# tree-walk time, async KV-load waits, MoE expert routing and batch admission reasons.
+# tree-walk time (sglang-router's own spans do not time it either: the last test below), async
+# KV-load waits, MoE expert routing and batch admission reasons.
 DARK = {"topology_aware_placement_hit_rate", "prefix_tree_walk_latency", "async_prefill_wait_time_p99",
         "moe_expert_alignment_rate", "continuous_batching_affinity_admission_rate"}
 
@@ -374,3 +377,58 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
         assert checks[key]["value"] is None and checks[key]["missing_signals"], checks[key]
     print(f"{s.kind}: victim {victim}, {moves}; values {expected}")
     print(f"{s.kind}: {len(lit)} of {len(CHECKLIST)} checklist checks lit from spans: {sorted(lit)}")
+
+
+# ---- the router's own spans -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_sglang_router_spans_reach_the_grpc_receiver_and_time_no_worker_selection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sglang-router's ``--enable-trace`` exports over OTLP/gRPC to ``otlp.grpc_listen_address``: one
+    root ``http_request`` span per request, timing the whole request — nothing that measures its
+    cache-aware tree walk, so ``prefix_tree_walk_latency`` stays missing. The spans are skipped
+    (not requests), nothing is rejected. Its spans are INFO-level tracing spans: the router exports
+    them only at ``--log-level info`` or below."""
+    port = free_port()
+    # the router's OTLP exporter (Rust opentelemetry-otlp) reads the standard header variable
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", f"authorization=Bearer%20{TOKEN}")
+    options = StackOptions(otlp=OtlpTraces(grpc_listen_address=f"127.0.0.1:{port}", session_wait=0.0),
+                           router_args=("--log-level", "info", "--enable-trace", "--otlp-traces-endpoint",
+                                        f"127.0.0.1:{port}"))
+    received: list[tuple[list[otlp.Span], SpanResult]] = []
+    served: dict[str, EngineResult] = {}  # the engine's request id -> its result
+    options = replace(options, on_request=lambda r, _h, _p: served.__setitem__(r.request_id, r))
+    with open_stack("sglang-router", tmp_path, options) as s:
+        assert s.runtime.grpc is not None
+        intake = s.runtime.grpc.intake
+        ingest = intake.ingest
+
+        def recording(raw: bytes, content_type: str | None, content_encoding: str | None = None) -> SpanResult:
+            result = ingest(raw, content_type, content_encoding)
+            received.append((otlp.decode(raw, content_type), result))
+            return result
+
+        intake.ingest = recording  # type: ignore[method-assign]
+        ids: dict[str, str] = {}  # the router's request id -> the engine's
+        for g in range(3):
+            r = post(s.router.url, ENDPOINT[s.kind], g, 0)
+            assert r.status_code == 200, r.text
+            ids[r.headers["x-request-id"]] = r.json()["id"]
+
+        def completions() -> dict[str, otlp.Span]:
+            return {str(sp.attributes.get("request_id")): sp for spans, _ in received for sp in spans
+                    if sp.attributes.get("uri") == "/v1/completions"}
+
+        wait_for(lambda: set(ids) <= set(completions()), "the router's spans of the three requests", timeout=30)
+        spans = [sp for batch, _ in received for sp in batch]
+        assert {sp.name for sp in spans} == {"http_request"}
+        assert all(sp.parent_span_id == "" and sp.resource.get("service.name") == "smg" for sp in spans)
+        for rid, engine_id in ids.items():
+            span = completions()[rid]
+            duration_s = (span.end_ns - span.start_ns) / 1e9
+            # the whole request: the worker's time is inside it, and so is the router's `latency` (µs)
+            assert duration_s >= served[engine_id].e2e_s
+            assert int(str(span.attributes["latency"])) / 1e6 <= duration_s
+        assert all(result.accepted == result.rejected == 0 for _, result in received)
+        assert s.runtime.health.total(f"{P}_ingest_errors") is None
+        walk = s.checks()["prefix_tree_walk_latency"]
+        assert walk["value"] is None and "walk_latency" in walk["missing_signals"], walk
