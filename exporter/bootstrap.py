@@ -15,6 +15,10 @@ The parts include the breach record and the loop that advances it on that clock 
 ``cfg.breach_interval`` (``exporter.breach_loop``): created, not started — the runtime starts
 and stops it with its other threads; a caller that drives time itself calls ``evaluate_once``.
 
+The parts that do the exporter's work (the breach loop, and with ``with_sources`` the scraper
+and the KV sources) charge it to one duty clock (``exporter.duty_clock``): the caller's
+``duties=``, or a fresh one in ``parts.duties``.
+
 With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, NATS source,
 record-file tailers, scraper) — created, not started. A sharded config (``shard``) scrapes and
 subscribes over ZMQ only its home workers and reads every worker's NATS subject through the
