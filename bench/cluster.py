@@ -13,9 +13,10 @@ size N it starts, all on 127.0.0.1:
 - a Prometheus-style scraper that GETs the exporter's /metrics every ``--scrape-every`` seconds
   (this process), timing each answer and reading the exporter's own KV-stream metrics from it.
 
-Then, one phase after another (the load is added a duty at a time, so each exporter thread's duty
-is seen as it gets busy, and the exporter's CPU is split by duty from its threads' CPU in /proc —
-the exporter exposes no per-duty timing of its own):
+Then, one phase after another (the load is added a duty at a time; the exporter's CPU is split by
+duty from its own ``prefixscope_exporter_duty_cpu_seconds_total``, read off its /metrics at
+each window's start and end — or, from an exporter without that series, estimated from its
+threads' CPU in /proc, each thread's duty found as the duty is added):
 
 1. ``scrape``: the exporter only scrapes the workers' /metrics (no KV events, no records);
 2. ``+kv``: workers publish KV events at ``--rate`` events/s each;
@@ -77,6 +78,7 @@ ERRORS = P + "ingest_errors_total"
 STARTUP_REPLAY_WAIT_S = 30.0  # after every worker is scraped up, how long the warm caches may take to arrive
 LOAD_SHORT = 0.9  # the load fell short when it published less than this share of the rate asked for
 READ = (LAG, LAST_TS, APPLIED, BATCHES, MISSED, LOST, RECORDS, UP, ERRORS)
+DUTY_CPU = P + "exporter_duty_cpu_seconds_total"  # the exporter's own CPU per duty (its thread CPU per batch)
 
 
 # ---- pure parts: reading the exporter's page, summarising ----------------------------------------
@@ -147,6 +149,25 @@ def busiest(before: Threads, after: Threads, candidates: Iterable[int]) -> int |
         if tid in before and tid in after and after[tid][1] - before[tid][1] > used:
             best, used = tid, after[tid][1] - before[tid][1]
     return best
+
+
+def duty_cpu(page: PageValues) -> dict[str, float] | None:
+    """The exporter's own CPU seconds per duty, from its page; None when it does not export them."""
+    series = page.values.get(DUTY_CPU)
+    if not series:
+        return None
+    return {labels.split('"')[1]: v for labels, v in series.items() if labels.startswith('{duty="')}
+
+
+def by_exporter_duty(before: dict[str, float], after: dict[str, float], total: float) -> dict[str, float]:
+    """CPU seconds per duty between two readings of the exporter's own counters; ``other`` is the
+    rest of the process's ``total`` (work outside the timed batches: start-up, replay fetches,
+    file tails, the garbage collector between batches, the HTTP server's accept loop)."""
+    out = {d: max(0.0, v - before.get(d, 0.0)) for d, v in after.items()}
+    for d in DUTIES[:-1]:
+        out.setdefault(d, 0.0)
+    out["other"] = max(0.0, total - sum(out.values()))
+    return out
 
 
 def by_duty(before: Threads, after: Threads, roles: dict[int, str], total: float) -> dict[str, float]:
@@ -498,6 +519,14 @@ class Cluster:
         assert self.exporter is not None
         return cpu_seconds(self.exporter.pid)
 
+    def duty_reading(self) -> dict[str, float] | None:
+        """The exporter's own CPU per duty so far (None: not exported, or /metrics did not answer).
+        This GET's render is charged to ``render`` within the window it opens."""
+        try:
+            return duty_cpu(read_page(self._page(), (DUTY_CPU,)))
+        except (OSError, http.client.HTTPException):
+            return None
+
     def load_cpu(self) -> float:
         procs = [c.proc for c in self.loads] + ([self.records.proc] if self.records else [])
         return sum(cpu_seconds(p.pid) for p in procs if p.poll() is None)
@@ -524,13 +553,15 @@ class Cluster:
         if self.exporter.poll() is not None:
             raise RuntimeError(f"the exporter exited with {self.exporter.returncode}; see {self.run / 'exporter.log'}")
         pid = self.exporter.pid
+        d0 = self.duty_reading()
         c0, t0, w0, l0 = self.cpu(), thread_cpu(pid), run_queue_seconds(pid), self.load_cpu()
         m0, p0 = time.monotonic(), self.published()
         time.sleep(max(0.5, seconds - settle))
+        d1 = self.duty_reading()
         c1, t1, w1, l1 = self.cpu(), thread_cpu(pid), run_queue_seconds(pid), self.load_cpu()
         m1, p1 = time.monotonic(), self.published()
         span = m1 - m0
-        return {"start": m0, "end": m1, "threads": (t0, t1), "cpu": (c1 - c0) / span,
+        return {"start": m0, "end": m1, "threads": (t0, t1), "duty_cpu": (d0, d1), "cpu": (c1 - c0) / span,
                 "cpu_s": c1 - c0, "run_queue": max(0.0, w1 - w0) / span,
                 "load_cpu": (l1 - l0) / span,
                 "events_per_s": (p1.get("events", 0) - p0.get("events", 0)) / span,
@@ -584,6 +615,7 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
             "startup_unreplayed_workers": cluster.startup_unreplayed,
             "rate_per_worker": s.rate, "records_per_s": s.records_per_worker * n,
             "cpu": {**_duties(steady, roles), "total": steady["cpu"]},
+            "cpu_split": "exporter" if _exporter_split(steady) else "threads",
             "threads_by_duty": {d: sum(1 for r in roles.values() if r == d) for d in DUTIES[:-1]},
             "cpu_added_by_phase": {"scrape": phases["scrape"]["cpu"],
                                    "kv_ingest": phases["kv"]["cpu"] - phases["scrape"]["cpu"],
@@ -591,7 +623,7 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
                                    "render": phases["render"]["cpu"] - phases["records"]["cpu"]},
             "load_cpu": steady["load_cpu"],
             "run_queue": steady["run_queue"],
-            "phases": {k: {kk: vv for kk, vv in v.items() if kk not in ("start", "end", "threads")}
+            "phases": {k: {kk: vv for kk, vv in v.items() if kk not in ("start", "end", "threads", "duty_cpu")}
                        for k, v in phases.items()},
             "rss_mb": steady["rss_mb"], "rss_peak_mb": status_kb(cluster.exporter.pid, "VmHWM") / 1024,
             "render": {"p50_s": percentile(render, 0.5), "p99_s": percentile(render, 0.99),
@@ -686,10 +718,21 @@ def _new_threads(window: dict[str, Any], born: set[int], roles: dict[int, str]) 
     return fresh
 
 
+def _exporter_split(window: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]] | None:
+    d0, d1 = window["duty_cpu"]
+    return None if d0 is None or d1 is None else (d0, d1)
+
+
 def _duties(window: dict[str, Any], roles: dict[int, str]) -> dict[str, float]:
-    before, after = window["threads"]
+    """CPU-seconds per second by duty: the exporter's own counters, else the /proc thread estimate."""
     span = window["end"] - window["start"]
-    return {k: v / span for k, v in by_duty(before, after, roles, window["cpu_s"]).items()}
+    own = _exporter_split(window)
+    if own is not None:
+        split = by_exporter_duty(*own, window["cpu_s"])
+    else:
+        before, after = window["threads"]
+        split = by_duty(before, after, roles, window["cpu_s"])
+    return {k: v / span for k, v in split.items()}
 
 
 def _verdict_fields(v: Verdict) -> dict[str, Any]:
@@ -737,13 +780,15 @@ def _fmt(v: float | None, spec: str = ".2f") -> str:
 
 
 COLUMNS = ("N", "KV ev/s", "followed", "lag max", "max ev/s followed", "CPU total", "kv", "scrape", "records",
-           "render", "other", "CPU wait", "load CPU", "RSS MB", "/metrics p50", "p99", "series")
+           "render", "tree stats", "other", "CPU wait", "load CPU", "RSS MB", "/metrics p50", "p99", "series")
 
 
 def table(results: list[dict[str, Any]]) -> str:
     rows = [list(COLUMNS)]
     for r in results:
         kv, cpu, render = r["kv"], r["cpu"], r["render"]
+        shown = ("kv_ingest", "scrape", "records", "render", "tree_statistics")
+        other = sum(v for d, v in cpu.items() if d not in (*shown, "total"))  # otlp, breach, untimed
         best = r["max_followed_events_per_s"]
         ramped = r["ramp"] and all(st["followed"] for st in r["ramp"]) and r["followed"]
         rows.append([
@@ -751,7 +796,7 @@ def table(results: list[dict[str, Any]]) -> str:
             _fmt_s(kv["lag_max_s"]),
             "-" if best is None else f"{'≥ ' if ramped else ''}{best:,.0f}",
             _fmt(cpu["total"]), _fmt(cpu["kv_ingest"]), _fmt(cpu["scrape"]), _fmt(cpu["records"]),
-            _fmt(cpu["render"]), _fmt(cpu["other"]), _fmt(r["run_queue"]), _fmt(r["load_cpu"]), f"{r['rss_mb']:.0f}",
+            _fmt(cpu["render"]), _fmt(cpu.get("tree_statistics")), _fmt(other), _fmt(r["run_queue"]), _fmt(r["load_cpu"]), f"{r['rss_mb']:.0f}",
             _fmt_s(render["p50_s"]), _fmt_s(render["p99_s"]), _fmt(render["series"], ",.0f"),
         ])
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
@@ -837,8 +882,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print()
         print(table(results))
-        print(f"\nCPU in CPU-seconds per second (cores) of the exporter process in the steady phase, by duty from the "
-              f"threads doing each (other: the tree statistics pass, the breach loop, ended threads); "
+        print(f"\nCPU in CPU-seconds per second (cores) of the exporter process in the steady phase, by duty from its "
+              f"own prefixscope_exporter_duty_cpu_seconds_total (other: the OTLP and breach duties and untimed work; "
+              f"the JSON has each), or, without that series, from the threads doing each (tree stats: -; other: "
+              f"the tree statistics pass, the breach loop, ended threads); "
               f"CPU wait is the time its threads were runnable but waiting for a core (a busy machine); "
               f"load CPU is the simulated fleet and record load on the same machine.\n"
               f"largest N followed at {s.rate:g} events/s per worker: {out['largest_n_followed'] or 'none'}")

@@ -15,6 +15,10 @@ The parts include the breach record and the loop that advances it on that clock 
 ``cfg.breach_interval`` (``exporter.breach_loop``): created, not started — the runtime starts
 and stops it with its other threads; a caller that drives time itself calls ``evaluate_once``.
 
+The parts that do the exporter's work (the breach loop, and with ``with_sources`` the scraper
+and the KV sources) charge it to one duty clock (``exporter.duty_clock``): the caller's
+``duties=``, or a fresh one in ``parts.duties``.
+
 With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, NATS source,
 record-file tailers, scraper) — created, not started. A sharded config (``shard``) scrapes and
 subscribes over ZMQ only its home workers and reads every worker's NATS subject through the
@@ -26,12 +30,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from exporter.breach_loop import BreachLoop
 from exporter.breaches import BreachClock
 from exporter.collector import PrefixscopeCollector
 from exporter.config import Config, ConfigError, WorkerTarget, load_fleet_manifest
+from exporter.duty_clock import DutyClock
 from exporter.health import Health
 from exporter.model import StateSink
 from exporter.normalize import worker_names_by_url
@@ -75,11 +80,12 @@ class ExporterParts:
     breaches: BreachClock  # when each check began breaching (the API reads it)
     breach_loop: BreachLoop  # advances ``breaches`` in the background (not started)
     sources: Sources | None = None  # only with ``with_sources=True``
+    duties: DutyClock = field(default_factory=DutyClock)  # the loop's and the sources' CPU per duty
 
 
 def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None,
               topology: Topology | None = None, window_s: float | None = None, clock: Clock = time.time,
-              with_sources: bool = False) -> ExporterParts:
+              with_sources: bool = False, duties: DutyClock | None = None) -> ExporterParts:
     """Build health, state (thresholds, topology, window, clock), collector and breach record (with
     its loop, unstarted), and optionally the sources.
 
@@ -99,19 +105,22 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
     if window_s is None:
         window_s = cfg.window if cfg.window is not None else window_seconds(thresholds)
 
+    duties = duties or DutyClock()
     health = Health()
     state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits,
                          eviction_memory=cfg.eviction_memory)
     breaches = BreachClock()
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
                           thresholds=thresholds, topology=topology, window_s=window_s, clock=clock,
-                          breaches=breaches, breach_loop=BreachLoop(state, breaches, cfg.breach_interval))
+                          breaches=breaches, breach_loop=BreachLoop(state, breaches, cfg.breach_interval, duties),
+                          duties=duties)
     if not with_sources:
         return parts
-    return replace(parts, sources=build_sources(cfg, state, health, clock))
+    return replace(parts, sources=build_sources(cfg, state, health, clock, duties))
 
 
-def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock = time.time) -> Sources:
+def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock = time.time,
+                  duties: DutyClock | None = None) -> Sources:
     """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
     workers = configured_workers(cfg)
     state.accounting.labels.pin_workers(w.name for w in workers)  # configured: never folded into "other"
@@ -122,7 +131,8 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
     subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock,
-                                   token_ids=texts is not None, attribution=cfg.attribution) if endpoints else None
+                                   token_ids=texts is not None, attribution=cfg.attribution,
+                                   duties=duties) if endpoints else None
     if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
         state.rebuild_request = subscriber.request_rebuild
     records: RecordSink = ShardRecords(state, spec) if spec.sharded else state
@@ -133,9 +143,9 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     if spec.index == 0:
         targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
     scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
-                      clock=clock)
+                      clock=clock, duties=duties)
     return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper, names=texts,
-                   nats=build_nats_source(cfg, workers, state, health, clock), records=records)
+                   nats=build_nats_source(cfg, workers, state, health, clock, duties), records=records)
 
 
 def prefix_names(cfg: Config, workers: tuple[WorkerTarget, ...]) -> PrefixNames:
@@ -149,7 +159,7 @@ def _is_nats(endpoint: str) -> bool:
 
 
 def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvSink, health: Health,
-                      clock: Clock = time.time) -> NatsKvSource | None:
+                      clock: Clock = time.time, duties: DutyClock | None = None) -> NatsKvSource | None:
     """The NATS source of ``cfg.kv_nats`` (None without one), behind the family filter when sharded."""
     n = cfg.kv_nats
     if n is None:
@@ -163,13 +173,13 @@ def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvS
                               dynamo_subjects=n.dynamo_subjects, dynamo_block_size=n.dynamo_block_size,
                               attribution=cfg.attribution)
     if not spec.sharded:
-        return NatsKvSource(settings, state, health, clock=clock)
+        return NatsKvSource(settings, state, health, clock=clock, duties=duties)
     full = isinstance(state, ClusterState)  # (tests pass a bare KV sink)
     roots = None
     if isinstance(state, ClusterState):  # judge prefix instability over every shard's roots
         roots = state.roots = SharedRoots(state.roots.window_s, state.roots.max_roots)
     shard = ShardSink(state, spec, health=health, roots=roots, stream_aware=full)
-    return NatsKvSource(settings, shard, health, clock=clock, home=shard.home)
+    return NatsKvSource(settings, shard, health, clock=clock, home=shard.home, duties=duties)
 
 
 def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:

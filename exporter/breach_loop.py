@@ -12,6 +12,7 @@ import logging
 
 from exporter.breaches import BreachClock
 from exporter.checks import evaluate
+from exporter.duty_clock import DutyClock
 from exporter.periodic import Periodic
 from exporter.state import ClusterState
 
@@ -24,10 +25,12 @@ class BreachLoop:
     """``start()`` runs the loop (one evaluation right away); ``close()`` stops it.
     ``evaluate_once()`` is one step, for callers that drive time themselves (tests, replays)."""
 
-    def __init__(self, state: ClusterState, record: BreachClock, interval: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, state: ClusterState, record: BreachClock, interval: float = DEFAULT_INTERVAL_S,
+                 duties: DutyClock | None = None) -> None:
         self.state = state
         self.record = record
-        self._loop = Periodic("breach loop", interval, lambda: self.evaluate_once(), log,
+        self.duties = duties or DutyClock()  # each background evaluation is one batch of the breach duty
+        self._loop = Periodic("breach loop", interval, self.duties.wrap("breach", lambda: self.evaluate_once()), log,
                               "the breach record keeps its previous state")
         self.interval = interval
 

@@ -44,10 +44,12 @@ from exporter.config import (
     load_config,
     parse_listen_address,
 )
+from exporter.duty_clock import DutyClock
 from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.otlp_grpc import GrpcTraceReceiver
 from exporter.prefix_text import PrefixNames
+from exporter.process_metrics import SelfMetrics
 from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from exporter.sources.kv_nats import NatsKvSource
 from exporter.sources.kv_zmq import KvEventSubscriber
@@ -98,8 +100,9 @@ class Runtime:
     def __init__(self, cfg: Config, workers: tuple[WorkerTarget, ...], health: Health, state: ClusterState,
                  server: ExporterServer, subscriber: KvEventSubscriber | None, tails: list[RecordFileTail],
                  scraper: Scraper, clock: Callable[[], float], refresher: TreeStatsRefresher | None = None,
-                 breach_loop: BreachLoop | None = None) -> None:
+                 breach_loop: BreachLoop | None = None, duties: DutyClock | None = None) -> None:
         self.cfg = cfg
+        self.duties = duties or DutyClock()  # what each duty costs (its threads' CPU), on /metrics
         self.workers = workers
         self.health = health
         self.state = state
@@ -108,8 +111,8 @@ class Runtime:
         self.tails = tails
         self.scraper = scraper
         self.clock = clock
-        self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval)
-        self.breach_loop = breach_loop or BreachLoop(state, BreachClock(), cfg.breach_interval)
+        self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval, self.duties)
+        self.breach_loop = breach_loop or BreachLoop(state, BreachClock(), cfg.breach_interval, self.duties)
         self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
         self.spans: SpanIntake | None = None  # the OTLP trace receivers' intake, when either is on
         self.grpc: GrpcTraceReceiver | None = None  # OTLP/gRPC TraceService/Export (otlp.grpc_listen_address)
@@ -129,11 +132,14 @@ class Runtime:
         Raises ConfigError for any invalid referenced file, OSError if the address is taken.
         """
         check_intake_auth(cfg)
-        parts = bootstrap(cfg, clock=clock, with_sources=True)
+        duties = DutyClock()
+        parts = bootstrap(cfg, clock=clock, with_sources=True, duties=duties)
         assert parts.sources is not None
         health, state, sources = parts.health, parts.state, parts.sources
+        own = SelfMetrics(duties)  # process_*, python_gc_*, prefixscope_exporter_duty_*
         registry = CollectorRegistry(auto_describe=False)
         registry.register(parts.collector)
+        registry.register(own)
         api = ApiBuilders(state, names=sources.names, breaches=parts.breaches)
         records_sink = sources.records or state  # sharded: only the records this shard owns
 
@@ -155,7 +161,7 @@ class Runtime:
 
         spans = SpanIntake(otlp_http.mapping_for(cfg.otlp, sources.workers), records_sink, health, is_healthy=state.is_healthy,
                            session_wait_s=cfg.otlp.session_wait, max_body_bytes=cfg.http_records.max_body_bytes,
-                           clock=clock)
+                           clock=clock, duties=duties)
         endpoints_auth = otlp_http.bearer_check(cfg.http_records.bearer_token)
 
         deps = ServerDeps(
@@ -166,10 +172,11 @@ class Runtime:
             max_body_bytes=cfg.http_records.max_body_bytes,
             targets=target_status,
             healthz=healthz,
-            render_text=lambda: render_state(state),
+            render_text=lambda: render_state(state) + own.render_text(),
             ingest_traces=otlp_http.handler(spans, endpoints_auth) if cfg.otlp.enabled else None,
             max_connections=cfg.web.max_connections,
             read_timeout=cfg.web.read_timeout,
+            duties=duties,
         )
         server = ExporterServer(host, port, deps)
         grpc_receiver = None
@@ -180,7 +187,7 @@ class Runtime:
                 server.httpd.server_close()  # the HTTP port was bound already
                 raise ConfigError(f"{cfg.source}: otlp.grpc_listen_address: {exc}") from None
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
-                      sources.scraper, clock, breach_loop=parts.breach_loop)
+                      sources.scraper, clock, breach_loop=parts.breach_loop, duties=duties)
         runtime.names = sources.names
         runtime.spans = spans if cfg.otlp.enabled or grpc_receiver is not None else None
         runtime.grpc = grpc_receiver

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from exporter.duty_clock import DutyClock
 from exporter.routes import (
     BadRequest,
     HttpError,
@@ -87,6 +88,7 @@ class ServerDeps:
     ingest_traces: Callable[[Request], Response] | None = None
     max_connections: int = 64  # connections served at once
     read_timeout: float = 10.0  # seconds a client has to send one whole request (line, headers, body)
+    duties: DutyClock = field(default_factory=DutyClock)  # times /metrics renders and record bodies
 
 
 class Endpoints:
@@ -124,14 +126,15 @@ class Endpoints:
 
     def metrics(self, req: Request) -> Response:
         encoder, ctype = choose_encoder(req.header("Accept"))
-        if self.deps.render_text is not None and not ctype.startswith("application/openmetrics-text"):
-            body = self.deps.render_text()
-        else:
-            body = encoder(self.deps.registry)
         headers = {}
-        if "gzip" in (req.header("Accept-Encoding") or ""):
-            body = gzip.compress(body, compresslevel=5)
-            headers["Content-Encoding"] = "gzip"
+        with self.deps.duties.duty("render"):
+            if self.deps.render_text is not None and not ctype.startswith("application/openmetrics-text"):
+                body = self.deps.render_text()
+            else:
+                body = encoder(self.deps.registry)
+            if "gzip" in (req.header("Accept-Encoding") or ""):
+                body = gzip.compress(body, compresslevel=5)
+                headers["Content-Encoding"] = "gzip"
         return Response(200, body, ctype, headers)
 
     def _landing(self) -> str:
@@ -174,7 +177,9 @@ class Endpoints:
         length = int(length_header)
         if length > deps.max_body_bytes:
             raise HttpError(f"body of {length} bytes exceeds the limit of {deps.max_body_bytes} bytes", 413)
-        result = deps.ingest_ndjson(req.read_body(length))
+        body = req.read_body(length)
+        with deps.duties.duty("records"):  # parsing and applying; reading the body is the client's pace
+            result = deps.ingest_ndjson(body)
         data = {"accepted": result.accepted, "rejected": result.rejected, "errors": result.errors}
         if result.rejected > 0:
             # The valid lines are applied all the same; the sender learns which lines to fix.

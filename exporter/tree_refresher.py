@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from exporter.duty_clock import DutyClock
 from exporter.periodic import Periodic
 from exporter.prefix_index import CORE, PrefixIndex
 from exporter.state import ClusterState
@@ -23,10 +24,13 @@ DEFAULT_INTERVAL_S = 1.0
 class TreeStatsRefresher:
     """``start()`` runs the refresher thread (one pass right away); ``close()`` stops it."""
 
-    def __init__(self, state: ClusterState, interval: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, state: ClusterState, interval: float = DEFAULT_INTERVAL_S,
+                 duties: DutyClock | None = None) -> None:
         self.state = state
         self.interval = interval
-        self._loop = Periodic("tree statistics", interval, lambda: self.state.refresh_tree_stats(), log,
+        self.duties = duties or DutyClock()  # each reading is one batch of the tree_statistics duty
+        self._loop = Periodic("tree statistics", interval,
+                              self.duties.wrap("tree_statistics", lambda: self.state.refresh_tree_stats()), log,
                               "/metrics keeps the previous statistics")
 
     def start(self) -> TreeStatsRefresher:

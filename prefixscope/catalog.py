@@ -39,6 +39,14 @@ PREFILL_BUCKETS = (0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1.
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 60.0)
 EVICTION_AGE_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
 WALK_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2, 2.5e-2, 5e-2, 0.1)
+# Wall time of one batch of the exporter's own work (a KV drain takes sub-milliseconds, a scrape
+# round of a large fleet or a statistics reading of a large tree seconds).
+DUTY_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# The exporter's duties, the bounded values of the ``duty`` label of its self-measurement series
+# (``exporter.duty_clock``): KV-event ingest, worker/router scrapes, request records over HTTP,
+# OTLP spans, /metrics rendering, the background tree-statistics reading and the breach loop.
+DUTY_NAMES = ("kv_ingest", "scrape", "records", "otlp", "render", "tree_statistics", "breach")
 
 # Range selectors are written with these defaults; ``configure`` rewrites them to the ``window``
 # and ``baseline_window`` of alerts/thresholds.yaml, so those two settings drive every generated
@@ -109,7 +117,9 @@ class Metric:
     help: str
     labels: tuple[str, ...]
     group: int | None
-    source: str  # which input feeds it: worker_metrics, kv_events, records, router_metrics, topology, exporter
+    # which input feeds it: worker_metrics, kv_events, records, router_metrics, topology, exporter, or
+    # self (the exporter measuring its own process, rendered apart from the cluster state's series)
+    source: str
     buckets: tuple[float, ...] | None = None
 
     @property
@@ -550,6 +560,15 @@ METRICS: tuple[Metric, ...] = (
             help="1 while a fallback tier is in use (used in the window and its exit condition not met)."),
     _metric(name="hot_branch_hit_tokens", type="gauge", unit="tokens", labels=("rank", "branch"), group=None, source="records",
             help="Hit tokens in the window of the top-K hottest prefix branches (bounded: rank 1..K)."),
+    # ---- the exporter's own cost (source "self": rendered by exporter.process_metrics next to
+    # the standard process_* series, not from the cluster state)
+    _metric(name="exporter_duty_cpu_seconds", type="counter", unit="seconds", labels=("duty",), group=None, source="self",
+            help="CPU seconds the exporter's threads spent on each duty (thread CPU time around each batch of work): "
+                 "kv_ingest, scrape, records, otlp, render, tree_statistics, breach."),
+    _metric(name="exporter_duty_seconds", type="histogram", unit="seconds", labels=("duty",), group=None, source="self",
+            buckets=DUTY_BUCKETS,
+            help="Wall time of one batch of each duty's work (a drained KV poll, a scrape round, a records body, "
+                 "a /metrics render, a statistics reading, a breach evaluation), waits for I/O included."),
     _metric(name="exporter_build_info", type="gauge", unit="", labels=("version", "core"), group=None, source="exporter",
             help="prefixscope build information (value 1); core: the prefix index in use, compiled or reference."),
 )
@@ -963,7 +982,7 @@ def to_table() -> str:
 
 __all__ = [
     "BURN_WINDOWS", "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "DEFAULT_BASELINE_WINDOW", "DEFAULT_WINDOW",
-    "METRICS", "METRICS_BY_NAME", "NAMESPACE", "PROMPT_CLASSES", "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS",
+    "DUTY_BUCKETS", "DUTY_NAMES", "METRICS", "METRICS_BY_NAME", "NAMESPACE", "PROMPT_CLASSES", "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS",
     "RULES_BY_NAME", "SESSION_HIT_LINE", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SLOS", "SOURCE_NAMES", "STEPS",
     "THRESHOLD_REF", "BurnWindows", "Check", "Metric", "RecordingRule", "Slo", "Step",
     "as_dict", "check_sources", "checks_for_step", "configure", "prompt_class", "render_expr", "rule_threshold_refs",

@@ -52,6 +52,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from exporter import dynamo_events, kvcodec
+from exporter.duty_clock import DutyClock
 from exporter.health import Health
 from exporter.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_RESTART, H_SEQ, H_WORKER, worker_from_subject
 from exporter.sharding import KvSink
@@ -80,7 +81,8 @@ class NatsKvSource:
     """``start()`` runs the source on its own thread (an asyncio loop); ``close()`` stops it."""
 
     def __init__(self, settings: NatsKvSettings, sink: KvSink, health: Health,
-                 clock: Callable[[], float] = time.time, home: Callable[[str], bool] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, home: Callable[[str], bool] | None = None,
+                 duties: DutyClock | None = None) -> None:
         """``home``: whether this process counts a worker's sequence gaps and missed batches (a
         family shard: only the worker's home shard, so each gap is counted once); None: every worker."""
         self.settings = settings
@@ -88,6 +90,7 @@ class NatsKvSource:
         self.sink = sink
         self.health = health
         self.clock = clock
+        self.duties = duties or DutyClock()  # each fetched batch of messages is one batch of kv_ingest
         self.applied = 0
         self.duplicates = 0
         self.last_stream_seq = 0
@@ -186,8 +189,9 @@ class NatsKvSource:
                     psub = await self._resubscribe(js, psub)
                 continue
             failures = 0
-            for m in msgs:
-                self._handle(m.subject, m.headers or {}, m.data, m.metadata.sequence.stream)
+            with self.duties.duty("kv_ingest"):
+                for m in msgs:
+                    self._handle(m.subject, m.headers or {}, m.data, m.metadata.sequence.stream)
             try:
                 await msgs[-1].ack()  # AckAll: everything up to here
             except Exception as exc:
@@ -288,7 +292,8 @@ class NatsKvSource:
 
     # ---- Dynamo ----------------------------------------------------------------------------
     async def _on_dynamo(self, msg: nats.aio.msg.Msg) -> None:
-        self.handle_dynamo(msg.subject, msg.data)
+        with self.duties.duty("kv_ingest"):
+            self.handle_dynamo(msg.subject, msg.data)
 
     def handle_dynamo(self, subject: str, data: bytes) -> None:
         """One Dynamo RouterEvent message (sequence by ``event_id`` per worker and DP rank)."""

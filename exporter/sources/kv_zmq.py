@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from exporter import kvcodec
+from exporter.duty_clock import DutyClock
 from exporter.health import Health
 from exporter.model import KvBatch, StateSink
 
@@ -116,8 +117,9 @@ class KvEventSubscriber:
     def __init__(self, endpoints: Mapping[str, KvEndpoint], sink: StateSink, health: Health, *,
                  replay_timeout: float = 2.0, poll_interval: float = 0.1,
                  clock: Callable[[], float] = time.time, token_ids: bool = False,
-                 attribution: bool = False) -> None:
+                 attribution: bool = False, duties: DutyClock | None = None) -> None:
         self.endpoints = dict(endpoints)
+        self.duties = duties or DutyClock()  # each poll round with work is one batch of kv_ingest
         self.sink = sink
         self.token_ids = token_ids  # decode the stored blocks' token ids (prefix text reads them)
         self.attribution = attribution  # keep the stored blocks' lora_name and extra_keys (exporter.attribution)
@@ -211,18 +213,23 @@ class KvEventSubscriber:
                 sockets[sock] = worker
                 poller.register(sock, zmq.POLLIN)
             self._connected.set()
-            self._startup_replays()
+            with self.duties.duty("kv_ingest"):
+                self._startup_replays()
             self._started.set()
             while not self._stop.is_set():
-                for sock, _ in poller.poll(self.poll_ms):
-                    worker = sockets[sock]
-                    for _ in range(MAX_DRAIN):
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self.handle_message(worker, frames, self.clock())
-                self.finish_replays()
+                ready = poller.poll(self.poll_ms)
+                if not ready and not self._replays and self._rebuilds.empty():
+                    continue  # an idle round: nothing to drain, no replay or rebuild to finish
+                with self.duties.duty("kv_ingest"):
+                    for sock, _ in ready:
+                        worker = sockets[sock]
+                        for _ in range(MAX_DRAIN):
+                            try:
+                                frames = sock.recv_multipart(zmq.NOBLOCK)
+                            except zmq.Again:
+                                break
+                            self.handle_message(worker, frames, self.clock())
+                    self.finish_replays()
         except Exception:  # the loop must not die silently: say why, then stop
             log.exception("KV-event subscriber stopped on an unexpected error")
             self.health.error(SOURCE, "subscriber", "subscriber thread stopped; see the log")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from exporter import otlp
+from exporter.duty_clock import DutyClock
 from exporter.health import Health
 from exporter.model import StateSink
 from exporter.sources.records import RecordError, deliver
@@ -65,8 +66,10 @@ class SpanIntake:
 
     def __init__(self, mapping: otlp.SpanMapping, sink: StateSink, health: Health, *,
                  is_healthy: Callable[[str], bool] = lambda _w: True, session_wait_s: float = 2.0,
-                 max_body_bytes: int = 8 * 1024 * 1024, clock: Callable[[], float] = time.time) -> None:
+                 max_body_bytes: int = 8 * 1024 * 1024, clock: Callable[[], float] = time.time,
+                 duties: DutyClock | None = None) -> None:
         self.mapping = mapping
+        self.duties = duties or DutyClock()  # each export request (and each due flush) is one batch of otlp
         self.sink = sink
         self.health = health
         self.is_healthy = is_healthy
@@ -94,7 +97,9 @@ class SpanIntake:
 
     def _run(self) -> None:
         while not self._stop.wait(min(0.5, self.session_wait_s / 2)):
-            self.flush_due()
+            if self._pending:  # (read without the lock: a flush that starts a round late is harmless)
+                with self.duties.duty("otlp"):
+                    self.flush_due()
 
     # ---- intake ---------------------------------------------------------------------------
     def body(self, raw: bytes, content_encoding: str | None) -> bytes:
@@ -117,6 +122,10 @@ class SpanIntake:
 
     def ingest(self, raw: bytes, content_type: str | None, content_encoding: str | None = None) -> SpanResult:
         """One export request. Raises OtlpDecodeError (400) or BodyTooLarge (413), counted once."""
+        with self.duties.duty("otlp"):
+            return self._ingest(raw, content_type, content_encoding)
+
+    def _ingest(self, raw: bytes, content_type: str | None, content_encoding: str | None) -> SpanResult:
         try:
             spans = otlp.decode(self.body(raw, content_encoding), content_type)
         except (otlp.OtlpDecodeError, BodyTooLarge) as exc:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from exporter import normalize, promtext
+from exporter.duty_clock import DutyClock
 from exporter.health import Health
 from exporter.model import StateSink
 from exporter.sources import http_get
@@ -60,7 +61,8 @@ class Scraper:
 
     def __init__(self, targets: Iterable[ScrapeTarget], sink: StateSink, health: Health, *,
                  timeout: float = 2.0, interval: float = 5.0, max_workers: int = 8,
-                 max_body_bytes: int = MAX_BODY_BYTES, clock: Callable[[], float] = time.time) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, clock: Callable[[], float] = time.time,
+                 duties: DutyClock | None = None) -> None:
         # max_workers is accepted for callers of the thread-pool scraper; one thread serves every target now.
         self.targets = list(targets)
         for t in self.targets:
@@ -72,6 +74,7 @@ class Scraper:
         self.interval = interval
         self.max_body_bytes = max_body_bytes
         self.clock = clock
+        self.duties = duties or DutyClock()  # each round is one batch of the scrape duty
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -94,7 +97,8 @@ class Scraper:
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            self.scrape_once()
+            with self.duties.duty("scrape"):
+                self.scrape_once()
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     # ---- scraping -------------------------------------------------------------------------

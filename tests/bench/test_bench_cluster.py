@@ -15,10 +15,22 @@ from bench._cluster_fleet import (
     prefix_hashes,
 )
 from bench._cluster_records import RecordMaker
-from bench.cluster import Scrape, Settings, busiest, by_duty, follow_verdict, read_page, run_size, table
+from bench.cluster import (
+    Scrape,
+    Settings,
+    busiest,
+    by_duty,
+    by_exporter_duty,
+    duty_cpu,
+    follow_verdict,
+    read_page,
+    run_size,
+    table,
+)
 from exporter.sources.records import parse_ndjson
 from fleet.cache import Removed, Stored
 from fleet.kv_publisher import encode_batch
+from prefixscope.catalog import DUTY_NAMES
 
 SMALL = Shape(blocks_per_event=4, prefix_blocks=2, families=2, resident_chains=6, cycle_chains=10,
               capacity_blocks=64)
@@ -107,13 +119,28 @@ def test_cpu_is_split_by_the_threads_doing_each_duty() -> None:
     assert abs(split["other"] - (3.0 - 2.7)) < 1e-9  # thread 1, and thread 4 that ended
 
 
+def test_cpu_is_split_by_the_exporters_own_duty_counters_when_it_exports_them() -> None:
+    page = read_page('prefixscope_exporter_duty_cpu_seconds_total{duty="kv_ingest"} 2.5\n'
+                     'prefixscope_exporter_duty_cpu_seconds_total{duty="render"} 1.0\n', ("prefixscope_exporter_duty_cpu_seconds_total",))
+    after = duty_cpu(page)
+    assert after == {"kv_ingest": 2.5, "render": 1.0}
+    assert duty_cpu(read_page("prefixscope_up 1\n")) is None  # an older exporter: the /proc estimate instead
+    split = by_exporter_duty({"kv_ingest": 0.5, "render": 0.75}, after, total=3.0)
+    assert split["kv_ingest"] == 2.0 and split["render"] == 0.25 and split["scrape"] == 0.0
+    assert split["other"] == 0.75
+
+
 def test_smallest_run_follows_three_workers_and_reports_every_figure() -> None:
     """Three workers, a few seconds a phase: the real exporter process, fleet and load processes."""
     s = Settings(sizes=[3], rate=10, records_per_worker=2, duration=4, phase=1.5, ramp=0, scrape_every=1,
                  worker_scrape_interval=1, shape=SMALL)
     r = run_size(3, s, log=lambda _msg: None, ramp=False)
     assert r["workers"] == 3 and r["startup_s"] > 0
-    assert set(r["cpu"]) == {"scrape", "kv_ingest", "records", "render", "other", "total"}
+    # split by the exporter's own per-duty counters (prefixscope_exporter_duty_cpu_seconds_total)
+    assert r["cpu_split"] == "exporter"
+    assert set(r["cpu"]) == {*DUTY_NAMES, "other", "total"}
+    assert r["cpu"]["kv_ingest"] > 0 and r["cpu"]["scrape"] > 0 and r["cpu"]["render"] > 0
+    assert sum(v for d, v in r["cpu"].items() if d != "total") <= r["cpu"]["total"] + 1e-9
     assert r["threads_by_duty"]["kv_ingest"] >= 1 and r["threads_by_duty"]["render"] >= 1
     assert r["cpu"]["total"] >= 0 and r["rss_mb"] > 0
     kv = r["kv"]
