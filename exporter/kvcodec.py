@@ -273,9 +273,12 @@ def _array_len(raw: msgspec.Raw) -> int:
     return 0
 
 
-def _tokens(raw: msgspec.Raw) -> tuple:
+def _tokens(raw: msgspec.Raw | bytes) -> tuple:
     t = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
     return t if type(t) is tuple else ()
+
+
+root_tokens = _tokens  # a root store's token ids from their raw msgpack (``KvScan.root_events``)
 
 
 def _build_events_py(structs: tuple, token_ids: bool) -> tuple[KvEvent, ...]:
@@ -332,6 +335,77 @@ def _typed(payload: bytes, worker: str, seq: int, token_ids: bool) -> KvBatch | 
     return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=events, dp_rank=obj.dp_rank)
 
 
+# ---- the scanned path (compiled) ------------------------------------------------------------------
+# The compiled reader (``_prefix_core.scan_kv_batch``) reads the common well-formed batch into C
+# arrays that the prefix index and the eviction tracker apply directly (``apply_scan``): no event
+# object is built unless a reader asks for the events. It accepts a strict subset of what the
+# typed path accepts, and the events of a scanned batch are the typed path's own, built on first
+# read, so every reader sees the same batch whichever path decoded it.
+
+
+class ScannedBatch(KvBatch):
+    """A :class:`KvBatch` read by the compiled reader: ``scan`` holds its events as C arrays and
+    ``events`` is built from the payload by the typed path on first read (then kept). Equal to,
+    and hashed and pickled as, the plain ``KvBatch`` of the same fields."""
+
+    __slots__ = ("_events", "scan")
+
+    @classmethod
+    def of(cls, scan: Any, worker: str, seq: int) -> ScannedBatch:
+        b = _new(cls)
+        for name, value in (("worker", worker), ("seq", seq), ("ts", scan.ts), ("dp_rank", scan.dp_rank),
+                            ("scan", scan), ("_events", None)):
+            _set(b, name, value)
+        return b
+
+    @property  # type: ignore[override]
+    def events(self) -> tuple[KvEvent, ...]:
+        events = self._events
+        if events is None:
+            batch = _typed(self.scan.payload, self.worker, self.seq, False)
+            assert batch is not None, "the typed path reads every batch the compiled reader reads"
+            events = batch.events
+            _set(self, "_events", events)
+        return events
+
+    @events.setter
+    def events(self, value: tuple[KvEvent, ...]) -> None:  # the dataclass __init__ (``dataclasses.replace``)
+        _set(self, "_events", value)
+        _set(self, "scan", None)
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.worker, self.seq, self.ts, self.events, self.dp_rank)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KvBatch):
+            return NotImplemented
+        return self._fields() == (other.worker, other.seq, other.ts, other.events, other.dp_rank)
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return KvBatch, self._fields()
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _scanner() -> Callable[[bytes], Any] | None:
+    """The compiled reader when the extension is in use (as for :func:`_event_builder`)."""
+    from exporter.prefix_index import CORE
+
+    if CORE != "compiled":
+        return None
+    from exporter._prefix_core import scan_kv_batch
+
+    return scan_kv_batch
+
+
+_scan = _scanner()
+
+
 def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None, *,
                  token_ids: bool = False) -> KvBatch | None:
     """Decode one payload; ``None`` (and a ``decode`` error) when it is not a batch at all.
@@ -339,8 +413,12 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
     A hash that is not an unsigned 64-bit int or bytes rejects the whole batch (``decode``).
     Unknown event types and unreadable events are counted (``unknown_event``, ``bad_event``)
     and left out; the rest of the batch is kept in order. ``token_ids``: fill the stored events'
-    token ids (else they are left empty; ``token_count`` is always read). Never raises.
+    token ids (else they are left empty, but for root stores; ``token_count`` is always read). Never raises.
     """
+    if _scan is not None and not token_ids and type(payload) is bytes:
+        scan = _scan(payload)
+        if scan is not None:
+            return ScannedBatch.of(scan, worker, seq)
     batch = _typed(payload, worker, seq, token_ids)
     return batch if batch is not None else decode_careful(payload, worker, seq, health)
 

@@ -42,6 +42,7 @@ from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
 from exporter.input_time import InputTime
+from exporter.kvcodec import ScannedBatch, root_tokens
 from exporter.metric_store import LabelFilter, MetricStore
 from exporter.model import (
     AllBlocksCleared,
@@ -197,6 +198,8 @@ class ClusterState:
         self._repaired_at: dict[str, float] = {}
         self._other_media: set[str] = set()  # workers that sent CPU/disk events (the index counts every medium)
         self.rebuild_request: RebuildRequest | None = None  # set by the runtime to the KV subscriber's
+        # Batches the compiled reader scanned are applied from its arrays when both parts are compiled.
+        self._applies_scans = hasattr(self.index, "apply_scan") and hasattr(self.evictions, "apply_scan")
 
     # ---- the parts' state, under the names readers and tests use -------------------------------
     @property
@@ -295,17 +298,28 @@ class ClusterState:
     # ---- StateSink -----------------------------------------------------------------------------
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
         worker = batch.worker
+        scan = batch.scan if type(batch) is ScannedBatch and self._applies_scans else None
         with self.lock:
             self.time.advance(received_at)
             self.kv_seen = True
             w = self.worker_pool.worker(worker, received_at)
-            res = self.index.apply(worker, batch.events)
-            ev = self.evictions.apply(worker, batch.events, received_at)
+            if scan is not None:  # the compiled reader's arrays, applied without event objects
+                res = self.index.apply_scan(worker, scan)
+                ev = self.evictions.apply_scan(worker, scan, received_at)
+                if scan.roots:  # prefix instability reads root stores only
+                    self._count_roots(self.roots.apply(worker, scan.root_events(BlockStored, root_tokens),
+                                                       received_at), received_at)
+                if not w.block_size:
+                    w.block_size = scan.block_size
+            else:
+                events = batch.events
+                res = self.index.apply(worker, events)
+                ev = self.evictions.apply(worker, events, received_at)
+                self._count_roots(self.roots.apply(worker, events, received_at), received_at)
+                if not w.block_size:
+                    w.block_size = next((ev.block_size for ev in events
+                                         if isinstance(ev, BlockStored) and ev.block_size), None)
             self._count_evictions(worker, ev, received_at)
-            self._count_roots(self.roots.apply(worker, batch.events, received_at), received_at)
-            if not w.block_size:
-                w.block_size = next((ev.block_size for ev in batch.events
-                                     if isinstance(ev, BlockStored) and ev.block_size), None)
             if not self.worker_pool.unchanged_for(worker):
                 self._update_pool(received_at)
             self._expire()
