@@ -28,7 +28,8 @@ from array import array
 
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from cpython.exc cimport PyErr_Occurred
-from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM
+from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uint64_t, uint32_t, int32_t, uint16_t, int64_t, uint8_t, int8_t
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memmove, memset, memcpy, memcmp
@@ -215,10 +216,11 @@ cdef class KvScan:
                 return self.ev[i].block_size
         return None
 
-    def root_events(self, stored_cls, tokens):
-        """The stored events without a parent, as ``stored_cls`` with their token ids
-        (``tokens(raw)``): all that prefix instability reads of a batch."""
-        cdef Py_ssize_t i, j
+    def root_events(self, stored_cls, Py_ssize_t max_blocks):
+        """The stored events without a parent, as ``stored_cls``: all that prefix instability
+        reads of a batch. Their token ids stop after ``max_blocks`` blocks (what it compares;
+        ``len(token_ids) // block_size`` is then cut at ``max_blocks`` too, nothing else)."""
+        cdef Py_ssize_t i, j, keep
         cdef ScanEvent* e
         cdef list out = []
         if not self.roots:
@@ -228,7 +230,8 @@ cdef class KvScan:
             if e.kind != SCAN_STORED or e.has_parent:
                 continue
             hs = tuple([self.hashes[j] for j in range(e.hoff, e.hoff + e.hn)])
-            toks = tokens(self.payload[e.toff:e.toff + e.tlen]) if e.tlen else ()
+            keep = e.token_count if e.token_count < max_blocks * e.block_size else max_blocks * e.block_size
+            toks = _ints_tuple(self.payload, e.toff, e.tlen, keep)
             out.append(stored_cls(hs, None, e.block_size, e.token_count, self.media[e.medium], toks))
         return out
 
@@ -2446,3 +2449,31 @@ def scan_kv_batch(bytes payload):
         return None
     s.payload = payload
     return s
+
+
+cdef tuple _ints_tuple(bytes payload, uint32_t off, uint32_t length, Py_ssize_t keep):
+    """The first ``keep`` ints of a msgpack array of ints (checked by the reader) as msgpack reads
+    them; () for nil or nothing sent."""
+    cdef const uint8_t* base = <const uint8_t*><const char*>payload
+    cdef Reader r
+    cdef uint64_t n, v
+    cdef bint negative
+    cdef Py_ssize_t i
+    cdef tuple out
+    cdef object item
+    r.p, r.end = base + off, base + off + length
+    if length == 0 or _array(&r, &n) < 0:
+        return ()
+    if keep > <Py_ssize_t>n:
+        keep = <Py_ssize_t>n
+    out = PyTuple_New(keep)
+    for i in range(keep):
+        if _int(&r, &v, &negative) < 0:
+            raise ValueError("token ids the reader accepted are not ints")
+        if negative:
+            item = <int64_t>v
+        else:
+            item = v
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(out, i, item)
+    return out

@@ -273,12 +273,9 @@ def _array_len(raw: msgspec.Raw) -> int:
     return 0
 
 
-def _tokens(raw: msgspec.Raw | bytes) -> tuple:
+def _tokens(raw: msgspec.Raw) -> tuple:
     t = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
     return t if type(t) is tuple else ()
-
-
-root_tokens = _tokens  # a root store's token ids from their raw msgpack (``KvScan.root_events``)
 
 
 def _build_events_py(structs: tuple, token_ids: bool) -> tuple[KvEvent, ...]:

@@ -44,6 +44,7 @@ COMPARED_BLOCKS = 32
 EARLY_SPAN_BLOCKS = 2  # a near-duplicate differs from its twin only within this many first blocks
 MIN_SHARED_BLOCKS = 8  # identical blocks after the span needed to call two roots near-duplicates
 DEFAULT_MAX_ROOTS = 4096  # recent roots remembered (with their first tokens)
+_INT_ONLY = frozenset((int,))
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class RootTracker:
         first, bs = ev.hashes[0], ev.block_size
         blocks = min(COMPARED_BLOCKS, len(ev.hashes), len(ev.token_ids) // bs if bs > 0 else 0)
         opening = tuple(ev.token_ids[:blocks * bs])
-        if blocks == 0 or not all(type(t) is int for t in opening):
+        if blocks == 0 or not _INT_ONLY.issuperset(map(type, opening)):  # every token an int (bools are not)
             self._remember(first, ts, (), ())  # seen (not new next time), nothing to compare
             return
         self.tokens_seen = True

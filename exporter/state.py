@@ -42,7 +42,7 @@ from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
 from exporter.input_time import InputTime
-from exporter.kvcodec import ScannedBatch, root_tokens
+from exporter.kvcodec import ScannedBatch
 from exporter.metric_store import LabelFilter, MetricStore
 from exporter.model import (
     AllBlocksCleared,
@@ -53,7 +53,7 @@ from exporter.model import (
     WorkerSnapshot,
 )
 from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, copy_in_slices
-from exporter.prefix_instability import RootBatch, RootTracker
+from exporter.prefix_instability import COMPARED_BLOCKS, RootBatch, RootTracker
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
     EVENT_FIELDS,
@@ -307,7 +307,7 @@ class ClusterState:
                 res = self.index.apply_scan(worker, scan)
                 ev = self.evictions.apply_scan(worker, scan, received_at)
                 if scan.roots:  # prefix instability reads root stores only
-                    self._count_roots(self.roots.apply(worker, scan.root_events(BlockStored, root_tokens),
+                    self._count_roots(self.roots.apply(worker, scan.root_events(BlockStored, COMPARED_BLOCKS),
                                                        received_at), received_at)
                 if not w.block_size:
                     w.block_size = scan.block_size
@@ -359,8 +359,11 @@ class ClusterState:
             store.inc(ts, _BLOCKS_RESTORED, lab, ev.restored)  # at 0 too: thrash exists wherever stores do
         if ev.evicted:
             store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
-        for age, reused in ev.ages:
-            store.observe(ts, _EVICTION_AGE, (worker, "true" if reused else "false"), age)
+        ages = ev.ages
+        if ages:  # each label's observations in event order, the label seen first first: as one at a time
+            for flag in ((True, False) if ages[0][1] else (False, True)):
+                store.observe_many(ts, _EVICTION_AGE, (worker, "true" if flag else "false"),
+                                   [age for age, reused in ages if reused is flag])
 
     def _count_roots(self, roots: RootBatch, ts: float) -> None:
         """The prefix-instability series of one batch (under the lock); both exist from the first

@@ -7,6 +7,7 @@ removals of held and unknown blocks, clears and restarts, three workers and seve
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,22 +90,42 @@ def observe(idx, paths: list[list[int]]) -> dict:
     return out
 
 
+def payload(events: list, arrays: bool) -> bytes:
+    """The events as a vLLM KV batch (array-encoded events as vLLM <= 0.23 sends them, else maps)."""
+    out: list = []
+    for ev in events:
+        if type(ev) is BlockStored:
+            out.append(["BlockStored", list(ev.hashes), ev.parent, [], ev.block_size, None, ev.medium] if arrays else
+                       {"type": "BlockStored", "block_hashes": list(ev.hashes), "parent_block_hash": ev.parent,
+                        "block_size": ev.block_size, "medium": ev.medium})
+        elif type(ev) is BlockRemoved:
+            out.append(["BlockRemoved", list(ev.hashes), ev.medium] if arrays else
+                       {"type": "BlockRemoved", "block_hashes": list(ev.hashes), "medium": ev.medium})
+        else:
+            out.append(["AllBlocksCleared"] if arrays else {"type": "AllBlocksCleared"})
+    return msgpack.packb([1.5, out, None])
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> None:
     paths = data.draw(forests())
-    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    ref, comp, scanned = ReferencePrefixIndex(), CompiledPrefixIndex(), CompiledPrefixIndex()
+    arrays = data.draw(st.booleans())
     for _ in range(data.draw(st.integers(1, 25))):
         worker, events, restart = data.draw(batches(paths))
-        assert ref.apply(worker, events) == comp.apply(worker, events)
+        want = ref.apply(worker, events)
+        assert comp.apply(worker, events) == want
+        scan = compiled.scan_kv_batch(payload(events, arrays))  # the batch as the compiled reader reads it
+        assert scan is not None and scanned.apply_scan(worker, scan) == want
         if restart:
-            ref.clear_worker(worker)
-            comp.clear_worker(worker)
+            for idx in (ref, comp, scanned):
+                idx.clear_worker(worker)
         chain = paths[data.draw(st.integers(0, UNIVERSE - 1))]
         m = ref.longest_match(chain)
-        for idx in (ref, comp):
+        for idx in (ref, comp, scanned):
             idx.record_hits(chain, m.blocks, 16)
-        assert observe(ref, paths) == observe(comp, paths)
+        assert observe(ref, paths) == observe(comp, paths) == observe(scanned, paths)
 
 
 def _pass_fields(s) -> tuple:
