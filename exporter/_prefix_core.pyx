@@ -48,7 +48,13 @@ cdef carray.array _EDGES = array("I")
 cdef carray.array _FLAGS = array("B")
 
 DEF NMEDIA = 8  # a worker's tiers are 8 bits of its holder entry
-DEF EMPTY = 0xFFFFFFFF
+cdef extern from *:
+    """
+    #define PFX_EMPTY_SLOT ((uint32_t)0xFFFFFFFFu)
+    """
+    # An empty hash-table slot: a C constant (a DEF this large would be a Python int, and every
+    # probe's comparison a Python call).
+    const uint32_t EMPTY "PFX_EMPTY_SLOT"
 DEF FLAG_FREE = 1
 DEF FLAG_HIT = 2
 DEF INLINE = 2
@@ -2400,7 +2406,7 @@ def scan_kv_batch(bytes payload):
     cdef uint32_t b32
     cdef int rc
     r.p, r.end = base, base + len(payload)
-    if len(payload) > 0xFFFFFFFF or _array(&r, &top) < 0 or not (top == 2 or top == 3) or r.p >= r.end:
+    if len(payload) >= (<Py_ssize_t>1 << 32) or _array(&r, &top) < 0 or not (top == 2 or top == 3) or r.p >= r.end:
         return None
     b = r.p[0]
     if b == 0xcb and r.end - r.p >= 9:
