@@ -4,13 +4,17 @@ Payloads model a busy vLLM worker with a full cache (map encoding, vLLM ≥ 0.24
 one scheduler step: 0–2 prefill chunks, each a BlockStored of 8–64 new 16-token blocks chained
 to a resident parent (with their token_ids, as vLLM sends them), 0–6 decode-time BlockStored of
 one block each, and as many single-hash BlockRemoved evictions as keep the cache at capacity.
-Both sides read the same payloads in the same run, interleaved, best of several repeats.
-Target: ingest within 3× of the bare decode.
+Both sides read the same payloads in the same run, interleaved; each row is the median of
+several rounds. Targets: ingest within 2× of the bare decode (the median of the rounds' ratios),
+and at least 2 M block events per second of the ingesting thread's CPU time (one core; other
+processes' turns on a loaded host left out).
 """
 
 from __future__ import annotations
 
+import gc
 import random
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +24,8 @@ import msgpack
 from exporter import kvcodec
 from exporter.health import Health
 
-TARGET_FACTOR = 3.0
+TARGET_FACTOR = 2.0
+CPU_TARGET = 2_000_000  # block events per second of one core's CPU time
 BLOCK_SIZE = 16
 
 
@@ -83,26 +88,42 @@ def _ingest(data: list[bytes], state: Any) -> None:
         apply(batch, batch.ts)
 
 
-def _timed(fn: Any, data: list[bytes], setup: Any) -> float:
-    arg = setup()  # a fresh state per run, built outside the timing
-    t0 = time.perf_counter()
+def _timed(fn: Any, data: list[bytes], setup: Any) -> tuple[float, float]:
+    """(wall-clock s, this thread's CPU s) of one run on a fresh argument built outside the timing."""
+    arg = setup()
+    gc.collect()  # the previous run's garbage is not this run's cost
+    t0, c0 = time.perf_counter(), time.thread_time()
     fn(data, arg)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - c0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
 def run(repeats: int = 7) -> Iterator[dict[str, Any]]:
     data, blocks = payloads()
     sides = {"bare": (_bare, Health), "decode": (_decode, Health), "ingest": (_ingest, _fresh_state)}
-    best = dict.fromkeys(sides, float("inf"))
+    wall: dict[str, list[float]] = {key: [] for key in sides}
+    cpu: dict[str, list[float]] = {key: [] for key in sides}
     for _ in range(repeats):  # interleaved, so a burst of load elsewhere hits every side alike
         for key, (fn, setup) in sides.items():
-            best[key] = min(best[key], _timed(fn, data, setup))
+            w, c = _timed(fn, data, setup)
+            wall[key].append(w)
+            cpu[key].append(c)
     for name, key, gated in (("KV ingest: decode + apply to ClusterState, block events/s", "ingest", True),
                              ("KV decode only (kvcodec), block events/s", "decode", False)):
-        factor = best[key] / best["bare"]
-        yield {"name": name, "value": blocks / best[key], "baseline": blocks / best["bare"], "ratio": factor,
-               "target": f"≤ {TARGET_FACTOR:g}× bare msgpack decode time" if gated else "-",
+        # The ratio of each interleaved round (both sides under the same load), median over rounds.
+        factor = _median([w / b for w, b in zip(wall[key], wall["bare"], strict=True)])
+        yield {"name": name, "value": blocks / _median(wall[key]), "baseline": blocks / _median(wall["bare"]),
+               "ratio": factor, "target": f"≤ {TARGET_FACTOR:g}× bare msgpack decode time" if gated else "-",
                "ok": factor <= TARGET_FACTOR if gated else True}
+    rate = blocks / _median(cpu["ingest"])
+    yield {"name": "KV ingest: decode + apply to ClusterState, block events/s of this thread's CPU time "
+                   "(one core; baseline: bare msgpack decode)",
+           "value": rate, "baseline": blocks / _median(cpu["bare"]),
+           "ratio": _median([c / b for c, b in zip(cpu["ingest"], cpu["bare"], strict=True)]),
+           "target": f"≥ {CPU_TARGET:,} block events/s", "ok": rate >= CPU_TARGET}
 
 if __name__ == "__main__":
     for row in run():

@@ -2275,16 +2275,40 @@ cdef int _medium_id(KvScan s, object m, ScanEvent* e) except -2:
 
 
 cdef int _raw_tokens(Reader* r, const uint8_t* base, ScanEvent* e) noexcept nogil:
-    """Step over a stored event's token_ids, noting where they are and their count."""
+    """Step over a stored event's token_ids, noting where they are and their count (an array of
+    small ints, the usual case, is stepped over in one tight loop; anything else by ``_skip``)."""
     cdef const uint8_t* start = r.p
     cdef Reader peek = r[0]
-    cdef uint64_t n
-    if _skip(r) < 0:
-        return -1
-    e.toff, e.tlen = <uint32_t>(start - base), <uint32_t>(r.p - start)
+    cdef uint64_t n, i
+    cdef const uint8_t* p
+    cdef const uint8_t* end = r.end
+    cdef uint8_t b
     e.token_count = 0
     if _array(&peek, &n) == 0:
         e.token_count = <uint32_t>n
+        p = peek.p
+        for i in range(n):  # ints only: fixint, uint8/16/32 (a token id is below 2^32)
+            if p >= end:
+                break
+            b = p[0]
+            if b <= 0x7f:
+                p += 1
+            elif b == 0xcd:
+                p += 3
+            elif b == 0xce:
+                p += 5
+            elif b == 0xcc:
+                p += 2
+            else:
+                break
+        else:
+            if p <= end:
+                r.p = p
+                e.toff, e.tlen = <uint32_t>(start - base), <uint32_t>(p - start)
+                return 0
+    if _skip(r) < 0:
+        return -1
+    e.toff, e.tlen = <uint32_t>(start - base), <uint32_t>(r.p - start)
     return 0
 
 

@@ -350,9 +350,12 @@ class ScannedBatch(KvBatch):
     @classmethod
     def of(cls, scan: Any, worker: str, seq: int) -> ScannedBatch:
         b = _new(cls)
-        for name, value in (("worker", worker), ("seq", seq), ("ts", scan.ts), ("dp_rank", scan.dp_rank),
-                            ("scan", scan), ("_events", None)):
-            _set(b, name, value)
+        _set_worker(b, worker)  # the slots' own setters: the frozen class's __setattr__ refuses
+        _set_seq(b, seq)
+        _set_ts(b, scan.ts)
+        _set_dp_rank(b, scan.dp_rank)
+        _set_scan(b, scan)
+        _set_events(b, None)
         return b
 
     @property  # type: ignore[override]
@@ -387,6 +390,11 @@ class ScannedBatch(KvBatch):
 
 _new = object.__new__
 _set = object.__setattr__
+_set_worker, _set_seq, _set_ts, _set_dp_rank = (getattr(KvBatch, n).__set__ for n in ("worker", "seq", "ts", "dp_rank"))
+_set_scan, _set_events = ScannedBatch.scan.__set__, ScannedBatch._events.__set__
+
+# Root stores as prefix instability reads them (``KvScan.root_events``): the event class's fast constructor.
+new_root_event = _new_stored
 
 
 def _scanner() -> Callable[[bytes], Any] | None:

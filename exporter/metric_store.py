@@ -53,6 +53,13 @@ class MetricStore:
         self.cum.inc(metric, labels, value)
         self.win.add(ts, (metric, labels), value)
 
+    def inc_many(self, ts: float, items: Sequence[tuple[str, LabelValues, float]]) -> None:
+        """:meth:`inc` of each (metric, labels, value) in order, at the same input time."""
+        cum = self.cum
+        for metric, labels, value in items:
+            cum.inc(metric, labels, value)
+        self.win.add_many(ts, [((metric, labels), value) for metric, labels, value in items])
+
     def zero(self, metric: str, labels: LabelValues) -> None:
         """Create a counter series at 0: a ratio's numerator exists whenever its denominator does."""
         self.cum.inc(metric, labels, 0.0)

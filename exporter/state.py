@@ -42,7 +42,7 @@ from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
 from exporter.input_time import InputTime
-from exporter.kvcodec import ScannedBatch
+from exporter.kvcodec import ScannedBatch, new_root_event
 from exporter.metric_store import LabelFilter, MetricStore
 from exporter.model import (
     AllBlocksCleared,
@@ -307,7 +307,7 @@ class ClusterState:
                 res = self.index.apply_scan(worker, scan)
                 ev = self.evictions.apply_scan(worker, scan, received_at)
                 if scan.roots:  # prefix instability reads root stores only
-                    self._count_roots(self.roots.apply(worker, scan.root_events(BlockStored, COMPARED_BLOCKS),
+                    self._count_roots(self.roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS),
                                                        received_at), received_at)
                 if not w.block_size:
                     w.block_size = scan.block_size
@@ -354,10 +354,12 @@ class ClusterState:
         store = self.store
         if ev.other_media:
             self._other_media.add(worker)
-        if ev.stored:
-            store.inc(ts, _BLOCKS_STORED, lab, ev.stored)
-            store.inc(ts, _BLOCKS_RESTORED, lab, ev.restored)  # at 0 too: thrash exists wherever stores do
-        if ev.evicted:
+        if ev.stored:  # restored at 0 too: thrash exists wherever stores do
+            incs = [(_BLOCKS_STORED, lab, ev.stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+            if ev.evicted:
+                incs.append((_BLOCKS_EVICTED, lab, ev.evicted))
+            store.inc_many(ts, incs)
+        elif ev.evicted:
             store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
         ages = ev.ages
         if ages:  # each label's observations in event order, the label seen first first: as one at a time
@@ -369,8 +371,7 @@ class ClusterState:
         """The prefix-instability series of one batch (under the lock); both exist from the first
         judgeable root on, so a fleet without unstable prefixes reads 0."""
         if roots.roots:
-            self.store.inc(ts, _ROOT_BRANCHES, (), roots.roots)
-            self.store.inc(ts, _UNSTABLE_ROOTS, (), roots.unstable)
+            self.store.inc_many(ts, [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)])
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:

@@ -107,6 +107,22 @@ class WindowedSum:
         self.sums[key] = self.sums.get(key, 0.0) + value
         self._slots.events += 1
 
+    def add_many(self, ts: float, items: Iterable[tuple[Hashable, float]]) -> None:
+        """``add`` of each (key, value) in order, at the same ``ts`` (the slot looked up once)."""
+        slots = self._slots
+        rows = slots.slot_for(ts).rows
+        sums, n = self.sums, self._n
+        added = 0
+        for key, value in items:
+            if key in rows:
+                rows[key] += value
+            else:
+                rows[key] = value
+                n[key] += 1
+            sums[key] = sums.get(key, 0.0) + value
+            added += 1
+        slots.events += added
+
     def expire(self, now: float) -> None:
         slots = self._slots.slots
         if not slots or slots[0].last > now - self.window_s:  # nothing to expire (the common case)
