@@ -286,6 +286,10 @@ class CompiledMatch:
         if not excluding:
             return self.blocks
         wid = self._wid
+        if len(excluding) == 1:  # the record path's question (every worker but the serving one): no array
+            for w in excluding:
+                x = wid.get(w)
+                return self.blocks if x is None else _best_excluding_one(self._pairs, <uint32_t>x)
         ids = sorted(wid[w] for w in excluding if w in wid)
         if not ids:
             return self.blocks
@@ -345,6 +349,19 @@ cdef uint32_t _best_excluding(carray.array pairs, carray.array excluded) noexcep
         for k in range(nx):
             out += _in_sorted(g + i + 2, g[i + 1], x[k])
         if out == g[i + 1]:  # every worker this deep is excluded, and so are the deeper groups' workers
+            break
+        depth = g[i]
+        i += 2 + g[i + 1]
+    return depth
+
+
+cdef uint32_t _best_excluding_one(carray.array pairs, uint32_t w) noexcept:
+    """``_best_excluding`` for one excluded worker: a group is all excluded when it is that worker alone."""
+    cdef const uint32_t* g = pairs.data.as_uints
+    cdef Py_ssize_t i = 0, n = len(pairs)
+    cdef uint32_t depth = 0
+    while i < n:
+        if g[i + 1] == 1 and g[i + 2] == w:
             break
         depth = g[i]
         i += 2 + g[i + 1]
@@ -1300,7 +1317,18 @@ cdef class CompiledPrefixIndex:
     def longest_match(self, block_hashes):
         """Leading blocks of ``block_hashes`` each worker holds (on any tier), and the best of them.
 
-        Exact without assuming the chain property. The workers still matching are a sorted
+        Exact without assuming the chain property (a worker may hold a block without its parent).
+        The rule the walk and its result rely on: the survivors after block d+1 — the workers
+        holding each of the first d+1 blocks — are the survivors after block d that hold block
+        d+1, a subset of them. So each worker's depth is the depth at which it stops surviving;
+        the result keeps, each time the survivors shrink, the set before the step with its depth
+        (groups of falling size and rising depth, each a subset of the one before), and a worker's
+        depth is that of the deepest group naming it; the best depth among workers outside a set X
+        is that of the deepest group with a member outside X (a deeper group's members are all in
+        this one). A block whose holder entries (worker and tier bits) are byte for byte those of
+        the block before, when every holder of that block survived, leaves the survivors as they
+        are. tests/exporter/test_prefix_index_equality.py holds the result to the reference's
+        per-worker walk. The workers still matching are a sorted
         array; each block intersects it with the block's sorted holders (a merge, or binary
         searches when one side is much shorter). When the survivors shrink, the set before the
         step is appended to the result with its depth (one memcpy; the per-worker dict is built

@@ -260,3 +260,37 @@ def test_the_reference_can_be_forced_and_says_so() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["reference", "ReferencePrefixIndex"], out.stderr
     assert out.stderr.count("prefix index: the Python reference implementation") == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_the_lookup_rule_holds_against_the_reference(data: st.DataObject) -> None:
+    # The rule ``CompiledPrefixIndex.longest_match`` relies on (survivors shrink as subsets, so a
+    # worker's depth is that of the deepest group naming it; a block with byte-identical holder
+    # entries keeps the survivors): many workers, holders with gaps (a block held without its
+    # parent), equal holder sets on different tiers, and holder counts far apart (both binary-search
+    # intersections) — every depth, best depth and exclusion against the reference.
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    n_workers = data.draw(st.sampled_from((3, 40, 200)))
+    workers = [f"w{i}" for i in range(n_workers)]
+    chain = [hash_of(i) for i in range(data.draw(st.integers(1, 10)))]
+    for w in workers:
+        upto = data.draw(st.integers(0, len(chain)))
+        medium = data.draw(st.sampled_from(MEDIA))
+        events: list = [BlockStored(tuple(chain[:upto]), None, 16, medium=medium)] if upto else []
+        if upto and data.draw(st.integers(0, 3)) == 0:  # a gap: a later block held without this one
+            events.append(BlockRemoved((chain[data.draw(st.integers(0, upto - 1))],), medium=medium))
+        if data.draw(st.integers(0, 5)) == 0:  # the same blocks on a second tier
+            events.append(BlockStored(tuple(chain[:upto]), None, 16, medium="CPU"))
+        for idx in (ref, comp):
+            idx.apply(w, events)
+    probes = [chain, [*chain, hash_of(99)], chain[1:], chain[:1]]
+    sample = [*data.draw(st.lists(st.sampled_from(workers), max_size=4)), "nobody"]
+    for c in probes:
+        r, m = ref.longest_match(c), comp.longest_match(c)
+        assert (r.blocks, r.per_worker, r.best_workers) == (m.blocks, m.per_worker, m.best_workers)
+        assert [r.depth_on(w) for w in workers] == [m.depth_on(w) for w in workers]
+        for w in sample:
+            assert r.best_depth({w}) == m.best_depth({w}) == max(
+                (d for x, d in r.per_worker.items() if x != w), default=0)
+        assert r.best_depth(set(sample)) == m.best_depth(set(sample))
