@@ -224,9 +224,10 @@ cdef class KvScan:
 
     def root_events(self, stored_cls, Py_ssize_t max_blocks):
         """The stored events without a parent, as ``stored_cls``: all that prefix instability
-        reads of a batch. Their token ids stop after ``max_blocks`` blocks (what it compares;
-        ``len(token_ids) // block_size`` is then cut at ``max_blocks`` too, nothing else)."""
-        cdef Py_ssize_t i, j, keep
+        reads of a batch. Their hashes stop after ``max_blocks`` blocks and their token ids after
+        ``max_blocks`` blocks' worth (what it compares: ``len(hashes)`` and
+        ``len(token_ids) // block_size`` are then cut at ``max_blocks``, nothing else changes)."""
+        cdef Py_ssize_t i, j, keep, nh
         cdef ScanEvent* e
         cdef list out = []
         if not self.roots:
@@ -235,7 +236,8 @@ cdef class KvScan:
             e = &self.ev[i]
             if e.kind != SCAN_STORED or e.has_parent:
                 continue
-            hs = tuple([self.hashes[j] for j in range(e.hoff, e.hoff + e.hn)])
+            nh = e.hn if e.hn < max_blocks else max_blocks
+            hs = tuple([self.hashes[j] for j in range(e.hoff, e.hoff + nh)])
             keep = e.token_count if e.token_count < max_blocks * e.block_size else max_blocks * e.block_size
             toks = _ints_tuple(self.payload, e.toff, e.tlen, keep)
             out.append(stored_cls(hs, None, e.block_size, e.token_count, self.media[e.medium], toks))

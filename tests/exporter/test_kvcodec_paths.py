@@ -203,8 +203,10 @@ def _scanned_agrees(payload: bytes) -> bool:
         == [e.token_count for e in typed.events if type(e) is BlockStored]
     roots = [e for e in typed.events if type(e) is BlockStored and e.parent is None]
     assert scan.roots == len(roots)
-    got = scan.root_events(BlockStored, COMPARED_BLOCKS)
-    assert got == roots and [e.token_ids for e in got] == [e.token_ids[:COMPARED_BLOCKS * e.block_size] for e in roots]
+    got = scan.root_events(BlockStored, COMPARED_BLOCKS)  # cut where prefix instability stops comparing
+    assert [(e.hashes, e.parent, e.block_size, e.token_count, e.medium, e.token_ids) for e in got] == \
+        [(e.hashes[:COMPARED_BLOCKS], None, e.block_size, e.token_count, e.medium,
+          e.token_ids[:COMPARED_BLOCKS * e.block_size]) for e in roots]
     assert scan.block_size == next((e.block_size for e in typed.events if type(e) is BlockStored and e.block_size), None)
     batch = kvcodec.decode_batch(payload, "w", 5)
     assert type(batch) is kvcodec.ScannedBatch and batch == typed and typed == batch and hash(batch) == hash(typed)
