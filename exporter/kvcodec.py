@@ -25,6 +25,12 @@ on every batch both read (tests/exporter/test_kvcodec_paths.py). One difference 
 fields the exporter never reads (``lora_name``, ``extra_keys``, …) are skipped unread by the
 typed path, so garbage inside them (invalid UTF-8, a malformed msgpack timestamp) no longer
 rejects a batch whose blocks are well formed.
+
+When the compiled core is in use, a third path comes first: ``_prefix_core.scan_kv_batch`` reads
+the common well-formed batch (a strict subset of what the typed path accepts) into C arrays, and
+:class:`ScannedBatch` carries them to the state, whose prefix index and eviction tracker apply
+them without an event object (``apply_scan``). Its events, if anyone reads them, are the typed
+path's own (tests/exporter/test_kvcodec_paths.py holds the reader to the typed path).
 """
 
 from __future__ import annotations
