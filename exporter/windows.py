@@ -226,11 +226,15 @@ class Cumulative:
         self.histograms: dict[str, dict[LabelValues, list[float]]] = {}
 
     def inc(self, metric: str, labels: LabelValues, value: float = 1.0) -> None:
-        series = self.counters.setdefault(metric, {})
+        series = self.counters.get(metric)
+        if series is None:  # (not setdefault: that builds an empty dict on every call)
+            series = self.counters[metric] = {}
         series[labels] = series.get(labels, 0.0) + value
 
     def observe(self, metric: str, labels: LabelValues, bounds: Sequence[float], value: float) -> None:
-        series = self.histograms.setdefault(metric, {})
+        series = self.histograms.get(metric)
+        if series is None:
+            series = self.histograms[metric] = {}
         row = series.get(labels)
         if row is None:
             row = series[labels] = [0.0] * (len(bounds) + 2)
@@ -240,7 +244,9 @@ class Cumulative:
     def observe_many(self, metric: str, labels: LabelValues, bounds: Sequence[float],
                      values: Sequence[float]) -> None:
         """``observe`` of each value in order (the same counts and the same running sum)."""
-        series = self.histograms.setdefault(metric, {})
+        series = self.histograms.get(metric)
+        if series is None:
+            series = self.histograms[metric] = {}
         row = series.get(labels)
         if row is None:
             row = series[labels] = [0.0] * (len(bounds) + 2)
