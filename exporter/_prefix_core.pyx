@@ -2537,3 +2537,13 @@ cdef tuple _ints_tuple(bytes payload, uint32_t off, uint32_t length, Py_ssize_t 
         Py_INCREF(item)
         PyTuple_SET_ITEM(out, i, item)
     return out
+
+
+def ints_only(tuple items):
+    """True when every item is exactly an ``int`` (not a bool, not a subclass): prefix
+    instability's check of a root's token ids, one type comparison per item."""
+    cdef Py_ssize_t i
+    for i in range(PyTuple_GET_SIZE(items)):
+        if type(<object>PyTuple_GET_ITEM(items, i)) is not int:
+            return False
+    return True
