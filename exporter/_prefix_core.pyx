@@ -142,25 +142,26 @@ cdef inline uint32_t* _hold(Block* b) nogil:
     return b.h.ext if b.cap else b.h.inl
 
 
-# The hashes of the event being applied, as 64-bit ints (grown as needed; used under the GIL,
-# one event at a time, by ``CompiledPrefixIndex.apply``).
-cdef uint64_t* _HBUF = NULL
-cdef Py_ssize_t _HBUF_CAP = 0
+DEF HBUF = 64  # hashes of one event read into a stack buffer (more: a heap one for that event)
 
 
-cdef Py_ssize_t _load_hashes(tuple hs) except -1:
-    """The tuple's block hashes into ``_HBUF`` (ints folded to 64 bits); their count."""
-    global _HBUF, _HBUF_CAP
+cdef uint64_t* _load_hashes(tuple hs, uint64_t* stackbuf) except NULL:
+    """The tuple's block hashes as 64-bit ints (folded, as ``_u64`` reads them): in ``stackbuf``
+    (``HBUF`` of them) when they fit, else in a malloc'd array the caller frees."""
     cdef Py_ssize_t i, n = PyTuple_GET_SIZE(hs)
-    cdef uint64_t* p
-    if n > _HBUF_CAP:
-        p = <uint64_t*>realloc(_HBUF, (n + 64) * sizeof(uint64_t))
-        if p == NULL:
+    cdef uint64_t* out = stackbuf
+    if n > HBUF:
+        out = <uint64_t*>malloc(n * sizeof(uint64_t))
+        if out == NULL:
             raise MemoryError()
-        _HBUF, _HBUF_CAP = p, n + 64
-    for i in range(n):
-        _HBUF[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
-    return n
+    try:
+        for i in range(n):
+            out[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
+    except BaseException:
+        if out != stackbuf:
+            free(out)
+        raise
+    return out
 
 
 # ---- KV batches read straight from the payload (declarations; the reader is at the end) -----------
@@ -1144,6 +1145,8 @@ cdef class CompiledPrefixIndex:
         cdef int t = -1
         cdef Py_ssize_t n
         cdef object parent
+        cdef uint64_t stackbuf[HBUF]
+        cdef uint64_t* hbuf
         # The previous event's medium (``self``: none yet). Decoded media are equal strings, rarely
         # the same object: an equal one keeps the tier without a lookup.
         cdef object last = self
@@ -1158,10 +1161,15 @@ cdef class CompiledPrefixIndex:
                     t, last = self._tier_id(m), m
                 stored_events += 1
                 parent = ev.parent
-                n = _load_hashes(hs)
+                n = PyTuple_GET_SIZE(hs)
                 stored += n
-                unknown_parent += self._store(wid, t, _HBUF, n, parent is not None,
-                                              _u64(parent) if parent is not None else 0)
+                hbuf = _load_hashes(hs, stackbuf)
+                try:
+                    unknown_parent += self._store(wid, t, hbuf, n, parent is not None,
+                                                  _u64(parent) if parent is not None else 0)
+                finally:
+                    if hbuf != stackbuf:
+                        free(hbuf)
             elif kind is BlockRemoved:
                 hs = ev.hashes
                 if type(hs) is not tuple:
@@ -1170,9 +1178,14 @@ cdef class CompiledPrefixIndex:
                 if m is not last and not (type(m) is str and type(last) is str and m == last):
                     t, last = self._tier_id(m), m
                 removed_events += 1
-                n = _load_hashes(hs)
+                n = PyTuple_GET_SIZE(hs)
                 removed += n
-                unknown_removals += self._remove(wid, t, _HBUF, n)
+                hbuf = _load_hashes(hs, stackbuf)
+                try:
+                    unknown_removals += self._remove(wid, t, hbuf, n)
+                finally:
+                    if hbuf != stackbuf:
+                        free(hbuf)
             elif kind is AllBlocksCleared:
                 self._clear(wid)
                 cleared += 1

@@ -294,3 +294,17 @@ def test_the_lookup_rule_holds_against_the_reference(data: st.DataObject) -> Non
             assert r.best_depth({w}) == m.best_depth({w}) == max(
                 (d for x, d in r.per_worker.items() if x != w), default=0)
         assert r.best_depth(set(sample)) == m.best_depth(set(sample))
+
+
+def test_events_longer_than_the_stack_buffer_apply_alike() -> None:
+    # More hashes in one event than apply reads onto the stack: a heap buffer for that event.
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    chain = tuple(hash_of(i) for i in range(200))
+    for idx in (ref, comp):
+        idx.apply("w0", [BlockStored(chain, None, 16), BlockStored(chain[:70], None, 16, medium="CPU")])
+        idx.apply("w1", [BlockStored(chain[:130], None, 16)])
+        idx.apply("w0", [BlockRemoved(chain[100:180]), BlockRemoved(chain[:65], medium="CPU")])
+    assert observe(ref, [list(chain)]) == observe(comp, [list(chain)])
+    with pytest.raises(TypeError):
+        comp.apply("w2", [BlockStored((*chain[:80], "x"), None, 16)])
+    assert comp.resident_blocks("w2") == 0  # the bad event was read before any of it was applied
