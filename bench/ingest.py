@@ -5,9 +5,9 @@ one scheduler step: 0–2 prefill chunks, each a BlockStored of 8–64 new 16-to
 to a resident parent (with their token_ids, as vLLM sends them), 0–6 decode-time BlockStored of
 one block each, and as many single-hash BlockRemoved evictions as keep the cache at capacity.
 Both sides read the same payloads in the same run, interleaved; each row is the median of
-several rounds. Targets: ingest within 2× of the bare decode (the median of the rounds' ratios),
-and at least 2 M block events per second of the ingesting thread's CPU time (one core; other
-processes' turns on a loaded host left out).
+several rounds, timed in the ingesting thread's CPU time (other processes' turns on a loaded
+host left out; wall-clock time is shown as information). Targets: ingest within 2× of the bare
+decode (the median of the rounds' ratios) and at least 2 M block events per second (one core).
 """
 
 from __future__ import annotations
@@ -111,19 +111,23 @@ def run(repeats: int = 7) -> Iterator[dict[str, Any]]:
             w, c = _timed(fn, data, setup)
             wall[key].append(w)
             cpu[key].append(c)
-    for name, key, gated in (("KV ingest: decode + apply to ClusterState, block events/s", "ingest", True),
-                             ("KV decode only (kvcodec), block events/s", "decode", False)):
-        # The ratio of each interleaved round (both sides under the same load), median over rounds.
-        factor = _median([w / b for w, b in zip(wall[key], wall["bare"], strict=True)])
-        yield {"name": name, "value": blocks / _median(wall[key]), "baseline": blocks / _median(wall["bare"]),
-               "ratio": factor, "target": f"≤ {TARGET_FACTOR:g}× bare msgpack decode time" if gated else "-",
-               "ok": factor <= TARGET_FACTOR if gated else True}
-    rate = blocks / _median(cpu["ingest"])
+
+    def ratio(times: dict[str, list[float]], key: str) -> float:
+        # each interleaved round's ratio (both sides under the same load), median over the rounds
+        return _median([t / b for t, b in zip(times[key], times["bare"], strict=True)])
+
+    rate, bare_rate, factor = blocks / _median(cpu["ingest"]), blocks / _median(cpu["bare"]), ratio(cpu, "ingest")
     yield {"name": "KV ingest: decode + apply to ClusterState, block events/s of this thread's CPU time "
-                   "(one core; baseline: bare msgpack decode)",
-           "value": rate, "baseline": blocks / _median(cpu["bare"]),
-           "ratio": _median([c / b for c, b in zip(cpu["ingest"], cpu["bare"], strict=True)]),
+                   "(baseline: bare msgpack decode of the same bytes)",
+           "value": rate, "baseline": bare_rate, "ratio": factor,
+           "target": f"≤ {TARGET_FACTOR:g}× bare msgpack decode time", "ok": factor <= TARGET_FACTOR}
+    yield {"name": "... the same rate, one core", "value": rate, "baseline": bare_rate, "ratio": factor,
            "target": f"≥ {CPU_TARGET:,} block events/s", "ok": rate >= CPU_TARGET}
+    yield {"name": "... in wall-clock time (a loaded host's preemptions included)", "value": blocks / _median(wall["ingest"]),
+           "baseline": blocks / _median(wall["bare"]), "ratio": ratio(wall, "ingest"), "target": "information", "ok": True}
+    yield {"name": "KV decode only (kvcodec), block events/s of CPU time", "value": blocks / _median(cpu["decode"]),
+           "baseline": bare_rate, "ratio": ratio(cpu, "decode"), "target": "information", "ok": True}
+
 
 if __name__ == "__main__":
     for row in run():
