@@ -2457,9 +2457,10 @@ cdef int _array_event(KvScan s, Reader* r, const uint8_t* base, ScanEvent* e) ex
     return -1
 
 
-def scan_kv_batch(bytes payload):
+def scan_kv_batch(bytes payload, batch_cls=None, worker=None, seq=None):
     """The batch as a :class:`KvScan`, or None when it is not the common well-formed shape (see
-    above: the decoder's own path then reads it)."""
+    above: the decoder's own path then reads it). With ``batch_cls`` (``kvcodec.ScannedBatch``):
+    an instance of it for ``worker`` and ``seq`` holding the scan, its slots filled in C."""
     cdef KvScan s = KvScan.__new__(KvScan)
     cdef const uint8_t* base = <const uint8_t*><const char*>payload
     cdef Reader r
@@ -2521,7 +2522,16 @@ def scan_kv_batch(bytes payload):
     if r.p != r.end:
         return None
     s.payload = payload
-    return s
+    if batch_cls is None:
+        return s
+    o = _new_slotted(<type>batch_cls)
+    PyObject_GenericSetAttr(o, "worker", worker)  # the slots' own setters (the class is frozen)
+    PyObject_GenericSetAttr(o, "seq", seq)
+    PyObject_GenericSetAttr(o, "ts", s.ts)
+    PyObject_GenericSetAttr(o, "dp_rank", s.dp_rank)
+    PyObject_GenericSetAttr(o, "scan", s)
+    PyObject_GenericSetAttr(o, "_events", None)
+    return o
 
 
 cdef tuple _ints_tuple(bytes payload, uint32_t off, uint32_t length, Py_ssize_t keep):

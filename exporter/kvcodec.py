@@ -403,7 +403,7 @@ _set_scan, _set_events = ScannedBatch.scan.__set__, ScannedBatch._events.__set__
 new_root_event = _new_stored
 
 
-def _scanner() -> Callable[[bytes], Any] | None:
+def _scanner() -> Callable[..., Any] | None:
     """The compiled reader when the extension is in use (as for :func:`_event_builder`)."""
     from exporter.prefix_index import CORE
 
@@ -427,9 +427,9 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
     token ids (else they are left empty, but for root stores; ``token_count`` is always read). Never raises.
     """
     if _scan is not None and not token_ids and type(payload) is bytes:
-        scan = _scan(payload)
-        if scan is not None:
-            return ScannedBatch.of(scan, worker, seq)
+        scanned = _scan(payload, ScannedBatch, worker, seq)  # ScannedBatch.of(scan, worker, seq), built in C
+        if scanned is not None:
+            return scanned
     batch = _typed(payload, worker, seq, token_ids)
     return batch if batch is not None else decode_careful(payload, worker, seq, health)
 

@@ -211,6 +211,9 @@ def _scanned_agrees(payload: bytes) -> bool:
     batch = kvcodec.decode_batch(payload, "w", 5)
     assert type(batch) is kvcodec.ScannedBatch and batch == typed and typed == batch and hash(batch) == hash(typed)
     assert batch.events == typed.events and pickle.loads(pickle.dumps(batch)) == typed
+    built = kvcodec.ScannedBatch.of(scan, "w", 5)  # what the reader builds in C, in Python
+    assert (built.worker, built.seq, built.ts, built.dp_rank) == (batch.worker, batch.seq, batch.ts, batch.dp_rank)
+    assert built == batch and batch.scan is not None and built.scan is scan
     return True
 
 
