@@ -4,13 +4,17 @@ Payloads model a busy vLLM worker with a full cache (map encoding, vLLM ≥ 0.24
 one scheduler step: 0–2 prefill chunks, each a BlockStored of 8–64 new 16-token blocks chained
 to a resident parent (with their token_ids, as vLLM sends them), 0–6 decode-time BlockStored of
 one block each, and as many single-hash BlockRemoved evictions as keep the cache at capacity.
-Both sides read the same payloads in the same run, interleaved, best of several repeats.
-Target: ingest within 3× of the bare decode.
+Both sides read the same payloads in the same run, interleaved; each row is the median of
+several rounds, timed in the ingesting thread's CPU time (other processes' turns on a loaded
+host left out; wall-clock time is shown as information). Targets: ingest within 2× of the bare
+decode (the median of the rounds' ratios) and at least 2 M block events per second (one core).
 """
 
 from __future__ import annotations
 
+import gc
 import random
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +24,8 @@ import msgpack
 from exporter import kvcodec
 from exporter.health import Health
 
-TARGET_FACTOR = 3.0
+TARGET_FACTOR = 2.0
+CPU_TARGET = 2_000_000  # block events per second of one core's CPU time
 BLOCK_SIZE = 16
 
 
@@ -83,26 +88,46 @@ def _ingest(data: list[bytes], state: Any) -> None:
         apply(batch, batch.ts)
 
 
-def _timed(fn: Any, data: list[bytes], setup: Any) -> float:
-    arg = setup()  # a fresh state per run, built outside the timing
-    t0 = time.perf_counter()
+def _timed(fn: Any, data: list[bytes], setup: Any) -> tuple[float, float]:
+    """(wall-clock s, this thread's CPU s) of one run on a fresh argument built outside the timing."""
+    arg = setup()
+    gc.collect()  # the previous run's garbage is not this run's cost
+    t0, c0 = time.perf_counter(), time.thread_time()
     fn(data, arg)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - c0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
 def run(repeats: int = 7) -> Iterator[dict[str, Any]]:
     data, blocks = payloads()
     sides = {"bare": (_bare, Health), "decode": (_decode, Health), "ingest": (_ingest, _fresh_state)}
-    best = dict.fromkeys(sides, float("inf"))
+    wall: dict[str, list[float]] = {key: [] for key in sides}
+    cpu: dict[str, list[float]] = {key: [] for key in sides}
     for _ in range(repeats):  # interleaved, so a burst of load elsewhere hits every side alike
         for key, (fn, setup) in sides.items():
-            best[key] = min(best[key], _timed(fn, data, setup))
-    for name, key, gated in (("KV ingest: decode + apply to ClusterState, block events/s", "ingest", True),
-                             ("KV decode only (kvcodec), block events/s", "decode", False)):
-        factor = best[key] / best["bare"]
-        yield {"name": name, "value": blocks / best[key], "baseline": blocks / best["bare"], "ratio": factor,
-               "target": f"≤ {TARGET_FACTOR:g}× bare msgpack decode time" if gated else "-",
-               "ok": factor <= TARGET_FACTOR if gated else True}
+            w, c = _timed(fn, data, setup)
+            wall[key].append(w)
+            cpu[key].append(c)
+
+    def ratio(times: dict[str, list[float]], key: str) -> float:
+        # each interleaved round's ratio (both sides under the same load), median over the rounds
+        return _median([t / b for t, b in zip(times[key], times["bare"], strict=True)])
+
+    rate, bare_rate, factor = blocks / _median(cpu["ingest"]), blocks / _median(cpu["bare"]), ratio(cpu, "ingest")
+    yield {"name": "KV ingest: decode + apply to ClusterState, block events/s of this thread's CPU time "
+                   "(baseline: bare msgpack decode of the same bytes)",
+           "value": rate, "baseline": bare_rate, "ratio": factor,
+           "target": f"≤ {TARGET_FACTOR:g}× bare msgpack decode time", "ok": factor <= TARGET_FACTOR}
+    yield {"name": "... the same rate, one core", "value": rate, "baseline": bare_rate, "ratio": factor,
+           "target": f"≥ {CPU_TARGET:,} block events/s", "ok": rate >= CPU_TARGET}
+    yield {"name": "... in wall-clock time (a loaded host's preemptions included)", "value": blocks / _median(wall["ingest"]),
+           "baseline": blocks / _median(wall["bare"]), "ratio": ratio(wall, "ingest"), "target": "information", "ok": True}
+    yield {"name": "KV decode only (kvcodec), block events/s of CPU time", "value": blocks / _median(cpu["decode"]),
+           "baseline": bare_rate, "ratio": ratio(cpu, "decode"), "target": "information", "ok": True}
+
 
 if __name__ == "__main__":
     for row in run():

@@ -218,6 +218,16 @@ class KvAttribution:
         return kid
 
     # ---- events ------------------------------------------------------------------------------
+    def holds_labels(self, worker: str) -> bool:
+        """The worker holds labelled blocks: its removals and clears change what is attributed.
+        A batch without labels for a worker that holds none changes nothing here (the compiled
+        reader's batches skip :meth:`apply` then; :meth:`note_batch` keeps the gauges alive)."""
+        return worker in self._blocks
+
+    def note_batch(self) -> None:
+        """A batch arrived that needed no attribution work: the gauges exist from now on."""
+        self.seen = True
+
     def apply(self, worker: str, raw_events: tuple[object, ...]) -> None:
         """One batch's events, in order (after the index applied them)."""
         self.seen = True

@@ -29,6 +29,12 @@ rejects a batch whose blocks are well formed.
 Attribution (``attribution=True``): the stored structs also keep ``lora_name`` and ``extra_keys``
 as raw msgpack (unparsed, so they still cannot reject a batch) and the batch passes its decoded
 events on as ``KvBatch.raw_events`` for ``exporter.attribution`` to read. Off, nothing changes.
+
+When the compiled core is in use, a third path comes first: ``_prefix_core.scan_kv_batch`` reads
+the common well-formed batch (a strict subset of what the typed path accepts) into C arrays, and
+:class:`ScannedBatch` carries them to the state, whose prefix index and eviction tracker apply
+them without an event object (``apply_scan``). Its events, if anyone reads them, are the typed
+path's own (tests/exporter/test_kvcodec_paths.py holds the reader to the typed path).
 """
 
 from __future__ import annotations
@@ -367,6 +373,101 @@ def _typed(payload: bytes, worker: str, seq: int, token_ids: bool, attribution: 
                    raw_events=obj.events if attribution else None)
 
 
+# ---- the scanned path (compiled) ------------------------------------------------------------------
+# The compiled reader (``_prefix_core.scan_kv_batch``) reads the common well-formed batch into C
+# arrays that the prefix index and the eviction tracker apply directly (``apply_scan``): no event
+# object is built unless a reader asks for the events. It accepts a strict subset of what the
+# typed path accepts, and the events of a scanned batch are the typed path's own, built on first
+# read, so every reader sees the same batch whichever path decoded it.
+
+
+class ScannedBatch(KvBatch):
+    """A :class:`KvBatch` read by the compiled reader: ``scan`` holds its events as C arrays and
+    ``events`` is built from the payload by the typed path on first read (then kept); ``attributed``:
+    decoded with tenant/adapter attribution on. Equal to,
+    and hashed and pickled as, the plain ``KvBatch`` of the same fields."""
+
+    __slots__ = ("_events", "attributed", "scan")
+
+    @classmethod
+    def of(cls, scan: Any, worker: str, seq: int) -> ScannedBatch:
+        b = _new(cls)
+        _set_worker(b, worker)  # the slots' own setters: the frozen class's __setattr__ refuses
+        _set_seq(b, seq)
+        _set_ts(b, scan.ts)
+        _set_dp_rank(b, scan.dp_rank)
+        _set_scan(b, scan)
+        _set_events(b, None)
+        _set_raw_events(b, None)
+        _set_attributed(b, False)
+        return b
+
+    @property  # type: ignore[override]
+    def events(self) -> tuple[KvEvent, ...]:
+        events = self._events
+        if events is None:
+            batch = _typed(self.scan.payload, self.worker, self.seq, False)
+            assert batch is not None, "the typed path reads every batch the compiled reader reads"
+            events = batch.events
+            _set(self, "_events", events)
+        return events
+
+    @events.setter
+    def events(self, value: tuple[KvEvent, ...]) -> None:  # the dataclass __init__ (``dataclasses.replace``)
+        _set(self, "_events", value)
+        _set(self, "scan", None)
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.worker, self.seq, self.ts, self.events, self.dp_rank, self.raw_events)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KvBatch):
+            return NotImplemented
+        return self._fields() == (other.worker, other.seq, other.ts, other.events, other.dp_rank, other.raw_events)
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return KvBatch, self._fields()
+
+
+_new = object.__new__
+_set = object.__setattr__
+_set_worker, _set_seq, _set_ts, _set_dp_rank, _set_raw_events = (
+    getattr(KvBatch, n).__set__ for n in ("worker", "seq", "ts", "dp_rank", "raw_events"))
+_set_scan, _set_events = ScannedBatch.scan.__set__, ScannedBatch._events.__set__
+# ``attributed``: decoded for tenant/adapter attribution (its stores carry no label: a labelled
+# batch takes the typed path), so the state follows removals of labelled blocks through it
+_set_attributed = ScannedBatch.attributed.__set__
+
+def labelled_events(batch: ScannedBatch) -> tuple[object, ...]:
+    """A scanned batch's events as attribution reads them (``raw_events`` of the typed path with
+    ``attribution``): asked for only when the worker already holds labelled blocks, whose removal
+    and clearing attribution must follow."""
+    typed = _typed(batch.scan.payload, batch.worker, batch.seq, False, True)
+    assert typed is not None and typed.raw_events is not None, "the typed path reads every scanned batch"
+    return typed.raw_events
+
+
+# Root stores as prefix instability reads them (``KvScan.root_events``): the event class's fast constructor.
+new_root_event = _new_stored
+
+
+def _scanner() -> Callable[..., Any] | None:
+    """The compiled reader when the extension is in use (as for :func:`_event_builder`)."""
+    from exporter.prefix_index import CORE
+
+    if CORE != "compiled":
+        return None
+    from exporter._prefix_core import scan_kv_batch
+
+    return scan_kv_batch
+
+
+_scan = _scanner()
+
+
 def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = None, *,
                  token_ids: bool = False, attribution: bool = False) -> KvBatch | None:
     """Decode one payload; ``None`` (and a ``decode`` error) when it is not a batch at all.
@@ -374,9 +475,15 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
     A hash that is not an unsigned 64-bit int or bytes rejects the whole batch (``decode``).
     Unknown event types and unreadable events are counted (``unknown_event``, ``bad_event``)
     and left out; the rest of the batch is kept in order. ``token_ids``: fill the stored events'
-    token ids (else they are left empty; ``token_count`` is always read). ``attribution``: keep
-    the decoded events as ``raw_events`` (with ``lora_name`` and ``extra_keys``). Never raises.
+    token ids (else they are left empty, but for root stores; ``token_count`` is always read).
+    ``attribution``: keep the decoded events as ``raw_events`` (with ``lora_name`` and
+    ``extra_keys``); a batch whose stores carry either takes the typed path. Never raises.
     """
+    if _scan is not None and not token_ids and type(payload) is bytes:
+        scanned = _scan(payload, ScannedBatch, worker, seq)  # ScannedBatch.of(scan, worker, seq), built in C
+        if scanned is not None and not (attribution and scanned.scan.labelled):
+            _set_attributed(scanned, attribution)
+            return scanned
     batch = _typed(payload, worker, seq, token_ids, attribution)
     return batch if batch is not None else decode_careful(payload, worker, seq, health, attribution=attribution)
 

@@ -13,7 +13,7 @@ Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 
 from exporter.baseline_window import LaggedBuckets
 from exporter.windows import Cumulative, LabelValues, WindowedBuckets, WindowedSum
@@ -57,6 +57,13 @@ class MetricStore:
         series[labels] = series.get(labels, 0.0) + value
         self.win.add(ts, (metric, labels), value)
 
+    def inc_many(self, ts: float, items: Sequence[tuple[str, LabelValues, float]]) -> None:
+        """:meth:`inc` of each (metric, labels, value) in order, at the same input time."""
+        cum = self.cum
+        for metric, labels, value in items:
+            cum.inc(metric, labels, value)
+        self.win.add_many(ts, [((metric, labels), value) for metric, labels, value in items])
+
     def zero(self, metric: str, labels: LabelValues) -> None:
         """Create a counter series at 0: a ratio's numerator exists whenever its denominator does."""
         counters = self.cum.counters
@@ -78,6 +85,22 @@ class MetricStore:
         lw = self.baselines.get(metric)
         if lw is not None:
             lw.observe(ts, labels, value)
+
+    def observe_many(self, ts: float, metric: str, labels: LabelValues, values: Sequence[float]) -> None:
+        """:meth:`observe` of each value in order, at the same input time (one batch's observations)."""
+        if not values:
+            return
+        m = catalog.METRICS_BY_NAME[metric]
+        assert m.buckets is not None
+        self.cum.observe_many(metric, labels, m.buckets, values)
+        hw = self.hwin.get(metric)
+        if hw is None:
+            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
+        hw.observe_many(ts, labels, values)
+        lw = self.baselines.get(metric)
+        if lw is not None:
+            for value in values:
+                lw.observe(ts, labels, value)
 
     def set_total(self, metric: str, labels: LabelValues, total: float,
                   increase: tuple[float, float] | None = None) -> None:

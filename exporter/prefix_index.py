@@ -5,7 +5,9 @@ open-addressing hash table; ``exporter.prefix_index_ref`` is the plain-Python re
 defines the semantics. Both have the same public interface and observable behaviour (the
 equality tests apply random event streams to both). :data:`CORE` says which one is in use.
 The same extension holds the per-worker eviction tracking (:data:`EvictionTracker`; the reference
-is ``exporter.eviction``), chosen with the index.
+is ``exporter.eviction``), chosen with the index. Both compiled classes also apply a batch read by
+the compiled KV reader (``apply_scan``, straight from its C arrays; the equality tests hold it to
+``apply`` on the batch's events).
 """
 
 from __future__ import annotations

@@ -44,6 +44,18 @@ COMPARED_BLOCKS = 32
 EARLY_SPAN_BLOCKS = 2  # a near-duplicate differs from its twin only within this many first blocks
 MIN_SHARED_BLOCKS = 8  # identical blocks after the span needed to call two roots near-duplicates
 DEFAULT_MAX_ROOTS = 4096  # recent roots remembered (with their first tokens)
+_INT_ONLY = frozenset((int,))
+
+
+def _ints_only_py(tokens: tuple) -> bool:
+    """Every token exactly an int (the compiled ``ints_only`` checks the same, item by item in C)."""
+    return _INT_ONLY.issuperset(map(type, tokens))
+
+
+try:
+    from exporter._prefix_core import ints_only as _ints_only
+except ImportError:  # no compiled core in this install
+    _ints_only = _ints_only_py
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,7 @@ class RootTracker:
         first, bs = ev.hashes[0], ev.block_size
         blocks = min(COMPARED_BLOCKS, len(ev.hashes), len(ev.token_ids) // bs if bs > 0 else 0)
         opening = tuple(ev.token_ids[:blocks * bs])
-        if blocks == 0 or not all(type(t) is int for t in opening):
+        if blocks == 0 or not _ints_only(opening):  # every token an int (bools are not)
             self._remember(first, ts, (), ())  # seen (not new next time), nothing to compare
             return
         self.tokens_seen = True

@@ -44,6 +44,7 @@ from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
 from exporter.input_time import InputTime
+from exporter.kvcodec import ScannedBatch, labelled_events, new_root_event
 from exporter.metric_store import LabelFilter, MetricStore
 from exporter.model import (
     AllBlocksCleared,
@@ -54,7 +55,7 @@ from exporter.model import (
     WorkerSnapshot,
 )
 from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, pass_in_slices
-from exporter.prefix_instability import RootBatch, RootTracker
+from exporter.prefix_instability import COMPARED_BLOCKS, RootBatch, RootTracker
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
     EVENT_FIELDS,
@@ -202,6 +203,8 @@ class ClusterState:
         self._repaired_at: dict[str, float] = {}
         self._other_media: set[str] = set()  # workers that sent CPU/disk events (the index counts every medium)
         self.rebuild_request: RebuildRequest | None = None  # set by the runtime to the KV subscriber's
+        # Batches the compiled reader scanned are applied from its arrays when both parts are compiled.
+        self._applies_scans = hasattr(self.index, "apply_scan") and hasattr(self.evictions, "apply_scan")
 
     # ---- the parts' state, under the names readers and tests use -------------------------------
     @property
@@ -303,19 +306,35 @@ class ClusterState:
         the events but leave the worker's stream-health series (batches, lag, last timestamp) to its
         home shard, so each exists once across shards."""
         worker = batch.worker
+        scan = batch.scan if type(batch) is ScannedBatch and self._applies_scans else None
         with self.lock:
             self.time.advance(received_at)
             self.kv_seen = True
             w = self.worker_pool.worker(worker, received_at)
-            res = self.index.apply(worker, batch.events)
-            if batch.raw_events is not None:
-                self.attribution.kv.apply(worker, batch.raw_events)
-            ev = self.evictions.apply(worker, batch.events, received_at)
+            if scan is not None:  # the compiled reader's arrays, applied without event objects
+                res = self.index.apply_scan(worker, scan)
+                if batch.attributed:  # (a labelled batch never comes scanned then)
+                    if self.attribution.kv.holds_labels(worker):
+                        self.attribution.kv.apply(worker, labelled_events(batch))
+                    else:
+                        self.attribution.kv.note_batch()
+                ev = self.evictions.apply_scan(worker, scan, received_at)
+                if scan.roots:  # prefix instability reads root stores only
+                    self._count_roots(self.roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS),
+                                                       received_at), received_at)
+                if not w.block_size:
+                    w.block_size = scan.block_size
+            else:
+                events = batch.events
+                res = self.index.apply(worker, events)
+                if batch.raw_events is not None:
+                    self.attribution.kv.apply(worker, batch.raw_events)
+                ev = self.evictions.apply(worker, events, received_at)
+                self._count_roots(self.roots.apply(worker, events, received_at), received_at)
+                if not w.block_size:
+                    w.block_size = next((ev.block_size for ev in events
+                                         if isinstance(ev, BlockStored) and ev.block_size), None)
             self._count_evictions(worker, ev, received_at)
-            self._count_roots(self.roots.apply(worker, batch.events, received_at), received_at)
-            if not w.block_size:
-                w.block_size = next((ev.block_size for ev in batch.events
-                                     if isinstance(ev, BlockStored) and ev.block_size), None)
             if not self.worker_pool.unchanged_for(worker):
                 self._update_pool(received_at)
             self._expire()
@@ -350,20 +369,24 @@ class ClusterState:
         store = self.store
         if ev.other_media:
             self._other_media.add(worker)
-        if ev.stored:
-            store.inc(ts, _BLOCKS_STORED, lab, ev.stored)
-            store.inc(ts, _BLOCKS_RESTORED, lab, ev.restored)  # at 0 too: thrash exists wherever stores do
-        if ev.evicted:
+        if ev.stored:  # restored at 0 too: thrash exists wherever stores do
+            incs = [(_BLOCKS_STORED, lab, ev.stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+            if ev.evicted:
+                incs.append((_BLOCKS_EVICTED, lab, ev.evicted))
+            store.inc_many(ts, incs)
+        elif ev.evicted:
             store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
-        for age, reused in ev.ages:
-            store.observe(ts, _EVICTION_AGE, (worker, "true" if reused else "false"), age)
+        ages = ev.ages
+        if ages:  # each label's observations in event order, the label seen first first: as one at a time
+            for flag in ((True, False) if ages[0][1] else (False, True)):
+                store.observe_many(ts, _EVICTION_AGE, (worker, "true" if flag else "false"),
+                                   [age for age, reused in ages if reused is flag])
 
     def _count_roots(self, roots: RootBatch, ts: float) -> None:
         """The prefix-instability series of one batch (under the lock); both exist from the first
         judgeable root on, so a fleet without unstable prefixes reads 0."""
         if roots.roots:
-            self.store.inc(ts, _ROOT_BRANCHES, (), roots.roots)
-            self.store.inc(ts, _UNSTABLE_ROOTS, (), roots.unstable)
+            self.store.inc_many(ts, [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)])
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:

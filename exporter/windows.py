@@ -114,7 +114,26 @@ class WindowedSum:
         sums[key] = sums.get(key, 0.0) + value
         slots.events += 1
 
+    def add_many(self, ts: float, items: Iterable[tuple[Hashable, float]]) -> None:
+        """``add`` of each (key, value) in order, at the same ``ts`` (the slot looked up once)."""
+        slots = self._slots
+        rows = slots.slot_for(ts).rows
+        sums, n = self.sums, self._n
+        added = 0
+        for key, value in items:
+            if key in rows:
+                rows[key] += value
+            else:
+                rows[key] = value
+                n[key] += 1
+            sums[key] = sums.get(key, 0.0) + value
+            added += 1
+        slots.events += added
+
     def expire(self, now: float) -> None:
+        slots = self._slots.slots
+        if not slots or slots[0].last > now - self.window_s:  # nothing to expire (the common case)
+            return
         sums, n = self.sums, self._n
         for slot in self._slots.expired(now):
             for key, value in slot.rows.items():
@@ -159,7 +178,27 @@ class WindowedBuckets:
             row = self.counts[key] = [0] * (len(self.bounds) + 1)
         row[i] += 1
 
+    def observe_many(self, ts: float, key: Hashable, values: Sequence[float]) -> None:
+        """``observe`` of each value at the same ``ts`` (the slot and rows looked up once)."""
+        if not values:
+            return
+        bounds, width = self.bounds, len(self.bounds) + 1
+        rows = self._slots.slot_for(ts).rows
+        slot_row = rows.get(key)
+        if slot_row is None:
+            slot_row = rows[key] = [0] * width
+        row = self.counts.get(key)
+        if row is None:
+            row = self.counts[key] = [0] * width
+        for value in values:
+            i = bisect_left(bounds, value)
+            slot_row[i] += 1
+            row[i] += 1
+
     def expire(self, now: float) -> None:
+        slots = self._slots.slots
+        if not slots or slots[0].last > now - self.window_s:  # nothing to expire (the common case)
+            return
         for slot in self._slots.expired(now):
             for key, slot_row in slot.rows.items():
                 row = self.counts[key]
@@ -194,16 +233,35 @@ class Cumulative:
         self.histograms: dict[str, dict[LabelValues, list[float]]] = {}
 
     def inc(self, metric: str, labels: LabelValues, value: float = 1.0) -> None:
-        series = self.counters.setdefault(metric, {})
+        series = self.counters.get(metric)
+        if series is None:  # (not setdefault: that builds an empty dict on every call)
+            series = self.counters[metric] = {}
         series[labels] = series.get(labels, 0.0) + value
 
     def observe(self, metric: str, labels: LabelValues, bounds: Sequence[float], value: float) -> None:
-        series = self.histograms.setdefault(metric, {})
+        series = self.histograms.get(metric)
+        if series is None:
+            series = self.histograms[metric] = {}
         row = series.get(labels)
         if row is None:
             row = series[labels] = [0.0] * (len(bounds) + 2)
         row[bucket_index(bounds, value)] += 1
         row[-1] += value
+
+    def observe_many(self, metric: str, labels: LabelValues, bounds: Sequence[float],
+                     values: Sequence[float]) -> None:
+        """``observe`` of each value in order (the same counts and the same running sum)."""
+        series = self.histograms.get(metric)
+        if series is None:
+            series = self.histograms[metric] = {}
+        row = series.get(labels)
+        if row is None:
+            row = series[labels] = [0.0] * (len(bounds) + 2)
+        total = row[-1]
+        for value in values:
+            row[bisect_left(bounds, value)] += 1
+            total += value
+        row[-1] = total
 
     def counter(self, metric: str, labels: LabelValues) -> float:
         return self.counters.get(metric, {}).get(labels, 0.0)

@@ -9,6 +9,7 @@ small so that the bounded tables drop their oldest entries, and sampling keeps 1
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -56,6 +57,22 @@ def streams(draw: st.DrawFn, media: tuple = (*GPU_MEDIA, *OTHER_MEDIA)) -> list[
     return out
 
 
+def payload(events: list, arrays: bool) -> bytes:
+    """The events as a vLLM KV batch (array-encoded events as vLLM <= 0.23 sends them, else maps)."""
+    out: list = []
+    for ev in events:
+        if type(ev) is BlockStored:
+            out.append(["BlockStored", list(ev.hashes), ev.parent, [], ev.block_size, None, ev.medium] if arrays else
+                       {"type": "BlockStored", "block_hashes": list(ev.hashes), "parent_block_hash": ev.parent,
+                        "block_size": ev.block_size, "medium": ev.medium})
+        elif type(ev) is BlockRemoved:
+            out.append(["BlockRemoved", list(ev.hashes), ev.medium] if arrays else
+                       {"type": "BlockRemoved", "block_hashes": list(ev.hashes), "medium": ev.medium})
+        else:
+            out.append(["AllBlocksCleared"] if arrays else {"type": "AllBlocksCleared"})
+    return msgpack.packb([1.5, out, None])
+
+
 def _trackers(draw: st.DrawFn) -> tuple[EvictionTracker, object]:
     memory = draw(st.sampled_from((1, 2, 3, 5, 8, 200)))
     sample_every = draw(st.sampled_from((1, 2, 4)))
@@ -67,15 +84,21 @@ def _trackers(draw: st.DrawFn) -> tuple[EvictionTracker, object]:
 @given(data=st.data())
 def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> None:
     ref, comp = _trackers(data.draw)
+    scanned = CompiledEvictionTracker(ref.window_s, ref.memory, ref.sample_every)  # fed the compiled reader's scans
+    arrays = data.draw(st.booleans())
     for worker, batch, ts, restart, hit in data.draw(streams()):
-        assert ref.apply(worker, batch, ts) == comp.apply(worker, batch, ts)
+        want = ref.apply(worker, batch, ts)
+        assert comp.apply(worker, batch, ts) == want
+        scan = compiled.scan_kv_batch(payload(batch, arrays))
+        assert scan is not None and scanned.apply_scan(worker, scan, ts) == want
         if hit:
-            ref.hits(worker, hit)
-            comp.hits(worker, hit)
+            for t in (ref, comp, scanned):
+                t.hits(worker, hit)
         if restart:
-            ref.clear_worker(worker)
-            comp.clear_worker(worker)
-        assert [ref.tracked(w) for w in WORKERS] == [comp.tracked(w) for w in WORKERS]
+            for t in (ref, comp, scanned):
+                t.clear_worker(worker)
+        assert [ref.tracked(w) for w in WORKERS] == [comp.tracked(w) for w in WORKERS] \
+            == [scanned.tracked(w) for w in WORKERS]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -8,14 +8,18 @@ The streams are near-valid vLLM batches in both encodings with hostile values mi
 
 from __future__ import annotations
 
+import pickle
+
 import msgpack
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.ingest import payloads
 from exporter import kvcodec
 from exporter.health import Health
-from exporter.model import BlockStored
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
+from exporter.prefix_instability import COMPARED_BLOCKS
 
 MASK64 = (1 << 64) - 1
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -182,3 +186,110 @@ def test_the_compiled_event_builder_equals_the_python_one(obj: list, token_ids: 
         got = kvcodec._build_events(structs, token_ids)
         assert [type(e) for e in got] == [type(e) for e in want] and got == want
         assert [getattr(e, "token_ids", None) for e in got] == [getattr(e, "token_ids", None) for e in want]
+
+
+# ---- the compiled reader (``_prefix_core.scan_kv_batch``) against the typed path ---------------------
+
+def _scanned_agrees(payload: bytes) -> bool:
+    """When the compiled reader reads a payload, the typed path reads the same batch; True if it read it."""
+    scan = kvcodec._scan(payload) if kvcodec._scan is not None else None
+    if scan is None:
+        return False
+    typed = kvcodec._typed(payload, "w", 5, False)
+    assert typed is not None  # a strict subset of what the typed path reads
+    assert (scan.ts, scan.dp_rank) == (typed.ts, typed.dp_rank)
+    assert scan.events(BlockStored, BlockRemoved, AllBlocksCleared()) == typed.events
+    assert [e.token_count for e in scan.events(BlockStored, BlockRemoved, AllBlocksCleared()) if type(e) is BlockStored] \
+        == [e.token_count for e in typed.events if type(e) is BlockStored]
+    roots = [e for e in typed.events if type(e) is BlockStored and e.parent is None]
+    assert scan.roots == len(roots)
+    got = scan.root_events(BlockStored, COMPARED_BLOCKS)  # cut where prefix instability stops comparing
+    assert [(e.hashes, e.parent, e.block_size, e.token_count, e.medium, e.token_ids) for e in got] == \
+        [(e.hashes[:COMPARED_BLOCKS], None, e.block_size, e.token_count, e.medium,
+          e.token_ids[:COMPARED_BLOCKS * e.block_size]) for e in roots]
+    assert scan.block_size == next((e.block_size for e in typed.events if type(e) is BlockStored and e.block_size), None)
+    batch = kvcodec.decode_batch(payload, "w", 5)
+    assert type(batch) is kvcodec.ScannedBatch and batch == typed and typed == batch and hash(batch) == hash(typed)
+    assert batch.events == typed.events and pickle.loads(pickle.dumps(batch)) == typed
+    built = kvcodec.ScannedBatch.of(scan, "w", 5)  # what the reader builds in C, in Python
+    assert (built.worker, built.seq, built.ts, built.dp_rank) == (batch.worker, batch.seq, batch.ts, batch.dp_rank)
+    assert built == batch and batch.scan is not None and built.scan is scan
+    return True
+
+
+@SETTINGS
+@given(batch())
+def test_the_compiled_reader_reads_what_the_typed_path_reads(obj: list) -> None:
+    _scanned_agrees(msgpack.packb(obj, use_bin_type=True))
+
+
+@SETTINGS
+@given(batch(), st.data())
+def test_damaged_payloads_the_compiled_reader_accepts_read_alike(obj: list, data: st.DataObject) -> None:
+    payload = bytearray(msgpack.packb(obj, use_bin_type=True))
+    for _ in range(data.draw(st.integers(1, 3))):
+        payload[data.draw(st.integers(0, len(payload) - 1))] = data.draw(st.integers(0, 255))
+    _scanned_agrees(bytes(payload[:data.draw(st.integers(0, len(payload)))]))
+
+
+def test_the_compiled_reader_takes_the_common_batches_and_leaves_the_rest() -> None:
+    if kvcodec._scan is None:
+        pytest.skip("the compiled core is not in use")
+    data, _ = payloads(n_batches=200)
+    assert all(_scanned_agrees(p) for p in data)  # the benchmark's stream: every batch scanned
+    stored = {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "block_size": 16,
+              "token_ids": list(range(40)), "medium": "GPU"}
+    read = [
+        [1.5, [["BlockStored", [1, 2], 9, [1, 2], 16, None, "CPU"], ["BlockRemoved", [2]], ["AllBlocksCleared"]], None],
+        [1.5, [stored, {"type": "BlockRemoved", "block_hashes": [2**64 - 1], "medium": None, "x": {"y": [1]}}]],
+        [1.5, [{**stored, "token_ids": None}, {**stored, "token_ids": list(range(70000))}], 2**63],
+        [1.5, [], -3],
+        [1.5, [["BlockRemoved", [2], "GPU", 7]]],  # fields appended by later releases (group_idx, …)
+        # vLLM 0.23's array event: lora_name, extra_keys, group_idx, kv_cache_spec_kind, sliding window
+        [1.5, [["BlockStored", [1, 2], None, list(range(32)), 16, None, "GPU", None, [None, None], 0,
+                "full_attention", None], ["BlockRemoved", [1], "GPU", 0, None, None]], 0],
+    ]
+    left = [
+        [1, [stored]],  # an int timestamp
+        [float("inf"), [stored]],
+        [1.5, [stored], 0, "extra"],
+        [1.5, [{"block_hashes": [1], "type": "BlockRemoved"}]],  # type not first
+        [1.5, [stored, ["BlockRemoved", [2]]]],  # mixed encodings
+        [1.5, [{**stored, "block_hashes": [b"\x01" * 8]}]],  # bytes hashes
+        [1.5, [{**stored, "token_ids": [1, "x"]}]],  # a root's tokens that are not all ints
+        [1.5, [{**stored, "medium": f"m{i}"} for i in range(9)]],  # nine media
+        [1.5, [{"type": "Nope"}]],
+    ]
+    for obj in read:
+        assert _scanned_agrees(msgpack.packb(obj)), obj
+        assert not kvcodec._scan(msgpack.packb(obj)).labelled, obj
+    for obj in left:
+        assert kvcodec._scan(msgpack.packb(obj)) is None, obj
+    deep: list = [1]
+    for _ in range(40):
+        deep = [deep]
+    nested = msgpack.packb([1.5, [{**stored, "x": deep}]])
+    assert kvcodec._scan(nested) is None  # nested deeper than the reader follows
+    assert kvcodec.decode_batch(nested, "w", 0) == kvcodec._typed(nested, "w", 0, False)
+
+
+def test_a_batch_with_an_adapter_or_a_salt_takes_the_typed_path_when_attribution_is_on() -> None:
+    if kvcodec._scan is None:
+        pytest.skip("the compiled core is not in use")
+    stored = {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "block_size": 16,
+              "token_ids": list(range(32)), "medium": "GPU", "lora_name": None, "extra_keys": [None, None]}
+    labelled = [
+        [1.5, [{**stored, "lora_name": "sql-adapter"}]],
+        [1.5, [{**stored, "extra_keys": [["tenant-a"], None]}]],
+        [1.5, [["BlockStored", [1, 2], None, list(range(32)), 16, 3, "GPU", "sql-adapter", None, 0]]],
+        [1.5, [["BlockStored", [1, 2], None, list(range(32)), 16, None, "GPU", None, [None, ["tenant-a"]]]]],
+    ]
+    for obj in labelled:
+        payload = msgpack.packb(obj)
+        assert kvcodec._scan(payload).labelled, obj
+        assert type(kvcodec.decode_batch(payload, "w", 0)) is kvcodec.ScannedBatch  # attribution off: scanned
+        with_labels = kvcodec.decode_batch(payload, "w", 0, attribution=True)
+        assert type(with_labels) is kvcodec.KvBatch and with_labels.raw_events, obj
+    plain = kvcodec.decode_batch(msgpack.packb([1.5, [stored]]), "w", 0, attribution=True)
+    assert type(plain) is kvcodec.ScannedBatch and plain.attributed and plain.raw_events is None
+    assert not kvcodec.decode_batch(msgpack.packb([1.5, [stored]]), "w", 0).attributed

@@ -9,6 +9,7 @@ with the reference's pass after every batch.
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,22 +92,42 @@ def observe(idx, paths: list[list[int]]) -> dict:
     return out
 
 
+def payload(events: list, arrays: bool) -> bytes:
+    """The events as a vLLM KV batch (array-encoded events as vLLM <= 0.23 sends them, else maps)."""
+    out: list = []
+    for ev in events:
+        if type(ev) is BlockStored:
+            out.append(["BlockStored", list(ev.hashes), ev.parent, [], ev.block_size, None, ev.medium] if arrays else
+                       {"type": "BlockStored", "block_hashes": list(ev.hashes), "parent_block_hash": ev.parent,
+                        "block_size": ev.block_size, "medium": ev.medium})
+        elif type(ev) is BlockRemoved:
+            out.append(["BlockRemoved", list(ev.hashes), ev.medium] if arrays else
+                       {"type": "BlockRemoved", "block_hashes": list(ev.hashes), "medium": ev.medium})
+        else:
+            out.append(["AllBlocksCleared"] if arrays else {"type": "AllBlocksCleared"})
+    return msgpack.packb([1.5, out, None])
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> None:
     paths = data.draw(forests())
-    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    ref, comp, scanned = ReferencePrefixIndex(), CompiledPrefixIndex(), CompiledPrefixIndex()
+    arrays = data.draw(st.booleans())
     for _ in range(data.draw(st.integers(1, 25))):
         worker, events, restart = data.draw(batches(paths))
-        assert ref.apply(worker, events) == comp.apply(worker, events)
+        want = ref.apply(worker, events)
+        assert comp.apply(worker, events) == want
+        scan = compiled.scan_kv_batch(payload(events, arrays))  # the batch as the compiled reader reads it
+        assert scan is not None and scanned.apply_scan(worker, scan) == want
         if restart:
-            ref.clear_worker(worker)
-            comp.clear_worker(worker)
+            for idx in (ref, comp, scanned):
+                idx.clear_worker(worker)
         chain = paths[data.draw(st.integers(0, UNIVERSE - 1))]
         m = ref.longest_match(chain)
-        for idx in (ref, comp):
+        for idx in (ref, comp, scanned):
             idx.record_hits(chain, m.blocks, 16)
-        assert observe(ref, paths) == observe(comp, paths)
+        assert observe(ref, paths) == observe(comp, paths) == observe(scanned, paths)
 
 
 def _pass_fields(s) -> tuple:
@@ -295,3 +316,51 @@ def test_a_reading_reuses_the_latest_walk_while_the_shape_holds() -> None:
     walk = comp.stats_pass()
     assert not walk.step(1)
     assert _pass_fields(compute_stats(walk, 3)) == _pass_fields(ref.stats(3))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_the_lookup_rule_holds_against_the_reference(data: st.DataObject) -> None:
+    # The rule ``CompiledPrefixIndex.longest_match`` relies on (survivors shrink as subsets, so a
+    # worker's depth is that of the deepest group naming it; a block with byte-identical holder
+    # entries keeps the survivors): many workers, holders with gaps (a block held without its
+    # parent), equal holder sets on different tiers, and holder counts far apart (both binary-search
+    # intersections) — every depth, best depth and exclusion against the reference.
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    n_workers = data.draw(st.sampled_from((3, 40, 200)))
+    workers = [f"w{i}" for i in range(n_workers)]
+    chain = [hash_of(i) for i in range(data.draw(st.integers(1, 10)))]
+    for w in workers:
+        upto = data.draw(st.integers(0, len(chain)))
+        medium = data.draw(st.sampled_from(MEDIA))
+        events: list = [BlockStored(tuple(chain[:upto]), None, 16, medium=medium)] if upto else []
+        if upto and data.draw(st.integers(0, 3)) == 0:  # a gap: a later block held without this one
+            events.append(BlockRemoved((chain[data.draw(st.integers(0, upto - 1))],), medium=medium))
+        if data.draw(st.integers(0, 5)) == 0:  # the same blocks on a second tier
+            events.append(BlockStored(tuple(chain[:upto]), None, 16, medium="CPU"))
+        for idx in (ref, comp):
+            idx.apply(w, events)
+    probes = [chain, [*chain, hash_of(99)], chain[1:], chain[:1]]
+    sample = [*data.draw(st.lists(st.sampled_from(workers), max_size=4)), "nobody"]
+    for c in probes:
+        r, m = ref.longest_match(c), comp.longest_match(c)
+        assert (r.blocks, r.per_worker, r.best_workers) == (m.blocks, m.per_worker, m.best_workers)
+        assert [r.depth_on(w) for w in workers] == [m.depth_on(w) for w in workers]
+        for w in sample:
+            assert r.best_depth({w}) == m.best_depth({w}) == max(
+                (d for x, d in r.per_worker.items() if x != w), default=0)
+        assert r.best_depth(set(sample)) == m.best_depth(set(sample))
+
+
+def test_events_longer_than_the_stack_buffer_apply_alike() -> None:
+    # More hashes in one event than apply reads onto the stack: a heap buffer for that event.
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    chain = tuple(hash_of(i) for i in range(200))
+    for idx in (ref, comp):
+        idx.apply("w0", [BlockStored(chain, None, 16), BlockStored(chain[:70], None, 16, medium="CPU")])
+        idx.apply("w1", [BlockStored(chain[:130], None, 16)])
+        idx.apply("w0", [BlockRemoved(chain[100:180]), BlockRemoved(chain[:65], medium="CPU")])
+    assert observe(ref, [list(chain)]) == observe(comp, [list(chain)])
+    with pytest.raises(TypeError):
+        comp.apply("w2", [BlockStored((*chain[:80], "x"), None, 16)])
+    assert comp.resident_blocks("w2") == 0  # the bad event was read before any of it was applied

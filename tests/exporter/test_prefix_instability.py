@@ -139,3 +139,23 @@ def test_stable_prompts_read_zero_and_without_token_ids_the_check_is_not_instrum
     data = ApiBuilders(st).routes()["groups"]({})
     check = next(c for s in data["steps"] for c in s["checks"] if c["key"] == "prefix_root_instability")
     assert check["status"] == "not_instrumented" and check["missing_signals"] == ["kv_token_ids"]
+
+
+def test_the_compiled_token_check_is_the_python_one() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from exporter.prefix_instability import _ints_only, _ints_only_py
+
+    class Sub(int):
+        pass
+
+    items = st.one_of(st.integers(-(2**70), 2**70), st.booleans(), st.floats(allow_nan=False), st.text(max_size=2),
+                      st.integers(0, 9).map(Sub))
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(items, max_size=40).map(tuple))
+    def check(tokens: tuple) -> None:
+        assert _ints_only(tokens) == _ints_only_py(tokens)
+
+    check()
