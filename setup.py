@@ -38,8 +38,8 @@ def extensions() -> list:
         from Cython.Build import cythonize
         from setuptools import Extension
 
-        return cythonize([Extension("exporter._prefix_core", ["exporter/_prefix_core.pyx"],
-                                    extra_compile_args=["-O2"])], quiet=True)
+        return cythonize([Extension(name, [f"exporter/{name.split('.')[1]}.pyx"], extra_compile_args=["-O2"])
+                          for name in ("exporter._prefix_core", "exporter._render_core")], quiet=True)
     except Exception as exc:  # no Cython, or the translation failed
         _warn("the compiled prefix index was not translated", exc)
         return []

@@ -1,0 +1,244 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The compiled side of ``exporter.exposition``: one counter or gauge family's sample lines.
+
+A live scrape changes most per-worker values, so the text of most families is written anew at
+every scrape. In Python that is a ``repr`` and a string concatenation per sample plus a join; here
+it is one pass in C over the family's values: each value is read from the family's dict (the
+cached label sets, in the cached order), compared bit for bit with the last scrape's, and only the
+changed ones are formatted; the others are copied from the last scrape's text. Values are written
+exactly as prometheus_client writes them (``floatToGoString``): Python's shortest round-trip
+``repr`` (``PyOS_double_to_string``, the very function ``repr`` calls), integers below 2**53
+written directly (their ``repr`` is their digits and ``.0``), Go-style exponents from 1e6 on for
+positive values, ``+Inf``/``-Inf``/``NaN``.
+
+``exporter.exposition`` keeps the Python reference of all this (``format_value`` and the
+per-family cache); tests compare the two byte for byte. Objects here are immutable once built,
+so threads rendering at once each see a complete family.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from libc.math cimport floor, isinf, isnan, signbit
+from libc.string cimport memcmp, memcpy, strlen
+
+cdef extern from "Python.h":
+    char* PyOS_double_to_string(double val, char format_code, int precision, int flags, int *ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
+
+cdef enum:
+    VALUE_MAX = 32  # the longest value text is 24 bytes ("-2.2250738585072014e-308")
+cdef double _EXACT = 9007199254740992.0  # 2**53: integers below it are their repr's digits
+
+
+cdef Py_ssize_t _go_exponent(const char* s, Py_ssize_t n, Py_ssize_t dot, char* out) noexcept:
+    """``s`` (a positive value's fixed-notation repr, its dot at ``dot`` > 6) as Go writes it:
+    ``d.ddd`` with trailing zeros (and a bare dot) dropped, then ``e+NN``."""
+    cdef Py_ssize_t k = 0, i
+    out[k] = s[0]
+    k += 1
+    out[k] = c'.'
+    k += 1
+    for i in range(1, n):
+        if i != dot:
+            out[k] = s[i]
+            k += 1
+    while k > 1 and (out[k - 1] == c'0' or out[k - 1] == c'.'):
+        k -= 1
+    out[k] = c'e'
+    out[k + 1] = c'+'
+    out[k + 2] = <char>(c'0' + (dot - 1) // 10)
+    out[k + 3] = <char>(c'0' + (dot - 1) % 10)
+    return k + 4
+
+
+cdef Py_ssize_t format_into(double d, char* out) except -1:
+    """Write ``d`` as prometheus_client does into ``out`` (``VALUE_MAX`` bytes); its length."""
+    cdef char digits[24]
+    cdef char* s
+    cdef Py_ssize_t n = 0, k = 0, dot, i
+    cdef unsigned long long v
+    if isnan(d):
+        memcpy(out, b"NaN", 3)
+        return 3
+    if isinf(d):
+        memcpy(out, b"+Inf" if d > 0 else b"-Inf", 4)
+        return 4
+    if -_EXACT < d < _EXACT and d == floor(d) and not (d == 0.0 and signbit(d)):
+        v = <unsigned long long>(-d if d < 0 else d)
+        while True:
+            digits[n] = <char>(c'0' + v % 10)
+            n += 1
+            v //= 10
+            if v == 0:
+                break
+        for i in range(n):  # the digits were written last first
+            out[i] = digits[n - 1 - i]
+        if d > 0 and n > 6:
+            out[n] = c'.'
+            out[n + 1] = c'0'
+            memcpy(digits, out, n + 2)
+            return _go_exponent(digits, n + 2, n, out)
+        if d < 0:
+            memcpy(digits, out, n)
+            out[0] = c'-'
+            memcpy(out + 1, digits, n)
+            n += 1
+        out[n] = c'.'
+        out[n + 1] = c'0'
+        return n + 2
+    s = PyOS_double_to_string(d, c'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        n = <Py_ssize_t>strlen(s)
+        dot = -1
+        for i in range(n):
+            if s[i] == c'.':
+                dot = i
+                break
+        if d > 0 and dot > 6:
+            return _go_exponent(s, n, dot, out)
+        memcpy(out, s, n)
+        return n
+    finally:
+        PyMem_Free(s)
+
+
+def format_value(double d) -> str:
+    """A sample value exactly as prometheus_client writes it (the compiled ``format_value``)."""
+    cdef char out[VALUE_MAX]
+    cdef Py_ssize_t n = format_into(d, out)
+    return out[:n].decode("ascii")
+
+
+cdef class Layout:
+    """A family's label sets in the order they are written, and each one's ``name{labels} ``
+    prefix (UTF-8), joined into one buffer."""
+
+    cdef readonly tuple keys
+    cdef readonly Py_ssize_t n
+    cdef bytes blob
+    cdef Py_ssize_t* ends  # ends[i]: where prefix i ends in blob
+
+    def __cinit__(self, tuple keys, list prefixes):
+        cdef Py_ssize_t i, at = 0
+        if len(keys) != len(prefixes):
+            raise ValueError("one prefix per label set")
+        self.keys = keys
+        self.n = len(keys)
+        encoded = [p.encode("utf-8") for p in prefixes]
+        self.blob = b"".join(encoded)
+        self.ends = <Py_ssize_t*>PyMem_Malloc((self.n + 1) * sizeof(Py_ssize_t))
+        if self.ends == NULL:
+            raise MemoryError()
+        for i in range(self.n):
+            at += PyBytes_GET_SIZE(encoded[i])
+            self.ends[i] = at
+
+    def __dealloc__(self):
+        PyMem_Free(self.ends)
+
+
+cdef class Lines:
+    """One scrape's text of a family laid out by ``layout``: the values as native doubles and
+    where each value's text sits in ``text`` (so the next scrape copies the unchanged ones)."""
+
+    cdef readonly Layout layout
+    cdef readonly bytes text
+    cdef double* raw
+    cdef Py_ssize_t* starts  # starts[i]: where value i's text begins; it ends at the next line's prefix - 1
+
+    def __dealloc__(self):
+        PyMem_Free(self.raw)
+        PyMem_Free(self.starts)
+
+    @property
+    def values(self) -> list:
+        return [self.raw[i] for i in range(self.layout.n)]
+
+
+cdef inline Py_ssize_t _old_len(Lines prev, Py_ssize_t i) noexcept:
+    """The length of value ``i``'s text in ``prev``: up to the newline before the next line's
+    prefix (``starts[n]`` is the text's length)."""
+    cdef Py_ssize_t next_prefix = prev.layout.ends[i + 1] - prev.layout.ends[i] if i + 1 < prev.layout.n else 0
+    return prev.starts[i + 1] - next_prefix - 1 - prev.starts[i]
+
+
+def lines(Layout layout, dict values, Lines prev=None):
+    """The family's lines for ``values`` (label values → value) in ``layout``'s order.
+
+    Returns ``prev`` itself when every value has the same bits as in ``prev`` (same layout),
+    and None when ``values`` does not hold exactly the layout's label sets (the caller builds a
+    new layout). Changed values are formatted; unchanged ones are copied from ``prev.text``.
+    """
+    cdef Py_ssize_t n = layout.n, i, total, at, vlen, line_start
+    cdef PyObject* item
+    cdef double* raw
+    cdef Py_ssize_t* lens
+    cdef char* texts
+    cdef char* dst
+    cdef const char* blob
+    cdef const char* old_text
+    cdef bint same_layout = prev is not None and prev.layout is layout
+    cdef Lines out
+    if len(values) != n:
+        return None
+    raw = <double*>PyMem_Malloc((n + 1) * sizeof(double))
+    if raw == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            item = PyDict_GetItem(values, layout.keys[i])
+            if item == NULL:
+                PyMem_Free(raw)
+                return None
+            raw[i] = <double>(<object>item)
+    except BaseException:
+        PyMem_Free(raw)
+        raise
+    if same_layout and memcmp(raw, prev.raw, n * sizeof(double)) == 0:
+        PyMem_Free(raw)
+        return prev
+    out = Lines.__new__(Lines)
+    out.layout = layout
+    out.raw = raw
+    out.starts = <Py_ssize_t*>PyMem_Malloc((n + 1) * sizeof(Py_ssize_t))
+    lens = <Py_ssize_t*>PyMem_Malloc((n + 1) * sizeof(Py_ssize_t))
+    texts = <char*>PyMem_Malloc((n + 1) * VALUE_MAX)
+    try:
+        if out.starts == NULL or lens == NULL or texts == NULL:
+            raise MemoryError()
+        total = PyBytes_GET_SIZE(layout.blob) + n
+        for i in range(n):
+            if same_layout and memcmp(&raw[i], &prev.raw[i], sizeof(double)) == 0:
+                lens[i] = -1  # copied from the previous text below
+                total += _old_len(prev, i)
+            else:
+                lens[i] = format_into(raw[i], texts + i * VALUE_MAX)
+                total += lens[i]
+        text = PyBytes_FromStringAndSize(NULL, total)
+        dst = PyBytes_AS_STRING(text)
+        blob = PyBytes_AS_STRING(layout.blob)
+        old_text = PyBytes_AS_STRING(prev.text) if same_layout else NULL
+        at = 0
+        line_start = 0
+        for i in range(n):
+            memcpy(dst + at, blob + line_start, layout.ends[i] - line_start)
+            at += layout.ends[i] - line_start
+            line_start = layout.ends[i]
+            out.starts[i] = at
+            if lens[i] < 0:
+                vlen = _old_len(prev, i)
+                memcpy(dst + at, old_text + prev.starts[i], vlen)
+            else:
+                vlen = lens[i]
+                memcpy(dst + at, texts + i * VALUE_MAX, vlen)
+            at += vlen
+            dst[at] = c'\n'
+            at += 1
+        out.starts[n] = at
+        out.text = text
+    finally:
+        PyMem_Free(lens)
+        PyMem_Free(texts)
+    return out
