@@ -17,9 +17,9 @@ so threads rendering at once each see a complete family.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.object cimport PyObject
+from cpython.object cimport Py_EQ, PyObject, PyObject_RichCompareBool
 from libc.math cimport floor, isinf, isnan, signbit
 from libc.string cimport memcmp, memcpy, strlen
 
@@ -113,14 +113,22 @@ def format_value(double d) -> str:
 
 cdef class Layout:
     """A family's label sets in the order they are written, and each one's ``name{labels} ``
-    prefix (UTF-8), joined into one buffer."""
+    prefix (UTF-8), joined into one buffer.
+
+    ``order`` is the label sets in the order of the dict the layout was made for: the series
+    view builds a family's dict in the same order scrape after scrape, so its values are read
+    in one walk over the dict, each key compared with the one expected there (the same string
+    objects: no hashing), and taken by key only when the order differs.
+    """
 
     cdef readonly tuple keys
+    cdef readonly tuple order
     cdef readonly Py_ssize_t n
     cdef bytes blob
     cdef Py_ssize_t* ends  # ends[i]: where prefix i ends in blob
+    cdef Py_ssize_t* perm  # perm[j]: the written position of order[j]
 
-    def __cinit__(self, tuple keys, list prefixes):
+    def __cinit__(self, tuple keys, list prefixes, tuple order=None):
         cdef Py_ssize_t i, at = 0
         if len(keys) != len(prefixes):
             raise ValueError("one prefix per label set")
@@ -129,14 +137,23 @@ cdef class Layout:
         encoded = [p.encode("utf-8") for p in prefixes]
         self.blob = b"".join(encoded)
         self.ends = <Py_ssize_t*>PyMem_Malloc((self.n + 1) * sizeof(Py_ssize_t))
-        if self.ends == NULL:
+        self.perm = <Py_ssize_t*>PyMem_Malloc((self.n + 1) * sizeof(Py_ssize_t))
+        if self.ends == NULL or self.perm == NULL:
             raise MemoryError()
         for i in range(self.n):
             at += PyBytes_GET_SIZE(encoded[i])
             self.ends[i] = at
+        if order is not None:
+            position = {k: i for i, k in enumerate(keys)}
+            if len(order) != self.n or len(position) != self.n or set(order) != position.keys():
+                raise ValueError("order must hold the same label sets")
+            for i in range(self.n):
+                self.perm[i] = position[order[i]]
+            self.order = order
 
     def __dealloc__(self):
         PyMem_Free(self.ends)
+        PyMem_Free(self.perm)
 
 
 cdef class Lines:
@@ -164,6 +181,26 @@ cdef inline Py_ssize_t _old_len(Lines prev, Py_ssize_t i) noexcept:
     return prev.starts[i + 1] - next_prefix - 1 - prev.starts[i]
 
 
+cdef bint _read_in_order(Layout layout, dict values, double* raw) except -1:
+    """Read ``values`` into ``raw`` (written order) walking the dict, when its keys come in
+    ``layout.order``; False (``raw`` partly written) at the first key out of that order."""
+    cdef Py_ssize_t pos = 0, j = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    cdef tuple order = layout.order
+    if order is None:
+        return False
+    while PyDict_Next(values, &pos, &key, &value):
+        if j >= layout.n:  # the dict grew under a value's __float__
+            return False
+        expected = order[j]
+        if key != <PyObject*>expected and not PyObject_RichCompareBool(<object>key, expected, Py_EQ):
+            return False
+        raw[layout.perm[j]] = <double>(<object>value)
+        j += 1
+    return j == layout.n
+
+
 def lines(Layout layout, dict values, Lines prev=None):
     """The family's lines for ``values`` (label values → value) in ``layout``'s order.
 
@@ -187,12 +224,13 @@ def lines(Layout layout, dict values, Lines prev=None):
     if raw == NULL:
         raise MemoryError()
     try:
-        for i in range(n):
-            item = PyDict_GetItem(values, layout.keys[i])
-            if item == NULL:
-                PyMem_Free(raw)
-                return None
-            raw[i] = <double>(<object>item)
+        if not _read_in_order(layout, values, raw):
+            for i in range(n):
+                item = PyDict_GetItem(values, layout.keys[i])
+                if item == NULL:
+                    PyMem_Free(raw)
+                    return None
+                raw[i] = <double>(<object>item)
     except BaseException:
         PyMem_Free(raw)
         raise

@@ -220,7 +220,8 @@ class Renderer:
         lines = None if last is None else _render_core.lines(last.layout, values, last)
         if lines is None:  # first scrape of the family, or its label sets changed
             keys = tuple(sorted(values))
-            lines = _render_core.lines(_render_core.Layout(keys, [t.prefix(lv) for lv in keys]), values)
+            layout = _render_core.Layout(keys, [t.prefix(lv) for lv in keys], tuple(values))
+            lines = _render_core.lines(layout, values)
         if lines is not last:
             self._compiled[name] = lines
         return lines.text

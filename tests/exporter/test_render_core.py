@@ -97,3 +97,21 @@ def test_a_value_that_is_not_a_number_is_refused() -> None:
     layout = core.Layout((("a",),), ["m "])
     with pytest.raises(TypeError):
         core.lines(layout, {("a",): "1"})
+
+
+def test_values_are_read_whatever_the_order_of_the_dict() -> None:
+    """A layout reads a dict in the order it was made for by walking it; another order of the
+    same label sets (or equal label sets that are other objects) reads the same values."""
+    keys = tuple(sorted((w,) for w in WORKERS))
+    prefixes = [GAUGE.prefix(k) for k in keys]
+    walked = {k: float(i) for i, k in enumerate(reversed(keys))}
+    layout = core.Layout(keys, prefixes, tuple(walked))
+    expected = _expected(walked)
+    assert core.lines(layout, walked).text == expected
+    assert core.lines(layout, dict(sorted(walked.items()))).text == expected
+    assert core.lines(layout, {((w + "x")[:-1],): v for (w,), v in walked.items()}).text == expected
+    moved = dict(walked)
+    moved[keys[0]] = 9.5
+    assert core.lines(layout, moved, core.lines(layout, walked)).text == _expected(moved)
+    with pytest.raises(ValueError):
+        core.Layout(keys, prefixes, (*keys[:-1], ("other",)))
