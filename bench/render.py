@@ -11,12 +11,16 @@ prometheus_client text generation of the same samples.
 A scrape's cost must not grow as the exporter ages: the same state with its hit history filled
 to ``limits.hit_history`` by an hour of older hits (the same chains and sessions, before the
 window) and its session table filled to ``limits.sessions`` by sessions idle since before the
-window is rendered against the fresh one, turn about, and the ratio of the two is the row's value. An
-information row renders a scrape in which every value changed since the last one (formatting
-only: no family's cached lines can be reused), the worst case of the per-family cache. The
-renderer reuses the text of families whose values did not change since the previous scrape, so
-the first rows are its good case; in a live cluster most per-worker values move between two
-scrapes, and a scrape costs about the first row plus part of that information row.
+window is rendered against the fresh one, turn about, and the ratio of the two is the row's value.
+
+The renderer reuses the text of families whose values did not change since the previous scrape,
+so the first rows are its good case. A live exporter's scrape is not: within 5 s every worker was
+scraped (its counters grew, its gauges moved) and sent KV events (its resident blocks, batch
+count, lag and last event time moved). The "after a scrape round" row applies exactly that
+between two renders (``scrape_round``: a fresh ``WorkerSnapshot`` and a KV batch per worker,
+untimed) and times the scrape end to end, series gathering under the lock included; it is the
+row the target is for. An information row renders the text alone of a scrape in which every
+counter and gauge value changed (no family's cached lines can be reused).
 
 Scrape rows are the best of ``SCRAPE_REPEATS`` runs (a scrape is short: on a busy machine its
 best run is what the code costs), the baseline and the reference the best of ``REPEATS``.
