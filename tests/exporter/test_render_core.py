@@ -51,6 +51,31 @@ def test_random_bit_patterns_are_written_as_prometheus_client_writes_them() -> N
         assert core.format_value(value) == floatToGoString(value)
 
 
+finite = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False).filter(bool),
+    st.integers(1, 2 ** 52 - 1).map(lambda m: struct.unpack("d", struct.pack("Q", m))[0]),  # subnormals
+    st.integers(-1074, 1023).map(lambda e: 2.0 ** e),
+    st.integers(-323, 308).map(lambda e: 10.0 ** e),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(finite)
+def test_the_shortest_digits_are_those_of_repr(value: float) -> None:
+    assert core.shortest_repr(value) == repr(value)
+    assert core.shortest_repr(-value) == repr(-value)
+
+
+def test_the_shortest_digits_of_random_bit_patterns_are_those_of_repr() -> None:
+    import random
+
+    rng = random.Random(17)
+    for _ in range(100_000):
+        value = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+        if math.isfinite(value) and value:
+            assert core.shortest_repr(value) == repr(value)
+
+
 GAUGE = next(t for t in TEMPLATES if t.metric.name == "prefixscope_worker_resident_blocks")
 WORKERS = ["w0", 'w"1\\', "wörker-β", "w\n3", "w4", "w5"]
 
