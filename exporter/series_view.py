@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from exporter.hotspots import branch_label
 from exporter.prefix_index import CORE
 from exporter.record_accounting import DEFAULT_BLOCK_SIZE
-from exporter.tiers import medium_capacity
+from exporter.tiers import GPU, medium_capacity
 from exporter.windows import LabelValues
 from prefixscope import __version__, catalog
 
@@ -137,12 +137,13 @@ def _worker_gauges(st: ClusterState, out: Series) -> None:
             block_size[lab] = float(info.block_size)
         elif topology is not None:
             block_size[lab] = default_block_size
-        if cap or offload:
+        if offload:
             for m, c in medium_capacity(cap, offload, media.get(w)).items():
                 medium_cap[(w, m)] = c
-        if offload:
             for m, u in offload.items():
                 offload_usage[(w, m)] = u
+        elif cap:  # medium_capacity without offload tiers: the GPU's alone
+            medium_cap[(w, GPU)] = float(cap)
     for name, values in ((f"{P}_worker_kv_cache_usage_ratio", usage), (f"{P}_worker_capacity_blocks", capacity),
                          (f"{P}_worker_block_size_tokens", block_size)):
         if values:
