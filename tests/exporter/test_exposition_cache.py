@@ -154,3 +154,23 @@ def test_only_changed_values_are_formatted(base: Series, monkeypatch: pytest.Mon
     changed = _edit(_set(RESIDENT, 99.0, labels=(ODD,)))(again)
     assert renderer.render(changed) == reference(changed)
     assert len(formatted) == histogram_values + 1 and 99.0 in formatted
+
+
+def test_without_the_compiled_core_the_reference_renders_and_says_so() -> None:
+    """An install without a C compiler renders /metrics with the Python reference (logged once)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.modules['exporter._render_core'] = None\n"
+            "from exporter import exposition as e\n"
+            "from tests.exporter.test_exposition import busy_state\n"
+            "st = busy_state()\n"
+            "text = e.render_state(st); again = e.render_state(st)\n"
+            "print(e.CORE, text == again and len(text) > 0)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["reference", "True"], out.stderr
+    assert out.stderr.count("/metrics renderer: the Python reference") == 1
