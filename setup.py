@@ -1,7 +1,9 @@
-"""Build the optional compiled prefix index (``exporter._prefix_core``); metadata is in pyproject.toml.
+"""Build the optional compiled cores: the prefix index (``exporter._prefix_core``) and the /metrics
+family formatter (``exporter._render_core``); metadata is in pyproject.toml.
 
 Without Cython or a C compiler the install still succeeds, with a warning, and the exporter runs
-on the Python reference index (``exporter.prefix_index.CORE == "reference"``).
+on the Python references (``exporter.prefix_index.CORE`` and ``exporter.exposition.CORE`` read
+``"reference"``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from setuptools.command.build_ext import build_ext
 
 
 def _warn(what: str, exc: BaseException) -> None:
-    print(f"WARNING: prefixscope: {what} ({exc}); the prefix index falls back to the Python reference",
+    print(f"WARNING: prefixscope: {what} ({exc}); the exporter falls back to the Python reference",
           file=sys.stderr)
 
 
@@ -24,7 +26,7 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as exc:
-            _warn("the compiled prefix index could not be built", exc)
+            _warn("the compiled cores could not be built", exc)
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -38,10 +40,10 @@ def extensions() -> list:
         from Cython.Build import cythonize
         from setuptools import Extension
 
-        return cythonize([Extension("exporter._prefix_core", ["exporter/_prefix_core.pyx"],
-                                    extra_compile_args=["-O2"])], quiet=True)
+        return cythonize([Extension(name, [f"exporter/{name.split('.')[1]}.pyx"], extra_compile_args=["-O2"])
+                          for name in ("exporter._prefix_core", "exporter._render_core")], quiet=True)
     except Exception as exc:  # no Cython, or the translation failed
-        _warn("the compiled prefix index was not translated", exc)
+        _warn("the compiled cores were not translated", exc)
         return []
 
 

@@ -11,12 +11,16 @@ prometheus_client text generation of the same samples.
 A scrape's cost must not grow as the exporter ages: the same state with its hit history filled
 to ``limits.hit_history`` by an hour of older hits (the same chains and sessions, before the
 window) and its session table filled to ``limits.sessions`` by sessions idle since before the
-window is rendered against the fresh one, turn about, and the ratio of the two is the row's value. An
-information row renders a scrape in which every value changed since the last one (formatting
-only: no family's cached lines can be reused), the worst case of the per-family cache. The
-renderer reuses the text of families whose values did not change since the previous scrape, so
-the first rows are its good case; in a live cluster most per-worker values move between two
-scrapes, and a scrape costs about the first row plus part of that information row.
+window is rendered against the fresh one, turn about, and the ratio of the two is the row's value.
+
+The renderer reuses the text of families whose values did not change since the previous scrape,
+so the first rows are its good case. A live exporter's scrape is not: within 5 s every worker was
+scraped (its counters grew, its gauges moved) and sent KV events (its resident blocks, batch
+count, lag and last event time moved). The "after a scrape round" row applies exactly that
+between two renders (``scrape_round``: a fresh ``WorkerSnapshot`` and a KV batch per worker,
+untimed) and times the scrape end to end, series gathering under the lock included; it is the
+row the target is for. An information row renders the text alone of a scrape in which every
+counter and gauge value changed (no family's cached lines can be reused).
 
 Scrape rows are the best of ``SCRAPE_REPEATS`` runs (a scrape is short: on a busy machine its
 best run is what the code costs), the baseline and the reference the best of ``REPEATS``.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import copy
 import gc
 import random
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,6 +115,30 @@ def build_state(workers: int = WORKERS, seed: int = 7) -> ClusterState:
         st.ingest_records([{k: v for k, v in rec.items() if v is not None}
                            for rec in records[start:start + 500]], now + 30)
     return st
+
+
+def scrape_round(st: ClusterState, round_: int, seed: int = 13) -> None:
+    """What a live exporter applies between two scrapes of its own /metrics (5 s apart): every
+    worker scraped once (its counters grown, its gauges moved, its scrape duration taken) and one
+    KV batch per worker (a block stored, so its resident blocks, batch count, lag and last event
+    time move too). Afterwards every per-worker value /metrics shows has changed."""
+    rng = random.Random(seed * 1_000_003 + round_)
+    names = st.workers_seen()
+    model = st.topology.model if st.topology is not None else None
+    t = st.now + 5.0
+    for i, w in enumerate(names):
+        info = st.worker_pool.workers.get(w)
+        prev = info.last_counters if info is not None else {}
+        q = prev.get("prefix_queried_tokens", 0.0) + rng.randrange(500, 1500)
+        hit = prev.get("prefix_hit_tokens", 0.0) + rng.randrange(100, 400)
+        st.health.set(f"{P}_scrape_duration_seconds", (w, "worker"), 0.003 + rng.random() / 100)
+        st.observe_worker(WorkerSnapshot(
+            w, "vllm", model=model, prefix_queried_tokens=q, prefix_hit_tokens=hit,
+            kv_usage_ratio=rng.random(), num_gpu_blocks=24_000, block_size=16, running=rng.randrange(1, 48),
+            max_running=48, spec_draft_tokens=prev.get("spec_draft_tokens", 0.0) + rng.randrange(50, 150),
+            spec_accepted_tokens=prev.get("spec_accepted_tokens", 0.0) + rng.randrange(10, 50)), t)
+        block = (1 << 41) + round_ * 1_000_000 + i
+        st.apply_kv_batch(KvBatch(w, round_, t - rng.random(), (BlockStored((block,), None, 16),)), t)
 
 
 def aged_hotspots(st: ClusterState, seed: int = 11) -> Hotspots:
@@ -280,6 +309,20 @@ def run() -> list[dict[str, Any]]:
     added = len(aged[0].hit_events) - len(as_built[0].hit_events)
     added_sessions = len(aged[1]) - len(as_built[1])
 
+    # A live scrape: since the previous one every worker was scraped and sent a KV batch, so every
+    # per-worker value moved (counters, gauges, KV-derived series). The round is applied untimed;
+    # the scrape (series under the lock, then the text) is timed end to end.
+    rounds = iter(range(1, 1 << 30))
+    scrape_round(st, next(rounds))
+    render_state(st)
+    live: list[float] = []
+    for _ in range(SCRAPE_REPEATS):
+        scrape_round(st, next(rounds))
+        t_ms, live_text = best_ms(lambda: render_state(st), 1)
+        live.append(t_ms)
+    live_ms, live_median = min(live), statistics.median(live)
+    assert live_text == generate_latest(collector_reg), "the direct renderer must match the collector byte for byte"
+
     samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     what = f"{WORKERS:,} workers, {samples:,} samples, {len(st.index):,} blocks"
     target = f"< {TARGET_MS:g} ms"
@@ -293,6 +336,11 @@ def run() -> list[dict[str, Any]]:
                  f"+{added_sessions:,} idle sessions), against the fresh state (ms; ratio = aged / fresh)",
          "value": aged_ms, "baseline": fresh_ms, "ratio": aged_ratio,
          "target": f"ratio < {AGED_MAX_RATIO:g}", "ok": aged_ratio < AGED_MAX_RATIO},
+        {"name": "render /metrics after a scrape round: every worker scraped and one KV batch each since the "
+                 f"previous render (best of {SCRAPE_REPEATS} rounds, "
+                 f"median {live_median:.1f}; ms)",
+         "value": live_ms, "baseline": base_ms, "ratio": live_ms / base_ms, "target": target,
+         "ok": live_ms < TARGET_MS},
         {"name": "... the text of a scrape in which every value changed (no cached family reused; ms)",
          "value": all_changed_ms, "baseline": base_ms, "ratio": all_changed_ms / base_ms, "target": "information",
          "ok": True},

@@ -22,10 +22,17 @@ every time. Nothing depends on history or age: the cache holds one entry per fam
 whole (threads rendering at once each see a complete entry), sized by the number of series,
 which the exporter's cardinality limits bound. What the series themselves cost to gather is
 ``exporter.series_view``'s (hot branches: ``exporter.hotspots``).
+
+The per-family cache runs compiled (``exporter._render_core``: reading, comparing, formatting
+and joining a family's values in one C pass, which is what a live scrape, where most per-worker
+values moved, costs) when the extension is built, else in Python; :data:`CORE` says which. The
+Python one (``Renderer(compiled=False)``, ``format_value``) is the reference the tests compare the
+compiled one with, byte for byte.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from array import array
 from collections.abc import Callable, Iterable
@@ -38,7 +45,14 @@ from exporter.state import ClusterState, Series
 from exporter.windows import LabelValues, bucket_counts
 from prefixscope import catalog
 
+try:
+    from exporter import _render_core
+except ImportError as exc:  # not built: the Python reference renders
+    _render_core = None  # type: ignore[assignment]
+    logging.getLogger(__name__).warning("/metrics renderer: the Python reference (compiled core not used: %s)", exc)
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CORE = "reference" if _render_core is None else "compiled"
 _INF = math.inf
 
 
@@ -190,10 +204,29 @@ class Renderer:
     """The text exposition with each counter and gauge family cached between scrapes (see the
     module docstring for what a scrape costs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool | None = None) -> None:
+        """``compiled`` None: the compiled family cache where it is built; False: the Python reference."""
+        if compiled and _render_core is None:
+            raise RuntimeError("exporter._render_core is not built")
         self._families: dict[str, _Family] = {}
+        self._compiled: dict[str, _render_core.Lines] = {}
+        self._lines = self._compiled_lines if _render_core is not None and compiled is not False else self._reference_lines
 
-    def _lines(self, t: _Template, values: dict[LabelValues, float]) -> bytes:
+    def _compiled_lines(self, t: _Template, values: dict[LabelValues, float]) -> bytes:
+        name = t.metric.sample_name
+        if type(values) is not dict:
+            values = dict(values)
+        last = self._compiled.get(name)
+        lines = None if last is None else _render_core.lines(last.layout, values, last)
+        if lines is None:  # first scrape of the family, or its label sets changed
+            keys = tuple(sorted(values))
+            layout = _render_core.Layout(keys, [t.prefix(lv) for lv in keys], tuple(values))
+            lines = _render_core.lines(layout, values)
+        if lines is not last:
+            self._compiled[name] = lines
+        return lines.text
+
+    def _reference_lines(self, t: _Template, values: dict[LabelValues, float]) -> bytes:
         name = t.metric.sample_name
         fam = self._families.get(name)
         if fam is not None and len(fam.keys) == len(values):

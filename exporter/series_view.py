@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING
 from exporter.hotspots import branch_label
 from exporter.prefix_index import CORE
 from exporter.record_accounting import DEFAULT_BLOCK_SIZE
-from exporter.tiers import medium_capacity
+from exporter.tiers import GPU, medium_capacity
 from exporter.windows import LabelValues
 from prefixscope import __version__, catalog
 
 if TYPE_CHECKING:
     from exporter.state import ClusterState
+    from prefixscope.topology import Topology
 
 P = catalog.NAMESPACE
 UNKNOWN = "unknown"
@@ -105,60 +106,90 @@ def _worker_gauges(st: ClusterState, out: Series) -> None:
     g, topology = out.gauges, st.topology
     seen = st.workers_seen()
     workers = st.worker_pool.workers
+    media = st.index.resident_by_medium()
     usage: dict[LabelValues, float] = {}
     capacity: dict[LabelValues, float] = {}
     block_size: dict[LabelValues, float] = {}
-    # One pass over the workers with ClusterState.worker_capacity and worker_block_size inlined
-    # (a scrape reads them for every worker).
+    medium_cap: dict[LabelValues, float] = {}
+    offload_usage: dict[LabelValues, float] = {}
+    # One pass over the workers, reading each one's snapshot once, with
+    # ClusterState.worker_capacity and worker_block_size inlined: a scrape reads them for every
+    # worker, and a live scrape reads a thousand workers (exporter.exposition's docstring).
     default_block_size = float(getattr(topology, "block_size", 0) or DEFAULT_BLOCK_SIZE)
+    topo_of = st.topo_of
     for w in seen:
+        lab = (w,)
         info = workers.get(w)
-        snap = info.snapshot if info else None
-        if snap is not None and snap.kv_usage_ratio is not None:
-            usage[(w, snap.model or UNKNOWN)] = snap.kv_usage_ratio
-        if snap is not None and snap.num_gpu_blocks:
-            capacity[(w,)] = float(snap.num_gpu_blocks)
+        snap = info.snapshot if info is not None else None
+        if snap is not None:
+            if snap.kv_usage_ratio is not None:
+                usage[(w, snap.model or UNKNOWN)] = snap.kv_usage_ratio
+            cap = snap.num_gpu_blocks or None
+            offload = snap.offload_usage_ratio
         else:
-            cap = st.worker_capacity(w)
-            if cap is not None:
-                capacity[(w,)] = float(cap)
-        if info and info.block_size:
-            block_size[(w,)] = float(info.block_size)
+            cap = offload = None
+        if cap is None:
+            t = topo_of(w)
+            cap = t.kv_blocks if t is not None else None
+        if cap is not None:
+            capacity[lab] = float(cap)
+        if info is not None and info.block_size:
+            block_size[lab] = float(info.block_size)
         elif topology is not None:
-            block_size[(w,)] = default_block_size
+            block_size[lab] = default_block_size
+        if offload:
+            for m, c in medium_capacity(cap, offload, media.get(w)).items():
+                medium_cap[(w, m)] = c
+            for m, u in offload.items():
+                offload_usage[(w, m)] = u
+        elif cap:  # medium_capacity without offload tiers: the GPU's alone
+            medium_cap[(w, GPU)] = float(cap)
     for name, values in ((f"{P}_worker_kv_cache_usage_ratio", usage), (f"{P}_worker_capacity_blocks", capacity),
                          (f"{P}_worker_block_size_tokens", block_size)):
         if values:
             g.setdefault(name, {}).update(values)
     if topology is not None:
-        by_name = {t.name: t for t in topology.workers}
-        g[f"{P}_worker_info"] = {
-            (t.name, t.node, t.nvlink_domain, t.gpu_class, "true" if t.warm_pool else "false"): 1.0
-            for t in (by_name[w] for w in seen if w in by_name)}
+        g[f"{P}_worker_info"] = _worker_info(topology, seen)
     resident = {(w,): float(n) for w, n in st.index.resident_by_worker().items()}
     if resident:
         g.setdefault(f"{P}_worker_resident_blocks", {}).update(resident)
-    _media_gauges(st, g)
+    _media_gauges(st, g, media, medium_cap, offload_usage)
     warm = {(w,): u for w, u in st.warm_pool_utilization().items()}
     if warm:
         g.setdefault(f"{P}_warm_pool_utilization_ratio", {}).update(warm)
     values = st.effective_cache_values()
     ranks = st.removal_ranks(values)
     g[f"{P}_worker_effective_cache_value_tokens"] = {(w,): v for w, v in values.items()}
-    g[f"{P}_worker_removal_rank"] = {(w,): float(r) for w, r in ranks.items()}
+    # In the workers' order, not the ranks' (which moves with every value): the renderer reads a
+    # family fastest when its label sets come in the same order as at the last scrape.
+    g[f"{P}_worker_removal_rank"] = {(w,): float(ranks[w]) for w in values}
 
 
-def _media_gauges(st: ClusterState, g: dict[str, dict[LabelValues, float]]) -> None:
-    """Resident blocks per cache tier (medium) and per LoRA adapter and tenant, from KV events."""
-    media = st.index.resident_by_medium()
+# The worker_info series of the last scrape: they change only with the topology or the workers
+# seen, and a scrape would otherwise build a thousand five-value label sets each time.
+_info_cache: tuple[object, tuple[str, ...], dict[LabelValues, float]] | None = None
+
+
+def _worker_info(topology: Topology, seen: list[str]) -> dict[LabelValues, float]:
+    global _info_cache
+    key = tuple(seen)
+    cached = _info_cache
+    if cached is not None and cached[0] is topology and cached[1] == key:
+        return dict(cached[2])
+    by_name = {t.name: t for t in topology.workers}
+    info = {(t.name, t.node, t.nvlink_domain, t.gpu_class, "true" if t.warm_pool else "false"): 1.0
+            for t in (by_name[w] for w in seen if w in by_name)}
+    _info_cache = (topology, key, info)
+    return dict(info)
+
+
+def _media_gauges(st: ClusterState, g: dict[str, dict[LabelValues, float]], media: dict[str, dict[str, int]],
+                  capacity: dict[LabelValues, float], usage: dict[LabelValues, float]) -> None:
+    """Resident blocks per cache tier (medium) and per LoRA adapter and tenant, from KV events;
+    each tier's capacity and offload usage (gathered by ``_worker_gauges``' pass)."""
     g.update(st.attribution.gauges(media))
     g[f"{P}_worker_medium_resident_blocks"] = {(w, m): float(n) for w, by in media.items() for m, n in by.items()}
-    capacity, usage = g.setdefault(f"{P}_worker_medium_capacity_blocks", {}), {}
-    for w in st.workers_seen():
-        info = st.worker_pool.workers.get(w)
-        offload = info.snapshot.offload_usage_ratio if info is not None and info.snapshot is not None else None
-        capacity.update({(w, m): c for m, c in medium_capacity(st.worker_capacity(w), offload, media.get(w)).items()})
-        usage.update({(w, m): u for m, u in (offload or {}).items()})
+    g.setdefault(f"{P}_worker_medium_capacity_blocks", {}).update(capacity)
     if usage:
         g[f"{P}_worker_offload_usage_ratio"] = usage
 
@@ -179,10 +210,11 @@ def _tree_and_hotspots(st: ClusterState, out: Series) -> None:
 
 
 def _routers(st: ClusterState, out: Series) -> None:
+    c, g = out.counters, out.gauges
     for snap in st.worker_pool.routers.values():
-        for w, v in snap.decisions.items():
-            out.counters.setdefault(f"{P}_router_decisions", {})[(snap.router, w)] = v
-        for o, v in snap.prefix_outcomes.items():
-            out.counters.setdefault(f"{P}_router_prefix_outcomes", {})[(snap.router, o)] = v
-        for w, v in snap.healthy.items():
-            out.gauges.setdefault(f"{P}_router_worker_healthy", {})[(snap.router, w)] = v
+        r = snap.router
+        for name, into, values in ((f"{P}_router_decisions", c, snap.decisions),
+                                   (f"{P}_router_prefix_outcomes", c, snap.prefix_outcomes),
+                                   (f"{P}_router_worker_healthy", g, snap.healthy)):
+            if values:
+                into.setdefault(name, {}).update({(r, k): v for k, v in values.items()})

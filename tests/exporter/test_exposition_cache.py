@@ -1,5 +1,6 @@
 """The cached renderer across scrapes: whatever changed between two scrapes (values, label
-sets, signed zeros, NaN, large values), each scrape's text is the reference collector's."""
+sets, signed zeros, NaN, large values), each scrape's text is the reference collector's, from
+the compiled family cache (where it is built) and from the Python reference alike."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporter.collector import families
-from exporter.exposition import Renderer
+from exporter.exposition import CORE, Renderer
 from exporter.series_view import Series
 from tests.exporter.test_exposition import ODD, busy_state
 
@@ -39,6 +40,14 @@ def reference(series: Series) -> bytes:
 def base() -> Series:
     st = busy_state()
     return st.snapshot_for(lambda s: s.series())
+
+
+MODES = [False, *([True] if CORE == "compiled" else [])]  # Renderer(compiled=...): reference, compiled
+
+
+@pytest.fixture(params=MODES, ids=lambda c: "compiled" if c else "reference")
+def make_renderer(request: pytest.FixtureRequest) -> Callable[[], Renderer]:
+    return lambda: Renderer(compiled=request.param)
 
 
 def _edit(fn: Callable[[Series], None]) -> Callable[[Series], Series]:
@@ -96,8 +105,8 @@ STEPS = [
 ]
 
 
-def test_every_scrape_matches_the_reference(base: Series) -> None:
-    renderer = Renderer()
+def test_every_scrape_matches_the_reference(base: Series, make_renderer: Callable[[], Renderer]) -> None:
+    renderer = make_renderer()
     series = base
     assert renderer.render(series) == reference(series)
     for what, step in STEPS:
@@ -105,24 +114,26 @@ def test_every_scrape_matches_the_reference(base: Series) -> None:
         assert renderer.render(series) == reference(series), what
 
 
-def test_two_renderers_alternating_states_stay_exact(base: Series) -> None:
+def test_two_renderers_alternating_states_stay_exact(base: Series, make_renderer: Callable[[], Renderer]) -> None:
     """One renderer fed two unrelated series in turn (as two exporters in one process would)."""
     other = _edit(_every_value)(base)
-    renderer = Renderer()
+    renderer = make_renderer()
     for series in (base, other, base, other, base):
         assert renderer.render(series) == reference(series)
 
 
 @pytest.mark.parametrize("value", [0.0, -0.0, 1.5, 999999.9999999999, 1e6, 1234567.0, 1e16, 1e-7, -1e9,
                                    math.inf, -math.inf, math.nan, 5e-324])
-def test_values_written_as_the_reference_writes_them(base: Series, value: float) -> None:
+def test_values_written_as_the_reference_writes_them(base: Series, value: float,
+                                                     make_renderer: Callable[[], Renderer]) -> None:
     series = _edit(_set(RESIDENT, value, labels=(ODD,)))(base)
-    text = Renderer().render(series)
+    text = make_renderer().render(series)
     assert text == reference(series)
 
 
 def test_only_changed_values_are_formatted(base: Series, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Of counter and gauge families, a scrape formats the values that changed since the last one."""
+    """Of counter and gauge families, a scrape formats the values that changed since the last one
+    (the Python reference; the compiled cache does the same in C, where it cannot be counted)."""
     import exporter.exposition as exposition
 
     formatted: list[float] = []
@@ -132,7 +143,7 @@ def test_only_changed_values_are_formatted(base: Series, monkeypatch: pytest.Mon
         formatted.append(v)
         return real(v)
 
-    renderer = Renderer()
+    renderer = Renderer(compiled=False)
     renderer.render(base)
     monkeypatch.setattr(exposition, "format_value", counting)
     monkeypatch.setattr(exposition, "_value_texts", lambda values: pytest.fail("a whole family formatted"))
@@ -143,3 +154,23 @@ def test_only_changed_values_are_formatted(base: Series, monkeypatch: pytest.Mon
     changed = _edit(_set(RESIDENT, 99.0, labels=(ODD,)))(again)
     assert renderer.render(changed) == reference(changed)
     assert len(formatted) == histogram_values + 1 and 99.0 in formatted
+
+
+def test_without_the_compiled_core_the_reference_renders_and_says_so() -> None:
+    """An install without a C compiler renders /metrics with the Python reference (logged once)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.modules['exporter._render_core'] = None\n"
+            "from exporter import exposition as e\n"
+            "from tests.exporter.test_exposition import busy_state\n"
+            "st = busy_state()\n"
+            "text = e.render_state(st); again = e.render_state(st)\n"
+            "print(e.CORE, text == again and len(text) > 0)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["reference", "True"], out.stderr
+    assert out.stderr.count("/metrics renderer: the Python reference") == 1
