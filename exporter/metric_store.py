@@ -13,10 +13,11 @@ Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 
 from exporter.baseline_window import LaggedBuckets
-from exporter.windows import Cumulative, LabelValues, WindowedBuckets, WindowedSum
+from exporter.windows import Cumulative, LabelValues, PendingSums, WindowedBuckets, WindowedSum
 from prefixscope import catalog
 
 DEFAULT_BASELINE_S = 86400.0
@@ -46,10 +47,67 @@ class MetricStore:
         self.baselines: dict[str, LaggedBuckets] = {
             m.name: LaggedBuckets(self.baseline_s, self.window_s, m.buckets)
             for m in baseline_histograms() if m.buckets}
+        # Inside :meth:`batch`: counter adds held back, written at its end (one write per key)
+        self._pending: PendingSums | None = None
+        self._pending_own: PendingSums | None = None
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold back counter and own-sum adds and write them at the end, once per key and window
+        slot, with the same result as writing each at once (see :class:`PendingSums`).
+
+        For a run of writes nothing reads in between (a slice of records under the state lock).
+        Dropping a label value or expiring writes what is held first."""
+        if self._pending is not None:  # already batching: the outer batch writes
+            yield
+            return
+        self._pending, self._pending_own = PendingSums(self.win), PendingSums(self.own)
+        try:
+            yield
+        finally:
+            self.flush()
+            self._pending = self._pending_own = None
+
+    def flush(self) -> None:
+        """Write the adds held back so far (a no-op outside :meth:`batch`)."""
+        pending = self._pending
+        if pending is None:
+            return
+        counters = self.cum.counters
+        for _slot, part in pending.parts:
+            for (metric, labels), vals in part.items():  # type: ignore[misc]
+                series = counters[metric]
+                total = series[labels]
+                for v in vals:
+                    total += v
+                series[labels] = total
+        pending.flush()
+        assert self._pending_own is not None
+        self._pending_own.flush()
 
     # ---- writes --------------------------------------------------------------------------------
     def inc(self, ts: float, metric: str, labels: LabelValues, value: float = 1.0) -> None:
         """Add to a counter, cumulatively and in the window at input time ``ts``."""
+        pending = self._pending
+        if pending is not None:  # held back (see :meth:`batch`); the key takes its place now
+            if ts != pending.ts:
+                pending.at(ts)
+            key = (metric, labels)
+            vals = pending.cur.get(key)
+            if vals is not None:
+                vals.append(value)
+                return
+            pending.cur[key] = [value]
+            sums = self.win.sums
+            if key not in sums:
+                sums[key] = 0.0
+            counters = self.cum.counters
+            series = counters.get(metric)
+            if series is None:
+                series = counters[metric] = {}
+            if labels not in series:
+                series[labels] = 0.0
+            return
         counters = self.cum.counters  # Cumulative.inc, inline: this is the records' hottest write
         series = counters.get(metric)
         if series is None:
@@ -89,11 +147,15 @@ class MetricStore:
 
     def add_own(self, ts: float, key: Hashable, value: float) -> None:
         """Add to one of the state's own windowed sums (not a catalogue series)."""
-        self.own.add(ts, key, value)
+        if self._pending_own is not None:
+            self._pending_own.add(ts, key, value)
+        else:
+            self.own.add(ts, key, value)
 
     def drop_label_value(self, label: str, value: str) -> int:
         """Forget the cumulative series whose ``label`` is ``value`` (a value gone for good: see
         ``exporter.cardinality``); returns how many. Windows empty themselves as they expire."""
+        self.flush()
         dropped = 0
         for kind in (self.cum.counters, self.cum.histograms):
             for metric, series in kind.items():
@@ -112,6 +174,7 @@ class MetricStore:
         return sum(map(len, self.cum.counters.values())) + sum(map(len, self.cum.histograms.values()))
 
     def expire(self, now: float) -> None:
+        self.flush()
         self.win.expire(now)
         self.own.expire(now)
         for hw in self.hwin.values():
