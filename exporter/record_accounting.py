@@ -195,8 +195,11 @@ class RecordAccounting:
     def account(self, rec: RequestRecord) -> str:
         """Everything one record adds (the caller holds the state lock); returns the worker's
         name as accounted (``other`` past the worker limit)."""
-        self.expire_labels(self.time.now)  # a slot freed by now is free for this record's values
-        rec = self.labels.bound(rec)
+        now, labels = self.time.now, self.labels
+        model_b, segment_b, worker_b = labels.budgets
+        if now >= model_b.due or now >= segment_b.due or now >= worker_b.due:
+            self.expire_labels(now)  # a slot freed by now is free for this record's values
+        rec = labels.bound(rec)
         ts = rec.ts
         # the clock is the exporter's (the intake advanced it to the receive time): a record's ts
         # places it in the windows but never moves them
@@ -249,8 +252,12 @@ class RecordAccounting:
         cached_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else None
         own = v.hit_on_worker if cached_blocks is None else cached_blocks
         pool = self.pool
-        others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"} if pool.down_since else set()
-        others_out.add(worker)  # the chosen worker counts with ``own``
+        others_out: set[str] | tuple[str]
+        if pool.down_since:
+            others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"}
+            others_out.add(worker)  # the chosen worker counts with ``own``
+        else:
+            others_out = (worker,)
         best = max(own, match.best_depth(others_out))
         # what the engine reused was available, whatever the block rounding: achieved ≤ available
         available = max(tokens_of(best, prompt, bs), min(cached or 0, prompt))
