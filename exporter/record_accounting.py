@@ -36,6 +36,7 @@ from prefixscope.topology import Topology, WorkerTopo
 P = catalog.NAMESPACE
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says
 UNKNOWN = "unknown"
+_MODEL_LABELS_KEPT = 1024  # model values are bounded (limits.models) before they get here
 
 # Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
 RECORD_FIELD_SIGNALS: dict[str, str] = {
@@ -118,12 +119,9 @@ class RecordView:
     model: str
     block_size: int
     hashes: tuple[int, ...] | None
+    ml: LabelValues  # (model,): the label values of the per-model series, one tuple per model
     hit_on_worker: int = 0  # leading blocks of the prompt resident on the serving worker
     available_blocks: int | None = None  # longest match on any worker the router could use (None: unknown)
-
-    @property
-    def ml(self) -> LabelValues:
-        return (self.model,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +167,7 @@ class RecordAccounting:
             self._fallback: frozenset({"fallback_tier"}), self._moe: frozenset({"expert_signature"}),
             self._admission: frozenset({"admitted_by_affinity"})}
         self._plans: dict[frozenset[str], _Plan] = {}
+        self._model_labels: dict[str, LabelValues] = {}
 
     def _plan(self, carried: frozenset[str]) -> _Plan:
         """What a record carrying ``carried`` needs: the signal fields it may report, as
@@ -205,15 +204,21 @@ class RecordAccounting:
         # places it in the windows but never moves them
         # Newest record per signal: a late (or wrongly stamped) record must not age a signal out.
         seen = self.field_seen
-        plan = self._plan(rec.carried)
+        plan = self._plans.get(rec.carried) or self._plan(rec.carried)
         for fld, signal, event in plan.signals:
             if (event or getattr(rec, fld) is not None) and ts > seen.get(signal, -1.0):
                 seen[signal] = ts
         if ts > seen.get("records", -1.0):
             seen["records"] = ts
         w = self.pool.served(rec.worker, ts)
-        view = RecordView(rec, rec.model or UNKNOWN, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
-                          rec.block_hashes or None)
+        model = rec.model or UNKNOWN
+        ml = self._model_labels.get(model)
+        if ml is None:  # the same tuple for every record of a model: the store's lookups find it by identity
+            if len(self._model_labels) >= _MODEL_LABELS_KEPT:
+                self._model_labels.clear()
+            ml = self._model_labels[model] = (model,)
+        view = RecordView(rec, model, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
+                          rec.block_hashes or None, ml)
         for step in plan.steps:
             step(view)
         return rec.worker
