@@ -66,6 +66,7 @@ DEFAULT_MISS_COST_FACTOR = 1.5  # the seed's "P95 ≤ 1.5 × cold-prefill baseli
 MISS_COST_BASELINE_Q = 0.95
 _COLD_PREFILL = f"{P}_cold_prefill_seconds"
 _COLD_LABELS = catalog.METRICS_BY_NAME[_COLD_PREFILL].labels  # (model, gpu_class, prompt_class)
+_COLD_MODEL_AT, _COLD_CLASS_AT = _COLD_LABELS.index("model"), _COLD_LABELS.index("prompt_class")
 
 
 def _m(name: str) -> str:
@@ -168,6 +169,8 @@ class RecordAccounting:
             self._admission: frozenset({"admitted_by_affinity"})}
         self._plans: dict[frozenset[str], _Plan] = {}
         self._model_labels: dict[str, LabelValues] = {}
+        # (model, prompt class) -> cold-prefill baseline, for the baseline's version under None
+        self._baselines: dict[tuple[str, str] | None, float | int | None] = {}
 
     def _plan(self, carried: frozenset[str]) -> _Plan:
         """What a record carrying ``carried`` needs: the signal fields it may report, as
@@ -396,9 +399,18 @@ class RecordAccounting:
         if lagged is None:
             return None
         self.store.advance_baselines(ts)
-        m, c = _COLD_LABELS.index("model"), _COLD_LABELS.index("prompt_class")
+        # The baseline changes only when a slot enters or leaves it: between, one quantile per class.
+        cache = self._baselines
+        if cache.get(None) != lagged.version:
+            cache.clear()
+            cache[None] = lagged.version
+        key = (model, prompt_class)
+        if key in cache:
+            return cache[key]
+        m, c = _COLD_MODEL_AT, _COLD_CLASS_AT
         counts = lagged.merged(lambda labels: labels[m] == model and labels[c] == prompt_class)  # type: ignore[index]
-        return histogram_quantile(MISS_COST_BASELINE_Q, lagged.bounds, counts)
+        value = cache[key] = histogram_quantile(MISS_COST_BASELINE_Q, lagged.bounds, counts)
+        return value
 
     def _router_timings(self, v: RecordView) -> None:
         rec = v.rec
