@@ -13,6 +13,7 @@ Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
@@ -126,13 +127,22 @@ class MetricStore:
 
     def observe(self, ts: float, metric: str, labels: LabelValues, value: float) -> None:
         """One histogram observation: cumulative, in the window, and in the baseline if kept."""
-        m = catalog.METRICS_BY_NAME[metric]
-        assert m.buckets is not None
-        self.cum.observe(metric, labels, m.buckets, value)
         hw = self.hwin.get(metric)
         if hw is None:
+            m = catalog.METRICS_BY_NAME[metric]
+            assert m.buckets is not None
             hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
-        hw.observe(ts, labels, value)
+        i = bisect_left(hw.bounds, value)  # the bucket, found once for the three places
+        # Cumulative.observe, inline
+        series = self.cum.histograms.get(metric)
+        if series is None:
+            series = self.cum.histograms[metric] = {}
+        row = series.get(labels)
+        if row is None:
+            row = series[labels] = [0.0] * (len(hw.bounds) + 2)
+        row[i] += 1
+        row[-1] += value
+        hw.observe_in(ts, labels, i)
         lw = self.baselines.get(metric)
         if lw is not None:
             lw.observe(ts, labels, value)

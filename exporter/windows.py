@@ -215,7 +215,10 @@ class WindowedBuckets:
         self.counts: dict[Hashable, list[int]] = {}
 
     def observe(self, ts: float, key: Hashable, value: float) -> None:
-        i = bucket_index(self.bounds, value)
+        self.observe_in(ts, key, bucket_index(self.bounds, value))
+
+    def observe_in(self, ts: float, key: Hashable, i: int) -> None:
+        """One observation in bucket ``i`` (the caller found it)."""
         rows = self._slots.slot_for(ts).rows
         slot_row = rows.get(key)
         if slot_row is None:
