@@ -107,7 +107,7 @@ def test_first_session_ever_cannot_be_a_rekey_of_itself_and_chains_are_bounded()
 class _TwoPass(SessionTable):
     """The reference: every registration unregisters the old anchors, then registers the new."""
 
-    def _reregister(self, s, chain, depths, old):  # type: ignore[no-untyped-def]
+    def _reregister(self, s, chain, depths, anchors, old):  # type: ignore[no-untyped-def]
         return False
 
 
