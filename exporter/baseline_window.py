@@ -28,6 +28,7 @@ class LaggedBuckets:
         self._pending: deque[tuple[int, dict[Hashable, list[int]]]] = deque()  # newer than now - lag
         self._active: deque[tuple[int, dict[Hashable, list[int]]]] = deque()  # inside the window
         self.counts: dict[Hashable, list[int]] = {}  # Σ of the active slots
+        self.version = 0  # counts changed since this was last read: a reader may keep what it derived
 
     def _row(self, slot: dict[Hashable, list[int]], key: Hashable) -> list[int]:
         row = slot.get(key)
@@ -68,6 +69,7 @@ class LaggedBuckets:
             self._add(slot, -1)
 
     def _add(self, slot: dict[Hashable, list[int]], sign: int) -> None:
+        self.version += 1
         for key, row in slot.items():
             total = self._row(self.counts, key)
             for i, c in enumerate(row):

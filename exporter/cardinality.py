@@ -37,7 +37,7 @@ class LabelBudget:
         # No value can expire before this input time: the first value's time plus ``idle_s``
         # (:meth:`expire` walks from the first value). The first value changes when it is popped,
         # seen again (moved to the end) or is the first one in; each of those updates it.
-        self._due = math.inf
+        self.due = math.inf
         self._first: str | None = None
 
     def __len__(self) -> int:
@@ -58,31 +58,31 @@ class LabelBudget:
                 last.move_to_end(value)
                 if value == self._first:  # the next value is first now
                     first = self._first = next(iter(last))
-                    self._due = last[first] + self.idle_s
+                    self.due = last[first] + self.idle_s
             return value
         if len(last) >= self.limit:
             self.folded += 1
             return OTHER
         if not last:
-            self._due, self._first = ts + self.idle_s, value
+            self.due, self._first = ts + self.idle_s, value
         last[value] = ts
         return value
 
     def expire(self, now: float) -> list[str]:
         """Forget values unseen for ``idle_s``; returns them (the caller drops their series)."""
-        if now < self._due:
+        if now < self.due:
             return []
         gone: list[str] = []
         last, cutoff = self._last, now - self.idle_s
         while last:
             value, seen = next(iter(last.items()))
             if seen > cutoff:
-                self._due, self._first = seen + self.idle_s, value
+                self.due, self._first = seen + self.idle_s, value
                 break
             del last[value]
             gone.append(value)
         else:
-            self._due, self._first = math.inf, None
+            self.due, self._first = math.inf, None
         return gone
 
 
@@ -119,6 +119,6 @@ class RecordLabels:
 
     def expire(self, now: float) -> list[tuple[str, str]]:
         """(label, value) of every value that has been gone long enough to drop its series."""
-        if now < self.model._due and now < self.segment._due and now < self.worker._due:
+        if now < self.model.due and now < self.segment.due and now < self.worker.due:
             return []  # the common case, checked without a call per budget
         return [(b.label, v) for b in self.budgets for v in b.expire(now)]

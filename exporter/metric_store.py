@@ -13,10 +13,12 @@ Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 
 from exporter.baseline_window import LaggedBuckets
-from exporter.windows import Cumulative, LabelValues, WindowedBuckets, WindowedSum
+from exporter.windows import Cumulative, LabelValues, PendingSums, WindowedBuckets, WindowedSum
 from prefixscope import catalog
 
 DEFAULT_BASELINE_S = 86400.0
@@ -46,10 +48,67 @@ class MetricStore:
         self.baselines: dict[str, LaggedBuckets] = {
             m.name: LaggedBuckets(self.baseline_s, self.window_s, m.buckets)
             for m in baseline_histograms() if m.buckets}
+        # Inside :meth:`batch`: counter adds held back, written at its end (one write per key)
+        self._pending: PendingSums | None = None
+        self._pending_own: PendingSums | None = None
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold back counter and own-sum adds and write them at the end, once per key and window
+        slot, with the same result as writing each at once (see :class:`PendingSums`).
+
+        For a run of writes nothing reads in between (a slice of records under the state lock).
+        Dropping a label value or expiring writes what is held first."""
+        if self._pending is not None:  # already batching: the outer batch writes
+            yield
+            return
+        self._pending, self._pending_own = PendingSums(self.win), PendingSums(self.own)
+        try:
+            yield
+        finally:
+            self.flush()
+            self._pending = self._pending_own = None
+
+    def flush(self) -> None:
+        """Write the adds held back so far (a no-op outside :meth:`batch`)."""
+        pending = self._pending
+        if pending is None:
+            return
+        counters = self.cum.counters
+        for _slot, part in pending.parts:
+            for (metric, labels), vals in part.items():  # type: ignore[misc]
+                series = counters[metric]
+                total = series[labels]
+                for v in vals:
+                    total += v
+                series[labels] = total
+        pending.flush()
+        assert self._pending_own is not None
+        self._pending_own.flush()
 
     # ---- writes --------------------------------------------------------------------------------
     def inc(self, ts: float, metric: str, labels: LabelValues, value: float = 1.0) -> None:
         """Add to a counter, cumulatively and in the window at input time ``ts``."""
+        pending = self._pending
+        if pending is not None:  # held back (see :meth:`batch`); the key takes its place now
+            if ts != pending.ts:
+                pending.at(ts)
+            key = (metric, labels)
+            vals = pending.cur.get(key)
+            if vals is not None:
+                vals.append(value)
+                return
+            pending.cur[key] = [value]
+            sums = self.win.sums
+            if key not in sums:
+                sums[key] = 0.0
+            counters = self.cum.counters
+            series = counters.get(metric)
+            if series is None:
+                series = counters[metric] = {}
+            if labels not in series:
+                series[labels] = 0.0
+            return
         counters = self.cum.counters  # Cumulative.inc, inline: this is the records' hottest write
         series = counters.get(metric)
         if series is None:
@@ -59,6 +118,10 @@ class MetricStore:
 
     def inc_many(self, ts: float, items: Sequence[tuple[str, LabelValues, float]]) -> None:
         """:meth:`inc` of each (metric, labels, value) in order, at the same input time."""
+        if self._pending is not None:  # inside a batch: held back like every other write
+            for metric, labels, value in items:
+                self.inc(ts, metric, labels, value)
+            return
         cum = self.cum
         for metric, labels, value in items:
             cum.inc(metric, labels, value)
@@ -75,13 +138,22 @@ class MetricStore:
 
     def observe(self, ts: float, metric: str, labels: LabelValues, value: float) -> None:
         """One histogram observation: cumulative, in the window, and in the baseline if kept."""
-        m = catalog.METRICS_BY_NAME[metric]
-        assert m.buckets is not None
-        self.cum.observe(metric, labels, m.buckets, value)
         hw = self.hwin.get(metric)
         if hw is None:
+            m = catalog.METRICS_BY_NAME[metric]
+            assert m.buckets is not None
             hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
-        hw.observe(ts, labels, value)
+        i = bisect_left(hw.bounds, value)  # the bucket, found once for the three places
+        # Cumulative.observe, inline
+        series = self.cum.histograms.get(metric)
+        if series is None:
+            series = self.cum.histograms[metric] = {}
+        row = series.get(labels)
+        if row is None:
+            row = series[labels] = [0.0] * (len(hw.bounds) + 2)
+        row[i] += 1
+        row[-1] += value
+        hw.observe_in(ts, labels, i)
         lw = self.baselines.get(metric)
         if lw is not None:
             lw.observe(ts, labels, value)
@@ -112,11 +184,15 @@ class MetricStore:
 
     def add_own(self, ts: float, key: Hashable, value: float) -> None:
         """Add to one of the state's own windowed sums (not a catalogue series)."""
-        self.own.add(ts, key, value)
+        if self._pending_own is not None:
+            self._pending_own.add(ts, key, value)
+        else:
+            self.own.add(ts, key, value)
 
     def drop_label_value(self, label: str, value: str) -> int:
         """Forget the cumulative series whose ``label`` is ``value`` (a value gone for good: see
         ``exporter.cardinality``); returns how many. Windows empty themselves as they expire."""
+        self.flush()
         dropped = 0
         for kind in (self.cum.counters, self.cum.histograms):
             for metric, series in kind.items():
@@ -135,6 +211,7 @@ class MetricStore:
         return sum(map(len, self.cum.counters.values())) + sum(map(len, self.cum.histograms.values()))
 
     def expire(self, now: float) -> None:
+        self.flush()
         self.win.expire(now)
         self.own.expire(now)
         for hw in self.hwin.values():

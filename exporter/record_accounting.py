@@ -36,6 +36,7 @@ from prefixscope.topology import Topology, WorkerTopo
 P = catalog.NAMESPACE
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says
 UNKNOWN = "unknown"
+_MODEL_LABELS_KEPT = 1024  # model values are bounded (limits.models) before they get here
 
 # Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
 RECORD_FIELD_SIGNALS: dict[str, str] = {
@@ -65,6 +66,7 @@ DEFAULT_MISS_COST_FACTOR = 1.5  # the seed's "P95 ≤ 1.5 × cold-prefill baseli
 MISS_COST_BASELINE_Q = 0.95
 _COLD_PREFILL = f"{P}_cold_prefill_seconds"
 _COLD_LABELS = catalog.METRICS_BY_NAME[_COLD_PREFILL].labels  # (model, gpu_class, prompt_class)
+_COLD_MODEL_AT, _COLD_CLASS_AT = _COLD_LABELS.index("model"), _COLD_LABELS.index("prompt_class")
 
 
 def _m(name: str) -> str:
@@ -118,12 +120,9 @@ class RecordView:
     model: str
     block_size: int
     hashes: tuple[int, ...] | None
+    ml: LabelValues  # (model,): the label values of the per-model series, one tuple per model
     hit_on_worker: int = 0  # leading blocks of the prompt resident on the serving worker
     available_blocks: int | None = None  # longest match on any worker the router could use (None: unknown)
-
-    @property
-    def ml(self) -> LabelValues:
-        return (self.model,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +168,9 @@ class RecordAccounting:
             self._fallback: frozenset({"fallback_tier"}), self._moe: frozenset({"expert_signature"}),
             self._admission: frozenset({"admitted_by_affinity"})}
         self._plans: dict[frozenset[str], _Plan] = {}
+        self._model_labels: dict[str, LabelValues] = {}
+        # (model, prompt class) -> cold-prefill baseline, for the baseline's version under None
+        self._baselines: dict[tuple[str, str] | None, float | int | None] = {}
 
     def _plan(self, carried: frozenset[str]) -> _Plan:
         """What a record carrying ``carried`` needs: the signal fields it may report, as
@@ -195,22 +197,31 @@ class RecordAccounting:
     def account(self, rec: RequestRecord) -> str:
         """Everything one record adds (the caller holds the state lock); returns the worker's
         name as accounted (``other`` past the worker limit)."""
-        self.expire_labels(self.time.now)  # a slot freed by now is free for this record's values
-        rec = self.labels.bound(rec)
+        now, labels = self.time.now, self.labels
+        model_b, segment_b, worker_b = labels.budgets
+        if now >= model_b.due or now >= segment_b.due or now >= worker_b.due:
+            self.expire_labels(now)  # a slot freed by now is free for this record's values
+        rec = labels.bound(rec)
         ts = rec.ts
         # the clock is the exporter's (the intake advanced it to the receive time): a record's ts
         # places it in the windows but never moves them
         # Newest record per signal: a late (or wrongly stamped) record must not age a signal out.
         seen = self.field_seen
-        plan = self._plan(rec.carried)
+        plan = self._plans.get(rec.carried) or self._plan(rec.carried)
         for fld, signal, event in plan.signals:
             if (event or getattr(rec, fld) is not None) and ts > seen.get(signal, -1.0):
                 seen[signal] = ts
         if ts > seen.get("records", -1.0):
             seen["records"] = ts
         w = self.pool.served(rec.worker, ts)
-        view = RecordView(rec, rec.model or UNKNOWN, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
-                          rec.block_hashes or None)
+        model = rec.model or UNKNOWN
+        ml = self._model_labels.get(model)
+        if ml is None:  # the same tuple for every record of a model: the store's lookups find it by identity
+            if len(self._model_labels) >= _MODEL_LABELS_KEPT:
+                self._model_labels.clear()
+            ml = self._model_labels[model] = (model,)
+        view = RecordView(rec, model, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
+                          rec.block_hashes or None, ml)
         for step in plan.steps:
             step(view)
         return rec.worker
@@ -249,8 +260,12 @@ class RecordAccounting:
         cached_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else None
         own = v.hit_on_worker if cached_blocks is None else cached_blocks
         pool = self.pool
-        others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"} if pool.down_since else set()
-        others_out.add(worker)  # the chosen worker counts with ``own``
+        others_out: set[str] | tuple[str]
+        if pool.down_since:
+            others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"}
+            others_out.add(worker)  # the chosen worker counts with ``own``
+        else:
+            others_out = (worker,)
         best = max(own, match.best_depth(others_out))
         # what the engine reused was available, whatever the block rounding: achieved ≤ available
         available = max(tokens_of(best, prompt, bs), min(cached or 0, prompt))
@@ -384,9 +399,18 @@ class RecordAccounting:
         if lagged is None:
             return None
         self.store.advance_baselines(ts)
-        m, c = _COLD_LABELS.index("model"), _COLD_LABELS.index("prompt_class")
+        # The baseline changes only when a slot enters or leaves it: between, one quantile per class.
+        cache = self._baselines
+        if cache.get(None) != lagged.version:
+            cache.clear()
+            cache[None] = lagged.version
+        key = (model, prompt_class)
+        if key in cache:
+            return cache[key]
+        m, c = _COLD_MODEL_AT, _COLD_CLASS_AT
         counts = lagged.merged(lambda labels: labels[m] == model and labels[c] == prompt_class)  # type: ignore[index]
-        return histogram_quantile(MISS_COST_BASELINE_Q, lagged.bounds, counts)
+        value = cache[key] = histogram_quantile(MISS_COST_BASELINE_Q, lagged.bounds, counts)
+        return value
 
     def _router_timings(self, v: RecordView) -> None:
         rec = v.rec

@@ -20,11 +20,31 @@ which holds an hour of them (one dictionary entry per session in the window).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 MAX_CHAIN = 512  # blocks of a prompt chain looked at (re-keys show within the first ones)
+Pick = Callable[[Sequence[int]], tuple[int, ...]]
+# (chain length, first prompt's length) -> the anchor depths, and what picks their blocks from a chain
+_DEPTHS: dict[tuple[int, int], tuple[tuple[int, ...], Pick]] = {}
+_DEPTHS_KEPT = 4096
+
+
+def _depths(length: int, first_len: int) -> tuple[tuple[int, ...], Pick]:
+    got = _DEPTHS.get((length, first_len))
+    if got is None:
+        depths = tuple(anchor_depths(length, first_len))
+        pick: Pick
+        if len(depths) > 1:
+            pick = itemgetter(*[d - 1 for d in depths])
+        else:
+            pick = lambda chain, at=tuple(d - 1 for d in depths): tuple([chain[i] for i in at])  # noqa: E731
+        got = (depths, pick)
+        if len(_DEPTHS) < _DEPTHS_KEPT:
+            _DEPTHS[(length, first_len)] = got
+    return got
 
 
 def anchor_depths(length: int, first_len: int) -> list[int]:
@@ -161,10 +181,14 @@ class SessionTable:
 
     def _register(self, s: Session, chain: Sequence[int], related: str | None = None) -> None:
         """Replace the session's anchors by those of ``chain`` and update the sharing depth."""
-        self._unregister(s.anchors, s.key)
+        depths, pick = _depths(len(chain), s.first_chain_len)
+        old = s.anchors
+        if old and self._reregister(s, chain, depths, pick(chain), old):
+            return
+        self._unregister(old, s.key)
         held = self._held
         anchors = []
-        for depth in anchor_depths(len(chain), s.first_chain_len):
+        for depth in depths:
             h = chain[depth - 1]
             anchors.append(h)
             other = held.get(h)
@@ -176,6 +200,74 @@ class SessionTable:
                 self.shared_depth = max(self.shared_depth, depth)
             held[h] = (2 if isinstance(other, str) else other + 1) if other != s.key else other
         s.anchors, s.chain_len = tuple(anchors), len(chain)
+
+    def _reregister(self, s: Session, chain: Sequence[int], depths: tuple[int, ...], anchors: tuple[int, ...],
+                    old: tuple[int, ...]) -> bool:
+        """:meth:`_register` of a later turn in one pass, when the old and the new anchors are each
+        distinct blocks (False otherwise: the caller takes the two passes). A later turn's chain
+        mostly extends the previous one, so most anchors stay; unregistering and registering
+        again nets out per block (the blocks are distinct, so each is independent of the others):
+        held by this session alone, it stays so; held by several, the count stays and the prefix
+        is shared at its depth; by one unknown holder (a count of 1) or nobody, it becomes this
+        session's; by another session alone, it becomes shared by two."""
+        key, held, shared = s.key, self._held, self.shared_depth
+        if anchors == old:
+            if len(set(old)) != len(old):
+                return False
+            for depth, h in zip(depths, anchors, strict=True):
+                other = held.get(h)
+                if other is None:
+                    held[h] = key
+                elif type(other) is int:
+                    if other <= 1:
+                        held[h] = key
+                    elif depth > shared:
+                        shared = depth
+                elif other != key:
+                    held[h] = 2
+                    if depth > shared:
+                        shared = depth
+            self.shared_depth = shared
+            s.chain_len = len(chain)
+            return True
+        kept = set(old)
+        new = set(anchors)
+        if len(kept) != len(old) or len(new) != len(anchors):
+            return False
+        for h in old:
+            if h not in new:
+                v = held.get(h)
+                if v is None:
+                    continue
+                if type(v) is str:
+                    if v == key:
+                        del held[h]
+                elif v <= 1:
+                    del held[h]
+                else:
+                    held[h] = v - 1
+        for depth, h in zip(depths, anchors, strict=True):
+            other = held.get(h)
+            if other is None:
+                held[h] = key
+            elif other == key:
+                continue
+            elif h in kept:  # out and in again
+                if type(other) is str:
+                    held[h] = 2
+                    if depth > shared:
+                        shared = depth
+                elif other <= 1:
+                    held[h] = key
+                elif depth > shared:
+                    shared = depth
+            else:  # newly registered, held by another session or by several
+                held[h] = 2 if type(other) is str else other + 1
+                if depth > shared:
+                    shared = depth
+        self.shared_depth = shared
+        s.anchors, s.chain_len = anchors, len(chain)
+        return True
 
     def _unregister(self, anchors: Sequence[int], key: str) -> None:
         held = self._held

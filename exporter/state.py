@@ -558,22 +558,30 @@ class ClusterState:
             self.time.advance(received_at)
             folded = labels.folded()
             update_pool = False
-            for rec in records:
-                try:
-                    record = rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec)
-                    worker = self.accounting.account(record)
-                    self.attribution.records.account(record, self.time.now)
-                    if record.block_hashes and record.cached_tokens:  # reuse seen on that worker
-                        hit = record.cached_tokens // self.worker_block_size(record.worker)
-                        self.evictions.hits(record.worker, record.block_hashes[:hit])
-                except (TypeError, ValueError, KeyError) as exc:  # InvalidRecord is a ValueError
-                    # Schema-valid records should not fail here; if one does, keep the rest.
-                    rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")
-                    detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
-                    self.health.error("records", "unprocessable", f"{detail} in record {rid!r}")
-                    continue
-                # Only a worker outside the pool (or an aged pool) can change it: no walk per record.
-                update_pool = update_pool or self.worker_pool.needs_update(worker)
+            account, attribute, now = self.accounting.account, self.attribution.records.account, self.time.now
+            # Workers whose records cannot change the pool: the pool, the input time and the
+            # scrape targets' up states stay as they are until the loop ends.
+            unchanged: set[str] = set()
+            with self.store.batch():  # counter writes once per key and slot, at the end
+                for rec in records:
+                    try:
+                        record = rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec)
+                        worker = account(record)
+                        attribute(record, now)
+                        if record.block_hashes and record.cached_tokens:  # reuse seen on that worker
+                            hit = record.cached_tokens // self.worker_block_size(record.worker)
+                            self.evictions.hits(record.worker, record.block_hashes[:hit])
+                    except (TypeError, ValueError, KeyError) as exc:  # InvalidRecord is a ValueError
+                        # Schema-valid records should not fail here; if one does, keep the rest.
+                        rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")
+                        detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
+                        self.health.error("records", "unprocessable", f"{detail} in record {rid!r}")
+                        continue
+                    # Only a worker outside the pool (or an aged pool) can change it: no walk per record.
+                    if not update_pool and worker not in unchanged:
+                        update_pool = self.worker_pool.needs_update(worker)
+                        if not update_pool:
+                            unchanged.add(worker)
             if update_pool:
                 self._update_pool(self.time.now)
             self._expire()

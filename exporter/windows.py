@@ -157,6 +157,73 @@ class WindowedSum:
         return len(self._slots.slots)
 
 
+class PendingSums:
+    """Adds to a :class:`WindowedSum` held back, then written once per key and slot (:meth:`flush`).
+
+    Each add still joins the slot :meth:`WindowedSum.add` would give it (decided as it is made:
+    adds at the time of the previous one join its slot without asking), and a key's values are
+    kept in the order they came, so the flush folds every sum exactly as the adds one by one
+    would have (float sums depend on that order). A key new to ``sums`` gets its place there
+    on its first add, so the window's order of keys is the same too. Nothing may read or expire
+    the window between the first add and the flush.
+    """
+
+    __slots__ = ("cur", "parts", "ts", "win")
+
+    def __init__(self, win: WindowedSum) -> None:
+        self.win = win
+        self.ts: float | None = None  # time of the previous add
+        self.cur: dict[Hashable, list[float]] = {}  # key -> values held for the current slot
+        self.parts: list[tuple[_Slot, dict[Hashable, list[float]]]] = []
+
+    def at(self, ts: float) -> None:
+        """The slot of an add at ``ts`` (made current)."""
+        slots = self.win._slots
+        tail = slots.slots[-1] if slots.slots else None
+        if tail is not None and tail.last <= ts < tail.first + slots.resolution_s:
+            tail.last = ts
+        else:
+            tail = slots.slot_for(ts)
+        self.ts = ts
+        if not self.parts or self.parts[-1][0] is not tail:
+            self.cur = {}
+            self.parts.append((tail, self.cur))
+
+    def add(self, ts: float, key: Hashable, value: float = 1.0) -> None:
+        if ts != self.ts:
+            self.at(ts)
+        vals = self.cur.get(key)
+        if vals is not None:
+            vals.append(value)
+            return
+        self.cur[key] = [value]
+        sums = self.win.sums
+        if key not in sums:
+            sums[key] = 0.0
+
+    def flush(self) -> None:
+        win = self.win
+        sums, n = win.sums, win._n
+        events = 0
+        for slot, part in self.parts:
+            rows = slot.rows
+            for key, vals in part.items():
+                total = sums[key]
+                row = rows.get(key)
+                for v in vals:
+                    if row is None:
+                        row = v
+                        n[key] += 1
+                    else:
+                        row += v
+                    total += v
+                rows[key] = row
+                sums[key] = total
+                events += len(vals)
+        win._slots.events += events
+        self.ts, self.cur, self.parts = None, {}, []
+
+
 class WindowedBuckets:
     """Per-key bucket counts of observations made in the last ``window_s`` seconds."""
 
@@ -167,7 +234,10 @@ class WindowedBuckets:
         self.counts: dict[Hashable, list[int]] = {}
 
     def observe(self, ts: float, key: Hashable, value: float) -> None:
-        i = bucket_index(self.bounds, value)
+        self.observe_in(ts, key, bucket_index(self.bounds, value))
+
+    def observe_in(self, ts: float, key: Hashable, i: int) -> None:
+        """One observation in bucket ``i`` (the caller found it)."""
         rows = self._slots.slot_for(ts).rows
         slot_row = rows.get(key)
         if slot_row is None:

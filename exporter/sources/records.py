@@ -324,13 +324,68 @@ def _fast_convert(name: str, spec: dict[str, Any]) -> Convert | None:
 _INT_ONLY = {int}
 
 
+def _fast_source(spec: dict[str, Any], var: str, const: Callable[[Any], str]) -> list[str] | None:
+    """:func:`_fast_convert` as lines of Python checking and converting ``var`` in place (``return
+    None`` where the converter answers ``_FAIL``), for the code generated per record shape; None
+    where that converter is None. ``const`` names a value for the generated code."""
+    raw = spec.get("type")
+    types = set((raw,) if isinstance(raw, str) else raw or ())
+    nullable = "null" in types
+    types.discard("null")
+    enum = spec.get("enum")
+    if enum is not None and nullable and None not in enum:
+        nullable = False
+    v = var
+    otherwise = [f"elif {v} is not None:", "    return None"] if nullable else ["else:", "    return None"]
+    if "const" in spec:
+        return [f"if not (type({v}) is str and {v} == {const(spec['const'])}):", "    return None"]
+    (kind,) = types
+    lo, hi = spec.get("minimum"), spec.get("maximum")
+    if kind == "string":
+        min_len = spec.get("minLength", 0)
+        max_len = min(spec.get("maxLength", MAX_LABEL_VALUE_CHARS), MAX_LABEL_VALUE_CHARS)
+        allowed = f" and {v} in {const(frozenset(e for e in enum if type(e) is str))}" if enum is not None else ""
+        return [f"if type({v}) is str:",
+                f"    if not ({const(min_len)} <= len({v}) <= {const(max_len)} and {v}.isascii(){allowed}):",
+                "        return None", *otherwise]
+    if kind == "integer":
+        low, high = (lo if lo is not None else -MAX_INTEGER), min(hi if hi is not None else MAX_INTEGER, MAX_INTEGER)
+        return [f"if type({v}) is int:", f"    if not ({const(low)} <= {v} <= {const(high)}):", "        return None",
+                *otherwise]
+    if kind == "number":
+        low_n = max(lo, -MAX_NUMBER) if lo is not None else -MAX_NUMBER
+        high_n = min(hi, MAX_NUMBER) if hi is not None else MAX_NUMBER
+        return [f"t = type({v})", "if t is float or t is int:",
+                f"    if not ({const(low_n)} <= {v} <= {const(high_n)}):", "        return None",
+                f"    {v} = float({v})", *otherwise]
+    if kind == "boolean":
+        return [f"if type({v}) is not bool{f' and {v} is not None' if nullable else ''}:", "    return None"]
+    if kind == "array":
+        items = spec.get("items", {})
+        i_lo, i_hi = const(items.get("minimum", -MAX_INTEGER)), const(items.get("maximum", 2**64 - 1))
+        return [f"if type({v}) is list:", f"    if not {v}:", f"        {v} = ()",
+                f"    elif set(map(type, {v})) == _INT_ONLY and {i_lo} <= min({v}) and max({v}) <= {i_hi}:",
+                f"        {v} = tuple({v})", "    else:", "        return None", *otherwise]
+    return None
+
+
 _FLAT_UNKNOWN: Convert = lambda v: _FAIL  # noqa: E731 - marks a key the schema does not name
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))  # the constructor's positional order
-Shape = tuple[tuple[tuple[Convert, int], ...], list[Any]] | None  # per key (converter, position); the arguments
+# The slots of RequestRecord, set one by one: what its generated __init__ does (through
+# object.__setattr__, it being frozen), less the call. Only while __init__ does nothing more.
+_SETTERS: tuple[Callable[[Any, Any], None], ...] | None = (
+    tuple(getattr(RequestRecord, name).__set__ for name in _RECORD_FIELDS)
+    if not hasattr(RequestRecord, "__post_init__") and getattr(RequestRecord, "__slots__", ()) == _RECORD_FIELDS
+    else None)
+Build = Callable[[dict[str, Any]], RequestRecord | None]  # one record shape's check-and-convert
+MAX_SHAPES = 256  # record shapes (key sequences) remembered, each with its generated code
 
 
-def _compile_fast_record(schema: dict[str, Any]) -> Callable[[Any], RequestRecord | None]:
-    convert = {name: _fast_convert(name, spec) for name, spec in schema.get("properties", {}).items()}
+def _compile_fast_record(schema: dict[str, Any], generate: bool = True) -> Callable[[Any], RequestRecord | None]:
+    """The whole-record fast path. ``generate=False``: every shape takes the generic loop over
+    per-field converters (the reference the generated code is tested against)."""
+    props: dict[str, dict[str, Any]] = schema.get("properties", {})
+    convert = {name: _fast_convert(name, spec) for name, spec in props.items()}
     required = tuple(schema.get("required", ()))
     if (any(c is None for c in convert.values()) or schema.get("additionalProperties", True) is not True
             or required != _RECORD_FIELDS[:4] or _RECORD_FIELDS[-1] != "carried"
@@ -338,44 +393,81 @@ def _compile_fast_record(schema: dict[str, Any]) -> Callable[[Any], RequestRecor
         return lambda _obj: None  # the schema outgrew the fast path: every line takes the steps
     position = {name: i for i, name in enumerate(_RECORD_FIELDS)}
     # A producer writes the same keys in the same order record after record: per such shape, the
-    # converter and constructor position of each key, and the optional fields it carries.
-    shapes: dict[tuple[str, ...], Shape] = {}
+    # code that checks and converts its values (generated once, for a shape kept), else the loop.
+    shapes: dict[tuple[str, ...], Build | None] = {}
+    fail = _FAIL
 
-    def shape_of(keys: tuple[str, ...]) -> Shape:
-        if not all(name in keys for name in required):
-            return None
+    def generic(keys: tuple[str, ...]) -> Build:
         steps = tuple((convert[k], position[k]) if k in convert else (_FLAT_UNKNOWN, -1) for k in keys)
         template: list[Any] = [None] * len(_RECORD_FIELDS)
         template[-1] = frozenset(k for k in keys if k in convert and k not in required)  # carried
-        return steps, template
 
-    fail = _FAIL
+        def build(obj: dict[str, Any]) -> RequestRecord | None:
+            args = template.copy()
+            for (conv, at), value in zip(steps, obj.values(), strict=True):
+                if at < 0:  # a key the schema does not name: allowed, if flat and finite
+                    t = type(value)
+                    if t is dict or t is list or (t is float and value - value != 0.0):
+                        return None
+                    continue
+                out = conv(value)
+                if out is fail:
+                    return None
+                args[at] = out
+            return RequestRecord(*args)
+        return build
+
+    def generated(keys: tuple[str, ...]) -> Build | None:
+        """Straight-line code for one shape: no call per field, no loop."""
+        consts: dict[str, Any] = {"_RR": RequestRecord, "_INT_ONLY": _INT_ONLY}
+
+        def const(value: Any) -> str:
+            name = f"_c{len(consts)}"
+            consts[name] = value
+            return name
+        names = [f"v{i}" for i in range(len(keys))]
+        lines = ["def build(obj):", f"    {', '.join(names)}, = obj.values()"]
+        args = ["None"] * len(_RECORD_FIELDS)
+        for k, v in zip(keys, names, strict=True):
+            if k in props:
+                code = _fast_source(props[k], v, const)
+                if code is None:
+                    return None
+                args[position[k]] = v
+            else:  # a key the schema does not name: allowed, if flat and finite
+                code = [f"t = type({v})", f"if t is dict or t is list or (t is float and {v} - {v} != 0.0):",
+                        "    return None"]
+            lines += ["    " + line for line in code]
+        args[-1] = const(frozenset(k for k in keys if k in convert and k not in required))
+        if _SETTERS is None:
+            lines.append(f"    return _RR({', '.join(args)})")
+        else:  # the frozen dataclass's __init__ without its call: each slot set directly
+            lines.append("    o = _new(_RR)")
+            lines += [f"    {const(setter)}(o, {arg})" for setter, arg in zip(_SETTERS, args, strict=True)]
+            lines.append("    return o")
+            consts["_new"] = object.__new__
+        exec("\n".join(lines), consts)  # code from the schema; keys enter only as positions
+        return consts["build"]  # type: ignore[no-any-return]
+
+    def shape_of(keys: tuple[str, ...]) -> Build | None:
+        if not all(name in keys for name in required) or len(set(keys)) != len(keys):
+            return None
+        if len(shapes) >= MAX_SHAPES:
+            return generic(keys)  # not kept: not worth generating
+        build = (generated(keys) if generate else None) or generic(keys)
+        shapes[keys] = build
+        return build
 
     def fast_record(obj: Any) -> RequestRecord | None:
         if type(obj) is not dict:
             return None
         keys = tuple(obj)
-        try:
-            shape = shapes[keys]
-        except KeyError:
-            shape = shape_of(keys)
-            if len(shapes) < 256:
-                shapes[keys] = shape
-        if shape is None:
-            return None
-        steps, template = shape
-        args = template.copy()
-        for (conv, at), value in zip(steps, obj.values(), strict=True):
-            if at < 0:  # a key the schema does not name: allowed, if flat and finite
-                t = type(value)
-                if t is dict or t is list or (t is float and value - value != 0.0):
-                    return None
-                continue
-            out = conv(value)
-            if out is fail:
+        build = shapes.get(keys)
+        if build is None:
+            build = shape_of(keys)
+            if build is None:
                 return None
-            args[at] = out
-        return RequestRecord(*args)
+        return build(obj)
 
     return fast_record
 
@@ -434,7 +526,8 @@ def parse_lines(lines: list[bytes], first_line: int = 1, *, now: float | None = 
             except (ValueError, RecursionError, StopIteration):
                 record = None
             if record is not None:
-                if now is not None and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
+                if now is not None and not -ts_tolerance_s <= record.ts - now <= ts_tolerance_s \
+                        and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
                     errors.append(RecordError(i, "timestamp", why))
                 else:
                     records.append(record)

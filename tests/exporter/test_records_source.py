@@ -144,7 +144,7 @@ def test_lines_the_fast_path_declines_get_the_same_answer() -> None:
              b'{"ts": 1, "request_id": "\xed\xa0\x80", "worker": "w", "prompt_tokens": 1}',
              b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1} x',
              b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "block_hashes": [1, 2.0]}',
-             b'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "session_key": "\u00e9"}',
+             rb'{"ts": 1, "request_id": "a", "worker": "w", "prompt_tokens": 1, "session_key": "\u00e9"}',
              b'{"ts": 1, "request_id": "b", "worker": "w", "prompt_tokens": 1} \r',
              b'{"ts": 1, "request_id": "c", "worker": "w", "prompt_tokens": 1}\x0b']
     recs, errors = parse_lines(lines)
@@ -256,3 +256,29 @@ def test_tail_thread_delivers_and_stops(tmp_path: Path) -> None:
     tail.close()
     assert _ids(sink) == ["a", "b"]
     assert tail._thread is not None and not tail._thread.is_alive()
+
+
+def test_code_generated_per_shape_agrees_with_the_converters_and_the_three_steps() -> None:
+    """Every shape here is kept (so has its generated code): same record, or both decline."""
+    rng = random.Random(13)
+    values = [None, -1, 0, 1, 2.5, -0.5, -0.0, 1e16, 2**53, 2**53 + 1, 2**64, 2**64 - 1, True, False, "", "x", "é",
+              "x" * 300, "soft", "warm_pool", "prefixscope.request/v1", [], [1], [-1], [1.0], [True], [3, 2**64 - 1],
+              [2**64], {"a": 1}, float("inf"), float("nan"), 0.25, 7]
+    fields = [*records.SCHEMA["properties"], "extra"]
+    generated = records._compile_fast_record(records.SCHEMA)
+    loop = records._compile_fast_record(records.SCHEMA, generate=False)
+    shapes = []
+    for _ in range(40):
+        keys = ["ts", "request_id", "worker", "prompt_tokens", *rng.sample(fields, rng.randint(0, 12))]
+        rng.shuffle(keys)
+        shapes.append(list(dict.fromkeys(keys)))
+    taken = 0
+    for _ in range(6000):
+        good = json.loads(GOOD_LINE)
+        rec = {k: good.get(k, 1) for k in rng.choice(shapes)}
+        for name in rng.sample(list(rec), rng.randint(0, 3)):
+            rec[name] = rng.choice(values)
+        a, b = generated(rec), loop(rec)
+        assert repr(a) == repr(b) and (a is None or (a.carried == b.carried and repr(a) == repr(_three_steps(rec)))), rec
+        taken += a is not None
+    assert taken > 300

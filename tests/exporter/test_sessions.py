@@ -102,3 +102,33 @@ def test_first_session_ever_cannot_be_a_rekey_of_itself_and_chains_are_bounded()
     assert t.get("a").chain_len == MAX_CHAIN and t.get("a").first_chain_len == MAX_CHAIN
     # the same key again is a second turn, never a re-key
     assert t.observe("a", 101.0, "w0", long_chain, None, 0).turn == 2
+
+
+class _TwoPass(SessionTable):
+    """The reference: every registration unregisters the old anchors, then registers the new."""
+
+    def _reregister(self, s, chain, depths, anchors, old):  # type: ignore[no-untyped-def]
+        return False
+
+
+def test_one_pass_reregistration_equals_the_two_passes():
+    import random
+
+    rng = random.Random(5)
+    for trial in range(40):
+        fast, ref = SessionTable(max_sessions=30), _TwoPass(max_sessions=30)
+        prompts = [[rng.randrange(12) for _ in range(rng.randrange(1, 20))] for _ in range(15)]
+        ts = 0.0
+        for _ in range(300):
+            ts += rng.random()
+            key = f"s{rng.randrange(40)}"
+            base = rng.choice(prompts)
+            chain = None if rng.random() < 0.1 else base[:rng.randrange(1, len(base) + 1)] + (
+                [rng.randrange(12) for _ in range(rng.randrange(3))] if rng.random() < 0.5 else [])
+            worker = f"w{rng.randrange(3)}"
+            a = fast.observe(key, ts, worker, chain, None, 0)
+            b = ref.observe(key, ts, worker, chain, None, 0)
+            assert (a.turn, a.previous_worker, a.rekey_of) == (b.turn, b.previous_worker, b.rekey_of), trial
+            assert fast._held == ref._held and fast.shared_depth == ref.shared_depth, trial
+            assert [(s.key, s.anchors, s.chain_len) for s in fast.sessions()] == \
+                [(s.key, s.anchors, s.chain_len) for s in ref.sessions()], trial
