@@ -13,7 +13,6 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
-from itertools import chain
 
 from prefixscope.catalog import METRICS_BY_NAME
 
@@ -57,9 +56,15 @@ class Health:
     def update(self, incs: Iterable[tuple[str, LabelValues, float]] = (),
                sets: Iterable[tuple[str, LabelValues, float]] = ()) -> None:
         """Several increments and gauge sets under one lock (per-batch accounting on hot paths)."""
-        incs, sets = list(incs), list(sets)
+        if type(incs) is not list:  # (a list is read twice as it is: no copy on the per-batch path)
+            incs = list(incs)
+        if type(sets) is not list:
+            sets = list(sets)
         checked = self._checked
-        for metric, labels, _v in chain(incs, sets):
+        for metric, labels, _v in incs:
+            if (metric, len(labels)) not in checked:
+                self._check(metric, labels)
+        for metric, labels, _v in sets:
             if (metric, len(labels)) not in checked:
                 self._check(metric, labels)
         with self._lock:

@@ -24,10 +24,18 @@ class HealthIncreases:
         self.window_s = window_s
         self.names = tuple(names)
         self._samples: dict[str, deque[tuple[float, float]]] = {}
+        self._quiet_until = float("-inf")  # before this input time no sample is due (see :meth:`sample`)
+        self._seen: tuple[float | None, ...] = ()  # the totals the last full pass saw
 
     def sample(self) -> None:
         """Keep a (time, total) sample of each counter when it moved or the last one is getting old."""
         now = self.time.now
+        # Nothing to do (the per-batch case): no total moved since the last pass, and no sample
+        # can be due or expired yet (``_quiet_until`` keeps a second of margin against rounding).
+        totals = self.health._totals
+        if now < self._quiet_until and self._seen == tuple(map(totals.get, self.names)):
+            return
+        quiet = float("inf")
         for name in self.names:
             total = self.health.total(name) or 0.0
             dq = self._samples.get(name)
@@ -37,6 +45,12 @@ class HealthIncreases:
                 dq.append((now, total))
             while len(dq) > 1 and dq[1][0] <= now - self.window_s:
                 dq.popleft()
+            due = dq[-1][0] + self.window_s / 4
+            if len(dq) > 1:
+                due = min(due, dq[1][0] + self.window_s)
+            quiet = min(quiet, due - 1.0)
+        self._quiet_until = quiet
+        self._seen = tuple(map(totals.get, self.names))
 
     def increase(self, name: str) -> float | None:
         """Increase of a health counter over the window (None before any sample)."""

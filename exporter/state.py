@@ -156,6 +156,22 @@ class TreeStatsTiming:
     slices: int = 1
 
 
+
+class _KvLabels:
+    """One worker's label tuples for its per-batch series, built once instead of per batch."""
+
+    __slots__ = ("applied_cleared", "applied_removed", "applied_stored", "batches", "lab", "reused_false",
+                 "reused_true")
+
+    def __init__(self, worker: str) -> None:
+        self.lab = (worker,)
+        self.batches = (_KV_BATCHES, self.lab, 1.0)
+        self.applied_stored = (worker, _STORED)
+        self.applied_removed = (worker, _REMOVED)
+        self.applied_cleared = (worker, _CLEARED)
+        self.reused_true = (worker, "true")
+        self.reused_false = (worker, "false")
+
 class ClusterState:
     """The cluster-wide prefix index, session table and windows behind every exported number."""
 
@@ -195,6 +211,7 @@ class ClusterState:
         self.kv_seen = False
         self.spec_seen = False
         self._kv_workers: set[str] = set()  # workers whose KV health series exist
+        self._kv_labels: dict[str, _KvLabels] = {}  # a worker's label tuples, built once (per-batch series)
         # Views that may be wrong: worker -> GPU blocks stored since it was marked.
         self._unreliable: dict[str, int] = {}
         self._rebuilding: set[str] = set()  # workers whose rebuild the KV source is running
@@ -342,10 +359,16 @@ class ClusterState:
             self._kv_workers.add(worker)
             reliable_again = self._turnover(worker, ev.stored, res.cleared > 0)
             drift = self._drift(worker)
-        lab = (worker,)
+        kl = self._kv_labels.get(worker)
+        if kl is None:
+            kl = self._kv_labels[worker] = _KvLabels(worker)
+        lab = kl.lab
         # The batch's whole health accounting in one Health call (one lock round trip).
-        incs = [(_KV_BATCHES, lab, 1.0)] if stream else []
-        sets = [(_KV_LAST_TS, lab, received_at), (_KV_LAG, lab, max(0.0, received_at - batch.ts))] if stream else []
+        if stream:
+            incs = [kl.batches]
+            sets = [(_KV_LAST_TS, lab, received_at), (_KV_LAG, lab, max(0.0, received_at - batch.ts))]
+        else:
+            incs, sets = [], []
         if first and stream:  # these series exist from a worker's first batch: a stream with no gap reads 0, not missing
             incs += [(_WORKER_RESTARTS, lab, 0), (_KV_MISSED, lab, 0), (_KV_LOST, lab, 0), (_KV_UNKNOWN_PARENT, lab, 0),
                      (_KV_UNKNOWN_REMOVALS, lab, 0), *((_KV_REPAIRS, (worker, r), 0) for r in REPAIR_REASONS)]
@@ -356,31 +379,44 @@ class ClusterState:
             incs.append((_KV_UNKNOWN_PARENT, lab, res.unknown_parent))
         if res.unknown_removals:
             incs.append((_KV_UNKNOWN_REMOVALS, lab, res.unknown_removals))
-        for name, n in ((_STORED, res.stored_events), (_REMOVED, res.removed_events), (_CLEARED, res.cleared)):
-            if n:
-                incs.append((_KV_APPLIED, (worker, name), n))
+        if res.stored_events:
+            incs.append((_KV_APPLIED, kl.applied_stored, res.stored_events))
+        if res.removed_events:
+            incs.append((_KV_APPLIED, kl.applied_removed, res.removed_events))
+        if res.cleared:
+            incs.append((_KV_APPLIED, kl.applied_cleared, res.cleared))
         self.health.update(incs, sets)
         if drift is not None:
             self._repair(worker, drift)
 
     def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float) -> None:
         """The eviction series of one batch (under the lock)."""
-        lab = (worker,)
-        store = self.store
         if ev.other_media:
             self._other_media.add(worker)
-        if ev.stored:  # restored at 0 too: thrash exists wherever stores do
-            incs = [(_BLOCKS_STORED, lab, ev.stored), (_BLOCKS_RESTORED, lab, ev.restored)]
-            if ev.evicted:
-                incs.append((_BLOCKS_EVICTED, lab, ev.evicted))
+        stored, evicted, ages = ev.stored, ev.evicted, ev.ages
+        if not (stored or evicted or ages):
+            return
+        kl = self._kv_labels.get(worker)
+        if kl is None:
+            kl = self._kv_labels[worker] = _KvLabels(worker)
+        lab = kl.lab
+        store = self.store
+        if stored:  # restored at 0 too: thrash exists wherever stores do
+            incs = [(_BLOCKS_STORED, lab, stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+            if evicted:
+                incs.append((_BLOCKS_EVICTED, lab, evicted))
             store.inc_many(ts, incs)
-        elif ev.evicted:
-            store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
-        ages = ev.ages
+        elif evicted:
+            store.inc(ts, _BLOCKS_EVICTED, lab, evicted)
         if ages:  # each label's observations in event order, the label seen first first: as one at a time
-            for flag in ((True, False) if ages[0][1] else (False, True)):
-                store.observe_many(ts, _EVICTION_AGE, (worker, "true" if flag else "false"),
-                                   [age for age, reused in ages if reused is flag])
+            reused = [age for age, r in ages if r is True]
+            fresh = [age for age, r in ages if r is False]
+            if ages[0][1]:
+                store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
+                store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
+            else:
+                store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
+                store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
 
     def _count_roots(self, roots: RootBatch, ts: float) -> None:
         """The prefix-instability series of one batch (under the lock); both exist from the first

@@ -1,0 +1,85 @@
+"""The per-batch fast paths of KV ingest give the same results as the full work they skip.
+
+``HealthIncreases.sample`` returns at once while no watched total moved and no sample can be
+due; ``ClusterState._count_evictions`` writes through label tuples built once per worker. Each
+is compared here with the plain computation it replaces.
+"""
+
+from __future__ import annotations
+
+import random
+
+from exporter.eviction import BatchEvictions
+from exporter.health import Health
+from exporter.health_window import HealthIncreases
+from exporter.input_time import InputTime
+from exporter.metric_store import MetricStore
+from exporter.state import _BLOCKS_EVICTED, _BLOCKS_RESTORED, _BLOCKS_STORED, _EVICTION_AGE, ClusterState
+from prefixscope.thresholds import load_thresholds
+
+_NAMES = ("prefixscope_kv_event_missed_batches", "prefixscope_ingest_errors")
+
+
+def _increases(window_s: float) -> tuple[Health, InputTime, HealthIncreases]:
+    health = Health()
+    clock = InputTime()
+    return health, clock, HealthIncreases(health, clock, window_s, _NAMES)
+
+
+def test_health_sample_skips_only_what_a_full_pass_would_not_change() -> None:
+    rng = random.Random(3)
+    fast_h, fast_t, fast = _increases(40.0)
+    full_h, full_t, full = _increases(40.0)
+    ts = 1000.0
+    for step in range(3000):
+        ts += rng.choice((0.01, 0.01, 0.3, 2.0, 9.5))
+        for health, clock in ((fast_h, fast_t), (full_h, full_t)):
+            clock.advance(ts)
+            if step % 53 == 0:
+                health.inc("prefixscope_kv_event_missed_batches", ("w0",), 2)
+            if step % 211 == 0:
+                health.error("kv", "bad_payload", "test")
+        full._quiet_until = float("-inf")  # the reference always takes the full pass
+        fast.sample()
+        full.sample()
+        assert {k: list(v) for k, v in fast._samples.items()} == {k: list(v) for k, v in full._samples.items()}
+        for name in _NAMES:
+            assert fast.increase(name) == full.increase(name)
+
+
+def _count_evictions_reference(store: MetricStore, worker: str, ev: BatchEvictions, ts: float) -> None:
+    """The eviction series of one batch, written one label tuple at a time."""
+    lab = (worker,)
+    if ev.stored:
+        incs = [(_BLOCKS_STORED, lab, ev.stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+        if ev.evicted:
+            incs.append((_BLOCKS_EVICTED, lab, ev.evicted))
+        store.inc_many(ts, incs)
+    elif ev.evicted:
+        store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
+    ages = ev.ages
+    if ages:
+        for flag in ((True, False) if ages[0][1] else (False, True)):
+            store.observe_many(ts, _EVICTION_AGE, (worker, "true" if flag else "false"),
+                               [age for age, reused in ages if reused is flag])
+
+
+def test_eviction_series_match_the_plain_writes() -> None:
+    rng = random.Random(5)
+    st = ClusterState(Health(), load_thresholds(), window_s=30, clock=lambda: 0.0)
+    ref = MetricStore(30.0)
+    ts = 100.0
+    for _ in range(2000):
+        ts += rng.choice((0.01, 0.5, 7.0))
+        worker = rng.choice(("w0", "w1", "w2"))
+        ages = [(rng.random() * 50, rng.random() < 0.4) for _ in range(rng.choice((0, 0, 1, 3)))]
+        ev = BatchEvictions(stored=rng.choice((0, 0, 4, 30)), restored=rng.choice((0, 1)),
+                            evicted=rng.choice((0, 1, 5)), ages=ages)
+        st._count_evictions(worker, ev, ts)
+        _count_evictions_reference(ref, worker, ev, ts)
+        st.store.expire(ts)
+        ref.expire(ts)
+        assert st.store.cum.counters == ref.cum.counters
+        assert st.store.cum.histograms == ref.cum.histograms
+        assert st.store.win.sums == ref.win.sums
+        assert {m: hw.counts for m, hw in st.store.hwin.items()} == {m: hw.counts for m, hw in ref.hwin.items()}
