@@ -122,9 +122,12 @@ class MetricStore:
             for metric, labels, value in items:
                 self.inc(ts, metric, labels, value)
             return
-        cum = self.cum
+        counters = self.cum.counters  # Cumulative.inc of each, inline (once per KV batch)
         for metric, labels, value in items:
-            cum.inc(metric, labels, value)
+            series = counters.get(metric)
+            if series is None:
+                series = counters[metric] = {}
+            series[labels] = series.get(labels, 0.0) + value
         self.win.add_many(ts, [((metric, labels), value) for metric, labels, value in items])
 
     def zero(self, metric: str, labels: LabelValues) -> None:
@@ -211,12 +214,31 @@ class MetricStore:
         return sum(map(len, self.cum.counters.values())) + sum(map(len, self.cum.histograms.values()))
 
     def expire(self, now: float) -> None:
+        if self._pending is None and not self._expiry_due(now):  # the common case: no slot has aged out
+            self.advance_baselines(now)
+            return
         self.flush()
         self.win.expire(now)
         self.own.expire(now)
         for hw in self.hwin.values():
             hw.expire(now)
         self.advance_baselines(now)
+
+    def _expiry_due(self, now: float) -> bool:
+        """Some window's oldest slot has aged out (each window's own expiry test, read in one
+        place: every window here has the store's ``window_s``)."""
+        cutoff = now - self.window_s
+        slots = self.win._slots.slots
+        if slots and slots[0].last <= cutoff:
+            return True
+        slots = self.own._slots.slots
+        if slots and slots[0].last <= cutoff:
+            return True
+        for hw in self.hwin.values():
+            slots = hw._slots.slots
+            if slots and slots[0].last <= cutoff:
+                return True
+        return False
 
     def advance_baselines(self, now: float) -> None:
         """Bring the baselines to input time ``now`` (cheap: slots move only at slot edges)."""

@@ -83,3 +83,36 @@ def test_eviction_series_match_the_plain_writes() -> None:
         assert st.store.cum.histograms == ref.cum.histograms
         assert st.store.win.sums == ref.win.sums
         assert {m: hw.counts for m, hw in st.store.hwin.items()} == {m: hw.counts for m, hw in ref.hwin.items()}
+
+
+def _expire_every_window(store: MetricStore, now: float) -> None:
+    """MetricStore.expire without its early return: every window asked in turn."""
+    store.flush()
+    store.win.expire(now)
+    store.own.expire(now)
+    for hw in store.hwin.values():
+        hw.expire(now)
+    store.advance_baselines(now)
+
+
+def test_store_expiry_skips_only_when_no_window_has_a_slot_to_drop() -> None:
+    rng = random.Random(7)
+    fast, full = MetricStore(20.0), MetricStore(20.0)
+    ts = 50.0
+    for _ in range(3000):
+        ts += rng.choice((0.01, 0.2, 1.5, 25.0))
+        at = ts - rng.choice((0.0, 0.0, 3.0))  # now and then a late input
+        kind, age = rng.random(), rng.random() * 30
+        for store in (fast, full):
+            if kind < 0.4:
+                store.inc(at, _BLOCKS_STORED, ("w0",), 3)
+            elif kind < 0.6:
+                store.add_own(at, ("own", "w1"), 1.0)
+            elif kind < 0.8:
+                store.observe_many(at, _EVICTION_AGE, ("w0", "true"), [age])
+        fast.expire(ts)
+        _expire_every_window(full, ts)
+        assert fast.win.sums == full.win.sums and fast.own.sums == full.own.sums
+        assert {m: hw.counts for m, hw in fast.hwin.items()} == {m: hw.counts for m, hw in full.hwin.items()}
+        assert [len(w) for w in (fast.win, fast.own)] == [len(w) for w in (full.win, full.own)]
+        assert {m: b.counts for m, b in fast.baselines.items()} == {m: b.counts for m, b in full.baselines.items()}
