@@ -138,8 +138,7 @@ class RootTracker:
         cutoff = ts - self.window_s
         known = self._roots.get(first)
         head = opening[:(EARLY_SPAN_BLOCKS + 1) * bs]
-        keys = tuple((s, blocks, hash(opening[s * bs:])) for s in range(1, EARLY_SPAN_BLOCKS + 1)
-                     if blocks - s >= MIN_SHARED_BLOCKS)
+        keys = self._keys(opening, blocks, bs)
         if known is None or known.seen < cutoff:
             twin = self._twin(first, keys, cutoff)
             if twin is not None:
@@ -147,6 +146,22 @@ class RootTracker:
                 offset, length = differing_span(head, twin.head)
                 self.example = NearDuplicate(first, twin.first, ts, worker, offset, length, head, twin.head)
         self._remember(first, ts, head, keys)
+
+    @staticmethod
+    def _keys(opening: tuple[int, ...], blocks: int, bs: int) -> tuple[tuple[int, int, int], ...]:
+        """(s, blocks, digest of the tokens from block ``s`` on) for each span ``s`` that leaves
+        enough blocks to compare. The digests nest (block ``s``'s tokens with the digest from
+        ``s + 1`` on), so the long tail is hashed once rather than once per span."""
+        if blocks - 1 < MIN_SHARED_BLOCKS:
+            return ()
+        digest = hash(opening[EARLY_SPAN_BLOCKS * bs:])
+        keys = [(EARLY_SPAN_BLOCKS, blocks, digest)] if blocks - EARLY_SPAN_BLOCKS >= MIN_SHARED_BLOCKS else []
+        for s in range(EARLY_SPAN_BLOCKS - 1, 0, -1):
+            digest = hash((opening[s * bs:(s + 1) * bs], digest))
+            if blocks - s >= MIN_SHARED_BLOCKS:
+                keys.append((s, blocks, digest))
+        keys.reverse()  # by rising span, as the twin search tries them
+        return tuple(keys)
 
     def _twin(self, first: int, keys: tuple[tuple[int, int, int], ...], cutoff: float) -> _Root | None:
         """The recent root (another first block) whose opening matches one of ``keys``."""

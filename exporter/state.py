@@ -460,8 +460,10 @@ class ClusterState:
         if last is not None and self.time.now - last < self.window_s:
             return None
         cap = self.worker_capacity(worker)
+        if not cap:  # no bound known: nothing to compare (the resident count is not read)
+            return None
         resident = self.index.resident_blocks(worker)
-        if cap and resident is not None and resident > cap:
+        if resident is not None and resident > cap:
             return OVER_CAPACITY
         return None
 

@@ -14,6 +14,8 @@ from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.input_time import InputTime
 from exporter.metric_store import MetricStore
+from exporter.model import BlockStored
+from exporter.prefix_instability import EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS, RootTracker
 from exporter.state import _BLOCKS_EVICTED, _BLOCKS_RESTORED, _BLOCKS_STORED, _EVICTION_AGE, ClusterState
 from prefixscope.thresholds import load_thresholds
 
@@ -116,3 +118,37 @@ def test_store_expiry_skips_only_when_no_window_has_a_slot_to_drop() -> None:
         assert {m: hw.counts for m, hw in fast.hwin.items()} == {m: hw.counts for m, hw in full.hwin.items()}
         assert [len(w) for w in (fast.win, fast.own)] == [len(w) for w in (full.win, full.own)]
         assert {m: b.counts for m, b in fast.baselines.items()} == {m: b.counts for m, b in full.baselines.items()}
+
+
+class _PlainKeys(RootTracker):
+    """Content keys as each span's whole tail hashed on its own (what the nested digests replace)."""
+
+    @staticmethod
+    def _keys(opening: tuple[int, ...], blocks: int, bs: int) -> tuple[tuple[int, int, int], ...]:
+        return tuple((s, blocks, hash(opening[s * bs:])) for s in range(1, EARLY_SPAN_BLOCKS + 1)
+                     if blocks - s >= MIN_SHARED_BLOCKS)
+
+
+def test_nested_root_digests_judge_roots_as_whole_tail_hashes_do() -> None:
+    rng = random.Random(11)
+    bs = 4
+    templates = [[rng.randrange(50) for _ in range(40 * bs)] for _ in range(6)]
+    fast, plain = RootTracker(30.0, max_roots=64), _PlainKeys(30.0, max_roots=64)
+    ts, first = 0.0, 1
+    for _ in range(3000):
+        ts += rng.choice((0.1, 1.0, 12.0))
+        blocks = rng.choice((3, 8, 9, 10, 12, 20, 32, 40))
+        tokens = list(rng.choice(templates)[:blocks * bs])
+        for i in range(rng.choice((0, 1, 2, 3)) * bs):  # an early span that differs (or none)
+            if rng.random() < 0.5:
+                tokens[i] = rng.randrange(50)
+        if rng.random() < 0.05 and len(tokens) > 20 * bs:
+            tokens[15 * bs] += 1  # a difference past the span: not a near-duplicate
+        first = rng.choice((first, first + 1, rng.randrange(1, first + 2)))
+        ev = BlockStored(tuple(range(first, first + blocks)), None, bs, len(tokens), "GPU", tuple(tokens))
+        worker = rng.choice(("w0", "w1"))
+        got, want = fast.apply(worker, [ev], ts), plain.apply(worker, [ev], ts)
+        assert (got.roots, got.unstable) == (want.roots, want.unstable)
+        assert fast.example == plain.example and len(fast) == len(plain)
+        assert len(fast._by_key) == len(plain._by_key)
+    assert fast.example is not None
