@@ -413,10 +413,12 @@ class ClusterState:
             fresh = [age for age, r in ages if r is False]
             if ages[0][1]:
                 store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
-                store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
+                if fresh:
+                    store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
             else:
                 store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
-                store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
+                if reused:
+                    store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
 
     def _count_roots(self, roots: RootBatch, ts: float) -> None:
         """The prefix-instability series of one batch (under the lock); both exist from the first
