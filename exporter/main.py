@@ -291,6 +291,25 @@ def _configure_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft limit on open files to the hard one and return it: each worker holds a ZMQ
+    socket (a mailbox and a connection), a kept-alive scrape connection and, while it replays,
+    another socket, so a thousand workers need a few thousand descriptors — past the common
+    default soft limit of 1,024."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to raise
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -302,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     _configure_logging(cfg.log_level)
     allocator.limit_arenas()  # before any thread of the runtime allocates
+    raise_open_files_limit()
     try:
         runtime = Runtime.build(cfg)
     except ConfigError as exc:

@@ -80,6 +80,12 @@ log = logging.getLogger("prefixscope.kv_events")
 SOURCE = "kv_events"
 END_SEQ = b"\xff" * 8  # the replay's end marker: -1 as a signed 8-byte big-endian integer
 MAX_DRAIN = 256  # messages taken from one socket per poll round, so one busy worker cannot starve others
+# Startup replays in flight at once: each holds a DEALER socket (a mailbox fd and a TCP connection
+# on top of the worker's SUB socket), so a thousand workers replayed at once would need thousands
+# of descriptors and more sockets than a ZMQ context allows by default (1,023).
+MAX_STARTUP_REPLAYS = 64
+# Sockets the context may hold beyond one SUB per worker: the startup replays and the rebuilds.
+SPARE_SOCKETS = MAX_STARTUP_REPLAYS + 64
 # Payload digests kept per worker to recognise live duplicates of the startup replay: racing
 # messages are the newest ones, queued in the SUB socket (receive HWM 1000 by default).
 STARTUP_DEDUP = 2048
@@ -140,6 +146,8 @@ class KvEventSubscriber:
         self._replay_threads: dict[str, threading.Thread] = {}
         self._rebuilds: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()  # (worker, reason) asked for
         self._ctx = zmq.Context()
+        # one SUB per worker plus replays: past the default 1,023 sockets at about a thousand workers
+        self._ctx.set(zmq.MAX_SOCKETS, max(self._ctx.get(zmq.MAX_SOCKETS), len(self.endpoints) + SPARE_SOCKETS))
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._started = threading.Event()
@@ -475,46 +483,61 @@ class KvEventSubscriber:
         return int.from_bytes(seq8, "big"), payload
 
     def _startup_replays(self) -> None:
-        """Replay every worker's buffer from seq 0 at once (one DEALER each), applying in seq order.
+        """Replay every worker's buffer from seq 0 (a DEALER each, ``MAX_STARTUP_REPLAYS`` at a
+        time), applying in seq order.
 
-        Each worker's replay ends at its end marker or after ``replay_timeout`` without a reply;
-        live messages meanwhile wait in the SUB sockets.
+        Each worker's replay ends at its end marker or after ``replay_timeout`` without a reply
+        (``REPLAY_TOTAL_TIMEOUTS`` × ``replay_timeout`` from its own start however slowly it
+        drips); live messages meanwhile wait in the SUB sockets.
         """
         socks: dict[zmq.Socket, str] = {}
         deadline: dict[zmq.Socket, float] = {}
+        hard_end: dict[zmq.Socket, float] = {}
         nxt: dict[str, int] = {}
         digests: dict[str, dict[int, int]] = {}
         poller = zmq.Poller()
-        try:
-            for worker, ep in self.endpoints.items():
-                if ep.replay is None:
-                    continue
+        waiting = [(w, ep.replay) for w, ep in self.endpoints.items() if ep.replay is not None]
+        waiting.reverse()  # popped from the end: configured order
+        timeout = self.replay_timeout
+
+        def open_next() -> None:
+            while waiting and len(socks) < MAX_STARTUP_REPLAYS and not self._stop.is_set():
+                worker, endpoint = waiting.pop()
                 sock = self._ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
                 try:
-                    sock.connect(ep.replay)
+                    sock.connect(endpoint)
                     sock.send_multipart([b"", (0).to_bytes(8, "big")])
                 except zmq.ZMQError as exc:
-                    self.health.error(SOURCE, "replay", f"worker {worker}: replay from {ep.replay} failed: {exc}")
+                    self.health.error(SOURCE, "replay", f"worker {worker}: replay from {endpoint} failed: {exc}")
                     sock.close(0)
                     continue
                 socks[sock] = worker
                 nxt[worker], digests[worker] = 0, {}
                 poller.register(sock, zmq.POLLIN)
-            timeout = self.replay_timeout
-            hard_end = time.monotonic() + timeout * REPLAY_TOTAL_TIMEOUTS  # however slowly it drips
-            deadline.update((sock, time.monotonic() + timeout) for sock in socks)
+                now = time.monotonic()
+                deadline[sock], hard_end[sock] = now + timeout, now + timeout * REPLAY_TOTAL_TIMEOUTS
+
+        def end(sock: zmq.Socket) -> None:
+            self._end_startup(poller, socks, deadline, sock)
+            hard_end.pop(sock, None)
+
+        try:
+            open_next()
             while socks and not self._stop.is_set():
                 now = time.monotonic()
                 for sock in [k for k, t in deadline.items() if t <= now]:  # silent too long: give up on it
                     log.warning("worker %s: no complete replay within %.1fs at start", socks[sock], timeout)
-                    self._end_startup(poller, socks, deadline, sock)
+                    end(sock)
+                open_next()
                 if not socks:
                     break
                 wait_ms = max(1, int((min(deadline.values()) - now) * 1000))
                 for sock, _ in poller.poll(wait_ms):
+                    if sock not in socks:
+                        continue
                     worker = socks[sock]
-                    deadline[sock] = min(time.monotonic() + timeout, hard_end)
+                    deadline[sock] = min(time.monotonic() + timeout, hard_end[sock])
                     for _ in range(MAX_DRAIN):
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -525,16 +548,17 @@ class KvEventSubscriber:
                             continue
                         seq, payload = reply
                         if seq < 0:
-                            self._end_startup(poller, socks, deadline, sock)
+                            end(sock)
                             break
                         if seq < nxt[worker]:
                             continue
                         nxt[worker] = seq + 1
                         digests[worker][seq] = hash(payload)
                         self._decode_and_apply(worker, seq, payload, self.clock())
+                open_next()
         finally:
             for sock in list(socks):
-                self._end_startup(poller, socks, deadline, sock)
+                end(sock)
         for worker, seen in digests.items():
             if seen:
                 mark = nxt[worker] - 1

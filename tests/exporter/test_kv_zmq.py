@@ -644,3 +644,29 @@ def test_close_does_not_wait_for_a_silent_replay(ctx: zmq.Context) -> None:
         silent.close()
     assert time.monotonic() - started < 5.0  # not the 30 s replay timeout
     assert all(not t.is_alive() for t in sub._replay_threads.values())
+
+
+def test_startup_replays_beyond_the_concurrent_limit_are_all_taken(ctx: zmq.Context,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Startup replays run a few at a time (each holds a socket): every worker's buffer is still
+    # replayed once, in seq order, when there are more workers than replays in flight.
+    import exporter.sources.kv_zmq as kv_zmq
+
+    monkeypatch.setattr(kv_zmq, "MAX_STARTUP_REPLAYS", 2)
+    pubs = {f"w{i}": VllmLikePublisher(ctx) for i in range(5)}
+    for i, pub in enumerate(pubs.values()):
+        pub.publish([("stored", [100 * i + 1])], send=False)
+        pub.publish([("stored", [100 * i + 2], 100 * i + 1)], send=False)
+    sink, health = RecordingSink(), Health()
+    sub = KvEventSubscriber({w: p.endpoint() for w, p in pubs.items()}, sink, health, replay_timeout=2.0,
+                            poll_interval=0.02)
+    sub.start()
+    try:
+        assert sub.wait_connected() and sub.wait_started()
+    finally:
+        sub.close()
+        for pub in pubs.values():
+            pub.close()
+    assert {w: sink.seqs(w) for w in pubs} == {w: [0, 1] for w in pubs}
+    assert all(p.replay_requests == [0] for p in pubs.values())
+    assert sub.replayed_at_start == {w: 1 for w in pubs}
