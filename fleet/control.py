@@ -21,9 +21,10 @@ import queue
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
+from fleet.http_service import ThreadedHttpService
 from fleet.workers import WorkerFleet
 
 log = logging.getLogger("prefixscope.fleet.control")
@@ -49,32 +50,17 @@ class Command:
     message: str = "queued"
 
 
-class FleetControl:
+class FleetControl(ThreadedHttpService):
     """The command queue plus its HTTP face; ``start`` binds, ``apply`` runs commands, ``stop`` ends."""
+
+    thread_name = "fleet-control"
 
     def __init__(self, fleet: WorkerFleet, host: str = "127.0.0.1", port: int = 0, wait_s: float = 10.0) -> None:
         self.fleet = fleet
         self.wait_s = wait_s
         self._queue: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._bind(host, port, _handler(self))
 
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> FleetControl:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fleet-control", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(2)
 
     # -- commands ---------------------------------------------------------------------------
     def submit(self, action: str, worker: str) -> Command:

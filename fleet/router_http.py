@@ -8,44 +8,29 @@ one after another. Scrape it as a router (``routers:`` in the exporter config, `
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from fleet.http_service import ThreadedHttpService
 
 log = logging.getLogger("prefixscope.fleet.router_http")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class RouterMetricsServer:
+class RouterMetricsServer(ThreadedHttpService):
     """``start`` binds and serves, ``stop`` ends; ``metrics_url`` is what an exporter scrapes."""
+
+    thread_name = "router-metrics"
 
     def __init__(self, page: Callable[[], str], host: str = "127.0.0.1", port: int = 0) -> None:
         self.page = page
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        self._bind(host, port, _handler(self))
 
     @property
     def metrics_url(self) -> str:
         return self.url + "/metrics"
-
-    def start(self) -> RouterMetricsServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="router-metrics", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(2)
 
     def __enter__(self) -> RouterMetricsServer:
         return self.start()
