@@ -243,10 +243,9 @@ _FAIL: Any = object()
 Convert = Callable[[Any], Any]  # the value as RequestRecord holds it, or _FAIL
 
 
-def _fast_convert(name: str, spec: dict[str, Any]) -> Convert | None:
-    """Check-and-convert for one schema property; None if the fast path cannot decide it."""
-    if set(spec) - {"type", "minimum", "maximum", "minLength", "maxLength", "enum", "items", "description", "const"}:
-        return None
+def _spec_types(spec: dict[str, Any]) -> tuple[set[str], bool, list[Any] | None]:
+    """A schema property's JSON types other than null, whether null is allowed (not when an
+    enum without None leaves it out), and its enum."""
     raw = spec.get("type")
     types = set((raw,) if isinstance(raw, str) else raw or ())
     nullable = "null" in types
@@ -254,6 +253,14 @@ def _fast_convert(name: str, spec: dict[str, Any]) -> Convert | None:
     enum = spec.get("enum")
     if enum is not None and nullable and None not in enum:
         nullable = False
+    return types, nullable, enum
+
+
+def _fast_convert(name: str, spec: dict[str, Any]) -> Convert | None:
+    """Check-and-convert for one schema property; None if the fast path cannot decide it."""
+    if set(spec) - {"type", "minimum", "maximum", "minLength", "maxLength", "enum", "items", "description", "const"}:
+        return None
+    types, nullable, enum = _spec_types(spec)
     if "const" in spec:
         const = spec["const"]
         if types or enum is not None or type(const) is not str or not const.isascii():
@@ -328,13 +335,7 @@ def _fast_source(spec: dict[str, Any], var: str, const: Callable[[Any], str]) ->
     """:func:`_fast_convert` as lines of Python checking and converting ``var`` in place (``return
     None`` where the converter answers ``_FAIL``), for the code generated per record shape; None
     where that converter is None. ``const`` names a value for the generated code."""
-    raw = spec.get("type")
-    types = set((raw,) if isinstance(raw, str) else raw or ())
-    nullable = "null" in types
-    types.discard("null")
-    enum = spec.get("enum")
-    if enum is not None and nullable and None not in enum:
-        nullable = False
+    types, nullable, enum = _spec_types(spec)
     v = var
     otherwise = [f"elif {v} is not None:", "    return None"] if nullable else ["else:", "    return None"]
     if "const" in spec:
