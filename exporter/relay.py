@@ -49,6 +49,7 @@ from types import FrameType
 from typing import Any
 
 import nats
+from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
@@ -200,7 +201,7 @@ class Relay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscriber: _RelaySubscriber | None = None
-        self._js: Any = None
+        self._js: JetStreamContext | None = None
         self._nc: nats.NATS | None = None
         self.resume: dict[str, int] = {}
 
@@ -296,13 +297,15 @@ class Relay:
         """One worker's batches, in order, each until acknowledged."""
         subject = subject_for(self.cfg.subject_prefix, worker)
         topic = self._topics.get(worker, b"")
+        js = self._js
+        assert js is not None, "started by _setup"
         while True:
             seq, payload, restart = await q.get()
             headers = headers_for(worker, seq, payload, topic, restart)
             delay = 0.1
             while True:
                 try:
-                    await self._js.publish(subject, payload, timeout=2.0, headers=headers)
+                    await js.publish(subject, payload, timeout=2.0, headers=headers)
                     break
                 except Exception as exc:
                     self.retries += 1

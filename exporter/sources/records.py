@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from exporter.health import Health
 from exporter.labels import MAX_LABEL_VALUE_CHARS, label_value_problem
@@ -621,7 +621,7 @@ class RecordFileTail:
         self.max_line_bytes = max_line_bytes
         self.clock = clock
         self.ts_tolerance_s = ts_tolerance_s
-        self._fh: Any = None
+        self._fh: BinaryIO | None = None
         self._ino: tuple[int, int] | None = None
         self._offset = 0
         self._partial = b""
