@@ -105,7 +105,7 @@ _W = Label("worker", WORKER)
 _DYNAMO = (Label("dynamo_namespace", "sim"), Label("dynamo_component", "router"), Label("router_id", "1"))
 
 SERIES: tuple[RouterSeries, ...] = (
-    # SGLang model gateway (smg >= 1.11)
+    # SGLang model gateway (smg >= 1.11) in front of HTTP workers: its text tree times no lookup
     RouterSeries("sglang", "decisions", "smg_worker_cb_outcomes_total", "counter", DECISIONS_OK,
                  (_W, Label("outcome", "success")), help="Circuit-breaker outcomes per worker"),
     RouterSeries("sglang", "decisions", "smg_worker_cb_outcomes_total", "counter", DECISIONS_FAILED,

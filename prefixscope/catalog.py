@@ -258,7 +258,8 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
 ROUTER_KINDS: tuple[str, ...] = ("sglang-router", "vllm-router", "dynamo", "llm-d")
 ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
     f"{NAMESPACE}_router_decisions": {
-        "sglang-router": "`smg_worker_cb_outcomes_total` Σ outcome (≤ 0.2.4: `sgl_router_policy_decisions_total`)",
+        "sglang-router": "`smg_worker_requests_total` Σ model (smg ≥ 1.13), else `smg_worker_cb_outcomes_total` "
+                         "Σ outcome (≤ 0.2.4: `sgl_router_policy_decisions_total`)",
         "vllm-router": "`vllm_router_policy_decisions_total` Σ policy",
         "dynamo": None, "llm-d": None},
     f"{NAMESPACE}_router_prefix_outcomes": {
@@ -274,7 +275,8 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
         "sglang-router": "`smg_cache_aware_match_ratio` (smg ≥ 1.11)", "vllm-router": None,
         "dynamo": "`dynamo_component_router_kv_hit_rate`", "llm-d": None},
     f"{NAMESPACE}_router_tree_walk_seconds": {
-        "sglang-router": None, "vllm-router": None,
+        "sglang-router": "`smg_kv_index_lookup_seconds` Σ index (smg ≥ 1.13, KV-event-fed cache-aware routing)",
+        "vllm-router": None,
         "dynamo": "`dynamo_router_overhead_indexer_find_matches_ms` (ms → s)",
         "llm-d": "`llm_d_epp_kv_cache_index_lookup_latency_seconds`"},
 }
@@ -296,7 +298,8 @@ SIGNAL_ENABLE: dict[str, str] = {
                       "(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf)",
     "async_prefill": "records: async_wait_s from the async prefill path",
     "walk_latency": "records: walk_s; or scrape a router that exports its lookup latency "
-                    "(Dynamo KV router, llm-d with kvBlockIndexConfig.enableMetrics)",
+                    "(smg ≥ 1.13 with KV-event-fed routing, Dynamo KV router, llm-d with "
+                    "kvBlockIndexConfig.enableMetrics)",
     "topology": "set topology: to a topology file in the exporter config",
     "warm_pool": "mark warm-pool workers (warm_pool: true) in the topology file",
     "migrations": "records: migrated_from / migration_kind; spans: a session attribute (migrations are "

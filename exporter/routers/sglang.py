@@ -5,8 +5,10 @@ Names and label sets: the sglang-router 0.3.2 wheel's own /metrics (tests/fixtur
 model_gateway/src/observability/metrics.rs and its metrics reference (smg 1.11); sgl-project/sglang
 sgl-router/src/metrics.rs (≤ 0.2.4) and experimental/sgl-router/src/server/metrics.rs.
 
-- decisions per worker: ``smg_worker_cb_outcomes_total{worker,outcome}`` summed over ``outcome``
-  (``smg_worker_selection_total`` has no worker label); ``sgl_router_policy_decisions_total{policy,worker}``;
+- decisions per worker: ``smg_worker_requests_total{worker,model}`` summed over ``model`` (smg ≥ 1.13:
+  every send, a worker that got none at 0), else ``smg_worker_cb_outcomes_total{worker,outcome}``
+  summed over ``outcome`` (``smg_worker_selection_total`` has no worker label);
+  ``sgl_router_policy_decisions_total{policy,worker}``;
   ``sgl_router_worker_requests_total{worker_url,...}``.
 - prefix hit/miss: ``smg_cache_aware_policy_branch_total{branch}`` (smg ≥ 1.11: ``tree_match`` is a
   hit, ``spill``/``expected_wait_fallback``/``first_healthy_fallback`` are not routed by a match);
@@ -14,6 +16,10 @@ sgl-router/src/metrics.rs (≤ 0.2.4) and experimental/sgl-router/src/server/met
   ``sgl_router_cache_aware_decisions_total{decision}`` (``cache_hit``/``cache_miss``). sglang-router
   0.3.0–0.3.2 export none of these: the outcome stays missing.
 - predicted reuse: ``smg_cache_aware_match_ratio`` (best match ÷ input length, smg ≥ 1.11).
+- lookup latency: ``smg_kv_index_lookup_seconds{index}`` (smg ≥ 1.13, seconds, summed over ``index``
+  = ``positional``/``chain``): the event-driven KV index's overlap scoring of a request's block
+  hashes, observed when cache-aware routing is fed by the workers' KV events (gRPC workers); the
+  HTTP tree mode times nothing.
 - health: ``smg_worker_health{worker}``.
 """
 
@@ -26,10 +32,12 @@ from exporter.promtext import ParseResult
 from exporter.routers.adapter import RouterAdapter
 from exporter.routers.common import by_label, histogram, histogram_names, named, total
 
+SMG_SENDS = "smg_worker_requests_total"
 SMG_DECISIONS = "smg_worker_cb_outcomes_total"
 SMG_HEALTH = "smg_worker_health"
 SMG_BRANCH = "smg_cache_aware_policy_branch_total"
 SMG_MATCH_RATIO = "smg_cache_aware_match_ratio"
+SMG_LOOKUP = "smg_kv_index_lookup_seconds"
 SGL_DECISIONS = "sgl_router_policy_decisions_total"
 SGL_WORKER_REQUESTS = "sgl_router_worker_requests_total"
 SGL_HITS = "sgl_router_cache_hits_total"
@@ -55,7 +63,9 @@ def _outcomes(p: ParseResult) -> dict[str, float]:
 
 def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> RouterSnapshot:
     got = p.samples
-    if SMG_DECISIONS in got:
+    if SMG_SENDS in got:
+        decisions = by_label(got[SMG_SENDS], "worker")
+    elif SMG_DECISIONS in got:
         decisions = by_label(got[SMG_DECISIONS], "worker")
     elif SGL_DECISIONS in got:
         decisions = by_label(got[SGL_DECISIONS], "worker")
@@ -67,13 +77,16 @@ def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> Route
         healthy=named(by_label(got.get(SMG_HEALTH, ()), "worker"), names),
         prefix_outcomes=_outcomes(p),
         predicted_hit_ratio=histogram(p, SMG_MATCH_RATIO),
+        lookup_seconds=histogram(p, SMG_LOOKUP),
     )
 
 
-_COUNTS = frozenset({SMG_DECISIONS, SMG_BRANCH, SGL_DECISIONS, SGL_WORKER_REQUESTS, SGL_HITS, SGL_MISSES,
-                     SGL_CACHE_DECISIONS, *histogram_names(SMG_MATCH_RATIO)})
+_COUNTS = frozenset({SMG_SENDS, SMG_DECISIONS, SMG_BRANCH, SGL_DECISIONS, SGL_WORKER_REQUESTS, SGL_HITS, SGL_MISSES,
+                     SGL_CACHE_DECISIONS, *histogram_names(SMG_MATCH_RATIO),
+                     *histogram_names(SMG_LOOKUP)})
 ADAPTER = RouterAdapter(
     kind="sglang-router", prefixes=("smg_", "sgl_router_"),
     names=_COUNTS | {SMG_HEALTH}, counts=_COUNTS, ratios=frozenset({SMG_HEALTH}), build=build,
-    source="sglang-router 0.3.2 wheel; smg-project/smg observability/metrics.rs; sgl-project/sglang sgl-router",
+    source="sglang-router 0.3.2 wheel; smg 1.13.0 wheel; smg-project/smg observability/metrics.rs; "
+           "sgl-project/sglang sgl-router",
 )

@@ -18,6 +18,9 @@ from prefixscope import catalog
 
 # Names the adapters read that no simulated flavour emits, and why that is fine.
 NOT_SIMULATED: dict[str, str] = {
+    sglang.SMG_SENDS: "smg >= 1.13's per-send count; decisions are simulated as smg's circuit-breaker outcomes",
+    **{f"{sglang.SMG_LOOKUP}{s}": "smg's KV-index lookup, timed only with KV-event-fed routing (gRPC workers); "
+       "the simulated router is smg in front of HTTP workers" for s in ("_bucket", "_sum", "_count")},
     sglang.SGL_WORKER_REQUESTS: "SGLang's in-tree experimental router; decisions are simulated as smg and sgl_router",
     sglang.SGL_CACHE_DECISIONS: "SGLang's in-tree experimental router; outcomes are simulated as smg and sgl_router",
     vllm_router.VR_HITS: "vllm-router's unlabelled cache-aware counters; outcomes are simulated as the 0.1.17 series",
