@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import compress
 
 import msgpack
@@ -199,6 +199,9 @@ class KvAttribution:
         # worker -> medium -> labelled block -> key id; a worker is here only while it has some
         self._blocks: dict[str, dict[str, dict[int, int]]] = {}
         self._counts: dict[str, dict[str, Counter[int]]] = {}  # worker -> medium -> key id -> blocks
+        # A family shard keeps only the labelled blocks of its own families (exporter.sharding):
+        # its index holds only those, and the rest of each worker is counted against them.
+        self.keeps: Callable[[int], bool] | None = None
 
     # ---- labels ------------------------------------------------------------------------------
     def _bounded(self, value: str, known: set[str]) -> str:
@@ -289,6 +292,10 @@ class KvAttribution:
         tenant = salt if parent is None else self._tenant_of_parent(worker, parent, medium)
         if (lora is None and tenant is None) or not hashes:
             return  # unlabelled: counted as the index's rest
+        if self.keeps is not None:
+            hashes = tuple(filter(self.keeps, hashes))
+            if not hashes:
+                return
         kid = self._key(lora, tenant)
         blocks = self._blocks.setdefault(worker, {}).setdefault(medium, {})
         counts = self._counts.setdefault(worker, {}).setdefault(medium, Counter())

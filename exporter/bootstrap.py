@@ -178,7 +178,8 @@ def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvS
     roots = None
     if isinstance(state, ClusterState):  # judge prefix instability over every shard's roots
         roots = state.roots = SharedRoots(state.roots.window_s, state.roots.max_roots)
-    shard = ShardSink(state, spec, health=health, roots=roots, stream_aware=full)
+    shard = ShardSink(state, spec, health=health, roots=roots, stream_aware=full,
+                      attribution=state.attribution.kv if isinstance(state, ClusterState) else None)
     return NatsKvSource(settings, shard, health, clock=clock, home=shard.home, duties=duties)
 
 

@@ -64,7 +64,9 @@ The bounds (not exact, by design):
 * hot branches are top K per shard: the cluster's top K is the top K of the shards' lists (each
   branch lives on one shard), not their sum; ``effective_cache_value`` and the removal rank per
   worker are a shard's part, and ``session_reshuffle_ratio`` is a share of the shard's sessions;
-* ``prefixscope_records_ingested_total`` counts what each shard received (every record, N times).
+* ``prefixscope_records_ingested_total`` counts what each shard received (every record, N times);
+* resident blocks per adapter and tenant are kept by family like the index (each shard reads every
+  batch's labels and keeps its families' blocks): their sums are exact, their top K is per shard.
 
 The one assumption: a block whose parent left every worker stays a root of its own (the
 index's orphan) until that parent is stored again — if the parent then comes back in another
@@ -86,6 +88,8 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Protocol
 
+from exporter.attribution import KvAttribution
+from exporter.kvcodec import ScannedBatch, labelled_events
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from exporter.prefix_index import ROOT, Match, TreeStats
 from exporter.prefix_instability import RootBatch, RootTracker
@@ -151,6 +155,11 @@ class FamilyRouter:
 
     def owns(self, family: int) -> bool:
         return family_shard(family, self.spec.count) == self.spec.index
+
+    def owns_block(self, block: int) -> bool:
+        """The block is in the tree and its family is this shard's (after :meth:`route` saw it)."""
+        f = self._family.get(block)
+        return f is not None and family_shard(f, self.spec.count) == self.spec.index
 
     def _bit(self, worker: str, medium: str | None) -> int:
         key = (worker, medium or DEFAULT_MEDIUM)
@@ -362,12 +371,18 @@ class ShardSink:
 
     def __init__(self, state: KvSink, spec: ShardSpec, router: FamilyRouter | None = None,
                  health: GaugeOwner | None = None, roots: SharedRoots | None = None,
-                 stream_aware: bool = False) -> None:
+                 stream_aware: bool = False, attribution: KvAttribution | None = None) -> None:
         """``roots``: the state's root tracker (``ClusterState.roots``, replaced by a SharedRoots), so
-        prefix instability is judged over every root; None where the state keeps no tracker."""
+        prefix instability is judged over every root; None where the state keeps no tracker.
+        ``attribution``: the state's adapter/tenant tracker; it is handed every batch's decoded
+        events and keeps the labelled blocks of this shard's families, so the shards' resident
+        blocks per adapter and tenant add up to one exporter's, as the index's parts do."""
         self.state = state
         self.spec = spec
         self.router = router or FamilyRouter(spec)
+        self.attribution = attribution
+        if attribution is not None:
+            attribution.keeps = self.router.owns_block
         self.health = health
         self.roots = roots
         # a ClusterState leaves stream health to the home shard itself; a plain KvSink (tests) is
@@ -385,7 +400,7 @@ class ShardSink:
         home = self.home(batch.worker)
         if events or home or self.stream_aware:
             if len(events) != len(batch.events) or any(a is not b for a, b in zip(events, batch.events, strict=False)):
-                batch = KvBatch(batch.worker, batch.seq, batch.ts, events, batch.dp_rank)
+                batch = KvBatch(batch.worker, batch.seq, batch.ts, events, batch.dp_rank, self._labelled(batch))
             if home:
                 self.state.apply_kv_batch(batch, received_at)
             elif self.stream_aware:
@@ -399,6 +414,18 @@ class ShardSink:
                 if self.health is not None:
                     for gauge in STREAM_GAUGES:
                         self.health.remove(gauge, (batch.worker,))
+
+    def _labelled(self, batch: KvBatch) -> tuple[object, ...] | None:
+        """The whole batch's decoded events for attribution (which filters by family itself), or
+        None when attribution is off. A scanned batch carries no labels: its events are read
+        only if the worker holds labelled blocks here (its removals may take some away)."""
+        if self.attribution is None:
+            return None
+        if type(batch) is ScannedBatch:
+            if not batch.attributed:
+                return None
+            return labelled_events(batch) if self.attribution.holds_labels(batch.worker) else ()
+        return batch.raw_events
 
     def _observe_roots(self, batch: KvBatch, received_at: float) -> None:
         """Every root branch of the batch to the shared tracker, before routing: a root's family is
