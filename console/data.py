@@ -22,7 +22,7 @@ from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
 from console.links import load_thresholds
 from console.liveness import PoolView, pool_view_from_text
-from console.prom import PrometheusClient
+from console.prom import PrometheusClient, Sample
 from console.settings import ALERTMANAGER_ENV, DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 
@@ -71,12 +71,23 @@ def _scalar(client: PrometheusClient, expr: str) -> float | None:
     return values[0] if values else None
 
 
+def signals_available(samples: list[Sample]) -> dict[str, bool]:
+    """Signal -> whether any exporter reports it. With exporter shards every shard exports its own
+    ``prefixscope_signal_available`` (only the shards home to a worker scrape it, shard 0 alone the
+    routers): a signal is available when one of them says so, whatever order Prometheus lists them in."""
+    out: dict[str, bool] = {}
+    for s in samples:
+        name = s.labels.get("signal", "")
+        out[name] = out.get(name, False) or bool(s.value)
+    return out
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def chain_from_prom(url: str) -> Chain:
     client = prometheus(url)
     values = {c.key: _scalar(client, promql.check_value(c.key)) for c in CHECKS}
     baselines = {c.key: _scalar(client, c.baseline) for c in CHECKS if c.baseline}
-    signals = {s.labels.get("signal", ""): bool(s.value) for s in client.query(promql.signal_available())}
+    signals = signals_available(client.query(promql.signal_available()))
     reuse = Reuse(**{k: _scalar(client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
     return chain_from_prometheus(values, baselines, signals, client.alerts(), load_thresholds(), reuse,
                                  client.alert_durations(), time.time())

@@ -1,0 +1,23 @@
+"""The console reads a signal as available when any exporter shard reports it."""
+
+from __future__ import annotations
+
+from console.data import signals_available
+from console.prom import Sample
+
+
+def sample(instance: str, signal: str, value: float) -> Sample:
+    return Sample({"instance": instance, "signal": signal}, value)
+
+
+def test_a_signal_one_shard_reports_is_available_in_any_order() -> None:
+    # shard 0 scrapes the routers and its home workers; shard 1 is home to no worker
+    rows = [sample("shard0", "worker_metrics", 1.0), sample("shard0", "router_metrics", 1.0),
+            sample("shard1", "worker_metrics", 0.0), sample("shard1", "router_metrics", 0.0),
+            sample("shard1", "spec_decode", 0.0)]
+    for order in (rows, rows[::-1]):
+        assert signals_available(order) == {"worker_metrics": True, "router_metrics": True, "spec_decode": False}
+
+
+def test_no_data_is_not_a_signal() -> None:
+    assert signals_available([sample("shard0", "records", None)]) == {"records": False}  # type: ignore[arg-type]
