@@ -64,6 +64,10 @@ The bounds (not exact, by design):
 * hot branches are top K per shard: the cluster's top K is the top K of the shards' lists (each
   branch lives on one shard), not their sum; ``effective_cache_value`` and the removal rank per
   worker are a shard's part, and ``session_reshuffle_ratio`` is a share of the shard's sessions;
+* the miss-cost SLO judges each missed request against the cold-prefill baseline (p95 of a day's
+  cold requests) of the shard that keeps it — a sample of the cluster's baseline, not the
+  cluster's own: ``missed_requests_within_baseline`` over shards is close to one exporter's, not
+  equal (the miss-cost histogram itself is exact);
 * ``prefixscope_records_ingested_total`` counts what each shard received (every record, N times);
 * resident blocks per adapter and tenant are kept by family like the index (each shard reads every
   batch's labels and keeps its families' blocks): their sums are exact, their top K is per shard.
