@@ -393,6 +393,19 @@ class RecordAccounting:
         if cost <= self.miss_cost_factor * baseline:
             store.inc(ts, _MISSED_REQUESTS_WITHIN_BASELINE, ml)
 
+    def observe_cold_baseline(self, rec: RequestRecord) -> None:
+        """A record another shard keeps (exporter.sharding): its cold prefill joins this shard's
+        cold-prefill baseline and nothing else, so the baseline is the cluster's. Its model is
+        taken as written (a model past the label limit is "other" only where it was counted)."""
+        if rec.prefill_s is None or not self.is_cold(rec):
+            return
+        lagged = self.store.baselines.get(_COLD_PREFILL)
+        if lagged is None:
+            return
+        wt = self.topo(rec.worker)
+        lagged.observe(rec.ts, (rec.model or UNKNOWN, wt.gpu_class if wt else UNKNOWN,
+                                catalog.prompt_class(rec.prompt_tokens)), rec.prefill_s)
+
     def cold_baseline(self, ts: float, model: str, prompt_class: str) -> float | None:
         """The long-window cold-prefill p95 of a model and prompt-length class, ending one window ago."""
         lagged = self.store.baselines.get(_COLD_PREFILL)

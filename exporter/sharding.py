@@ -64,10 +64,6 @@ The bounds (not exact, by design):
 * hot branches are top K per shard: the cluster's top K is the top K of the shards' lists (each
   branch lives on one shard), not their sum; ``effective_cache_value`` and the removal rank per
   worker are a shard's part, and ``session_reshuffle_ratio`` is a share of the shard's sessions;
-* the miss-cost SLO judges each missed request against the cold-prefill baseline (p95 of a day's
-  cold requests) of the shard that keeps it — a sample of the cluster's baseline, not the
-  cluster's own: ``missed_requests_within_baseline`` over shards is close to one exporter's, not
-  equal (the miss-cost histogram itself is exact);
 * ``prefixscope_records_ingested_total`` counts what each shard received (every record, N times);
 * resident blocks per adapter and tenant are kept by family like the index (each shard reads every
   batch's labels and keeps its families' blocks): their sums are exact, their top K is per shard.
@@ -287,6 +283,8 @@ def record_shard(record: RequestRecord, count: int) -> int:
 class RecordSink(Protocol):
     def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None: ...
 
+    def observe_cold_baselines(self, records: Sequence[RequestRecord], received_at: float) -> None: ...
+
     def signal_seen(self, signal: str, ts: float) -> None: ...
 
 
@@ -297,6 +295,11 @@ class ShardRecords:
     the records' counters are partitioned, not duplicated: their sum over shards is one
     exporter's. The intake's own count (``prefixscope_records_ingested``) is of what each shard
     received.
+
+    The records of other shards still join this shard's cold-prefill baseline (and nothing else):
+    the miss-cost SLO judges each missed request against the cluster's cold baseline, so every
+    shard must hold the whole of it. Runs of kept and passed-on records reach the state in the
+    stream's order, so each baseline sees what one exporter's sees when it judges a request.
     """
 
     def __init__(self, state: RecordSink, spec: ShardSpec) -> None:
@@ -304,9 +307,24 @@ class ShardRecords:
         self.spec = spec
 
     def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None:
-        mine = [r for r in records if record_shard(r, self.spec.count) == self.spec.index]
-        if mine:
-            self.state.ingest_records(mine, received_at)
+        count, index = self.spec.count, self.spec.index
+        run: list[RequestRecord] = []
+        owned = True
+        for r in records:
+            mine = record_shard(r, count) == index
+            if mine != owned and run:
+                self._deliver(run, owned, received_at)
+                run = []
+            owned = mine
+            run.append(r)
+        if run:
+            self._deliver(run, owned, received_at)
+
+    def _deliver(self, run: list[RequestRecord], owned: bool, received_at: float) -> None:
+        if owned:
+            self.state.ingest_records(run, received_at)
+        else:
+            self.state.observe_cold_baselines(run, received_at)
 
     def signal_seen(self, signal: str, ts: float) -> None:
         self.state.signal_seen(signal, ts)

@@ -630,6 +630,14 @@ class ClusterState:
             self.health.error("records", "label_limit", f"{folded} record(s) named a model, segment or worker "
                               "beyond the configured limits (limits:); counted under the value \"other\"", folded)
 
+    def observe_cold_baselines(self, records: Iterable[RequestRecord], received_at: float) -> None:
+        """Records another family shard keeps: only their cold prefill, into the cold-prefill
+        baseline (exporter.sharding.ShardRecords)."""
+        with self.lock:
+            self.time.advance(received_at)
+            for rec in records:
+                self.accounting.observe_cold_baseline(rec)
+
     # ---- reads (callers hold no lock; each takes it once) --------------------------------------
     def signals(self) -> dict[str, bool]:
         with self.lock:

@@ -9,6 +9,7 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass
+from itertools import pairwise
 
 import pytest
 
@@ -169,3 +170,29 @@ def test_checks_and_the_verdict_over_the_shards_are_one_exporters() -> None:
     assert compared >= 9, [k for k, r in one.results.items() if r.value is not None]
     assert many.step_status == one.step_status and many.verdict == one.verdict
     assert {k: v for k, v in many.reuse.items()} == pytest.approx(one.reuse)
+
+
+def test_records_of_other_shards_reach_the_cold_baseline_in_the_streams_order() -> None:
+    """A shard keeps its records and hands the others to its cold-prefill baseline only, in runs
+    that keep the stream's order (the miss-cost SLO judges against the cluster's baseline)."""
+    calls: list[tuple[str, list[str]]] = []
+
+    class Sink:
+        def ingest_records(self, records, received_at) -> None:
+            calls.append(("kept", [r.request_id for r in records]))
+
+        def observe_cold_baselines(self, records, received_at) -> None:
+            calls.append(("baseline", [r.request_id for r in records]))
+
+        def signal_seen(self, signal, ts) -> None:
+            pass
+
+    recs = [RequestRecord(ts=T0, request_id=f"r{i}", worker="w0", prompt_tokens=8, block_hashes=(i,))
+            for i in range(40)]
+    ShardRecords(Sink(), ShardSpec(1, 3)).ingest_records(recs, T0)
+    assert [rid for _, ids in calls for rid in ids] == [r.request_id for r in recs]
+    for kind, ids in calls:
+        for rid in ids:
+            assert (record_shard(recs[int(rid[1:])], 3) == 1) == (kind == "kept")
+    assert {k for k, _ in calls} == {"kept", "baseline"}
+    assert all(a[0] != b[0] for a, b in pairwise(calls))  # runs, not one call per record
