@@ -53,9 +53,11 @@ def _ints_only_py(tokens: tuple) -> bool:
 
 
 try:
+    from exporter._prefix_core import ROOT_KEYS
     from exporter._prefix_core import ints_only as _ints_only
 except ImportError:  # no compiled core in this install
     _ints_only = _ints_only_py
+    ROOT_KEYS = False  # ``KvScan.root_keys`` usable: the compiled core hashes as this interpreter does
 
 
 @dataclass(frozen=True)
@@ -96,12 +98,29 @@ def differing_span(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:
     return first, last - first + 1
 
 
+RootKeys = tuple[tuple[int, int, int], ...]
+
+
+def root_key(ev: BlockStored) -> tuple[int, tuple[int, ...] | None, RootKeys]:
+    """What the tracker reads of a GPU root store: (first block, head, content keys).
+
+    ``head``: the first ``EARLY_SPAN_BLOCKS + 1`` blocks' tokens of the compared opening, None when
+    nothing can be compared (no token ids, or not all ints); ``keys``: see :meth:`RootTracker._keys`.
+    """
+    first, bs = ev.hashes[0], ev.block_size
+    blocks = min(COMPARED_BLOCKS, len(ev.hashes), len(ev.token_ids) // bs if bs > 0 else 0)
+    opening = tuple(ev.token_ids[:blocks * bs])
+    if blocks == 0 or not _ints_only(opening):  # every token an int (bools are not)
+        return first, None, ()
+    return first, opening[:(EARLY_SPAN_BLOCKS + 1) * bs], RootTracker._keys(opening, blocks, bs)
+
+
 @dataclass(slots=True)
 class _Root:
     first: int
     seen: float
     head: tuple[int, ...]  # the first EARLY_SPAN_BLOCKS + 1 blocks' tokens, for an example pair
-    keys: tuple[tuple[int, int, int], ...]
+    keys: RootKeys
 
 
 class RootTracker:
@@ -123,22 +142,27 @@ class RootTracker:
         for ev in events:
             if type(ev) is not BlockStored or ev.parent is not None or not ev.hashes or not is_gpu(ev.medium):
                 continue
-            self._root(worker, ev, ts, out)
+            self._root(worker, *root_key(ev), ts, out)
         return out
 
-    def _root(self, worker: str, ev: BlockStored, ts: float, out: RootBatch) -> None:
-        first, bs = ev.hashes[0], ev.block_size
-        blocks = min(COMPARED_BLOCKS, len(ev.hashes), len(ev.token_ids) // bs if bs > 0 else 0)
-        opening = tuple(ev.token_ids[:blocks * bs])
-        if blocks == 0 or not _ints_only(opening):  # every token an int (bools are not)
+    def apply_keyed(self, worker: str, roots: Iterable[tuple[int, tuple[int, ...] | None, RootKeys]],
+                    ts: float) -> RootBatch:
+        """:meth:`apply` of a batch's GPU root stores given as their :func:`root_key` (the compiled
+        reader computes them from the payload: ``KvScan.root_keys``)."""
+        out = RootBatch()
+        for first, head, keys in roots:
+            self._root(worker, first, head, keys, ts, out)
+        return out
+
+    def _root(self, worker: str, first: int, head: tuple[int, ...] | None, keys: RootKeys, ts: float,
+              out: RootBatch) -> None:
+        if head is None:
             self._remember(first, ts, (), ())  # seen (not new next time), nothing to compare
             return
         self.tokens_seen = True
         out.roots += 1
         cutoff = ts - self.window_s
         known = self._roots.get(first)
-        head = opening[:(EARLY_SPAN_BLOCKS + 1) * bs]
-        keys = self._keys(opening, blocks, bs)
         if known is None or known.seen < cutoff:
             twin = self._twin(first, keys, cutoff)
             if twin is not None:

@@ -55,7 +55,14 @@ from exporter.model import (
     WorkerSnapshot,
 )
 from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, pass_in_slices
-from exporter.prefix_instability import COMPARED_BLOCKS, RootBatch, RootTracker
+from exporter.prefix_instability import (
+    COMPARED_BLOCKS,
+    EARLY_SPAN_BLOCKS,
+    MIN_SHARED_BLOCKS,
+    ROOT_KEYS,
+    RootBatch,
+    RootTracker,
+)
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
     EVENT_FIELDS,
@@ -337,8 +344,13 @@ class ClusterState:
                         self.attribution.kv.note_batch()
                 ev = self.evictions.apply_scan(worker, scan, received_at)
                 if scan.roots:  # prefix instability reads root stores only
-                    self._count_roots(self.roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS),
-                                                       received_at), received_at)
+                    roots = self.roots
+                    if type(roots) is RootTracker and ROOT_KEYS:  # their keys computed from the payload in C
+                        got = roots.apply_keyed(worker, scan.root_keys(COMPARED_BLOCKS, EARLY_SPAN_BLOCKS,
+                                                                       MIN_SHARED_BLOCKS), received_at)
+                    else:  # (a shard's shared tracker is fed the events by its sink)
+                        got = roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS), received_at)
+                    self._count_roots(got, received_at)
                 if not w.block_size:
                     w.block_size = scan.block_size
             else:

@@ -159,3 +159,33 @@ def test_the_compiled_token_check_is_the_python_one() -> None:
         assert _ints_only(tokens) == _ints_only_py(tokens)
 
     check()
+
+
+def test_scanned_batches_are_judged_as_their_events_are() -> None:
+    """The state reads a scanned batch's roots as keys the compiled reader computed from the payload
+    (``KvScan.root_keys``); the same stream as event objects leaves the same tracker and series."""
+    import msgpack
+
+    from exporter import kvcodec
+
+    def payload(ts: float, events: list[BlockStored]) -> bytes:
+        return msgpack.packb([ts, [{"type": "BlockStored", "block_hashes": list(ev.hashes), "parent_block_hash": None,
+                                    "token_ids": list(ev.token_ids), "block_size": ev.block_size,
+                                    "medium": ev.medium} for ev in events], 0])
+
+    stream = [(1.0, "w0", [root(1, SYSTEM[:COMPARED_BLOCKS * BS])])]
+    stream += [(float(t), f"w{t % 3}", [root((10 * t + i) << 40, stamped(10 * t + i)) for i in range(3)]
+                + [root((7 * t) << 44, unique(t)), root((9 * t) << 44, stamped(t)[: 5 * BS], medium="CPU")])
+               for t in range(2, 40)]
+    scanned, plain = (ClusterState(Health(), load_thresholds(), clock=lambda: 50.0) for _ in range(2))
+    for seq, (ts, worker, events) in enumerate(stream):
+        batch = kvcodec.decode_batch(payload(ts, events), worker, seq)
+        assert batch is not None
+        scanned.apply_kv_batch(batch, ts)
+        plain.apply_kv_batch(KvBatch(worker, seq, ts, tuple(events)), ts)
+    a, b = scanned.roots, plain.roots
+    assert a.example is not None and a.example == b.example
+    assert a._roots == b._roots and a._by_key == b._by_key and a.tokens_seen == b.tokens_seen
+    assert render_state(scanned).decode().count("root_branches") > 0
+    assert [line for line in render_state(scanned).decode().splitlines() if "root_branches" in line] == \
+        [line for line in render_state(plain).decode().splitlines() if "root_branches" in line]
