@@ -343,6 +343,7 @@ class ClusterState:
                     else:
                         self.attribution.kv.note_batch()
                 ev = self.evictions.apply_scan(worker, scan, received_at)
+                got = None
                 if scan.roots:  # prefix instability reads root stores only
                     roots = self.roots
                     if type(roots) is RootTracker and ROOT_KEYS:  # their keys computed from the payload in C
@@ -350,7 +351,6 @@ class ClusterState:
                                                                        MIN_SHARED_BLOCKS), received_at)
                     else:  # (a shard's shared tracker is fed the events by its sink)
                         got = roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS), received_at)
-                    self._count_roots(got, received_at)
                 if not w.block_size:
                     w.block_size = scan.block_size
             else:
@@ -359,11 +359,11 @@ class ClusterState:
                 if batch.raw_events is not None:
                     self.attribution.kv.apply(worker, batch.raw_events)
                 ev = self.evictions.apply(worker, events, received_at)
-                self._count_roots(self.roots.apply(worker, events, received_at), received_at)
+                got = self.roots.apply(worker, events, received_at)
                 if not w.block_size:
                     w.block_size = next((ev.block_size for ev in events
                                          if isinstance(ev, BlockStored) and ev.block_size), None)
-            self._count_evictions(worker, ev, received_at)
+            self._count_evictions(worker, ev, received_at, got)
             if not self.worker_pool.unchanged_for(worker):
                 self._update_pool(received_at)
             self._expire()
@@ -401,25 +401,30 @@ class ClusterState:
         if drift is not None:
             self._repair(worker, drift)
 
-    def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float) -> None:
-        """The eviction series of one batch (under the lock)."""
+    def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float, roots: RootBatch | None = None) -> None:
+        """The eviction and prefix-instability series of one batch (under the lock), the counters in
+        one write. Both instability counters exist from the first judgeable root on, so a fleet
+        without unstable prefixes reads 0; thrash (restored) exists wherever stores do."""
         if ev.other_media:
             self._other_media.add(worker)
         stored, evicted, ages = ev.stored, ev.evicted, ev.ages
-        if not (stored or evicted or ages):
+        if roots is not None and roots.roots:
+            incs = [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)]
+        elif not (stored or evicted or ages):
             return
+        else:
+            incs = []
         kl = self._kv_labels.get(worker)
         if kl is None:
             kl = self._kv_labels[worker] = _KvLabels(worker)
         lab = kl.lab
         store = self.store
-        if stored:  # restored at 0 too: thrash exists wherever stores do
-            incs = [(_BLOCKS_STORED, lab, stored), (_BLOCKS_RESTORED, lab, ev.restored)]
-            if evicted:
-                incs.append((_BLOCKS_EVICTED, lab, evicted))
+        if stored:
+            incs += [(_BLOCKS_STORED, lab, stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+        if evicted:
+            incs.append((_BLOCKS_EVICTED, lab, evicted))
+        if incs:
             store.inc_many(ts, incs)
-        elif evicted:
-            store.inc(ts, _BLOCKS_EVICTED, lab, evicted)
         if ages:  # each label's observations in event order, the label seen first first: as one at a time
             reused = [age for age, r in ages if r is True]
             fresh = [age for age, r in ages if r is False]
@@ -431,12 +436,6 @@ class ClusterState:
                 store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
                 if reused:
                     store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
-
-    def _count_roots(self, roots: RootBatch, ts: float) -> None:
-        """The prefix-instability series of one batch (under the lock); both exist from the first
-        judgeable root on, so a fleet without unstable prefixes reads 0."""
-        if roots.roots:
-            self.store.inc_many(ts, [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)])
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:

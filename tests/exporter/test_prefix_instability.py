@@ -189,3 +189,35 @@ def test_scanned_batches_are_judged_as_their_events_are() -> None:
     assert render_state(scanned).decode().count("root_branches") > 0
     assert [line for line in render_state(scanned).decode().splitlines() if "root_branches" in line] == \
         [line for line in render_state(plain).decode().splitlines() if "root_branches" in line]
+
+
+def test_roots_given_as_keys_are_judged_as_their_events_are() -> None:
+    """``apply_keyed`` (the per-batch path, fed ``root_key`` of each root) leaves the tracker and
+    counts of ``apply`` on the events, whatever the mix of repeats, twins, short and token-less roots."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from exporter.eviction import is_gpu
+    from exporter.prefix_instability import root_key
+
+    prompts = [stamped(t) for t in range(4)] + [unique(i) for i in range(2)] + [SYSTEM[: 12 * BS], SYSTEM[: 3 * BS], []]
+    event = st.builds(lambda first, prompt, medium, cut: root(first, prompts[prompt][: cut * BS] if cut else
+                                                              prompts[prompt], medium),
+                      st.integers(1, 12).map(lambda i: i << 40), st.integers(0, len(prompts) - 1),
+                      st.sampled_from(["GPU", "GPU", None, "CPU"]), st.integers(0, COMPARED_BLOCKS + 2))
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.tuples(st.lists(event, max_size=4), st.sampled_from([0.5, 3.0, 40.0])), max_size=12),
+           st.integers(2, 6))
+    def check(batches: list, max_roots: int) -> None:
+        a, b = RootTracker(window_s=30, max_roots=max_roots), RootTracker(window_s=30, max_roots=max_roots)
+        ts = 100.0
+        for events, step in batches:
+            ts += step
+            got = a.apply("w", events, ts)
+            keyed = b.apply_keyed("w", [root_key(ev) for ev in events if ev.hashes and is_gpu(ev.medium)], ts)
+            assert (got.roots, got.unstable) == (keyed.roots, keyed.unstable)
+            assert a._roots == b._roots and a._by_key == b._by_key
+            assert (a.example, a.tokens_seen) == (b.example, b.tokens_seen)
+
+    check()
