@@ -1212,9 +1212,8 @@ cdef class CompiledPrefixIndex:
                 self._clear(wid)
                 cleared += 1
         self.version += 1
-        return ApplyResult(stored=stored, removed=removed, cleared=cleared, unknown_parent=unknown_parent,
-                           unknown_removals=unknown_removals, stored_events=stored_events,
-                           removed_events=removed_events)
+        return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
+                             removed_events)
 
     def apply_scan(self, str worker, KvScan scan):
         """Apply a batch read by :func:`scan_kv_batch`: the same as ``apply(worker, events)`` on
@@ -1247,9 +1246,8 @@ cdef class CompiledPrefixIndex:
                 removed += e.hn
                 unknown_removals += self._remove(wid, t, scan.hashes + e.hoff, e.hn)
         self.version += 1
-        return ApplyResult(stored=stored, removed=removed, cleared=cleared, unknown_parent=unknown_parent,
-                           unknown_removals=unknown_removals, stored_events=stored_events,
-                           removed_events=removed_events)
+        return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
+                             removed_events)
 
     cdef int _store(self, int wid, int t, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                     uint64_t parent) except -1:
@@ -1992,8 +1990,7 @@ cdef class CompiledEvictionTracker:
                 _ot_clear(&w.live)
                 w.carry = 0
         self._expire(w, now)
-        return BatchEvictions(stored=stored, restored=restored, evicted=evicted, ages=ages,
-                              other_media=other_media)
+        return _batch_evictions(stored, restored, evicted, ages, other_media)
 
     def apply_scan(self, str worker, KvScan scan, ts):
         """``apply(worker, events, ts)`` for a batch read by :func:`scan_kv_batch` (the same
@@ -2026,8 +2023,7 @@ cdef class CompiledEvictionTracker:
             else:
                 evicted += self._removed(w, scan.hashes + e.hoff, e.hn, now, ages)
         self._expire(w, now)
-        return BatchEvictions(stored=stored, restored=restored, evicted=evicted, ages=ages,
-                              other_media=other_media)
+        return _batch_evictions(stored, restored, evicted, ages, other_media)
 
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:
@@ -2160,6 +2156,63 @@ cdef class CompiledEvictionTracker:
 
 
 # ---- KV events from the decoder's typed structs ---------------------------------------------------
+
+
+# ApplyResult and BatchEvictions, one per batch each: plain dataclasses (an instance dict, no
+# __post_init__), built by filling the dict instead of through the generated keyword __init__. If
+# either class changes shape, its own constructor is used.
+_APPLY_FIELDS = ("stored", "removed", "cleared", "unknown_parent", "unknown_removals", "stored_events",
+                 "removed_events")
+_EVICTION_FIELDS = ("stored", "restored", "evicted", "ages", "other_media")
+
+
+def _plain_dataclass(cls, names):
+    from dataclasses import fields
+    return (not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls)
+            and not cls.__dataclass_params__.frozen and tuple(f.name for f in fields(cls)) == names)
+
+
+cdef bint _FAST_APPLY = _plain_dataclass(ApplyResult, _APPLY_FIELDS)
+cdef bint _FAST_EVICTIONS = _plain_dataclass(BatchEvictions, _EVICTION_FIELDS)
+
+
+cdef object _apply_result(int64_t stored, int64_t removed, int64_t cleared, int64_t unknown_parent,
+                          int64_t unknown_removals, int64_t stored_events, int64_t removed_events):
+    if not _FAST_APPLY:
+        return ApplyResult(stored, removed, cleared, unknown_parent, unknown_removals, stored_events, removed_events)
+    o = _new_slotted(ApplyResult)
+    PyObject_GenericSetAttr(o, "stored", stored)
+    PyObject_GenericSetAttr(o, "removed", removed)
+    PyObject_GenericSetAttr(o, "cleared", cleared)
+    PyObject_GenericSetAttr(o, "unknown_parent", unknown_parent)
+    PyObject_GenericSetAttr(o, "unknown_removals", unknown_removals)
+    PyObject_GenericSetAttr(o, "stored_events", stored_events)
+    PyObject_GenericSetAttr(o, "removed_events", removed_events)
+    return o
+
+
+cdef object _batch_evictions(int64_t stored, int64_t restored, int64_t evicted, list ages, bint other_media):
+    if not _FAST_EVICTIONS:
+        return BatchEvictions(stored, restored, evicted, ages, other_media)
+    o = _new_slotted(BatchEvictions)
+    PyObject_GenericSetAttr(o, "stored", stored)
+    PyObject_GenericSetAttr(o, "restored", restored)
+    PyObject_GenericSetAttr(o, "evicted", evicted)
+    PyObject_GenericSetAttr(o, "ages", ages)
+    PyObject_GenericSetAttr(o, "other_media", other_media)
+    return o
+
+
+def split_ages(list ages):
+    """(first observation reused, reused ages, fresh ages) of a batch's ``(age, reused)`` list, each
+    in order: how the state writes the eviction-age series (``state.split_ages`` is the same in Python)."""
+    cdef list reused = [], fresh = []
+    for age, r in ages:
+        if r is True:
+            reused.append(age)
+        elif r is False:
+            fresh.append(age)
+    return bool(ages) and bool(ages[0][1]), reused, fresh
 
 
 cdef inline object _new_slotted(type cls):

@@ -179,6 +179,19 @@ class _KvLabels:
         self.reused_true = (worker, "true")
         self.reused_false = (worker, "false")
 
+def _split_ages(ages: list[tuple[float, bool]]) -> tuple[bool, list[float], list[float]]:
+    """(first observation reused, reused ages, fresh ages), each in order (``_prefix_core.split_ages``
+    does the same in C)."""
+    return (bool(ages) and bool(ages[0][1]), [age for age, r in ages if r is True],
+            [age for age, r in ages if r is False])
+
+
+try:
+    from exporter._prefix_core import split_ages
+except ImportError:  # no compiled core in this install
+    split_ages = _split_ages
+
+
 class ClusterState:
     """The cluster-wide prefix index, session table and windows behind every exported number."""
 
@@ -426,9 +439,8 @@ class ClusterState:
         if incs:
             store.inc_many(ts, incs)
         if ages:  # each label's observations in event order, the label seen first first: as one at a time
-            reused = [age for age, r in ages if r is True]
-            fresh = [age for age, r in ages if r is False]
-            if ages[0][1]:
+            reused_first, reused, fresh = split_ages(ages)
+            if reused_first:
                 store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
                 if fresh:
                     store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
