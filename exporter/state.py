@@ -382,8 +382,8 @@ class ClusterState:
             self._expire()
             first = worker not in self._kv_workers
             self._kv_workers.add(worker)
-            reliable_again = self._turnover(worker, ev.stored, res.cleared > 0)
-            drift = self._drift(worker)
+            reliable_again = worker in self._unreliable and self._turnover(worker, ev.stored, res.cleared > 0)
+            drift = self._drift(worker, w)
         kl = self._kv_labels.get(worker)
         if kl is None:
             kl = self._kv_labels[worker] = _KvLabels(worker)
@@ -470,7 +470,7 @@ class ClusterState:
         self._unreliable[worker] = since
         return False
 
-    def _drift(self, worker: str) -> str | None:
+    def _drift(self, worker: str, w: WorkerInfo | None = None) -> str | None:
         """A reason to repair the worker's view now, or None (under the lock).
 
         The only sound check against the worker's own report is an impossible count: more GPU
@@ -484,7 +484,10 @@ class ClusterState:
         last = self._repaired_at.get(worker)
         if last is not None and self.time.now - last < self.window_s:
             return None
-        cap = self.worker_capacity(worker)
+        if w is not None and w.snapshot is not None and w.snapshot.num_gpu_blocks:  # (worker_capacity, its entry at hand)
+            cap = w.snapshot.num_gpu_blocks
+        else:
+            cap = self.worker_capacity(worker)
         if not cap:  # no bound known: nothing to compare (the resident count is not read)
             return None
         resident = self.index.resident_blocks(worker)
