@@ -268,11 +268,11 @@ cdef class KvScan:
             if blocks <= 0:
                 out.append((first, None, ()))
                 continue
+            if blocks - 1 < min_shared:  # no keys, so no head either
+                out.append((first, (), ()))
+                continue
             keep = blocks * bs
             head = _ints_tuple(self.payload, e.toff, e.tlen, min((early + 1) * bs, keep))
-            if blocks - 1 < min_shared:
-                out.append((first, head, ()))
-                continue
             if keep <= 512:
                 lanes = &lanes_buf[0]
             else:

@@ -104,22 +104,25 @@ RootKeys = tuple[tuple[int, int, int], ...]
 def root_key(ev: BlockStored) -> tuple[int, tuple[int, ...] | None, RootKeys]:
     """What the tracker reads of a GPU root store: (first block, head, content keys).
 
-    ``head``: the first ``EARLY_SPAN_BLOCKS + 1`` blocks' tokens of the compared opening, None when
-    nothing can be compared (no token ids, or not all ints); ``keys``: see :meth:`RootTracker._keys`.
+    ``head``: the first ``EARLY_SPAN_BLOCKS + 1`` blocks' tokens of the compared opening (empty when
+    there are no keys), None when nothing can be compared (no token ids, or not all ints); ``keys``:
+    see :meth:`RootTracker._keys`.
     """
     first, bs = ev.hashes[0], ev.block_size
     blocks = min(COMPARED_BLOCKS, len(ev.hashes), len(ev.token_ids) // bs if bs > 0 else 0)
     opening = tuple(ev.token_ids[:blocks * bs])
     if blocks == 0 or not _ints_only(opening):  # every token an int (bools are not)
         return first, None, ()
-    return first, opening[:(EARLY_SPAN_BLOCKS + 1) * bs], RootTracker._keys(opening, blocks, bs)
+    keys = RootTracker._keys(opening, blocks, bs)
+    # only a root with keys can be a twin or have one: the head of one without is never read
+    return first, opening[:(EARLY_SPAN_BLOCKS + 1) * bs] if keys else (), keys
 
 
 @dataclass(slots=True)
 class _Root:
     first: int
     seen: float
-    head: tuple[int, ...]  # the first EARLY_SPAN_BLOCKS + 1 blocks' tokens, for an example pair
+    head: tuple[int, ...]  # the first EARLY_SPAN_BLOCKS + 1 blocks' tokens, for an example pair (if keys)
     keys: RootKeys
 
 
