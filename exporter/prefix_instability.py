@@ -25,6 +25,10 @@ anything older than the window ignored) and, for each, ``EARLY_SPAN_BLOCKS`` con
 its first tokens (the early span and a block more, for an example pair). Only root events are looked at, one per new
 prefix family, so the hot path (continuations of known chains) pays one ``parent is None`` test.
 
+A batch the compiled KV reader scanned comes as :func:`root_key` triples computed from the payload
+(``KvScan.root_keys``: the same digests, Python's own ``hash``, computed in C without a token
+object), applied by :meth:`RootTracker.apply_keyed`; the equality tests hold both to :meth:`RootTracker.apply`.
+
 Pure core: no I/O, no clock, no lock (``ClusterState`` calls it under its lock).
 """
 
