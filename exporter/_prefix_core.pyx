@@ -239,6 +239,61 @@ cdef class KvScan:
             out.append(stored_cls(hs, None, e.block_size, e.token_count, self.media[e.medium], toks))
         return out
 
+    def root_keys(self, Py_ssize_t compared, Py_ssize_t early, Py_ssize_t min_shared):
+        """What prefix instability reads of the batch's GPU root stores, computed from the payload
+        without an int object per token: one ``(first block, head, keys)`` per root store in order,
+        as ``prefix_instability.root_key`` defines them (head None: nothing to compare). The keys'
+        digests are Python's own ``hash`` of the same tuples (:func:`_same_hash_as_python` checks
+        this build against the interpreter; when it differs, ``root_keys`` is None and the state
+        reads ``root_events`` instead)."""
+        cdef Py_ssize_t i, blocks, bs, keep, s, hn
+        cdef ScanEvent* e
+        cdef list out = []
+        cdef uint64_t lanes_buf[512]
+        cdef uint64_t* lanes
+        cdef Py_hash_t digest
+        cdef list keys
+        if not self.roots:
+            return out
+        for i in range(self.n):
+            e = &self.ev[i]
+            if e.kind != SCAN_STORED or e.has_parent or e.hn == 0 or not _is_gpu(self.media[e.medium]):
+                continue
+            first = self.hashes[e.hoff]
+            bs = e.block_size
+            hn = e.hn
+            blocks = compared if compared < hn else hn
+            if <Py_ssize_t>(e.token_count // bs) < blocks:
+                blocks = e.token_count // bs
+            if blocks <= 0:
+                out.append((first, None, ()))
+                continue
+            if blocks - 1 < min_shared:  # no keys, so no head either
+                out.append((first, (), ()))
+                continue
+            keep = blocks * bs
+            head = _ints_tuple(self.payload, e.toff, e.tlen, min((early + 1) * bs, keep))
+            if keep <= 512:
+                lanes = &lanes_buf[0]
+            else:
+                lanes = <uint64_t*>malloc(keep * sizeof(uint64_t))
+            if lanes == NULL:
+                raise MemoryError()
+            try:
+                _int_lanes(self.payload, e.toff, e.tlen, keep, lanes)
+                digest = _tuple_hash(lanes + early * bs, keep - early * bs)
+                keys = [(early, blocks, digest)] if blocks - early >= min_shared else []
+                for s in range(early - 1, 0, -1):
+                    digest = _pair_hash(_tuple_hash(lanes + s * bs, bs), digest)
+                    if blocks - s >= min_shared:
+                        keys.append((s, blocks, digest))
+            finally:
+                if lanes != &lanes_buf[0]:
+                    free(lanes)
+            keys.reverse()
+            out.append((first, head, tuple(keys)))
+        return out
+
     def events(self, stored_cls, removed_cls, cleared):
         """The model events (tests; the decoder's own path builds them for readers)."""
         cdef Py_ssize_t i, j
@@ -1157,9 +1212,8 @@ cdef class CompiledPrefixIndex:
                 self._clear(wid)
                 cleared += 1
         self.version += 1
-        return ApplyResult(stored=stored, removed=removed, cleared=cleared, unknown_parent=unknown_parent,
-                           unknown_removals=unknown_removals, stored_events=stored_events,
-                           removed_events=removed_events)
+        return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
+                             removed_events)
 
     def apply_scan(self, str worker, KvScan scan):
         """Apply a batch read by :func:`scan_kv_batch`: the same as ``apply(worker, events)`` on
@@ -1192,9 +1246,8 @@ cdef class CompiledPrefixIndex:
                 removed += e.hn
                 unknown_removals += self._remove(wid, t, scan.hashes + e.hoff, e.hn)
         self.version += 1
-        return ApplyResult(stored=stored, removed=removed, cleared=cleared, unknown_parent=unknown_parent,
-                           unknown_removals=unknown_removals, stored_events=stored_events,
-                           removed_events=removed_events)
+        return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
+                             removed_events)
 
     cdef int _store(self, int wid, int t, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                     uint64_t parent) except -1:
@@ -1937,8 +1990,7 @@ cdef class CompiledEvictionTracker:
                 _ot_clear(&w.live)
                 w.carry = 0
         self._expire(w, now)
-        return BatchEvictions(stored=stored, restored=restored, evicted=evicted, ages=ages,
-                              other_media=other_media)
+        return _batch_evictions(stored, restored, evicted, ages, other_media)
 
     def apply_scan(self, str worker, KvScan scan, ts):
         """``apply(worker, events, ts)`` for a batch read by :func:`scan_kv_batch` (the same
@@ -1971,8 +2023,7 @@ cdef class CompiledEvictionTracker:
             else:
                 evicted += self._removed(w, scan.hashes + e.hoff, e.hn, now, ages)
         self._expire(w, now)
-        return BatchEvictions(stored=stored, restored=restored, evicted=evicted, ages=ages,
-                              other_media=other_media)
+        return _batch_evictions(stored, restored, evicted, ages, other_media)
 
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:
@@ -2105,6 +2156,63 @@ cdef class CompiledEvictionTracker:
 
 
 # ---- KV events from the decoder's typed structs ---------------------------------------------------
+
+
+# ApplyResult and BatchEvictions, one per batch each: plain dataclasses (an instance dict, no
+# __post_init__), built by filling the dict instead of through the generated keyword __init__. If
+# either class changes shape, its own constructor is used.
+_APPLY_FIELDS = ("stored", "removed", "cleared", "unknown_parent", "unknown_removals", "stored_events",
+                 "removed_events")
+_EVICTION_FIELDS = ("stored", "restored", "evicted", "ages", "other_media")
+
+
+def _plain_dataclass(cls, names):
+    from dataclasses import fields
+    return (not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls)
+            and not cls.__dataclass_params__.frozen and tuple(f.name for f in fields(cls)) == names)
+
+
+cdef bint _FAST_APPLY = _plain_dataclass(ApplyResult, _APPLY_FIELDS)
+cdef bint _FAST_EVICTIONS = _plain_dataclass(BatchEvictions, _EVICTION_FIELDS)
+
+
+cdef object _apply_result(int64_t stored, int64_t removed, int64_t cleared, int64_t unknown_parent,
+                          int64_t unknown_removals, int64_t stored_events, int64_t removed_events):
+    if not _FAST_APPLY:
+        return ApplyResult(stored, removed, cleared, unknown_parent, unknown_removals, stored_events, removed_events)
+    o = _new_slotted(ApplyResult)
+    PyObject_GenericSetAttr(o, "stored", stored)
+    PyObject_GenericSetAttr(o, "removed", removed)
+    PyObject_GenericSetAttr(o, "cleared", cleared)
+    PyObject_GenericSetAttr(o, "unknown_parent", unknown_parent)
+    PyObject_GenericSetAttr(o, "unknown_removals", unknown_removals)
+    PyObject_GenericSetAttr(o, "stored_events", stored_events)
+    PyObject_GenericSetAttr(o, "removed_events", removed_events)
+    return o
+
+
+cdef object _batch_evictions(int64_t stored, int64_t restored, int64_t evicted, list ages, bint other_media):
+    if not _FAST_EVICTIONS:
+        return BatchEvictions(stored, restored, evicted, ages, other_media)
+    o = _new_slotted(BatchEvictions)
+    PyObject_GenericSetAttr(o, "stored", stored)
+    PyObject_GenericSetAttr(o, "restored", restored)
+    PyObject_GenericSetAttr(o, "evicted", evicted)
+    PyObject_GenericSetAttr(o, "ages", ages)
+    PyObject_GenericSetAttr(o, "other_media", other_media)
+    return o
+
+
+def split_ages(list ages):
+    """(first observation reused, reused ages, fresh ages) of a batch's ``(age, reused)`` list, each
+    in order: how the state writes the eviction-age series (``state.split_ages`` is the same in Python)."""
+    cdef list reused = [], fresh = []
+    for age, r in ages:
+        if r is True:
+            reused.append(age)
+        elif r is False:
+            fresh.append(age)
+    return bool(ages) and bool(ages[0][1]), reused, fresh
 
 
 cdef inline object _new_slotted(type cls):
@@ -2753,6 +2861,121 @@ cdef tuple _ints_tuple(bytes payload, uint32_t off, uint32_t length, Py_ssize_t 
         Py_INCREF(item)
         PyTuple_SET_ITEM(out, i, item)
     return out
+
+
+# ---- Python's hash of ints and tuples of ints, in C (prefix instability's content keys) -----------
+# CPython's own definitions (Objects/longobject.c ``long_hash``, Objects/tupleobject.c ``tuplehash``,
+# 64-bit builds since 3.8): an int hashes to itself modulo the Mersenne prime 2^61 - 1 (sign kept,
+# -1 -> -2), a tuple to an xxHash-style accumulation of its items' hashes. ``_same_hash_as_python``
+# compares them with the interpreter's at import; a mismatch turns ``root_keys`` off.
+cdef extern from *:
+    """
+    #define PS_HASH_MODULUS ((uint64_t)0x1FFFFFFFFFFFFFFFULL)
+    #define PS_XXPRIME_1 ((uint64_t)11400714785074694791ULL)
+    #define PS_XXPRIME_2 ((uint64_t)14029467366897019727ULL)
+    #define PS_XXPRIME_5 ((uint64_t)2870177450012600261ULL)
+    #define PS_XXLEN_MANGLE ((uint64_t)(2870177450012600261ULL ^ 3527539ULL))
+    """
+    const uint64_t HASH_MODULUS "PS_HASH_MODULUS"
+    const uint64_t XXPRIME_1 "PS_XXPRIME_1"
+    const uint64_t XXPRIME_2 "PS_XXPRIME_2"
+    const uint64_t XXPRIME_5 "PS_XXPRIME_5"
+    const uint64_t XXLEN_MANGLE "PS_XXLEN_MANGLE"
+
+
+cdef inline uint64_t _int_hash(uint64_t v, bint negative) noexcept nogil:
+    """hash(int) of a msgpack int (``negative``: ``v`` is an int64 below 0), as Py_uhash_t."""
+    cdef uint64_t h
+    if not negative:
+        return v % HASH_MODULUS
+    h = ((<uint64_t>0) - v) % HASH_MODULUS  # |v| (two's complement), reduced
+    h = (<uint64_t>0) - h
+    if h == <uint64_t>0xFFFFFFFFFFFFFFFF:
+        h = <uint64_t>0xFFFFFFFFFFFFFFFE
+    return h
+
+
+cdef inline uint64_t _xx_round(uint64_t acc, uint64_t lane) noexcept nogil:
+    acc += lane * XXPRIME_2
+    acc = (acc << 31) | (acc >> 33)
+    return acc * XXPRIME_1
+
+
+cdef inline Py_hash_t _xx_final(uint64_t acc, uint64_t n) noexcept nogil:
+    acc += n ^ XXLEN_MANGLE
+    if acc == <uint64_t>0xFFFFFFFFFFFFFFFF:
+        return 1546275796
+    return <Py_hash_t>acc
+
+
+cdef Py_hash_t _tuple_hash(const uint64_t* lanes, Py_ssize_t n) noexcept nogil:
+    """hash() of a tuple whose items hash to ``lanes``."""
+    cdef uint64_t acc = XXPRIME_5
+    cdef Py_ssize_t i
+    for i in range(n):
+        acc = _xx_round(acc, lanes[i])
+    return _xx_final(acc, <uint64_t>n)
+
+
+cdef Py_hash_t _pair_hash(Py_hash_t a, Py_hash_t b) noexcept nogil:
+    """hash((x, b)) where hash(x) is ``a`` and ``b`` is an int."""
+    cdef uint64_t acc = _xx_round(XXPRIME_5, <uint64_t>a)
+    acc = _xx_round(acc, _int_hash(<uint64_t>b, b < 0))
+    return _xx_final(acc, 2)
+
+
+cdef int _int_lanes(bytes payload, uint32_t off, uint32_t length, Py_ssize_t keep, uint64_t* lanes) except -1:
+    """The hashes of the first ``keep`` ints of a msgpack array of ints (checked by the reader)."""
+    cdef const uint8_t* base = <const uint8_t*><const char*>payload
+    cdef Reader r
+    cdef uint64_t n, v
+    cdef bint negative
+    cdef Py_ssize_t i
+    r.p, r.end = base + off, base + off + length
+    if _array(&r, &n) < 0 or <Py_ssize_t>n < keep:
+        raise ValueError("token ids the reader accepted are fewer than their count")
+    for i in range(keep):
+        if _int(&r, &v, &negative) < 0:
+            raise ValueError("token ids the reader accepted are not ints")
+        lanes[i] = _int_hash(v, negative)
+    return 0
+
+
+def hash_ints(tuple items):
+    """hash(items) for a tuple of ints in the int64/uint64 range, computed in C (tests)."""
+    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(items)
+    cdef uint64_t* lanes = <uint64_t*>malloc((n + 1) * sizeof(uint64_t))
+    cdef object x
+    if lanes == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            x = <object>PyTuple_GET_ITEM(items, i)
+            lanes[i] = _int_hash(<uint64_t>(<int64_t>x), True) if x < 0 else _int_hash(<uint64_t>x, False)
+        return _tuple_hash(lanes, n)
+    finally:
+        free(lanes)
+
+
+def hash_pair(Py_hash_t inner, Py_hash_t digest):
+    """hash((t, digest)) where hash(t) is ``inner`` (tests)."""
+    return _pair_hash(inner, digest)
+
+
+def _same_hash_as_python():
+    """This build's hashes equal the interpreter's on samples that exercise every branch."""
+    samples = [(), (0,), (1, 2, 3), (-1, -2, 2**63 - 1, -2**63, 2**64 - 1, 2**61 - 1, 2**61, -(2**61 - 1)),
+               tuple(range(0, 128000, 997))]
+    for t in samples:
+        if hash_ints(t) != hash(t):
+            return False
+        for d in (0, -1, -2, 2**63 - 1, -2**63, 2**61 - 1, -(2**61), hash(t)):
+            if hash_pair(hash(t), d) != hash((t, d)):
+                return False
+    return True
+
+
+ROOT_KEYS = _same_hash_as_python()
 
 
 def ints_only(tuple items):

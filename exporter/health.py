@@ -61,23 +61,26 @@ class Health:
         if type(sets) is not list:
             sets = list(sets)
         checked = self._checked
-        for metric, labels, _v in incs:
+        for metric, labels, _v in incs + sets if sets else incs:
             if (metric, len(labels)) not in checked:
                 self._check(metric, labels)
-        for metric, labels, _v in sets:
-            if (metric, len(labels)) not in checked:
-                self._check(metric, labels)
-        with self._lock:
+        lock = self._lock  # (acquire/release: a little cheaper than ``with`` once per KV batch)
+        lock.acquire()
+        try:
             counters, totals = self.counters, self._totals
             for metric, labels, n in incs:
                 series = counters[metric]
                 series[labels] = series.get(labels, 0.0) + n
                 totals[metric] = totals.get(metric, 0.0) + n
-            gauges, writes = self.gauges, self._gauge_writes
-            for metric, labels, value in sets:
-                if gauges[metric].get(labels, _ABSENT) != value:
-                    gauges[metric][labels] = value
-                    writes[metric] = writes.get(metric, 0) + 1
+            if sets:
+                gauges, writes = self.gauges, self._gauge_writes
+                for metric, labels, value in sets:
+                    series = gauges[metric]
+                    if series.get(labels, _ABSENT) != value:
+                        series[labels] = value
+                        writes[metric] = writes.get(metric, 0) + 1
+        finally:
+            lock.release()
 
     def inc(self, metric: str, labels: LabelValues = (), n: float = 1.0) -> None:
         self._check(metric, labels)

@@ -450,7 +450,8 @@ def labelled_events(batch: ScannedBatch) -> tuple[object, ...]:
     return typed.raw_events
 
 
-# Root stores as prefix instability reads them (``KvScan.root_events``): the event class's fast constructor.
+# Root stores as events (``KvScan.root_events``), for a root tracker fed events (a shard's shared one):
+# the event class's fast constructor. The state's own tracker reads ``KvScan.root_keys`` instead.
 new_root_event = _new_stored
 
 
@@ -481,9 +482,12 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
     """
     if _scan is not None and not token_ids and type(payload) is bytes:
         scanned = _scan(payload, ScannedBatch, worker, seq)  # ScannedBatch.of(scan, worker, seq), built in C
-        if scanned is not None and not (attribution and scanned.scan.labelled):
-            _set_attributed(scanned, attribution)
-            return scanned
+        if scanned is not None:
+            if not attribution:  # (built with ``attributed`` False)
+                return scanned
+            if not scanned.scan.labelled:
+                _set_attributed(scanned, True)
+                return scanned
     batch = _typed(payload, worker, seq, token_ids, attribution)
     return batch if batch is not None else decode_careful(payload, worker, seq, health, attribution=attribution)
 

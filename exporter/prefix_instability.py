@@ -25,6 +25,10 @@ anything older than the window ignored) and, for each, ``EARLY_SPAN_BLOCKS`` con
 its first tokens (the early span and a block more, for an example pair). Only root events are looked at, one per new
 prefix family, so the hot path (continuations of known chains) pays one ``parent is None`` test.
 
+A batch the compiled KV reader scanned comes as :func:`root_key` triples computed from the payload
+(``KvScan.root_keys``: the same digests, Python's own ``hash``, computed in C without a token
+object), applied by :meth:`RootTracker.apply_keyed`; the equality tests hold both to :meth:`RootTracker.apply`.
+
 Pure core: no I/O, no clock, no lock (``ClusterState`` calls it under its lock).
 """
 
@@ -53,9 +57,11 @@ def _ints_only_py(tokens: tuple) -> bool:
 
 
 try:
+    from exporter._prefix_core import ROOT_KEYS
     from exporter._prefix_core import ints_only as _ints_only
 except ImportError:  # no compiled core in this install
     _ints_only = _ints_only_py
+    ROOT_KEYS = False  # ``KvScan.root_keys`` usable: the compiled core hashes as this interpreter does
 
 
 @dataclass(frozen=True)
@@ -96,12 +102,32 @@ def differing_span(a: Sequence[int], b: Sequence[int]) -> tuple[int, int]:
     return first, last - first + 1
 
 
+RootKeys = tuple[tuple[int, int, int], ...]
+
+
+def root_key(ev: BlockStored) -> tuple[int, tuple[int, ...] | None, RootKeys]:
+    """What the tracker reads of a GPU root store: (first block, head, content keys).
+
+    ``head``: the first ``EARLY_SPAN_BLOCKS + 1`` blocks' tokens of the compared opening (empty when
+    there are no keys), None when nothing can be compared (no token ids, or not all ints); ``keys``:
+    see :meth:`RootTracker._keys`.
+    """
+    first, bs = ev.hashes[0], ev.block_size
+    blocks = min(COMPARED_BLOCKS, len(ev.hashes), len(ev.token_ids) // bs if bs > 0 else 0)
+    opening = tuple(ev.token_ids[:blocks * bs])
+    if blocks == 0 or not _ints_only(opening):  # every token an int (bools are not)
+        return first, None, ()
+    keys = RootTracker._keys(opening, blocks, bs)
+    # only a root with keys can be a twin or have one: the head of one without is never read
+    return first, opening[:(EARLY_SPAN_BLOCKS + 1) * bs] if keys else (), keys
+
+
 @dataclass(slots=True)
 class _Root:
     first: int
     seen: float
-    head: tuple[int, ...]  # the first EARLY_SPAN_BLOCKS + 1 blocks' tokens, for an example pair
-    keys: tuple[tuple[int, int, int], ...]
+    head: tuple[int, ...]  # the first EARLY_SPAN_BLOCKS + 1 blocks' tokens, for an example pair (if keys)
+    keys: RootKeys
 
 
 class RootTracker:
@@ -123,22 +149,57 @@ class RootTracker:
         for ev in events:
             if type(ev) is not BlockStored or ev.parent is not None or not ev.hashes or not is_gpu(ev.medium):
                 continue
-            self._root(worker, ev, ts, out)
+            self._root(worker, *root_key(ev), ts, out)
         return out
 
-    def _root(self, worker: str, ev: BlockStored, ts: float, out: RootBatch) -> None:
-        first, bs = ev.hashes[0], ev.block_size
-        blocks = min(COMPARED_BLOCKS, len(ev.hashes), len(ev.token_ids) // bs if bs > 0 else 0)
-        opening = tuple(ev.token_ids[:blocks * bs])
-        if blocks == 0 or not _ints_only(opening):  # every token an int (bools are not)
+    def apply_keyed(self, worker: str, roots: Iterable[tuple[int, tuple[int, ...] | None, RootKeys]],
+                    ts: float) -> RootBatch:
+        """:meth:`apply` of a batch's GPU root stores given as their :func:`root_key` (the compiled
+        reader computes them from the payload: ``KvScan.root_keys``)."""
+        # ``_root`` of each, inline (the per-batch path): a root without keys has no twin to look
+        # for, and a first block not remembered yet goes straight in (``_remember``'s common case)
+        out = RootBatch()
+        judged = 0
+        cutoff = ts - self.window_s
+        known_roots, by_key = self._roots, self._by_key
+        for first, head, keys in roots:
+            if head is None:
+                head = ()  # seen (not new next time), nothing to compare
+            else:
+                judged += 1
+                if keys:
+                    known = known_roots.get(first)
+                    if known is None or known.seen < cutoff:
+                        twin = self._twin(first, keys, cutoff)
+                        if twin is not None:
+                            out.unstable += 1
+                            offset, length = differing_span(head, twin.head)
+                            self.example = NearDuplicate(first, twin.first, ts, worker, offset, length, head,
+                                                         twin.head)
+            if first in known_roots:
+                self._remember(first, ts, head, keys)
+                continue
+            known_roots[first] = _Root(first, ts, head, keys)
+            for key in keys:
+                by_key[key] = first
+            if len(known_roots) > self.max_roots:
+                while len(known_roots) > self.max_roots:
+                    gone, root = known_roots.popitem(last=False)
+                    self._drop_keys(gone, root.keys)
+        if judged:
+            self.tokens_seen = True
+            out.roots = judged
+        return out
+
+    def _root(self, worker: str, first: int, head: tuple[int, ...] | None, keys: RootKeys, ts: float,
+              out: RootBatch) -> None:
+        if head is None:
             self._remember(first, ts, (), ())  # seen (not new next time), nothing to compare
             return
         self.tokens_seen = True
         out.roots += 1
         cutoff = ts - self.window_s
         known = self._roots.get(first)
-        head = opening[:(EARLY_SPAN_BLOCKS + 1) * bs]
-        keys = self._keys(opening, blocks, bs)
         if known is None or known.seen < cutoff:
             twin = self._twin(first, keys, cutoff)
             if twin is not None:

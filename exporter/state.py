@@ -55,7 +55,14 @@ from exporter.model import (
     WorkerSnapshot,
 )
 from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, pass_in_slices
-from exporter.prefix_instability import COMPARED_BLOCKS, RootBatch, RootTracker
+from exporter.prefix_instability import (
+    COMPARED_BLOCKS,
+    EARLY_SPAN_BLOCKS,
+    MIN_SHARED_BLOCKS,
+    ROOT_KEYS,
+    RootBatch,
+    RootTracker,
+)
 from exporter.record_accounting import (
     DEFAULT_BLOCK_SIZE,
     EVENT_FIELDS,
@@ -171,6 +178,19 @@ class _KvLabels:
         self.applied_cleared = (worker, _CLEARED)
         self.reused_true = (worker, "true")
         self.reused_false = (worker, "false")
+
+def _split_ages(ages: list[tuple[float, bool]]) -> tuple[bool, list[float], list[float]]:
+    """(first observation reused, reused ages, fresh ages), each in order (``_prefix_core.split_ages``
+    does the same in C)."""
+    return (bool(ages) and bool(ages[0][1]), [age for age, r in ages if r is True],
+            [age for age, r in ages if r is False])
+
+
+try:
+    from exporter._prefix_core import split_ages
+except ImportError:  # no compiled core in this install
+    split_ages = _split_ages
+
 
 class ClusterState:
     """The cluster-wide prefix index, session table and windows behind every exported number."""
@@ -336,9 +356,14 @@ class ClusterState:
                     else:
                         self.attribution.kv.note_batch()
                 ev = self.evictions.apply_scan(worker, scan, received_at)
+                got = None
                 if scan.roots:  # prefix instability reads root stores only
-                    self._count_roots(self.roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS),
-                                                       received_at), received_at)
+                    roots = self.roots
+                    if type(roots) is RootTracker and ROOT_KEYS:  # their keys computed from the payload in C
+                        got = roots.apply_keyed(worker, scan.root_keys(COMPARED_BLOCKS, EARLY_SPAN_BLOCKS,
+                                                                       MIN_SHARED_BLOCKS), received_at)
+                    else:  # (a shard's shared tracker is fed the events by its sink)
+                        got = roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS), received_at)
                 if not w.block_size:
                     w.block_size = scan.block_size
             else:
@@ -347,18 +372,18 @@ class ClusterState:
                 if batch.raw_events is not None:
                     self.attribution.kv.apply(worker, batch.raw_events)
                 ev = self.evictions.apply(worker, events, received_at)
-                self._count_roots(self.roots.apply(worker, events, received_at), received_at)
+                got = self.roots.apply(worker, events, received_at)
                 if not w.block_size:
                     w.block_size = next((ev.block_size for ev in events
                                          if isinstance(ev, BlockStored) and ev.block_size), None)
-            self._count_evictions(worker, ev, received_at)
+            self._count_evictions(worker, ev, received_at, got)
             if not self.worker_pool.unchanged_for(worker):
                 self._update_pool(received_at)
             self._expire()
             first = worker not in self._kv_workers
             self._kv_workers.add(worker)
-            reliable_again = self._turnover(worker, ev.stored, res.cleared > 0)
-            drift = self._drift(worker)
+            reliable_again = worker in self._unreliable and self._turnover(worker, ev.stored, res.cleared > 0)
+            drift = self._drift(worker, w)
         kl = self._kv_labels.get(worker)
         if kl is None:
             kl = self._kv_labels[worker] = _KvLabels(worker)
@@ -389,29 +414,33 @@ class ClusterState:
         if drift is not None:
             self._repair(worker, drift)
 
-    def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float) -> None:
-        """The eviction series of one batch (under the lock)."""
+    def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float, roots: RootBatch | None = None) -> None:
+        """The eviction and prefix-instability series of one batch (under the lock), the counters in
+        one write. Both instability counters exist from the first judgeable root on, so a fleet
+        without unstable prefixes reads 0; thrash (restored) exists wherever stores do."""
         if ev.other_media:
             self._other_media.add(worker)
         stored, evicted, ages = ev.stored, ev.evicted, ev.ages
-        if not (stored or evicted or ages):
+        if roots is not None and roots.roots:
+            incs = [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)]
+        elif not (stored or evicted or ages):
             return
+        else:
+            incs = []
         kl = self._kv_labels.get(worker)
         if kl is None:
             kl = self._kv_labels[worker] = _KvLabels(worker)
         lab = kl.lab
         store = self.store
-        if stored:  # restored at 0 too: thrash exists wherever stores do
-            incs = [(_BLOCKS_STORED, lab, stored), (_BLOCKS_RESTORED, lab, ev.restored)]
-            if evicted:
-                incs.append((_BLOCKS_EVICTED, lab, evicted))
+        if stored:
+            incs += [(_BLOCKS_STORED, lab, stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+        if evicted:
+            incs.append((_BLOCKS_EVICTED, lab, evicted))
+        if incs:
             store.inc_many(ts, incs)
-        elif evicted:
-            store.inc(ts, _BLOCKS_EVICTED, lab, evicted)
         if ages:  # each label's observations in event order, the label seen first first: as one at a time
-            reused = [age for age, r in ages if r is True]
-            fresh = [age for age, r in ages if r is False]
-            if ages[0][1]:
+            reused_first, reused, fresh = split_ages(ages)
+            if reused_first:
                 store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
                 if fresh:
                     store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
@@ -419,12 +448,6 @@ class ClusterState:
                 store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
                 if reused:
                     store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
-
-    def _count_roots(self, roots: RootBatch, ts: float) -> None:
-        """The prefix-instability series of one batch (under the lock); both exist from the first
-        judgeable root on, so a fleet without unstable prefixes reads 0."""
-        if roots.roots:
-            self.store.inc_many(ts, [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)])
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:
@@ -447,7 +470,7 @@ class ClusterState:
         self._unreliable[worker] = since
         return False
 
-    def _drift(self, worker: str) -> str | None:
+    def _drift(self, worker: str, w: WorkerInfo | None = None) -> str | None:
         """A reason to repair the worker's view now, or None (under the lock).
 
         The only sound check against the worker's own report is an impossible count: more GPU
@@ -461,7 +484,10 @@ class ClusterState:
         last = self._repaired_at.get(worker)
         if last is not None and self.time.now - last < self.window_s:
             return None
-        cap = self.worker_capacity(worker)
+        if w is not None and w.snapshot is not None and w.snapshot.num_gpu_blocks:  # (worker_capacity, its entry at hand)
+            cap = w.snapshot.num_gpu_blocks
+        else:
+            cap = self.worker_capacity(worker)
         if not cap:  # no bound known: nothing to compare (the resident count is not read)
             return None
         resident = self.index.resident_blocks(worker)

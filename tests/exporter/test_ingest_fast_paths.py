@@ -152,3 +152,30 @@ def test_nested_root_digests_judge_roots_as_whole_tail_hashes_do() -> None:
         assert fast.example == plain.example and len(fast) == len(plain)
         assert len(fast._by_key) == len(plain._by_key)
     assert fast.example is not None
+
+
+def test_the_compiled_age_split_is_the_python_one() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from exporter.state import _split_ages, split_ages
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.tuples(st.floats(0, 1e6), st.booleans()), max_size=12))
+    def check(ages: list) -> None:
+        assert split_ages(ages) == _split_ages(ages)
+
+    check()
+
+
+def test_the_compiled_results_are_the_dataclasses_they_stand_for() -> None:
+    """The compiled index and tracker fill their per-batch results' fields directly: the objects are
+    equal to, and read like, the classes' own construction."""
+    from exporter.eviction import EvictionTracker as Reference
+    from exporter.prefix_index import EvictionTracker, PrefixIndex, ReferencePrefixIndex
+
+    events = [BlockStored((1, 2, 3), None, 16)]
+    got, want = PrefixIndex().apply("w", events), ReferencePrefixIndex().apply("w", events)
+    assert got == want and vars(got) == vars(want) and type(got) is type(want)
+    got_ev, want_ev = EvictionTracker(30.0).apply("w", events, 1.0), Reference(30.0).apply("w", events, 1.0)
+    assert got_ev == want_ev and vars(got_ev) == vars(want_ev) and type(got_ev) is type(want_ev)

@@ -17,9 +17,16 @@ from hypothesis import strategies as st
 
 from bench.ingest import payloads
 from exporter import kvcodec
+from exporter.eviction import is_gpu
 from exporter.health import Health
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
-from exporter.prefix_instability import COMPARED_BLOCKS
+from exporter.prefix_instability import (
+    COMPARED_BLOCKS,
+    EARLY_SPAN_BLOCKS,
+    MIN_SHARED_BLOCKS,
+    ROOT_KEYS,
+    root_key,
+)
 
 MASK64 = (1 << 64) - 1
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -207,6 +214,9 @@ def _scanned_agrees(payload: bytes) -> bool:
     assert [(e.hashes, e.parent, e.block_size, e.token_count, e.medium, e.token_ids) for e in got] == \
         [(e.hashes[:COMPARED_BLOCKS], None, e.block_size, e.token_count, e.medium,
           e.token_ids[:COMPARED_BLOCKS * e.block_size]) for e in roots]
+    if ROOT_KEYS:  # prefix instability's reading of the roots, computed from the payload
+        assert scan.root_keys(COMPARED_BLOCKS, EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS) == \
+            [root_key(e) for e in roots if e.hashes and is_gpu(e.medium)]
     assert scan.block_size == next((e.block_size for e in typed.events if type(e) is BlockStored and e.block_size), None)
     batch = kvcodec.decode_batch(payload, "w", 5)
     assert type(batch) is kvcodec.ScannedBatch and batch == typed and typed == batch and hash(batch) == hash(typed)
@@ -293,3 +303,47 @@ def test_a_batch_with_an_adapter_or_a_salt_takes_the_typed_path_when_attribution
     plain = kvcodec.decode_batch(msgpack.packb([1.5, [stored]]), "w", 0, attribution=True)
     assert type(plain) is kvcodec.ScannedBatch and plain.attributed and plain.raw_events is None
     assert not kvcodec.decode_batch(msgpack.packb([1.5, [stored]]), "w", 0).attributed
+
+
+# ---- prefix instability's root keys, computed by the compiled reader ---------------------------------
+
+any_int = st.integers(-(2**63), MASK64)
+token = st.one_of(st.integers(0, 128000), any_int, st.sampled_from([-1, -2, 2**61 - 1, 2**61, -(2**61 - 1), 0]))
+
+
+@SETTINGS
+@given(st.lists(any_int, max_size=64), any_int.filter(lambda d: d < 2**63))
+def test_the_compiled_hash_of_ints_is_pythons(items: list, digest: int) -> None:
+    if not ROOT_KEYS:
+        pytest.skip("the compiled core is not in use")
+    from exporter._prefix_core import hash_ints, hash_pair
+
+    t = tuple(items)
+    assert hash_ints(t) == hash(t)
+    assert hash_pair(hash(t), digest) == hash((t, digest))
+
+
+@st.composite
+def root_store(draw: st.DrawFn) -> dict:
+    bs = draw(st.sampled_from([1, 2, 3, 16, 32]))
+    n = draw(st.integers(0, COMPARED_BLOCKS + 3))
+    ev: dict = {"type": "BlockStored", "block_hashes": draw(st.lists(good_hash, min_size=n, max_size=n)),
+                "parent_block_hash": None if draw(st.integers(0, 3)) else draw(good_hash), "block_size": bs,
+                "medium": draw(good_medium)}
+    shape = draw(st.integers(0, 3))
+    if shape == 0:  # a long opening: every key computed
+        ev["token_ids"] = draw(st.lists(token, min_size=n * bs, max_size=n * bs + bs))
+    elif shape == 1:  # fewer tokens than blocks
+        ev["token_ids"] = draw(st.lists(token, max_size=max(0, n * bs - 1)))
+    elif shape == 2:
+        ev["token_ids"] = None
+    return ev
+
+
+@SETTINGS
+@given(st.lists(root_store(), max_size=4))
+def test_the_compiled_reader_computes_the_root_keys_the_tracker_would(events: list) -> None:
+    payload = msgpack.packb([1.9e9, events, 0])
+    if kvcodec._scan is None or not ROOT_KEYS:
+        pytest.skip("the compiled core is not in use")
+    assert _scanned_agrees(payload)

@@ -159,3 +159,65 @@ def test_the_compiled_token_check_is_the_python_one() -> None:
         assert _ints_only(tokens) == _ints_only_py(tokens)
 
     check()
+
+
+def test_scanned_batches_are_judged_as_their_events_are() -> None:
+    """The state reads a scanned batch's roots as keys the compiled reader computed from the payload
+    (``KvScan.root_keys``); the same stream as event objects leaves the same tracker and series."""
+    import msgpack
+
+    from exporter import kvcodec
+
+    def payload(ts: float, events: list[BlockStored]) -> bytes:
+        return msgpack.packb([ts, [{"type": "BlockStored", "block_hashes": list(ev.hashes), "parent_block_hash": None,
+                                    "token_ids": list(ev.token_ids), "block_size": ev.block_size,
+                                    "medium": ev.medium} for ev in events], 0])
+
+    stream = [(1.0, "w0", [root(1, SYSTEM[:COMPARED_BLOCKS * BS])])]
+    stream += [(float(t), f"w{t % 3}", [root((10 * t + i) << 40, stamped(10 * t + i)) for i in range(3)]
+                + [root((7 * t) << 44, unique(t)), root((9 * t) << 44, stamped(t)[: 5 * BS], medium="CPU")])
+               for t in range(2, 40)]
+    scanned, plain = (ClusterState(Health(), load_thresholds(), clock=lambda: 50.0) for _ in range(2))
+    for seq, (ts, worker, events) in enumerate(stream):
+        batch = kvcodec.decode_batch(payload(ts, events), worker, seq)
+        assert batch is not None
+        scanned.apply_kv_batch(batch, ts)
+        plain.apply_kv_batch(KvBatch(worker, seq, ts, tuple(events)), ts)
+    a, b = scanned.roots, plain.roots
+    assert a.example is not None and a.example == b.example
+    assert a._roots == b._roots and a._by_key == b._by_key and a.tokens_seen == b.tokens_seen
+    assert render_state(scanned).decode().count("root_branches") > 0
+    assert [line for line in render_state(scanned).decode().splitlines() if "root_branches" in line] == \
+        [line for line in render_state(plain).decode().splitlines() if "root_branches" in line]
+
+
+def test_roots_given_as_keys_are_judged_as_their_events_are() -> None:
+    """``apply_keyed`` (the per-batch path, fed ``root_key`` of each root) leaves the tracker and
+    counts of ``apply`` on the events, whatever the mix of repeats, twins, short and token-less roots."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from exporter.eviction import is_gpu
+    from exporter.prefix_instability import root_key
+
+    prompts = [stamped(t) for t in range(4)] + [unique(i) for i in range(2)] + [SYSTEM[: 12 * BS], SYSTEM[: 3 * BS], []]
+    event = st.builds(lambda first, prompt, medium, cut: root(first, prompts[prompt][: cut * BS] if cut else
+                                                              prompts[prompt], medium),
+                      st.integers(1, 12).map(lambda i: i << 40), st.integers(0, len(prompts) - 1),
+                      st.sampled_from(["GPU", "GPU", None, "CPU"]), st.integers(0, COMPARED_BLOCKS + 2))
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.tuples(st.lists(event, max_size=4), st.sampled_from([0.5, 3.0, 40.0])), max_size=12),
+           st.integers(2, 6))
+    def check(batches: list, max_roots: int) -> None:
+        a, b = RootTracker(window_s=30, max_roots=max_roots), RootTracker(window_s=30, max_roots=max_roots)
+        ts = 100.0
+        for events, step in batches:
+            ts += step
+            got = a.apply("w", events, ts)
+            keyed = b.apply_keyed("w", [root_key(ev) for ev in events if ev.hashes and is_gpu(ev.medium)], ts)
+            assert (got.roots, got.unstable) == (keyed.roots, keyed.unstable)
+            assert a._roots == b._roots and a._by_key == b._by_key
+            assert (a.example, a.tokens_seen) == (b.example, b.tokens_seen)
+
+    check()
