@@ -40,6 +40,7 @@ import msgspec
 from exporter.cardinality import OTHER, LabelBudget
 from exporter.kvcodec import CLEARED_STRUCTS, LABELLED_STORED, MASK64, REMOVED_STRUCTS
 from exporter.metric_store import MetricStore
+from exporter.model import BlockRemoved, BlockStored, KvEvent
 from prefixscope import catalog
 from prefixscope.records import RequestRecord
 
@@ -256,6 +257,22 @@ class KvAttribution:
             elif kind in REMOVED_STRUCTS:
                 self._removed(worker, ev.block_hashes, ev.medium or DEFAULT_MEDIUM)
             elif kind in CLEARED_STRUCTS:
+                self.clear_worker(worker)
+
+    def apply_unlabelled(self, worker: str, events: Iterable[KvEvent]) -> None:
+        """A batch that carries no label, as model events (``kvcodec.unlabelled_events``): its
+        stores take only an inherited tenant, its removals and clears take labels away."""
+        self.seen = True
+        if worker not in self._blocks:
+            return  # nothing labelled here: nothing to inherit or take away
+        for ev in events:
+            kind = type(ev)
+            if kind is BlockStored:
+                if ev.parent is not None:  # type: ignore[attr-defined]
+                    self._stored(worker, ev.hashes, ev.parent, ev.medium or DEFAULT_MEDIUM, None, None)  # type: ignore[attr-defined]
+            elif kind is BlockRemoved:
+                self._removed(worker, ev.hashes, ev.medium or DEFAULT_MEDIUM)  # type: ignore[attr-defined]
+            else:
                 self.clear_worker(worker)
 
     def _stored_struct(self, worker: str, ev: object) -> None:

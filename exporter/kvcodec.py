@@ -99,6 +99,7 @@ def _maker(cls: type, *names: str) -> Callable[..., Any]:
 # Used on the fast path only, always with every field given.
 _new_stored = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium", "token_ids")
 _new_removed = _maker(BlockRemoved, "hashes", "medium")
+_new_stored_plain = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium")
 
 
 class BadEvent(ValueError):
@@ -448,6 +449,13 @@ def labelled_events(batch: ScannedBatch) -> tuple[object, ...]:
     typed = _typed(batch.scan.payload, batch.worker, batch.seq, False, True)
     assert typed is not None and typed.raw_events is not None, "the typed path reads every scanned batch"
     return typed.raw_events
+
+
+def unlabelled_events(batch: ScannedBatch) -> tuple[KvEvent, ...]:
+    """A scanned batch's events from the reader's own arrays (no second decode, no token ids):
+    all that attribution reads of a batch that carries no label — its stores' chains (a child
+    inherits its parent's tenant), its removals and clears."""
+    return batch.scan.events(_new_stored_plain, _new_removed, _CLEARED)
 
 
 # Root stores as events (``KvScan.root_events``), for a root tracker fed events (a shard's shared one):

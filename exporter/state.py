@@ -44,7 +44,7 @@ from exporter.health import Health
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
 from exporter.input_time import InputTime
-from exporter.kvcodec import ScannedBatch, labelled_events, new_root_event
+from exporter.kvcodec import ScannedBatch, new_root_event, unlabelled_events
 from exporter.metric_store import LabelFilter, MetricStore
 from exporter.model import (
     AllBlocksCleared,
@@ -352,7 +352,7 @@ class ClusterState:
                 res = self.index.apply_scan(worker, scan)
                 if batch.attributed:  # (a labelled batch never comes scanned then)
                     if self.attribution.kv.holds_labels(worker):
-                        self.attribution.kv.apply(worker, labelled_events(batch))
+                        self.attribution.kv.apply_unlabelled(worker, unlabelled_events(batch))
                     else:
                         self.attribution.kv.note_batch()
                 ev = self.evictions.apply_scan(worker, scan, received_at)
