@@ -92,6 +92,8 @@ class Chain:
     symptom: CheckState | None
     reuse: Reuse
     context: frozenset[str] = frozenset()  # context_checks() of the threshold file in use
+    # (index, count) when the exporter read is one of several family shards: its answer is its part
+    shard: tuple[int, int] | None = None
 
     @property
     def verdict(self) -> StepState | None:
@@ -226,7 +228,26 @@ def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
 
     reuse = Reuse(share("available_tokens"), share("predicted_tokens"), share("achieved_tokens"),
                   share("index_staleness_tokens"))
-    return _chain("exporter", states, reuse, thresholds)
+    return replace(_chain("exporter", states, reuse, thresholds), shard=_shard(groups.get("shard")))
+
+
+def _shard(raw: object) -> tuple[int, int] | None:
+    """``shard`` of an exporter answer: (index, count), or None for a whole (unsharded) exporter."""
+    if not isinstance(raw, Mapping):
+        return None
+    index, count = raw.get("index"), raw.get("count")
+    if type(index) is not int or type(count) is not int or count <= 1 or not 0 <= index < count:
+        return None
+    return index, count
+
+
+def shard_note(shard: tuple[int, int] | None) -> str | None:
+    """What an on-call reader must know when the exporter read is one shard of several."""
+    if shard is None:
+        return None
+    return (f"This exporter is shard {shard[0] + 1} of {shard[1]}: its statuses, workers, tree and hotspots "
+            "are its part of the cluster (the prefix families it owns). The cluster's chain is the "
+            "Prometheus that scrapes every shard: set --prometheus-url.")
 
 
 def reuse_reading(reuse: Reuse, thresholds: Thresholds) -> str:

@@ -16,7 +16,7 @@ import streamlit as st
 from console import promql
 from console.alert_groups import alerts_from_chain
 from console.alertmanager import PageAlert, fetch_alerts
-from console.chain import Chain, Reuse, chain_from_exporter, chain_from_prometheus
+from console.chain import Chain, Reuse, chain_from_exporter, chain_from_prometheus, shard_note
 from console.culprits import Culprits, parse_culprits
 from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
@@ -128,7 +128,10 @@ def chain(src: Sources) -> tuple[Chain, list[str]]:
     else:
         notes.append(f"Prometheus is not configured (set {PROMETHEUS_ENV} or --prometheus-url): statuses "
                      "come from the exporter's own windows, without charts over time or firing alerts.")
-    return chain_from_exp(src.exporter_url), notes
+    found = chain_from_exp(src.exporter_url)
+    if (note := shard_note(found.shard)) is not None:
+        notes.append(note)
+    return found, notes
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

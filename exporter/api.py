@@ -368,16 +368,19 @@ class ApiBuilders:
     """
 
     def __init__(self, state: ClusterState, names: PrefixNames | None = None,
-                 breaches: BreachClock | None = None) -> None:
+                 breaches: BreachClock | None = None, shard: tuple[int, int] | None = None) -> None:
+        """``shard``: (index, count) when this exporter is one of several family shards: every
+        answer is then its part of the cluster, and ``groups`` and ``workers`` say so."""
         self.state = state
         self.names = names
         self.breaches = breaches if breaches is not None else BreachClock()
+        self.shard = None if shard is None or shard[1] <= 1 else {"index": shard[0], "count": shard[1]}
 
     def routes(self) -> dict[str, Any]:
-        st, names = self.state, self.names
-        return {"groups": lambda q: groups(st, q, self.breaches, names),
+        st, names, shard = self.state, self.names, self.shard
+        return {"groups": lambda q: {**groups(st, q, self.breaches, names), "shard": shard},
                 "tree": lambda q: tree(st, q),
                 "hotspots": lambda q: hotspots(st, q, names),
                 "changes": lambda q: changes(st, q),
-                "workers": lambda q: workers(st, q),
+                "workers": lambda q: {**workers(st, q), "shard": shard},
                 "culprits": lambda q: culprits(st, q, names)}

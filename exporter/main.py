@@ -140,7 +140,8 @@ class Runtime:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(parts.collector)
         registry.register(own)
-        api = ApiBuilders(state, names=sources.names, breaches=parts.breaches)
+        api = ApiBuilders(state, names=sources.names, breaches=parts.breaches,
+                          shard=(cfg.shard.index, cfg.shard.count))
         records_sink = sources.records or state  # sharded: only the records this shard owns
 
         def ingest(body: bytes) -> IntakeResult:

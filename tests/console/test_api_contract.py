@@ -26,7 +26,7 @@ CONSOLE_READS: dict[str, tuple[str, ...]] = {
         "steps[].checks[].missing_signals", "steps[].checks[].threshold", "steps[].checks[].alert_state",
         "steps[].checks[].fires_in_s", "steps[].checks[].culprits",
         "reuse.prompt_tokens", "reuse.available_tokens", "reuse.predicted_tokens", "reuse.achieved_tokens",
-        "reuse.index_staleness_tokens"),
+        "reuse.index_staleness_tokens", "shard"),
     "tree": (
         "stats.nodes", "stats.blocks", "stats.root_fanout", "stats.depth_p99",
         "root.children[].id", "root.children[].label", "root.children[].hit_tokens", "root.children[].blocks",

@@ -346,6 +346,9 @@ def test_a_shard_killed_mid_run_loses_no_block_after_recovery(rig: dict) -> None
                                     for k, v in applied(reference).items() if v})
             return blocks == want_blocks and applied_ == want_applied
         wait_for(recovered, what="the restarted shard equals the shard that never died", timeout=60)
+        # its API says whose part it answers (the console warns on it)
+        groups = requests.get(f"http://127.0.0.1:{proc.port}/api/v1/groups", timeout=10).json()["data"]
+        assert groups["shard"] == {"index": 1, "count": SHARDS}
     finally:
         proc.stop()
 

@@ -41,3 +41,11 @@ def test_bad_parameters_raise():
         api["tree"]({"depth": "x"})
     with pytest.raises(ApiError):
         api["changes"]({"from": "10", "to": "5"})
+
+
+def test_a_shard_names_itself_in_groups_and_workers() -> None:
+    whole = ApiBuilders(state()).routes()
+    assert whole["groups"]({})["shard"] is None and whole["workers"]({})["shard"] is None
+    part = ApiBuilders(state(), shard=(2, 4)).routes()
+    assert part["groups"]({})["shard"] == {"index": 2, "count": 4}
+    assert part["workers"]({})["shard"] == {"index": 2, "count": 4}
