@@ -4,7 +4,9 @@ nats-server's JetStream → one exporter, three family shards, and a real ``pref
 One answer: the shards add up to the single exporter (resident blocks per worker, applied
 events, "available" lookups), and both equal the workers' caches — after the relay and NATS
 were each killed and restarted mid-run, and after one shard process was SIGKILLed mid-run and
-restarted (it then equals the shard that never died).
+restarted (it then equals the shard that never died). And the whole path into real Prometheus
+servers with the generated rules: every recording rule, the console's chain and the single
+exporter's /api/v1/groups agree between the three shards and the single exporter.
 """
 
 from __future__ import annotations
@@ -413,3 +415,121 @@ def test_shards_give_one_exporters_series_checks_and_verdict(rig: dict) -> None:
             assert math.isclose(got.value, r.value, rel_tol=1e-9, abs_tol=5.0 if key == "kv_event_staleness" else 1e-12), key
     assert many.step_status == one.step_status and many.verdict == one.verdict
     assert sum(1 for r in one.results.values() if r.value is not None) >= 8
+
+
+# ---- the whole path into a real Prometheus -------------------------------------------------------
+COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+
+def page(e: Exporter, instance: str) -> dict[str, float]:
+    """One scrape of an exporter's /metrics as Prometheus stores it (its own ``instance``)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter import promtext
+    from lab.harness import series_key
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixscopeCollector(e.state, e.health))
+    parsed = promtext.parse(generate_latest(registry).decode())
+    assert not parsed.errors, parsed.errors[:3]
+    return {series_key(name, {**s.labels, "job": "prefixscope", "instance": instance}): s.value
+            for name, samples in parsed.samples.items() if not name.endswith("_created") for s in samples}
+
+
+def from_zero(history) -> None:
+    """Counters as an exporter exporting every series at 0 from its start would show them: a part
+    born later than the whole would otherwise be extrapolated differently by ``rate``."""
+    for key, col in history.series.items():
+        if key.split("{")[0].endswith(COUNTER_SUFFIXES):
+            first = next(i for i, v in enumerate(col) if v is not None)
+            col[:first] = [0.0] * first
+
+
+def test_through_relay_nats_and_a_real_prometheus_the_shards_give_one_exporters_rules_and_chain(
+        rig: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole path: the simulated workers' KV events through the relay and JetStream to one
+    exporter and three family shards, the records sent to all, every exporter's /metrics scraped as
+    the traffic goes, and two real Prometheus servers with the generated rules (one over the single
+    exporter, one over the three shards): every recording rule, the console's chain from each, and
+    the single exporter's /api/v1/groups agree."""
+    from console.links import GENERATED_RULES
+    from exporter import api
+    from lab.harness import ScrapeHistory
+    from tests.e2e.rules_prometheus import EVAL_INTERVAL_S, RulesPrometheus, recording_rules
+    from tests.e2e.test_shards_prometheus import agrees, console_chain, reading
+
+    prometheus, promtool = require_tool("prometheus"), require_tool("promtool")
+    single, shards = rig["single"], rig["shards"]
+    for e in [single, *shards]:
+        assert e.source.wait_started(30)
+    start = float(math.floor(time.time()))
+    one, many = ScrapeHistory(1.0), ScrapeHistory(1.0)
+
+    def scrape() -> None:
+        t = time.time() - start
+        for e in [single, *shards]:
+            e.state.refresh_tree_stats()
+        one.add(t, page(single, "single"))
+        many.add(t, {k: v for i, s in enumerate(shards) for k, v in page(s, f"shard{i}").items()})
+
+    scrape()
+    for tag in ("a", "b", "c"):
+        traffic(rig["fleet"], tag)
+        settle(rig)
+        assert_one_answer(rig)
+        time.sleep(1.0)
+        scrape()
+    records = records_of(rig)
+    now = time.time()
+    single.state.ingest_records(records, now)
+    for i, s in enumerate(shards):
+        ShardRecords(s.state, ShardSpec(i, SHARDS)).ingest_records(records, now)
+    for _ in range(3):
+        time.sleep(1.0)
+        scrape()
+    end = start + one.times[-1]
+    for history in (one, many):
+        from_zero(history)
+    proms = [RulesPrometheus(prometheus, promtool, h, start, end, GENERATED_RULES, tmp_path / name)
+             for name, h in (("single", one), ("shards", many))]
+    try:
+        at = end + EVAL_INTERVAL_S
+        # measured on each process's own clock (ages of the last batch): seconds apart, not equal
+        clocked = ("kv_event_last_timestamp", "kv_event_lag")
+        diffs, valued = [], set()
+        for record in (r["record"] for r in recording_rules(GENERATED_RULES)):
+            want, got = proms[0].vector(record, at), proms[1].vector(record, at)
+            if want.keys() != got.keys():
+                diffs.append((record, "series", sorted(want), sorted(got)))
+                continue
+            for labels, v in want.items():
+                if math.isnan(v):
+                    continue
+                valued.add(record)
+                close = (abs(got[labels] - v) <= 5.0 if any(c in record for c in clocked)
+                         else agrees(record, v, got[labels]))
+                if not close:
+                    diffs.append((record, dict(labels), v, got[labels]))
+        assert not diffs, diffs
+        assert len([r for r in valued if r.startswith("cluster:")]) >= 8, sorted(valued)
+
+        chains = [console_chain(p.url, at, monkeypatch) for p in proms]
+        assert reading(chains[1]) == reading(chains[0])
+        exp = chain_from_exporter_groups(api.groups(single.state))
+        assert (exp.verdict.number if exp.verdict else None) == reading(chains[0])["verdict"]
+        past = {k for k, c in chains[0].checks().items() if c.status == "firing" or c.pending}
+        assert {k for k, c in exp.checks().items() if c.status == "firing" or c.pending} == past
+        lit = [k for k, c in chains[0].checks().items() if c.value is not None]
+        assert len(lit) >= 6, lit
+        print(f"{len(valued)} rules with values agree; console: {len(lit)} checks with values, "
+              f"verdict {reading(chains[0])['verdict']}, past threshold {sorted(past)}")
+    finally:
+        for p in proms:
+            p.stop()
+
+
+def chain_from_exporter_groups(groups: dict):
+    from console.chain import chain_from_exporter
+    from console.links import load_thresholds
+
+    return chain_from_exporter(groups, load_thresholds())
