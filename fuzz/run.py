@@ -5,7 +5,8 @@
 target's documented error, or an output that breaks the edge's promise:
 
 * ``kvcodec.decode_batch`` never raises; a batch it returns holds only hashes and parents in
-  0..2^64-1, positive block sizes and a finite timestamp;
+  0..2^64-1, positive block sizes and a finite timestamp; the root keys the compiled reader reads
+  from the payload of a scanned batch are those of the event path's root stores;
 * ``promtext.parse`` never raises; every label value it returns passes
   ``exporter.labels.valid_label_value``;
 * ``normalize.parse_worker`` and ``parse_router`` raise only ``UnrecognisedMetrics``; every
@@ -31,8 +32,16 @@ from pathlib import Path
 import msgpack
 
 from exporter import kvcodec, normalize, promtext
+from exporter.eviction import is_gpu
 from exporter.labels import valid_label_value
 from exporter.model import BlockRemoved, BlockStored
+from exporter.prefix_instability import (
+    COMPARED_BLOCKS,
+    EARLY_SPAN_BLOCKS,
+    MIN_SHARED_BLOCKS,
+    ROOT_KEYS,
+    root_key,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -47,6 +56,14 @@ def check_kv(payload: bytes) -> None:
     batch = kvcodec.decode_batch(payload, "w", 1)
     if batch is None:
         return
+    if type(batch) is kvcodec.ScannedBatch and batch.scan.roots and ROOT_KEYS:
+        # the compiled reader's root keys (read from the payload) are the event path's
+        got = batch.scan.root_keys(COMPARED_BLOCKS, EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS)
+        typed = kvcodec.decode_batch(payload, "w", 1, token_ids=True)
+        assert typed is not None
+        roots = [ev for ev in typed.events if type(ev) is BlockStored and ev.parent is None and ev.hashes
+                 and is_gpu(ev.medium)]
+        assert got == [root_key(ev) for ev in roots], (got, roots)
     assert math.isfinite(batch.ts), batch.ts
     for ev in batch.events:
         if isinstance(ev, BlockStored | BlockRemoved):
