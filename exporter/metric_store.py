@@ -91,17 +91,8 @@ class MetricStore:
         """Add to a counter, cumulatively and in the window at input time ``ts``."""
         pending = self._pending
         if pending is not None:  # held back (see :meth:`batch`); the key takes its place now
-            if ts != pending.ts:
-                pending.at(ts)
-            key = (metric, labels)
-            vals = pending.cur.get(key)
-            if vals is not None:
-                vals.append(value)
+            if not pending.add(ts, (metric, labels), value):
                 return
-            pending.cur[key] = [value]
-            sums = self.win.sums
-            if key not in sums:
-                sums[key] = 0.0
             counters = self.cum.counters
             series = counters.get(metric)
             if series is None:

@@ -189,17 +189,19 @@ class PendingSums:
             self.cur = {}
             self.parts.append((tail, self.cur))
 
-    def add(self, ts: float, key: Hashable, value: float = 1.0) -> None:
+    def add(self, ts: float, key: Hashable, value: float = 1.0) -> bool:
+        """Hold one add back; True when it is the key's first in the current slot."""
         if ts != self.ts:
             self.at(ts)
         vals = self.cur.get(key)
         if vals is not None:
             vals.append(value)
-            return
+            return False
         self.cur[key] = [value]
         sums = self.win.sums
         if key not in sums:
             sums[key] = 0.0
+        return True
 
     def flush(self) -> None:
         win = self.win
