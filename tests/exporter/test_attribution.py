@@ -3,7 +3,6 @@ real codec into the state, compared with what the fleet's caches hold; bounds; r
 
 from __future__ import annotations
 
-import zlib
 from collections import Counter
 
 import msgpack
@@ -25,17 +24,11 @@ from exporter.config import Limits
 from exporter.exposition import render_state
 from exporter.health import Health
 from exporter.state import ClusterState
-from fleet.clock import VirtualClock
-from fleet.engine import EngineRequest, SimEngine, WorkerSpec
+from fleet.engine import SimEngine
 from fleet.kv_publisher import encode_batch
-from fleet.router import import_prefix
-from fleet.workloads import WorkloadGenerator, WorkloadParams
 from prefixscope.thresholds import load_thresholds
-
-TENANTS = {"tenants": 4, "tenant_loras": ("billing-v2", None, "billing-v2", "travel-v1"),
-           "tenant_salts": ("acme", "globex", None, "hooli"), "fork_prob": 0.3, "chat_sessions_per_s": 1.0,
-           "system_tokens": 800, "tool_tokens": 200, "cold_prompt_tokens": (1000, 2000), "doc_tokens": (2000, 4000),
-           "docqa_tokens": (1000, 2000), "extract_tokens": (2000, 3000), "doc_per_s": 0.05}
+from tests.tenant_fleet import drive
+from tests.tenant_fleet import held as truth
 
 
 def state(limits: Limits | None = None) -> ClusterState:
@@ -44,10 +37,9 @@ def state(limits: Limits | None = None) -> ClusterState:
 
 def run_fleet(encoding: str, hash_form: str = "int", attribution: bool = True, workers: int = 2,
               blocks: int = 900) -> tuple[ClusterState, list[SimEngine]]:
-    """A workload of tenants on adapters and salts through small engines (evictions included),
-    every batch of KV events encoded as vLLM does, decoded by the exporter's codec, applied."""
+    """The tenants' workload (tests.tenant_fleet), every batch of KV events encoded as vLLM does,
+    decoded by the exporter's codec, applied."""
     st = state()
-    clock = VirtualClock()
     seqs: Counter[str] = Counter()
 
     def sink(name: str):
@@ -59,31 +51,8 @@ def run_fleet(encoding: str, hash_form: str = "int", attribution: bool = True, w
             st.apply_kv_batch(batch, ts)
         return on_events
 
-    engines = [SimEngine(WorkerSpec(f"w{i}", num_gpu_blocks=blocks), clock, sink(f"w{i}")) for i in range(workers)]
-    gen = WorkloadGenerator([(0.0, WorkloadParams().with_overrides(TENANTS))], 120, seed=5)
-    for eng in engines:  # operators pre-warm the tenants' system prompts
-        for i, shared in enumerate(gen.shared_prompts()):
-            import_prefix(eng, f"prewarm-{i}", shared.block_hashes, shared.token_ids, shared.lora_name,
-                          shared.lora_id, shared.cache_salt)
-    for r in gen.requests():
-        eng = engines[zlib.crc32(r.conversation.encode()) % workers]
-        res = eng.execute(EngineRequest(r.request_id, token_ids=r.token_ids, block_hashes=r.block_hashes,
-                                        max_tokens=1, lora_name=r.lora_name, lora_id=r.lora_id,
-                                        cache_salt=r.cache_salt))
-        clock.advance(res.e2e_s + 0.01)
-        for e in engines:
-            e.tick()
-    return st, engines
+    return st, drive(sink, workers, blocks)
 
-
-def truth(engines: list[SimEngine]) -> tuple[dict[str, int], dict[str, int]]:
-    adapters: Counter[str] = Counter()
-    tenants: Counter[str] = Counter()
-    for eng in engines:
-        for (lora, salt), n in eng.cache.resident_by_label().items():
-            adapters[lora or NONE] += n
-            tenants[salt or NONE] += n
-    return dict(adapters), dict(tenants)
 
 
 def gauges(st: ClusterState, name: str) -> dict[str, float]:
