@@ -40,7 +40,7 @@ import msgspec
 from exporter.cardinality import OTHER, LabelBudget
 from exporter.kvcodec import CLEARED_STRUCTS, LABELLED_STORED, MASK64, REMOVED_STRUCTS
 from exporter.metric_store import MetricStore
-from exporter.model import BlockRemoved, BlockStored, KvEvent
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from prefixscope import catalog
 from prefixscope.records import RequestRecord
 
@@ -179,6 +179,9 @@ def _no_salt(raw: msgspec.Raw) -> bool:
     return at > 0 and len(b) > at and b[at] == 0xC0
 
 
+_MODEL_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
+
+
 class KvAttribution:
     """Which adapter and tenant each resident block was stored for, per (worker, medium).
 
@@ -240,6 +243,9 @@ class KvAttribution:
         first = raw_events[0]
         if type(first) is dict or type(first) is tuple:  # the careful path's raw events
             self._apply_plain(worker, raw_events)
+            return
+        if type(first) in _MODEL_EVENTS:  # a scanned batch's events, which carry no label
+            self.apply_unlabelled(worker, raw_events)  # type: ignore[arg-type]
             return
         if worker not in self._blocks:
             # Nothing labelled on this worker: removals and resets cannot change anything and a

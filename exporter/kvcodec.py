@@ -442,14 +442,6 @@ _set_scan, _set_events = ScannedBatch.scan.__set__, ScannedBatch._events.__set__
 # batch takes the typed path), so the state follows removals of labelled blocks through it
 _set_attributed = ScannedBatch.attributed.__set__
 
-def labelled_events(batch: ScannedBatch) -> tuple[object, ...]:
-    """A scanned batch's events as attribution reads them (``raw_events`` of the typed path with
-    ``attribution``): asked for only when the worker already holds labelled blocks, whose removal
-    and clearing attribution must follow."""
-    typed = _typed(batch.scan.payload, batch.worker, batch.seq, False, True)
-    assert typed is not None and typed.raw_events is not None, "the typed path reads every scanned batch"
-    return typed.raw_events
-
 
 def unlabelled_events(batch: ScannedBatch) -> tuple[KvEvent, ...]:
     """A scanned batch's events from the reader's own arrays (no second decode, no token ids):

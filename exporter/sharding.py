@@ -89,7 +89,7 @@ from hashlib import blake2b
 from typing import Protocol
 
 from exporter.attribution import KvAttribution
-from exporter.kvcodec import ScannedBatch, labelled_events
+from exporter.kvcodec import ScannedBatch, unlabelled_events
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from exporter.prefix_index import ROOT, Match, TreeStats
 from exporter.prefix_instability import RootBatch, RootTracker
@@ -439,14 +439,15 @@ class ShardSink:
 
     def _labelled(self, batch: KvBatch) -> tuple[object, ...] | None:
         """The whole batch's decoded events for attribution (which filters by family itself), or
-        None when attribution is off. A scanned batch carries no labels: its events are read
-        only if the worker holds labelled blocks here (its removals may take some away)."""
+        None when attribution is off. A scanned batch carries no labels: its events come from the
+        reader's arrays (no second decode), and only if the worker holds labelled blocks here
+        (its removals may take some away)."""
         if self.attribution is None:
             return None
         if type(batch) is ScannedBatch:
             if not batch.attributed:
                 return None
-            return labelled_events(batch) if self.attribution.holds_labels(batch.worker) else ()
+            return unlabelled_events(batch) if self.attribution.holds_labels(batch.worker) else ()
         return batch.raw_events
 
     def _observe_roots(self, batch: KvBatch, received_at: float) -> None:
