@@ -156,39 +156,9 @@ class RootTracker:
                     ts: float) -> RootBatch:
         """:meth:`apply` of a batch's GPU root stores given as their :func:`root_key` (the compiled
         reader computes them from the payload: ``KvScan.root_keys``)."""
-        # ``_root`` of each, inline (the per-batch path): a root without keys has no twin to look
-        # for, and a first block not remembered yet goes straight in (``_remember``'s common case)
         out = RootBatch()
-        judged = 0
-        cutoff = ts - self.window_s
-        known_roots, by_key = self._roots, self._by_key
         for first, head, keys in roots:
-            if head is None:
-                head = ()  # seen (not new next time), nothing to compare
-            else:
-                judged += 1
-                if keys:
-                    known = known_roots.get(first)
-                    if known is None or known.seen < cutoff:
-                        twin = self._twin(first, keys, cutoff)
-                        if twin is not None:
-                            out.unstable += 1
-                            offset, length = differing_span(head, twin.head)
-                            self.example = NearDuplicate(first, twin.first, ts, worker, offset, length, head,
-                                                         twin.head)
-            if first in known_roots:
-                self._remember(first, ts, head, keys)
-                continue
-            known_roots[first] = _Root(first, ts, head, keys)
-            for key in keys:
-                by_key[key] = first
-            if len(known_roots) > self.max_roots:
-                while len(known_roots) > self.max_roots:
-                    gone, root = known_roots.popitem(last=False)
-                    self._drop_keys(gone, root.keys)
-        if judged:
-            self.tokens_seen = True
-            out.roots = judged
+            self._root(worker, first, head, keys, ts, out)
         return out
 
     def _root(self, worker: str, first: int, head: tuple[int, ...] | None, keys: RootKeys, ts: float,

@@ -484,10 +484,7 @@ class ClusterState:
         last = self._repaired_at.get(worker)
         if last is not None and self.time.now - last < self.window_s:
             return None
-        if w is not None and w.snapshot is not None and w.snapshot.num_gpu_blocks:  # (worker_capacity, its entry at hand)
-            cap = w.snapshot.num_gpu_blocks
-        else:
-            cap = self.worker_capacity(worker)
+        cap = self.worker_capacity(worker, w)
         if not cap:  # no bound known: nothing to compare (the resident count is not read)
             return None
         resident = self.index.resident_blocks(worker)
@@ -719,8 +716,10 @@ class ClusterState:
             tree, _held = pass_in_slices(self.index, self.lock)
         return compute_stats(tree, depth)
 
-    def worker_capacity(self, name: str) -> int | None:
-        w = self.workers.get(name)
+    def worker_capacity(self, name: str, w: WorkerInfo | None = None) -> int | None:
+        """GPU blocks of the worker (its scrape, else its topology class); ``w``: its entry, when at hand."""
+        if w is None:
+            w = self.workers.get(name)
         if w is not None and w.snapshot is not None and w.snapshot.num_gpu_blocks:
             return w.snapshot.num_gpu_blocks
         t = self.topo_of(name)
