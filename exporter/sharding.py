@@ -86,6 +86,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+from itertools import groupby
 from typing import Protocol
 
 from exporter.attribution import KvAttribution
@@ -159,7 +160,7 @@ class FamilyRouter:
     def owns_block(self, block: int) -> bool:
         """The block is in the tree and its family is this shard's (after :meth:`route` saw it)."""
         f = self._family.get(block)
-        return f is not None and family_shard(f, self.spec.count) == self.spec.index
+        return f is not None and self.owns(f)
 
     def _bit(self, worker: str, medium: str | None) -> int:
         key = (worker, medium or DEFAULT_MEDIUM)
@@ -308,23 +309,9 @@ class ShardRecords:
 
     def ingest_records(self, records: Sequence[RequestRecord], received_at: float) -> None:
         count, index = self.spec.count, self.spec.index
-        run: list[RequestRecord] = []
-        owned = True
-        for r in records:
-            mine = record_shard(r, count) == index
-            if mine != owned and run:
-                self._deliver(run, owned, received_at)
-                run = []
-            owned = mine
-            run.append(r)
-        if run:
-            self._deliver(run, owned, received_at)
-
-    def _deliver(self, run: list[RequestRecord], owned: bool, received_at: float) -> None:
-        if owned:
-            self.state.ingest_records(run, received_at)
-        else:
-            self.state.observe_cold_baselines(run, received_at)
+        for owned, run in groupby(records, key=lambda r: record_shard(r, count) == index):
+            deliver = self.state.ingest_records if owned else self.state.observe_cold_baselines
+            deliver(list(run), received_at)
 
     def signal_seen(self, signal: str, ts: float) -> None:
         self.state.signal_seen(signal, ts)
