@@ -105,6 +105,11 @@ _SESSION_REKEYS = _m("session_rekeys")
 _STICKY_COLLISIONS = _m("sticky_collisions")
 
 
+def _cold_labels(model: str, wt: WorkerTopo | None, rec: RequestRecord) -> tuple[str, str, str]:
+    """The cold-prefill histogram's labels (``_COLD_LABELS``) of a record served on ``wt``."""
+    return model, wt.gpu_class if wt else UNKNOWN, catalog.prompt_class(rec.prompt_tokens)
+
+
 def miss_cost_factor(thresholds: Thresholds) -> float:
     """The miss-cost SLO's baseline factor from the thresholds (the seed's 1.5 without an entry)."""
     entry = thresholds.checks.get("slo_prefix_miss_cost")
@@ -354,8 +359,7 @@ class RecordAccounting:
             return
         wt = self.topo(rec.worker)
         store.inc(ts, _COLD_REQUESTS, ml)
-        store.observe(ts, _COLD_PREFILL, (v.model, wt.gpu_class if wt else UNKNOWN,
-                                          catalog.prompt_class(rec.prompt_tokens)), prefill)
+        store.observe(ts, _COLD_PREFILL, _cold_labels(v.model, wt, rec), prefill)
         gpu_s = prefill * (wt.gpus if wt else 1)
         store.inc(ts, _COLD_PREFILL_GPU_SECONDS, ml, gpu_s)
         if wt is not None:
@@ -402,9 +406,7 @@ class RecordAccounting:
         lagged = self.store.baselines.get(_COLD_PREFILL)
         if lagged is None:
             return
-        wt = self.topo(rec.worker)
-        lagged.observe(rec.ts, (rec.model or UNKNOWN, wt.gpu_class if wt else UNKNOWN,
-                                catalog.prompt_class(rec.prompt_tokens)), rec.prefill_s)
+        lagged.observe(rec.ts, _cold_labels(rec.model or UNKNOWN, self.topo(rec.worker), rec), rec.prefill_s)
 
     def cold_baseline(self, ts: float, model: str, prompt_class: str) -> float | None:
         """The long-window cold-prefill p95 of a model and prompt-length class, ending one window ago."""
