@@ -807,6 +807,16 @@ cdef class CompiledPrefixIndex:
     cdef list _media
     cdef dict _medium_id
     cdef dict _hits
+    # placement judgement (``exporter.prefix_index_ref``'s docstring): on while domains are set
+    cdef bint pl_on
+    cdef int pl_gpu            # tier id of the GPU medium (-1: not seen yet)
+    cdef int64_t pl_decisions, pl_hits  # judged so far (a batch's result is the difference)
+    cdef uint32_t pl_known     # workers the arrays below were built for
+    cdef object pl_dom         # array("i"): per worker id, its domain id (-1: not in the topology)
+    cdef object pl_out         # array("b"): per worker id, 1 when excluded (left the pool)
+    cdef object pl_buf         # array("I"): two worker-id sets of the intersection walk
+    cdef dict _pl_domain_ids   # worker -> domain id
+    cdef frozenset _pl_excluded
     cdef public long version
     # statistics kept at apply time (see the statistics section below)
     cdef uint32_t* st_kids     # per entry: live children
@@ -1164,6 +1174,7 @@ cdef class CompiledPrefixIndex:
         cdef int wid = self._worker_id(worker)
         cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
         cdef int64_t stored_events = 0, removed_events = 0
+        cdef int64_t pl0 = self.pl_decisions, ph0 = self.pl_hits
         cdef int t = -1
         cdef Py_ssize_t n
         cdef object parent
@@ -1213,7 +1224,7 @@ cdef class CompiledPrefixIndex:
                 cleared += 1
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
-                             removed_events)
+                             removed_events, self.pl_decisions - pl0, self.pl_hits - ph0)
 
     def apply_scan(self, str worker, KvScan scan):
         """Apply a batch read by :func:`scan_kv_batch`: the same as ``apply(worker, events)`` on
@@ -1222,6 +1233,7 @@ cdef class CompiledPrefixIndex:
         cdef int wid = self._worker_id(worker)
         cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
         cdef int64_t stored_events = 0, removed_events = 0
+        cdef int64_t pl0 = self.pl_decisions, ph0 = self.pl_hits
         cdef int tiers[SCAN_MAX_MEDIA]
         cdef int t, k
         cdef Py_ssize_t i
@@ -1247,7 +1259,7 @@ cdef class CompiledPrefixIndex:
                 unknown_removals += self._remove(wid, t, scan.hashes + e.hoff, e.hn)
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
-                             removed_events)
+                             removed_events, self.pl_decisions - pl0, self.pl_hits - ph0)
 
     cdef int _store(self, int wid, int t, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                     uint64_t parent) except -1:
@@ -1258,6 +1270,8 @@ cdef class CompiledPrefixIndex:
         cdef Py_ssize_t i
         cdef Block* blk
         cdef uint32_t* e
+        if self.pl_on:  # judged against the index before this store
+            self._pl_judge(wid, t, hs, n, has_parent, parent)
         if has_parent:
             p = self._find(parent)
             if p < 0 or self.blocks[p].n == 0:
@@ -1347,6 +1361,110 @@ cdef class CompiledPrefixIndex:
         wid = self._wid.get(worker)
         if wid is not None:
             self._clear(wid)
+
+    # ---- placement (``exporter.prefix_index_ref``'s docstring) ------------------------------------
+    def set_placement_domains(self, domains):
+        """Judge each GPU store's placement against these NVLink domains (worker -> domain); None: stop."""
+        ids = {}
+        self._pl_domain_ids = {w: ids.setdefault(d, len(ids)) for w, d in domains.items()} if domains is not None else None
+        self.pl_on = domains is not None
+        self.pl_gpu = self._medium_id.get(DEFAULT_MEDIUM, -1)
+        self.pl_known = <uint32_t>-1
+
+    def set_placement_excluded(self, workers):
+        """Workers whose blocks no placement can use (they left the pool)."""
+        self._pl_excluded = frozenset(workers)
+        self.pl_known = <uint32_t>-1
+
+    cdef int _pl_refresh(self) except -1:
+        """The per-worker arrays, rebuilt when a worker appears (rare) or the tables change."""
+        ids, excluded = self._pl_domain_ids or {}, self._pl_excluded or frozenset()
+        self.pl_dom = array("i", [ids.get(w, -1) for w in self._workers])
+        self.pl_out = array("b", [w in excluded for w in self._workers])
+        self.pl_buf = array("I", [0]) * (2 * len(self._workers))
+        self.pl_known = len(self._workers)
+        return 0
+
+    cdef int _pl_judge(self, int wid, int t, const uint64_t* hs, Py_ssize_t n, bint has_parent,
+                       uint64_t parent) except -1:
+        """One store's placement, before it is applied: the holders of its first blocks (sorted
+        worker ids, intersected while non-empty) else of its parent."""
+        cdef int64_t b
+        cdef Block* blk
+        cdef const uint32_t* e
+        cdef uint32_t* cur
+        cdef uint32_t* nxt
+        cdef uint32_t* tmp
+        cdef const int32_t* dom
+        cdef const int8_t* out
+        cdef uint32_t k, j, cnt = 0, m, x
+        cdef Py_ssize_t i
+        cdef int32_t mine
+        if t != self.pl_gpu:
+            if self.pl_gpu >= 0 or self._media[t] != DEFAULT_MEDIUM:
+                return 0
+            self.pl_gpu = t
+        if n == 0:
+            return 0
+        if self.pl_known != <uint32_t>len(self._workers):
+            self._pl_refresh()
+        dom = <const int32_t*>(<carray.array>self.pl_dom).data.as_ints
+        out = <const int8_t*>(<carray.array>self.pl_out).data.as_schars
+        mine = dom[wid]
+        if mine < 0:
+            return 0
+        cur = (<carray.array>self.pl_buf).data.as_uints
+        nxt = cur + self.pl_known
+        b = self._find(hs[0])
+        if b >= 0:
+            blk = &self.blocks[b]
+            e = _hold(blk)
+            for k in range(blk.n):
+                x = e[k] >> 8
+                if x != <uint32_t>wid and not out[x]:
+                    cur[cnt] = x
+                    cnt += 1
+        if cnt:  # others held a longer prefix: the deepest non-empty intersection
+            for i in range(1, n):
+                b = self._find(hs[i])
+                if b < 0:
+                    break
+                blk = &self.blocks[b]
+                e = _hold(blk)
+                m = j = 0
+                for k in range(cnt):  # both sorted by worker id
+                    x = cur[k]
+                    while j < blk.n and (e[j] >> 8) < x:
+                        j += 1
+                    if j == blk.n:
+                        break
+                    if (e[j] >> 8) == x:
+                        nxt[m] = x
+                        m += 1
+                if m == 0:
+                    break
+                tmp = cur
+                cur = nxt
+                nxt = tmp
+                cnt = m
+        elif has_parent:
+            b = self._find(parent)
+            if b >= 0:
+                blk = &self.blocks[b]
+                e = _hold(blk)
+                for k in range(blk.n):
+                    x = e[k] >> 8
+                    if x == <uint32_t>wid or not out[x]:
+                        cur[cnt] = x
+                        cnt += 1
+        if cnt == 0:
+            return 0
+        self.pl_decisions += 1
+        for k in range(cnt):
+            if dom[cur[k]] == mine:
+                self.pl_hits += 1
+                break
+        return 0
 
     # ---- lookups ------------------------------------------------------------------------------
     def longest_match(self, block_hashes):
@@ -2162,7 +2280,7 @@ cdef class CompiledEvictionTracker:
 # __post_init__), built by filling the dict instead of through the generated keyword __init__. If
 # either class changes shape, its own constructor is used.
 _APPLY_FIELDS = ("stored", "removed", "cleared", "unknown_parent", "unknown_removals", "stored_events",
-                 "removed_events")
+                 "removed_events", "placements", "placement_hits")
 _EVICTION_FIELDS = ("stored", "restored", "evicted", "ages", "other_media")
 
 
@@ -2177,9 +2295,11 @@ cdef bint _FAST_EVICTIONS = _plain_dataclass(BatchEvictions, _EVICTION_FIELDS)
 
 
 cdef object _apply_result(int64_t stored, int64_t removed, int64_t cleared, int64_t unknown_parent,
-                          int64_t unknown_removals, int64_t stored_events, int64_t removed_events):
+                          int64_t unknown_removals, int64_t stored_events, int64_t removed_events,
+                          int64_t placements, int64_t placement_hits):
     if not _FAST_APPLY:
-        return ApplyResult(stored, removed, cleared, unknown_parent, unknown_removals, stored_events, removed_events)
+        return ApplyResult(stored, removed, cleared, unknown_parent, unknown_removals, stored_events, removed_events,
+                           placements, placement_hits)
     o = _new_slotted(ApplyResult)
     PyObject_GenericSetAttr(o, "stored", stored)
     PyObject_GenericSetAttr(o, "removed", removed)
@@ -2188,6 +2308,8 @@ cdef object _apply_result(int64_t stored, int64_t removed, int64_t cleared, int6
     PyObject_GenericSetAttr(o, "unknown_removals", unknown_removals)
     PyObject_GenericSetAttr(o, "stored_events", stored_events)
     PyObject_GenericSetAttr(o, "removed_events", removed_events)
+    PyObject_GenericSetAttr(o, "placements", placements)
+    PyObject_GenericSetAttr(o, "placement_hits", placement_hits)
     return o
 
 

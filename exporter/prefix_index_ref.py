@@ -21,13 +21,34 @@ when any of its tiers does (lookups, holders, replicas, the tree); resident coun
 worker (any tier) and per (worker, medium). While only one medium has been seen, its view *is*
 the worker mask dict (the fast bulk paths below); a second medium switches to per-tier dicts
 and an ordered per-hash walk.
+
+Placement from KV events (only once :meth:`ReferencePrefixIndex.set_placement_domains` gave the
+workers' NVLink domains; no cost otherwise). Block hashes are content-chained, so a
+``BlockStored(hashes=[b1..bm], parent=P)`` on worker w's GPU says w held the chain up to P (or
+nothing, P None) and computed b1..bm. Each such event is one placement, judged against the
+index as it stood before the event, excluding w and the workers that left the pool
+(:meth:`~ReferencePrefixIndex.set_placement_excluded`):
+
+- if other workers hold b1, the workers holding the longest cached prefix are the deepest
+  non-empty intersection of the holders of b1, b2, …;
+- else they are the holders of P (w itself when it held P);
+- with no holder (P None, or nobody holds P) no prefix was resident anywhere: not a placement.
+
+A placement is a domain hit when w's NVLink domain holds one of them. Workers absent from the
+domains are not judged (as stores) and hold no domain (as holders). Holders count on any tier.
+
+What this counts with real vLLM: one judgement per stored chain, not per request. Chunked
+prefill and decode-block caching store continuation chains (nobody else holds their first block,
+so they count as in-domain placements), and a request whose prompt was fully cached stores
+nothing. Request records with ``block_hashes`` give the exact per-request rate and take
+precedence (``exporter.record_accounting``).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import Counter, deque
-from collections.abc import Collection, Iterable, Iterator, Sequence, Set
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import chain, compress, filterfalse, groupby, islice, repeat
 from operator import and_, attrgetter, eq, not_, or_
@@ -66,6 +87,9 @@ class ApplyResult:
     unknown_removals: int = 0
     stored_events: int = 0
     removed_events: int = 0
+    # topology-aware placement judged from the GPU stores (only with domains set: ``set_placement_domains``)
+    placements: int = 0
+    placement_hits: int = 0
 
 
 @dataclass
@@ -157,6 +181,12 @@ class ReferencePrefixIndex:
         self._tier: list[dict[int, int]] = []  # per medium: block -> worker mask (the first *is* _mask until a second medium)
         self._tier_resident: dict[tuple[int, int], int] = {}  # (worker id, medium id) -> blocks, once tiered
         self.version = 0
+        # placement judgement (module docstring): worker -> NVLink domain, None while not judged
+        self._pl_domains: dict[str, str] | None = None
+        self._pl_excluded: frozenset[str] = frozenset()
+        self._pl_known = -1  # workers the masks below were built for
+        self._pl_masks: dict[str, int] = {}  # domain -> worker mask
+        self._pl_out = 0  # worker mask of the excluded workers
 
     # ---- worker table ------------------------------------------------------------------
     def _worker_id(self, worker: str) -> int:
@@ -250,6 +280,53 @@ class ReferencePrefixIndex:
     def __len__(self) -> int:
         return len(self._mask)
 
+    # ---- placement (module docstring) ----------------------------------------------------------
+    def set_placement_domains(self, domains: Mapping[str, str] | None) -> None:
+        """Judge each GPU store's placement against these NVLink domains (worker -> domain); None: stop."""
+        self._pl_domains = dict(domains) if domains is not None else None
+        self._pl_known = -1
+
+    def set_placement_excluded(self, workers: Collection[str]) -> None:
+        """Workers whose blocks no placement can use (they left the pool)."""
+        self._pl_excluded = frozenset(workers)
+        self._pl_known = -1
+
+    def _placement_masks(self) -> None:
+        domains, workers = self._pl_domains or {}, self._workers
+        masks: dict[str, int] = {}
+        out = 0
+        for i, w in enumerate(workers):
+            d = domains.get(w)
+            if d is not None:
+                masks[d] = masks.get(d, 0) | 1 << i
+            if w in self._pl_excluded:
+                out |= 1 << i
+        self._pl_masks, self._pl_out, self._pl_known = masks, out, len(workers)
+
+    def _judge(self, wid: int, hs: Sequence[int], parent: int | None, res: ApplyResult) -> None:
+        """One GPU store's placement, before the store is applied."""
+        domain = self._pl_domains.get(self._workers[wid]) if self._pl_domains is not None else None
+        if domain is None or not hs:
+            return
+        if self._pl_known != len(self._workers):
+            self._placement_masks()
+        mask, bit = self._mask, 1 << wid
+        others = ~(self._pl_out | bit)
+        best = mask.get(hs[0], 0) & others
+        if best:  # others held a longer prefix: the deepest non-empty intersection
+            for h in hs[1:]:
+                deeper = best & mask.get(h, 0)
+                if not deeper:
+                    break
+                best = deeper
+        elif parent is not None:
+            best = mask.get(parent, 0) & ~(self._pl_out & ~bit)
+        if not best:
+            return
+        res.placements += 1
+        if best & self._pl_masks[domain]:
+            res.placement_hits += 1
+
     # ---- events --------------------------------------------------------------------------
     def apply(self, worker: str, events: Iterable[KvEvent]) -> ApplyResult:
         """Apply one worker's events in order; malformed references are counted, never fatal.
@@ -284,8 +361,11 @@ class ReferencePrefixIndex:
                 res.stored_events += len(evs)
                 res.stored += sum(map(len, map(_HASHES, evs)))
                 unknown = 0
+                judge = self._pl_domains is not None
                 for ev in evs:
                     hs, p = ev.hashes, ev.parent
+                    if judge and (ev.medium or DEFAULT_MEDIUM) == DEFAULT_MEDIUM:
+                        self._judge(wid, hs, p, res)
                     prev = ROOT
                     if p is not None:
                         pm = get(p, 0)
@@ -322,7 +402,10 @@ class ReferencePrefixIndex:
         mask, parent, tiers, tres, resident = self._mask, self._parent, self._tier, self._tier_resident, self._resident
         for ev in events:
             if isinstance(ev, BlockStored):
-                t = self._medium_id[medium_of(ev) or DEFAULT_MEDIUM]
+                m = medium_of(ev) or DEFAULT_MEDIUM
+                if self._pl_domains is not None and m == DEFAULT_MEDIUM:
+                    self._judge(wid, ev.hashes, ev.parent, res)
+                t = self._medium_id[m]
                 tier, key = tiers[t], (wid, t)
                 res.stored_events += 1
                 res.stored += len(ev.hashes)
