@@ -154,6 +154,10 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         if want(1.0):
             return Synth([], 1.0)
         return Synth([_series(m.group(1), _labels_for(m.group(1)), f"1x{n}")], 0.0)
+    if m := re.fullmatch(r"\((.+) >= 0\) or \((.+)\)", expr):
+        # the first value, else the second: with no input for the first, the second decides (the
+        # first's precedence and its NaN fallback are in tests/alerts/handwritten.test.yaml)
+        return synthesise(m.group(2), want, hint, n, eval_s, window_min, for_min)
     if (m := re.fullmatch(r"([\w:]+) / ([\w:]+)", expr)) and m[1] in RULES_BY_NAME and m[2] in RULES_BY_NAME:
         return _baseline_ratio(RULES_BY_NAME[m[1]].expr, RULES_BY_NAME[m[2]].expr, want, window_min, for_min, n)
     if m := re.fullmatch(r"sum (?:by \(worker\) )?\(rate\((\w+)\[\w+\]\)\) / "

@@ -24,8 +24,11 @@ panels = [
     ]),
     *row("Placement and migrations", [
         timeseries("Topology-aware placement per model", [
-            target(q.ratio_by("placement_domain_hits", "placement_decisions", "model"), "{{model}}")],
-            unit="ratio", description="Requests placed in the NVLink domain that holds their longest cached prefix."),
+            target(q.ratio_by("placement_domain_hits", "placement_decisions", "model"), "{{model}} (records)"),
+            target(q.ratio_by("kv_placement_domain_hits", "kv_placement_decisions", "model"), "{{model}} (KV events)")],
+            unit="ratio", description="Requests placed in the NVLink domain that holds their longest cached prefix: "
+                                      "exact per request from records with block hashes; from KV events, one "
+                                      "judgement per stored chain (continuations count as in-domain)."),
         timeseries("Session migrations by kind", [
             target(f"sum by (kind) ({q.rate('session_migrations')}) * 60", "{{kind}}")], unit="per_minute"),
         timeseries("Cross-node migrations by kind", [

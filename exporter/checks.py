@@ -42,6 +42,8 @@ _ABSENT = re.compile(r"^absent\((\w+)\) or vector\(0\)$")
 _QUANTILE_BY = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le, ([\w, ]+)\) \(rate\((\w+)_bucket"
                           r"\[(\w+)\]( offset \w+)?\)\)\)$")
 _RULE_RATIO = re.compile(r"^([\w:]+) / ([\w:]+)$")
+# the first value where it exists and is not NaN (``>= 0`` drops a 0/0 ratio), else the second
+_FIRST_OR = re.compile(r"^\((.+) >= 0\) or \((.+)\)$")
 
 
 @dataclass
@@ -78,6 +80,9 @@ class _Evaluator:
         if rule is not None:
             expr = rule.expr
         st = self.state
+        if m := _FIRST_OR.match(expr):
+            first = self.value(m[1])
+            return first if first is not None and first >= 0 else self.value(m[2])
         if m := _RATIO.match(expr):
             num, den = st.window_counter(m[1]), st.window_counter(m[2])
             return (num or 0.0) / den if den else None

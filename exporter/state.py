@@ -127,6 +127,8 @@ _ROOT_BRANCHES = _m("prefix_root_branches").name
 _UNSTABLE_ROOTS = _m("prefix_unstable_root_branches").name
 _KV_LAST_TS = _m("kv_event_last_timestamp_seconds").name
 _KV_LAG = _m("kv_event_lag_seconds").name
+_KV_PLACEMENTS = _m("kv_placement_decisions").name
+_KV_PLACEMENT_HITS = _m("kv_placement_domain_hits").name
 _WORKER_RESTARTS = _m("worker_restarts").name
 _INGEST_ERRORS = _m("ingest_errors").name
 _POOL_CHANGES = _m("worker_pool_changes").name
@@ -242,6 +244,10 @@ class ClusterState:
         self.rebuild_request: RebuildRequest | None = None  # set by the runtime to the KV subscriber's
         # Batches the compiled reader scanned are applied from its arrays when both parts are compiled.
         self._applies_scans = hasattr(self.index, "apply_scan") and hasattr(self.evictions, "apply_scan")
+        # Placement judged from KV events (exporter.prefix_index_ref's docstring), only with a topology.
+        self._placement_out: frozenset[str] = frozenset()  # workers that left the pool, as the index has them
+        if topology is not None:
+            self.index.set_placement_domains({w.name: w.nvlink_domain for w in topology.workers})
 
     # ---- the parts' state, under the names readers and tests use -------------------------------
     @property
@@ -348,6 +354,8 @@ class ClusterState:
             self.time.advance(received_at)
             self.kv_seen = True
             w = self.worker_pool.worker(worker, received_at)
+            if self.topology is not None:
+                self._placement_pool()
             if scan is not None:  # the compiled reader's arrays, applied without event objects
                 res = self.index.apply_scan(worker, scan)
                 if batch.attributed:  # (a labelled batch never comes scanned then)
@@ -377,6 +385,8 @@ class ClusterState:
                     w.block_size = next((ev.block_size for ev in events
                                          if isinstance(ev, BlockStored) and ev.block_size), None)
             self._count_evictions(worker, ev, received_at, got)
+            if res.placements:
+                self._count_placements(w, res.placements, res.placement_hits, received_at)
             if not self.worker_pool.unchanged_for(worker):
                 self._update_pool(received_at)
             self._expire()
@@ -413,6 +423,24 @@ class ClusterState:
         self.health.update(incs, sets)
         if drift is not None:
             self._repair(worker, drift)
+
+    def _placement_pool(self) -> None:
+        """Tell the index which workers left the pool: their blocks are no placement's prefix, as
+        for records (``RecordAccounting._prefix``). Usually none, so this is one empty-dict test."""
+        pool = self.worker_pool
+        out = frozenset(t for t, kind in pool.left_pool_targets() if kind == "worker") if pool.down_since \
+            else frozenset()
+        if out != self._placement_out:
+            self._placement_out = out
+            self.index.set_placement_excluded(out)
+
+    def _count_placements(self, w: WorkerInfo, placements: int, hits: int, ts: float) -> None:
+        """A batch's placements judged from its GPU stores, under the worker's model (its scrape's,
+        else the topology's)."""
+        snap = w.snapshot
+        model = (snap.model if snap is not None else None) or getattr(self.topology, "model", None) or UNKNOWN
+        lab = (model,)  # (the hits series exists with the decisions: a ratio's numerator reads 0, not missing)
+        self.store.inc_many(ts, [(_KV_PLACEMENTS, lab, placements), (_KV_PLACEMENT_HITS, lab, hits)])
 
     def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float, roots: RootBatch | None = None) -> None:
         """The eviction and prefix-instability series of one batch (under the lock), the counters in
@@ -678,6 +706,7 @@ class ClusterState:
         out["spec_decode"] = self.spec_seen
         out["router_metrics"] = bool(self.routers)
         out["topology"] = self.topology is not None
+        out["placements"] = out["block_hashes"] or (self.kv_seen and self.topology is not None)
         out["warm_pool"] = self.topology is not None and bool(self.topology.warm_pool)
         return out
 

@@ -204,6 +204,7 @@ SIGNALS: dict[str, str] = {
     "records": "request records (prefixscope.request/v1)",
     "session_key": "records carry session_key",
     "block_hashes": "records carry block_hashes",
+    "placements": "placements are judged: records carry block_hashes, or KV events arrive with a topology loaded",
     "cached_tokens": "records carry engine-reported cached_tokens",
     "predicted_cached_tokens": "records carry the router's predicted_cached_tokens",
     "prefill_timing": "records carry prefill_s",
@@ -237,6 +238,7 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "records": ("records", "otlp_spans"),
     "session_key": ("records", "otlp_spans"),
     "block_hashes": ("records",),
+    "placements": ("records", "kv_events"),
     "cached_tokens": ("records", "otlp_spans"),
     "predicted_cached_tokens": ("records",),
     "prefill_timing": ("records", "otlp_spans"),
@@ -291,6 +293,8 @@ SIGNAL_ENABLE: dict[str, str] = {
     "session_key": "records: add session_key; spans: set otlp.session_attributes to the attribute that "
                    "holds the session (e.g. gen_ai.conversation.id on the client's span)",
     "block_hashes": "records: add block_hashes (the router's chained block hashes)",
+    "placements": "records: add block_hashes (exact, per request); or subscribe to the workers' KV events "
+                  "(vLLM --kv-events-config) with a topology file loaded (one judgement per stored chain)",
     "cached_tokens": "records: cached_tokens from usage.prompt_tokens_details.cached_tokens "
                      "(vLLM --enable-prompt-tokens-details); spans: gen_ai.usage.cache_read.input_tokens",
     "predicted_cached_tokens": "records: predicted_cached_tokens from a router plugin",
@@ -515,6 +519,11 @@ METRICS: tuple[Metric, ...] = (
             help="Requests whose longest cached prefix was resident somewhere in the cluster."),
     _metric(name="placement_domain_hits", type="counter", unit="", labels=(M,), group=4, source="records",
             help="Of those, requests placed in the NVLink domain that holds their longest cached prefix."),
+    _metric(name="kv_placement_decisions", type="counter", unit="", labels=(M,), group=4, source="kv_events",
+            help="GPU block stores of topology workers whose longer cached prefix was resident somewhere in the cluster "
+                 "(one per stored chain, judged against the index before it; without records' block hashes)."),
+    _metric(name="kv_placement_domain_hits", type="counter", unit="", labels=(M,), group=4, source="kv_events",
+            help="Of those, stores on a worker whose NVLink domain held the longest cached prefix."),
     _metric(name="cross_node_migrations", type="counter", unit="", labels=("kind",), group=4, source="records",
             help="Session migrations whose old and new worker are on different nodes, by kind."),
     _metric(name="router_decisions", type="counter", unit="", labels=("router", W), group=4, source="router_metrics",
@@ -721,9 +730,12 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="cluster:prefixscope_router_tree_walk_seconds:p99_5m",
                   expr=_quantile(0.99, f"{P}_router_tree_walk_seconds"),
                   group=4, help="Router tree-walk p99."),
+    # Records' exact per-request ratio where records with block hashes feed it (a window without
+    # any reads NaN, dropped by ``>= 0``), else the ratio judged from KV events' stored chains.
     RecordingRule(record="cluster:prefixscope_placement_domain_hits_per_placement_decisions:ratio_rate5m",
-                  expr=_ratio(f"{P}_placement_domain_hits_total", f"{P}_placement_decisions_total", ""),
-                  group=4, help="Topology-aware placement hit ratio."),
+                  expr=f"({_ratio(f'{P}_placement_domain_hits_total', f'{P}_placement_decisions_total', '')} >= 0) "
+                       f"or ({_ratio(f'{P}_kv_placement_domain_hits_total', f'{P}_kv_placement_decisions_total', '')})",
+                  group=4, help="Topology-aware placement hit ratio (request records, else KV events)."),
     RecordingRule(record="cluster:prefixscope_cross_node_migrations:rate5m_per_minute",
                   expr=f"sum(rate({P}_cross_node_migrations_total[5m])) * 60",
                   group=4, help="Cross-node migrations per minute."),
@@ -892,8 +904,9 @@ CHECKS: tuple[Check, ...] = (
           summary="The router's prefix-tree lookup p99 exceeds {threshold}."),
     Check(key="topology_aware_placement_hit_rate", group=4, title="Topology-aware placement", alert="PrefixPlacementTopologyBlind",
           value="cluster:prefixscope_placement_domain_hits_per_placement_decisions:ratio_rate5m",
-          op="<", threshold="topology_aware_placement_hit_rate", unit="ratio", signals=("topology", "block_hashes"),
-          meaning="Share of requests placed in the NVLink domain holding their longest cached prefix.",
+          op="<", threshold="topology_aware_placement_hit_rate", unit="ratio", signals=("topology", "placements"),
+          meaning="Share of requests placed in the NVLink domain holding their longest cached prefix (from "
+                  "records with block hashes; else of KV-event block stores, one per stored chain).",
           summary="Fewer than {threshold} of requests land in the NVLink domain holding their prefix."),
     Check(key="cross_node_migration_count_per_minute", group=4, title="Cross-node migrations per minute", alert="PrefixCrossNodeMigrationStorm",
           value="cluster:prefixscope_cross_node_migrations:rate5m_per_minute",

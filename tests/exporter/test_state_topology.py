@@ -201,3 +201,48 @@ def test_pool_change_after_discovery_and_the_reshuffle_share():
     s = st.series()
     assert f"{P}_session_reshuffle_ratio" not in s.gauges  # no session seen on both sides of the new change yet
     assert s.counters[f"{P}_worker_pool_changes"] == {(): 2.0}
+
+
+def test_placement_judged_from_kv_events_lights_the_check_without_records():
+    st = make()
+    kv(st, "w0", 90, BlockStored((1, 2, 3), None, 16))  # nothing resident before: no placement
+    kv(st, "w1", 91, BlockStored((1, 2, 3, 4), None, 16))  # longest on w0, same domain a/nvl0 → hit
+    kv(st, "w3", 92, BlockStored((1, 2, 5), None, 16))  # longest on w0 and w1, both in a/nvl0 → miss
+    kv(st, "w3", 93, BlockStored((6,), 5, 16))  # continues its own chain → hit
+    kv(st, "wx", 94, BlockStored((1, 2, 7), None, 16))  # not in the topology: not judged
+    kv(st, "w2", 95, BlockStored((1, 2, 3), None, 16, medium="CPU"))  # an offload, not a placement
+    model = ("m",)  # no scrape names the model: the topology's
+    assert counter(st, "kv_placement_decisions", model) == 3
+    assert counter(st, "kv_placement_domain_hits", model) == 2
+    assert counter(st, "placement_decisions") is None  # the records' series stay missing
+    assert st.signals()["placements"] and not st.signals()["block_hashes"]
+    result = evaluate(st, now=95).results["topology_aware_placement_hit_rate"]
+    assert result.status != "not_instrumented" and result.value == 2 / 3
+
+
+def test_records_with_block_hashes_take_precedence_over_kv_placements():
+    st = make()
+    kv(st, "w0", 90, BlockStored((1, 2, 3), None, 16))
+    kv(st, "w3", 91, BlockStored((1, 2, 3, 4), None, 16))  # KV: a miss (1 of 1)
+    st.ingest_records([rec(100, "r", "w1", 64, block_hashes=[1, 2, 3, 9])], 100)  # best w0 and w3, w0 in domain
+    assert counter(st, "kv_placement_decisions", ("m",)) == 1
+    assert counter(st, "kv_placement_domain_hits", ("m",)) == 0
+    assert evaluate(st, now=100).results["topology_aware_placement_hit_rate"].value == 1.0
+
+
+def test_kv_placements_ignore_workers_that_left_the_pool():
+    st = make()
+    kv(st, "w3", 90, BlockStored((1, 2), None, 16))
+    st.worker_pool.records_seen = True  # traffic is known (a router or records), so a silent down worker left
+    st.health.set(f"{P}_up", ("w3", "worker"), 0.0)
+    st.worker_pool.track_down_targets()
+    kv(st, "w0", 95, BlockStored((1, 2, 3), None, 16))  # w3's copy is gone with it: nothing resident
+    assert counter(st, "kv_placement_decisions", ("m",)) is None
+
+
+def test_without_topology_kv_events_judge_no_placement():
+    st = ClusterState(Health(), load_thresholds(), window_s=300)
+    kv(st, "w0", 90, BlockStored((1, 2), None, 16))
+    kv(st, "w1", 91, BlockStored((1, 2, 3), None, 16))
+    assert counter(st, "kv_placement_decisions", ("m",)) is None and not st.signals()["placements"]
+    assert evaluate(st, now=91).results["topology_aware_placement_hit_rate"].status == "not_instrumented"
