@@ -42,6 +42,9 @@ from fleet.clock import Clock
 from fleet.hashing import chain_hashes
 
 EventCallback = Callable[[list[CacheEvent], float], None]
+# Told at each admission, before the request takes its blocks: (request id, its full blocks'
+# hashes). Runs under the engine's lock: it may read caches, never take another engine's lock.
+AdmitCallback = Callable[[str, Sequence[int]], None]
 
 log = logging.getLogger("prefixscope.fleet.engine")
 
@@ -269,6 +272,7 @@ class SimEngine:
         self.spec = spec
         self.clock = clock
         self.on_events = on_events
+        self.on_admit: AdmitCallback | None = None
         self.knobs = Knobs(spec_acceptance=spec.spec_acceptance)
         self.cache = PagedPrefixCache(spec.num_gpu_blocks, spec.block_size)
         self.counters = EngineCounters(created=clock.now())
@@ -561,6 +565,8 @@ class SimEngine:
         n, hashes, out = w.prompt_tokens, w.hashes, w.output_tokens
         bs = spec.block_size
         extra = math.ceil((n + out) / bs) - len(hashes)
+        if self.on_admit is not None:
+            self.on_admit(req.request_id, hashes)
         hit_blocks, events = self.cache.acquire(
             req.request_id, hashes, w.tokens, extra_blocks=extra, max_hit_blocks=w.max_hit,
             lora_id=req.lora_id, lora_name=req.lora_name, cache_salt=req.cache_salt,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -49,6 +49,31 @@ class FleetOptions:
             raise ValueError(f"unknown metrics flavour {self.flavour!r}; choose one of {', '.join(FLAVOURS)}")
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request's longest cached prefix lived when a worker admitted it: the leading blocks
+    of its prompt each live worker's cache held (the fleet's own caches, not anyone's view of them)."""
+
+    worker: str  # the worker that admitted it
+    blocks: int  # full blocks of its prompt
+    depths: dict[str, int]  # live worker -> leading blocks it held (0 included)
+
+    @property
+    def best(self) -> int:
+        return max(self.depths.values(), default=0)
+
+    @property
+    def holders(self) -> frozenset[str]:
+        """The workers holding the longest cached prefix (none when nothing was cached)."""
+        best = self.best
+        return frozenset(w for w, d in self.depths.items() if d == best > 0)
+
+    @property
+    def stores(self) -> bool:
+        """It computes blocks its worker did not hold, so the worker publishes a BlockStored."""
+        return self.depths.get(self.worker, 0) < self.blocks
+
+
 @dataclass(slots=True)
 class SimWorker:
     spec: WorkerSpec
@@ -72,7 +97,9 @@ class WorkerFleet:
         clock: Clock | None = None,
         options: FleetOptions | None = None,
         on_request: RequestCallback | None = None,
+        track_placement: bool = False,
     ) -> None:
+        """``track_placement``: keep a :class:`Placement` per admitted request (``placements``)."""
         self.specs = list(specs)
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
@@ -85,6 +112,8 @@ class WorkerFleet:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self.moves = 0  # restarts that came back on fresh ports (the endpoints changed)
+        self.track_placement = track_placement
+        self.placements: dict[str, Placement] = {}  # request id -> where its prefix lived at admission
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> WorkerFleet:
@@ -114,6 +143,8 @@ class WorkerFleet:
         ``attempts`` times when an address is in use; raises :class:`OSError` or
         :class:`RuntimeError` when it still cannot bind."""
         engine = SimEngine(spec, self.clock)
+        if self.track_placement:
+            engine.on_admit = lambda rid, hashes: self._admitted(spec.name, rid, hashes)
         publisher = self._bind_publisher(spec, engine, kv, replay, attempts)
         engine.on_events = publisher.publish
         try:
@@ -166,6 +197,14 @@ class WorkerFleet:
             for w in list(self.workers.values()):
                 if w.alive:
                     w.engine.tick()
+
+    def _admitted(self, worker: str, request_id: str, hashes: Sequence[int]) -> None:
+        """Ground truth for topology-aware placement, at admission (under the admitting engine's
+        lock): every live worker's cache as it stands, read without the other engines' locks (a
+        dict lookup per block; a concurrent commit elsewhere lands before or after, never half)."""
+        depths = {w.name: w.engine.cache.match(hashes) for w in list(self.workers.values()) if w.alive}
+        depths.setdefault(worker, 0)
+        self.placements[request_id] = Placement(worker, len(hashes), depths)
 
     # -- faults ---------------------------------------------------------------------------
     def kill(self, name: str) -> None:

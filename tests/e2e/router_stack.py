@@ -33,7 +33,8 @@ COUNTERS = {"prefix_cache_hit_tokens": "prefix_hits", "prefix_cache_queried_toke
 # same with vLLM's spans, a GenAI client's spans and a topology file (docs/routers.md's columns).
 FED_WITHOUT_RECORDS = frozenset({"worker_metrics", "kv_events", "kv_token_ids", "spec_decode", "router_metrics"})
 FED_BY_SPANS_AND_TOPOLOGY = FED_WITHOUT_RECORDS | {"otlp_spans", "records", "session_key", "cached_tokens",
-                                                   "prefill_timing", "migrations", "topology", "warm_pool"}
+                                                   "prefill_timing", "migrations", "topology", "warm_pool",
+                                                   "placements"}
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -80,6 +81,7 @@ class StackOptions:
     window: float | None = None
     on_request: RequestCallback | None = None
     router_args: tuple[str, ...] = ()  # appended to the router's command line
+    track_placement: bool = False  # the fleet keeps where each request's longest prefix lived (fleet.workers.Placement)
 
 
 def worker_specs(n: int) -> Sequence[WorkerSpec]:
@@ -93,7 +95,7 @@ def open_stack(kind: str, log_dir: Path, options: StackOptions = StackOptions())
     a first scrape of every target taken before any traffic."""
     bin_dir = require_routers_bin()
     fleet = WorkerFleet(worker_specs(options.workers), options=FleetOptions(delay_scale=1.0),
-                        on_request=options.on_request).start()
+                        on_request=options.on_request, track_placement=options.track_placement).start()
     router = runtime = None
     try:
         router = start_router(kind, bin_dir, fleet.urls, log_dir, health_interval_s=1, extra_args=options.router_args)

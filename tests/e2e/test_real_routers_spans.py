@@ -37,6 +37,7 @@ from exporter.windows import bucket_index, histogram_quantile
 from fleet.engine import EngineResult
 from fleet.spans import FleetSpans, GenAiClient
 from fleet.worker_http import WORKER_HEADER
+from fleet.workers import Placement
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
 from tests.e2e.router_stack import (
@@ -61,10 +62,10 @@ CONVERSATION = "gen_ai.conversation.id"
 # The checklist: steps 1-5 without the two checks added beyond it.
 CHECKLIST = tuple(c.key for c in catalog.CHECKS if c.kind == "checklist" and c.group in (1, 2, 3, 4, 5)
                   and c.key not in ("prefix_cache_thrash", "prefix_root_instability"))
-# What no source of this stack carries: the prompt's block hashes (placement), the router's
-# tree-walk time (sglang-router's own spans do not time it either: the last test below), async
-# KV-load waits, MoE expert routing and batch admission reasons.
-DARK = {"topology_aware_placement_hit_rate", "prefix_tree_walk_latency", "async_prefill_wait_time_p99",
+# What no source of this stack carries: the router's tree-walk time (sglang-router's own spans do
+# not time it either: the last test below), async KV-load waits, MoE expert routing and batch
+# admission reasons. (Placement has no prompt block hashes either: it is judged from KV events.)
+DARK = {"prefix_tree_walk_latency", "async_prefill_wait_time_p99",
         "moe_expert_alignment_rate", "continuous_batching_affinity_admission_rate"}
 
 # The operator's topology: two nodes, w0 and w1 share node-a (w0 the warm pool), w2 is on node-b.
@@ -95,6 +96,7 @@ class Served:
     cached: int
     prefill_s: float
     hashes: tuple[int, ...]
+    request_id: str = ""
 
 
 class Truth:
@@ -109,7 +111,7 @@ class Truth:
 
     def served(self) -> list[Served]:
         out = [Served(r.arrival + r.e2e_s, self.sessions[t], r.worker, r.prompt_tokens, r.cached_tokens,
-                      r.prefill_s, tuple(r.block_hashes)) for r, t in self.results]
+                      r.prefill_s, tuple(r.block_hashes), r.request_id) for r, t in self.results]
         return sorted(out, key=lambda s: s.end)
 
 
@@ -182,6 +184,17 @@ def cold_cost_per_request(window: list[Served]) -> float | None:
     usd = sum(s.prefill_s * workers[s.worker]["gpus"]
               * TOPOLOGY["gpu_classes"][workers[s.worker]["gpu_class"]]["price_per_gpu_hour"] / 3600.0 for s in cold)
     return usd / len(cold)
+
+
+def kv_placement_ratio(window: list[Served], placements: Mapping[str, Placement]) -> float | None:
+    """Σ in-domain / Σ judged over the requests that stored blocks (each publishes one BlockStored:
+    the fleet does not chunk) while some live worker held a prefix of their prompt: judged where
+    the fleet's own caches held the longest prefix when the request was admitted."""
+    domain = {w["name"]: w["nvlink_domain"] for w in TOPOLOGY["workers"]}
+    judged = [p for s in window if (p := placements[s.request_id]).stores and p.holders]
+    if not judged:
+        return None
+    return sum(domain[p.worker] in {domain[h] for h in p.holders} for p in judged) / len(judged)
 
 
 def radix_leaf_depth_p99(chains: list[tuple[int, ...]], resident: set[int]) -> float | None:
@@ -261,7 +274,7 @@ def span_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SpanS
         spans(r, headers, path)
 
     options = StackOptions(otlp=OtlpTraces(session_attributes=(CONVERSATION,), session_wait=2.0),
-                           topology=topology, window=WINDOW_S, on_request=on_request)
+                           topology=topology, window=WINDOW_S, on_request=on_request, track_placement=True)
     with open_stack(request.param, tmp_path, options) as s:
         spans.endpoint = s.runtime.url + "/v1/traces"
         client = GenAiClient(s.runtime.url + "/v1/traces", headers=auth)
@@ -361,6 +374,8 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
         "cold_prefill_time_p99": cold_p99_ratio(window, baseline),
         "cold_prefill_cost_per_request": cold_cost_per_request(window),
         "cross_node_migration_count_per_minute": moves.cross_node / WINDOW_S * 60.0,
+        # judged from the KV events' stored chains against the topology's NVLink domains
+        "topology_aware_placement_hit_rate": kv_placement_ratio(window, s.fleet.placements),
         "speculative_decoding_acceptance_rate": delta["spec_accepted_tokens"] / delta["spec_draft_tokens"],
     }
     assert max(len(w.engine.cache.resident()) for w in s.fleet) < 0.9 * CAPACITY_BLOCKS

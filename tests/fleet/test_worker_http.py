@@ -228,3 +228,31 @@ def test_on_the_real_clock_a_request_waits_for_a_free_slot_then_for_its_own_time
         assert server.engine.load() == (0, 0)
     finally:
         server.stop()
+
+
+def test_the_fleet_tracks_where_each_admitted_request_found_its_longest_prefix():
+    clock = VirtualClock()
+    specs = [WorkerSpec(f"w{i}", block_size=16) for i in range(3)]
+    with WorkerFleet(specs, clock=clock, track_placement=True) as f:
+        prompt = "You are a helpful assistant. " * 4  # 116 bytes = 7 full blocks
+
+        def ask(worker: str, text: str, rid: str) -> None:
+            r = post(f[worker].url, "/v1/completions", {"prompt": text, "max_tokens": 1, "request_id": rid})
+            assert r.status_code == 200, r.text
+            clock.advance(60)
+            for w in f:
+                w.engine.tick()
+
+        ask("w0", prompt, "a")
+        ask("w1", prompt + "and more", "b")  # w0 holds the 7 blocks; w1 computes them again and more
+        ask("w1", prompt + "and more", "c")  # w1 now holds its whole prompt: nothing to store
+        f.kill("w1")
+        ask("w2", prompt, "d")  # w1 is dead: its cache is nobody's prefix
+        got = {rid: (p.worker, p.blocks, p.depths, p.holders, p.stores) for rid, p in f.placements.items()}
+        ids = {p.worker: rid for rid, p in f.placements.items()}
+        assert len(got) == 4 and set(ids) == {"w0", "w1", "w2"}
+        by_worker = sorted(got.values(), key=lambda g: (g[0], g[2].get(g[0], 0)))
+        assert by_worker[0] == ("w0", 7, {"w0": 0, "w1": 0, "w2": 0}, frozenset(), True)
+        assert by_worker[1] == ("w1", 7, {"w0": 7, "w1": 0, "w2": 0}, frozenset({"w0"}), True)
+        assert by_worker[2] == ("w1", 7, {"w0": 7, "w1": 7, "w2": 0}, frozenset({"w0", "w1"}), False)
+        assert by_worker[3] == ("w2", 7, {"w0": 7, "w2": 0}, frozenset({"w0"}), True)
