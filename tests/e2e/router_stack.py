@@ -4,7 +4,7 @@ them, and the exporter in-process with real scrapes and ZMQ subscriptions — an
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,14 +122,16 @@ def open_stack(kind: str, log_dir: Path, options: StackOptions = StackOptions())
         fleet.stop()
 
 
-def settle(s: Stack) -> None:
-    """Every live engine idle, every KV batch published, and a scrape taken after that."""
+def settle(s: Stack, bypassed: Mapping[str, int] | None = None) -> None:
+    """Every live engine idle, every KV batch published, and a scrape taken after that.
+    ``bypassed``: requests sent to a worker directly, not through the router (per worker)."""
     live = [w for w in s.fleet if w.alive]
     for w in live:
         wait_for(lambda w=w: w.engine.load() == (0, 0), f"{w.name} idle")
         w.engine.tick()
         w.publisher.flush(2.0)
-    served = {w.name: sum(w.engine.counters.requests_success.values()) for w in live}
+    served = {w.name: sum(w.engine.counters.requests_success.values()) - (bypassed or {}).get(w.name, 0)
+              for w in live}
     wait_for(lambda: all(s.value(f"{P}_router_decisions_total", router=s.kind, worker=n) == v
                          for n, v in served.items() if v),
              "router decisions to match the workers' served requests")

@@ -197,6 +197,21 @@ def kv_placement_ratio(window: list[Served], placements: Mapping[str, Placement]
     return sum(domain[p.worker] in {domain[h] for h in p.holders} for p in judged) / len(judged)
 
 
+def outside_its_domain(s: Stack, served: list[Served]) -> tuple[int, str]:
+    """A conversation and a worker of an NVLink domain that holds none of the workers with the
+    longest cached prefix of its last prompt (the fleet's caches; conversations share a first
+    block or two, so only the deepest holders say where the conversation lives)."""
+    domain = {w["name"]: w["nvlink_domain"] for w in TOPOLOGY["workers"]}
+    last = {x.session: x for x in served}
+    for session, x in sorted(last.items()):
+        depth = {w.name: w.engine.cache.match(x.hashes) for w in s.fleet}
+        holders = {domain[w] for w, d in depth.items() if d == max(depth.values())}
+        for away in ("w2", "w0"):
+            if domain[away] not in holders:
+                return int(session.split("-")[1]), away
+    raise AssertionError(f"every conversation's prefix is cached in every domain: {sorted(last)}")
+
+
 def radix_leaf_depth_p99(chains: list[tuple[int, ...]], resident: set[int]) -> float | None:
     """p99 of the leaves' radix depth (runs without a branch count once) of the tree the resident
     blocks form, on the exporter's depth buckets."""
@@ -317,10 +332,15 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
     # The window must hold none of phase 1, and the baseline all of it (whole slots, one window ago).
     time.sleep(WINDOW_S + SLOT_S + 2.0)
 
-    # Phase 2: a follow-up of every conversation, then the kill.
+    # Phase 2: a follow-up of every conversation, one more turn of one of them sent by hand to a
+    # worker of an NVLink domain that holds none of its prefix (a placement outside the domain:
+    # the routers keep prefixes where they are cached), then the kill.
     phase2 = time.time()
     turns([(g, 2) for g in range(SESSIONS)])
-    settle(s)
+    away_session, away = outside_its_domain(s, truth.served())
+    turn(ss.client, truth, s.fleet[away].url, endpoint, away_session, 5)
+    bypassed = {away: 1}  # the router did not decide it
+    settle(s, bypassed)
     wait_for_records(ss)
     served = truth.served()
     last_worker = {x.session: x.worker for x in served}
@@ -346,7 +366,7 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
     moved = turns([(g, 3) for g in moving])
     assert victim not in moved
     turns([(g, 4) for g in range(SESSIONS)])
-    settle(s)
+    settle(s, bypassed)
     wait_for_records(ss)
     assert time.time() < phase2 + WINDOW_S, "phase 2 outlasted the window: the checks below would miss part of it"
 
@@ -378,6 +398,7 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
         "topology_aware_placement_hit_rate": kv_placement_ratio(window, s.fleet.placements),
         "speculative_decoding_acceptance_rate": delta["spec_accepted_tokens"] / delta["spec_draft_tokens"],
     }
+    assert 0 < expected["topology_aware_placement_hit_rate"] < 1  # the turn sent by hand missed its domain
     assert max(len(w.engine.cache.resident()) for w in s.fleet) < 0.9 * CAPACITY_BLOCKS
     for key, want in expected.items():
         got = checks[key]
