@@ -361,3 +361,108 @@ def test_events_longer_than_the_stack_buffer_apply_alike() -> None:
     with pytest.raises(TypeError):
         comp.apply("w2", [BlockStored((*chain[:80], "x"), None, 16)])
     assert comp.resident_blocks("w2") == 0  # the bad event was read before any of it was applied
+
+
+SMALL = 10  # a small universe: stored under arbitrary parents, blocks come back under their descendants
+
+
+@st.composite
+def tangled_batches(draw: st.DrawFn) -> tuple[str, list]:
+    """Chains under any parent (never-seen, departed, a descendant: parent cycles), removals in
+    the middle of the tree, clears."""
+    worker = draw(st.sampled_from(WORKERS[:2]))
+    events: list = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.integers(0, 11))
+        medium = draw(st.sampled_from(MEDIA[:3]))
+        if kind < 6:
+            hs = draw(st.lists(st.integers(0, SMALL - 1), min_size=1, max_size=4, unique=True))
+            parent = draw(st.one_of(st.none(), st.integers(0, SMALL)))
+            events.append(BlockStored(tuple(map(hash_of, hs)), None if parent is None else hash_of(parent), 16,
+                                      medium=medium))
+        elif kind < 11:
+            hs = draw(st.lists(st.integers(0, SMALL - 1), min_size=1, max_size=3))
+            events.append(BlockRemoved(tuple(map(hash_of, hs)), medium=medium))
+        else:
+            events.append(AllBlocksCleared())
+    return worker, events
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_depths_kept_at_apply_time_through_cycles_orphans_and_clears(data: st.DataObject) -> None:
+    # Parents are arbitrary here, so departed blocks come back under their own descendants
+    # (parent cycles, cut above their smallest hash), blocks leave the middle of the tree
+    # (orphans), a block's only child gets a sibling (a split) or loses it (a merge), and whole
+    # workers are cleared; after every batch the depths kept at apply time are the reference's,
+    # and a rebuild of every depth from the roots changes nothing.
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    for _ in range(data.draw(st.integers(1, 30))):
+        worker, events = data.draw(tangled_batches())
+        assert ref.apply(worker, events) == comp.apply(worker, events)
+        if data.draw(st.integers(0, 15)) == 0:
+            ref.clear_worker(worker)
+            comp.clear_worker(worker)
+        ref.version = comp.version
+        keep = data.draw(st.integers(0, 4))
+        got = _pass_fields(comp.stats(keep))
+        assert got == _pass_fields(ref.stats(keep))
+        comp._rebuild_depths()
+        assert _pass_fields(comp.stats(keep)) == got
+
+
+@st.composite
+def spine_batches(draw: st.DrawFn, spine: list[int], side: list[int]) -> tuple[str, list]:
+    """Stores and removals along one long chain with one-block branches off it: splits and merges
+    above large subtrees, removals of its middle blocks and their return."""
+    worker = draw(st.sampled_from(WORKERS))
+    events: list = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.integers(0, 5))
+        i = draw(st.integers(0, len(spine) - 1))
+        if kind == 0:  # a one-block branch off the spine
+            events.append(BlockStored((side[i],), spine[i], 16))
+        elif kind == 1:  # part of the spine, under its parent
+            j = draw(st.integers(i + 1, len(spine)))
+            events.append(BlockStored(tuple(spine[i:j]), spine[i - 1] if i else None, 16))
+        elif kind <= 3:
+            events.append(BlockRemoved((draw(st.sampled_from((spine[i], side[i]))),)))
+        elif kind == 4:
+            events.append(BlockRemoved(tuple(spine[i:i + draw(st.integers(1, 5))])))
+        else:
+            events.append(BlockStored((side[i], spine[i]), spine[i - 1] if i else None, 16))  # a longer branch
+    return worker, events
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_subtree_shifts_above_a_long_chain_match_the_reference(data: st.DataObject) -> None:
+    spine = [hash_of(i) for i in range(40)]
+    side = [hash_of(100 + i) for i in range(40)]
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    for idx in (ref, comp):
+        idx.apply("w0", [BlockStored(tuple(spine), None, 16)])
+    for _ in range(data.draw(st.integers(1, 25))):
+        worker, events = data.draw(spine_batches(spine, side))
+        assert ref.apply(worker, events) == comp.apply(worker, events)
+        ref.version = comp.version
+        assert _pass_fields(comp.stats(4)) == _pass_fields(ref.stats(4))
+
+
+def test_a_split_and_a_merge_above_a_subtree_shift_its_leaves() -> None:
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    chain = tuple(range(1, 21))
+    for idx in (ref, comp):
+        idx.apply("w0", [BlockStored(chain, None, 16), BlockStored((30, 31), 20, 16), BlockStored((40,), 20, 16)])
+    assert comp.stats().leaf_depths == {2: 2} and comp.stats().leaf_block_depths == {22: 1, 21: 1}
+    steps = [[BlockStored((50,), 3, 16)],  # a split at block 3: everything below gains an edge
+             [BlockRemoved((50,))],  # the merge back
+             [BlockRemoved((10,))],  # the middle leaves: 11.. hang off the root
+             [BlockStored((10,), 9, 16)],  # and comes back above its orphans
+             [BlockRemoved((20,))]]  # the branching block leaves: two root-level runs
+    for events in steps:
+        ref.apply("w0", events)
+        comp.apply("w0", events)
+        ref.version = comp.version
+        assert _pass_fields(comp.stats(3)) == _pass_fields(ref.stats(3))
+    assert comp.stats().leaf_depths == {1: 3}  # 1..19, 30-31 and 40, each a root-level run
