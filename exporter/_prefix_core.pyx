@@ -69,6 +69,9 @@ DEF MAX_KEEP = 16  # radix edges of the tree's top a reading serves (the API's d
 DEF DEP_BLOCKS = 20  # a packed depth: blocks in the low 20 bits, radix edges above them
 DEF DEP_BMAX = 0xFFFFF
 DEF DEP_EMAX = 0xFFF
+DEF SETTLE_AT = 1 << 18  # queued blocks an ``apply`` lets wait for the next reading (1 MB of queue)
+DEF SETTLE_SLICE = 1 << 18  # blocks one reading step settles at most: a few ms of lock
+DEF SETTLE_STEPS = 64  # reading steps after which the rest is settled in one
 
 assert MAX_MEDIA == NMEDIA, "the reference and the compiled index must allow the same media"
 
@@ -565,6 +568,60 @@ cdef object _counter_of(Vec* v, size_t start):
     return out
 
 
+cdef inline int _bump(Vec* v, size_t i, int64_t d) noexcept nogil:
+    """``_tally`` with its common case (the counter exists) inline."""
+    if i < v.n:
+        (<int64_t*>v.data)[i] += d
+        return 0
+    return _tally(v, i, d)
+
+
+cdef inline int _qpush(Vec* v, uint32_t x) noexcept nogil:
+    if v.n < v.cap:
+        (<uint32_t*>v.data)[v.n] = x
+        v.n += 1
+        return 0
+    return _push(v, &x)
+
+
+cdef inline int _queue_kids_of(Vec* q, const Block* blocks, const Tie* ties, uint32_t p) noexcept nogil:
+    """Queue the live children of ``p`` whose depths follow it (a cycle's cut does not); -1: no memory."""
+    cdef uint32_t c = ties[p].first
+    while c != NONE:
+        if blocks[c].n and not blocks[c].flags & FLAG_CUT:
+            if _qpush(q, c):
+                return -1
+        c = blocks[c].next
+    return 0
+
+
+cdef inline void _link_to(Block* blocks, Tie* ties, uint32_t* root_head, uint32_t x, int64_t p) noexcept nogil:
+    """Put entry ``x`` first in the child list of ``p`` (-1: the root's)."""
+    cdef uint32_t head = ties[p].first if p >= 0 else root_head[0]
+    blocks[x].next = head
+    ties[x].prev = NONE
+    if head != NONE:
+        ties[head].prev = x
+    if p >= 0:
+        ties[p].first = x
+    else:
+        root_head[0] = x
+
+
+cdef inline void _unlist_from(Block* blocks, Tie* ties, uint32_t* root_head, uint32_t x) noexcept nogil:
+    """Take entry ``x`` out of its parent's child list."""
+    cdef uint32_t pv = ties[x].prev, nx = blocks[x].next
+    cdef int64_t p = blocks[x].parent
+    if pv != NONE:
+        blocks[pv].next = nx
+    elif p >= 0:
+        ties[p].first = nx
+    else:
+        root_head[0] = nx
+    if nx != NONE:
+        ties[nx].prev = pv
+
+
 cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
     cdef uint64_t x = (<const uint64_t*>a)[0], y = (<const uint64_t*>b)[0]
     return (x > y) - (x < y)
@@ -632,6 +689,7 @@ cdef class StatsReading:
     cdef object index          # the CompiledPrefixIndex read
     cdef uint64_t* branching   # hashes of the entries with two or more live children (sorted in ``to_stats``)
     cdef Py_ssize_t nbranching
+    cdef int steps
     cdef readonly bint done
     cdef public long version
     cdef object counters       # the apply-time counters and histograms
@@ -643,18 +701,20 @@ cdef class StatsReading:
         free(self.branching)
 
     def step(self, max_blocks=0):
-        """Read the kept statistics (call it under the lock that guards the index's changes);
-        True: the reading is complete (always, after one step; ``max_blocks`` is not used)."""
-        if not self.done:
-            self.index._stats_read(self)
-        return True
+        """Settle the depths ``apply`` left queued (about ``max_blocks``, 0: a few ms' worth), then
+        read the kept statistics; call it under the lock that guards the index's changes until it
+        returns True (one step unless many depths wait)."""
+        if self.done:
+            return True
+        return self.index._stats_read(self, max_blocks)
 
     def to_stats(self, keep_children_depth=0):
         """The statistics with views of the runs and child lists of the top ``keep_children_depth``
         edges (the views read the live index)."""
         if keep_children_depth > MAX_KEEP:
             raise ValueError(f"the compiled index keeps at most {MAX_KEEP} edges of the tree's top")
-        self.step()
+        while not self.step():
+            pass
         cdef BranchSet branching = BranchSet.__new__(BranchSet)
         branching.data, branching.n = self.branching, self.nbranching
         self.branching, self.nbranching = NULL, 0
@@ -884,34 +944,9 @@ cdef class CompiledPrefixIndex:
         while b >= 0 and self.blocks[b].n == 0 and self.ties[b].first == NONE \
                 and not self.blocks[b].flags & FLAG_FREE:
             p = self.blocks[b].parent
-            self._unlist(<uint32_t>b)
+            _unlist_from(self.blocks, self.ties, &self.root_head, <uint32_t>b)
             self._unlink(b)
             b = p
-
-    cdef inline void _link(self, uint32_t x, int64_t p) noexcept:
-        """Put entry ``x`` first in the child list of ``p`` (-1: the root's)."""
-        cdef uint32_t head = self.ties[p].first if p >= 0 else self.root_head
-        self.blocks[x].next = head
-        self.ties[x].prev = NONE
-        if head != NONE:
-            self.ties[head].prev = x
-        if p >= 0:
-            self.ties[p].first = x
-        else:
-            self.root_head = x
-
-    cdef inline void _unlist(self, uint32_t x) noexcept:
-        """Take entry ``x`` out of its parent's child list."""
-        cdef uint32_t pv = self.ties[x].prev, nx = self.blocks[x].next
-        cdef int64_t p = self.blocks[x].parent
-        if pv != NONE:
-            self.blocks[pv].next = nx
-        elif p >= 0:
-            self.ties[p].first = nx
-        else:
-            self.root_head = nx
-        if nx != NONE:
-            self.ties[nx].prev = pv
 
     # ---- holders ---------------------------------------------------------------------------
     cdef inline int _slot_of(self, Block* blk, uint32_t wid) noexcept:
@@ -1153,6 +1188,8 @@ cdef class CompiledPrefixIndex:
             elif kind is AllBlocksCleared:
                 self._clear(wid)
                 cleared += 1
+        if self.st_stack.n > SETTLE_AT:
+            self._st_settle(0)
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
                              removed_events)
@@ -1187,6 +1224,8 @@ cdef class CompiledPrefixIndex:
                 removed_events += 1
                 removed += e.hn
                 unknown_removals += self._remove(wid, t, scan.hashes + e.hoff, e.hn)
+        if self.st_stack.n > SETTLE_AT:
+            self._st_settle(0)
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
                              removed_events)
@@ -1220,11 +1259,11 @@ cdef class CompiledPrefixIndex:
                 if self.blocks[b].flags & FLAG_NEW:
                     self.blocks[b].flags &= ~FLAG_NEW
                     self.blocks[b].parent = <int32_t>prev
-                    self._link(<uint32_t>b, prev)
+                    _link_to(self.blocks, self.ties, &self.root_head, <uint32_t>b, prev)
                 elif p != prev:  # a departed block back under another parent
-                    self._unlist(<uint32_t>b)
+                    _unlist_from(self.blocks, self.ties, &self.root_head, <uint32_t>b)
                     self.blocks[b].parent = <int32_t>prev
-                    self._link(<uint32_t>b, prev)
+                    _link_to(self.blocks, self.ties, &self.root_head, <uint32_t>b, prev)
                     if p >= 0:
                         self._release(p)
                 self._st_enter(<uint32_t>b)  # statistics
@@ -1470,6 +1509,11 @@ cdef class CompiledPrefixIndex:
     # parent: one whose depths are unchanged stops there; one whose depths changed moves between
     # histogram buckets if it is a leaf, else queues its live children. The tree is a forest once
     # cycles are cut, so the settled depths are the rule's unique solution, whatever the order.
+    # Two invariants make that hold between settles too: the histograms count each leaf at its
+    # *stored* depths (every change of a stored depth or of leafhood moves it), and every block
+    # whose stored depths differ from what the rule gives from its parent's stored depths is
+    # queued. So a batch settles once, at the end of ``apply``: a chain evicted top first (each
+    # block orphaning the rest) costs one visit a block, not one per block below it.
     #
     # What a transition costs:
     # * O(1): a block stored under a leaf (same edges, one more block; the parent stops being a
@@ -1517,7 +1561,7 @@ cdef class CompiledPrefixIndex:
         """Count (d=1) or uncount (d=-1) leaf ``x`` at its depths."""
         cdef uint32_t b, e
         self._get_dep(x, &b, &e)
-        if _tally(&self.st_leaf_b, b, d) or _tally(&self.st_leaf_e, e, d):
+        if _bump(&self.st_leaf_b, b, d) or _bump(&self.st_leaf_e, e, d):
             raise MemoryError()
         return 0
 
@@ -1534,41 +1578,68 @@ cdef class CompiledPrefixIndex:
             e[0] += 1
         return 0
 
-    cdef inline int _queue(self, uint32_t x) except -1:
-        if _push(&self.st_stack, &x):
+    cdef int _queue(self, uint32_t x) except -1:
+        if _qpush(&self.st_stack, x):
             raise MemoryError()
         return 0
 
     cdef int _queue_kids(self, uint32_t p) except -1:
         """Queue the live children of ``p`` whose depths follow it (a cycle's cut does not)."""
-        cdef uint32_t c = self.ties[p].first
-        while c != NONE:
-            if self.blocks[c].n and not self.blocks[c].flags & FLAG_CUT:
-                self._queue(c)
-            c = self.blocks[c].next
+        if _queue_kids_of(&self.st_stack, self.blocks, self.ties, p):
+            raise MemoryError()
         return 0
 
-    cdef int _st_settle(self) except -1:
-        """Recompute the queued blocks from their parents, and below those whose depths changed."""
-        cdef uint32_t x, b, e, ob, oe
-        while self.st_stack.n:
-            self.st_stack.n -= 1
-            x = (<uint32_t*>self.st_stack.data)[self.st_stack.n]
-            if not self.blocks[x].n:
+    cdef int _st_settle(self, int64_t budget) except -1:
+        """Recompute the queued blocks from their parents, and below those whose depths changed:
+        about ``budget`` blocks (0: all). Returns 1 if some remain queued."""
+        cdef Block* blocks = self.blocks
+        cdef Tie* ties = self.ties
+        cdef Vec* q = &self.st_stack
+        cdef uint32_t x, b, e, ob, oe, d, od
+        cdef int64_t p
+        if budget <= 0:
+            budget = -1
+        while q.n and budget:
+            budget -= 1
+            q.n -= 1
+            x = (<uint32_t*>q.data)[q.n]
+            if not blocks[x].n:
                 continue
-            self._from_parent(x, &b, &e)
-            self._get_dep(x, &ob, &oe)
-            if b == ob and e == oe:
-                continue
-            if self.blocks[x].kids == 0:
-                self._leaf(x, -1)
-                self._set_dep(x, b, e)
-                self._leaf(x, 1)
+            p = blocks[x].parent
+            d = ties[p].dep if p >= 0 else 0
+            od = ties[x].dep
+            if p < 0 or not blocks[p].n or blocks[x].flags & FLAG_CUT:
+                b = e = 1
+            elif d != DEEP:
+                b = (d & DEP_BMAX) + 1
+                e = (d >> DEP_BLOCKS) + (1 if blocks[p].kids >= 2 else 0)
             else:
-                self._set_dep(x, b, e)
-                self._queue_kids(x)
-        if self.st_stack.cap > (1 << 20):  # a large subtree's worth of queue: give it back
-            _vec_free(&self.st_stack)
+                self._from_parent(x, &b, &e)
+            if od != DEEP and b < DEP_BMAX and e < DEP_EMAX:  # the packed common case, inline
+                d = (e << DEP_BLOCKS) | b
+                if d == od:
+                    continue
+                if not blocks[x].kids and (_bump(&self.st_leaf_b, od & DEP_BMAX, -1)
+                                           or _bump(&self.st_leaf_e, od >> DEP_BLOCKS, -1)
+                                           or _bump(&self.st_leaf_b, b, 1) or _bump(&self.st_leaf_e, e, 1)):
+                    raise MemoryError()
+                ties[x].dep = d
+            else:
+                self._get_dep(x, &ob, &oe)
+                if b == ob and e == oe:
+                    continue
+                if not blocks[x].kids:
+                    self._leaf(x, -1)
+                    self._set_dep(x, b, e)
+                    self._leaf(x, 1)
+                else:
+                    self._set_dep(x, b, e)
+            if blocks[x].kids and _queue_kids_of(q, blocks, ties, x):
+                raise MemoryError()
+        if q.n:
+            return 1
+        if q.cap > (1 << 20):  # a large subtree's worth of queue: give it back
+            _vec_free(q)
         return 0
 
     cdef int _st_rebuild(self) except -1:
@@ -1601,6 +1672,12 @@ cdef class CompiledPrefixIndex:
     def _rebuild_depths(self):
         """Recompute every depth from the roots: what one walk of the whole tree costs (the bench's baseline)."""
         self._st_rebuild()
+
+    cdef inline int _settled(self) except -1:
+        """Settle every queued depth (before depths are read)."""
+        if self.st_stack.n:
+            self._st_settle(0)
+        return 0
 
     cdef int _gone_add(self, uint32_t b) except -1:
         self.ties[b].dep = <uint32_t>self.st_gone.n
@@ -1702,70 +1779,96 @@ cdef class CompiledPrefixIndex:
     cdef int _st_enter(self, uint32_t b) except -1:
         """Block ``b`` came into the tree, its parent set and linked: the parent gained a live
         child, b's own live children (kept while it was out) stop hanging off the root, depths."""
-        cdef int64_t p = self.blocks[b].parent, m = -1
-        cdef uint32_t k = self.blocks[b].kids, k0 = 0, db, de
-        cdef bint plive = p >= 0 and self.blocks[p].n > 0
-        if self.blocks[b].flags & FLAG_GONE:
+        cdef Block* blocks = self.blocks
+        cdef int64_t p = blocks[b].parent, m = -1
+        cdef uint32_t k = blocks[b].kids, k0 = 0, db, de, pb = 0, pe = 0, d
+        cdef bint plive = p >= 0 and blocks[p].n > 0
+        if blocks[b].flags & FLAG_GONE:
             self._gone_drop(b)
         if p >= 0:
-            k0 = self.blocks[p].kids
-            self._st_kid(p, 1)
+            k0 = blocks[p].kids
+            if k0 == 0:
+                blocks[p].kids = 1  # no fan-out or branching change
+            else:
+                self._st_kid(p, 1)
         if not plive:
             self.st_root += 1
-        self.st_root -= k
-        if k >= 2:
-            if _tally(&self.st_fan, k, 1):
-                raise MemoryError()
-            self.st_fansum += k
-        if k and plive:
-            m = self._st_cycle_closed(b)
+        if k:
+            self.st_root -= k
+            if k >= 2:
+                if _tally(&self.st_fan, k, 1):
+                    raise MemoryError()
+                self.st_fansum += k
+            if plive:
+                m = self._st_cycle_closed(b)
         if self.st_bulk:
             return 0
-        self._from_parent(b, &db, &de)
+        if plive and not blocks[b].flags & FLAG_CUT:
+            d = self.ties[p].dep
+            if d != DEEP:
+                pb, pe = d & DEP_BMAX, d >> DEP_BLOCKS
+            else:
+                self._get_dep(<uint32_t>p, &pb, &pe)
+            db, de = pb + 1, pe + (1 if k0 >= 1 else 0)  # the parent has k0 + 1 live children now
+        else:
+            db = de = 1
         self._set_dep(b, db, de)
-        if k == 0:
-            self._leaf(b, 1)
-        if plive:
-            if k0 == 0:
+        if k == 0 and plive and k0 == 0:  # a run grows by a leaf: its leaf moves one block down
+            if _bump(&self.st_leaf_b, pb, -1) or _bump(&self.st_leaf_b, db, 1):
+                raise MemoryError()
+        else:
+            if k == 0:
+                self._leaf(b, 1)
+            if plive and k0 == 0:
                 self._leaf(<uint32_t>p, -1)  # the parent stops being a leaf
-            elif k0 == 1:
-                self._queue_kids(<uint32_t>p)  # a split: the parent's first child starts a run now
+        if plive and k0 == 1:
+            self._queue_kids(<uint32_t>p)  # a split: the parent's first child starts a run now
         if k:
             self._queue_kids(b)  # its orphans hang under it again
         if m >= 0 and m != b:
             self._queue(<uint32_t>m)
-        if self.st_stack.n:
-            self._st_settle()
         return 0
 
     cdef int _st_leave(self, uint32_t b) except -1:
         """Block ``b`` left the tree (before its entry is released): the reverse of ``_st_enter``."""
-        cdef int64_t p = self.blocks[b].parent
-        cdef uint32_t k = self.blocks[b].kids, k1 = 0
-        cdef bint plive = p >= 0 and self.blocks[p].n > 0
+        cdef Block* blocks = self.blocks
+        cdef int64_t p = blocks[b].parent
+        cdef uint32_t k = blocks[b].kids, k1 = 0, bd, pd
+        cdef bint plive = p >= 0 and blocks[p].n > 0
+        cdef bint moved = False
         if not self.st_bulk and k == 0:
-            self._leaf(b, -1)
+            bd = self.ties[b].dep
+            pd = self.ties[p].dep if plive else DEEP
+            if plive and blocks[p].kids == 1 and bd != DEEP and pd != DEEP and (bd >> DEP_BLOCKS) == (pd >> DEP_BLOCKS):
+                # the run's leaf moves one block up (the parent becomes the leaf, same edges)
+                if _bump(&self.st_leaf_b, bd & DEP_BMAX, -1) or _bump(&self.st_leaf_b, pd & DEP_BMAX, 1):
+                    raise MemoryError()
+                moved = True
+            else:
+                self._leaf(b, -1)
         if p >= 0:
-            k1 = self.blocks[p].kids - 1
-            self._st_kid(p, -1)
+            k1 = blocks[p].kids - 1
+            if k1 == 0:
+                blocks[p].kids = 0  # no fan-out or branching change
+            else:
+                self._st_kid(p, -1)
         if not plive:
             self.st_root -= 1
-        self.st_root += k
-        if k >= 2:
-            (<int64_t*>self.st_fan.data)[k] -= 1
-            self.st_fansum -= k
+        if k:
+            self.st_root += k
+            if k >= 2:
+                (<int64_t*>self.st_fan.data)[k] -= 1
+                self.st_fansum -= k
         if self.st_cuts:
             self._st_uncut(b)
         if not self.st_bulk:
             if plive:
-                if k1 == 0:
+                if k1 == 0 and not moved:
                     self._leaf(<uint32_t>p, 1)  # the parent becomes a leaf
                 elif k1 == 1:
                     self._queue_kids(<uint32_t>p)  # a merge: the remaining child joins the parent's run
             if k:
                 self._queue_kids(b)  # its children's subtrees become root-level runs
-            if self.st_stack.n:
-                self._st_settle()
         if self.ties[b].dep == DEEP:
             self.st_deep.pop(b, None)
         if self.ties[b].first != NONE:  # named by other entries: it stays, holder-less
@@ -1785,10 +1888,17 @@ cdef class CompiledPrefixIndex:
         r.index = self
         return r
 
-    def _stats_read(self, StatsReading r):
+    def _stats_read(self, StatsReading r, Py_ssize_t max_blocks):
+        """One step of a reading: settle up to ``max_blocks`` queued depths (0: ``SETTLE_SLICE``;
+        all of them after ``SETTLE_STEPS`` steps); once none is queued, copy the statistics.
+        True when the reading is complete."""
         cdef Py_ssize_t i = 0
         if r.index is not self:
             raise RuntimeError("a statistics reading reads the index that started it")
+        r.steps += 1
+        if self.st_stack.n and self._st_settle(0 if r.steps >= SETTLE_STEPS else
+                                               (max_blocks if max_blocks > 0 else SETTLE_SLICE)):
+            return False
         free(r.branching)
         r.branching = <uint64_t*>malloc(len(self.st_branch) * sizeof(uint64_t) + 8)
         if not r.branching:
@@ -1798,6 +1908,7 @@ cdef class CompiledPrefixIndex:
             i += 1
         r.nbranching = i
         r.version, r.counters, r.done = self.version, self._stats_counters(), True
+        return True
 
     # The tree's top, read from the live index through the child lists (``ChildrenView``, ``RunsView``).
     cdef int64_t _only_child(self, uint32_t x) noexcept:
@@ -1849,6 +1960,7 @@ cdef class CompiledPrefixIndex:
         cdef uint32_t c, b, e
         if keep < 1:
             return None
+        self._settled()
         if key == ROOT:
             return self._root_level() or None
         x = self._find(_u64(key))
@@ -1872,6 +1984,7 @@ cdef class CompiledPrefixIndex:
         cdef bint root = self.st_root > 0
         if keep < 1:
             return []
+        self._settled()
         for m in self.st_cuts:
             root = root or self._has_end(<uint32_t>m)
         unders = []
@@ -1890,6 +2003,7 @@ cdef class CompiledPrefixIndex:
         cdef carray.array out
         if keep < 1 or x < 0 or not self.blocks[x].n or self.blocks[x].kids != 1:
             return None
+        self._settled()
         p = self.blocks[x].parent
         if p >= 0 and self.blocks[p].n and not self.blocks[x].flags & FLAG_CUT:
             if self.blocks[p].kids < 2:
