@@ -676,14 +676,16 @@ Set.register(BranchSet)
 
 
 cdef class StatsReading:
-    """One statistics reading of a compiled index: ``step`` under the caller's lock (it completes
-    in one step), then ``to_stats`` (outside the lock).
+    """One statistics reading of a compiled index: ``step`` under the caller's lock until it
+    returns True, then ``to_stats`` (outside the lock).
 
-    Everything is kept at apply time (see the statistics section of ``CompiledPrefixIndex``), so
-    the step copies the counters, the two leaf-depth histograms and the branching set's hashes —
-    O(histogram + branching set), no walk of the tree — exact at that version. The tree's top
-    (``children``, ``runs``) is not copied: the result's views read it from the live index
-    through its child lists when asked for, under the lock that guards the index.
+    Everything is kept at apply time (see the statistics section of ``CompiledPrefixIndex``): the
+    steps first settle the depth shifts ``apply`` left queued (a bounded number of blocks per
+    step; usually none or a few), then one step copies the counters, the two leaf-depth
+    histograms and the branching set's hashes — O(histogram + branching set), no walk of the
+    tree — exact at that version. The tree's top (``children``, ``runs``) is not copied: the
+    result's views read it from the live index through its child lists when asked for, under
+    the lock that guards the index.
     """
 
     cdef object index          # the CompiledPrefixIndex read
@@ -1505,29 +1507,35 @@ cdef class CompiledPrefixIndex:
     # here), else the parent's (the run goes on). A leaf (no live child) is counted in the two
     # histograms at its depths. A block's depths depend only on its parent's depths, on whether its
     # parent is in the tree and has two or more live children, and on its own cut flag; whenever one
-    # of these changes, the blocks concerned are queued and ``_st_settle`` recomputes each from its
-    # parent: one whose depths are unchanged stops there; one whose depths changed moves between
-    # histogram buckets if it is a leaf, else queues its live children. The tree is a forest once
-    # cycles are cut, so the settled depths are the rule's unique solution, whatever the order.
-    # Two invariants make that hold between settles too: the histograms count each leaf at its
-    # *stored* depths (every change of a stored depth or of leafhood moves it), and every block
-    # whose stored depths differ from what the rule gives from its parent's stored depths is
-    # queued. So a batch settles once, at the end of ``apply``: a chain evicted top first (each
-    # block orphaning the rest) costs one visit a block, not one per block below it.
+    # of these changes, the blocks concerned are queued (``st_stack``) and ``_st_settle`` recomputes
+    # each from its parent: one whose depths are unchanged stops there; one whose depths changed
+    # moves between histogram buckets if it is a leaf, else queues its live children. The tree is
+    # a forest once cycles are cut, so the settled depths are the rule's unique solution, whatever
+    # the order. Two invariants make that hold while blocks wait in the queue: the histograms count
+    # each leaf at its *stored* depths (every change of a stored depth or of leafhood moves it), and
+    # every block whose stored depths differ from what the rule gives from its parent's stored
+    # depths is queued. So ``apply`` only queues (a block's new depths come from its parent's
+    # stored ones, exactly as settling would give them), and the next reading settles the queue
+    # before it copies anything, a bounded number of blocks per step under the lock (``step``
+    # returns False until the queue is empty; after ``SETTLE_STEPS`` steps the rest goes in one).
+    # A queued block that left the tree meanwhile costs nothing: a chain evicted top first, or a
+    # subtree orphaned and then evicted before the reading, is never visited. ``apply`` settles
+    # itself only when more than ``SETTLE_AT`` blocks wait (no reader), to bound the queue.
     #
     # What a transition costs:
-    # * O(1): a block stored under a leaf (same edges, one more block; the parent stops being a
-    #   leaf), under a block with two or more children (one more edge), or under the root; a leaf
-    #   leaving whose parent keeps two or more children or becomes a leaf; holders and tiers changing.
-    # * the subtree below, each entry once (its child list scanned; ~10-30 ns an entry, more when
-    #   its arrays are out of the cache): a block with one child gaining a second (the first child's
+    # * at apply time, O(1) always: the counters, a block stored under a leaf (same edges, one more
+    #   block; the parent stops being a leaf), under a block with two or more children (one more
+    #   edge) or under the root, a leaf leaving whose parent keeps two or more children or becomes
+    #   a leaf, holders and tiers changing — and the queueing of the children named below.
+    # * at the next reading, the subtree below, each entry once (its child list scanned; ~20 ns an
+    #   entry, more out of the cache): a block with one child gaining a second (the first child's
     #   subtree gains an edge), a block going from two children to one (the remaining child's
     #   subtree loses one: it merges into the parent's run), a block leaving the middle of the tree
-    #   (its children's subtrees become root-level runs: the usual eviction takes leaves first) or
+    #   (its children's subtrees become root-level runs; the usual eviction takes leaves first) or
     #   coming back above its orphans. The worst case is a split or a merge right above a large
     #   subtree — a second child near the top of a tree that hangs under one chain — which visits
-    #   that whole subtree within one ``apply`` (``bench.prefix_index`` measures it at 10 M
-    #   (worker, block) pairs); further children there are O(1) again.
+    #   that whole subtree: at 10 M (worker, block) pairs ``bench.prefix_index`` measures it, spread
+    #   over the reading's steps (each a few ms of lock); further children there are O(1) again.
     # * a worker's clear is one pass over all entries already: depths are rebuilt once after it.
     #
     # Parent cycles (colliding hashes: a departed block comes back under its own descendant) are
