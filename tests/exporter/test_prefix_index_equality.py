@@ -476,3 +476,27 @@ def test_a_split_and_a_merge_above_a_subtree_shift_its_leaves() -> None:
         ref.version = comp.version
         assert _pass_fields(comp.stats(3)) == _pass_fields(ref.stats(3))
     assert comp.stats().leaf_depths == {1: 3}  # 1..19, 30-31 and 40, each a root-level run
+
+
+def test_depths_past_the_packed_range_match_the_reference() -> None:
+    # A comb: a spine of 4,200 blocks with a tooth under each, so the deepest leaf is 4,200 radix
+    # edges deep, past the 4,095 the compiled index packs per block (deeper depths are kept aside).
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    spine = [hash_of(i) for i in range(4200)]
+    teeth = [hash_of(10_000 + i) for i in range(4200)]
+    batches = [[BlockStored(tuple(spine), None, 16)],
+               [BlockStored((t,), s, 16) for s, t in zip(spine, teeth, strict=True)],
+               [BlockRemoved((teeth[7],))],  # a merge near the top: the rest loses an edge
+               [BlockStored((teeth[7],), spine[7], 16)],  # and gains it back
+               [BlockRemoved((spine[4100],))],  # the bottom orphaned
+               [BlockRemoved(tuple(teeth[:50]))]]
+    for events in batches:
+        ref.apply("w0", events)
+        comp.apply("w0", events)
+        ref.version = comp.version
+        assert _pass_fields(comp.stats(2)) == _pass_fields(ref.stats(2))
+        deepest = max(comp.stats().leaf_depths)
+        assert deepest > 4095 if events is not batches[0] and events is not batches[-1] else deepest < 4095
+    comp.clear_worker("w1")  # nothing of w1: no rebuild
+    comp._rebuild_depths()
+    assert _pass_fields(comp.stats(2)) == _pass_fields(ref.stats(2))
