@@ -1795,8 +1795,14 @@ cdef class CompiledPrefixIndex:
             self._gone_drop(b)
         if p >= 0:
             k0 = blocks[p].kids
-            if k0 == 0:
-                blocks[p].kids = 1  # no fan-out or branching change
+            if k0 == 0 or (k0 >= 2 and not blocks[p].n):
+                blocks[p].kids = k0 + 1  # no fan-out or branching change
+            elif k0 >= 2:  # a branching block in the tree: one more child
+                blocks[p].kids = k0 + 1
+                (<int64_t*>self.st_fan.data)[k0] -= 1
+                self.st_fansum += 1
+                if _bump(&self.st_fan, k0 + 1, 1):
+                    raise MemoryError()
             else:
                 self._st_kid(p, 1)
         if not plive:
@@ -1820,13 +1826,16 @@ cdef class CompiledPrefixIndex:
             db, de = pb + 1, pe + (1 if k0 >= 1 else 0)  # the parent has k0 + 1 live children now
         else:
             db = de = 1
-        self._set_dep(b, db, de)
+        if db < DEP_BMAX and de < DEP_EMAX and self.ties[b].dep != DEEP:
+            self.ties[b].dep = (de << DEP_BLOCKS) | db
+        else:
+            self._set_dep(b, db, de)
         if k == 0 and plive and k0 == 0:  # a run grows by a leaf: its leaf moves one block down
             if _bump(&self.st_leaf_b, pb, -1) or _bump(&self.st_leaf_b, db, 1):
                 raise MemoryError()
         else:
-            if k == 0:
-                self._leaf(b, 1)
+            if k == 0 and (_bump(&self.st_leaf_b, db, 1) or _bump(&self.st_leaf_e, de, 1)):
+                raise MemoryError()
             if plive and k0 == 0:
                 self._leaf(<uint32_t>p, -1)  # the parent stops being a leaf
         if plive and k0 == 1:
@@ -1852,12 +1861,20 @@ cdef class CompiledPrefixIndex:
                 if _bump(&self.st_leaf_b, bd & DEP_BMAX, -1) or _bump(&self.st_leaf_b, pd & DEP_BMAX, 1):
                     raise MemoryError()
                 moved = True
+            elif bd != DEEP:
+                (<int64_t*>self.st_leaf_b.data)[bd & DEP_BMAX] -= 1
+                (<int64_t*>self.st_leaf_e.data)[bd >> DEP_BLOCKS] -= 1
             else:
                 self._leaf(b, -1)
         if p >= 0:
             k1 = blocks[p].kids - 1
-            if k1 == 0:
-                blocks[p].kids = 0  # no fan-out or branching change
+            if k1 == 0 or (k1 >= 2 and not blocks[p].n):
+                blocks[p].kids = k1  # no fan-out or branching change
+            elif k1 >= 2:  # a branching block in the tree: one child less
+                blocks[p].kids = k1
+                (<int64_t*>self.st_fan.data)[k1 + 1] -= 1
+                (<int64_t*>self.st_fan.data)[k1] += 1
+                self.st_fansum -= 1
             else:
                 self._st_kid(p, -1)
         if not plive:
