@@ -12,8 +12,8 @@ Tree statistics (radix depth, fan-out, duplication) are defined here as one pass
 the tree: :meth:`ReferencePrefixIndex.stats_pass` takes the copy with C-level dict/list copies
 (the only step that needs the caller's lock) and :func:`compute_stats` does the pass on it,
 without the lock. The protocol is sliced (``step`` until it returns True, each call under the
-caller's lock): the compiled index keeps most statistics at apply time and walks its live tree
-for the rest in short holds; here one step is all.
+caller's lock): the compiled index keeps every statistic at apply time, leaf depths included,
+and its steps settle the depth shifts left queued before one copies them; here one step is all.
 
 Cache tiers: events carry a ``medium`` (GPU, CPU, disk; ``None`` reads as GPU). Each (worker,
 medium) is its own view: a removal on one tier never touches another. A worker holds a block
