@@ -16,9 +16,11 @@ thread could not run meanwhile (one long C-level call holds the GIL and stalls i
 the lock does).
 
 It measures the index in use (``exporter.prefix_index.CORE``; ``PREFIXSCOPE_INDEX=reference``
-measures the Python reference). The compiled index keeps its counters at apply time and walks
-its live tree for the depths in steps under the lock (the pause row is the longest step), no
-copy; the reference copies its dicts in one hold and runs its pass outside the lock.
+measures the Python reference). The compiled index keeps every statistic at apply time, leaf
+depths included (its child links and packed depths are part of the index's bytes), and a
+reading settles the depth shifts left queued, then copies its counters and histograms under
+the lock (the pause row is the longest hold), no walk, no copy; the reference copies its dicts
+in one hold and runs its pass outside the lock.
 ``bench.prefix_index`` compares the two per (worker, block) pair.
 """
 
@@ -160,7 +162,7 @@ def run() -> list[dict[str, Any]]:
     # gone. That is the steady state an operator sees.
     held_bytes, (stats, hold_ms, holds_ms, build_ms) = _grown(lambda: _timed_pass(index))
     # The next reading runs while those are still held: its peak is the process's high-water mark.
-    # One new block first: a tree of unchanged shape would reuse the latest walk.
+    # One new block first, as a shape change between readings.
     index.apply("w0", [BlockStored((SHAPE_CHANGE,), None, 16)])
     gc.collect()
     before = rss_bytes()
@@ -169,8 +171,8 @@ def run() -> list[dict[str, Any]]:
         _next, _hold_ms, _holds_ms, _build_ms = _timed_pass(index)
     peak = peak_rss_bytes() if measured else None
     del _next
-    # A second worker caching blocks the tree holds: replicas change, the shape does not, so the
-    # reading reuses the latest walk (counters only).
+    # A second worker caching blocks the tree holds: replicas change, the shape does not (with the
+    # reference, a pass all the same).
     index.apply(f"w{WORKERS - 1}", [BlockStored((SHAPE_CHANGE,), None, 16)])
     _same, _same_hold_ms, same_holds_ms, _same_build_ms = _timed_pass(index)
     del _same
@@ -185,14 +187,14 @@ def run() -> list[dict[str, Any]]:
          "target": f"<= {TARGET_BYTES:g} B", "ok": with_stats <= TARGET_BYTES},
         {"name": "... the prefix index alone",
          "value": per_block, "baseline": base, "ratio": per_block / base, "target": "information", "ok": True},
-        {"name": "... peak during the next statistics reading (its walk's working memory on top)",
+        {"name": "... peak during the next statistics reading (its working memory on top)",
          "value": peak_per_block, "baseline": base, "ratio": None if peak_per_block is None else peak_per_block / base,
          "target": "information", "ok": True},
         {"name": f"tree-statistics reading, longest hold of the state lock = ingest pause ({distinct:,} blocks; ms)",
          "value": hold_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
-        {"name": "... all its holds together (counters read, live tree walked in steps; ms)",
+        {"name": "... all its holds together (queued depth shifts settled, statistics copied; ms)",
          "value": holds_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
-        {"name": "... the same reading when only holders changed (shape kept: no walk), all its holds (ms)",
+        {"name": "... the same reading when only holders changed (shape kept), all its holds (ms)",
          "value": same_holds_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
         {"name": "... building the result outside the lock (ms)",
          "value": build_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},

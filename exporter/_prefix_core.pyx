@@ -1,22 +1,26 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled prefix index: the semantics of ``exporter.prefix_index_ref`` in flat C arrays.
 
-Layout (about 40 bytes per block, whatever the number of workers):
+Layout (about 44 bytes per block, whatever the number of workers):
 
 * ``blocks``: one 32-byte ``Block`` per block hash — the hash, the parent as an array index,
-  how many blocks name it as parent, and its holders: sorted ``wid << 8 | tiers`` entries
-  (worker id, one bit per cache medium), two inline, more in a malloc'd array.
+  its live children, the next entry of its parent's child list, and its holders: sorted
+  ``wid << 8 | tiers`` entries (worker id, one bit per cache medium), two inline, more in a
+  malloc'd array.
+* ``ties``: 12 bytes per entry beside it — the first entry of its child list, the previous one
+  in its parent's list, and its depths (see the statistics section of ``CompiledPrefixIndex``).
 * ``slots``: an open-addressing (linear probing, backward-shift deletion) table of u32 block
   indexes keyed by the mixed 64-bit hash, at most 3/4 full.
 
 A block leaves the tree when its last holder goes; its entry stays, holder-less, while other
-blocks still name it as parent, so a child keeps its parent link exactly as the reference's
-block -> parent-hash map does (and re-attaches when the parent is stored again).
+entries still name it as parent (its child list is not empty), so a child keeps its parent link
+exactly as the reference's block -> parent-hash map does (and re-attaches when the parent is
+stored again).
 
-Tree statistics are kept at apply time where a transition changes them by a known amount —
-live children per entry (4 bytes a block), holders -> blocks, children -> branching blocks,
-root-level blocks — and read in O(histogram size). Leaf depths and the tree's top are a walk of
-the live tree in bounded slices under the caller's lock, without a copy (``StatsWalk`` says why).
+Every tree statistic is kept at apply time — holders -> blocks, children -> branching blocks,
+root-level blocks, the branching set, and each block's depth in blocks and in radix edges with
+the two leaf-depth histograms — so a reading is O(histogram + branching set), with no walk of
+the tree; the top of the tree is read from the live index through the child lists.
 """
 
 from collections import Counter
@@ -52,12 +56,22 @@ cdef extern from *:
     # An empty hash-table slot: a C constant (a DEF this large would be a Python int, and every
     # probe's comparison a Python call).
     const uint32_t EMPTY "PFX_EMPTY_SLOT"
+    const uint32_t NONE "PFX_EMPTY_SLOT"  # no entry (child and sibling links)
+    const uint32_t DEEP "PFX_EMPTY_SLOT"  # a packed depth too large for 32 bits: kept in ``st_deep``
 DEF FLAG_FREE = 1
 DEF FLAG_HIT = 2
+DEF FLAG_NEW = 4     # made by ``_find_or_add``, in no child list yet
+DEF FLAG_GONE = 8    # holder-less, on the gone list (its ``dep`` is its place there)
+DEF FLAG_CUT = 16    # the smallest hash of a parent cycle: its depths start at the root
 DEF INLINE = 2
 DEF MAX_WORKERS = 65535
-DEF MAX_KEEP = 16  # radix edges of the tree's top recorded by a pass (the API's deepest request)
-DEF WALK_SLICE = 1 << 16  # entries (and walk-up steps) one statistics ``step`` visits: ~0.5 ms at 10 M pairs
+DEF MAX_KEEP = 16  # radix edges of the tree's top a reading serves (the API's deepest request)
+DEF DEP_BLOCKS = 20  # a packed depth: blocks in the low 20 bits, radix edges above them
+DEF DEP_BMAX = 0xFFFFF
+DEF DEP_EMAX = 0xFFF
+DEF SETTLE_AT = 1 << 18  # queued blocks an ``apply`` lets wait for the next reading (1 MB of queue)
+DEF SETTLE_SLICE = 1 << 18  # blocks one reading step settles at most: a few ms of lock
+DEF SETTLE_STEPS = 64  # reading steps after which the rest is settled in one
 
 assert MAX_MEDIA == NMEDIA, "the reference and the compiled index must allow the same media"
 
@@ -69,11 +83,19 @@ cdef union Holders:
 cdef struct Block:
     uint64_t hash
     int32_t parent   # block index; -1: a root-level block
-    uint32_t refs    # blocks whose parent this is (a holder-less entry lives while > 0)
+    uint32_t kids    # live children (entries in the tree naming it as parent)
     uint16_t n       # holder entries; 0: not in the tree
-    uint16_t cap     # capacity of h.ext; 0 while the entries are inline
-    uint32_t flags
+    uint8_t capx     # capacity of h.ext as log2 (16: 65535); 0 while the entries are inline
+    uint8_t flags
+    uint32_t next    # the next entry of its parent's child list (NONE: the last)
     Holders h
+
+
+cdef struct Tie:     # per entry, beside its Block: the child lists and the depths
+    uint32_t first   # the first entry naming it as parent, live or holder-less (NONE: none)
+    uint32_t prev    # the previous entry of its parent's child list (NONE: the first)
+    uint32_t dep     # in the tree: edges << DEP_BLOCKS | blocks (DEEP: in ``st_deep``);
+                     # holder-less on the gone list: its place there
 
 
 cdef extern from *:
@@ -130,7 +152,12 @@ cdef inline uint64_t _u64(object h) except? 0xFFFFFFFFFFFFFFFF:
 
 
 cdef inline uint32_t* _hold(Block* b) nogil:
-    return b.h.ext if b.cap else b.h.inl
+    return b.h.ext if b.capx else b.h.inl
+
+
+cdef inline uint32_t _capof(Block* b) nogil:
+    """Capacity of the block's holder array (0 while inline)."""
+    return 0 if not b.capx else (MAX_WORKERS if b.capx >= 16 else (1u << b.capx))
 
 
 DEF HBUF = 64  # hashes of one event read into a stack buffer (more: a heap one for that event)
@@ -422,75 +449,62 @@ cdef uint32_t _best_excluding_one(carray.array pairs, uint32_t w) noexcept:
 
 
 class RunsView(Mapping):
-    """The kept runs of a walk as ``first block -> array('Q') of the run`` (runs of two blocks or
-    more). Only each run's first and last hash and its length are held (20 bytes a run, where
-    the blocks themselves would be 8 bytes each); a run's blocks are read from the live index
-    when asked for — up from its last block — so read it under the lock that guards the index.
-    A run the tree no longer holds as it was reads as its first block alone."""
+    """The kept runs of a reading as ``first block -> array('Q') of the run`` (runs of two blocks
+    or more within ``keep`` edges of the root). Nothing per run is held: keys and runs are read
+    from the live index through its child lists when asked for (O(the kept top) to iterate, a
+    run's length to read one), so read it under the lock that guards the index. A run the tree
+    no longer holds as a kept run reads as missing (``TreeStats.run`` gives its first block)."""
 
-    def __init__(self, index, firsts, lasts, lengths):
-        self._ix, self._firsts, self._lasts, self._lengths = index, firsts, lasts, lengths
-
-    def _at(self, first):
-        if type(first) is not int or first < 0 or first > 0xFFFFFFFFFFFFFFFF:
-            return -1
-        r = bisect_left(self._firsts, first)
-        return r if r < len(self._firsts) and self._firsts[r] == first else -1
+    def __init__(self, index, keep):
+        self._ix, self._keep = index, keep
 
     def __getitem__(self, first):
-        r = self._at(first)
-        if r < 0:
+        if type(first) is not int or first < 0 or first > 0xFFFFFFFFFFFFFFFF:
             raise KeyError(first)
-        run = self._ix._run_up(self._lasts[r], self._lengths[r])
-        return run if run is not None and run[0] == first else array("Q", [first])
+        run = self._ix._kept_run(first, self._keep)
+        if run is None:
+            raise KeyError(first)
+        return run
 
     def __contains__(self, first):
-        return self._at(first) >= 0
+        if type(first) is not int or first < 0 or first > 0xFFFFFFFFFFFFFFFF:
+            return False
+        return self._ix._kept_run(first, self._keep) is not None
 
     def __iter__(self):
-        return iter(self._firsts)
+        return iter(self._ix._kept_run_firsts(self._keep))
 
     def __len__(self):
-        return len(self._firsts)
+        return len(self._ix._kept_run_firsts(self._keep))
 
 
 class ChildrenView(Mapping):
-    """The kept child lists of a walk as ``ROOT or a branching block -> first blocks of its child
-    runs`` (in walk order), over two flat arrays sorted by parent: a list is built when read."""
+    """The kept child lists of a reading as ``ROOT or a branching block -> first blocks of its
+    child runs`` (within ``keep`` edges of the root), read from the live index through its child
+    lists when asked for (a list is built per key read): read it under the lock that guards the
+    index."""
 
-    def __init__(self, nroot, unders, firsts, nkeys):
-        self._nroot, self._unders, self._firsts, self._nkeys = nroot, unders, firsts, nkeys
-
-    def _span(self, key):
-        if key == ROOT:
-            return (0, self._nroot) if self._nroot else None
-        if type(key) is not int or key < 0 or key > 0xFFFFFFFFFFFFFFFF:
-            return None
-        lo = bisect_left(self._unders, key)
-        if lo == len(self._unders) or self._unders[lo] != key:
-            return None
-        return self._nroot + lo, self._nroot + bisect_right(self._unders, key, lo)
+    def __init__(self, index, keep):
+        self._ix, self._keep = index, keep
 
     def __getitem__(self, key):
-        span = self._span(key)
-        if span is None:
+        if type(key) is not int or key < ROOT or key > 0xFFFFFFFFFFFFFFFF:
             raise KeyError(key)
-        return list(self._firsts[span[0]:span[1]])
+        out = self._ix._kept_children(key, self._keep)
+        if out is None:
+            raise KeyError(key)
+        return out
 
     def __contains__(self, key):
-        return self._span(key) is not None
+        if type(key) is not int or key < ROOT or key > 0xFFFFFFFFFFFFFFFF:
+            return False
+        return self._ix._kept_children(key, self._keep) is not None
 
     def __iter__(self):
-        if self._nroot:
-            yield ROOT
-        prev = None
-        for u in self._unders:
-            if u != prev:
-                yield u
-                prev = u
+        return iter(self._ix._kept_keys(self._keep))
 
     def __len__(self):
-        return self._nkeys
+        return len(self._ix._kept_keys(self._keep))
 
 
 cdef struct Vec:  # a growable C array
@@ -554,26 +568,58 @@ cdef object _counter_of(Vec* v, size_t start):
     return out
 
 
-cdef struct KeptRun:  # a run within MAX_KEEP radix edges of the root, as the walk found it
-    uint64_t first
-    uint64_t last
-    uint64_t under      # the branching block it hangs under (unless under_root)
-    uint32_t length
-    uint16_t edges      # its radix depth
-    uint8_t under_root
+cdef inline int _bump(Vec* v, size_t i, int64_t d) noexcept nogil:
+    """``_tally`` with its common case (the counter exists) inline."""
+    if i < v.n:
+        (<int64_t*>v.data)[i] += d
+        return 0
+    return _tally(v, i, d)
 
 
-cdef struct ChildKey:  # a kept run as its parent's child list entry
-    uint64_t under
-    uint64_t first
-    uint32_t seq        # walk order
-    uint8_t root
+cdef inline int _qpush(Vec* v, uint32_t x) noexcept nogil:
+    if v.n < v.cap:
+        (<uint32_t*>v.data)[v.n] = x
+        v.n += 1
+        return 0
+    return _push(v, &x)
 
 
-cdef struct RunKey:
-    uint64_t first
-    uint64_t last
-    uint32_t length
+cdef inline int _queue_kids_of(Vec* q, const Block* blocks, const Tie* ties, uint32_t p) noexcept nogil:
+    """Queue the live children of ``p`` whose depths follow it (a cycle's cut does not); -1: no memory."""
+    cdef uint32_t c = ties[p].first
+    while c != NONE:
+        if blocks[c].n and not blocks[c].flags & FLAG_CUT:
+            if _qpush(q, c):
+                return -1
+        c = blocks[c].next
+    return 0
+
+
+cdef inline void _link_to(Block* blocks, Tie* ties, uint32_t* root_head, uint32_t x, int64_t p) noexcept nogil:
+    """Put entry ``x`` first in the child list of ``p`` (-1: the root's)."""
+    cdef uint32_t head = ties[p].first if p >= 0 else root_head[0]
+    blocks[x].next = head
+    ties[x].prev = NONE
+    if head != NONE:
+        ties[head].prev = x
+    if p >= 0:
+        ties[p].first = x
+    else:
+        root_head[0] = x
+
+
+cdef inline void _unlist_from(Block* blocks, Tie* ties, uint32_t* root_head, uint32_t x) noexcept nogil:
+    """Take entry ``x`` out of its parent's child list."""
+    cdef uint32_t pv = ties[x].prev, nx = blocks[x].next
+    cdef int64_t p = blocks[x].parent
+    if pv != NONE:
+        blocks[pv].next = nx
+    elif p >= 0:
+        ties[p].first = nx
+    else:
+        root_head[0] = nx
+    if nx != NONE:
+        ties[nx].prev = pv
 
 
 cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
@@ -581,23 +627,8 @@ cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
     return (x > y) - (x < y)
 
 
-cdef int _cmp_child(const void* a, const void* b) noexcept nogil:
-    """The root's children first, then by parent, each list in walk order."""
-    cdef const ChildKey* x = <const ChildKey*>a
-    cdef const ChildKey* y = <const ChildKey*>b
-    if x.root != y.root:
-        return <int>y.root - <int>x.root
-    if x.under != y.under:
-        return (x.under > y.under) - (x.under < y.under)
-    return (x.seq > y.seq) - (x.seq < y.seq)
-
-
-cdef int _cmp_run(const void* a, const void* b) noexcept nogil:
-    return _cmp_u64(a, b)  # by first block (the struct's first field)
-
-
 cdef class BranchSet:
-    """The branching blocks of a walk: a sorted C array of hashes (8 bytes each, no Python int
+    """The branching blocks of a reading: a sorted C array of hashes (8 bytes each, no Python int
     per block), a read-only set for ``in`` (a binary search), iteration and comparison."""
 
     cdef uint64_t* data
@@ -644,147 +675,62 @@ cdef class BranchSet:
 Set.register(BranchSet)
 
 
-cdef class StatsWalk:
+cdef class StatsReading:
     """One statistics reading of a compiled index: ``step`` under the caller's lock until it
     returns True, then ``to_stats`` (outside the lock).
 
-    The counters the index keeps at apply time (blocks, nodes, root fan-out, fan-outs, replicas)
-    are read at the last step, exact at that version. Leaf depths (in blocks and in radix edges),
-    the branching blocks and the runs of the tree's top are a walk of the live tree — no copy —
-    in slices of a bounded number of entries: a depth is the sum of a path, and one block
-    leaving the middle of the tree (or a block gaining its second child) changes the depth of
-    every leaf below it, which apply-time upkeep could follow only by visiting that subtree
-    (and keeping child links, 8-12 more bytes a block). The walk remembers each visited entry's
-    depths (8 bytes an entry while it runs, freed at its end), so every entry is walked up
-    from once. Without ingest between steps the result is exact; with ingest, each leaf's
-    depths are those of the step that visited it, and a leaf stored or removed meanwhile may
-    be missed or counted once more (the next walk is exact again).
-
-    The walk is skipped when the tree's shape is that of the index's latest complete walk (no
-    block entered or left the tree since, only holders and tiers changed — replicas, offloads
-    between tiers): the reading then reuses that walk and completes in its first step,
-    O(histogram size).
+    Everything is kept at apply time (see the statistics section of ``CompiledPrefixIndex``): the
+    steps first settle the depth shifts ``apply`` left queued (a bounded number of blocks per
+    step; usually none or a few), then one step copies the counters, the two leaf-depth
+    histograms and the branching set's hashes — O(histogram + branching set), no walk of the
+    tree — exact at that version. The tree's top (``children``, ``runs``) is not copied: the
+    result's views read it from the live index through its child lists when asked for, under
+    the lock that guards the index.
     """
 
-    cdef object index          # the CompiledPrefixIndex walked
-    cdef StatsWalk src         # the walk whose depths this reading reuses (None: its own)
-    cdef bint started
-    cdef int64_t shape0, shape1  # the index's shape count at the first and the last step
-    cdef int32_t* bdep         # per entry: depth in blocks (0 unknown, -1 on the current walk up)
-    cdef int32_t* edep         # per entry: depth in radix edges
-    cdef size_t cap
-    cdef uint32_t cursor
-    cdef int32_t* stack
-    cdef size_t stackcap
-    cdef Vec leaf_e, leaf_b    # int64 leaves per depth
-    cdef Vec branching         # u64 hashes of entries with two or more live children
-    cdef Vec kept              # KeptRun
+    cdef object index          # the CompiledPrefixIndex read
+    cdef uint64_t* branching   # hashes of the entries with two or more live children (sorted in ``to_stats``)
+    cdef Py_ssize_t nbranching
+    cdef int steps
     cdef readonly bint done
     cdef public long version
-    cdef object counters       # the apply-time counters at the last step
+    cdef object counters       # the apply-time counters and histograms
 
     def __cinit__(self):
         self.version = -1
-        _vec_init(&self.leaf_e, sizeof(int64_t))
-        _vec_init(&self.leaf_b, sizeof(int64_t))
-        _vec_init(&self.branching, sizeof(uint64_t))
-        _vec_init(&self.kept, sizeof(KeptRun))
 
     def __dealloc__(self):
-        self._free_work()
-        _vec_free(&self.leaf_e)
-        _vec_free(&self.leaf_b)
-        _vec_free(&self.branching)
-        _vec_free(&self.kept)
-
-    cdef void _free_work(self) noexcept:
-        cdef int32_t* bdep = self.bdep
-        cdef int32_t* edep = self.edep
-        cdef size_t size = self.cap * sizeof(int32_t)
-        with nogil:  # unmapping hundreds of megabytes takes milliseconds: let ingest run meanwhile
-            _scratch_unmap(bdep, size)
-            _scratch_unmap(edep, size)
-        free(self.stack)
-        self.bdep, self.edep, self.cap, self.stack, self.stackcap = NULL, NULL, 0, NULL, 0
+        free(self.branching)
 
     def step(self, max_blocks=0):
-        """Walk the next entries (about ``max_blocks``, 0: ~1 ms worth; call it under the lock
-        that guards the index's changes); True once the walk is complete."""
+        """Settle the depths ``apply`` left queued (about ``max_blocks``, 0: a few ms' worth), then
+        read the kept statistics; call it under the lock that guards the index's changes until it
+        returns True (one step unless many depths wait)."""
         if self.done:
             return True
-        return self.index._stats_walk_step(self, max_blocks)
+        return self.index._stats_read(self, max_blocks)
 
     def to_stats(self, keep_children_depth=0):
-        """The statistics with the runs and child lists of the top ``keep_children_depth`` edges
-        (finishing the walk first if steps remain: only without concurrent changes)."""
+        """The statistics with views of the runs and child lists of the top ``keep_children_depth``
+        edges (the views read the live index)."""
         if keep_children_depth > MAX_KEEP:
             raise ValueError(f"the compiled index keeps at most {MAX_KEEP} edges of the tree's top")
         while not self.step():
             pass
-        self._free_work()
-        if self.src is None and self.shape0 == self.shape1:  # the tree kept its shape throughout
-            self.index._stats_remember(self)
-        src = self if self.src is None else self.src
-        return src._build(self.version, self.counters, keep_children_depth)
-
-    cdef object _build(self, long version, dict counters, int keep_children_depth):
         cdef BranchSet branching = BranchSet.__new__(BranchSet)
-        branching.data = <uint64_t*>malloc(self.branching.n * sizeof(uint64_t) + 8)
-        if not branching.data:
-            raise MemoryError()
-        if self.branching.n:
-            memcpy(branching.data, self.branching.data, self.branching.n * sizeof(uint64_t))
-        branching.n = self.branching.n
+        branching.data, branching.n = self.branching, self.nbranching
+        self.branching, self.nbranching = NULL, 0
         with nogil:
             qsort(branching.data, branching.n, sizeof(uint64_t), _cmp_u64)
-        children, runs = self._kept_views(keep_children_depth)
-        return TreeStats(version=version, leaf_depths=_counter_of(&self.leaf_e, 0),
-                         leaf_block_depths=_counter_of(&self.leaf_b, 0), branching=branching,
-                         children=children, children_depth=keep_children_depth, runs=runs, **counters)
-
-    cdef tuple _kept_views(self, int keep):
-        """The kept runs within ``keep`` edges as a ``ChildrenView`` and a ``RunsView`` (flat arrays
-        sorted in C: no Python object per run is held)."""
-        cdef size_t i, nc = 0, nr = 0, nroot = 0, nkeys = 0
-        cdef KeptRun* k
-        cdef ChildKey* ck = <ChildKey*>malloc(self.kept.n * sizeof(ChildKey) + 1)
-        cdef RunKey* rk = <RunKey*>malloc(self.kept.n * sizeof(RunKey) + 1)
-        cdef carray.array firsts, unders, run_firsts, run_lasts, run_lengths
-        try:
-            if not (ck and rk):
-                raise MemoryError()
-            for i in range(self.kept.n):
-                k = &(<KeptRun*>self.kept.data)[i]
-                if k.edges > keep:
-                    continue
-                ck[nc].under, ck[nc].first, ck[nc].seq, ck[nc].root = k.under, k.first, <uint32_t>i, k.under_root
-                nc += 1
-                nroot += k.under_root
-                if k.length > 1:
-                    rk[nr].first, rk[nr].last, rk[nr].length = k.first, k.last, k.length
-                    nr += 1
-            with nogil:
-                qsort(ck, nc, sizeof(ChildKey), _cmp_child)
-                qsort(rk, nr, sizeof(RunKey), _cmp_run)
-            firsts = carray.clone(_RUN, nc, zero=False)
-            unders = carray.clone(_RUN, nc - nroot, zero=False)
-            for i in range(nc):
-                firsts.data.as_ulonglongs[i] = ck[i].first
-                if i >= nroot:
-                    unders.data.as_ulonglongs[i - nroot] = ck[i].under
-                    nkeys += i == nroot or ck[i].under != ck[i - 1].under
-            run_firsts = carray.clone(_RUN, nr, zero=False)
-            run_lasts = carray.clone(_RUN, nr, zero=False)
-            run_lengths = carray.clone(_LENGTHS, nr, zero=False)
-            for i in range(nr):
-                run_firsts.data.as_ulonglongs[i] = rk[i].first
-                run_lasts.data.as_ulonglongs[i] = rk[i].last
-                run_lengths.data.as_uints[i] = rk[i].length
-        finally:
-            free(ck)
-            free(rk)
-        return (ChildrenView(nroot, unders, firsts, nkeys + (nroot > 0)),
-                RunsView(self.index, run_firsts, run_lasts, run_lengths))
+        self.branching = <uint64_t*>malloc(branching.n * sizeof(uint64_t) + 8)  # for a second ``to_stats``
+        if not self.branching:
+            raise MemoryError()
+        memcpy(self.branching, branching.data, branching.n * sizeof(uint64_t))
+        self.nbranching = branching.n
+        return TreeStats(version=self.version, branching=branching,
+                         children=ChildrenView(self.index, keep_children_depth),
+                         children_depth=keep_children_depth,
+                         runs=RunsView(self.index, keep_children_depth), **self.counters)
 
 
 cdef class CompiledPrefixIndex:
@@ -819,14 +765,20 @@ cdef class CompiledPrefixIndex:
     cdef frozenset _pl_excluded
     cdef public long version
     # statistics kept at apply time (see the statistics section below)
-    cdef uint32_t* st_kids     # per entry: live children
-    cdef size_t st_kcap
+    cdef Tie* ties             # per entry: child list, depths
+    cdef uint32_t root_head    # the child list of the root (entries with parent -1)
     cdef Vec st_reps           # int64: holders -> blocks in the tree
     cdef Vec st_fan            # int64: live children -> branching blocks in the tree with that many
     cdef int64_t st_root       # blocks in the tree whose parent is the root or out of the tree
     cdef int64_t st_fansum     # live children of the branching blocks in the tree
-    cdef int64_t st_shape      # blocks that entered or left the tree so far
-    cdef tuple st_last         # (shape, StatsWalk): the latest walk during which the shape held
+    cdef Vec st_leaf_e         # int64: depth in radix edges -> leaves
+    cdef Vec st_leaf_b         # int64: depth in blocks -> leaves
+    cdef set st_branch         # entries (in the tree or not) with two or more live children
+    cdef Vec st_gone           # u32: holder-less entries (their orphans are root-level)
+    cdef set st_cuts           # FLAG_CUT entries
+    cdef dict st_deep          # entry -> (blocks, edges) for depths too large to pack
+    cdef Vec st_stack          # u32: entries whose depths are to be settled
+    cdef bint st_bulk          # a worker's clear: depths are rebuilt once at its end
 
     def __cinit__(self):
         self.capblocks = 1024
@@ -847,23 +799,36 @@ cdef class CompiledPrefixIndex:
         self._medium_id = {}
         self._hits = {}
         self.version = 0
+        self.ties = <Tie*>_scratch_map(self.capblocks * sizeof(Tie))
+        if not self.ties:
+            raise MemoryError()
+        self.root_head = NONE
         _vec_init(&self.st_reps, sizeof(int64_t))
         _vec_init(&self.st_fan, sizeof(int64_t))
+        _vec_init(&self.st_leaf_e, sizeof(int64_t))
+        _vec_init(&self.st_leaf_b, sizeof(int64_t))
+        _vec_init(&self.st_gone, sizeof(uint32_t))
+        _vec_init(&self.st_stack, sizeof(uint32_t))
+        self.st_branch, self.st_cuts, self.st_deep = set(), set(), {}
 
     def __dealloc__(self):
         cdef uint32_t i
         if self.blocks:
             for i in range(self.nblocks):
-                if self.blocks[i].cap:
+                if self.blocks[i].capx:
                     free(self.blocks[i].h.ext)
             _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
+        _scratch_unmap(self.ties, self.capblocks * sizeof(Tie))
         free(self.slots)
         free(self.res)
         free(self.tres)
         free(self.scratch)
-        _scratch_unmap(self.st_kids, self.st_kcap * sizeof(uint32_t))
         _vec_free(&self.st_reps)
         _vec_free(&self.st_fan)
+        _vec_free(&self.st_leaf_e)
+        _vec_free(&self.st_leaf_b)
+        _vec_free(&self.st_gone)
+        _vec_free(&self.st_stack)
 
     # ---- hash table ----------------------------------------------------------------------
     cdef inline int64_t _find(self, uint64_t h) noexcept:
@@ -921,10 +886,14 @@ cdef class CompiledPrefixIndex:
         blk = &self.blocks[b]
         blk.hash = h
         blk.parent = -1
-        blk.refs = 0
+        blk.kids = 0
         blk.n = 0
-        blk.cap = 0
-        blk.flags = 0
+        blk.capx = 0
+        blk.flags = FLAG_NEW
+        blk.next = NONE
+        self.ties[b].first = NONE
+        self.ties[b].prev = NONE
+        self.ties[b].dep = 0
         self.slots[i] = <uint32_t>b
         self.used += 1
         if self.used * 4 >= (self.tmask + 1) * 3:
@@ -938,12 +907,18 @@ cdef class CompiledPrefixIndex:
         # A fresh mapping with huge pages asked for before the copy touches it (realloc would
         # move the old 4 KiB pages along): random lookups then rarely miss the TLB.
         cdef Block* blocks = <Block*>_scratch_map(cap * sizeof(Block))
-        if not blocks:
+        cdef Tie* ties = <Tie*>_scratch_map(cap * sizeof(Tie))
+        if not (blocks and ties):
+            _scratch_unmap(blocks, cap * sizeof(Block))
+            _scratch_unmap(ties, cap * sizeof(Tie))
             raise MemoryError()
         _hugepages(blocks, cap * sizeof(Block))
+        _hugepages(ties, cap * sizeof(Tie))
         memcpy(blocks, self.blocks, self.nblocks * sizeof(Block))
+        memcpy(ties, self.ties, self.nblocks * sizeof(Tie))
         _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
-        self.blocks = blocks
+        _scratch_unmap(self.ties, self.capblocks * sizeof(Tie))
+        self.blocks, self.ties = blocks, ties
         self.capblocks = <uint32_t>cap
         return 0
 
@@ -965,24 +940,24 @@ cdef class CompiledPrefixIndex:
                 i = j
         self.slots[i] = EMPTY
         self.used -= 1
-        if self.blocks[b].cap:
+        if self.blocks[b].capx:
             free(self.blocks[b].h.ext)
-            self.blocks[b].cap = 0
+            self.blocks[b].capx = 0
+        if self.blocks[b].flags & FLAG_GONE:
+            self._gone_drop(<uint32_t>b)
         self.blocks[b].flags = FLAG_FREE
         self.blocks[b].n = 0
         self.blocks[b].parent = <int32_t>self.free_head
         self.free_head = b
 
     cdef void _release(self, int64_t b) noexcept:
-        """Free holder-less entries nobody names as parent, up the parent chain."""
+        """Free holder-less entries nobody names as parent (an empty child list), up the parent chain."""
         cdef int64_t p
-        cdef int guard = 0
-        while b >= 0 and self.blocks[b].n == 0 and self.blocks[b].refs == 0 \
+        while b >= 0 and self.blocks[b].n == 0 and self.ties[b].first == NONE \
                 and not self.blocks[b].flags & FLAG_FREE:
             p = self.blocks[b].parent
+            _unlist_from(self.blocks, self.ties, &self.root_head, <uint32_t>b)
             self._unlink(b)
-            if p >= 0:
-                self.blocks[p].refs -= 1
             b = p
 
     # ---- holders ---------------------------------------------------------------------------
@@ -1006,19 +981,21 @@ cdef class CompiledPrefixIndex:
         cdef Block* blk = &self.blocks[b]
         cdef uint32_t* e
         cdef uint32_t* grown
-        cdef uint16_t cap = blk.cap if blk.cap else INLINE
+        cdef uint32_t cap = _capof(blk) if blk.capx else INLINE
+        cdef uint8_t capx
         if blk.n == cap:
             if cap >= MAX_WORKERS:
                 raise ValueError("more than 65535 workers hold one block")
-            cap = 4 if cap == INLINE else (cap * 2 if cap < 32768 else MAX_WORKERS)
+            capx = 2 if not blk.capx else blk.capx + 1  # 4, 8, ..., 32768, then 65535
+            cap = MAX_WORKERS if capx >= 16 else (1u << capx)
             grown = <uint32_t*>malloc(cap * sizeof(uint32_t))
             if not grown:
                 raise MemoryError()
             memcpy(grown, _hold(blk), blk.n * sizeof(uint32_t))
-            if blk.cap:
+            if blk.capx:
                 free(blk.h.ext)
             blk.h.ext = grown
-            blk.cap = cap
+            blk.capx = capx
         e = _hold(blk)
         memmove(e + pos + 1, e + pos, (blk.n - pos) * sizeof(uint32_t))
         e[pos] = entry
@@ -1033,20 +1010,21 @@ cdef class CompiledPrefixIndex:
         memmove(e + pos, e + pos + 1, (blk.n - pos - 1) * sizeof(uint32_t))
         blk.n -= 1
         self._st_holders_down(blk.n)  # statistics
-        if blk.cap and blk.n <= INLINE:  # back inline: no allocation for one or two holders
+        if blk.capx and blk.n <= INLINE:  # back inline: no allocation for one or two holders
             ext = blk.h.ext
             memcpy(blk.h.inl, ext, blk.n * sizeof(uint32_t))
             free(ext)
-            blk.cap = 0
+            blk.capx = 0
 
-    cdef void _leave(self, int64_t b) noexcept:
+    cdef int _leave(self, int64_t b) except -1:
         """Block ``b`` lost its last holder: it leaves the tree (its hits with it)."""
-        self._st_leave(b)  # statistics
+        self._st_leave(<uint32_t>b)  # statistics
         self.live -= 1
         if self.blocks[b].flags & FLAG_HIT:
             self.blocks[b].flags &= ~FLAG_HIT
             self._hits.pop(self.blocks[b].hash, None)
         self._release(b)
+        return 0
 
     # ---- worker and medium tables ------------------------------------------------------------
     cdef int _worker_id(self, str worker) except -1:
@@ -1161,11 +1139,12 @@ cdef class CompiledPrefixIndex:
 
     def memory_bytes(self):
         """Bytes this index has allocated (blocks in use, hash table, holder arrays, statistics)."""
-        cdef uint64_t total = self.nblocks * sizeof(Block) + (self.tmask + 1) * sizeof(uint32_t)
-        total += self.nblocks * sizeof(uint32_t) + (self.st_reps.cap + self.st_fan.cap) * sizeof(int64_t)
+        cdef uint64_t total = self.nblocks * (sizeof(Block) + sizeof(Tie)) + (self.tmask + 1) * sizeof(uint32_t)
+        total += (self.st_reps.cap + self.st_fan.cap + self.st_leaf_e.cap + self.st_leaf_b.cap) * sizeof(int64_t)
+        total += (self.st_gone.cap + self.st_stack.cap) * sizeof(uint32_t)
         cdef uint32_t b
         for b in range(self.nblocks):
-            total += self.blocks[b].cap * sizeof(uint32_t)
+            total += _capof(&self.blocks[b]) * sizeof(uint32_t)
         return total
 
     # ---- events -------------------------------------------------------------------------------
@@ -1222,6 +1201,8 @@ cdef class CompiledPrefixIndex:
             elif kind is AllBlocksCleared:
                 self._clear(wid)
                 cleared += 1
+        if self.st_stack.n > SETTLE_AT:
+            self._st_settle(0)
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
                              removed_events, self.pl_decisions - pl0, self.pl_hits - ph0)
@@ -1257,6 +1238,8 @@ cdef class CompiledPrefixIndex:
                 removed_events += 1
                 removed += e.hn
                 unknown_removals += self._remove(wid, t, scan.hashes + e.hoff, e.hn)
+        if self.st_stack.n > SETTLE_AT:
+            self._st_settle(0)
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
                              removed_events, self.pl_decisions - pl0, self.pl_hits - ph0)
@@ -1289,14 +1272,17 @@ cdef class CompiledPrefixIndex:
                 self.res[wid] += 1
                 self.tres[wid * NMEDIA + t] += 1
                 p = self.blocks[b].parent
-                if p != prev:
-                    if prev >= 0:
-                        self.blocks[prev].refs += 1
+                if self.blocks[b].flags & FLAG_NEW:
+                    self.blocks[b].flags &= ~FLAG_NEW
                     self.blocks[b].parent = <int32_t>prev
+                    _link_to(self.blocks, self.ties, &self.root_head, <uint32_t>b, prev)
+                elif p != prev:  # a departed block back under another parent
+                    _unlist_from(self.blocks, self.ties, &self.root_head, <uint32_t>b)
+                    self.blocks[b].parent = <int32_t>prev
+                    _link_to(self.blocks, self.ties, &self.root_head, <uint32_t>b, prev)
                     if p >= 0:
-                        self.blocks[p].refs -= 1
                         self._release(p)
-                self._st_enter(b)  # statistics
+                self._st_enter(<uint32_t>b)  # statistics
             else:
                 pos = self._slot_of(blk, <uint32_t>wid)
                 if pos < 0:
@@ -1340,21 +1326,29 @@ cdef class CompiledPrefixIndex:
                     self._leave(b)
         return unknown
 
-    cdef void _clear(self, int wid) noexcept:
+    cdef int _clear(self, int wid) except -1:
+        """One pass over all entries (clears are rare: restarts), so the depths are not kept block
+        by block meanwhile (each departure could shift a subtree) but rebuilt once at the end."""
         cdef uint32_t b
         cdef int pos
         if self.res[wid] == 0:
-            return
-        for b in range(self.nblocks):
-            if self.blocks[b].n:
-                pos = self._slot_of(&self.blocks[b], <uint32_t>wid)
-                if pos >= 0:
-                    self._erase(b, pos)
-                    if self.blocks[b].n == 0:
-                        self._leave(b)
+            return 0
+        self.st_bulk = True
+        try:
+            for b in range(self.nblocks):
+                if self.blocks[b].n:
+                    pos = self._slot_of(&self.blocks[b], <uint32_t>wid)
+                    if pos >= 0:
+                        self._erase(b, pos)
+                        if self.blocks[b].n == 0:
+                            self._leave(b)
+        finally:
+            self.st_bulk = False
+            self._st_rebuild()
         self.res[wid] = 0
         memset(self.tres + wid * NMEDIA, 0, NMEDIA * sizeof(int64_t))
         self.version += 1
+        return 0
 
     def clear_worker(self, worker):
         """Drop every block from one worker's view, on every tier (restart or AllBlocksCleared)."""
@@ -1619,36 +1613,231 @@ cdef class CompiledPrefixIndex:
         return block_hashes[0]
 
     # ---- statistics -----------------------------------------------------------------------------
-    # Kept at apply time, one call per block-state transition (``_st_*``): live children per
-    # entry (``refs`` also counts holder-less children), holders -> blocks, children -> branching
-    # blocks, root-level blocks. Reading them is O(histogram size); ``StatsWalk`` adds the depths.
-    cdef int _st_grow_kids(self) except -1:
-        cdef size_t cap = self.capblocks
-        cdef uint32_t* kids = <uint32_t*>_scratch_map(cap * sizeof(uint32_t))
-        if not kids:
-            raise MemoryError()
-        if self.st_kids:
-            memcpy(kids, self.st_kids, self.st_kcap * sizeof(uint32_t))
-            _scratch_unmap(self.st_kids, self.st_kcap * sizeof(uint32_t))
-        self.st_kids, self.st_kcap = kids, cap
+    # Every statistic is kept at apply time, one call per block-state transition (``_st_enter``,
+    # ``_st_leave``, ``_st_kid``, ``_st_holders_*``): live children per entry, holders -> blocks,
+    # children -> branching blocks, root-level blocks, the branching set, and the leaf depths.
+    # Reading them is O(histogram + branching set) (``StatsReading``); nothing walks the tree.
+    #
+    # The depth rule. Each block in the tree keeps its depth in blocks and in radix edges (packed
+    # in ``Tie.dep``). A block whose parent is the root or out of the tree (an orphan), or that is a
+    # parent cycle's cut, has depths (1, 1); any other block has its parent's depth in blocks + 1,
+    # and its parent's depth in edges + 1 if the parent has two or more live children (a run starts
+    # here), else the parent's (the run goes on). A leaf (no live child) is counted in the two
+    # histograms at its depths. A block's depths depend only on its parent's depths, on whether its
+    # parent is in the tree and has two or more live children, and on its own cut flag; whenever one
+    # of these changes, the blocks concerned are queued (``st_stack``) and ``_st_settle`` recomputes
+    # each from its parent: one whose depths are unchanged stops there; one whose depths changed
+    # moves between histogram buckets if it is a leaf, else queues its live children. The tree is
+    # a forest once cycles are cut, so the settled depths are the rule's unique solution, whatever
+    # the order. Two invariants make that hold while blocks wait in the queue: the histograms count
+    # each leaf at its *stored* depths (every change of a stored depth or of leafhood moves it), and
+    # every block whose stored depths differ from what the rule gives from its parent's stored
+    # depths is queued. So ``apply`` only queues (a block's new depths come from its parent's
+    # stored ones, exactly as settling would give them), and the next reading settles the queue
+    # before it copies anything, a bounded number of blocks per step under the lock (``step``
+    # returns False until the queue is empty; after ``SETTLE_STEPS`` steps the rest goes in one).
+    # A queued block that left the tree meanwhile costs nothing: a chain evicted top first, or a
+    # subtree orphaned and then evicted before the reading, is never visited. ``apply`` settles
+    # itself only when more than ``SETTLE_AT`` blocks wait (no reader), to bound the queue.
+    #
+    # What a transition costs:
+    # * at apply time, O(1) always: the counters, a block stored under a leaf (same edges, one more
+    #   block; the parent stops being a leaf), under a block with two or more children (one more
+    #   edge) or under the root, a leaf leaving whose parent keeps two or more children or becomes
+    #   a leaf, holders and tiers changing — and the queueing of the children named below.
+    # * at the next reading, the subtree below, each entry once (its child list scanned; ~20 ns an
+    #   entry, more out of the cache): a block with one child gaining a second (the first child's
+    #   subtree gains an edge), a block going from two children to one (the remaining child's
+    #   subtree loses one: it merges into the parent's run), a block leaving the middle of the tree
+    #   (its children's subtrees become root-level runs; the usual eviction takes leaves first) or
+    #   coming back above its orphans. The worst case is a split or a merge right above a large
+    #   subtree — a second child near the top of a tree that hangs under one chain — which visits
+    #   that whole subtree: at 10 M (worker, block) pairs ``bench.prefix_index`` measures it, spread
+    #   over the reading's steps (each a few ms of lock); further children there are O(1) again.
+    # * a worker's clear is one pass over all entries already: depths are rebuilt once after it.
+    #
+    # Parent cycles (colliding hashes: a departed block comes back under its own descendant) are
+    # found when a block with live children enters the tree (a walk up from its parent) and cut
+    # above their smallest hash (FLAG_CUT), the reference's rule; a cycle member leaving lifts the
+    # cut. Child lists hold every entry naming a block as parent, holder-less ones too (an entry
+    # lives while its list is not empty); holder-less entries are on the gone list, and their live
+    # children are root-level. Depths beyond 20 bits of blocks or 12 of edges are kept in ``st_deep``.
+    cdef int _get_dep(self, uint32_t x, uint32_t* b, uint32_t* e) except -1:
+        cdef uint32_t d = self.ties[x].dep
+        if d != DEEP:
+            b[0] = d & DEP_BMAX
+            e[0] = d >> DEP_BLOCKS
+        else:
+            pair = self.st_deep[x]
+            b[0] = pair[0]
+            e[0] = pair[1]
         return 0
 
-    cdef inline uint32_t _st_kids_of(self, int64_t b) noexcept:
-        return self.st_kids[b] if <size_t>b < self.st_kcap else 0
+    cdef int _set_dep(self, uint32_t x, uint32_t b, uint32_t e) except -1:
+        if self.ties[x].dep == DEEP:
+            self.st_deep.pop(x, None)
+        if b < DEP_BMAX and e < DEP_EMAX:
+            self.ties[x].dep = (e << DEP_BLOCKS) | b
+        else:
+            self.ties[x].dep = DEEP
+            self.st_deep[x] = (b, e)
+        return 0
 
-    cdef int _st_kid(self, int64_t p, int d) noexcept:
-        """Entry ``p`` gained (d=1) or lost (d=-1) a live child; -1 when memory ran out."""
-        cdef uint32_t before = self.st_kids[p]
+    cdef int _leaf(self, uint32_t x, int64_t d) except -1:
+        """Count (d=1) or uncount (d=-1) leaf ``x`` at its depths."""
+        cdef uint32_t b, e
+        self._get_dep(x, &b, &e)
+        if _bump(&self.st_leaf_b, b, d) or _bump(&self.st_leaf_e, e, d):
+            raise MemoryError()
+        return 0
+
+    cdef int _from_parent(self, uint32_t x, uint32_t* b, uint32_t* e) except -1:
+        """The depths the rule gives block ``x`` from its parent's."""
+        cdef int64_t p = self.blocks[x].parent
+        if p < 0 or not self.blocks[p].n or self.blocks[x].flags & FLAG_CUT:
+            b[0] = 1
+            e[0] = 1
+            return 0
+        self._get_dep(<uint32_t>p, b, e)
+        b[0] += 1
+        if self.blocks[p].kids >= 2:
+            e[0] += 1
+        return 0
+
+    cdef int _queue(self, uint32_t x) except -1:
+        if _qpush(&self.st_stack, x):
+            raise MemoryError()
+        return 0
+
+    cdef int _queue_kids(self, uint32_t p) except -1:
+        """Queue the live children of ``p`` whose depths follow it (a cycle's cut does not)."""
+        if _queue_kids_of(&self.st_stack, self.blocks, self.ties, p):
+            raise MemoryError()
+        return 0
+
+    cdef int _st_settle(self, int64_t budget) except -1:
+        """Recompute the queued blocks from their parents, and below those whose depths changed:
+        about ``budget`` blocks (0: all). Returns 1 if some remain queued."""
+        cdef Block* blocks = self.blocks
+        cdef Tie* ties = self.ties
+        cdef Vec* q = &self.st_stack
+        cdef uint32_t x, b, e, ob, oe, d, od
+        cdef int64_t p
+        if budget <= 0:
+            budget = -1
+        while q.n and budget:
+            budget -= 1
+            q.n -= 1
+            x = (<uint32_t*>q.data)[q.n]
+            if not blocks[x].n:
+                continue
+            p = blocks[x].parent
+            d = ties[p].dep if p >= 0 else 0
+            od = ties[x].dep
+            if p < 0 or not blocks[p].n or blocks[x].flags & FLAG_CUT:
+                b = e = 1
+            elif d != DEEP:
+                b = (d & DEP_BMAX) + 1
+                e = (d >> DEP_BLOCKS) + (1 if blocks[p].kids >= 2 else 0)
+            else:
+                self._from_parent(x, &b, &e)
+            if od != DEEP and b < DEP_BMAX and e < DEP_EMAX:  # the packed common case, inline
+                d = (e << DEP_BLOCKS) | b
+                if d == od:
+                    continue
+                if not blocks[x].kids and (_bump(&self.st_leaf_b, od & DEP_BMAX, -1)
+                                           or _bump(&self.st_leaf_e, od >> DEP_BLOCKS, -1)
+                                           or _bump(&self.st_leaf_b, b, 1) or _bump(&self.st_leaf_e, e, 1)):
+                    raise MemoryError()
+                ties[x].dep = d
+            else:
+                self._get_dep(x, &ob, &oe)
+                if b == ob and e == oe:
+                    continue
+                if not blocks[x].kids:
+                    self._leaf(x, -1)
+                    self._set_dep(x, b, e)
+                    self._leaf(x, 1)
+                else:
+                    self._set_dep(x, b, e)
+            if blocks[x].kids and _queue_kids_of(q, blocks, ties, x):
+                raise MemoryError()
+        if q.n:
+            return 1
+        if q.cap > (1 << 20):  # a large subtree's worth of queue: give it back
+            _vec_free(q)
+        return 0
+
+    cdef int _st_rebuild(self) except -1:
+        """Every depth and the leaf histograms from the root-level blocks down (after a clear)."""
+        cdef uint32_t x, i, b, e
+        self.st_leaf_e.n = 0
+        self.st_leaf_b.n = 0
+        self.st_stack.n = 0
+        self.st_deep.clear()
+        x = self.root_head
+        while x != NONE:
+            if self.blocks[x].n:
+                self._queue(x)
+            x = self.blocks[x].next
+        for i in range(self.st_gone.n):
+            self._queue_kids((<uint32_t*>self.st_gone.data)[i])
+        for m in self.st_cuts:
+            self._queue(<uint32_t>m)
+        while self.st_stack.n:  # parents before children: each block's parent is settled
+            self.st_stack.n -= 1
+            x = (<uint32_t*>self.st_stack.data)[self.st_stack.n]
+            self._from_parent(x, &b, &e)
+            self._set_dep(x, b, e)
+            if self.blocks[x].kids == 0:
+                self._leaf(x, 1)
+            else:
+                self._queue_kids(x)
+        return 0
+
+    def _rebuild_depths(self):
+        """Recompute every depth from the roots: what one walk of the whole tree costs (the bench's baseline)."""
+        self._st_rebuild()
+
+    cdef inline int _settled(self) except -1:
+        """Settle every queued depth (before depths are read)."""
+        if self.st_stack.n:
+            self._st_settle(0)
+        return 0
+
+    cdef int _gone_add(self, uint32_t b) except -1:
+        self.ties[b].dep = <uint32_t>self.st_gone.n
+        if _push(&self.st_gone, &b):
+            raise MemoryError()
+        self.blocks[b].flags |= FLAG_GONE
+        return 0
+
+    cdef void _gone_drop(self, uint32_t b) noexcept:
+        cdef uint32_t* g = <uint32_t*>self.st_gone.data
+        cdef uint32_t i = self.ties[b].dep
+        cdef uint32_t last = g[self.st_gone.n - 1]
+        g[i] = last
+        self.ties[last].dep = i
+        self.st_gone.n -= 1
+        self.blocks[b].flags &= ~FLAG_GONE
+
+    cdef int _st_kid(self, int64_t p, int d) except -1:
+        """Entry ``p`` gained (d=1) or lost (d=-1) a live child: fan-outs and the branching set."""
+        cdef uint32_t before = self.blocks[p].kids
         cdef uint32_t after = before + d
-        self.st_kids[p] = after
+        self.blocks[p].kids = after
         if self.blocks[p].n:  # fan-outs count branching blocks in the tree only
             if before >= 2:
                 (<int64_t*>self.st_fan.data)[before] -= 1
                 self.st_fansum -= before
             if after >= 2:
                 if _tally(&self.st_fan, after, 1):
-                    return -1
+                    raise MemoryError()
                 self.st_fansum += after
+        if after == 2 and before == 1:  # branching, in the tree or not (as the reference counts it)
+            self.st_branch.add(p)
+        elif before == 2 and after == 1:
+            self.st_branch.discard(p)
         return 0
 
     cdef int _st_holders_up(self, uint32_t n) except -1:
@@ -1665,178 +1854,332 @@ cdef class CompiledPrefixIndex:
         if n:
             (<int64_t*>self.st_reps.data)[n] += 1
 
-    cdef int _st_enter(self, int64_t b) except -1:
-        """Block ``b`` came into the tree, its parent set: the parent gained a live child, and
-        b's own live children (kept while it was out) stop hanging off the root."""
-        cdef int64_t p = self.blocks[b].parent
-        cdef uint32_t k
-        self.st_shape += 1
-        if self.nblocks > self.st_kcap:
-            self._st_grow_kids()
-        if p >= 0 and self._st_kid(p, 1):
-            raise MemoryError()
-        if p < 0 or not self.blocks[p].n:
-            self.st_root += 1
-        k = self.st_kids[b]
-        self.st_root -= k
-        if k >= 2:
-            if _tally(&self.st_fan, k, 1):
-                raise MemoryError()
-            self.st_fansum += k
+    cdef int64_t _st_cycle_closed(self, uint32_t b) except -2:
+        """``b`` entered with live children under a parent in the tree: if that closed a parent
+        cycle, cut it above its smallest hash and return that entry; else -1."""
+        cdef int64_t y = self.blocks[b].parent, m
+        cdef uint64_t steps = 0
+        while y >= 0 and <uint32_t>y != b and self.blocks[y].n:
+            if self.blocks[y].flags & FLAG_CUT or steps > self.nblocks:
+                return -1  # up into another cycle: b is not on it
+            y = self.blocks[y].parent
+            steps += 1
+        if y < 0 or <uint32_t>y != b:
+            return -1
+        m = b
+        y = self.blocks[b].parent
+        while <uint32_t>y != b:
+            if self.blocks[y].hash < self.blocks[m].hash:
+                m = y
+            y = self.blocks[y].parent
+        self.blocks[m].flags |= FLAG_CUT
+        self.st_cuts.add(m)
+        return m
+
+    cdef int _st_uncut(self, uint32_t b) except -1:
+        """``b`` is leaving: if it was on a parent cycle, lift the cycle's cut."""
+        cdef int64_t y, m = -1
+        cdef uint64_t steps = 0
+        if self.blocks[b].flags & FLAG_CUT:
+            self.blocks[b].flags &= ~FLAG_CUT
+            self.st_cuts.discard(b)
+            return 0
+        if not self.blocks[b].kids:
+            return 0
+        y = self.blocks[b].parent
+        while y >= 0 and <uint32_t>y != b and self.blocks[y].n and steps <= self.nblocks:
+            if self.blocks[y].flags & FLAG_CUT:
+                if m >= 0:
+                    return 0  # around another cycle: b is not on it
+                m = y
+            y = self.blocks[y].parent
+            steps += 1
+        if y < 0 or <uint32_t>y != b or m < 0:
+            return 0
+        self.blocks[m].flags &= ~FLAG_CUT
+        self.st_cuts.discard(m)
+        if not self.st_bulk:
+            self._queue(<uint32_t>m)
         return 0
 
-    cdef void _st_leave(self, int64_t b) noexcept:
-        """Block ``b`` left the tree (before its entry is released): the reverse of ``_st_enter``."""
-        cdef int64_t p = self.blocks[b].parent
-        cdef uint32_t k = self.st_kids[b]
-        self.st_shape += 1
+    cdef int _st_enter(self, uint32_t b) except -1:
+        """Block ``b`` came into the tree, its parent set and linked: the parent gained a live
+        child, b's own live children (kept while it was out) stop hanging off the root, depths."""
+        cdef Block* blocks = self.blocks
+        cdef int64_t p = blocks[b].parent, m = -1
+        cdef uint32_t k = blocks[b].kids, k0 = 0, db, de, pb = 0, pe = 0, d
+        cdef bint plive = p >= 0 and blocks[p].n > 0
+        if blocks[b].flags & FLAG_GONE:
+            self._gone_drop(b)
         if p >= 0:
-            self._st_kid(p, -1)  # never grows the histogram: it cannot fail
-        if p < 0 or not self.blocks[p].n:
+            k0 = blocks[p].kids
+            if k0 == 0 or (k0 >= 2 and not blocks[p].n):
+                blocks[p].kids = k0 + 1  # no fan-out or branching change
+            elif k0 >= 2:  # a branching block in the tree: one more child
+                blocks[p].kids = k0 + 1
+                (<int64_t*>self.st_fan.data)[k0] -= 1
+                self.st_fansum += 1
+                if _bump(&self.st_fan, k0 + 1, 1):
+                    raise MemoryError()
+            else:
+                self._st_kid(p, 1)
+        if not plive:
+            self.st_root += 1
+        if k:
+            self.st_root -= k
+            if k >= 2:
+                if _tally(&self.st_fan, k, 1):
+                    raise MemoryError()
+                self.st_fansum += k
+            if plive:
+                m = self._st_cycle_closed(b)
+        if self.st_bulk:
+            return 0
+        if plive and not blocks[b].flags & FLAG_CUT:
+            d = self.ties[p].dep
+            if d != DEEP:
+                pb, pe = d & DEP_BMAX, d >> DEP_BLOCKS
+            else:
+                self._get_dep(<uint32_t>p, &pb, &pe)
+            db, de = pb + 1, pe + (1 if k0 >= 1 else 0)  # the parent has k0 + 1 live children now
+        else:
+            db = de = 1
+        if db < DEP_BMAX and de < DEP_EMAX and self.ties[b].dep != DEEP:
+            self.ties[b].dep = (de << DEP_BLOCKS) | db
+        else:
+            self._set_dep(b, db, de)
+        if k == 0 and plive and k0 == 0:  # a run grows by a leaf: its leaf moves one block down
+            if _bump(&self.st_leaf_b, pb, -1) or _bump(&self.st_leaf_b, db, 1):
+                raise MemoryError()
+        else:
+            if k == 0 and (_bump(&self.st_leaf_b, db, 1) or _bump(&self.st_leaf_e, de, 1)):
+                raise MemoryError()
+            if plive and k0 == 0:
+                self._leaf(<uint32_t>p, -1)  # the parent stops being a leaf
+        if plive and k0 == 1:
+            self._queue_kids(<uint32_t>p)  # a split: the parent's first child starts a run now
+        if k:
+            self._queue_kids(b)  # its orphans hang under it again
+        if m >= 0 and m != b:
+            self._queue(<uint32_t>m)
+        return 0
+
+    cdef int _st_leave(self, uint32_t b) except -1:
+        """Block ``b`` left the tree (before its entry is released): the reverse of ``_st_enter``."""
+        cdef Block* blocks = self.blocks
+        cdef int64_t p = blocks[b].parent
+        cdef uint32_t k = blocks[b].kids, k1 = 0, bd, pd
+        cdef bint plive = p >= 0 and blocks[p].n > 0
+        cdef bint moved = False
+        if not self.st_bulk and k == 0:
+            bd = self.ties[b].dep
+            pd = self.ties[p].dep if plive else DEEP
+            if plive and blocks[p].kids == 1 and bd != DEEP and pd != DEEP and (bd >> DEP_BLOCKS) == (pd >> DEP_BLOCKS):
+                # the run's leaf moves one block up (the parent becomes the leaf, same edges)
+                if _bump(&self.st_leaf_b, bd & DEP_BMAX, -1) or _bump(&self.st_leaf_b, pd & DEP_BMAX, 1):
+                    raise MemoryError()
+                moved = True
+            elif bd != DEEP:
+                (<int64_t*>self.st_leaf_b.data)[bd & DEP_BMAX] -= 1
+                (<int64_t*>self.st_leaf_e.data)[bd >> DEP_BLOCKS] -= 1
+            else:
+                self._leaf(b, -1)
+        if p >= 0:
+            k1 = blocks[p].kids - 1
+            if k1 == 0 or (k1 >= 2 and not blocks[p].n):
+                blocks[p].kids = k1  # no fan-out or branching change
+            elif k1 >= 2:  # a branching block in the tree: one child less
+                blocks[p].kids = k1
+                (<int64_t*>self.st_fan.data)[k1 + 1] -= 1
+                (<int64_t*>self.st_fan.data)[k1] += 1
+                self.st_fansum -= 1
+            else:
+                self._st_kid(p, -1)
+        if not plive:
             self.st_root -= 1
-        self.st_root += k
-        if k >= 2:
-            (<int64_t*>self.st_fan.data)[k] -= 1
-            self.st_fansum -= k
+        if k:
+            self.st_root += k
+            if k >= 2:
+                (<int64_t*>self.st_fan.data)[k] -= 1
+                self.st_fansum -= k
+        if self.st_cuts:
+            self._st_uncut(b)
+        if not self.st_bulk:
+            if plive:
+                if k1 == 0 and not moved:
+                    self._leaf(<uint32_t>p, 1)  # the parent becomes a leaf
+                elif k1 == 1:
+                    self._queue_kids(<uint32_t>p)  # a merge: the remaining child joins the parent's run
+            if k:
+                self._queue_kids(b)  # its children's subtrees become root-level runs
+        if self.ties[b].dep == DEEP:
+            self.st_deep.pop(b, None)
+        if self.ties[b].first != NONE:  # named by other entries: it stays, holder-less
+            self._gone_add(b)
+        return 0
 
     cdef object _stats_counters(self):
         """The statistics kept at apply time, exact at this version."""
         return dict(nodes=self.st_root + self.st_fansum, blocks=self.live, root_fanout=self.st_root,
-                    fanouts=_counter_of(&self.st_fan, 2), replicas=_counter_of(&self.st_reps, 1))
+                    fanouts=_counter_of(&self.st_fan, 2), replicas=_counter_of(&self.st_reps, 1),
+                    leaf_depths=_counter_of(&self.st_leaf_e, 0), leaf_block_depths=_counter_of(&self.st_leaf_b, 0))
 
     def stats_pass(self):
-        """Start a statistics reading (``StatsWalk``): ``step`` it under the caller's lock until
-        it returns True, then ``to_stats``. Walks are independent: nothing is written through."""
-        cdef StatsWalk w = StatsWalk.__new__(StatsWalk)
-        w.index = self
-        return w
+        """Start a statistics reading (``StatsReading``): ``step`` it under the caller's lock (one
+        step completes it), then ``to_stats``."""
+        cdef StatsReading r = StatsReading.__new__(StatsReading)
+        r.index = self
+        return r
 
-    def _stats_walk_step(self, StatsWalk w, Py_ssize_t max_blocks):
-        cdef uint32_t nb = self.nblocks, b, k
-        cdef size_t cap
-        cdef int64_t budget = max_blocks if max_blocks > 0 else WALK_SLICE, work = 0
-        cdef int32_t* bdep
-        cdef int32_t* edep
-        cdef uint64_t h
-        if w.index is not self:
-            raise RuntimeError("a statistics walk steps over the index that started it")
-        if not w.started:
-            w.started, w.shape0 = True, self.st_shape
-            if self.st_last is not None and self.st_last[0] == self.st_shape:  # the shape held: reuse
-                w.src = self.st_last[1]
-                w.shape1, w.version, w.counters, w.done = self.st_shape, self.version, self._stats_counters(), True
-                return True
-        if nb > w.cap:  # first step, or the index grew past the walk's address space
-            # Address space for twice the block array: pages are taken only as the walk touches
-            # them, and a regrowth (a copy of the depths so far, under the lock) needs the index
-            # to more than double during one walk.
-            cap = <size_t>self.capblocks * 2 + 1024
-            bdep = <int32_t*>_scratch_map(cap * sizeof(int32_t))
-            edep = <int32_t*>_scratch_map(cap * sizeof(int32_t))
-            if not (bdep and edep):
-                _scratch_unmap(bdep, cap * sizeof(int32_t))
-                _scratch_unmap(edep, cap * sizeof(int32_t))
-                raise MemoryError()
-            if w.cap:
-                memcpy(bdep, w.bdep, w.cap * sizeof(int32_t))
-                memcpy(edep, w.edep, w.cap * sizeof(int32_t))
-                _scratch_unmap(w.bdep, w.cap * sizeof(int32_t))
-                _scratch_unmap(w.edep, w.cap * sizeof(int32_t))
-            w.bdep, w.edep, w.cap = bdep, edep, cap
-        b = w.cursor
-        while b < nb and work < budget:
-            work += 1
-            k = self._st_kids_of(b)
-            if k >= 2:  # branching, in the tree or not (as the reference counts it)
-                h = self.blocks[b].hash
-                if _push(&w.branching, &h):
-                    raise MemoryError()
-            if self.blocks[b].n:
-                if w.bdep[b] == 0:
-                    work += self._walk_depth(w, b)
-                if k == 0 and (_tally(&w.leaf_e, w.edep[b], 1) or _tally(&w.leaf_b, w.bdep[b], 1)):
-                    raise MemoryError()
-                if k != 1 and w.edep[b] <= MAX_KEEP:  # a run's end within the kept top
-                    work += self._walk_keep(w, b)
-            b += 1
-        w.cursor = b
-        if b < nb:
+    def _stats_read(self, StatsReading r, Py_ssize_t max_blocks):
+        """One step of a reading: settle up to ``max_blocks`` queued depths (0: ``SETTLE_SLICE``;
+        all of them after ``SETTLE_STEPS`` steps); once none is queued, copy the statistics.
+        True when the reading is complete."""
+        cdef Py_ssize_t i = 0
+        if r.index is not self:
+            raise RuntimeError("a statistics reading reads the index that started it")
+        r.steps += 1
+        if self.st_stack.n and self._st_settle(0 if r.steps >= SETTLE_STEPS else
+                                               (max_blocks if max_blocks > 0 else SETTLE_SLICE)):
             return False
-        w.shape1, w.version, w.counters, w.done = self.st_shape, self.version, self._stats_counters(), True
-        return True  # the working memory goes in ``to_stats``, outside the lock (unmapping takes ms)
-
-    def _stats_remember(self, StatsWalk w):
-        """A complete walk during which the shape held: later readings at that shape reuse it."""
-        self.st_last = (w.shape1, w)
-
-    cdef int64_t _walk_depth(self, StatsWalk w, uint32_t b) except -1:
-        """Depths of ``b`` and of its ancestors not yet known: up to a known one, a run hanging
-        off the root or a parent cycle (colliding hashes: it ends where the walk meets itself),
-        then back down. Returns the entries visited."""
-        cdef int32_t* bdep = w.bdep
-        cdef int32_t* edep = w.edep
-        cdef size_t sp = 0, visited
-        cdef int64_t p
-        cdef uint32_t x = b
-        cdef int32_t* grown
-        while True:
-            if sp == w.stackcap:
-                grown = <int32_t*>realloc(w.stack, (w.stackcap * 2 + 64) * sizeof(int32_t))
-                if not grown:
-                    raise MemoryError()
-                w.stack, w.stackcap = grown, w.stackcap * 2 + 64
-            w.stack[sp] = x
-            sp += 1
-            bdep[x] = -1
-            p = self.blocks[x].parent
-            if p < 0 or not self.blocks[p].n or bdep[p] != 0:
-                break
-            x = <uint32_t>p
-        visited = sp
-        while sp:
-            sp -= 1
-            x = w.stack[sp]
-            p = self.blocks[x].parent
-            if p < 0 or not self.blocks[p].n or bdep[p] < 0:
-                bdep[x] = 1
-                edep[x] = 1
-            else:
-                bdep[x] = bdep[p] + 1
-                edep[x] = edep[p] + (1 if self._st_kids_of(p) > 1 else 0)
-        return visited
-
-    cdef int64_t _walk_keep(self, StatsWalk w, uint32_t b) except -1:
-        """Record the run ending at ``b`` (up to its start; the length bound cuts a parent cycle)."""
-        cdef KeptRun r
-        cdef uint32_t x = b, nb = self.nblocks
-        cdef int64_t p
-        cdef uint32_t length = 1
-        cdef bint root_run
-        while True:
-            p = self.blocks[x].parent
-            if p < 0 or not self.blocks[p].n or self._st_kids_of(p) > 1 or <uint32_t>p == b or length > nb:
-                break
-            x = <uint32_t>p
-            length += 1
-        root_run = p < 0 or not self.blocks[p].n or <uint32_t>p == b
-        r.first, r.last, r.length = self.blocks[x].hash, self.blocks[b].hash, length
-        r.under = 0 if root_run else self.blocks[p].hash
-        r.edges, r.under_root = <uint16_t>w.edep[b], root_run
-        if _push(&w.kept, &r):
+        free(r.branching)
+        r.branching = <uint64_t*>malloc(len(self.st_branch) * sizeof(uint64_t) + 8)
+        if not r.branching:
             raise MemoryError()
-        return length
+        for x in self.st_branch:
+            r.branching[i] = self.blocks[<uint32_t>x].hash
+            i += 1
+        r.nbranching = i
+        r.version, r.counters, r.done = self.version, self._stats_counters(), True
+        return True
 
-    def _run_up(self, last, uint32_t length):
-        """The ``length`` blocks ending at ``last``, read up its parent links, first to last
-        (None when the tree no longer links them so)."""
-        cdef int64_t b = self._find(_u64(last))
-        cdef carray.array out = carray.clone(_RUN, length, zero=False)
-        cdef uint32_t j
-        for j in range(length, 0, -1):
-            if b < 0 or not self.blocks[b].n:
+    # The tree's top, read from the live index through the child lists (``ChildrenView``, ``RunsView``).
+    cdef int64_t _only_child(self, uint32_t x) noexcept:
+        """The live child of ``x`` (which has one)."""
+        cdef uint32_t c = self.ties[x].first
+        while c != NONE and not self.blocks[c].n:
+            c = self.blocks[c].next
+        return c if c != NONE else -1
+
+    cdef bint _has_end(self, uint32_t x) noexcept:
+        """Whether the run starting at ``x`` ends at a leaf or a branching block (only a run inside
+        a parent cycle, down to the cycle's cut, has none)."""
+        cdef int64_t c
+        cdef uint64_t steps = 0
+        if not self.st_cuts:
+            return True
+        while self.blocks[x].kids == 1 and steps <= self.nblocks:
+            c = self._only_child(x)
+            if c < 0 or self.blocks[c].flags & FLAG_CUT:
+                return False
+            x = <uint32_t>c
+            steps += 1
+        return True
+
+    cdef list _root_level(self):
+        """The root-level blocks: the root's children in the tree, the orphans of holder-less
+        entries, and the cuts of parent cycles whose runs end."""
+        cdef uint32_t x = self.root_head, i
+        out = []
+        while x != NONE:
+            if self.blocks[x].n:
+                out.append(self.blocks[x].hash)
+            x = self.blocks[x].next
+        for i in range(self.st_gone.n):
+            x = self.ties[(<uint32_t*>self.st_gone.data)[i]].first
+            while x != NONE:
+                if self.blocks[x].n:
+                    out.append(self.blocks[x].hash)
+                x = self.blocks[x].next
+        for m in self.st_cuts:
+            if self._has_end(<uint32_t>m):
+                out.append(self.blocks[<uint32_t>m].hash)
+        return out
+
+    def _kept_children(self, key, int keep):
+        """The first blocks of the kept child runs of ROOT or of a branching block within ``keep``
+        edges (None: not a kept key)."""
+        cdef int64_t x
+        cdef uint32_t c, b, e
+        if keep < 1:
+            return None
+        self._settled()
+        if key == ROOT:
+            return self._root_level() or None
+        x = self._find(_u64(key))
+        if x < 0 or not self.blocks[x].n or self.blocks[x].kids < 2:
+            return None
+        self._get_dep(<uint32_t>x, &b, &e)
+        if e >= <uint32_t>keep:
+            return None
+        out = []
+        c = self.ties[x].first
+        while c != NONE:
+            if self.blocks[c].n and not self.blocks[c].flags & FLAG_CUT and self._has_end(c):
+                out.append(self.blocks[c].hash)
+            c = self.blocks[c].next
+        return out or None
+
+    def _kept_keys(self, int keep):
+        """ROOT (if the root has a kept child run), then the branching blocks in the tree within
+        ``keep`` - 1 edges, sorted."""
+        cdef uint32_t b, e
+        cdef bint root = self.st_root > 0
+        if keep < 1:
+            return []
+        self._settled()
+        for m in self.st_cuts:
+            root = root or self._has_end(<uint32_t>m)
+        unders = []
+        for x in self.st_branch:
+            if self.blocks[<uint32_t>x].n:
+                self._get_dep(<uint32_t>x, &b, &e)
+                if e < <uint32_t>keep:
+                    unders.append(self.blocks[<uint32_t>x].hash)
+        unders.sort()
+        return [ROOT, *unders] if root else unders
+
+    def _kept_run(self, first, int keep):
+        """The blocks of the kept run starting at ``first`` if it has two or more, else None."""
+        cdef int64_t x = self._find(_u64(first)), p, c
+        cdef uint32_t b, e, n = 0, j
+        cdef carray.array out
+        if keep < 1 or x < 0 or not self.blocks[x].n or self.blocks[x].kids != 1:
+            return None
+        self._settled()
+        p = self.blocks[x].parent
+        if p >= 0 and self.blocks[p].n and not self.blocks[x].flags & FLAG_CUT:
+            if self.blocks[p].kids < 2:
+                return None  # inside a run, not its first block
+            self._get_dep(<uint32_t>p, &b, &e)
+            if e >= <uint32_t>keep:
                 return None
-            out.data.as_ulonglongs[j - 1] = self.blocks[b].hash
-            b = self.blocks[b].parent
+        if not self._has_end(<uint32_t>x):
+            return None
+        c = x
+        while True:
+            n += 1
+            if self.blocks[c].kids != 1:
+                break
+            c = self._only_child(<uint32_t>c)
+        out = carray.clone(_RUN, n, zero=False)
+        c = x
+        for j in range(n):
+            out.data.as_ulonglongs[j] = self.blocks[c].hash
+            if j + 1 < n:
+                c = self._only_child(<uint32_t>c)
+        return out
+
+    def _kept_run_firsts(self, int keep):
+        """The first blocks of the kept runs of two or more blocks, sorted."""
+        cdef int64_t x
+        out = []
+        for key in self._kept_keys(keep):
+            for h in self._kept_children(key, keep) or ():
+                x = self._find(h)
+                if self.blocks[x].kids == 1:
+                    out.append(h)
+        out.sort()
         return out
 
     def stats(self, keep_children_depth=0):

@@ -41,9 +41,9 @@ __all__ = ["CORE", "DEFAULT_MEDIUM", "MAX_MEDIA", "ROOT", "ApplyResult", "Evicti
 _WANT = os.environ.get("PREFIXSCOPE_INDEX", "").strip().lower()
 
 class StatsPass(Protocol):
-    """What the compiled index's ``stats_pass`` returns (a ``StatsWalk``): the counters kept at
-    apply time plus a walk of the live tree, stepped under the caller's lock until ``step``
-    returns True, then ``to_stats``."""
+    """What the compiled index's ``stats_pass`` returns (a ``StatsReading``): the statistics it
+    keeps at apply time, depths included, read under the caller's lock by ``step`` until it
+    returns True (one step unless depth shifts wait to be settled), then ``to_stats``."""
 
     version: int
 
@@ -85,9 +85,10 @@ def pass_in_slices(index: ReferencePrefixIndex, lock: AbstractContextManager[obj
                    max_blocks: int = 0) -> tuple[TreeCopy | StatsPass, SliceTiming]:
     """A statistics reading of ``index``, stepped under ``lock`` one slice per hold (ingest runs between).
 
-    The reference copies its dicts in one hold (C-level copies); the compiled index reads the
-    statistics it keeps at apply time and walks its live tree for the depths, a bounded number
-    of entries per hold (``max_blocks``; 0: its default, about a millisecond), nothing copied.
+    The reference copies its dicts in one hold (C-level copies); the compiled index settles the
+    depth shifts its ``apply`` left queued, a bounded number of blocks per hold (``max_blocks``;
+    0: its default, a few milliseconds' worth), then copies the statistics it keeps at apply
+    time in one hold (O(histogram + branching set)); nothing walks the tree.
     """
     holds: list[float] = []
     cpu = 0.0
@@ -109,7 +110,7 @@ def compute_stats(tree: TreeCopy | StatsPass, keep_children_depth: int = 0) -> T
     """The statistics of a finished reading, keeping the top ``keep_children_depth`` edges.
 
     The reference runs its pass on its copy here; the compiled index only turns its counters
-    and walk into Python objects (and filters the kept top of the tree).
+    into Python objects (its tree's top is a view of the live index).
     """
     if isinstance(tree, TreeCopy):
         return _reference_stats(tree, keep_children_depth)

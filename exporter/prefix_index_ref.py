@@ -12,8 +12,8 @@ Tree statistics (radix depth, fan-out, duplication) are defined here as one pass
 the tree: :meth:`ReferencePrefixIndex.stats_pass` takes the copy with C-level dict/list copies
 (the only step that needs the caller's lock) and :func:`compute_stats` does the pass on it,
 without the lock. The protocol is sliced (``step`` until it returns True, each call under the
-caller's lock): the compiled index keeps most statistics at apply time and walks its live tree
-for the rest in short holds; here one step is all.
+caller's lock): the compiled index keeps every statistic at apply time, leaf depths included,
+and its steps settle the depth shifts left queued before one copies them; here one step is all.
 
 Cache tiers: events carry a ``medium`` (GPU, CPU, disk; ``None`` reads as GPU). Each (worker,
 medium) is its own view: a removal on one tier never touches another. A worker holds a block
@@ -641,26 +641,44 @@ class _RunWalk:
     branching blocks' depths are remembered, so every block is visited once and nothing per
     block is kept. Depths are packed as ``edges << 32 | blocks``. Runs within ``keep`` edges of
     the root are stored (``runs``, ``children``) for the API's view of the top of the tree.
+
+    A parent cycle (colliding hashes: a block that left the tree comes back under one of its own
+    descendants) is cut above its block with the smallest hash: that block starts a run at the
+    root, as an orphan does (its parent still counts it as a child). The cut depends on the tree
+    alone, not on the order of the walk, so an index that keeps depths at apply time cuts there too.
     """
 
     def __init__(self, parent: dict[int, int], branching: frozenset[int], keep: int) -> None:
         self.parent, self.branching = parent, branching
         self.limit = (keep + 1) << _EDGE_SHIFT  # packed depths below this are within ``keep`` edges
         self.known: dict[int, int] = {}  # branching block -> packed depth
+        self.cut: set[int] = set()  # the smallest hash of each parent cycle met so far
         self.runs: dict[int, Sequence[int]] = {}
         self.children: dict[int, list[int]] = {}
 
     def _up(self, end: int) -> tuple[list[int], int]:
-        """The run ending at ``end`` (end first) and the parent of its start."""
-        parent, branching = self.parent, self.branching
+        """The run ending at ``end`` (end first) and the parent of its start (ROOT above a cut)."""
+        parent, branching, cut = self.parent, self.branching, self.cut
         run = [end]
-        p = parent[end]
-        while p not in branching and p in parent:
+        x = end
+        while x not in cut:
+            p = parent[x]
+            if p in branching or p not in parent:
+                return run, p
             run.append(p)
-            p = parent[p]
-            if len(run) > len(parent):  # a cycle (colliding hashes): cut it here
+            x = p
+            if len(run) > len(parent):  # a cycle with no branching block: no run end reaches it
                 break
-        return run, p
+        return run, ROOT
+
+    def _cut_cycle(self, p: int) -> None:
+        """Cut the parent cycle through ``p`` above its smallest hash."""
+        parent = self.parent
+        low, x = p, parent[p]
+        while x != p:
+            low = min(low, x)
+            x = parent[x]
+        self.cut.add(low)
 
     def depth(self, end: int) -> int:
         """Packed depth of a run end; resolves the branching ancestors it needs (no recursion)."""
@@ -672,7 +690,13 @@ class _RunWalk:
         x, (run, p) = end, self._up(end)
         while True:
             hangs = p in parent  # a branching block in the tree; else the root or a departed parent
-            if hangs and p not in known and p not in busy:
+            if hangs and p not in known and (p in busy or p == x):  # a parent cycle: cut it, start again
+                self._cut_cycle(p)
+                stack.clear()
+                busy.clear()
+                x, (run, p) = end, self._up(end)
+                continue
+            if hangs and p not in known:
                 busy.add(x)
                 stack.append((x, run, p))
                 x, (run, p) = p, self._up(p)

@@ -2,7 +2,8 @@
 
 At most every ``interval`` seconds it calls ``ClusterState.refresh_tree_stats``, which does
 nothing while the index is unchanged; otherwise it reads the statistics under the state lock in
-short steps (counters kept at apply time, a walk of the live tree for the depths; no copy) and
+short steps (every statistic, leaf depths included, is kept at apply time: a reading settles
+the depth shifts left queued and copies the counters and histograms; no walk, no copy) and
 builds the result outside it. /metrics and the API serve the latest completed reading, at most
 about ``interval`` plus one reading old.
 """
