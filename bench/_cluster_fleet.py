@@ -38,6 +38,7 @@ import zmq
 
 BLOCK_SIZE = 16
 MEDIUM = "GPU"
+MODEL = "bench-model"  # every worker serves it (its /metrics, the records, the topology)
 SUBTICKS = 10  # workers are served in this many staggered groups per tick (no synchronised bursts)
 SUBTICK_S = 0.01  # so a worker sends at most one batch per SUBTICKS * SUBTICK_S = 0.1 s
 END_SEQ = b"\xff" * 8
@@ -216,7 +217,7 @@ class Pages:
         from fleet.engine import EngineCounters, WorkerSpec
 
         self.workers = {w.name: w for w in workers}
-        self.specs = {w.name: WorkerSpec(w.name, model="bench-model", num_gpu_blocks=shape.capacity_blocks,
+        self.specs = {w.name: WorkerSpec(w.name, model=MODEL, num_gpu_blocks=shape.capacity_blocks,
                                          block_size=BLOCK_SIZE) for w in workers}
         self.created = time.time()
         self.counters = EngineCounters

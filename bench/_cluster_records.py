@@ -21,7 +21,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from bench._cluster_fleet import BLOCK_SIZE, Shape, chain_hashes, family_of, prefix_hashes, worker_name
+from bench._cluster_fleet import BLOCK_SIZE, MODEL, Shape, chain_hashes, family_of, prefix_hashes, worker_name
 
 
 class RecordMaker:
@@ -52,7 +52,7 @@ class RecordMaker:
         self.n += 1
         cached = self.shape.prefix_blocks * BLOCK_SIZE * rng.randint(0, 3)
         return (f'{{"ts":{ts:.3f},"request_id":"bench-{self.n}","worker":"{worker_name(w)}",'
-                f'"prompt_tokens":{self.prompt_tokens},"model":"bench-model","session_key":"s-{w}-{chain}",'
+                f'"prompt_tokens":{self.prompt_tokens},"model":"{MODEL}","session_key":"s-{w}-{chain}",'
                 f'"block_hashes":[{self._hashes(w, chain)}],"cached_tokens":{cached},'
                 f'"ttft_s":{0.05 + rng.random() * 0.2:.4f},"prefill_s":{0.03 + rng.random() * 0.1:.4f},'
                 f'"queue_s":{rng.random() * 0.02:.4f}}}')

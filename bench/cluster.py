@@ -6,8 +6,9 @@ size N it starts, all on 127.0.0.1:
 - N simulated workers, several hundred per load process (``bench._cluster_fleet``): each
   publishes KV-cache events in vLLM's wire format on its own ZMQ PUB socket (with a ROUTER
   replay socket) at the rate set for the phase, and serves vLLM's /metrics;
-- one exporter, ``prefixscope export --config.file …`` with the fleet's manifest — the real
-  process, config file and CLI;
+- one exporter, ``prefixscope export --config.file …`` with the fleet's manifest and a topology
+  file (eight workers a node, one NVLink domain a node, so placement is judged from every KV
+  store as in a deployment) — the real process, config file and CLI;
 - a load generator posting request records as NDJSON in batches over a kept-alive connection
   (``bench._cluster_records``);
 - a Prometheus-style scraper that GETs the exporter's /metrics every ``--scrape-every`` seconds
@@ -59,7 +60,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bench._cluster_fleet import SUBTICK_S, SUBTICKS, Shape
+from bench._cluster_fleet import MODEL, SUBTICK_S, SUBTICKS, Shape
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -258,6 +259,14 @@ def batch_interval(rate: float) -> float:
 
 
 # ---- processes ------------------------------------------------------------------------------------
+def bench_topology(workers: list[str], per_node: int = 8) -> dict[str, Any]:
+    """The fleet's topology: ``per_node`` workers a node, each node one NVLink domain."""
+    return {"schema": "prefixscope.topology/v1", "model": MODEL,
+            "gpu_classes": {"H100": {"price_per_gpu_hour": 4.0}},
+            "workers": [{"name": w, "node": f"node-{i // per_node}", "nvlink_domain": f"node-{i // per_node}/nvl0",
+                         "gpu_class": "H100"} for i, w in enumerate(workers)]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -443,10 +452,12 @@ class Cluster:
             self.loads.append(load)
             manifest += load.first["workers"]
         (self.run / "fleet.json").write_text(json.dumps({"workers": manifest}))
+        (self.run / "topology.json").write_text(json.dumps(bench_topology([w["name"] for w in manifest])))
         port = free_port()
         self.port = port
         (self.run / "exporter.yaml").write_text(json.dumps({
             "fleet_manifest": "fleet.json",
+            "topology": "topology.json",
             "scrape_interval": f"{s.worker_scrape_interval:g}s",
             "scrape_timeout": f"{min(2.0, s.worker_scrape_interval):g}s",
             "limits": {"workers": max(2000, self.n + 10)},

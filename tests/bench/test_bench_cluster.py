@@ -18,6 +18,7 @@ from bench._cluster_records import RecordMaker
 from bench.cluster import (
     Scrape,
     Settings,
+    bench_topology,
     busiest,
     by_duty,
     by_exporter_duty,
@@ -31,6 +32,7 @@ from exporter.sources.records import parse_ndjson
 from fleet.cache import Removed, Stored
 from fleet.kv_publisher import encode_batch
 from prefixscope.catalog import DUTY_NAMES
+from prefixscope.topology import parse_topology
 
 SMALL = Shape(blocks_per_event=4, prefix_blocks=2, families=2, resident_chains=6, cycle_chains=10,
               capacity_blocks=64)
@@ -78,6 +80,15 @@ def test_records_are_valid_and_carry_the_workers_chains() -> None:
         assert list(rec.block_hashes[:SMALL.prefix_blocks]) == prefix_hashes(family_of(w, SMALL), SMALL)
         chain = list(rec.block_hashes[SMALL.prefix_blocks:])
         assert any(chain == chain_hashes(w, j, SMALL) for j in range(SMALL.cycle_chains))
+
+
+def test_the_fleets_topology_is_valid_with_eight_workers_a_node_and_domain() -> None:
+    names = [f"w{i}" for i in range(20)]
+    topo = parse_topology(bench_topology(names))
+    assert [w.name for w in topo.workers] == names
+    domains = [w.nvlink_domain for w in topo.workers]
+    assert domains.count(domains[0]) == 8 and len(set(domains)) == 3
+    assert all(w.nvlink_domain.startswith(w.node + "/") for w in topo.workers)
 
 
 def test_read_page_and_the_follow_verdict() -> None:
