@@ -28,7 +28,7 @@ panels = [
             target(q.ratio_by("kv_placement_domain_hits", "kv_placement_decisions", "model"), "{{model}} (KV events)")],
             unit="ratio", description="Requests placed in the NVLink domain that holds their longest cached prefix: "
                                       "exact per request from records with block hashes; from KV events, one "
-                                      "judgement per stored chain (continuations count as in-domain)."),
+                                      "judgement per request at its first block store."),
         timeseries("Session migrations by kind", [
             target(f"sum by (kind) ({q.rate('session_migrations')}) * 60", "{{kind}}")], unit="per_minute"),
         timeseries("Cross-node migrations by kind", [

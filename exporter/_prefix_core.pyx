@@ -42,7 +42,7 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 
 from exporter.eviction import DEFAULT_MEMORY as DEFAULT_EVICTION_MEMORY, DEFAULT_SAMPLE_EVERY, BatchEvictions
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
-from exporter.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResult, TreeStats
+from exporter.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResult, ChainTails, TreeStats
 
 cdef carray.array _RUN = array("Q")
 cdef carray.array _LENGTHS = array("I")
@@ -763,6 +763,7 @@ cdef class CompiledPrefixIndex:
     cdef object pl_buf         # array("I"): two worker-id sets of the intersection walk
     cdef dict _pl_domain_ids   # worker -> domain id
     cdef frozenset _pl_excluded
+    cdef object _pl_tails      # ChainTails: stores that continue a worker's own recent chain are not judged
     cdef public long version
     # statistics kept at apply time (see the statistics section below)
     cdef Tie* ties             # per entry: child list, depths
@@ -1370,6 +1371,12 @@ cdef class CompiledPrefixIndex:
         self._pl_excluded = frozenset(workers)
         self.pl_known = <uint32_t>-1
 
+    def set_placement_clock(self, ts):
+        """The time of the batch about to be applied (continuations are judged by it)."""
+        if self._pl_tails is None:
+            self._pl_tails = ChainTails()
+        self._pl_tails.now = ts
+
     cdef int _pl_refresh(self) except -1:
         """The per-worker arrays, rebuilt when a worker appears (rare) or the tables change."""
         ids, excluded = self._pl_domain_ids or {}, self._pl_excluded or frozenset()
@@ -1406,6 +1413,8 @@ cdef class CompiledPrefixIndex:
         out = <const int8_t*>(<carray.array>self.pl_out).data.as_schars
         mine = dom[wid]
         if mine < 0:
+            return 0
+        if self._pl_tails is not None and self._pl_tails.continues(wid, parent if has_parent else None, hs[n - 1]):
             return 0
         cur = (<carray.array>self.pl_buf).data.as_uints
         nxt = cur + self.pl_known

@@ -37,11 +37,23 @@ index as it stood before the event, excluding w and the workers that left the po
 A placement is a domain hit when w's NVLink domain holds one of them. Workers absent from the
 domains are not judged (as stores) and hold no domain (as holders). Holders count on any tier.
 
-What this counts with real vLLM: one judgement per stored chain, not per request. Chunked
-prefill and decode-block caching store continuation chains (nobody else holds their first block,
-so they count as in-domain placements), and a request whose prompt was fully cached stores
-nothing. Request records with ``block_hashes`` give the exact per-request rate and take
-precedence (``exporter.record_accounting``).
+A store that continues a chain the worker itself stored within the last
+``PLACEMENT_CONTINUATION_S`` seconds of the batches' clock (its parent is that chain's last
+block: :class:`ChainTails`) is no placement — it is the same request going on. vLLM stores a
+request's blocks as they fill: a long prompt chunk by chunk (chunked prefill), and its output a
+block at a time while it decodes; counted as placements (nobody else holds their first block,
+so each would be an in-domain hit), these would outnumber the requests' own placements ten to
+one. The clock comes from :meth:`ReferencePrefixIndex.set_placement_clock` (without it every
+store is judged).
+
+What this counts with real vLLM, then: about one judgement per request that stores a block — its
+first store. A request whose prompt was fully cached is judged at its first decode block (its
+parent, the prompt's last block, is no recent tail: an in-domain hit, rightly). A follow-up turn
+sent to the same worker within the window of its previous turn's last full block is taken for a
+continuation and not judged (an in-domain placement left out: agents' quick tool-call loops read
+a little low); a decode slower than a block per window is judged again (a little high). Request
+records with ``block_hashes`` give the exact per-request rate and take precedence
+(``exporter.record_accounting``).
 """
 
 from __future__ import annotations
@@ -54,6 +66,7 @@ from itertools import chain, compress, filterfalse, groupby, islice, repeat
 from operator import and_, attrgetter, eq, not_, or_
 
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from prefixscope.catalog import PLACEMENT_CONTINUATION_S
 
 ROOT = -1  # parent of root-level blocks; block hashes are unsigned, so -1 never collides
 _EDGE_SHIFT = 32  # packed depth: radix edges in the high bits, blocks in the low 32
@@ -74,6 +87,41 @@ def medium_of(ev: object) -> str | None:
     if m is _NO_MEDIUM:
         return None
     return DEFAULT_MEDIUM if m is None else m
+
+
+class ChainTails:
+    """Per worker, the last block of each chain it stored lately and when (the batches' clock):
+    a store whose parent is one of them, within ``window`` seconds, continues that chain.
+
+    Both indexes judge through this one object. Each worker's map is pruned of entries older
+    than the window whenever it has doubled since its last pruning (at least 64 entries), so it
+    holds about the chains stored within the window, twice over at most."""
+
+    __slots__ = ("_kept", "_tails", "now", "window")
+
+    def __init__(self, window: float = PLACEMENT_CONTINUATION_S) -> None:
+        self.window = window
+        self.now: float | None = None  # the current batch's time; None: no store continues
+        self._tails: dict[int, dict[int, float]] = {}  # worker id -> chain's last block -> stored at
+        self._kept: dict[int, int] = {}  # worker id -> entries left by its last pruning
+
+    def continues(self, wid: int, parent: int | None, last: int) -> bool:
+        """Whether a store on ``wid`` under ``parent`` continues one of its recent chains; the
+        store's ``last`` block becomes a tail."""
+        now = self.now
+        if now is None:
+            return False
+        tails = self._tails.get(wid)
+        if tails is None:
+            tails = self._tails[wid] = {}
+        seen = tails.get(parent) if parent is not None else None
+        tails[last] = now
+        if len(tails) > 2 * max(32, self._kept.get(wid, 0)):
+            horizon = now - self.window
+            for h in [h for h, t in tails.items() if t < horizon]:
+                del tails[h]
+            self._kept[wid] = len(tails)
+        return seen is not None and now - seen <= self.window
 
 
 @dataclass
@@ -187,6 +235,7 @@ class ReferencePrefixIndex:
         self._pl_known = -1  # workers the masks below were built for
         self._pl_masks: dict[str, int] = {}  # domain -> worker mask
         self._pl_out = 0  # worker mask of the excluded workers
+        self._pl_tails = ChainTails()
 
     # ---- worker table ------------------------------------------------------------------
     def _worker_id(self, worker: str) -> int:
@@ -291,6 +340,10 @@ class ReferencePrefixIndex:
         self._pl_excluded = frozenset(workers)
         self._pl_known = -1
 
+    def set_placement_clock(self, ts: float | None) -> None:
+        """The time of the batch about to be applied (continuations are judged by it)."""
+        self._pl_tails.now = ts
+
     def _placement_masks(self) -> None:
         domains, workers = self._pl_domains or {}, self._workers
         masks: dict[str, int] = {}
@@ -306,7 +359,7 @@ class ReferencePrefixIndex:
     def _judge(self, wid: int, hs: Sequence[int], parent: int | None, res: ApplyResult) -> None:
         """One GPU store's placement, before the store is applied."""
         domain = self._pl_domains.get(self._workers[wid]) if self._pl_domains is not None else None
-        if domain is None or not hs:
+        if domain is None or not hs or self._pl_tails.continues(wid, parent, hs[-1]):
             return
         if self._pl_known != len(self._workers):
             self._placement_masks()

@@ -356,6 +356,7 @@ class ClusterState:
             w = self.worker_pool.worker(worker, received_at)
             if self.topology is not None:
                 self._placement_pool()
+                self.index.set_placement_clock(batch.ts)
             if scan is not None:  # the compiled reader's arrays, applied without event objects
                 res = self.index.apply_scan(worker, scan)
                 if batch.attributed:  # (a labelled batch never comes scanned then)

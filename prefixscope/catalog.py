@@ -61,6 +61,10 @@ PROMPT_CLASSES: tuple[tuple[float, str], ...] = (
 
 # The line of the per-session distribution the spec asks about (share of sessions below it). It
 # must be a bound of RATIO_BUCKETS: a gauge-histogram share is read off one bucket.
+# A KV-event store whose parent ended one of the same worker's stores this recently continues that
+# request (chunked prefill; decode blocks fill every 16 tokens, well under this even at 100 ms a
+# token): placement is judged at a request's first store only (exporter.prefix_index_ref).
+PLACEMENT_CONTINUATION_S = 2.0
 SESSION_HIT_LINE = 0.8
 
 # Multi-window, multi-burn-rate SLO alerts (Google SRE workbook, "Alerting on SLOs"): each pair
@@ -294,7 +298,7 @@ SIGNAL_ENABLE: dict[str, str] = {
                    "holds the session (e.g. gen_ai.conversation.id on the client's span)",
     "block_hashes": "records: add block_hashes (the router's chained block hashes)",
     "placements": "records: add block_hashes (exact, per request); or subscribe to the workers' KV events "
-                  "(vLLM --kv-events-config) with a topology file loaded (one judgement per stored chain)",
+                  "(vLLM --kv-events-config) with a topology file loaded (judged at each request's first block store)",
     "cached_tokens": "records: cached_tokens from usage.prompt_tokens_details.cached_tokens "
                      "(vLLM --enable-prompt-tokens-details); spans: gen_ai.usage.cache_read.input_tokens",
     "predicted_cached_tokens": "records: predicted_cached_tokens from a router plugin",
@@ -521,7 +525,8 @@ METRICS: tuple[Metric, ...] = (
             help="Of those, requests placed in the NVLink domain that holds their longest cached prefix."),
     _metric(name="kv_placement_decisions", type="counter", unit="", labels=(M,), group=4, source="kv_events",
             help="GPU block stores of topology workers whose longer cached prefix was resident somewhere in the cluster "
-                 "(one per stored chain, judged against the index before it; without records' block hashes)."),
+                 f"(a request's first store; its later ones, within {PLACEMENT_CONTINUATION_S:g} s under its own last block, are left out; "
+                 "judged against the index before it; without records' block hashes)."),
     _metric(name="kv_placement_domain_hits", type="counter", unit="", labels=(M,), group=4, source="kv_events",
             help="Of those, stores on a worker whose NVLink domain held the longest cached prefix."),
     _metric(name="cross_node_migrations", type="counter", unit="", labels=("kind",), group=4, source="records",
@@ -906,7 +911,7 @@ CHECKS: tuple[Check, ...] = (
           value="cluster:prefixscope_placement_domain_hits_per_placement_decisions:ratio_rate5m",
           op="<", threshold="topology_aware_placement_hit_rate", unit="ratio", signals=("topology", "placements"),
           meaning="Share of requests placed in the NVLink domain holding their longest cached prefix (from "
-                  "records with block hashes; else of KV-event block stores, one per stored chain).",
+                  "records with block hashes; else judged at each request's first KV-event block store).",
           summary="Fewer than {threshold} of requests land in the NVLink domain holding their prefix."),
     Check(key="cross_node_migration_count_per_minute", group=4, title="Cross-node migrations per minute", alert="PrefixCrossNodeMigrationStorm",
           value="cluster:prefixscope_cross_node_migrations:rate5m_per_minute",

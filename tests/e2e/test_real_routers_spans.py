@@ -39,6 +39,7 @@ from fleet.spans import FleetSpans, GenAiClient
 from fleet.worker_http import WORKER_HEADER
 from fleet.workers import Placement
 from prefixscope import catalog
+from prefixscope.catalog import PLACEMENT_CONTINUATION_S
 from prefixscope.thresholds import load_thresholds
 from tests.e2e.router_stack import (
     CAPACITY_BLOCKS,
@@ -188,8 +189,9 @@ def cold_cost_per_request(window: list[Served]) -> float | None:
 
 def kv_placement_ratio(window: list[Served], placements: Mapping[str, Placement]) -> float | None:
     """Σ in-domain / Σ judged over the requests that stored blocks (each publishes one BlockStored:
-    the fleet does not chunk) while some live worker held a prefix of their prompt: judged where
-    the fleet's own caches held the longest prefix when the request was admitted."""
+    the fleet does not chunk, and no turn follows its worker's last store of the conversation
+    within the continuation window) while some live worker held a prefix of their prompt: judged
+    where the fleet's own caches held the longest prefix when the request was admitted."""
     domain = {w["name"]: w["nvlink_domain"] for w in TOPOLOGY["workers"]}
     judged = [p for s in window if (p := placements[s.request_id]).stores and p.holders]
     if not judged:
@@ -365,6 +367,9 @@ def test_spans_light_the_checklist_with_no_records(span_stack: SpanStack) -> Non
     wait_for(lambda: s.value(f"{P}_worker_pool_size") == 2.0, "the healthy pool to shrink to 2")
     moved = turns([(g, 3) for g in moving])
     assert victim not in moved
+    # the next turns come later than a request's own next store would (a turn on the worker that
+    # stored the last one within PLACEMENT_CONTINUATION_S reads as that request going on)
+    time.sleep(PLACEMENT_CONTINUATION_S + 0.5)
     turns([(g, 4) for g in range(SESSIONS)])
     settle(s, bypassed)
     wait_for_records(ss)

@@ -3,7 +3,9 @@
 The rule (``exporter.prefix_index_ref``'s docstring): each GPU ``BlockStored`` on worker w is one
 placement judged against the index before it — the workers holding the longest prefix are the
 deepest non-empty intersection of the other holders of b1, b2, …, else the holders of the parent;
-a domain hit when w's NVLink domain holds one of them.
+a domain hit when w's NVLink domain holds one of them. With the batches' clock set, a store that
+continues a chain the worker stored within ``PLACEMENT_CONTINUATION_S`` is the same request going
+on (chunked prefill, decode blocks), not a placement.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from hypothesis import strategies as st
 
 from exporter.model import BlockRemoved, BlockStored
 from exporter.prefix_index import ReferencePrefixIndex
+from exporter.prefix_index_ref import ChainTails
+from prefixscope.catalog import PLACEMENT_CONTINUATION_S
 from tests.exporter.test_prefix_index_equality import batches, forests, observe, payload
 
 compiled = pytest.importorskip("exporter._prefix_core")
@@ -41,7 +45,7 @@ def test_a_first_store_of_a_prefix_nobody_holds_is_no_placement(cls) -> None:
 
 
 @pytest.mark.parametrize("cls", CLASSES)
-def test_a_continuation_of_its_own_prefix_is_an_in_domain_placement(cls) -> None:
+def test_without_a_clock_a_store_under_its_own_prefix_is_an_in_domain_placement(cls) -> None:
     idx = index(cls)
     idx.apply("w2", [BlockStored((1, 2), None, 16)])
     assert judged(idx, "w2", BlockStored((3, 4), 2, 16)) == (1, 1)
@@ -54,6 +58,47 @@ def test_recomputing_a_prefix_held_in_another_domain_is_a_miss(cls) -> None:
     assert judged(idx, "w0", BlockStored((1, 2, 3, 4), None, 16)) == (1, 0)
     # w0 now holds it too: w1 recomputing it is in w0's domain
     assert judged(idx, "w1", BlockStored((1, 2, 3, 5), None, 16)) == (1, 1)
+
+
+def at(idx, ts: float, worker: str, *events) -> tuple[int, int]:
+    idx.set_placement_clock(ts)
+    return judged(idx, worker, *events)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_a_request_as_vllm_stores_it_is_one_placement(cls) -> None:
+    """A prompt in two chunks, then its output a block at a time: one judgement, at the first store."""
+    idx = index(cls)
+    at(idx, 0.0, "w2", BlockStored((1, 2), None, 16))  # an earlier request left the system prompt on w2
+    assert at(idx, 10.0, "w0", BlockStored((1, 2, 3, 4), None, 16)) == (1, 0)  # chunk 1: w2 held it
+    assert at(idx, 10.2, "w0", BlockStored((5, 6), 4, 16)) == (0, 0)  # chunk 2
+    for i in range(10):  # decode: a block every 0.5 s, each under the last
+        assert at(idx, 10.7 + 0.5 * i, "w0", BlockStored((100 + i,), 6 if i == 0 else 99 + i, 16)) == (0, 0)
+    # the next turn of the conversation, a while later on the same worker: a placement, in domain
+    assert at(idx, 30.0, "w0", BlockStored((200, 201), 109, 16)) == (1, 1)
+    # another turn sent to a worker in another domain straight after: judged there — a miss
+    assert at(idx, 30.5, "w2", BlockStored((200, 202), 109, 16)) == (1, 0)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_a_continuation_is_judged_only_within_the_window(cls) -> None:
+    idx = index(cls)
+    at(idx, 0.0, "w1", BlockStored((1, 2), None, 16))
+    assert at(idx, PLACEMENT_CONTINUATION_S, "w1", BlockStored((3,), 2, 16)) == (0, 0)  # at the edge: continues
+    assert at(idx, 2 * PLACEMENT_CONTINUATION_S + 0.1, "w1", BlockStored((4,), 3, 16)) == (1, 1)  # past it
+    # another worker's tail is no continuation of this one's
+    assert at(idx, 2 * PLACEMENT_CONTINUATION_S + 0.2, "w0", BlockStored((5,), 4, 16)) == (1, 1)
+
+
+def test_chain_tails_prune_only_what_is_past_the_window() -> None:
+    tails = ChainTails(window=2.0)
+    for i in range(1000):  # a busy worker: a chain every 10 ms
+        tails.now = i * 0.01
+        assert not tails.continues(0, None, i)
+    tails.now = 10.0
+    assert tails.continues(0, 999, 5000) and tails.continues(0, 801, 5001)  # 8.01 s: within 2 s of 10
+    assert not tails.continues(0, 700, 5002)  # 7.0 s: past the window
+    assert len(tails._tails[0]) < 600  # old tails pruned as the map doubled
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -145,7 +190,8 @@ def test_compiled_decoded_and_scanned_judge_as_the_reference(data: st.DataObject
                if d is not None}
     ref, comp, scanned = ReferencePrefixIndex(), CompiledPrefixIndex(), CompiledPrefixIndex()
     arrays = data.draw(st.booleans())
-    judging = False
+    clock = data.draw(st.booleans())  # with the batches' clock, continuations are left out
+    judging, ts = False, 0.0
     for _ in range(data.draw(st.integers(1, 25))):
         if data.draw(st.integers(0, 4)) == 0:  # domains and exclusions change between batches
             judging = data.draw(st.booleans())
@@ -154,6 +200,10 @@ def test_compiled_decoded_and_scanned_judge_as_the_reference(data: st.DataObject
                 idx.set_placement_domains(domains if judging else None)
                 idx.set_placement_excluded(excluded)
         worker, events, restart = data.draw(batches(paths))
+        if clock:  # steps around the window, now and then back in time (an engine's clock reset)
+            ts += data.draw(st.sampled_from((0.0, 0.5, PLACEMENT_CONTINUATION_S, 2.5, -1.0)))
+            for idx in (ref, comp, scanned):
+                idx.set_placement_clock(ts)
         want = ref.apply(worker, events)
         assert comp.apply(worker, events) == want
         scan = compiled.scan_kv_batch(payload(events, arrays))

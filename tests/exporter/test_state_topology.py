@@ -208,15 +208,16 @@ def test_placement_judged_from_kv_events_lights_the_check_without_records():
     kv(st, "w0", 90, BlockStored((1, 2, 3), None, 16))  # nothing resident before: no placement
     kv(st, "w1", 91, BlockStored((1, 2, 3, 4), None, 16))  # longest on w0, same domain a/nvl0 → hit
     kv(st, "w3", 92, BlockStored((1, 2, 5), None, 16))  # longest on w0 and w1, both in a/nvl0 → miss
-    kv(st, "w3", 93, BlockStored((6,), 5, 16))  # continues its own chain → hit
+    kv(st, "w3", 93, BlockStored((6,), 5, 16))  # the same request's next block a second on: no placement
     kv(st, "wx", 94, BlockStored((1, 2, 7), None, 16))  # not in the topology: not judged
     kv(st, "w2", 95, BlockStored((1, 2, 3), None, 16, medium="CPU"))  # an offload, not a placement
+    kv(st, "w3", 99, BlockStored((8,), 6, 16))  # a later turn on its own chain (past the window) → hit
     model = ("m",)  # no scrape names the model: the topology's
     assert counter(st, "kv_placement_decisions", model) == 3
     assert counter(st, "kv_placement_domain_hits", model) == 2
     assert counter(st, "placement_decisions") is None  # the records' series stay missing
     assert st.signals()["placements"] and not st.signals()["block_hashes"]
-    result = evaluate(st, now=95).results["topology_aware_placement_hit_rate"]
+    result = evaluate(st, now=99).results["topology_aware_placement_hit_rate"]
     assert result.status != "not_instrumented" and result.value == 2 / 3
 
 
