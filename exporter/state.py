@@ -40,7 +40,7 @@ from exporter.attribution import Attribution
 from exporter.cardinality import RecordLabels
 from exporter.config import Limits
 from exporter.eviction import DEFAULT_MEMORY, BatchEvictions
-from exporter.health import Health
+from exporter.health import Health, LabelValues
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
 from exporter.input_time import InputTime
@@ -385,9 +385,8 @@ class ClusterState:
                 if not w.block_size:
                     w.block_size = next((ev.block_size for ev in events
                                          if isinstance(ev, BlockStored) and ev.block_size), None)
-            self._count_evictions(worker, ev, received_at, got)
-            if res.placements:
-                self._count_placements(w, res.placements, res.placement_hits, received_at)
+            self._count_evictions(worker, ev, received_at, got,
+                                  self._placement_incs(w, res.placements, res.placement_hits) if res.placements else None)
             if not self.worker_pool.unchanged_for(worker):
                 self._update_pool(received_at)
             self._expire()
@@ -435,27 +434,31 @@ class ClusterState:
             self._placement_out = out
             self.index.set_placement_excluded(out)
 
-    def _count_placements(self, w: WorkerInfo, placements: int, hits: int, ts: float) -> None:
+    def _placement_incs(self, w: WorkerInfo, placements: int, hits: int) -> list[tuple[str, LabelValues, float]]:
         """A batch's placements judged from its GPU stores, under the worker's model (its scrape's,
         else the topology's)."""
         snap = w.snapshot
         model = (snap.model if snap is not None else None) or getattr(self.topology, "model", None) or UNKNOWN
         lab = (model,)  # (the hits series exists with the decisions: a ratio's numerator reads 0, not missing)
-        self.store.inc_many(ts, [(_KV_PLACEMENTS, lab, placements), (_KV_PLACEMENT_HITS, lab, hits)])
+        return [(_KV_PLACEMENTS, lab, placements), (_KV_PLACEMENT_HITS, lab, hits)]
 
-    def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float, roots: RootBatch | None = None) -> None:
+    def _count_evictions(self, worker: str, ev: BatchEvictions, ts: float, roots: RootBatch | None = None,
+                         more: list[tuple[str, LabelValues, float]] | None = None) -> None:
         """The eviction and prefix-instability series of one batch (under the lock), the counters in
-        one write. Both instability counters exist from the first judgeable root on, so a fleet
-        without unstable prefixes reads 0; thrash (restored) exists wherever stores do."""
+        one write with the batch's ``more`` (its placements). Both instability counters exist from
+        the first judgeable root on, so a fleet without unstable prefixes reads 0; thrash (restored)
+        exists wherever stores do."""
         if ev.other_media:
             self._other_media.add(worker)
         stored, evicted, ages = ev.stored, ev.evicted, ev.ages
         if roots is not None and roots.roots:
             incs = [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)]
-        elif not (stored or evicted or ages):
+        elif not (stored or evicted or ages or more):
             return
         else:
             incs = []
+        if more:
+            incs += more
         kl = self._kv_labels.get(worker)
         if kl is None:
             kl = self._kv_labels[worker] = _KvLabels(worker)
