@@ -595,29 +595,28 @@ cdef inline int _queue_kids_of(Vec* q, const Block* blocks, const Tie* ties, uin
     return 0
 
 
+cdef inline uint32_t* _list_head(Tie* ties, uint32_t* root_head, int64_t p) noexcept nogil:
+    """Where the first entry of ``p``'s child list is kept (-1: the root's)."""
+    return &ties[p].first if p >= 0 else root_head
+
+
 cdef inline void _link_to(Block* blocks, Tie* ties, uint32_t* root_head, uint32_t x, int64_t p) noexcept nogil:
     """Put entry ``x`` first in the child list of ``p`` (-1: the root's)."""
-    cdef uint32_t head = ties[p].first if p >= 0 else root_head[0]
-    blocks[x].next = head
+    cdef uint32_t* head = _list_head(ties, root_head, p)
+    blocks[x].next = head[0]
     ties[x].prev = NONE
-    if head != NONE:
-        ties[head].prev = x
-    if p >= 0:
-        ties[p].first = x
-    else:
-        root_head[0] = x
+    if head[0] != NONE:
+        ties[head[0]].prev = x
+    head[0] = x
 
 
 cdef inline void _unlist_from(Block* blocks, Tie* ties, uint32_t* root_head, uint32_t x) noexcept nogil:
     """Take entry ``x`` out of its parent's child list."""
     cdef uint32_t pv = ties[x].prev, nx = blocks[x].next
-    cdef int64_t p = blocks[x].parent
     if pv != NONE:
         blocks[pv].next = nx
-    elif p >= 0:
-        ties[p].first = nx
     else:
-        root_head[0] = nx
+        _list_head(ties, root_head, blocks[x].parent)[0] = nx
     if nx != NONE:
         ties[nx].prev = pv
 
