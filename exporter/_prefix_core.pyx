@@ -3303,7 +3303,7 @@ def scan_kv_batch(bytes payload, batch_cls=None, worker=None, seq=None):
     PyObject_GenericSetAttr(o, "dp_rank", s.dp_rank)
     PyObject_GenericSetAttr(o, "scan", s)
     PyObject_GenericSetAttr(o, "_events", None)
-    PyObject_GenericSetAttr(o, "raw_events", None)
+    PyObject_GenericSetAttr(o, "label_events", None)
     PyObject_GenericSetAttr(o, "attributed", False)
     return o
 

@@ -18,7 +18,8 @@ Where the labels come from:
 Cost. The KV tracker keeps a hash → label entry only for blocks that *have* a label: a fleet
 without adapters or salts keeps nothing and reads only its stored events. The unlabelled
 blocks of a (worker, medium) are the index's count minus the labelled ones. The decoder keeps
-the raw fields only when the exporter's ``attribution`` switch is on (``kvcodec``).
+the raw fields only when the exporter's ``attribution`` switch is on, and reads them into
+label events (``exporter.codecs.kv_labels``): this module sees only model values.
 
 Bounds. The resident gauges keep the ``top_adapters`` / ``top_tenants`` values with the most blocks (cluster-wide) and sum
 the rest under ``other``, so totals stay whole; the tracker itself knows at most
@@ -29,27 +30,17 @@ Not thread-safe: ``ClusterState`` calls everything here under its lock.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from itertools import compress
-
-import msgpack
-import msgspec
 
 from exporter.cardinality import OTHER, LabelBudget
-from exporter.kvcodec import CLEARED_STRUCTS, LABELLED_STORED, MASK64, REMOVED_STRUCTS
 from exporter.metric_store import MetricStore
-from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from exporter.model import BlockRemoved, BlockStored, KvEvent, LabelEvent, StoredLabels
 from prefixscope import catalog
 from prefixscope.records import RequestRecord
 
 NONE = "none"  # the label of blocks and requests that name no adapter (no tenant)
 DEFAULT_MEDIUM = "GPU"  # an event without a medium (vLLM before tiers) acts on the GPU pool
-_NIL = msgspec.Raw(b"\xc0")  # a raw msgpack nil (a field left out reads as this too)
-_UNSEEN = object()
-_DIGEST = re.compile(r"[0-9a-fA-F]{64}")  # 256-bit hex  # a multimodal content hash, not a salt
-_LORA_CACHE_MAX = 4096
 
 P = catalog.NAMESPACE
 ADAPTER_RESIDENT = f"{P}_adapter_resident_blocks"
@@ -62,130 +53,10 @@ TENANT_HIT = f"{P}_tenant_prefix_cache_hit_tokens"
 Key = tuple[str, str]  # (adapter, tenant)
 
 
-def _unpack(raw: bytes) -> object:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=False)
-
-
-def salt_of(entry: object, lora_name: str | None) -> str | None:
-    """The cache salt in one block's ``extra_keys`` entry (the root block's), or None."""
-    if type(entry) not in (tuple, list) or not entry:
-        return None
-    last = entry[-1]
-    if type(last) is not str or not last or last == lora_name or _DIGEST.fullmatch(last):
-        return None
-    return last
-
-
-def _first_entry(extra: object) -> object:
-    return extra[0] if type(extra) in (tuple, list) and extra else None
-
-
-class _Reader:
-    """The adapter and root salt of stored events, from typed structs (raw msgpack fields) or
-    from the careful path's maps and arrays; unreadable values read as None (a label is never
-    worth rejecting blocks the index accepted)."""
-
-    def __init__(self) -> None:
-        self._lora: dict[bytes, str | None] = {}  # raw msgpack -> adapter name (few distinct values)
-
-    def lora(self, raw: msgspec.Raw) -> str | None:
-        if raw == _NIL:
-            return None
-        key = bytes(raw)
-        name = self._lora.get(key, _UNSEEN)
-        if name is _UNSEEN:
-            try:
-                value = _unpack(key)
-            except Exception:  # garbage in a field the index does not need: no label
-                value = None
-            name = value if type(value) is str and value else None
-            if len(self._lora) >= _LORA_CACHE_MAX:
-                self._lora.clear()
-            self._lora[key] = name
-        return name  # type: ignore[return-value]
-
-    @staticmethod
-    def salt(raw: msgspec.Raw, lora_name: str | None) -> str | None:
-        if raw == _NIL:
-            return None
-        try:
-            return salt_of(_first_entry(_unpack(raw)), lora_name)
-        except Exception:
-            return None
-
-
-def _u64(h: object) -> int | None:
-    if type(h) is int:
-        return h if 0 <= h <= MASK64 else None
-    if isinstance(h, bytes | bytearray) and h:
-        return int.from_bytes(bytes(h[-8:]), "big")
-    return None
-
-
-def _hash_list(hs: object) -> tuple[int, ...]:
-    if type(hs) not in (tuple, list):
-        return ()
-    out = tuple(h for h in map(_u64, hs) if h is not None)
-    return out if len(out) == len(hs) else ()
-
-
-# A careful-path event normalised: ("stored", hashes, parent, medium, lora, salt), ("removed", hashes,
-# medium), ("cleared",) or None when unreadable.
-_Plain = tuple
-
-
-def _plain(ev: object) -> _Plain | None:
-    """The fields attribution reads from a raw msgpack event (map or tagged array)."""
-    try:
-        if type(ev) is dict:
-            tag = ev.get("type")
-            if tag == "BlockStored":
-                lora = ev.get("lora_name")
-                lora = lora if type(lora) is str and lora else None
-                parent = ev.get("parent_block_hash")
-                salt = salt_of(_first_entry(ev.get("extra_keys")), lora) if parent is None else None
-                return ("stored", _hash_list(ev.get("block_hashes")), None if parent is None else _u64(parent),
-                        ev.get("medium", DEFAULT_MEDIUM), lora, salt)
-            if tag == "BlockRemoved":
-                return ("removed", _hash_list(ev.get("block_hashes")), ev.get("medium", DEFAULT_MEDIUM))
-            return ("cleared",) if tag == "AllBlocksCleared" else None
-        if type(ev) is tuple and ev:
-            tag, n = ev[0], len(ev)
-            if tag == "BlockStored" and n >= 5:
-                lora = ev[7] if n > 7 and type(ev[7]) is str and ev[7] else None
-                parent = ev[2]
-                salt = salt_of(_first_entry(ev[8] if n > 8 else None), lora) if parent is None else None
-                return ("stored", _hash_list(ev[1]), None if parent is None else _u64(parent),
-                        ev[6] if n > 6 else DEFAULT_MEDIUM, lora, salt)
-            if tag == "BlockRemoved" and n >= 2:
-                return ("removed", _hash_list(ev[1]), ev[2] if n > 2 else DEFAULT_MEDIUM)
-            return ("cleared",) if tag == "AllBlocksCleared" else None
-    except Exception:
-        return None
-    return None
-
-
-_IS_LABELLED_STORED = frozenset(LABELLED_STORED).__contains__
-
-
-def _no_salt(raw: msgspec.Raw) -> bool:
-    """True when raw ``extra_keys`` surely name no salt: nil, or an array whose first entry is nil
-    (read off the msgpack header, without decoding the rest)."""
-    if raw == _NIL:
-        return True
-    b = bytes(raw)
-    head = b[0]
-    at = 1 if 0x90 <= head <= 0x9F else 3 if head == 0xDC else 5 if head == 0xDD else 0
-    return at > 0 and len(b) > at and b[at] == 0xC0
-
-
-_MODEL_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
-
-
 class KvAttribution:
     """Which adapter and tenant each resident block was stored for, per (worker, medium).
 
-    Fed the ``raw_events`` of decoded batches (:meth:`apply`); told when a worker's view is
+    Fed the ``label_events`` of decoded batches (:meth:`apply`); told when a worker's view is
     dropped (:meth:`clear_worker`). :meth:`resident` turns it into the two gauges with the index's
     counts for the unlabelled rest.
     """
@@ -195,7 +66,6 @@ class KvAttribution:
         self.top_tenants = top_tenants
         self.max_values = max_values
         self.seen = False  # a batch with attribution fields arrived (the gauges exist from then on)
-        self._read = _Reader()
         self._key_id: dict[Key, int] = {}
         self._keys: list[Key] = []
         self._adapters: set[str] = set()
@@ -235,71 +105,36 @@ class KvAttribution:
         """A batch arrived that needed no attribution work: the gauges exist from now on."""
         self.seen = True
 
-    def apply(self, worker: str, raw_events: tuple[object, ...]) -> None:
-        """One batch's events, in order (after the index applied them)."""
+    def apply(self, worker: str, events: Iterable[LabelEvent | KvEvent]) -> None:
+        """One batch's events, in order (after the index applied them): a labelled batch's label
+        events (``KvBatch.label_events``), or a batch's plain events, which carry no label."""
         self.seen = True
-        if not raw_events:
-            return
-        first = raw_events[0]
-        if type(first) is dict or type(first) is tuple:  # the careful path's raw events
-            self._apply_plain(worker, raw_events)
-            return
-        if type(first) in _MODEL_EVENTS:  # a scanned batch's events, which carry no label
-            self.apply_unlabelled(worker, raw_events)  # type: ignore[arg-type]
-            return
         if worker not in self._blocks:
             # Nothing labelled on this worker: removals and resets cannot change anything and a
-            # store with a parent has no tenant to inherit, so only the stored events are read
-            # (picked out at C speed), and of those only the ones naming an adapter or a salt.
-            for ev in compress(raw_events, map(_IS_LABELLED_STORED, map(type, raw_events))):
-                if ev.lora_name == _NIL and (ev.parent_block_hash is not None or _no_salt(ev.extra_keys)):
-                    continue
-                self._stored_struct(worker, ev)
+            # store with a parent has no tenant to inherit, so only stores naming an adapter or a
+            # salt count.
+            for ev in events:
+                if type(ev) is StoredLabels and (ev.lora is not None or ev.salt is not None):
+                    self._stored(worker, ev.hashes, ev.parent, ev.medium, ev.lora, ev.salt)
             return
-        for ev in raw_events:
+        for ev in events:
             kind = type(ev)
-            if kind in LABELLED_STORED:
-                self._stored_struct(worker, ev)
-            elif kind in REMOVED_STRUCTS:
-                self._removed(worker, ev.block_hashes, ev.medium or DEFAULT_MEDIUM)
-            elif kind in CLEARED_STRUCTS:
+            if kind is StoredLabels:
+                self._stored(worker, ev.hashes, ev.parent, ev.medium, ev.lora, ev.salt)  # type: ignore[union-attr]
+            elif kind is BlockStored:
+                if ev.parent is not None:  # type: ignore[union-attr]
+                    self._stored(worker, ev.hashes, ev.parent, ev.medium or DEFAULT_MEDIUM, None, None)  # type: ignore[union-attr]
+            elif kind is BlockRemoved:
+                self._removed(worker, ev.hashes, ev.medium or DEFAULT_MEDIUM)  # type: ignore[union-attr]
+            else:
                 self.clear_worker(worker)
 
     def apply_unlabelled(self, worker: str, events: Iterable[KvEvent]) -> None:
-        """A batch that carries no label, as model events (``kvcodec.unlabelled_events``): its
+        """A batch that carries no label, as model events (``model.unlabelled_events``): its
         stores take only an inherited tenant, its removals and clears take labels away."""
         self.seen = True
-        if worker not in self._blocks:
-            return  # nothing labelled here: nothing to inherit or take away
-        for ev in events:
-            kind = type(ev)
-            if kind is BlockStored:
-                if ev.parent is not None:  # type: ignore[attr-defined]
-                    self._stored(worker, ev.hashes, ev.parent, ev.medium or DEFAULT_MEDIUM, None, None)  # type: ignore[attr-defined]
-            elif kind is BlockRemoved:
-                self._removed(worker, ev.hashes, ev.medium or DEFAULT_MEDIUM)  # type: ignore[attr-defined]
-            else:
-                self.clear_worker(worker)
-
-    def _stored_struct(self, worker: str, ev: object) -> None:
-        read = self._read
-        lora = read.lora(ev.lora_name)  # type: ignore[attr-defined]
-        parent = ev.parent_block_hash  # type: ignore[attr-defined]
-        salt = read.salt(ev.extra_keys, lora) if parent is None else None  # type: ignore[attr-defined]
-        self._stored(worker, ev.block_hashes, parent, ev.medium or DEFAULT_MEDIUM, lora, salt)  # type: ignore[attr-defined]
-
-    def _apply_plain(self, worker: str, raw_events: tuple[object, ...]) -> None:
-        for ev in raw_events:
-            p = _plain(ev)
-            if p is None:
-                continue
-            if p[0] == "stored":
-                medium = p[3] if type(p[3]) is str else DEFAULT_MEDIUM
-                self._stored(worker, p[1], p[2], medium, p[4], p[5])
-            elif p[0] == "removed":
-                self._removed(worker, p[1], p[2] if type(p[2]) is str else DEFAULT_MEDIUM)
-            else:
-                self.clear_worker(worker)
+        if worker in self._blocks:
+            self.apply(worker, events)
 
     def _tenant_of_parent(self, worker: str, parent: int, medium: str) -> str | None:
         media = self._blocks.get(worker)

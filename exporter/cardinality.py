@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import replace
 
-from exporter.config import Limits
+from exporter.model import Limits
 from prefixscope.records import RequestRecord
 
 OTHER = "other"

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from exporter import routers
+from exporter.model import Limits
 from prefixscope.durations import seconds
 from prefixscope.records import DEFAULT_TS_TOLERANCE_S
 from prefixscope.validation import InvalidFile, Problems, read_yaml
@@ -57,24 +58,6 @@ class HttpRecords:
     bearer_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S  # see FileRecords
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What clients can make the exporter hold: label values from records, sessions, hit history.
-
-    A value beyond its limit is counted under ``other``; a value unseen for ``label_idle``
-    seconds (never less than the window) frees its slot and its series are dropped.
-    """
-
-    models: int = 50
-    segments: int = 50
-    workers: int = 2000
-    label_idle: float = 3600.0
-    sessions: int = 100_000
-    hit_history: int = 200_000  # hits kept for hot branches and "what changed" (an hour at most)
-    adapters: int = 20  # LoRA adapter label values (records, spans, KV events)
-    tenants: int = 50  # tenant label values (records, spans; KV events: cache salts)
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,9 @@ typed path, so garbage inside them (invalid UTF-8, a malformed msgpack timestamp
 rejects a batch whose blocks are well formed.
 
 Attribution (``attribution=True``): the stored structs also keep ``lora_name`` and ``extra_keys``
-as raw msgpack (unparsed, so they still cannot reject a batch) and the batch passes its decoded
-events on as ``KvBatch.raw_events`` for ``exporter.attribution`` to read. Off, nothing changes.
+as raw msgpack (unparsed, so they still cannot reject a batch), read into the model's label
+events (``exporter.codecs.kv_labels``) that the batch carries as ``KvBatch.label_events`` for
+``exporter.core.attribution``. Off, nothing changes.
 
 When the compiled core is in use, a third path comes first: ``_prefix_core.scan_kv_batch`` reads
 the common well-formed batch (a strict subset of what the typed path accepts) into C arrays, and
@@ -39,7 +40,6 @@ path's own (tests/exporter/test_kvcodec_paths.py holds the reader to the typed p
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -48,58 +48,24 @@ import msgpack
 import msgspec
 
 from exporter.health import Health
-from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
+from exporter.kv_labels import struct_reader
+from exporter.model import (
+    CLEARED,
+    BlockRemoved,
+    BlockStored,
+    KvBatch,
+    KvEvent,
+    new_removed,
+    new_stored,
+)
 
 SOURCE = "kv_events"
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 EVENT_NAMES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-_CLEARED = AllBlocksCleared()
+_CLEARED = CLEARED
+_new_stored, _new_removed = new_stored, new_removed
 _EXCERPT = 64
 _INT_ONLY = frozenset((int,))
-
-
-def _maker(cls: type, *names: str) -> Callable[..., Any]:
-    """A positional constructor for a frozen, slotted event dataclass that fills its slots directly.
-
-    The generated ``__init__`` of a frozen dataclass assigns each field through
-    ``object.__setattr__``: that is most of a decoded event's cost. This builds an equal object
-    at about half of it. If the class ever gains a ``__post_init__``, loses its slots or changes
-    its fields, its own constructor is used instead.
-    """
-    if (hasattr(cls, "__post_init__") or "__slots__" not in vars(cls)
-            or tuple(f.name for f in dataclasses.fields(cls)) != names):
-        return cls
-    new = object.__new__
-    setters = [getattr(cls, n).__set__ for n in names]
-    if len(setters) == 2:
-        s0, s1 = setters
-
-        def make2(a: Any, b: Any) -> Any:
-            o = new(cls)
-            s0(o, a)
-            s1(o, b)
-            return o
-        return make2
-    if len(setters) == 6:
-        s0, s1, s2, s3, s4, s5 = setters
-
-        def make6(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any) -> Any:
-            o = new(cls)
-            s0(o, a)
-            s1(o, b)
-            s2(o, c)
-            s3(o, d)
-            s4(o, e)
-            s5(o, f)
-            return o
-        return make6
-    return cls
-
-
-# Used on the fast path only, always with every field given.
-_new_stored = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium", "token_ids")
-_new_removed = _maker(BlockRemoved, "hashes", "medium")
-_new_stored_plain = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium")
 
 
 class BadEvent(ValueError):
@@ -296,8 +262,8 @@ _TYPED_LABELLED = (msgspec.msgpack.Decoder(_MapBatchLabelled).decode,
 _REMOVED = (_MapRemoved, _ArrayRemoved)
 _STORED = (_MapStored, _ArrayStored)
 _STORED_LABELLED = (_MapStoredLabelled, _ArrayStoredLabelled)
-# The struct types ``KvBatch.raw_events`` holds with ``attribution=True`` (``exporter.attribution``).
-LABELLED_STORED, REMOVED_STRUCTS, CLEARED_STRUCTS = _STORED_LABELLED, _REMOVED, (_MapCleared, _ArrayCleared)
+# With ``attribution=True`` a batch's events are read for their labels (``KvBatch.label_events``).
+_labels = struct_reader(_STORED_LABELLED, _REMOVED, (_MapCleared, _ArrayCleared))
 
 
 def _array_len(raw: msgspec.Raw) -> int:
@@ -340,7 +306,7 @@ def _build_events_py(structs: tuple, token_ids: bool, stored: tuple[type, ...] =
 
 def _event_builder(stored: tuple[type, ...] = _STORED) -> Callable[[tuple, bool], tuple[KvEvent, ...]]:
     """The compiled builder when the extension is in use and the event classes are the slotted
-    ones it fills (the same check as :func:`_maker`'s), else the Python one."""
+    ones it fills (the same check as ``exporter.model._maker``'s), else the Python one."""
     from exporter.prefix_index import CORE
 
     if CORE != "compiled" or _new_stored is BlockStored or _new_removed is BlockRemoved:
@@ -371,7 +337,7 @@ def _typed(payload: bytes, worker: str, seq: int, token_ids: bool, attribution: 
     except Exception:  # token ids msgpack cannot read: the careful path rejects the payload, as before
         return None
     return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=events, dp_rank=obj.dp_rank,
-                   raw_events=obj.events if attribution else None)
+                   label_events=_labels(obj.events) if attribution else None)
 
 
 # ---- the scanned path (compiled) ------------------------------------------------------------------
@@ -399,7 +365,7 @@ class ScannedBatch(KvBatch):
         _set_dp_rank(b, scan.dp_rank)
         _set_scan(b, scan)
         _set_events(b, None)
-        _set_raw_events(b, None)
+        _set_label_events(b, None)
         _set_attributed(b, False)
         return b
 
@@ -419,12 +385,12 @@ class ScannedBatch(KvBatch):
         _set(self, "scan", None)
 
     def _fields(self) -> tuple[object, ...]:
-        return (self.worker, self.seq, self.ts, self.events, self.dp_rank, self.raw_events)
+        return (self.worker, self.seq, self.ts, self.events, self.dp_rank, self.label_events)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KvBatch):
             return NotImplemented
-        return self._fields() == (other.worker, other.seq, other.ts, other.events, other.dp_rank, other.raw_events)
+        return self._fields() == (other.worker, other.seq, other.ts, other.events, other.dp_rank, other.label_events)
 
     def __hash__(self) -> int:
         return hash(self._fields())
@@ -435,24 +401,12 @@ class ScannedBatch(KvBatch):
 
 _new = object.__new__
 _set = object.__setattr__
-_set_worker, _set_seq, _set_ts, _set_dp_rank, _set_raw_events = (
-    getattr(KvBatch, n).__set__ for n in ("worker", "seq", "ts", "dp_rank", "raw_events"))
+_set_worker, _set_seq, _set_ts, _set_dp_rank, _set_label_events = (
+    getattr(KvBatch, n).__set__ for n in ("worker", "seq", "ts", "dp_rank", "label_events"))
 _set_scan, _set_events = ScannedBatch.scan.__set__, ScannedBatch._events.__set__
 # ``attributed``: decoded for tenant/adapter attribution (its stores carry no label: a labelled
 # batch takes the typed path), so the state follows removals of labelled blocks through it
 _set_attributed = ScannedBatch.attributed.__set__
-
-
-def unlabelled_events(batch: ScannedBatch) -> tuple[KvEvent, ...]:
-    """A scanned batch's events from the reader's own arrays (no second decode, no token ids):
-    all that attribution reads of a batch that carries no label — its stores' chains (a child
-    inherits its parent's tenant), its removals and clears."""
-    return batch.scan.events(_new_stored_plain, _new_removed, _CLEARED)
-
-
-# Root stores as events (``KvScan.root_events``), for a root tracker fed events (a shard's shared one):
-# the event class's fast constructor. The state's own tracker reads ``KvScan.root_keys`` instead.
-new_root_event = _new_stored
 
 
 def _scanner() -> Callable[..., Any] | None:
@@ -477,7 +431,7 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
     Unknown event types and unreadable events are counted (``unknown_event``, ``bad_event``)
     and left out; the rest of the batch is kept in order. ``token_ids``: fill the stored events'
     token ids (else they are left empty, but for root stores; ``token_count`` is always read).
-    ``attribution``: keep the decoded events as ``raw_events`` (with ``lora_name`` and
+    ``attribution``: the events' labels as ``label_events`` (with ``lora_name`` and
     ``extra_keys``); a batch whose stores carry either takes the typed path. Never raises.
     """
     if _scan is not None and not token_ids and type(payload) is bytes:
@@ -566,7 +520,7 @@ def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None 
             if health is not None:
                 health.error(SOURCE, "bad_event", f"worker {worker} seq {seq}: {exc}: {excerpt(ev)}")
     return KvBatch(worker=worker, seq=seq, ts=float(obj[0]), events=tuple(events), dp_rank=dp_rank,
-                   raw_events=obj[1] if attribution else None)
+                   label_events=_labels(obj[1]) if attribution else None)
 
 
 def event_name(event: KvEvent) -> str:

@@ -8,9 +8,10 @@ does not carry that signal (which is different from zero).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from prefixscope.records import RequestRecord
 
@@ -43,6 +44,68 @@ class AllBlocksCleared:
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
+def _maker(cls: type, *names: str) -> Callable[..., Any]:
+    """A positional constructor for a frozen, slotted event dataclass that fills its slots directly.
+
+    The generated ``__init__`` of a frozen dataclass assigns each field through
+    ``object.__setattr__``: that is most of a decoded event's cost. This builds an equal object
+    at about half of it. If the class ever gains a ``__post_init__``, loses its slots or changes
+    its fields, its own constructor is used instead.
+    """
+    if (hasattr(cls, "__post_init__") or "__slots__" not in vars(cls)
+            or tuple(f.name for f in dataclasses.fields(cls)) != names):
+        return cls
+    new = object.__new__
+    setters = [getattr(cls, n).__set__ for n in names]
+    if len(setters) == 2:
+        s0, s1 = setters
+
+        def make2(a: Any, b: Any) -> Any:
+            o = new(cls)
+            s0(o, a)
+            s1(o, b)
+            return o
+        return make2
+    if len(setters) == 6:
+        s0, s1, s2, s3, s4, s5 = setters
+
+        def make6(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any) -> Any:
+            o = new(cls)
+            s0(o, a)
+            s1(o, b)
+            s2(o, c)
+            s3(o, d)
+            s4(o, e)
+            s5(o, f)
+            return o
+        return make6
+    return cls
+
+
+# The decoders' fast constructors, always called with every field given.
+new_stored = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium", "token_ids")
+new_removed = _maker(BlockRemoved, "hashes", "medium")
+new_stored_plain = _maker(BlockStored, "hashes", "parent", "block_size", "token_count", "medium")
+CLEARED = AllBlocksCleared()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLabels:
+    """What attribution reads of one stored event: its chain, tier, LoRA adapter and (for a root
+    store) the cache salt that names its tenant. The codec reads these from the event's raw
+    fields (``exporter.codecs.kv_labels``); an unreadable label is None, never an error."""
+
+    hashes: tuple[int, ...]
+    parent: int | None
+    medium: str
+    lora: str | None
+    salt: str | None
+
+
+# A labelled batch's events as attribution reads them, in order.
+LabelEvent = StoredLabels | BlockRemoved | AllBlocksCleared
+
+
 @dataclass(frozen=True, slots=True)
 class KvBatch:
     """One decoded KV-event batch of one worker (one ZMQ message)."""
@@ -52,11 +115,30 @@ class KvBatch:
     ts: float
     events: tuple[KvEvent, ...]
     dp_rank: int | None = None
-    # The events as decoded, for readers of fields the model leaves out (LoRA adapter, cache
-    # salt: ``exporter.attribution``); set only when the decoder was asked for them. Each item is
-    # a typed stored/removed struct of ``exporter.kvcodec`` or, from its careful path, the raw
-    # msgpack event (a map or a tagged array), not necessarily aligned with ``events``.
-    raw_events: tuple[object, ...] | None = None
+    # The events with the labels the model's events leave out (LoRA adapter, cache salt), for
+    # ``exporter.core.attribution``; set only when the decoder was asked for them.
+    label_events: tuple[LabelEvent, ...] | None = None
+    # The compiled reader's arrays (``_prefix_core.KvScan``) when it read the batch, which the
+    # index applies without event objects; opaque here, None for a batch of plain events.
+    scan: ClassVar[object | None] = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What clients can make the exporter hold: label values from records, sessions, hit history.
+
+    A value beyond its limit is counted under ``other``; a value unseen for ``label_idle``
+    seconds (never less than the window) frees its slot and its series are dropped.
+    """
+
+    models: int = 50
+    segments: int = 50
+    workers: int = 2000
+    label_idle: float = 3600.0
+    sessions: int = 100_000
+    hit_history: int = 200_000  # hits kept for hot branches and "what changed" (an hour at most)
+    adapters: int = 20  # LoRA adapter label values (records, spans, KV events)
+    tenants: int = 50  # tenant label values (records, spans; KV events: cache salts)
 
 
 @dataclass(slots=True)
@@ -108,6 +190,18 @@ class RouterSnapshot:
     prefix_outcomes: dict[str, float] = field(default_factory=dict)  # "hit"/"miss" -> cumulative count
     lookup_seconds: CumulativeHistogram | None = None  # the router's prefix-index lookup latency
     predicted_hit_ratio: CumulativeHistogram | None = None  # per request: predicted cached share of the prompt
+
+
+def unlabelled_events(batch: KvBatch) -> tuple[KvEvent, ...]:
+    """A scanned batch's events from the reader's own arrays (no second decode, no token ids):
+    all that attribution reads of a batch that carries no label — its stores' chains (a child
+    inherits its parent's tenant), its removals and clears."""
+    return batch.scan.events(new_stored_plain, new_removed, CLEARED)  # type: ignore[attr-defined]
+
+
+# Root stores as events (``KvScan.root_events``), for a root tracker fed events (a shard's shared one):
+# the event class's fast constructor. The state's own tracker reads ``KvScan.root_keys`` instead.
+new_root_event = new_stored
 
 
 class StateSink(Protocol):

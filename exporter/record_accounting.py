@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from exporter.block_tokens import blocks_of, tokens_of
 from exporter.cardinality import RecordLabels
-from exporter.config import Limits
 from exporter.hotspots import Hotspots
 from exporter.input_time import InputTime
 from exporter.metric_store import MetricStore
+from exporter.model import Limits
 from exporter.moe_alignment import ExpertSignatures
 from exporter.prefix_index import PrefixIndex
 from exporter.sessions import SessionTable

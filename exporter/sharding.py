@@ -90,8 +90,7 @@ from itertools import groupby
 from typing import Protocol
 
 from exporter.attribution import KvAttribution
-from exporter.kvcodec import ScannedBatch, unlabelled_events
-from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent, unlabelled_events
 from exporter.prefix_index import ROOT, Match, TreeStats
 from exporter.prefix_instability import RootBatch, RootTracker
 from prefixscope.records import RequestRecord
@@ -431,11 +430,11 @@ class ShardSink:
         (its removals may take some away)."""
         if self.attribution is None:
             return None
-        if type(batch) is ScannedBatch:
-            if not batch.attributed:
+        if batch.scan is not None:
+            if not batch.attributed:  # type: ignore[attr-defined]
                 return None
             return unlabelled_events(batch) if self.attribution.holds_labels(batch.worker) else ()
-        return batch.raw_events
+        return batch.label_events
 
     def _observe_roots(self, batch: KvBatch, received_at: float) -> None:
         """Every root branch of the batch to the shared tracker, before routing: a root's family is

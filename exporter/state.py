@@ -38,21 +38,22 @@ from typing import Any, TypeVar
 
 from exporter.attribution import Attribution
 from exporter.cardinality import RecordLabels
-from exporter.config import Limits
 from exporter.eviction import DEFAULT_MEMORY, BatchEvictions
 from exporter.health import Health, LabelValues
 from exporter.health_window import HealthIncreases
 from exporter.hotspots import HISTORY_S, MAX_HISTORY_EVENTS, Hotspots, branch_label
 from exporter.input_time import InputTime
-from exporter.kvcodec import ScannedBatch, new_root_event, unlabelled_events
 from exporter.metric_store import LabelFilter, MetricStore
 from exporter.model import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KvBatch,
+    Limits,
     RouterSnapshot,
     WorkerSnapshot,
+    new_root_event,
+    unlabelled_events,
 )
 from exporter.prefix_index import EvictionTracker, PrefixIndex, TreeStats, compute_stats, pass_in_slices
 from exporter.prefix_instability import (
@@ -72,10 +73,9 @@ from exporter.record_accounting import (
     RecordAccounting,
     miss_cost_factor,
 )
-from exporter.routers.common import increase
 from exporter.series_view import Series, build_series
 from exporter.sessions import SessionTable
-from exporter.windows import Cumulative, WindowedBuckets, WindowedSum
+from exporter.windows import Cumulative, WindowedBuckets, WindowedSum, increase
 from exporter.worker_pool import PoolChange, WorkerInfo, WorkerPool
 from prefixscope import catalog
 from prefixscope.records import InvalidRecord, RequestRecord
@@ -349,7 +349,7 @@ class ClusterState:
         the events but leave the worker's stream-health series (batches, lag, last timestamp) to its
         home shard, so each exists once across shards."""
         worker = batch.worker
-        scan = batch.scan if type(batch) is ScannedBatch and self._applies_scans else None
+        scan = batch.scan if self._applies_scans else None
         with self.lock:
             self.time.advance(received_at)
             self.kv_seen = True
@@ -359,7 +359,7 @@ class ClusterState:
                 self.index.set_placement_clock(batch.ts)
             if scan is not None:  # the compiled reader's arrays, applied without event objects
                 res = self.index.apply_scan(worker, scan)
-                if batch.attributed:  # (a labelled batch never comes scanned then)
+                if batch.attributed:  # type: ignore[attr-defined]  # (a labelled batch never comes scanned then)
                     if self.attribution.kv.holds_labels(worker):
                         self.attribution.kv.apply_unlabelled(worker, unlabelled_events(batch))
                     else:
@@ -378,8 +378,8 @@ class ClusterState:
             else:
                 events = batch.events
                 res = self.index.apply(worker, events)
-                if batch.raw_events is not None:
-                    self.attribution.kv.apply(worker, batch.raw_events)
+                if batch.label_events is not None:
+                    self.attribution.kv.apply(worker, batch.label_events)
                 ev = self.evictions.apply(worker, events, received_at)
                 got = self.roots.apply(worker, events, received_at)
                 if not w.block_size:

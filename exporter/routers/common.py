@@ -82,23 +82,3 @@ def histogram(parsed: ParseResult, family: str, scale: float = 1.0) -> Cumulativ
     scaled = tuple(b * scale if math.isfinite(b) else b for b in bounds)
     return CumulativeHistogram(scaled, counts, (total(parsed, sum_name) or 0.0) * scale,
                                total(parsed, count_name) or counts[-1])
-
-
-def increase(new: CumulativeHistogram, old: CumulativeHistogram | None) -> list[tuple[float, float]]:
-    """(value, observations) since ``old``: each bucket's new observations placed at its upper
-    bound (at the largest finite bound for +Inf), so "≤ bound" counts stay exact wherever the
-    router's bounds are also the catalogue's. A reset (counts went down, or other bounds)
-    starts again from ``new``."""
-    if old is None or old.bounds != new.bounds or any(n < o for n, o in zip(new.counts, old.counts, strict=True)):
-        old = None
-    out: list[tuple[float, float]] = []
-    prev_new = prev_old = 0.0
-    finite = [b for b in new.bounds if math.isfinite(b)]
-    top = finite[-1] if finite else 0.0
-    for i, bound in enumerate(new.bounds):
-        in_bucket = new.counts[i] - prev_new - ((old.counts[i] - prev_old) if old is not None else 0.0)
-        prev_new = new.counts[i]
-        prev_old = old.counts[i] if old is not None else 0.0
-        if in_bucket > 0:
-            out.append((bound if math.isfinite(bound) else top, in_bucket))
-    return out

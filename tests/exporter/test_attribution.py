@@ -17,12 +17,12 @@ from exporter.attribution import (
     TENANT_HIT,
     TENANT_QUERIED,
     TENANT_RESIDENT,
-    salt_of,
 )
 from exporter.cardinality import OTHER
 from exporter.config import Limits
 from exporter.exposition import render_state
 from exporter.health import Health
+from exporter.kv_labels import salt_of
 from exporter.state import ClusterState
 from fleet.engine import SimEngine
 from fleet.kv_publisher import encode_batch

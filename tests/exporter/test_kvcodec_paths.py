@@ -299,9 +299,9 @@ def test_a_batch_with_an_adapter_or_a_salt_takes_the_typed_path_when_attribution
         assert kvcodec._scan(payload).labelled, obj
         assert type(kvcodec.decode_batch(payload, "w", 0)) is kvcodec.ScannedBatch  # attribution off: scanned
         with_labels = kvcodec.decode_batch(payload, "w", 0, attribution=True)
-        assert type(with_labels) is kvcodec.KvBatch and with_labels.raw_events, obj
+        assert type(with_labels) is kvcodec.KvBatch and with_labels.label_events, obj
     plain = kvcodec.decode_batch(msgpack.packb([1.5, [stored]]), "w", 0, attribution=True)
-    assert type(plain) is kvcodec.ScannedBatch and plain.attributed and plain.raw_events is None
+    assert type(plain) is kvcodec.ScannedBatch and plain.attributed and plain.label_events is None
     assert not kvcodec.decode_batch(msgpack.packb([1.5, [stored]]), "w", 0).attributed
 
 

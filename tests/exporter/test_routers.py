@@ -9,8 +9,9 @@ import pytest
 
 from exporter import normalize, routers
 from exporter.health import Health
-from exporter.routers.common import histogram, increase
+from exporter.routers.common import histogram
 from exporter.state import ClusterState
+from exporter.windows import increase
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
 
