@@ -1,8 +1,8 @@
-"""Build the optional compiled cores: the prefix index (``exporter._prefix_core``) and the /metrics
-family formatter (``exporter._render_core``); metadata is in pyproject.toml.
+"""Build the optional compiled cores: the prefix index (``exporter.core.index._prefix_core``) and the /metrics
+family formatter (``exporter.web._render_core``); metadata is in pyproject.toml.
 
 Without Cython or a C compiler the install still succeeds, with a warning, and the exporter runs
-on the Python references (``exporter.prefix_index.CORE`` and ``exporter.exposition.CORE`` read
+on the Python references (``exporter.core.index.prefix_index.CORE`` and ``exporter.web.exposition.CORE`` read
 ``"reference"``).
 """
 
@@ -40,8 +40,8 @@ def extensions() -> list:
         from Cython.Build import cythonize
         from setuptools import Extension
 
-        return cythonize([Extension(name, [f"exporter/{name.split('.')[1]}.pyx"], extra_compile_args=["-O2"])
-                          for name in ("exporter._prefix_core", "exporter._render_core")], quiet=True)
+        return cythonize([Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O2"])
+                          for name in ("exporter.core.index._prefix_core", "exporter.web._render_core")], quiet=True)
     except Exception as exc:  # no Cython, or the translation failed
         _warn("the compiled cores were not translated", exc)
         return []

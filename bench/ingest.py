@@ -23,8 +23,8 @@ from typing import Any
 
 import msgpack
 
-from exporter import kvcodec
-from exporter.health import Health
+from exporter.codecs import kvcodec
+from exporter.core.health import Health
 
 TARGET_FACTOR = 2.0
 CPU_TARGET = 2_000_000  # block events per second of one core's CPU time

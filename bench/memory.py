@@ -15,7 +15,7 @@ and all its holds together; building the result outside the lock; and the longes
 thread could not run meanwhile (one long C-level call holds the GIL and stalls ingest just as
 the lock does).
 
-It measures the index in use (``exporter.prefix_index.CORE``; ``PREFIXSCOPE_INDEX=reference``
+It measures the index in use (``exporter.core.index.prefix_index.CORE``; ``PREFIXSCOPE_INDEX=reference``
 measures the Python reference). The compiled index keeps every statistic at apply time, leaf
 depths included (its child links and packed depths are part of the index's bytes), and a
 reading settles the depth shifts left queued, then copies its counters and histograms under
@@ -32,9 +32,9 @@ import threading
 import time
 from typing import Any
 
+from exporter.core.index.prefix_index import CORE, PrefixIndex, TreeStats, compute_stats, pass_in_slices
+from exporter.core.state import TREE_CHILDREN_DEPTH
 from exporter.model import BlockStored
-from exporter.prefix_index import CORE, PrefixIndex, TreeStats, compute_stats, pass_in_slices
-from exporter.state import TREE_CHILDREN_DEPTH
 
 BLOCKS = 3_000_000
 WORKERS = 16

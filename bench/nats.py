@@ -31,14 +31,14 @@ from typing import Any
 import nats
 
 from bench.ingest import payloads
-from exporter import kvcodec
 from exporter.bootstrap import bootstrap, build_nats_source
+from exporter.codecs import kvcodec
+from exporter.codecs.kv_stream import DEFAULT_STREAM
 from exporter.config import Config, NatsKv, Shard, WorkerTarget
-from exporter.health import Health
-from exporter.kv_stream import DEFAULT_STREAM
+from exporter.core.health import Health
+from exporter.core.sharding import FamilyRouter, ShardSink, ShardSpec, SharedRoots
 from exporter.model import BlockStored, KvBatch
 from exporter.relay import Relay, RelayConfig
-from exporter.sharding import FamilyRouter, ShardSink, ShardSpec, SharedRoots
 
 WORKERS = 8
 BATCHES_PER_WORKER = 400

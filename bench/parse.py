@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import normalize, promtext
+from exporter.codecs import normalize, promtext
 
 TARGET_RATIO = 10.0
 

@@ -38,11 +38,11 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.memory import SHAPE_CHANGE, StallMeter, fill, peak_rss_bytes, reset_peak, rss_bytes
+from exporter.core.index.prefix_index import ReferencePrefixIndex, compute_stats, pass_in_slices
 from exporter.model import BlockRemoved, BlockStored, KvEvent
-from exporter.prefix_index import ReferencePrefixIndex, compute_stats, pass_in_slices
 
 try:
-    from exporter._prefix_core import CompiledPrefixIndex
+    from exporter.core.index._prefix_core import CompiledPrefixIndex
 except ImportError:  # no compiled core in this install: only the reference rows
     CompiledPrefixIndex = None
 
@@ -52,7 +52,7 @@ LOOKUP_TARGET_US = 20.0  # p99 of one available lookup
 MEMORY_BLOCKS = 4_000_000  # x 1.25 copies -> ~5 M pairs
 LOOKUP_WORKERS = 1000
 LOOKUP_BLOCKS = 3_000_000
-KEEP = 4  # the refresher's kept top of the tree (exporter.state.TREE_CHILDREN_DEPTH)
+KEEP = 4  # the refresher's kept top of the tree (exporter.core.state.TREE_CHILDREN_DEPTH)
 PAUSE_TARGET_MS = 10.0  # longest state-lock hold of one statistics refresh
 PAUSE_BLOCKS = 8_000_000  # x 1.25 copies -> ~10 M pairs
 SPLIT = (1 << 64) - 2  # a block no fill stores: the second child of the system prompt's 4th block

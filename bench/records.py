@@ -193,7 +193,7 @@ def _split_costs(runtime: Runtime, bodies: list[bytes]) -> tuple[float, float]:
     return parse_s / n, state_s / n
 
 
-WINDOW_FILES = ("*/exporter/windows.py", "*/exporter/metric_store.py", "*/exporter/baseline_window.py")
+WINDOW_FILES = ("*/exporter/core/windows.py", "*/exporter/core/metric_store.py", "*/exporter/core/baseline_window.py")
 
 
 def _bytes_per_record(seconds: int = 60, per_second: int = 1000) -> tuple[float, float]:

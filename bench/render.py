@@ -2,7 +2,7 @@
 
 A real ``ClusterState`` is filled with every input a live exporter sees — KV events, worker
 scrapes, a router scrape and request records — for 1,000 workers. The timed path is what a
-scrape costs: the state's series (under its lock) rendered by ``exporter.exposition``. The
+scrape costs: the state's series (under its lock) rendered by ``exporter.web.exposition``. The
 baseline, measured in the same run, renders the very same samples from plain
 ``Gauge``/``Counter``/``Histogram`` children on a fresh registry through ``generate_latest``
 (no state maths at all), so a ratio below 1 means a scrape costs less than bare
@@ -46,12 +46,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import Metric
 
 from exporter.bootstrap import bootstrap
-from exporter.collector import PrefixscopeCollector, families
-from exporter.exposition import render, render_state
-from exporter.hotspots import Hotspots, _blocks
+from exporter.core.hotspots import Hotspots, _blocks
+from exporter.core.sessions import SessionTable
+from exporter.core.state import ClusterState, Series
 from exporter.model import BlockStored, KvBatch, RouterSnapshot, WorkerSnapshot
-from exporter.sessions import SessionTable
-from exporter.state import ClusterState, Series
+from exporter.web.collector import PrefixscopeCollector, families
+from exporter.web.exposition import render, render_state
 from fleet.topology import load_topology
 
 WORKERS = 1000

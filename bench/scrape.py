@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from exporter import normalize, promtext
 from exporter.bootstrap import bootstrap
-from exporter.health import Health
+from exporter.codecs import normalize, promtext
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
 from exporter.sources.scrape import Scraper, ScrapeTarget
-from exporter.state import ClusterState
 
 WORKERS = 1000
 SMALL = 100

@@ -12,17 +12,17 @@ arguments, or both (an explicit argument wins):
 - clock: ``clock=`` (``time.time`` for a live exporter, a virtual clock for simulations).
 
 The parts include the breach record and the loop that advances it on that clock every
-``cfg.breach_interval`` (``exporter.breach_loop``): created, not started — the runtime starts
+``cfg.breach_interval`` (``exporter.loops.breach_loop``): created, not started — the runtime starts
 and stops it with its other threads; a caller that drives time itself calls ``evaluate_once``.
 
 The parts that do the exporter's work (the breach loop, and with ``with_sources`` the scraper
-and the KV sources) charge it to one duty clock (``exporter.duty_clock``): the caller's
+and the KV sources) charge it to one duty clock (``exporter.loops.duty_clock``): the caller's
 ``duties=``, or a fresh one in ``parts.duties``.
 
 With ``with_sources=True`` the config's inputs are built too (KV-event subscriber, NATS source,
 record-file tailers, scraper) — created, not started. A sharded config (``shard``) scrapes and
 subscribes over ZMQ only its home workers and reads every worker's NATS subject through the
-family filter (``exporter.sharding``), keeping only the request records it owns; routers are
+family filter (``exporter.core.sharding``), keeping only the request records it owns; routers are
 scraped by shard 0 alone. A problem with a referenced file is a ConfigError.
 """
 
@@ -32,21 +32,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from exporter.breach_loop import BreachLoop
-from exporter.breaches import BreachClock
-from exporter.collector import PrefixscopeCollector
+from exporter.codecs.normalize import worker_names_by_url
 from exporter.config import Config, ConfigError, WorkerTarget, load_fleet_manifest
-from exporter.duty_clock import DutyClock
-from exporter.health import Health
+from exporter.core.breaches import BreachClock
+from exporter.core.health import Health
+from exporter.core.prefix_text import Detokenizer, PrefixNames, PrefixTokens, TokenTee
+from exporter.core.sharding import (
+    KvSink,
+    RecordSink,
+    ShardRecords,
+    ShardSink,
+    ShardSpec,
+    SharedRoots,
+    home_shard,
+)
+from exporter.core.state import ClusterState
+from exporter.loops.breach_loop import BreachLoop
+from exporter.loops.duty_clock import DutyClock
 from exporter.model import StateSink
-from exporter.normalize import worker_names_by_url
-from exporter.prefix_text import Detokenizer, PrefixNames, PrefixTokens, TokenTee
-from exporter.sharding import KvSink, RecordSink, ShardRecords, ShardSink, ShardSpec, SharedRoots, home_shard
 from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import RecordFileTail
 from exporter.sources.scrape import Scraper, ScrapeTarget
-from exporter.state import ClusterState
+from exporter.web.collector import PrefixscopeCollector
 from prefixscope.thresholds import ConfigError as ThresholdsError
 from prefixscope.thresholds import Thresholds, load_thresholds, window_seconds
 from prefixscope.topology import Topology, TopologyError, load_topology

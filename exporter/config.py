@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from exporter import routers
+from exporter.codecs import routers
 from exporter.model import Limits
 from prefixscope.durations import seconds
 from prefixscope.records import DEFAULT_TS_TOLERANCE_S

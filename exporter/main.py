@@ -29,11 +29,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from exporter import allocator, otlp_http
-from exporter.api import ApiBuilders
+from exporter import allocator
 from exporter.bootstrap import bootstrap
-from exporter.breach_loop import BreachLoop
-from exporter.breaches import BreachClock
 from exporter.config import (
     DEFAULT_LISTEN,
     LOG_LEVELS,
@@ -44,20 +41,24 @@ from exporter.config import (
     load_config,
     parse_listen_address,
 )
-from exporter.duty_clock import DutyClock
-from exporter.exposition import render_state
-from exporter.health import Health
-from exporter.otlp_grpc import GrpcTraceReceiver
-from exporter.prefix_text import PrefixNames
-from exporter.process_metrics import SelfMetrics
-from exporter.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
+from exporter.core.breaches import BreachClock
+from exporter.core.health import Health
+from exporter.core.prefix_text import PrefixNames
+from exporter.core.state import ClusterState
+from exporter.loops.breach_loop import BreachLoop
+from exporter.loops.duty_clock import DutyClock
+from exporter.loops.tree_refresher import TreeStatsRefresher
 from exporter.sources.kv_nats import NatsKvSource
 from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.otlp_spans import SpanIntake
 from exporter.sources.records import MAX_ERRORS_REPORTED, RecordFileTail, deliver, parse_ndjson
 from exporter.sources.scrape import Scraper
-from exporter.state import ClusterState
-from exporter.tree_refresher import TreeStatsRefresher
+from exporter.web import otlp_http
+from exporter.web.api import ApiBuilders
+from exporter.web.exposition import render_state
+from exporter.web.otlp_grpc import GrpcTraceReceiver
+from exporter.web.process_metrics import SelfMetrics
+from exporter.web.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from prefixscope import __version__
 
 log = logging.getLogger("prefixscope.export")

@@ -26,7 +26,7 @@ class BlockStored:
     token_count: int = 0
     medium: str | None = "GPU"
     # The tokens of the stored blocks as the event sent them (vLLM's ``token_ids``), kept only
-    # so a prefix family can be named (exporter/prefix_text.py); not part of an event's identity.
+    # so a prefix family can be named (exporter/core/prefix_text.py); not part of an event's identity.
     token_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
 
@@ -180,7 +180,7 @@ class CumulativeHistogram:
 
 @dataclass(slots=True)
 class RouterSnapshot:
-    """One scrape of a router's /metrics (``exporter.routers``: SGLang gateway, vllm-router,
+    """One scrape of a router's /metrics (``exporter.codecs.routers``: SGLang gateway, vllm-router,
     Dynamo's KV router, llm-d's scheduler). A field the router does not export stays empty/None."""
 
     router: str
@@ -205,7 +205,7 @@ new_root_event = new_stored
 
 
 class StateSink(Protocol):
-    """What source adapters call. ``exporter.state.ClusterState`` implements it."""
+    """What source adapters call. ``exporter.core.state.ClusterState`` implements it."""
 
     def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
         """Apply one decoded KV-event batch (events in order) to the worker's view and the tree."""

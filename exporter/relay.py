@@ -4,7 +4,7 @@ The relay subscribes to each worker's PUB socket (and its replay socket) with th
 ZMQ subscriber (:mod:`exporter.sources.kv_zmq`: the same topic check, gap detection, replays
 and restart rule) and publishes every batch it would have applied — the msgpack payload byte
 for byte — to ``<prefix>.<worker>`` with the worker's sequence in headers
-(:mod:`exporter.kv_stream`). The stream's retention (``max_age``, ``max_bytes``, oldest
+(:mod:`exporter.codecs.kv_stream`). The stream's retention (``max_age``, ``max_bytes``, oldest
 discarded first) is the replay buffer of every consumer that starts later.
 
 What survives what (and what is counted as loss instead):
@@ -53,9 +53,9 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
+from exporter.codecs.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_SEQ, headers_for, subject_for
 from exporter.config import ConfigError, WorkerTarget, load_fleet_manifest
-from exporter.health import Health
-from exporter.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_SEQ, headers_for, subject_for
+from exporter.core.health import Health
 from exporter.model import KvBatch
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from prefixscope.durations import seconds

@@ -8,7 +8,7 @@ import sys
 
 from exporter.bootstrap import configured_workers
 from exporter.config import ConfigError, load_config
-from exporter.sharding import plan
+from exporter.core.sharding import plan
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,9 @@ def span_exporter(endpoint: str, protocol: str, headers: Mapping[str, str] | Non
     """The SDK's exporter for ``protocol``: ``endpoint`` is ``http://HOST:PORT/v1/traces`` for
     http/protobuf, ``http://HOST:PORT`` (plaintext) for grpc."""
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
         return GrpcSpanExporter(endpoint=endpoint, headers={k.lower(): v for k, v in (headers or {}).items()})
     if protocol != "http/protobuf":
         raise ValueError(f"unknown OTLP protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")

@@ -8,7 +8,7 @@ target's documented error, or an output that breaks the edge's promise:
   0..2^64-1, positive block sizes and a finite timestamp; the root keys the compiled reader reads
   from the payload of a scanned batch are those of the event path's root stores;
 * ``promtext.parse`` never raises; every label value it returns passes
-  ``exporter.labels.valid_label_value``;
+  ``exporter.core.labels.valid_label_value``;
 * ``normalize.parse_worker`` and ``parse_router`` raise only ``UnrecognisedMetrics``; every
   number they return is finite.
 
@@ -31,17 +31,17 @@ from pathlib import Path
 
 import msgpack
 
-from exporter import kvcodec, normalize, promtext
-from exporter.eviction import is_gpu
-from exporter.labels import valid_label_value
-from exporter.model import BlockRemoved, BlockStored
-from exporter.prefix_instability import (
+from exporter.codecs import kvcodec, normalize, promtext
+from exporter.core.index.eviction import is_gpu
+from exporter.core.index.prefix_instability import (
     COMPARED_BLOCKS,
     EARLY_SPAN_BLOCKS,
     MIN_SHARED_BLOCKS,
     ROOT_KEYS,
     root_key,
 )
+from exporter.core.labels import valid_label_value
+from exporter.model import BlockRemoved, BlockStored
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

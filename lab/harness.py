@@ -1,7 +1,7 @@
 """Replay a scenario through the exporter on the virtual clock, keeping what Prometheus would scrape.
 
 :func:`run_through_exporter` runs a :class:`~fleet.simulation.Simulation` and, on the way, feeds a real
-:class:`~exporter.state.ClusterState` through the exporter's own adapters, exactly as the live
+:class:`~exporter.core.state.ClusterState` through the exporter's own adapters, exactly as the live
 exporter is fed:
 
 - KV-cache events are encoded in vLLM's wire format (``encode_batch``), numbered per worker as
@@ -39,15 +39,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter import api, promtext
 from exporter.bootstrap import bootstrap
-from exporter.checks import Evaluation, evaluate
-from exporter.collector import PrefixscopeCollector
-from exporter.health import Health
+from exporter.codecs import promtext
+from exporter.core.checks import Evaluation, evaluate
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import deliver, parse_lines
 from exporter.sources.scrape import ScrapeFailed, Scraper, ScrapeTarget
-from exporter.state import ClusterState
+from exporter.web import api
+from exporter.web.collector import PrefixscopeCollector
 from fleet.clock import VirtualClock
 from fleet.kv_publisher import encode_batch
 from fleet.metrics_text import render_metrics

@@ -27,10 +27,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exporter import api
 from exporter.bootstrap import bootstrap
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent, WorkerSnapshot
 from exporter.sources.records import validate
+from exporter.web import api
 from fleet.cache import CacheEvent, Cleared, Removed, Stored
 from fleet.clock import VirtualClock
 from fleet.engine import QueuedRequest, SimEngine

@@ -6,7 +6,7 @@ still filling; the diagnosis chain has to hold hours in, with every cache full, 
 and fleet run for ``warmup_s`` first, then everything happens as in the preset (fault, actions,
 end), ``warmup_s`` later. :func:`run_steady` runs that through the exporter's real inputs
 (:func:`lab.harness.run_through_exporter`) and keeps the exporter's evaluation
-(:func:`exporter.checks.evaluate`) at two moments: just before the fault, and at the end of the
+(:func:`exporter.core.checks.evaluate`) at two moments: just before the fault, and at the end of the
 fault (its window filled).
 
 "firing" lists the checks past their threshold at that instant: the exporter evaluates
@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exporter.checks import Evaluation
+from exporter.core.checks import Evaluation
 from fleet.scenarios import Scenario, ScenarioError, load_preset
 from fleet.topology import Topology, TopologyError, load_topology
 from lab.family import Member, run_families

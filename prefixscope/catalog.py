@@ -44,7 +44,7 @@ WALK_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2, 2.5e-2
 DUTY_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # The exporter's duties, the bounded values of the ``duty`` label of its self-measurement series
-# (``exporter.duty_clock``): KV-event ingest, worker/router scrapes, request records over HTTP,
+# (``exporter.loops.duty_clock``): KV-event ingest, worker/router scrapes, request records over HTTP,
 # OTLP spans, /metrics rendering, the background tree-statistics reading and the breach loop.
 DUTY_NAMES = ("kv_ingest", "scrape", "records", "otlp", "render", "tree_statistics", "breach")
 
@@ -63,7 +63,7 @@ PROMPT_CLASSES: tuple[tuple[float, str], ...] = (
 # must be a bound of RATIO_BUCKETS: a gauge-histogram share is read off one bucket.
 # A KV-event store whose parent ended one of the same worker's stores this recently continues that
 # request (chunked prefill; decode blocks fill every 16 tokens, well under this even at 100 ms a
-# token): placement is judged at a request's first store only (exporter.prefix_index_ref).
+# token): placement is judged at a request's first store only (exporter.core.index.prefix_index_ref).
 PLACEMENT_CONTINUATION_S = 2.0
 SESSION_HIT_LINE = 0.8
 
@@ -259,7 +259,7 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "otlp_spans": ("otlp_spans",),
     "attribution": ("records", "otlp_spans"),
 }
-# What each router's own /metrics feeds (exporter/routers/ implements it; docs/routers.md is generated
+# What each router's own /metrics feeds (exporter/codecs/routers/ implements it; docs/routers.md is generated
 # from it): prefixscope series -> router kind -> the router's series, or None when it exports none.
 ROUTER_KINDS: tuple[str, ...] = ("sglang-router", "vllm-router", "dynamo", "llm-d")
 ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
@@ -577,7 +577,7 @@ METRICS: tuple[Metric, ...] = (
             help="1 while a fallback tier is in use (used in the window and its exit condition not met)."),
     _metric(name="hot_branch_hit_tokens", type="gauge", unit="tokens", labels=("rank", "branch"), group=None, source="records",
             help="Hit tokens in the window of the top-K hottest prefix branches (bounded: rank 1..K)."),
-    # ---- the exporter's own cost (source "self": rendered by exporter.process_metrics next to
+    # ---- the exporter's own cost (source "self": rendered by exporter.web.process_metrics next to
     # the standard process_* series, not from the cluster state)
     _metric(name="exporter_duty_cpu_seconds", type="counter", unit="seconds", labels=("duty",), group=None, source="self",
             help="CPU seconds the exporter's threads spent on each duty (thread CPU time around each batch of work): "

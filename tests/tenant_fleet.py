@@ -7,7 +7,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 
-from exporter.attribution import NONE
+from exporter.core.attribution import NONE
 from fleet.clock import VirtualClock
 from fleet.engine import EngineRequest, SimEngine, WorkerSpec
 from fleet.router import import_prefix

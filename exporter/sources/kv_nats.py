@@ -1,6 +1,6 @@
 """KV-cache events from NATS: the relay's JetStream stream, and Dynamo's own KV-event messages.
 
-**The relay's stream** (layout in :mod:`exporter.kv_stream`): one durable pull consumer per
+**The relay's stream** (layout in :mod:`exporter.codecs.kv_stream`): one durable pull consumer per
 exporter (``durable``) over ``<prefix>.>``, in the stream's one total order of every worker's
 batches (so every shard and a single exporter see the same interleaving). The rules, in order:
 
@@ -26,12 +26,12 @@ batches (so every shard and a single exporter see the same interleaving). The ru
   server (file storage), and if it is gone it is recreated from the last applied stream
   sequence + 1, so nothing retained is skipped and nothing is applied twice.
 
-**Dynamo** (format in :mod:`exporter.dynamo_events`): core NATS subscriptions on the configured
+**Dynamo** (format in :mod:`exporter.codecs.dynamo_events`): core NATS subscriptions on the configured
 subjects (``namespace.<ns>.component.<comp>.kv_events``, wildcards allowed). Core NATS keeps
 nothing: per worker (and DP rank) ``event_id`` jumps are counted as gaps and missed batches, a
 smaller ``event_id`` is a restart. There is no replay to ask for.
 
-Batches are decoded by :mod:`exporter.kvcodec` (the relay sends vLLM's payload unchanged) and
+Batches are decoded by :mod:`exporter.codecs.kvcodec` (the relay sends vLLM's payload unchanged) and
 handed to the sink like the ZMQ subscriber does (``sink.apply_kv_batch``), so the state counts
 batches, applied events, lag and restarts the same way; this adapter counts gaps, missed
 batches and decode errors. All sink calls come from this source's one thread.
@@ -51,11 +51,18 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from exporter import dynamo_events, kvcodec
-from exporter.duty_clock import DutyClock
-from exporter.health import Health
-from exporter.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_RESTART, H_SEQ, H_WORKER, worker_from_subject
-from exporter.sharding import KvSink
+from exporter.codecs import dynamo_events, kvcodec
+from exporter.codecs.kv_stream import (
+    DEFAULT_PREFIX,
+    DEFAULT_STREAM,
+    H_RESTART,
+    H_SEQ,
+    H_WORKER,
+    worker_from_subject,
+)
+from exporter.core.health import Health
+from exporter.core.sharding import KvSink
+from exporter.loops.duty_clock import DutyClock
 
 log = logging.getLogger("prefixscope.kv_nats")
 
@@ -74,7 +81,7 @@ class NatsKvSettings:
     relay: bool = True  # read the relay's stream
     dynamo_subjects: tuple[str, ...] = ()
     dynamo_block_size: int = 16
-    attribution: bool = False  # keep the stored blocks' lora_name and extra_keys (exporter.attribution)
+    attribution: bool = False  # keep the stored blocks' lora_name and extra_keys (exporter.core.attribution)
 
 
 class NatsKvSource:

@@ -70,9 +70,9 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from exporter import kvcodec
-from exporter.duty_clock import DutyClock
-from exporter.health import Health
+from exporter.codecs import kvcodec
+from exporter.core.health import Health
+from exporter.loops.duty_clock import DutyClock
 from exporter.model import KvBatch, StateSink
 
 log = logging.getLogger("prefixscope.kv_events")
@@ -128,7 +128,7 @@ class KvEventSubscriber:
         self.duties = duties or DutyClock()  # each poll round with work is one batch of kv_ingest
         self.sink = sink
         self.token_ids = token_ids  # decode the stored blocks' token ids (prefix text reads them)
-        self.attribution = attribution  # keep the stored blocks' lora_name and extra_keys (exporter.attribution)
+        self.attribution = attribution  # keep the stored blocks' lora_name and extra_keys (exporter.core.attribution)
         self.health = health
         self.replay_timeout = replay_timeout
         self.poll_ms = max(1, int(poll_interval * 1000))

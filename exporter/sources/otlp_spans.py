@@ -1,6 +1,6 @@
 """OTLP request spans → request records, through the same path records take (``records.deliver``).
 
-Decoding and the span → record mapping are pure (``exporter.otlp``); this adapter adds what
+Decoding and the span → record mapping are pure (``exporter.codecs.otlp``); this adapter adds what
 needs memory across export requests:
 
 - **sessions (and cached tokens) by trace**: vLLM's span carries no session and no cached
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from exporter import otlp
-from exporter.duty_clock import DutyClock
-from exporter.health import Health
+from exporter.codecs import otlp
+from exporter.core.health import Health
+from exporter.loops.duty_clock import DutyClock
 from exporter.model import StateSink
 from exporter.sources.records import RecordError, deliver
 from prefixscope.records import RequestRecord

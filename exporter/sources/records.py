@@ -33,8 +33,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from exporter.health import Health
-from exporter.labels import MAX_LABEL_VALUE_CHARS, label_value_problem
+from exporter.core.health import Health
+from exporter.core.labels import MAX_LABEL_VALUE_CHARS, label_value_problem
 from exporter.model import StateSink
 from prefixscope import REQUEST_SCHEMA_PATH
 from prefixscope.records import (
@@ -238,7 +238,7 @@ def strict_problem(rec: dict[str, Any]) -> str | None:
 # ``RequestRecord.from_json`` do in three, and builds the value. Anything else (a type or bound
 # it does not know to be fine, a non-ASCII string, a nested value under an unknown key) makes it
 # answer None, and the line takes the three steps, which then decide and word the error. It
-# accepts only what those steps accept, with the same value (tests/exporter/test_records_source.py).
+# accepts only what those steps accept, with the same value (tests/exporter/sources/test_records_source.py).
 _FAIL: Any = object()
 Convert = Callable[[Any], Any]  # the value as RequestRecord holds it, or _FAIL
 

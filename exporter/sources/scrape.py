@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from exporter import normalize, promtext
-from exporter.duty_clock import DutyClock
-from exporter.health import Health
+from exporter.codecs import normalize, promtext
+from exporter.core.health import Health
+from exporter.loops.duty_clock import DutyClock
 from exporter.model import StateSink
 from exporter.sources import http_get
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from exporter.api import ApiBuilders
-from exporter.health import Health
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
-from exporter.state import ClusterState
+from exporter.web.api import ApiBuilders
 from prefixscope.thresholds import CheckThreshold, Thresholds, load_thresholds
 
 NOW = 1_000.0

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 
 from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
-from exporter.api import ApiBuilders
-from exporter.exposition import render_state
-from exporter.server import ExporterServer, ServerDeps
-from exporter.state import ClusterState
+from exporter.core.state import ClusterState
+from exporter.web.api import ApiBuilders
+from exporter.web.exposition import render_state
+from exporter.web.server import ExporterServer, ServerDeps
 from prefixscope.catalog import SIGNALS
 from tests.console import backfill, cluster, liveness_cluster, topology_cluster
 from tests.support import free_port, require_file, require_tool, wait_for

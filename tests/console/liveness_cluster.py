@@ -19,9 +19,9 @@ blocks are still in the index.
 
 from __future__ import annotations
 
-from exporter.health import Health
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
-from exporter.state import ClusterState
 from prefixscope.thresholds import load_thresholds
 
 NOW = 1_000.0

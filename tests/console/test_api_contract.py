@@ -108,6 +108,6 @@ def test_the_console_knows_every_liveness_the_exporter_states() -> None:
     from typing import get_args
 
     from console.liveness import API_LIVENESS
-    from exporter.worker_pool import Liveness
+    from exporter.core.worker_pool import Liveness
 
     assert set(get_args(Liveness)) == set(API_LIVENESS)

@@ -17,9 +17,9 @@ from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import RUNBOOK_DIR, load_thresholds
 from console.runbook_steps import first_mitigation
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
-from exporter.api import ApiBuilders
-from exporter.breach_loop import BreachLoop
-from exporter.breaches import BreachClock
+from exporter.core.breaches import BreachClock
+from exporter.loops.breach_loop import BreachLoop
+from exporter.web.api import ApiBuilders
 from prefixscope import catalog
 from prefixscope.diagnosis import headline
 from prefixscope.thresholds import load_thresholds as load_exporter_thresholds

@@ -5,10 +5,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from exporter.api import ApiBuilders
-from exporter.kvcodec import decode_batch
-from exporter.model import BlockStored, KvBatch
-from exporter.prefix_text import (
+from exporter.codecs.kvcodec import decode_batch
+from exporter.core.prefix_text import (
     Ask,
     Detokenizer,
     PrefixNames,
@@ -17,6 +15,8 @@ from exporter.prefix_text import (
     http_detokenize,
     short_text,
 )
+from exporter.model import BlockStored, KvBatch
+from exporter.web.api import ApiBuilders
 from fleet import tokenizer
 from fleet.clock import VirtualClock
 from fleet.engine import WorkerSpec

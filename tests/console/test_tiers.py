@@ -9,12 +9,12 @@ from prometheus_client import CollectorRegistry
 
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
 from console.tiers import cluster_summary, offload_row, offload_rows, verdict
-from exporter.api import ApiBuilders
-from exporter.exposition import render_state
-from exporter.health import Health
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
-from exporter.server import ExporterServer, ServerDeps
-from exporter.state import ClusterState
+from exporter.web.api import ApiBuilders
+from exporter.web.exposition import render_state
+from exporter.web.server import ExporterServer, ServerDeps
 from prefixscope.thresholds import load_thresholds
 from tests.console.test_pages import run, texts
 

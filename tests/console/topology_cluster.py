@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import time
 
-from exporter.api import ApiBuilders
-from exporter.health import Health
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
 from exporter.model import BlockStored, KvBatch
-from exporter.state import ClusterState
+from exporter.web.api import ApiBuilders
 from prefixscope.thresholds import load_thresholds
 from prefixscope.topology import parse_topology
 

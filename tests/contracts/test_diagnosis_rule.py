@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
 from console.links import load_thresholds as console_thresholds
-from exporter import api, checks
-from exporter.health import Health
-from exporter.state import ClusterState, Series
+from exporter.core import checks
+from exporter.core.health import Health
+from exporter.core.state import ClusterState, Series
+from exporter.web import api
 from prefixscope import diagnosis
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, SIGNALS, STEPS
 from prefixscope.thresholds import CheckThreshold, load_thresholds

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter import normalize, routers
-from exporter.routers import dynamo, sglang, vllm_router
+from exporter.codecs import normalize, routers
+from exporter.codecs.routers import dynamo, sglang, vllm_router
 from fleet import router_metrics as rm
 from prefixscope import catalog
 

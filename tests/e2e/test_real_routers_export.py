@@ -24,7 +24,7 @@ import requests
 import yaml
 from jsonschema import Draft202012Validator
 
-from exporter import normalize
+from exporter.codecs import normalize
 from exporter.config import DEFAULT_LISTEN, Config, HttpRecords
 from exporter.main import Runtime
 from fleet.engine import WorkerSpec

@@ -29,11 +29,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import otlp
-from exporter.baseline_window import SLOT_S
+from exporter.codecs import otlp
 from exporter.config import OtlpTraces
+from exporter.core.baseline_window import SLOT_S
+from exporter.core.windows import bucket_index, histogram_quantile
 from exporter.sources.otlp_spans import SpanResult
-from exporter.windows import bucket_index, histogram_quantile
 from fleet.engine import EngineResult
 from fleet.spans import FleetSpans, GenAiClient
 from fleet.worker_http import WORKER_HEADER

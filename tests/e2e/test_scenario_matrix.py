@@ -127,7 +127,7 @@ def test_the_exporter_measures_what_the_fleet_did(scenario: str, matrix_rows: di
 
 
 # ---- steady state: every preset after a warm-up of healthy traffic, caches full ------------------
-# The exporter's verdict (exporter.checks.evaluate over a state fed through the real inputs) just
+# The exporter's verdict (exporter.core.checks.evaluate over a state fed through the real inputs) just
 # before the fault must be all clear, and at the end of the fault it must name the expected step.
 # The evaluation is instantaneous (no `for`): a check past its threshold counts at once.
 # Presets whose steady-state verdict is wrong today: strict, so a fix turns them red until the

@@ -26,12 +26,12 @@ import requests
 import yaml
 
 from exporter.bootstrap import bootstrap, build_nats_source
-from exporter.checks import evaluate
-from exporter.collector import PrefixscopeCollector
 from exporter.config import Config, NatsKv, Shard, WorkerTarget
+from exporter.core.checks import evaluate
+from exporter.core.sharding import ShardRecords, ShardSink, ShardSpec, owner_of_chain
 from exporter.relay import Relay, RelayConfig
-from exporter.sharding import ShardRecords, ShardSink, ShardSpec, owner_of_chain
 from exporter.sources.kv_nats import NatsKvSource
+from exporter.web.collector import PrefixscopeCollector
 from fleet.engine import EngineResult, WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
 from prefixscope.records import RequestRecord
@@ -425,7 +425,7 @@ def page(e: Exporter, instance: str) -> dict[str, float]:
     """One scrape of an exporter's /metrics as Prometheus stores it (its own ``instance``)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from exporter import promtext
+    from exporter.codecs import promtext
     from lab.harness import series_key
 
     registry = CollectorRegistry(auto_describe=False)
@@ -453,7 +453,7 @@ def test_through_relay_nats_and_a_real_prometheus_the_shards_give_one_exporters_
     exporter, one over the three shards): every recording rule, the console's chain from each, and
     the single exporter's /api/v1/groups agree."""
     from console.links import GENERATED_RULES
-    from exporter import api
+    from exporter.web import api
     from lab.harness import ScrapeHistory
     from tests.e2e.rules_prometheus import EVAL_INTERVAL_S, RulesPrometheus, recording_rules
     from tests.e2e.test_shards_prometheus import agrees, console_chain, reading

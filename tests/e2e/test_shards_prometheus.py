@@ -1,6 +1,6 @@
 """Three family shards and a real Prometheus with the generated rules give one exporter's answer.
 
-One exporter and three family shards (``exporter.sharding``: every shard reads every KV batch and
+One exporter and three family shards (``exporter.core.sharding``: every shard reads every KV batch and
 every record and keeps its families' part) ingest the same traffic on one driven clock; every
 15 s of it, each one's /metrics page is rendered by its collector and kept, as Prometheus would
 scrape it (the shards under their own ``instance`` labels). Two real Prometheus servers then hold
@@ -35,9 +35,10 @@ from console.chain import Chain, chain_from_exporter
 from console.links import GENERATED_RULES
 from console.links import load_thresholds as console_thresholds
 from console.prom import PrometheusClient, Sample
-from exporter import api, promtext
 from exporter.bootstrap import ExporterParts
-from exporter.sharding import ShardSpec
+from exporter.codecs import promtext
+from exporter.core.sharding import ShardSpec
+from exporter.web import api
 from lab.harness import ScrapeHistory, series_key
 from prefixscope import catalog
 from tests.e2e.rules_prometheus import EVAL_INTERVAL_S, RulesPrometheus, recording_rules

@@ -269,8 +269,8 @@ def test_a_request_waiting_for_a_slot_is_recorded_at_admission_with_its_arrival_
 
 
 def test_the_exporter_takes_records_slightly_out_of_ts_order() -> None:
-    from exporter.health import Health
-    from exporter.state import ClusterState
+    from exporter.core.health import Health
+    from exporter.core.state import ClusterState
     from prefixscope.thresholds import load_thresholds
 
     f = Fleet()

@@ -2,7 +2,7 @@
 
 Prometheus evaluates the generated rules over every shard's series: ``sum`` pools counters,
 histogram buckets and the per-worker parts of family-split gauges, a per-process gauge is the
-same on every shard (``max``). ``ShardsAsOne`` gives :func:`exporter.checks.evaluate` that view of
+same on every shard (``max``). ``ShardsAsOne`` gives :func:`exporter.core.checks.evaluate` that view of
 N ``ClusterState``s, so the checks, the five groups' statuses and the chain's verdict computed over
 the shards can be compared with one exporter's.
 """
@@ -17,9 +17,9 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import PrefixscopeCollector
-from exporter.series_view import Series
-from exporter.state import ClusterState
+from exporter.core.series_view import Series
+from exporter.core.state import ClusterState
+from exporter.web.collector import PrefixscopeCollector
 from prefixscope import catalog
 
 T = TypeVar("T")
@@ -113,7 +113,7 @@ class _Cum:
 
 
 class ShardsAsOne:
-    """The read side of a ClusterState that ``exporter.checks`` uses, over N shard states."""
+    """The read side of a ClusterState that ``exporter.core.checks`` uses, over N shard states."""
 
     def __init__(self, states: Sequence[ClusterState]) -> None:
         self.states = states

@@ -6,10 +6,10 @@ import json
 
 import msgpack
 
-from exporter.dynamo_events import decode, worker_name
-from exporter.health import Health
+from exporter.codecs.dynamo_events import decode, worker_name
+from exporter.core.health import Health
+from exporter.core.sharding import ShardSink, ShardSpec
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
-from exporter.sharding import ShardSink, ShardSpec
 from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
 from tests.support import REPO
 
@@ -83,7 +83,7 @@ def test_the_nats_source_sequences_dynamo_events_by_event_id() -> None:
 
 
 def test_relayed_messages_apply_once_and_follow_the_restart_rule() -> None:
-    from exporter.kv_stream import headers_for
+    from exporter.codecs.kv_stream import headers_for
 
     sink, h = Sink(), Health()
     src = NatsKvSource(NatsKvSettings(url="nats://x:1"), ShardSink(sink, ShardSpec()), h)

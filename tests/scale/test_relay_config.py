@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.codecs.kv_stream import subject_for, worker_from_subject
 from exporter.config import ConfigError
-from exporter.kv_stream import subject_for, worker_from_subject
 from exporter.relay import parse_relay_config
 from prefixscope.cli import SUBCOMMANDS
 from tests.contracts.test_layers import loaded_packages

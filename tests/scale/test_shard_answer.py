@@ -14,10 +14,10 @@ from itertools import pairwise
 import pytest
 
 from exporter.bootstrap import ExporterParts, bootstrap
-from exporter.checks import evaluate
 from exporter.config import Config, Shard
+from exporter.core.checks import evaluate
+from exporter.core.sharding import ShardRecords, ShardSink, ShardSpec, SharedRoots, family_shard, record_shard
 from exporter.model import BlockRemoved, BlockStored, KvBatch
-from exporter.sharding import ShardRecords, ShardSink, ShardSpec, SharedRoots, family_shard, record_shard
 from prefixscope.records import RequestRecord
 from tests.scale.shards_as_one import ShardsAsOne, pooled_differences, samples
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from exporter import kvcodec
-from exporter.attribution import ADAPTER_RESIDENT, NONE, TENANT_RESIDENT
-from exporter.health import Health
+from exporter.codecs import kvcodec
+from exporter.core.attribution import ADAPTER_RESIDENT, NONE, TENANT_RESIDENT
+from exporter.core.health import Health
+from exporter.core.sharding import ShardSink, ShardSpec, SharedRoots
+from exporter.core.state import ClusterState
 from exporter.model import KvBatch
-from exporter.sharding import ShardSink, ShardSpec, SharedRoots
-from exporter.state import ClusterState
 from fleet.engine import SimEngine
 from fleet.kv_publisher import encode_batch
 from prefixscope.thresholds import load_thresholds

@@ -7,11 +7,10 @@ from collections import Counter
 
 import pytest
 
-from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
-from exporter.prefix_index_ref import (
+from exporter.core.index.prefix_index_ref import (
     ReferencePrefixIndex as PrefixIndex,  # the semantics (the compiled core equals it)
 )
-from exporter.sharding import (
+from exporter.core.sharding import (
     ShardSink,
     ShardSpec,
     combined_match,
@@ -21,6 +20,7 @@ from exporter.sharding import (
     owner_of_chain,
     plan,
 )
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 
 WORKERS = [f"w{i}" for i in range(5)]
 

@@ -1,0 +1,318 @@
+"""Where the cache hits land, and what changed: the history behind hot branches and /api/v1/changes.
+
+Every hit a record reports is kept for an hour as (time, leading blocks of its chain, hit
+tokens, session key); a branch is resolved only when read, against the tree statistics of that
+read, so a hit counts for the branch its chain belongs to in the current tree. New session keys
+are kept the same way (time, segment, re-keyed?) so "what changed" can compare two windows.
+
+Memory: an hour of hits at a busy cluster's record rate is a lot of events, so each is kept
+small — its chain as 8 bytes a block (a tuple of Python ints costs ~40 B a block), and chains
+that repeat (turns of one conversation, requests behind one system prompt) share one copy. At
+most ``max_events`` hits are kept (``limits.hit_history``, default ``MAX_HISTORY_EVENTS``): ~0.1 KB
+each plus their distinct chains (≤ 0.5 KB); past it the oldest go, and the history covers less
+than the hour.
+
+Hot branches on /metrics (``hot_branch_tokens``) read only the current window, and not by
+scanning the history: hits are summed per distinct chain as they enter the window
+(``WindowTokens``) and taken out again when they leave it (by age, or when the history drops
+them). Each chain is resolved to its branch by ``BranchResolver``: where its branch point lies
+once per statistics pass, whether the path to it is in the index once per distinct path and
+index change. So a read costs, at most, a few dictionary look-ups per distinct chain hit in the
+window plus a top-k of its branches, and nothing while neither the window nor the tree changed;
+it never depends on how many events the hour-long history holds. The window costs ~0.2 KB per
+event in it and one view per distinct chain; if nobody reads it for long, it is dropped and
+rebuilt from the history at the next read. ``branch_hits``/``hot_branches`` (the API, with
+session counts, over any interval) still scan the history.
+
+Not thread-safe on its own: ``ClusterState`` calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from collections.abc import Sequence, Set
+from itertools import islice
+from operator import neg
+
+from exporter.core.index.prefix_index import PrefixIndex, TreeStats
+
+HISTORY_S = 3600.0  # how far back /api/v1/changes can look
+MAX_HISTORY_EVENTS = 200_000
+MAX_CHAIN_KEPT = 64  # leading blocks of a hit's chain kept: enough to find its branch (radix depth ≤ 2)
+MAX_INTERNED = 65_536  # distinct chains remembered for sharing; past it the table starts afresh
+
+Chain = bytes | tuple[int, ...]  # 8 bytes a block (native order), or ints when not all fit in 64 bits
+
+
+def _packed(chain: Sequence[int]) -> Chain:
+    try:
+        return array("Q", chain).tobytes()
+    except (OverflowError, TypeError):  # not a 64-bit hash: kept as it came (the index will not know it)
+        return tuple(chain)
+
+
+def _blocks(chain: Chain) -> Sequence[int]:
+    return memoryview(chain).cast("Q") if isinstance(chain, bytes) else chain
+
+BranchHits = dict[int, tuple[float, set[str]]]
+HitEvent = tuple[float, Chain, float, str | None]
+
+
+class WindowTokens:
+    """Hit tokens per distinct chain over a sliding window (start, end], kept incrementally.
+
+    Every event has a sequence number; the history deque holds exactly the events numbered
+    ``first_seq`` .. ``next_seq - 1`` (both expiry and the deque's cap drop from the left), so
+    an event the history drops is found by its number and taken out of the sums. Events
+    counted are also on a heap by time, and leave when the window's start passes them; events
+    from the future (after the window's end) wait on a second heap.
+    """
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+        self.tokens: dict[Chain, float] = {}
+        self.hits: dict[Chain, int] = {}  # events counted per chain (a chain leaves at 0: sums restart exact)
+        self.blocks: dict[Chain, Sequence[int]] = {}  # each chain's blocks as read by branch_of, made once
+        self.counted: dict[int, tuple[float, Chain, float]] = {}  # seq -> (ts, chain, tokens)
+        self.leaving: list[tuple[float, int]] = []  # (ts, seq) of counted events
+        self.pending: list[tuple[float, int, Chain, float]] = []  # events after the window's end
+        self.changes = 0  # bumped whenever the sums change
+
+    def add(self, seq: int, ts: float, chain: Chain, tokens: float) -> None:
+        if ts <= self.start:
+            return
+        if ts > self.end:
+            heapq.heappush(self.pending, (ts, seq, chain, tokens))
+            return
+        self.counted[seq] = (ts, chain, tokens)
+        heapq.heappush(self.leaving, (ts, seq))
+        n = self.hits.get(chain, 0)
+        if not n:
+            self.blocks[chain] = _blocks(chain)
+        self.hits[chain] = n + 1
+        self.tokens[chain] = self.tokens.get(chain, 0.0) + tokens
+        self.changes += 1
+
+    def drop(self, seq: int) -> None:
+        """Take an event out (it left the window or the history); nothing if it was not counted."""
+        ev = self.counted.pop(seq, None)
+        if ev is None:
+            return
+        _ts, chain, tokens = ev
+        n = self.hits[chain] - 1
+        if n:
+            self.hits[chain] = n
+            self.tokens[chain] -= tokens
+        else:
+            del self.hits[chain], self.tokens[chain], self.blocks[chain]
+        self.changes += 1
+
+    def advance(self, start: float, end: float, first_seq: int) -> None:
+        """Move the window forward to (start, end]; events numbered below ``first_seq`` are gone."""
+        self.start, self.end = start, end
+        pending = self.pending
+        while pending and pending[0][0] <= end:
+            ts, seq, chain, tokens = heapq.heappop(pending)
+            if seq >= first_seq:
+                self.add(seq, ts, chain, tokens)
+        leaving, counted = self.leaving, self.counted
+        while leaving and leaving[0][0] <= start:
+            self.drop(heapq.heappop(leaving)[1])
+        if len(leaving) > 2 * len(counted) + 1024:  # entries of events the history dropped: compact
+            self.leaving = [(ts, seq) for seq, (ts, _c, _t) in counted.items()]
+            heapq.heapify(self.leaving)
+
+
+def branch_label(block: int) -> str:
+    """A branch as shown on /metrics: the first 8 hex digits of its first block's 64-bit hash."""
+    return f"{block & 0xFFFFFFFFFFFFFFFF:016x}"[:8]
+
+
+Walk = tuple[Chain | None, int, int] | None  # (path to the branch point or None, branch, first block)
+
+
+class BranchResolver:
+    """Hit tokens per branch, each chain resolved exactly as ``PrefixIndex.branch_of`` does, with
+    the work split by what each part of the answer depends on.
+
+    ``branch_of`` walks a chain from its first block: at the first block that branches in the
+    tree statistics (position j, before the last block) the branch is the next block, provided
+    blocks 1..j are all in the index; otherwise — a block missing on the way, or no branching
+    block — it is the chain's first block. Where j lies depends only on the statistics: it is
+    found once per chain and statistics pass. Whether the path up to j is in the index depends
+    only on the index: it is checked once per distinct path, and when the index changes the
+    known paths are checked again (the chains behind one shared prompt share their path, so
+    there are few). ``epoch`` changes only when an answer may have: new statistics, or a path
+    that came into or left the index. A read at an unchanged epoch and window costs nothing;
+    otherwise a few dictionary look-ups per distinct chain of the window.
+    """
+
+    MAX_RECHECKED = 4096  # known paths checked again when the index changes; past it, forgotten
+
+    def __init__(self, index: PrefixIndex) -> None:
+        self.index = index
+        self.epoch = 0
+        self._stats: TreeStats | None = None
+        self._walks: dict[Chain, Walk] = {}  # for ``_stats``
+        self._version = -1
+        self._path_in_index: dict[Chain, bool] = {}  # at index ``_version``
+
+    def _walk(self, chain: Chain, blocks: Sequence[int], branching: Set[int]) -> Walk:
+        if not len(blocks):
+            return None
+        for j in range(len(blocks) - 1):
+            if blocks[j] in branching:
+                return (chain[:8 * (j + 1)] if isinstance(chain, bytes) else chain[:j + 1]), blocks[j + 1], blocks[0]
+        return None, blocks[0], blocks[0]
+
+    def _in_index(self, path: Chain) -> bool:
+        index = self.index
+        return all(x in index for x in islice(_blocks(path), 1, None))
+
+    def refresh(self, stats: TreeStats) -> int:
+        """Catch up with the statistics and the index; the epoch the answers are now at."""
+        if stats is not self._stats:
+            self._stats, self._walks = stats, {}
+            self.epoch += 1
+        version = self.index.version
+        if version != self._version:
+            self._version = version
+            known = self._path_in_index
+            if len(known) > self.MAX_RECHECKED:
+                self._path_in_index = {}
+                self.epoch += 1
+            elif any(self._in_index(path) != ok for path, ok in known.items()):
+                self._path_in_index = {path: self._in_index(path) for path in known}
+                self.epoch += 1
+        return self.epoch
+
+    def totals(self, tokens: dict[Chain, float], blocks: dict[Chain, Sequence[int]],
+               stats: TreeStats) -> dict[int, float]:
+        """Σ hit tokens per branch of the chains in ``tokens`` (after :meth:`refresh`)."""
+        if stats is not self._stats:
+            self.refresh(stats)
+        if len(self._walks) > 2 * len(tokens) + 1024:  # chains that left the window: walked again if they return
+            self._walks = {}
+        walks, in_index, branching = self._walks, self._path_in_index, stats.branching
+        out: dict[int, float] = {}
+        for chain, tok in tokens.items():
+            walk = walks.get(chain, _UNWALKED)
+            if walk is _UNWALKED:
+                walk = walks[chain] = self._walk(chain, blocks[chain], branching)
+            if walk is None:
+                continue
+            path, b, first = walk
+            if path is not None:
+                ok = in_index.get(path)
+                if ok is None:
+                    ok = in_index[path] = self._in_index(path)
+                if not ok:
+                    b = first
+            out[b] = out.get(b, 0.0) + tok
+        return out
+
+
+_UNWALKED: Walk = (None, -1, -1)  # a marker: never a real walk (it is compared by identity)
+
+
+class Hotspots:
+    """Hit and new-session history over the last hour."""
+
+    def __init__(self, index: PrefixIndex, max_events: int = MAX_HISTORY_EVENTS) -> None:
+        self.index = index
+        self.hit_events: deque[HitEvent] = deque(maxlen=max_events)
+        self._interned: dict[Chain, Chain] = {}
+        self.session_events: deque[tuple[float, str, bool]] = deque(maxlen=max_events)
+        self._next_seq = 0  # sequence number of the next hit event; the deque holds the latest len() of them
+        self._window: WindowTokens | None = None  # set by the first hot-branch read
+        self._resolver = BranchResolver(index)
+        self._ranked: tuple[tuple[object, int, int, int], list[tuple[int, float]]] | None = None
+
+    @property
+    def _first_seq(self) -> int:
+        return self._next_seq - len(self.hit_events)
+
+    def hit(self, ts: float, chain: Sequence[int], hit_blocks: int, tokens: float, session: str | None) -> None:
+        packed = _packed(chain[:min(hit_blocks, MAX_CHAIN_KEPT)])
+        shared = self._interned.get(packed)
+        if shared is None:
+            if len(self._interned) >= MAX_INTERNED:
+                self._interned.clear()  # chains still in the history stay alive through their events
+            shared = self._interned[packed] = packed
+        events, window = self.hit_events, self._window
+        if window is not None and len(events) == events.maxlen:
+            window.drop(self._first_seq)  # the deque drops its oldest event on this append
+        events.append((ts, shared, tokens, session))
+        if window is not None:
+            window.add(self._next_seq, ts, shared, tokens)
+            if len(window.pending) > len(events) // 2 + 1024:
+                # Nobody has read the window for a while (every hit is after its end): drop it
+                # rather than keep a second history; the next read rebuilds it once.
+                self._window = None
+        self._next_seq += 1
+
+    def new_session(self, ts: float, segment: str, rekeyed: bool) -> None:
+        self.session_events.append((ts, segment, rekeyed))
+
+    def expire(self, now: float) -> None:
+        cutoff = now - HISTORY_S
+        hits, window = self.hit_events, self._window
+        while hits and hits[0][0] <= cutoff:
+            if window is not None:
+                window.drop(self._first_seq)
+            hits.popleft()
+        sessions = self.session_events
+        while sessions and sessions[0][0] <= cutoff:
+            sessions.popleft()
+
+    def branch_hits(self, start: float, end: float, stats: TreeStats) -> BranchHits:
+        """Hit tokens and sessions per branch for hits with start < ts ≤ end."""
+        out: BranchHits = {}
+        for ts, chain, tokens, session in self.hit_events:
+            if start < ts <= end:
+                b = self.index.branch_of(_blocks(chain), stats)
+                if b is None:
+                    continue
+                tok, sess = out.get(b, (0.0, set()))
+                if session:
+                    sess.add(session)
+                out[b] = (tok + tokens, sess)
+        return out
+
+    def hot_branches(self, k: int, start: float, end: float, stats: TreeStats) -> list[tuple[int, float, int]]:
+        """Top-k branches of hits in (start, end]: (first block, hit tokens, sessions)."""
+        hits = self.branch_hits(start, end, stats)
+        ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0], kv[0]))[:k]
+        return [(b, tok, len(sess)) for b, (tok, sess) in ranked]
+
+    def _window_at(self, start: float, end: float) -> WindowTokens:
+        """The incremental window moved to (start, end]; rebuilt from the history only on the
+        first read or when a read goes back in time (the input clock never does)."""
+        w = self._window
+        if w is None or start < w.start or end < w.end:
+            w = self._window = WindowTokens(start, end)
+            for seq, (ts, chain, tokens, _s) in enumerate(self.hit_events, self._first_seq):
+                w.add(seq, ts, chain, tokens)
+        else:
+            w.advance(start, end, self._first_seq)
+        return w
+
+    def hot_branch_tokens(self, k: int, start: float, end: float, stats: TreeStats) -> list[tuple[int, float]]:
+        """Top-k branches of hits in (start, end] by hit tokens: (first block, hit tokens).
+
+        The same ranking as :meth:`hot_branches` without the session counts, at a cost that does
+        not depend on the history's length (see the module docstring).
+        """
+        w = self._window_at(start, end)
+        key = (stats, self._resolver.refresh(stats), w.changes, k)
+        cached = self._ranked
+        if cached is not None and cached[0][0] is stats and cached[0][1:] == key[1:]:
+            return cached[1]
+        totals = self._resolver.totals(w.tokens, w.blocks, stats)
+        # Most tokens first, ties by block: the order hot_branches sorts by, without a key function.
+        top = heapq.nsmallest(k, zip(map(neg, totals.values()), totals, strict=True))
+        ranked = [(b, -t) for t, b in top]
+        self._ranked = (key, ranked)
+        return ranked

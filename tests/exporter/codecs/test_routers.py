@@ -1,0 +1,144 @@
+"""Router adapters: kind detection and each router's own series mapped onto the snapshot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from exporter.codecs import normalize, routers
+from exporter.codecs.routers.common import histogram
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
+from exporter.core.windows import increase
+from prefixscope import catalog
+from prefixscope.thresholds import load_thresholds
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+PAGES = {
+    "sglang-router": FIXTURES / "sglang_router_metrics.txt",  # the 0.3.2 wheel's own output
+    "vllm-router": FIXTURES / "vllm_router_metrics.txt",  # the 0.1.17 wheel's own output
+    "dynamo": FIXTURES / "routers" / "dynamo_kv_router.txt",
+    "llm-d": FIXTURES / "routers" / "llmd_epp.txt",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PAGES))
+def test_auto_detects_each_router(kind: str) -> None:
+    snap, errors = normalize.parse_router("r", PAGES[kind].read_text())
+    assert errors == [] and snap.kind == kind
+
+
+def test_kinds_are_the_config_kinds() -> None:
+    assert routers.KINDS == ("auto", "sglang-router", "vllm-router", "dynamo", "llm-d")
+
+
+def test_dynamo_predicted_reuse_and_lookup_latency_in_seconds() -> None:
+    snap, _ = normalize.parse_router("d", PAGES["dynamo"].read_text())
+    assert snap.decisions == {} and snap.prefix_outcomes == {}  # Dynamo exports neither: missing
+    assert snap.lookup_seconds is not None and snap.lookup_seconds.bounds == (0.001, 0.005, 0.01, math.inf)
+    assert snap.lookup_seconds.counts == (4, 9, 10, 10) and snap.lookup_seconds.sum == pytest.approx(0.021)
+    assert snap.predicted_hit_ratio is not None and snap.predicted_hit_ratio.count == 10
+
+
+def test_llmd_hits_and_misses_from_lookups() -> None:
+    snap, _ = normalize.parse_router("l", PAGES["llm-d"].read_text())
+    assert snap.prefix_outcomes == {"hit": 30.0, "miss": 10.0}
+    assert snap.lookup_seconds is not None and snap.lookup_seconds.count == 40
+
+
+def test_smg_1_11_branches_and_match_ratio() -> None:
+    names = normalize.worker_names_by_url([("w0", "http://10.0.0.5:8000/metrics")])
+    snap, _ = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_11.txt").read_text(), "auto", names)
+    assert snap.kind == "sglang-router"
+    assert snap.decisions == {"w0": 7.0, "http://10.0.0.6:8000": 3.0}
+    assert snap.healthy == {"w0": 1.0, "http://10.0.0.6:8000": 0.0}
+    assert snap.prefix_outcomes == {"hit": 8.0, "miss": 2.0}
+    assert snap.predicted_hit_ratio is not None and snap.predicted_hit_ratio.counts[-1] == 10
+
+
+def test_the_real_smg_1_13_in_front_of_http_workers() -> None:
+    """The real gateway's page: every send per worker (one that got none at 0), its tree branches
+    and match ratio; the KV-index lookup is not timed in HTTP tree mode, so it stays absent."""
+    names = normalize.worker_names_by_url([(f"w{i}", f"http://10.0.0.{5 + i}:8000/metrics") for i in range(3)])
+    snap, errors = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_http.txt").read_text(), "auto", names)
+    assert errors == [] and snap.kind == "sglang-router"
+    assert snap.decisions == {"w0": 0.0, "w1": 3.0, "w2": 6.0}
+    assert snap.healthy == {"w0": 1.0, "w1": 1.0, "w2": 1.0}
+    assert snap.prefix_outcomes == {"hit": 6.0, "miss": 3.0}  # expected_wait_fallback: not routed by a match
+    assert snap.predicted_hit_ratio is not None and snap.predicted_hit_ratio.count == 9
+    assert snap.lookup_seconds is None
+
+
+def test_smg_1_13_kv_index_lookup_feeds_the_walk_latency() -> None:
+    snap, _ = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_kv_index.txt").read_text())
+    assert snap.kind == "sglang-router" and snap.decisions == {"http://10.0.0.5:8000": 4.0, "http://10.0.0.6:8000": 0.0}
+    assert snap.lookup_seconds is not None
+    assert snap.lookup_seconds.counts == (1, 3, 4, 4) and snap.lookup_seconds.sum == pytest.approx(0.0000925)
+
+
+def test_sglang_0_3_2_has_no_outcome_and_no_ratio() -> None:
+    snap, _ = normalize.parse_router("s", PAGES["sglang-router"].read_text())
+    assert snap.prefix_outcomes == {} and snap.predicted_hit_ratio is None and snap.lookup_seconds is None
+
+
+def test_legacy_sgl_router_names() -> None:
+    text = ('sgl_router_policy_decisions_total{policy="cache_aware",worker="http://a"} 5\n'
+            "sgl_router_cache_hits_total 4\nsgl_router_cache_misses_total 1\n")
+    snap, _ = normalize.parse_router("s", text)
+    assert snap.kind == "sglang-router" and snap.decisions == {"http://a": 5.0}
+    assert snap.prefix_outcomes == {"hit": 4.0, "miss": 1.0}
+
+
+def test_a_configured_kind_wins_and_an_unknown_page_is_refused() -> None:
+    snap, _ = normalize.parse_router("r", PAGES["llm-d"].read_text(), "dynamo")
+    assert snap.kind == "dynamo" and snap.lookup_seconds is None
+    with pytest.raises(normalize.UnrecognisedMetrics):
+        normalize.parse_router("r", "node_cpu_seconds_total 1\n")
+
+
+def test_histogram_rejects_non_cumulative_buckets() -> None:
+    from exporter.codecs import promtext
+    p = promtext.parse('h_bucket{le="1"} 5\nh_bucket{le="+Inf"} 3\n')
+    assert histogram(p, "h") is None
+
+
+def test_increase_places_observations_at_upper_bounds_and_handles_resets() -> None:
+    from exporter.model import CumulativeHistogram
+    a = CumulativeHistogram((0.005, 0.01, math.inf), (2, 3, 3), 0.0, 3)
+    b = CumulativeHistogram((0.005, 0.01, math.inf), (5, 6, 8), 0.0, 8)
+    assert increase(b, a) == [(0.005, 3.0), (0.01, 2.0)]  # 2 above the top bound land on it
+    assert increase(a, b) == [(0.005, 2.0), (0.01, 1.0)]  # counts went down: a restart
+
+
+def test_router_lookup_latency_feeds_the_walk_check() -> None:
+    th = load_thresholds()
+    st = ClusterState(Health(), th, window_s=300.0, clock=lambda: 1000.0)
+    text = PAGES["llm-d"].read_text()
+    first, _ = normalize.parse_router("l", text)
+    st.observe_router(first, 1000.0)  # the baseline
+    more = text.replace("le=\"0.005\"} 38", "le=\"0.005\"} 58").replace("le=\"0.01\"} 40", "le=\"0.01\"} 80") \
+        .replace("le=\"+Inf\"} 40", "le=\"+Inf\"} 80")
+    second, _ = normalize.parse_router("l", more)
+    st.observe_router(second, 1005.0)
+    assert st.signals()["walk_latency"]
+    got = st.window_buckets(f"{catalog.NAMESPACE}_router_tree_walk_seconds")
+    assert got is not None
+    bounds, counts = got
+    assert counts[bounds.index(0.005)] == 20 and counts[bounds.index(0.01)] == 20
+
+
+def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
+    """ROUTER_FEEDS (docs/routers.md) against what each adapter fills in from a page it reads."""
+    pages = {kind: [page] for kind, page in PAGES.items()}
+    pages["sglang-router"] = [FIXTURES / "routers" / n for n in ("smg_1_11.txt", "smg_1_13_kv_index.txt")]
+    field_of = {"router_decisions": "decisions", "router_prefix_outcomes": "prefix_outcomes",
+                "router_worker_healthy": "healthy", "router_predicted_hit_ratio": "predicted_hit_ratio",
+                "router_tree_walk_seconds": "lookup_seconds"}
+    assert routers.KINDS[1:] == catalog.ROUTER_KINDS
+    for series, feeds in catalog.ROUTER_FEEDS.items():
+        fld = field_of[series.removeprefix(f"{catalog.NAMESPACE}_")]
+        for kind, source in feeds.items():
+            fed = [bool(getattr(normalize.parse_router("r", page.read_text(), kind)[0], fld)) for page in pages[kind]]
+            assert any(fed) == (source is not None), (series, kind)

@@ -1,0 +1,145 @@
+"""The compiled eviction tracker and the Python reference give identical results on random streams.
+
+Streams run on a small universe of block hashes (some above 2^63), so the same blocks are stored,
+evicted and stored again: stored chains under known, sampled or unknown parents, removals of held
+and never-stored blocks, repeated hashes, clears, restarts, request-record hits, time steps inside
+and beyond the window (and the odd step back), three workers and every medium spelling. Memory is
+small so that the bounded tables drop their oldest entries, and sampling keeps 1, 2 or 4 in 4.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter.core.index.eviction import EvictionTracker
+from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
+
+compiled = pytest.importorskip("exporter.core.index._prefix_core")
+CompiledEvictionTracker = compiled.CompiledEvictionTracker
+
+WORKERS = ("w0", "w1", "w2")
+GPU_MEDIA = (None, "GPU", "gpu")
+OTHER_MEDIA = ("CPU", "disk")
+UNIVERSE = tuple(i if i % 3 else (1 << 63) + i for i in range(24))  # hash 0 and 2^64-1 included
+UNIVERSE += (0xFFFF_FFFF_FFFF_FFFF, 0xFFFF_FFFF_FFFF_FFF0)
+WINDOW = 10.0
+
+hashes = st.sampled_from(UNIVERSE)
+
+
+@st.composite
+def events(draw: st.DrawFn, media: tuple = (*GPU_MEDIA, *OTHER_MEDIA)) -> object:
+    kind = draw(st.integers(0, 19))
+    medium = draw(st.sampled_from(media))
+    if kind < 9:
+        run = tuple(draw(st.lists(hashes, min_size=0, max_size=6)))
+        parent = draw(st.one_of(st.none(), hashes, st.just(0xDEAD_BEEF_0000)))
+        return BlockStored(run, parent, 16, medium=medium)
+    if kind < 18:
+        return BlockRemoved(tuple(draw(st.lists(hashes, min_size=0, max_size=4))), medium=medium)
+    return AllBlocksCleared()
+
+
+@st.composite
+def streams(draw: st.DrawFn, media: tuple = (*GPU_MEDIA, *OTHER_MEDIA)) -> list[tuple]:
+    """(worker, events, ts, restart, hits) per batch; time mostly rises, sometimes past the window."""
+    ts, out = 100.0, []
+    for _ in range(draw(st.integers(1, 30))):
+        ts += draw(st.sampled_from((0.0, 0.5, 3.0, WINDOW, WINDOW + 0.25, 40.0, -1.0)))
+        worker = draw(st.sampled_from(WORKERS))
+        batch = draw(st.lists(events(media), max_size=6))
+        restart = draw(st.integers(0, 19)) == 0
+        hit = draw(st.lists(hashes, max_size=4)) if draw(st.booleans()) else []
+        out.append((worker, batch, ts, restart, hit))
+    return out
+
+
+def payload(events: list, arrays: bool) -> bytes:
+    """The events as a vLLM KV batch (array-encoded events as vLLM <= 0.23 sends them, else maps)."""
+    out: list = []
+    for ev in events:
+        if type(ev) is BlockStored:
+            out.append(["BlockStored", list(ev.hashes), ev.parent, [], ev.block_size, None, ev.medium] if arrays else
+                       {"type": "BlockStored", "block_hashes": list(ev.hashes), "parent_block_hash": ev.parent,
+                        "block_size": ev.block_size, "medium": ev.medium})
+        elif type(ev) is BlockRemoved:
+            out.append(["BlockRemoved", list(ev.hashes), ev.medium] if arrays else
+                       {"type": "BlockRemoved", "block_hashes": list(ev.hashes), "medium": ev.medium})
+        else:
+            out.append(["AllBlocksCleared"] if arrays else {"type": "AllBlocksCleared"})
+    return msgpack.packb([1.5, out, None])
+
+
+def _trackers(draw: st.DrawFn) -> tuple[EvictionTracker, object]:
+    memory = draw(st.sampled_from((1, 2, 3, 5, 8, 200)))
+    sample_every = draw(st.sampled_from((1, 2, 4)))
+    return (EvictionTracker(WINDOW, memory, sample_every),
+            CompiledEvictionTracker(WINDOW, memory, sample_every))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> None:
+    ref, comp = _trackers(data.draw)
+    scanned = CompiledEvictionTracker(ref.window_s, ref.memory, ref.sample_every)  # fed the compiled reader's scans
+    arrays = data.draw(st.booleans())
+    for worker, batch, ts, restart, hit in data.draw(streams()):
+        want = ref.apply(worker, batch, ts)
+        assert comp.apply(worker, batch, ts) == want
+        scan = compiled.scan_kv_batch(payload(batch, arrays))
+        assert scan is not None and scanned.apply_scan(worker, scan, ts) == want
+        if hit:
+            for t in (ref, comp, scanned):
+                t.hits(worker, hit)
+        if restart:
+            for t in (ref, comp, scanned):
+                t.clear_worker(worker)
+        assert [ref.tracked(w) for w in WORKERS] == [comp.tracked(w) for w in WORKERS] \
+            == [scanned.tracked(w) for w in WORKERS]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_other_tiers_never_touch_the_gpu_view(data: st.DataObject) -> None:
+    # The same GPU stream with CPU/disk events mixed in reads the same, except that the batch
+    # says another medium was seen.
+    gpu_only = data.draw(streams(GPU_MEDIA))
+    memory = data.draw(st.sampled_from((1, 3, 200)))
+    sample_every = data.draw(st.sampled_from((1, 4)))
+    for make in (EvictionTracker, CompiledEvictionTracker):
+        plain, mixed = make(WINDOW, memory, sample_every), make(WINDOW, memory, sample_every)
+        for worker, batch, ts, _restart, _hit in gpu_only:
+            extra = data.draw(st.lists(events(OTHER_MEDIA).filter(lambda e: not isinstance(e, AllBlocksCleared)),
+                                       max_size=3))
+            where = data.draw(st.integers(0, len(batch)))
+            got = mixed.apply(worker, [*batch[:where], *extra, *batch[where:]], ts)
+            want = plain.apply(worker, batch, ts)
+            assert got.other_media == bool(extra)
+            got.other_media = want.other_media
+            assert got == want
+            assert mixed.tracked(worker) == plain.tracked(worker)
+
+
+def test_the_compiled_tracker_is_bounded_and_reads_the_known_cases() -> None:
+    tracker = CompiledEvictionTracker(window_s=300.0, memory=32, sample_every=1)
+    for i in range(10_000):
+        tracker.apply("w0", [BlockStored((i,), None, 16), BlockRemoved((i,))], float(i) / 100)
+    recent, live = tracker.tracked("w0")
+    assert recent <= 32 and live <= 32
+    tracker = CompiledEvictionTracker(window_s=300.0, sample_every=1)
+    tracker.apply("w0", [BlockStored((1, 2), None, 16), BlockStored((3,), None, 16), BlockStored((4,), None, 16)], 0.0)
+    tracker.apply("w0", [BlockStored((5,), 1, 16)], 1.0)
+    tracker.hits("w0", [3, -1, "x", 1 << 70])  # what is no block hash matches nothing
+    out = tracker.apply("w0", [BlockRemoved((1,)), BlockRemoved((2,)), BlockRemoved((3,)), BlockRemoved((4,))], 10.0)
+    assert sorted(out.ages) == [(10.0, False), (10.0, False), (10.0, True), (10.0, True)]
+    out = tracker.apply("w0", [BlockStored((1, 2, 9), None, 16)], 20.0)
+    assert (out.stored, out.restored, out.evicted) == (3, 2, 0)
+
+
+def test_the_compiled_tracker_checks_its_settings() -> None:
+    for bad in ({"memory": 0}, {"sample_every": 3}, {"sample_every": 0}):
+        with pytest.raises(ValueError):
+            CompiledEvictionTracker(300.0, **bad)

@@ -1,0 +1,48 @@
+"""Check statuses and the diagnosis verdict on crafted windows."""
+
+from exporter.core.checks import evaluate
+from exporter.core.health import Health
+from exporter.core.state import ClusterState
+from exporter.model import WorkerSnapshot
+from prefixscope.thresholds import load_thresholds
+
+
+def make() -> ClusterState:
+    return ClusterState(Health(), load_thresholds(), window_s=300, clock=lambda: 200.0)
+
+
+def scrape(st, t, queried, hits):
+    st.observe_worker(WorkerSnapshot("w0", "vllm", model="m", prefix_queried_tokens=queried,
+                                     prefix_hit_tokens=hits), t)
+
+
+def test_missing_signals_are_not_instrumented_never_zero():
+    ev = evaluate(make())
+    assert ev.verdict is None
+    r = ev.results["sticky_session_collision_rate"]
+    assert r.status == "not_instrumented" and r.value is None and r.missing_signals == ["session_key"]
+
+
+def test_healthy_window_has_no_verdict():
+    st = make()
+    scrape(st, 100, 1000, 900)
+    scrape(st, 110, 2000, 1800)  # window: 900 of 1000 hit
+    ev = evaluate(st)
+    assert ev.results["prefix_hit_rate_total"].value == 0.9
+    assert ev.results["prefix_hit_rate_total"].status == "ok"
+    assert ev.verdict is None
+
+
+def test_falling_hit_rate_with_step2_cause_names_step2():
+    st = make()
+    scrape(st, 100, 1000, 900)
+    scrape(st, 110, 2000, 1200)  # 30% hit: the symptom fires
+    recs = [{"ts": 110 + i, "request_id": f"r{i}", "worker": "w0" if i % 2 else "w1", "prompt_tokens": 10,
+             "session_key": "s"} for i in range(4)]  # every follow-up switches healthy workers
+    st.ingest_records(recs, 115)
+    ev = evaluate(st)
+    assert ev.results["prefix_hit_rate_total"].status == "firing"
+    assert ev.results["sticky_session_collision_rate"].value == 1.0
+    # The symptom starts the walk but colours no step: step 1's causes are not instrumented here.
+    assert ev.step_status[1] == "not_instrumented"
+    assert ev.verdict == {"step": 2, "title": "Affinity", "checks": ["sticky_session_collision_rate"]}

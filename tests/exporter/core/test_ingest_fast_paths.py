@@ -1,0 +1,181 @@
+"""The per-batch fast paths of KV ingest give the same results as the full work they skip.
+
+``HealthIncreases.sample`` returns at once while no watched total moved and no sample can be
+due; ``ClusterState._count_evictions`` writes through label tuples built once per worker. Each
+is compared here with the plain computation it replaces.
+"""
+
+from __future__ import annotations
+
+import random
+
+from exporter.core.health import Health
+from exporter.core.health_window import HealthIncreases
+from exporter.core.index.eviction import BatchEvictions
+from exporter.core.index.prefix_instability import EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS, RootTracker
+from exporter.core.input_time import InputTime
+from exporter.core.metric_store import MetricStore
+from exporter.core.state import _BLOCKS_EVICTED, _BLOCKS_RESTORED, _BLOCKS_STORED, _EVICTION_AGE, ClusterState
+from exporter.model import BlockStored
+from prefixscope.thresholds import load_thresholds
+
+_NAMES = ("prefixscope_kv_event_missed_batches", "prefixscope_ingest_errors")
+
+
+def _increases(window_s: float) -> tuple[Health, InputTime, HealthIncreases]:
+    health = Health()
+    clock = InputTime()
+    return health, clock, HealthIncreases(health, clock, window_s, _NAMES)
+
+
+def test_health_sample_skips_only_what_a_full_pass_would_not_change() -> None:
+    rng = random.Random(3)
+    fast_h, fast_t, fast = _increases(40.0)
+    full_h, full_t, full = _increases(40.0)
+    ts = 1000.0
+    for step in range(3000):
+        ts += rng.choice((0.01, 0.01, 0.3, 2.0, 9.5))
+        for health, clock in ((fast_h, fast_t), (full_h, full_t)):
+            clock.advance(ts)
+            if step % 53 == 0:
+                health.inc("prefixscope_kv_event_missed_batches", ("w0",), 2)
+            if step % 211 == 0:
+                health.error("kv", "bad_payload", "test")
+        full._quiet_until = float("-inf")  # the reference always takes the full pass
+        fast.sample()
+        full.sample()
+        assert {k: list(v) for k, v in fast._samples.items()} == {k: list(v) for k, v in full._samples.items()}
+        for name in _NAMES:
+            assert fast.increase(name) == full.increase(name)
+
+
+def _count_evictions_reference(store: MetricStore, worker: str, ev: BatchEvictions, ts: float) -> None:
+    """The eviction series of one batch, written one label tuple at a time."""
+    lab = (worker,)
+    if ev.stored:
+        incs = [(_BLOCKS_STORED, lab, ev.stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+        if ev.evicted:
+            incs.append((_BLOCKS_EVICTED, lab, ev.evicted))
+        store.inc_many(ts, incs)
+    elif ev.evicted:
+        store.inc(ts, _BLOCKS_EVICTED, lab, ev.evicted)
+    ages = ev.ages
+    if ages:
+        for flag in ((True, False) if ages[0][1] else (False, True)):
+            store.observe_many(ts, _EVICTION_AGE, (worker, "true" if flag else "false"),
+                               [age for age, reused in ages if reused is flag])
+
+
+def test_eviction_series_match_the_plain_writes() -> None:
+    rng = random.Random(5)
+    st = ClusterState(Health(), load_thresholds(), window_s=30, clock=lambda: 0.0)
+    ref = MetricStore(30.0)
+    ts = 100.0
+    for _ in range(2000):
+        ts += rng.choice((0.01, 0.5, 7.0))
+        worker = rng.choice(("w0", "w1", "w2"))
+        ages = [(rng.random() * 50, rng.random() < 0.4) for _ in range(rng.choice((0, 0, 1, 3)))]
+        ev = BatchEvictions(stored=rng.choice((0, 0, 4, 30)), restored=rng.choice((0, 1)),
+                            evicted=rng.choice((0, 1, 5)), ages=ages)
+        st._count_evictions(worker, ev, ts)
+        _count_evictions_reference(ref, worker, ev, ts)
+        st.store.expire(ts)
+        ref.expire(ts)
+        assert st.store.cum.counters == ref.cum.counters
+        assert st.store.cum.histograms == ref.cum.histograms
+        assert st.store.win.sums == ref.win.sums
+        assert {m: hw.counts for m, hw in st.store.hwin.items()} == {m: hw.counts for m, hw in ref.hwin.items()}
+
+
+def _expire_every_window(store: MetricStore, now: float) -> None:
+    """MetricStore.expire without its early return: every window asked in turn."""
+    store.flush()
+    store.win.expire(now)
+    store.own.expire(now)
+    for hw in store.hwin.values():
+        hw.expire(now)
+    store.advance_baselines(now)
+
+
+def test_store_expiry_skips_only_when_no_window_has_a_slot_to_drop() -> None:
+    rng = random.Random(7)
+    fast, full = MetricStore(20.0), MetricStore(20.0)
+    ts = 50.0
+    for _ in range(3000):
+        ts += rng.choice((0.01, 0.2, 1.5, 25.0))
+        at = ts - rng.choice((0.0, 0.0, 3.0))  # now and then a late input
+        kind, age = rng.random(), rng.random() * 30
+        for store in (fast, full):
+            if kind < 0.4:
+                store.inc(at, _BLOCKS_STORED, ("w0",), 3)
+            elif kind < 0.6:
+                store.add_own(at, ("own", "w1"), 1.0)
+            elif kind < 0.8:
+                store.observe_many(at, _EVICTION_AGE, ("w0", "true"), [age])
+        fast.expire(ts)
+        _expire_every_window(full, ts)
+        assert fast.win.sums == full.win.sums and fast.own.sums == full.own.sums
+        assert {m: hw.counts for m, hw in fast.hwin.items()} == {m: hw.counts for m, hw in full.hwin.items()}
+        assert [len(w) for w in (fast.win, fast.own)] == [len(w) for w in (full.win, full.own)]
+        assert {m: b.counts for m, b in fast.baselines.items()} == {m: b.counts for m, b in full.baselines.items()}
+
+
+class _PlainKeys(RootTracker):
+    """Content keys as each span's whole tail hashed on its own (what the nested digests replace)."""
+
+    @staticmethod
+    def _keys(opening: tuple[int, ...], blocks: int, bs: int) -> tuple[tuple[int, int, int], ...]:
+        return tuple((s, blocks, hash(opening[s * bs:])) for s in range(1, EARLY_SPAN_BLOCKS + 1)
+                     if blocks - s >= MIN_SHARED_BLOCKS)
+
+
+def test_nested_root_digests_judge_roots_as_whole_tail_hashes_do() -> None:
+    rng = random.Random(11)
+    bs = 4
+    templates = [[rng.randrange(50) for _ in range(40 * bs)] for _ in range(6)]
+    fast, plain = RootTracker(30.0, max_roots=64), _PlainKeys(30.0, max_roots=64)
+    ts, first = 0.0, 1
+    for _ in range(3000):
+        ts += rng.choice((0.1, 1.0, 12.0))
+        blocks = rng.choice((3, 8, 9, 10, 12, 20, 32, 40))
+        tokens = list(rng.choice(templates)[:blocks * bs])
+        for i in range(rng.choice((0, 1, 2, 3)) * bs):  # an early span that differs (or none)
+            if rng.random() < 0.5:
+                tokens[i] = rng.randrange(50)
+        if rng.random() < 0.05 and len(tokens) > 20 * bs:
+            tokens[15 * bs] += 1  # a difference past the span: not a near-duplicate
+        first = rng.choice((first, first + 1, rng.randrange(1, first + 2)))
+        ev = BlockStored(tuple(range(first, first + blocks)), None, bs, len(tokens), "GPU", tuple(tokens))
+        worker = rng.choice(("w0", "w1"))
+        got, want = fast.apply(worker, [ev], ts), plain.apply(worker, [ev], ts)
+        assert (got.roots, got.unstable) == (want.roots, want.unstable)
+        assert fast.example == plain.example and len(fast) == len(plain)
+        assert len(fast._by_key) == len(plain._by_key)
+    assert fast.example is not None
+
+
+def test_the_compiled_age_split_is_the_python_one() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from exporter.core.state import _split_ages, split_ages
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.tuples(st.floats(0, 1e6), st.booleans()), max_size=12))
+    def check(ages: list) -> None:
+        assert split_ages(ages) == _split_ages(ages)
+
+    check()
+
+
+def test_the_compiled_results_are_the_dataclasses_they_stand_for() -> None:
+    """The compiled index and tracker fill their per-batch results' fields directly: the objects are
+    equal to, and read like, the classes' own construction."""
+    from exporter.core.index.eviction import EvictionTracker as Reference
+    from exporter.core.index.prefix_index import EvictionTracker, PrefixIndex, ReferencePrefixIndex
+
+    events = [BlockStored((1, 2, 3), None, 16)]
+    got, want = PrefixIndex().apply("w", events), ReferencePrefixIndex().apply("w", events)
+    assert got == want and vars(got) == vars(want) and type(got) is type(want)
+    got_ev, want_ev = EvictionTracker(30.0).apply("w", events, 1.0), Reference(30.0).apply("w", events, 1.0)
+    assert got_ev == want_ev and vars(got_ev) == vars(want_ev) and type(got_ev) is type(want_ev)
