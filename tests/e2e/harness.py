@@ -28,7 +28,7 @@ import requests
 import yaml
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
-from console.links import load_thresholds as console_thresholds
+from console.limits import limits_from_groups
 from fleet.scenarios import Scenario, load_preset
 from fleet.simulation import signals
 from fleet.topology import Topology, load_topology
@@ -159,19 +159,19 @@ def row_of(run: ScenarioRun, workdir: Path, run_s: float) -> Row:
     """A finished run of a preset read three ways (see the module docstring)."""
     started = time.perf_counter()
     scenario = run.scenario
-    thresholds = console_thresholds()
     (chain_at,) = row_member(scenario.name).checkpoints
     warmup, fault = (0.0, scenario.fault_at_s), (scenario.fault_at_s, run.end_s)
     fired, confirmed, output = fired_in_prometheus(run.history, [warmup, fault], workdir)
 
     ev, groups = run.checkpoints[chain_at]
-    console_exp = chain_from_exporter(groups, thresholds)
+    console_exp = chain_from_exporter(groups)
+    limits = limits_from_groups(groups)  # the console reads the limits in force from the exporter
     values = {k: r.value for k, r in ev.results.items()}
     baselines = {k: r.baseline for k, r in ev.results.items()}
     # The console's Prometheus reading: rule values (the exporter computes the same expressions
     # over its windows) with the alerts Prometheus's engine fired for the fault.
     alerts = [{"labels": {"alertname": a, "step": s}, "state": "firing"} for a, s in sorted(fired[fault])]
-    console_prom = chain_from_prometheus(values, baselines, ev.signals, alerts, thresholds, Reuse(None, None, None))
+    console_prom = chain_from_prometheus(values, baselines, ev.signals, alerts, limits, Reuse(None, None, None))
     truth = signals(run.result, chain_at - window_seconds(load_thresholds()), chain_at)
     missed = sum(run.health.snapshot()[0].get(f"{catalog.NAMESPACE}_kv_event_missed_batches", {}).values())
     return Row(
