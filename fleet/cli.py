@@ -75,11 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         f"router_metrics, else {DEFAULT_FLAVOUR}; {NONE}: no router /metrics)")
     p.add_argument("--router-port", type=int, default=0,
                    help="real time: the router /metrics port on 127.0.0.1 (default: a free port, named in the manifest)")
-    through = p.add_argument_group("through the exporter (run as `prefixscope sim`, which hands these to lab.steady)")
-    through.add_argument("--warmup", default=None,
-                         help="with --accelerated: run the scenario after this much healthy traffic (e.g. 2h) and "
-                              "print the exporter's verdict just before the fault and during it")
-    through.add_argument("--json", action="store_true", help="with --warmup: print the verdicts as one JSON object")
+    # Kept only to say where these went: the exporter's verdict after a warm-up is `prefixscope steady`.
+    p.add_argument("--warmup", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup is not None or args.json:
         # the verdict is the exporter's, and the fleet does not import the exporter
         print("prefixscope sim: --warmup/--json read the exporter's verdict: run them as "
-              "`prefixscope sim --accelerated --warmup 2h ...`", file=sys.stderr)
+              "`prefixscope steady --warmup 2h [--json] ...`", file=sys.stderr)
         return 2
     try:
         topology = load_topology(args.topology)
