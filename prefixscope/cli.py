@@ -12,7 +12,7 @@ import sys
 
 # name -> (module with main(argv) -> int, one-line description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "sim": ("fleet.cli", "run the simulated fleet (workers, reference router, workloads, fault scenarios)"),
+    "sim": ("lab.sim", "run the simulated fleet (workers, reference router, workloads, fault scenarios)"),
     "export": ("exporter.main", "run the exporter (Prometheus /metrics and the JSON API)"),
     "relay": ("exporter.relay", "relay workers' ZMQ KV-event streams into a NATS JetStream stream"),
     "shard-plan": ("exporter.shard_plan", "print which exporter shard owns which workers and prefix families"),

@@ -34,8 +34,10 @@ def test_list_scenarios_shows_every_preset_with_its_step(capsys) -> None:
 
 def test_accelerated_run_prints_the_signal_table_and_writes_records(tmp_path: Path, capsys) -> None:
     records = tmp_path / "records.ndjson"
-    rc = main(["--accelerated", "--scenario", "slow-tree-walk", "--duration", "400", "--workers", "4",
-               "--records-file", str(records)])
+    from lab.sim import main as sim_main  # the fleet composed with the threshold file and the recount
+
+    rc = sim_main(["--accelerated", "--scenario", "slow-tree-walk", "--duration", "400", "--workers", "4",
+                   "--records-file", str(records)])
     assert rc == 0
     out = capsys.readouterr().out
     row = next(x for x in out.splitlines() if x.startswith("prefix_tree_walk_latency"))
