@@ -4,20 +4,24 @@ Outputs (all derived from prefixscope/catalog.py and alerts/thresholds.yaml):
 alerts/generated/{prefixscope.rules.yaml, prefixscope.prometheusrule.yaml,
 grafana-alerting.yaml, prefixscope.rules.test.yaml, alertmanager.yaml}, dashboards/generated/*.json,
 docs/metrics.md and the index block of runbooks/README.md.
+
+Four steps, in order: dashboards (which also say which panel shows each alert), rules (which link
+each alert to that panel), Alertmanager, docs. Each is handed the parsed threshold file.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import runpy
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from grafanalib._gen import loader
 
 from alerts import alertmanager, docs, grafana, promtests, routers_doc, rules
-from dashboards.common import to_json, use_thresholds
+from dashboards.common import to_json
+from dashboards.drawing import Drawing, Drawn
 from prefixscope import thresholds as config
 from prefixscope.catalog import CHECKS
 
@@ -47,42 +51,64 @@ def dashboard_files(root: Path = ROOT) -> list[Path]:
     return sorted((root / "dashboards").glob("*.dashboard.py"))
 
 
-def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
-    """Every generated file's path and content (pure apart from reading sources)."""
-    problems = rules.recording_rule_problems() + rules.alert_problems()
-    if problems:
-        raise config.ConfigError([f"prefixscope/catalog.py: {p}" for p in problems])
+@dataclass(frozen=True)
+class PanelLinks:
+    """Where each alert's panel is: the diagnosis-chain dashboard's uid and alert → panel id."""
+
+    uid: str
+    panel_ids: dict[str, int]
+
+    def urls(self, th: config.Thresholds) -> dict[str, str]:
+        return {a: f"{th.dashboard_url_base}{self.uid}?viewPanel={pid}" for a, pid in self.panel_ids.items()}
+
+
+def draw(path: Path, th: config.Thresholds) -> Drawn:
+    """One ``*.dashboard.py`` drawn with ``th`` (the file's ``build(drawing)``)."""
+    build_fn = runpy.run_path(str(path)).get("build")
+    if build_fn is None:
+        raise config.ConfigError([f"dashboards/{path.name}: no build(drawing) function"])
+    return build_fn(Drawing(th))
+
+
+def dashboards_step(th: config.Thresholds, root: Path) -> tuple[dict[Path, str], PanelLinks]:
+    """dashboards/generated/*.json, and the panel each catalogue alert links to."""
     out: dict[Path, str] = {}
-    use_thresholds(th)
-    chain = None
+    chain: Drawn | None = None
     for path in dashboard_files(root):
-        dashboard = loader(str(path))
+        drawn = draw(path, th)
         name = path.name.removesuffix(".dashboard.py")
-        out[root / "dashboards" / "generated" / f"{name}.json"] = to_json(dashboard)
+        out[root / "dashboards" / "generated" / f"{name}.json"] = to_json(drawn.dashboard)
         if name == CHAIN_DASHBOARD:
-            chain = json.loads(to_json(dashboard))
+            chain = drawn
     if chain is None:
         raise config.ConfigError([f"dashboards/{CHAIN_DASHBOARD}.dashboard.py is missing"])
-    panel_ids = {}
-    for panel in chain["panels"]:
-        for link in panel.get("links") or []:
-            alert = link.get("title", "").removeprefix("Runbook: ")
-            if any(c.alert == alert for c in CHECKS):
-                panel_ids[alert] = panel["id"]
-    missing = [c.alert for c in CHECKS if c.alert not in panel_ids]
+    missing = [c.alert for c in CHECKS if c.alert not in chain.alert_panels]
     if missing:
         raise config.ConfigError([f"dashboards/{CHAIN_DASHBOARD}.dashboard.py: no panel for {a}" for a in missing])
-    uid = chain["uid"]
-    urls = {a: f"{th.dashboard_url_base}{uid}?viewPanel={pid}" for a, pid in panel_ids.items()}
+    return out, PanelLinks(str(chain.dashboard.uid), chain.alert_panels)
 
+
+def rules_step(th: config.Thresholds, links: PanelLinks, root: Path) -> dict[Path, str]:
+    """The Prometheus rule file, its PrometheusRule, Grafana's alert provisioning and the promtool tests."""
+    urls = links.urls(th)
     rule_doc = rules.rule_groups(th, urls)
     gen = root / "alerts" / "generated"
-    out[gen / RULES_FILE] = dump_yaml(rule_doc)
-    out[gen / "prefixscope.prometheusrule.yaml"] = dump_yaml(rules.prometheus_rule(rule_doc))
-    out[gen / "grafana-alerting.yaml"] = dump_yaml(grafana.provisioning(th, uid, panel_ids, urls))
-    out[gen / "prefixscope.rules.test.yaml"] = dump_yaml(promtests.test_file(th, RULES_FILE, urls))
-    out[gen / "alertmanager.yaml"] = dump_yaml(alertmanager.config(th))
-    out[root / "docs" / "metrics.md"] = docs.metrics_md(th)
+    return {
+        gen / RULES_FILE: dump_yaml(rule_doc),
+        gen / "prefixscope.prometheusrule.yaml": dump_yaml(rules.prometheus_rule(rule_doc)),
+        gen / "grafana-alerting.yaml": dump_yaml(grafana.provisioning(th, links.uid, links.panel_ids, urls)),
+        gen / "prefixscope.rules.test.yaml": dump_yaml(promtests.test_file(th, RULES_FILE, urls)),
+    }
+
+
+def alertmanager_step(th: config.Thresholds, root: Path) -> dict[Path, str]:
+    """Alertmanager's routes and the chain's inhibition rules."""
+    return {root / "alerts" / "generated" / "alertmanager.yaml": dump_yaml(alertmanager.config(th))}
+
+
+def docs_step(th: config.Thresholds, root: Path) -> dict[Path, str]:
+    """docs/metrics.md, the runbook index and the generated blocks of docs/routers.md and README.md."""
+    out = {root / "docs" / "metrics.md": docs.metrics_md(th)}
     readme = root / "runbooks" / "README.md"
     current = readme.read_text(encoding="utf-8") if readme.exists() else ""
     try:
@@ -98,6 +124,18 @@ def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
             out[path] = routers_doc.splice(out.get(path) or path.read_text(encoding="utf-8"), begin, end, body)
         except (OSError, ValueError) as exc:
             raise config.ConfigError([f"{path.name}: {exc}"]) from exc
+    return out
+
+
+def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
+    """Every generated file's path and content (pure apart from reading sources), step by step."""
+    problems = rules.recording_rule_problems() + rules.alert_problems()
+    if problems:
+        raise config.ConfigError([f"prefixscope/catalog.py: {p}" for p in problems])
+    out, links = dashboards_step(th, root)
+    out |= rules_step(th, links, root)
+    out |= alertmanager_step(th, root)
+    out |= docs_step(th, root)
     return out
 
 

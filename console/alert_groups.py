@@ -65,10 +65,10 @@ def group_alerts(alerts: Iterable[Mapping], state: str = "firing") -> list[Alert
     return groups
 
 
-def alerts_from_chain(steps: Iterable, severities: Mapping[str, str]) -> list[dict]:
+def alerts_from_chain(steps: Iterable) -> list[dict]:
     """The firing and pending checks of a chain shaped like Prometheus alerts (when Prometheus
-    is absent)."""
-    return [{"labels": {"alertname": c.check.alert, "severity": severities.get(c.check.threshold, "warning")},
+    is absent), each with the severity in force."""
+    return [{"labels": {"alertname": c.check.alert, "severity": c.severity or "warning"},
              "state": "firing" if c.status == "firing" else "pending", "activeAt": "",
              "value": "" if c.value is None else f"{c.value:.4g}",
              "annotations": {"summary": c.check.meaning}}

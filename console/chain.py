@@ -1,6 +1,7 @@
 """The ordered diagnosis chain (steps 0–5) as plain values, from Prometheus or the exporter.
 
-Pure: callers pass query results in, nothing here does I/O. How statuses make a step's colour
+Pure: callers pass query results in, nothing here does I/O. Each check's limit, ``for`` and
+severity are the ones in force (:mod:`console.limits`: the exporter's, whatever values are read from). How statuses make a step's colour
 and the verdict is prefixscope.diagnosis, the rule the exporter's /api/v1/groups uses too: the
 verdict is the first step whose own *cause* checks fire; the cluster hit rate is the symptom
 that starts the walk and SLO checks measure what users feel, so neither colours or names a step.
@@ -14,7 +15,7 @@ from datetime import datetime
 from typing import Literal
 
 from console.culprits import Culprits, parse_culprits
-from console.links import Thresholds
+from console.limits import Limit, Limits, limits_from_groups
 from prefixscope import diagnosis
 from prefixscope.catalog import CHECKS, STEPS, Check
 from prefixscope.diagnosis import STATUSES, AlertState, Headline, Status, is_cause
@@ -27,13 +28,15 @@ NO_DATA = "no data"
 class CheckState:
     check: Check
     value: float | None  # the check's value expression; a ratio to the baseline when it has one
-    threshold: float
+    threshold: float | None  # the limit in force; None when the exporter did not say
     status: Status
     missing: tuple[str, ...] = ()  # missing signals, or NO_DATA
     pending: bool = False  # over its threshold but the alert's `for` has not elapsed
     fires_in_s: float | None = None  # pending: how long until the alert fires if the breach holds
     culprits: Culprits | None = None  # who drives the number (the exporter's culprits)
     context: bool = False  # marked ``info`` in the threshold file: shown, never a cause
+    for_s: float | None = None  # how long a breach must hold before the alert fires
+    severity: str | None = None  # the alert's severity (critical, warning, info)
 
     @property
     def alert_state(self) -> AlertState:
@@ -92,6 +95,7 @@ class Chain:
     symptom: CheckState | None
     reuse: Reuse
     context: frozenset[str] = frozenset()  # context_checks() of the threshold file in use
+    limits: Limits | None = None  # the limits in force, and where they were read
     # (index, count) when the exporter read is one of several family shards: its answer is its part
     shard: tuple[int, int] | None = None
 
@@ -125,10 +129,16 @@ class Chain:
 
 
 def _chain(source: Literal["prometheus", "exporter"], states: Mapping[str, CheckState], reuse: Reuse,
-           thresholds: Thresholds) -> Chain:
-    context = diagnosis.context_checks(thresholds.severities)
-    marked = {k: replace(c, context=k in context) for k, c in states.items()}
-    return Chain(source, _steps(marked, context), marked.get(SYMPTOM_KEY), reuse, context)
+           limits: Limits) -> Chain:
+    context = limits.context
+    marked = {k: _with_limit(c, limits.of(k), k in context) for k, c in states.items()}
+    return Chain(source, _steps(marked, context), marked.get(SYMPTOM_KEY), reuse, context, limits)
+
+
+def _with_limit(c: CheckState, limit: Limit, context: bool) -> CheckState:
+    """The check with its ``for`` and severity as in force (a ``for`` Prometheus reported wins)."""
+    return replace(c, context=context, severity=limit.severity,
+                   for_s=c.for_s if c.for_s is not None else limit.for_s)
 
 
 def _steps(states: Mapping[str, CheckState], context: frozenset[str]) -> tuple[StepState, ...]:
@@ -143,14 +153,16 @@ def _steps(states: Mapping[str, CheckState], context: frozenset[str]) -> tuple[S
 
 def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping[str, float | None],
                           signals: Mapping[str, bool], alerts: Iterable[Mapping],
-                          thresholds: Thresholds, reuse: Reuse, for_s: Mapping[str, float] | None = None,
+                          limits: Limits, reuse: Reuse, for_s: Mapping[str, float] | None = None,
                           now: float | None = None) -> Chain:
     """Statuses from recording-rule values, ``signal_available`` and Prometheus's alerts.
 
     ``signals`` holds the ``prefixscope_signal_available`` series; a signal absent from it is
     missing (no source said it was there). ``alerts`` is ``/api/v1/alerts``' list. ``for_s`` is
     each alert's ``for`` as Prometheus loaded it (alert name → seconds); with ``now``, a pending
-    alert's ``activeAt`` says how long until it fires.
+    alert's ``activeAt`` says how long until it fires. ``limits`` are the limits in force (the
+    exporter's, :func:`console.limits.limits_from_groups`): Prometheus's values are judged against
+    the same numbers its rules were generated from.
     """
     alerts = list(alerts)
     state_of = {str(a.get("labels", {}).get("alertname")): str(a.get("state")) for a in alerts
@@ -169,7 +181,7 @@ def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping
             base = baselines.get(check.key)
             value = value / base if base else None
         missing = tuple(s for s in check.signals if not signals.get(s, False))
-        threshold = thresholds.values[check.threshold]
+        threshold = limits.threshold(check.key)
         alert_state = state_of.get(check.alert)
         status: Status
         if missing:
@@ -183,15 +195,17 @@ def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping
         state = CheckState(check, value, threshold, status, missing)
         pending = status == "ok" and (alert_state == "pending" or state.breaches)
         fires_in = None
-        started, wait = active_at.get(check.alert), (for_s or {}).get(check.alert)
+        started, wait = active_at.get(check.alert), (for_s or {}).get(check.alert, limits.of(check.key).for_s)
         if pending and started is not None and wait is not None and now is not None:
             fires_in = max(0.0, started + wait - now)
-        states[check.key] = CheckState(check, value, threshold, status, missing, pending, fires_in)
-    return _chain("prometheus", states, reuse, thresholds)
+        states[check.key] = CheckState(check, value, threshold, status, missing, pending, fires_in,
+                                       for_s=wait)
+    return _chain("prometheus", states, reuse, limits)
 
 
-def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
-    """The chain from the exporter's ``/api/v1/groups`` (its own windows, no Prometheus)."""
+def chain_from_exporter(groups: Mapping, where: str = "the exporter") -> Chain:
+    """The chain from the exporter's ``/api/v1/groups`` (its own windows and its own limits)."""
+    limits = limits_from_groups(groups, where)
     by_key = {c.key: c for c in CHECKS}
     states: dict[str, CheckState] = {}
     for step in groups.get("steps", []):
@@ -214,11 +228,9 @@ def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
             missing = tuple(str(s) for s in raw.get("missing_signals") or ())
             if status == "not_instrumented" and not missing:
                 missing = (NO_DATA,)
-            threshold = _float(raw.get("threshold"))
             states[check.key] = CheckState(
-                check, value, thresholds.values[check.threshold] if threshold is None else threshold,
-                status, missing, pending, _float(raw.get("fires_in_s")) if pending else None,
-                parse_culprits(raw.get("culprits")))
+                check, value, limits.threshold(check.key), status, missing, pending,
+                _float(raw.get("fires_in_s")) if pending else None, parse_culprits(raw.get("culprits")))
     r = groups.get("reuse") or {}
     prompt = _float(r.get("prompt_tokens"))
 
@@ -228,7 +240,7 @@ def chain_from_exporter(groups: Mapping, thresholds: Thresholds) -> Chain:
 
     reuse = Reuse(share("available_tokens"), share("predicted_tokens"), share("achieved_tokens"),
                   share("index_staleness_tokens"))
-    return replace(_chain("exporter", states, reuse, thresholds), shard=_shard(groups.get("shard")))
+    return replace(_chain("exporter", states, reuse, limits), shard=_shard(groups.get("shard")))
 
 
 def _shard(raw: object) -> tuple[int, int] | None:
@@ -250,12 +262,14 @@ def shard_note(shard: tuple[int, int] | None) -> str | None:
             "Prometheus that scrapes every shard: set --prometheus-url.")
 
 
-def reuse_reading(reuse: Reuse, thresholds: Thresholds) -> str:
+def reuse_reading(reuse: Reuse, limits: Limits) -> str:
     """Workload, routing or stale index: which one explains the missing reuse."""
-    target = thresholds.values["prefix_hit_rate_total"]
-    stale_limit = thresholds.values["index_staleness"]
+    target = limits.threshold("prefix_hit_rate_total")
+    stale_limit = limits.threshold("index_staleness")
     if reuse.available is None or reuse.achieved is None:
         return "Not instrumented: records need block_hashes and cached_tokens to decompose reuse."
+    if target is None or stale_limit is None:
+        return "The exporter did not report the hit-rate and index-staleness limits to judge reuse against."
     if reuse.available < target:
         return (f"Workload: even the best worker held only {reuse.available:.0%} of prompt tokens "
                 f"(target {target:.0%}); no routing could do better.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import streamlit as st
 
@@ -20,10 +21,18 @@ from console.chain import Chain, Reuse, chain_from_exporter, chain_from_promethe
 from console.culprits import Culprits, parse_culprits
 from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
-from console.links import load_thresholds
+from console.limits import Limits, limits_from_file, limits_from_groups
 from console.liveness import PoolView, pool_view_from_text
 from console.prom import PrometheusClient, Sample
-from console.settings import ALERTMANAGER_ENV, DEFAULT_EXPORTER_URL, EXPORTER_ENV, PROMETHEUS_ENV
+from console.settings import (
+    ALERTMANAGER_ENV,
+    DEFAULT_EXPORTER_URL,
+    EXPORTER_ENV,
+    PROMETHEUS_ENV,
+    THRESHOLDS_ENV,
+    thresholds_path,
+)
+from prefixscope import thresholds as threshold_file
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 
 TTL_S = 15
@@ -83,19 +92,46 @@ def signals_available(samples: list[Sample]) -> dict[str, bool]:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def chain_from_prom(url: str) -> Chain:
+def groups(url: str) -> dict:
+    """The exporter's ``/api/v1/groups``: its chain, and the limits it runs with."""
+    return exporter(url).groups()
+
+
+@st.cache_data(show_spinner=False)
+def file_limits(path: str) -> Limits:
+    """The limits of a threshold file (read only when no exporter answers)."""
+    try:
+        return limits_from_file(threshold_file.load(Path(path)), Path(path).name)
+    except (threshold_file.ConfigError, OSError) as exc:
+        raise SourceUnavailable("threshold file", path, str(exc)) from None
+
+
+def limits(src: Sources) -> tuple[Limits, list[str]]:
+    """The limits in force, from the exporter; without one, from the configured threshold file
+    (with a note: a deployment's own file may differ from what the console reads)."""
+    try:
+        return limits_from_groups(groups(src.exporter_url), src.exporter_url), []
+    except SourceUnavailable as exc:
+        path = thresholds_path()
+        return file_limits(str(path)), [
+            f"{exc} — limits below are those of {path.name} (set {THRESHOLDS_ENV} or --thresholds to the "
+            "file the rules were generated from), not read from the exporter."]
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def chain_from_prom(url: str, limits: Limits) -> Chain:
+    """The chain from Prometheus's recording rules and alerts, judged against ``limits``."""
     client = prometheus(url)
     values = {c.key: _scalar(client, promql.check_value(c.key)) for c in CHECKS}
     baselines = {c.key: _scalar(client, c.baseline) for c in CHECKS if c.baseline}
     signals = signals_available(client.query(promql.signal_available()))
     reuse = Reuse(**{k: _scalar(client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
-    return chain_from_prometheus(values, baselines, signals, client.alerts(), load_thresholds(), reuse,
+    return chain_from_prometheus(values, baselines, signals, client.alerts(), limits, reuse,
                                  client.alert_durations(), time.time())
 
 
-@st.cache_data(ttl=TTL_S, show_spinner=False)
 def chain_from_exp(url: str) -> Chain:
-    return chain_from_exporter(exporter(url).groups(), load_thresholds())
+    return chain_from_exporter(groups(url), url)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -114,7 +150,8 @@ def chain(src: Sources) -> tuple[Chain, list[str]]:
     notes: list[str] = []
     if src.prometheus_url:
         try:
-            found = chain_from_prom(src.prometheus_url)
+            in_force, notes = limits(src)
+            found = chain_from_prom(src.prometheus_url, in_force)
         except SourceUnavailable as exc:
             notes.append(f"{exc} — statuses below come from the exporter's own windows.")
         else:
@@ -221,4 +258,4 @@ def firing_alerts(src: Sources) -> tuple[list[dict], list[str]]:
         notes = [f"Prometheus is not configured (set {PROMETHEUS_ENV} or --prometheus-url): "
                  "showing the checks the exporter itself finds firing."]
     steps = chain_from_exp(src.exporter_url).steps
-    return alerts_from_chain(steps, load_thresholds().severities), notes
+    return alerts_from_chain(steps), notes

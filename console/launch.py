@@ -15,6 +15,7 @@ from console.settings import (
     GRAFANA_ENV,
     PROMETHEUS_ENV,
     RUNBOOK_BASE_ENV,
+    THRESHOLDS_ENV,
     TIMEZONE_ENV,
 )
 
@@ -45,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "runbook links open the console's own runbook page")
     p.add_argument("--timezone", default=os.environ.get(TIMEZONE_ENV),
                    help=f"IANA time zone of chart axes (env {TIMEZONE_ENV}; default: this host's)")
+    p.add_argument("--thresholds", default=os.environ.get(THRESHOLDS_ENV),
+                   help=f"threshold file to show limits from when no exporter answers (env {THRESHOLDS_ENV}; "
+                        "default: the packaged alerts/thresholds.yaml); the exporter's own limits win")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8501, help="port to listen on; 0 picks a free one (default %(default)s)")
     return p.parse_args(argv)
@@ -63,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, **{EXPORTER_ENV: args.exporter_url})
     for name, value in ((PROMETHEUS_ENV, args.prometheus_url), (ALERTMANAGER_ENV, args.alertmanager_url),
                         (GRAFANA_ENV, args.grafana_url),
-                        (RUNBOOK_BASE_ENV, args.runbook_url_base), (TIMEZONE_ENV, args.timezone)):
+                        (RUNBOOK_BASE_ENV, args.runbook_url_base), (TIMEZONE_ENV, args.timezone),
+                        (THRESHOLDS_ENV, args.thresholds)):
         if value:
             env[name] = value
         else:

@@ -19,6 +19,7 @@ from typing import Literal
 from console.chain import NO_DATA, CheckState, StepState
 from console.ui import fmt
 from prefixscope.catalog import SIGNAL_ENABLE
+from prefixscope.units import format_duration
 
 Shown = Literal["ok", "pending", "firing", "no_data", "not_instrumented"]
 
@@ -76,7 +77,8 @@ def check_line(c: CheckState) -> str:
     """``Title: value (alert when < threshold) — status``, with what is missing when it is."""
     unit = c.check.unit
     shown = check_shown(c)
-    line = f"**{c.check.title}**: {fmt(c.value, unit)} (alert when {c.check.op} {fmt(c.threshold, unit)})"
+    limit = f"alert when {c.check.op} {fmt(c.threshold, unit)}" if c.threshold is not None else "limit not reported"
+    line = f"**{c.check.title}**: {fmt(c.value, unit)} ({limit})"
     line += f" — {shown_text(shown)}"
     if c.pending:
         line += f" · past its threshold, {fires_in_text(c.fires_in_s)}"
@@ -84,3 +86,13 @@ def check_line(c: CheckState) -> str:
         line += f" · missing signal: {', '.join(missing_signals(c))}"
         line += "".join(f" · to enable {m}: {SIGNAL_ENABLE[m]}" for m in missing_signals(c) if m in SIGNAL_ENABLE)
     return line
+
+
+def alert_terms(for_s: float | None, severity: str | None) -> str:
+    """An alert's severity and ``for`` in force: ``warning, fires after 2 m past its limit``."""
+    shown = severity or "severity not reported"
+    if for_s is None:
+        return shown
+    if for_s <= 0:
+        return f"{shown}, fires as soon as it is past its limit"
+    return f"{shown}, fires after {format_duration(for_s)} past its limit"

@@ -2,7 +2,8 @@
 
 No Streamlit here. Links only point where something is known to answer: a Grafana link is shown
 only when a Grafana URL is configured, and a runbook link opens the in-app runbook page unless a
-runbook base URL is configured.
+runbook base URL is configured. Limits (thresholds, ``for``, severities) come from the exporter;
+the threshold file named here is read only when no exporter answers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+from prefixscope import thresholds
 
 PROMETHEUS_ENV = "PREFIXSCOPE_PROMETHEUS_URL"
 EXPORTER_ENV = "PREFIXSCOPE_EXPORTER_URL"
@@ -17,6 +21,7 @@ ALERTMANAGER_ENV = "PREFIXSCOPE_ALERTMANAGER_URL"
 GRAFANA_ENV = "PREFIXSCOPE_GRAFANA_URL"
 RUNBOOK_BASE_ENV = "PREFIXSCOPE_RUNBOOK_URL_BASE"
 TIMEZONE_ENV = "PREFIXSCOPE_CONSOLE_TZ"
+THRESHOLDS_ENV = "PREFIXSCOPE_THRESHOLDS"
 DEFAULT_EXPORTER_URL = "http://127.0.0.1:9400"
 
 
@@ -39,3 +44,11 @@ def timezone_name(env: Mapping[str, str] | None = None) -> str | None:
     """The IANA time zone charts use (``Europe/Berlin``); None: the console host's local zone."""
     env = os.environ if env is None else env
     return (env.get(TIMEZONE_ENV) or "").strip() or None
+
+
+def thresholds_path(env: Mapping[str, str] | None = None) -> Path:
+    """The threshold file the console reads when no exporter answers (the exporter reports the
+    limits it runs with, which the console prefers); default: the packaged one."""
+    env = os.environ if env is None else env
+    raw = (env.get(THRESHOLDS_ENV) or "").strip()
+    return Path(raw) if raw else thresholds.DEFAULT_PATH

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from console.chain import NO_DATA, CheckState, Status
+from console.chain import Status
 from console.http_json import SourceUnavailable
 from prefixscope.units import format_reading
 
@@ -23,19 +23,6 @@ def fmt(value: float | None, unit: str) -> str:
 
 def status_text(status: Status) -> str:
     return STATUS_TEXT[status]
-
-
-def check_line(c: CheckState) -> str:
-    """``Title: value (alert when < threshold) — status``, with what is missing when it is."""
-    unit = c.check.unit
-    line = f"**{c.check.title}**: {fmt(c.value, unit)} (alert when {c.check.op} {fmt(c.threshold, unit)})"
-    line += f" — {status_text(c.status)}"
-    if c.pending:
-        line += " · over threshold, alert pending"
-    if c.status == "not_instrumented":
-        gone = [m for m in c.missing if m != NO_DATA]
-        line += f" · missing signal: {', '.join(gone)}" if gone else " · no data yet"
-    return line
 
 
 def source_down(exc: SourceUnavailable) -> None:

@@ -16,9 +16,8 @@ from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
 from dashboards import queries as q
+from dashboards.drawing import Drawing, Drawn
 from prefixscope.catalog import BURN_WINDOWS, Check
-from prefixscope.thresholds import Thresholds
-from prefixscope.thresholds import load as load_thresholds
 from prefixscope.wording import threshold_text
 
 SCHEMA_VERSION = 39
@@ -32,23 +31,6 @@ OK, BAD = "green", "red"
 UNITS = {"ratio": "percentunit", "seconds": "s", "usd": "currencyUSD", "per_minute": "none",
          "per_second": "reqps", "ratio_to_baseline": "x", "blocks": "none", "tokens": "none",
          "depth": "none", "batches": "none", "": "none"}
-
-_thresholds: Thresholds | None = None
-
-
-def thresholds() -> Thresholds:
-    """The threshold config, loaded once per process (dashboards only read values)."""
-    global _thresholds
-    if _thresholds is None:
-        _thresholds = load_thresholds()
-    return _thresholds
-
-
-def use_thresholds(th: Thresholds) -> None:
-    """Draw dashboards with ``th`` (``prefixscope generate --thresholds FILE``) instead of the default file."""
-    global _thresholds
-    _thresholds = th
-
 
 def target(expr: str, legend: str = "", instant: bool = False, table: bool = False) -> g.Target:
     return g.Target(expr=expr, legendFormat=legend, instant=instant, datasource=DATASOURCE,
@@ -65,20 +47,20 @@ def _steps(base: str, limits: list[tuple[float, str]]) -> dict:
     return {"fieldConfig": {"defaults": {"thresholds": {"mode": "absolute", "steps": steps}}}}
 
 
-def check_steps(check: Check) -> dict:
-    """Threshold steps drawn on a check's panel, from alerts/thresholds.yaml."""
-    value = thresholds().checks[check.threshold].value
+def check_steps(check: Check, drawing: Drawing) -> dict:
+    """Threshold steps drawn on a check's panel, from the threshold file being drawn with."""
+    value = drawing.entry(check).value
     if check.op == "<":
         return _steps(BAD, [(value, OK)])
     return _steps(OK, [(value, BAD)])
 
 
-def runbook_link(alert: str) -> g.DataLink:
-    return g.DataLink(title=f"Runbook: {alert}", linkUrl=thresholds().runbook_url(alert), isNewTab=True)
+def runbook_link(alert: str, drawing: Drawing) -> g.DataLink:
+    return g.DataLink(title=f"Runbook: {alert}", linkUrl=drawing.runbook_url(alert), isNewTab=True)
 
 
-def check_description(check: Check) -> str:
-    entry = thresholds().checks[check.threshold]
+def check_description(check: Check, drawing: Drawing) -> str:
+    entry = drawing.entry(check)
     word = "below" if check.op == "<" else "above"
     limit = threshold_text(check, entry.value)
     if check.baseline:
@@ -86,7 +68,7 @@ def check_description(check: Check) -> str:
     missing = ", ".join(check.signals) or "none"
     return (f"{check.meaning} Alert **{check.alert}** ({entry.severity}) fires {word} {limit} for "
             f"{entry.for_}. Needs signals: {missing}; without them the panel shows no data, never zero.\n\n"
-            f"Runbook: [{check.alert}]({thresholds().runbook_url(check.alert)})")
+            f"Runbook: [{check.alert}]({drawing.runbook_url(check.alert)})")
 
 
 def timeseries(title: str, targets: list[g.Target], unit: str = "none", description: str = "",
@@ -129,18 +111,20 @@ def table(title: str, targets: list[g.Target], description: str = "") -> g.Table
                    extraJson={"fieldConfig": {"defaults": {"custom": {"align": "auto"}}}})
 
 
-def check_panel(check: Check) -> g.TimeSeries:
-    """One diagnosis-chain check: its value over time with its threshold drawn, linked to its runbook."""
+def check_panel(check: Check, drawing: Drawing) -> g.TimeSeries:
+    """One diagnosis-chain check: its value over time with its threshold drawn, linked to its runbook;
+    the panel its alert links to."""
     unit = "ratio_to_baseline" if check.baseline else check.unit
-    return timeseries(check.title, [target(q.check_value(check), check.key)], unit=unit,
-                      description=check_description(check), steps=check_steps(check),
-                      links=[runbook_link(check.alert)])
+    return drawing.shows(timeseries(check.title, [target(q.check_value(check, drawing.thresholds), check.key)],
+                                    unit=unit, description=check_description(check, drawing),
+                                    steps=check_steps(check, drawing), links=[runbook_link(check.alert, drawing)]),
+                         check.alert)
 
 
-def slo_burn_panel(check: Check) -> g.TimeSeries:
+def slo_burn_panel(check: Check, drawing: Drawing) -> g.TimeSeries:
     """An SLO's burn rate (error ratio ÷ budget) over each burn window, with the pairs' factors drawn."""
     assert check.slo is not None
-    entry = thresholds().checks[check.threshold]
+    entry = drawing.entry(check)
     budget = round(1.0 - entry.value, 9)
     windows = sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}, key=lambda w: (w[-1], int(w[:-1])))
     targets = [target(f"{q.rule(check.slo.error_ratio_rule(check.key, w))} / {budget:g}", f"burn rate {w}")
@@ -149,11 +133,14 @@ def slo_burn_panel(check: Check) -> g.TimeSeries:
     colors = ["orange", BAD]
     pairs = ", ".join(f"{b.pair} ({b.severity}): {b.long} and {b.short} above "
                       f"{(entry.burn_rates or {}).get(b.pair, 0):g}" for b in BURN_WINDOWS)
-    return timeseries(f"Error-budget burn: {check.title.removeprefix('SLO: ')}", targets, unit="ratio_to_baseline",
-                      description=(f"Burn rate = error ratio ÷ error budget ({budget:.0%}); 1 spends the budget "
-                                   f"exactly over the SLO period. Alert {check.alert} fires per pair when both of "
-                                   f"its windows burn faster than its factor — {pairs}."),
-                      steps=_steps(OK, list(zip(limits, colors, strict=False))), links=[runbook_link(check.alert)])
+    panel = timeseries(f"Error-budget burn: {check.title.removeprefix('SLO: ')}", targets, unit="ratio_to_baseline",
+                       description=(f"Burn rate = error ratio ÷ error budget ({budget:.0%}); 1 spends the budget "
+                                    f"exactly over the SLO period. Alert {check.alert} fires per pair when both of "
+                                    f"its windows burn faster than its factor — {pairs}."),
+                       steps=_steps(OK, list(zip(limits, colors, strict=False))),
+                       links=[runbook_link(check.alert, drawing)])
+    # The burn panel, drawn after the SLO's value panel in its row, is where the alert links.
+    return drawing.shows(panel, check.alert)
 
 
 def _variables() -> g.Templating:
@@ -205,18 +192,20 @@ def _layout(panels: list[g.Panel]) -> list[g.Panel]:
     return out
 
 
-def finalize(title: str, source_file: str, panels: list[g.Panel], description: str) -> g.Dashboard:
-    """Stable uid from the file name, tags, links, variables, layout and panel ids."""
+def finalize(title: str, source_file: str, panels: list[g.Panel], description: str, drawing: Drawing) -> Drawn:
+    """Stable uid from the file name, tags, links, variables, layout and panel ids; the panel of
+    each alert the panels show."""
     uid = "prefixscope-" + Path(source_file).name.removesuffix(".dashboard.py").replace("_", "-")
-    return g.Dashboard(
+    dashboard = g.Dashboard(
         title=title, uid=uid, description=description, tags=[TAG], timezone="browser",
         schemaVersion=SCHEMA_VERSION, refresh="30s", time=g.Time("now-1h", "now"),
         templating=_variables(), panels=_layout(panels), editable=False,
         links=[g.DashboardLink(type="dashboards", tags=[TAG], asDropdown=True, title="prefixscope",
                                includeVars=True, keepTime=True),
                g.DashboardLink(type="link", title="Runbooks", icon="doc", targetBlank=True,
-                               uri=thresholds().runbook_url_base + "README.md")],
+                               uri=drawing.thresholds.runbook_url_base + "README.md")],
     ).auto_panel_ids()
+    return Drawn(dashboard, drawing.alert_panels(panels, dashboard))
 
 
 def to_json(dashboard: g.Dashboard) -> str:

@@ -2,12 +2,13 @@
 
 from dashboards import queries as q
 from dashboards.common import check_panel, finalize, row, slo_burn_panel, stat, target, timeseries
+from dashboards.drawing import Drawing, Drawn
 from prefixscope.catalog import CHECKS_BY_KEY, SESSION_HIT_LINE, STEPS, checks_for_step
 
 TITLE = "Prefix locality — diagnosis chain"
 
 
-def _step_extras(step: int) -> list:
+def _step_extras(step: int, drawing: Drawing) -> list:
     """Context panels that help read a step's checks (never alerting by themselves)."""
     if step == 0:
         return [
@@ -27,7 +28,7 @@ def _step_extras(step: int) -> list:
                 "and reported cached by the engines (achieved). available − achieved = routing regret; "
                 "predicted − achieved = stale index; a low *available* means the workload itself stopped sharing.")),
             timeseries("Hit rate per worker", [
-                target(q.ratio_by("prefix_cache_hit_tokens", "prefix_cache_queried_tokens", "worker"), "{{worker}}")],
+                target(q.ratio_by("prefix_cache_hit_tokens", "prefix_cache_queried_tokens", "worker", drawing.window), "{{worker}}")],
                 unit="ratio", description="Σ hit / Σ queried tokens per worker: one bad worker or all of them?"),
         ]
     if step == 2:
@@ -40,7 +41,7 @@ def _step_extras(step: int) -> list:
                 "The distribution over sessions active in the window of each session's follow-up hit ratio "
                 "(no session label anywhere): the pooled rate can hide a minority of sessions that never "
                 "stick, the median and the share below the line cannot.")),
-            slo_burn_panel(CHECKS_BY_KEY["slo_session_hit_rate"]),
+            slo_burn_panel(CHECKS_BY_KEY["slo_session_hit_rate"], drawing),
         ]
     if step == 3:
         return [
@@ -62,16 +63,17 @@ def _step_extras(step: int) -> list:
                 target(q.rule("cluster:prefixscope_prefix_miss_cost_seconds:p95_5m"), "p95"),
             ], unit="seconds", description="T_prefill + T_queue + T_migrate of requests that missed part of "
                                            "their available prefix (migrations included)."),
-            slo_burn_panel(CHECKS_BY_KEY["slo_prefix_miss_cost"]),
+            slo_burn_panel(CHECKS_BY_KEY["slo_prefix_miss_cost"], drawing),
         ]
     return []
 
 
-panels = []
-for s in STEPS:
-    panels += row(f"{s.dashboard_row}: {s.question}",
-                  [check_panel(c) for c in checks_for_step(s.number)] + _step_extras(s.number))
+def build(drawing: Drawing) -> Drawn:
+    panels = []
+    for s in STEPS:
+        panels += row(f"{s.dashboard_row}: {s.question}",
+                      [check_panel(c, drawing) for c in checks_for_step(s.number)] + _step_extras(s.number, drawing))
 
-dashboard = finalize(TITLE, __file__, panels, description=(
-    "Walk the steps top to bottom when the prefix hit rate falls: the verdict is the first step "
-    "whose own checks fail. Each panel links its runbook."))
+    return finalize(TITLE, __file__, panels, drawing=drawing, description=(
+        "Walk the steps top to bottom when the prefix hit rate falls: the verdict is the first step "
+        "whose own checks fail. Each panel links its runbook."))

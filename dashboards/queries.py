@@ -7,22 +7,11 @@ worker-labelled ones (the ``$node`` variable narrows ``$worker`` through the top
 from __future__ import annotations
 
 from prefixscope.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check, configure
+from prefixscope.thresholds import Thresholds
 
 
-def _thresholds():
-    from dashboards.common import thresholds
-
-    return thresholds()
-
-
-def window() -> str:
-    """The rate window of alerts/thresholds.yaml (the recording rules' window)."""
-    return _thresholds().window
-
-
-def windowed(expr: str) -> str:
+def windowed(expr: str, th: Thresholds) -> str:
     """A catalogue expression with the configured windows (see ``catalog.configure``)."""
-    th = _thresholds()
     return configure(expr, th.window, th.baseline_window)
 
 
@@ -56,24 +45,24 @@ def rate(name: str, window: str = "$__rate_interval") -> str:
     return f"rate({series(name)}[{window}])"
 
 
-def ratio_by(num: str, den: str, by: str, over: str | None = None) -> str:
+def ratio_by(num: str, den: str, by: str, over: str) -> str:
     """Numerator and denominator summed before dividing, as the recording rules do."""
-    over = over or window()
     return f"sum by ({by}) ({rate(num, over)}) / sum by ({by}) ({rate(den, over)})"
 
 
 def quantile(q: float, name: str, by: str = "", over: str | None = None, rated: bool = True) -> str:
     labels = ", ".join(["le", *[b for b in by.split(",") if b]])
-    over = over or window()
+    if rated and over is None:
+        raise ValueError(f"quantile of {name}: a rated quantile needs its window")
     inner = f"rate({metric(name)}_bucket{_sel(name)}[{over}])" if rated else f"{metric(name)}_bucket{_sel(name)}"
     return f"histogram_quantile({q}, sum by ({labels}) ({inner}))"
 
 
-def check_value(check: Check) -> str:
+def check_value(check: Check, th: Thresholds) -> str:
     """What a check's panel plots: its value, or value ÷ baseline for relative thresholds."""
     if check.baseline:
-        return f"({windowed(check.value)}) / ({windowed(check.baseline)})"
-    return windowed(check.value)
+        return f"({windowed(check.value, th)}) / ({windowed(check.baseline, th)})"
+    return windowed(check.value, th)
 
 
 def offload_hit_tokens_rate(by: str = "") -> str:

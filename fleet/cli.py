@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -28,13 +29,11 @@ from fleet.router import Router
 from fleet.router_http import RouterMetricsServer
 from fleet.router_metrics import CHOICES, DEFAULT_FLAVOUR, NONE, RouterMetrics
 from fleet.scenarios import Scenario, ScenarioError, load_preset, presets
-from fleet.simulation import ScaledClock, Simulation, signals, with_block_size, worker_spec
+from fleet.simulation import ScaledClock, SimResult, Simulation, with_block_size, worker_spec
 from fleet.storyline import STORYLINES, runs, storyline
 from fleet.topology import Topology, TopologyError, load_topology
 from fleet.traces import MOONCAKE_BLOCK_SIZE, load_mooncake, replay_requests
 from fleet.workers import FleetOptions, WorkerFleet
-from prefixscope.catalog import CHECKS_BY_ALERT, CHECKS_BY_KEY
-from prefixscope.thresholds import load as load_thresholds
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -75,11 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         f"router_metrics, else {DEFAULT_FLAVOUR}; {NONE}: no router /metrics)")
     p.add_argument("--router-port", type=int, default=0,
                    help="real time: the router /metrics port on 127.0.0.1 (default: a free port, named in the manifest)")
-    through = p.add_argument_group("through the exporter (run as `prefixscope sim`, which hands these to lab.steady)")
-    through.add_argument("--warmup", default=None,
-                         help="with --accelerated: run the scenario after this much healthy traffic (e.g. 2h) and "
-                              "print the exporter's verdict just before the fault and during it")
-    through.add_argument("--json", action="store_true", help="with --warmup: print the verdicts as one JSON object")
+    # Kept only to say where these went: the exporter's verdict after a warm-up is `prefixscope steady`.
+    p.add_argument("--warmup", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -101,31 +98,6 @@ def _sink(args: argparse.Namespace) -> RecordSink | None:
     return MultiSink(sinks) if sinks else None
 
 
-def signal_table(result, scenario: Scenario) -> str:
-    """Each check's raw value before and after the fault, marked where it crosses its threshold."""
-    th = load_thresholds()
-    before = signals(result, 0.0, scenario.fault_at_s)
-    after = signals(result, scenario.fault_at_s, min(result.scenario.duration_s, scenario.duration_s))
-    expected = {CHECKS_BY_ALERT[a].key for a in scenario.expected_alerts}
-    lines = [f"{'check':<46} {'op':>2} {'threshold':>10} {'warm-up':>12} {'fault':>12}"]
-    for key, after_v in after.items():
-        check = CHECKS_BY_KEY.get(key)
-        if check is None:
-            continue
-        t = th.checks[check.threshold].value
-        mark = " <- expected" if key in expected else ""
-        lines.append(f"{key:<46} {check.op:>2} {t:>10g} {_cell(before[key], check.op, t):>12} "
-                     f"{_cell(after_v, check.op, t):>12}{mark}")
-    return "\n".join(lines)
-
-
-def _cell(v: float | None, op: str, threshold: float) -> str:
-    if v is None:
-        return "n/a"
-    crossed = v > threshold if op == ">" else v < threshold
-    return f"{v:.4g}{' !' if crossed else '  '}"
-
-
 def write_manifest(path: Path, fleet: WorkerFleet, topology: Topology, control_url: str | None = None,
                    router: dict[str, str] | None = None) -> None:
     """Endpoints plus the effective topology, written atomically (readers poll for the file);
@@ -142,15 +114,22 @@ def write_manifest(path: Path, fleet: WorkerFleet, topology: Topology, control_u
     tmp.replace(path)
 
 
-def main(argv: list[str] | None = None) -> int:
+# What an accelerated run prints after each scenario (``prefixscope sim`` prints each check's recount).
+Report = Callable[[SimResult, Scenario], str]
+
+
+def main(argv: list[str] | None = None, *, cold_share: float | None = None, report: Report | None = None) -> int:
+    """Run the fleet. ``cold_share`` is the threshold file's ``cold_reuse_share`` (None: the
+    router's default), handed in by whoever composes the run, as is ``report``."""
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    args.cold_share = cold_share
     if args.list_scenarios:
         print(list_scenarios())
         return 0
     if args.warmup is not None or args.json:
         # the verdict is the exporter's, and the fleet does not import the exporter
         print("prefixscope sim: --warmup/--json read the exporter's verdict: run them as "
-              "`prefixscope sim --accelerated --warmup 2h ...`", file=sys.stderr)
+              "`prefixscope steady --warmup 2h [--json] ...`", file=sys.stderr)
         return 2
     try:
         topology = load_topology(args.topology)
@@ -182,21 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     sink = _sink(args)
     try:
         if args.accelerated:
-            return _accelerated(args, topology, scenarios, sink)
+            return _accelerated(args, topology, scenarios, sink, report)
         return _real_time(args, topology, scenarios, sink)
     finally:
         if sink is not None:
             sink.close()
 
 
-def _accelerated(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink) -> int:
+def _accelerated(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink,
+                 report: Report | None) -> int:
     for sc in scenarios:
         sim = Simulation(sc, topology, policy=args.policy, sink=sink, duration_s=args.duration, seed=args.seed,
-                         requests=replay_requests(args.requests) if args.requests else None)
+                         requests=replay_requests(args.requests) if args.requests else None,
+                         cold_share=args.cold_share)
         result = sim.run()
         print(f"== {sc.name}: {len(result.records)} requests over {sim.duration_s:g} s simulated "
               f"in {result.wall_s:.2f} s; fault at {sc.fault_at_s:g} s — {sc.fault}")
-        print(signal_table(result, sc))
+        if report is not None:
+            print(report(result, sc))
     return 0
 
 
@@ -300,7 +282,8 @@ def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenari
         sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
                          duration_s=args.duration, seed=seed, fleet=fleet, track_placement=False,
                          requests=replay_requests(args.requests) if args.requests else None,
-                         router_metrics=router.metrics if router is not None else None)
+                         router_metrics=router.metrics if router is not None else None,
+                         cold_share=args.cold_share)
         if router is not None:
             router.router = sim.router
 

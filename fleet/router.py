@@ -49,16 +49,10 @@ from fleet.records import SCHEMA_NAME, RecordSink
 from fleet.router_metrics import Lookup, Routed, RouterMetrics
 from fleet.topology import Topology
 from fleet.workloads import SimRequest
-from prefixscope.thresholds import load as load_thresholds
 
 log = logging.getLogger("prefixscope.fleet.router")
 
 WALK_S_PER_BLOCK = 1e-6  # modelled index-walk cost per prompt block on a virtual clock (≈ measured)
-
-
-def cold_reuse_share() -> float:
-    """The share of a prompt at most reused for a request to count as cold (alerts/thresholds.yaml)."""
-    return float(load_thresholds().cold_reuse_share)
 
 
 class BlockHolderIndex:
@@ -139,6 +133,10 @@ class RouterConfig:
     ladder: LadderConfig = field(default_factory=LadderConfig)
     async_share: float = 1.0  # share of a GPU the background async-prefill lane gets
     downgrade_workers: tuple[str, ...] = ()  # workers serving topology.downgrade_model, if any
+    # A prompt that reuses at most this share is cold (the fallback ladder's trigger). Whoever
+    # composes the fleet hands in the threshold file's cold_reuse_share, so the router and the
+    # exporter call the same requests cold; this default is the packaged file's.
+    cold_share: float = 0.1
 
 
 def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int], token_ids: Sequence[int] | None = None,
@@ -211,7 +209,6 @@ class Router:
         self._lock = threading.RLock()
         self._rr = 0
         self._ring: HashRing | None = None
-        self._cold_share = cold_reuse_share()
         self.kv_events_seen: dict[str, int] = dict.fromkeys(topology.names, 0)
         self.kv_events_dropped: dict[str, int] = dict.fromkeys(topology.names, 0)
         self.kv_last_batch: dict[str, float] = {}
@@ -428,7 +425,7 @@ class Router:
         """A session without a worker: the fallback ladder for cold prompts, else the policy."""
         rk = self.ladder.relaxed_key(d.key)
         re_sticky = self.relaxed.get(rk) if rk is not None else None
-        cold = best * self.topology.block_size <= self._cold_share * d.req.prompt_tokens
+        cold = best * self.topology.block_size <= self.config.cold_share * d.req.prompt_tokens
         if re_sticky is not None and re_sticky in self.healthy and cold and self.ladder.usable("re_sticky", d.now):
             d.worker, d.decision, d.tier = re_sticky, "fallback", "re_sticky"
         elif cold and self.ladder.usable("warm_pool", d.now) and (warm := self._warm_pick(d.req, cands)):

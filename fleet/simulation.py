@@ -19,7 +19,6 @@ from typing import Any
 from fleet.cache import MEDIUM_GPU, Removed, Stored
 from fleet.clock import Clock, VirtualClock
 from fleet.engine import SimEngine, WorkerSpec
-from fleet.fallback import quantile
 from fleet.records import RecordSink
 from fleet.router import Router, RouterConfig, import_prefix
 from fleet.router_metrics import RouterMetrics
@@ -27,7 +26,6 @@ from fleet.scenarios import Action, Scenario
 from fleet.topology import Topology, WorkerTopo
 from fleet.workers import WorkerFleet
 from fleet.workloads import SimRequest, WorkloadGenerator
-from prefixscope.catalog import prompt_class
 
 THRASH_WINDOW_S = 300.0  # a block stored again this soon after its eviction is thrash (the rate window)
 # Prefix instability, as the check reads it: a root branch stored with a first block not seen as a
@@ -92,7 +90,8 @@ class Simulation:
                  clock: Clock | None = None, sink: RecordSink | None = None, duration_s: float | None = None,
                  seed: int | None = None, sample_every_s: float = 5.0, track_placement: bool = True,
                  prewarm: bool = True, fleet: WorkerFleet | None = None,
-                 requests: Iterable[SimRequest] | None = None, router_metrics: RouterMetrics | None = None) -> None:
+                 requests: Iterable[SimRequest] | None = None, router_metrics: RouterMetrics | None = None,
+                 cold_share: float | None = None) -> None:
         self.scenario = scenario
         self.topology = topology
         self.clock = clock or VirtualClock()
@@ -120,6 +119,8 @@ class Simulation:
                 self._adopt(w.name)
         initial = topology.names[: scenario.initial_workers] if scenario.initial_workers else topology.names
         cfg = RouterConfig(policy=policy or scenario.policy)
+        if cold_share is not None:  # the threshold file's, from whoever composes the run
+            cfg = replace(cfg, cold_share=cold_share)
         self._configure(cfg, scenario.router)
         # router_metrics may outlive this run: the CLI keeps one across scenarios, as one router process would
         self.router = Router(topology, self.engines, self.clock, config=cfg, sink=self, pool=initial, seed=self.seed,
@@ -520,233 +521,3 @@ def run_scenario(scenario: Scenario, topology: Topology, **kwargs: Any) -> SimRe
 # --------------------------------------------------------------------------------------
 # Raw signals: what each checklist item measures, computed from records and engine samples.
 # --------------------------------------------------------------------------------------
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den else None
-
-
-def _window(result: SimResult, since: float, until: float) -> list[dict]:
-    lo, hi = result.start + since, result.start + until
-    return [r for r in result.records if lo <= r["ts"] < hi]
-
-
-def _counter_delta(samples: list[Sample], since: float, until: float, key: str) -> float:
-    inside = [s for s in samples if since <= s.t <= until]
-    if len(inside) < 2:
-        return 0.0
-    return sum(inside[-1].workers[w][key] - inside[0].workers[w][key] for w in inside[-1].workers)
-
-
-def signals(result: SimResult, since: float, until: float, cold_share: float | None = None) -> dict[str, float | None]:
-    """The raw value behind each checklist key over ``[since, until)`` seconds of the run.
-
-    Follow-ups are requests of a session key seen before, or the first request of a new key
-    that continues another key's conversation (a re-keyed session: its prompt extends that
-    session's last prompt). A collision is a follow-up served away from the session's previous
-    worker while that worker was still in the pool (a migration is not a collision). Cold
-    prefill is read as the exporter's check reads it (:func:`cold_prefill_ratio`).
-    ``None`` means the window had nothing to measure.
-    """
-    from fleet.router import cold_reuse_share
-
-    cold_share = cold_reuse_share() if cold_share is None else cold_share
-    topo = result.topology
-    last_worker: dict[str, str] = {}
-    tail: dict[int, str] = {}  # last block hash of a session's latest prompt -> its key
-    lo = result.start + since
-
-    def continued(r: dict) -> str | None:
-        """The earlier session a new key's first prompt continues, if any."""
-        for h in reversed(r.get("block_hashes") or ()):
-            k = tail.get(h)
-            if k is not None:
-                return k
-        return None
-
-    def remember(r: dict) -> None:
-        key = r.get("session_key")
-        if key:
-            last_worker[key] = r["worker"]
-            if r.get("block_hashes"):
-                tail[r["block_hashes"][-1]] = key
-
-    # session history must include what happened before the window
-    for r in result.records:
-        if r["ts"] >= lo:
-            break
-        remember(r)
-    recs = _window(result, since, until)
-    followups = collisions = 0
-    fu_prompt = fu_cached = 0
-    migrations = cross_node = 0
-    cold_cost: list[float] = []
-    async_waits: list[float] = []
-    walks: list[float] = []
-    stale = prompt_total = 0
-    admitted = affinity = 0
-    moe_hits = moe_aligned = 0
-    lead_signature: dict[tuple[int, ...], str] = {}  # leading blocks -> signature of who cached them
-    lead_n = 2  # blocks that decide the expert signature (WorkerSpec.expert_signature_blocks)
-    for r in result.records:
-        if r["ts"] >= lo:
-            break
-        if r.get("expert_signature") and r.get("block_hashes"):
-            lead_signature.setdefault(tuple(r["block_hashes"][:lead_n]), r["expert_signature"])
-    samples = [s for s in result.samples if since <= s.t <= until]
-    pool_at = {s.t: {w for w, v in s.workers.items() if v["in_pool"]} for s in result.samples}
-    sample_times = sorted(pool_at)
-
-    def pool(ts: float) -> set[str]:
-        t = ts - result.start
-        best = sample_times[0]
-        for st in sample_times:
-            if st > t:
-                break
-            best = st
-        return pool_at[best]
-
-    for r in recs:
-        key = r.get("session_key")
-        prompt, cached = r["prompt_tokens"], r.get("cached_tokens") or 0
-        prompt_total += prompt
-        if r.get("predicted_cached_tokens") is not None:
-            stale += max(0, r["predicted_cached_tokens"] - cached)
-        prev_key = key if key in last_worker else (continued(r) if key else None)
-        if prev_key is not None:
-            followups += 1
-            fu_prompt += prompt
-            fu_cached += cached
-            prev = last_worker[prev_key]
-            if prev != r["worker"] and not r.get("migrated_from") and prev in pool(r["ts"]):
-                collisions += 1
-        remember(r)
-        if r.get("migrated_from"):
-            migrations += 1
-            if r["migrated_from"] in topo and topo.node_of(r["migrated_from"]) != topo.node_of(r["worker"]):
-                cross_node += 1
-        if _is_cold(r, cold_share):
-            w = topo.worker(r["worker"])
-            cold_cost.append(r["prefill_s"] * w.gpus * w.price_per_gpu_hour / 3600)
-        if r.get("async_wait_s") is not None:
-            async_waits.append(r["async_wait_s"])
-        if r.get("walk_s") is not None:
-            walks.append(r["walk_s"])
-        sig, lead = r.get("expert_signature"), tuple((r.get("block_hashes") or ())[:lead_n])
-        if sig and lead:
-            if cached > 0 and lead in lead_signature:
-                moe_hits += 1
-                moe_aligned += lead_signature[lead] == sig
-            lead_signature.setdefault(lead, sig)
-        if r.get("admitted_by_affinity") is not None:
-            admitted += 1
-            affinity += bool(r["admitted_by_affinity"])
-    last_served = {r["worker"]: r["ts"] for r in recs}
-    minutes = (until - since) / 60
-    warm = [w.name for w in topo.workers if w.warm_pool]
-    warm_util = [sum(max(s.workers[w]["kv_usage"], s.workers[w]["running"] / s.workers[w]["max_running"])
-                     for w in warm) / len(warm) for s in samples] if warm else []
-    # cache pressure as the check reads it: thrash of the workers whose cache is full (a full cache alone is normal)
-    full_share = _threshold("prefix_block_count_per_worker")
-    pressure: list[float] = []
-    for w, batches in result.evictions.items():
-        fills = [s.workers[w]["resident_blocks"] / s.workers[w]["capacity_blocks"] for s in samples if w in s.workers]
-        got = [(n, r) for ts, n, r in batches if lo <= ts < result.start + until]
-        stored = sum(n for n, _ in got)
-        if fills and stored:
-            pressure.append(sum(r for _, r in got) / stored if max(fills) > full_share else 0.0)
-    unstable = _unstable_roots(result, since, until)
-    placed = [topo.domain_of(w) in d for ts, d, w in result.placements if lo <= ts < result.start + until]
-    return {
-        "prefix_hit_rate_total": _ratio(_counter_delta(result.samples, since, until, "prefix_hits"),
-                                        _counter_delta(result.samples, since, until, "prefix_queries")),
-        "prefix_hit_rate_per_session": _ratio(fu_cached, fu_prompt),
-        "prefix_block_count_per_worker": max(pressure) if pressure else None,
-        "prefix_root_instability": _ratio(unstable, len(recs)) if result.roots else None,
-        "sticky_session_collision_rate": _ratio(collisions, followups),
-        "warm_pool_utilization": sum(warm_util) / len(warm_util) if warm_util else None,
-        "session_migration_count_per_minute": migrations / minutes if minutes else None,
-        "cold_prefill_time_p99": cold_prefill_ratio(result, since, until, cold_share),
-        "cold_prefill_cost_per_request": sum(cold_cost) / len(cold_cost) if cold_cost else None,
-        "async_prefill_wait_time_p99": quantile(async_waits, 0.99),
-        "prefix_tree_walk_latency": quantile(walks, 0.99),
-        "topology_aware_placement_hit_rate": sum(placed) / len(placed) if placed else None,
-        "cross_node_migration_count_per_minute": cross_node / minutes if minutes else None,
-        "speculative_decoding_acceptance_rate": _ratio(
-            _counter_delta(result.samples, since, until, "spec_accepted_tokens"),
-            _counter_delta(result.samples, since, until, "spec_draft_tokens")),
-        "moe_expert_alignment_rate": _ratio(moe_aligned, moe_hits),
-        "continuous_batching_affinity_admission_rate": _ratio(affinity, admitted),
-        # a stream is stale when the worker keeps serving but its events stopped (an idle
-        # worker publishes nothing and is not stale)
-        "kv_event_staleness": max((max(0.0, ts - result.router.kv_last_batch.get(w, result.start))
-                                   for w, ts in last_served.items()), default=None),
-        "index_staleness": _ratio(stale, prompt_total),
-    }
-
-
-def _is_cold(record: dict, cold_share: float) -> bool:
-    """A cold request as the exporter counts one: prefill timed, at most ``cold_share`` of the prompt reused."""
-    cached = record.get("cached_tokens")
-    return (record.get("prefill_s") is not None and cached is not None
-            and cached <= cold_share * record["prompt_tokens"])
-
-
-def cold_prefill_ratio(result: SimResult, since: float, until: float, cold_share: float) -> float | None:
-    """Cold prefill p99 in seconds over ``[since, until)`` against the cold p99 of the baseline
-    window that ends where this one begins, per model and prompt-length class; the worst class.
-
-    The catalogue's ``cold_prefill_time_p99`` (``prompt_class:…_p99:ratio_baseline``), with exact
-    quantiles where the exporter reads histogram buckets. A class without cold requests in either
-    window has no ratio; ``None`` when no class has one.
-    """
-    from prefixscope.thresholds import load_thresholds
-
-    start = since - load_thresholds().baseline_window_s
-    now: dict[tuple[str, str], list[float]] = {}
-    base: dict[tuple[str, str], list[float]] = {}
-    lo, mid, hi = result.start + start, result.start + since, result.start + until
-    for r in result.records:
-        if not lo <= r["ts"] < hi or not _is_cold(r, cold_share):
-            continue
-        into = now if r["ts"] >= mid else base
-        into.setdefault((r["model"], prompt_class(r["prompt_tokens"])), []).append(r["prefill_s"])
-    ratios = []
-    for key, values in now.items():
-        p99, baseline = quantile(values, 0.99), quantile(base.get(key, ()), 0.99)
-        if p99 is not None and baseline:
-            ratios.append(p99 / baseline)
-    return max(ratios, default=None)
-
-
-def _unstable_roots(result: SimResult, since: float, until: float) -> int:
-    """Root branches stored in ``[since, until)`` that are new (first block not a root within
-    ROOT_WINDOW_S before) and repeat a recent root's opening but for its first one or two blocks."""
-    lo, hi = result.start + since, result.start + until
-    bs = result.topology.block_size
-    last_seen: dict[int, float] = {}
-    tails: dict[tuple[int, int, tuple[int, ...]], tuple[int, float]] = {}  # (from block, blocks, tokens) -> root, when
-    count = 0
-    for ts, first, opening in result.roots:
-        if ts >= hi:
-            break
-        blocks = len(opening) // bs
-        keys = [(s, blocks, opening[s * bs:]) for s in (1, 2) if blocks - s >= 8]
-        prev = last_seen.get(first)
-        if lo <= ts and (prev is None or ts - prev > ROOT_WINDOW_S):
-            count += any((twin := tails.get(k)) is not None and twin[0] != first and ts - twin[1] <= ROOT_WINDOW_S
-                         for k in keys)
-        last_seen[first] = ts
-        for k in keys:
-            tails[k] = (first, ts)
-    return count
-
-
-def _threshold(key: str) -> float:
-    from prefixscope.thresholds import load_thresholds
-
-    return load_thresholds().checks[key].value
-
-
-def iter_phase_windows(result: SimResult) -> Iterable[tuple[str, float, float]]:
-    sc = result.scenario
-    yield "warm-up", 0.0, sc.fault_at_s
-    yield "fault", sc.fault_at_s, result.scenario.duration_s

@@ -373,10 +373,12 @@ class Replay:
                  seed: int | None = None, checkpoints: Iterable[float] = (), keep_history: bool = True) -> None:
         self.clock = clock = VirtualClock(start)
         self.start = start
-        parts = bootstrap(thresholds=load_thresholds(thresholds_path), topology=topology, clock=clock.now)
+        thresholds = load_thresholds(thresholds_path)
+        parts = bootstrap(thresholds=thresholds, topology=topology, clock=clock.now)
         self.health, self.state = parts.health, parts.state
+        # one threshold file for both sides: the router and the exporter call the same requests cold
         self.sim = _ScrapingSimulation(scenario, topology, clock=clock, duration_s=duration_s, seed=seed,
-                                       sample_every_s=scrape_every_s)
+                                       sample_every_s=scrape_every_s, cold_share=thresholds.cold_reuse_share)
         self.feed = _Feed(self.sim, self.state, self.health, clock, flavour, start, scrape_every_s, keep_history)
         self.feed.checkpoint_at = {round(float(t), 6) for t in checkpoints}
         self.sim.attach(self.feed)

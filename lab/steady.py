@@ -15,7 +15,7 @@ instantaneously, a check's ``for`` is Prometheus's business (an alert needs it o
 A long warm-up is cheap enough because only the two evaluations are read: no /metrics page is
 rendered per scrape and the tree-statistics pass runs only at the two checkpoints.
 
-``prefixscope sim --accelerated --warmup 2h [--json]`` runs this (see :func:`main`).
+``prefixscope steady --scenario NAME [--warmup 2h] [--json]`` runs this (see :func:`main`).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def text_report(r: SteadyRun) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="prefixscope sim --accelerated --warmup", description=__doc__,
+    p = argparse.ArgumentParser(prog="prefixscope steady", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default="healthy", help="a preset name or a scenario file (default: %(default)s)")
     p.add_argument("--topology", type=Path, default=None, help="topology file (default: the packaged 8-worker fleet)")
@@ -170,19 +170,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--thresholds", type=Path, default=None, help="thresholds file (default: the packaged one)")
     p.add_argument("--metrics-flavour", choices=("vllm", "vllm-legacy", "sglang"), default="vllm")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--accelerated", action="store_true", help="required: hours of traffic run on the virtual clock")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if not args.accelerated:
-        print("prefixscope sim: --warmup/--json run on the virtual clock: add --accelerated", file=sys.stderr)
-        return 2
     try:
         warmup_s = parse_duration(args.warmup)
     except ValueError as exc:
-        print(f"prefixscope sim: --warmup: {exc}", file=sys.stderr)
+        print(f"prefixscope steady: --warmup: {exc}", file=sys.stderr)
         return 2
     try:
         topology = load_topology(args.topology)
@@ -190,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             topology = topology.with_workers(args.workers)
         scenario = load_preset(args.scenario)
     except (TopologyError, ScenarioError) as exc:
-        print(f"prefixscope sim: {exc}", file=sys.stderr)
+        print(f"prefixscope steady: {exc}", file=sys.stderr)
         return 2
     r = run_steady(scenario, topology, warmup_s, seed=args.seed, thresholds_path=args.thresholds,
                    flavour=args.metrics_flavour)

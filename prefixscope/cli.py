@@ -12,10 +12,11 @@ import sys
 
 # name -> (module with main(argv) -> int, one-line description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "sim": ("fleet.cli", "run the simulated fleet (workers, reference router, workloads, fault scenarios)"),
+    "sim": ("lab.sim", "run the simulated fleet (workers, reference router, workloads, fault scenarios)"),
     "export": ("exporter.main", "run the exporter (Prometheus /metrics and the JSON API)"),
     "relay": ("exporter.relay", "relay workers' ZMQ KV-event streams into a NATS JetStream stream"),
     "shard-plan": ("exporter.shard_plan", "print which exporter shard owns which workers and prefix families"),
+    "steady": ("lab.steady", "a fault scenario after hours of healthy traffic, read by the exporter's own checks"),
     "replay": ("lab.replay", "what-if: replay a trace through a simulated fleet and print the five groups"),
     "catalog": ("prefixscope.catalog_cli", "print the metric catalogue (table or JSON)"),
     "generate": ("alerts.generate", "write (or --check) rules, dashboards, alert provisioning and docs"),
@@ -52,23 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"prefixscope: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(_module_for(name, rest))
+    module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
         return int(module.main(rest) or 0)
     except BrokenPipeError:
         return _closed_pipe()
-
-
-# ``sim`` flags that read the exporter's own verdict: the fleet never imports the exporter, so
-# those runs go to the module where the two meet.
-_SIM_THROUGH_EXPORTER = ("--warmup", "--json")
-_SIM_STEADY = "lab.steady"
-
-
-def _module_for(name: str, rest: list[str]) -> str:
-    if name == "sim" and any(a.split("=", 1)[0] in _SIM_THROUGH_EXPORTER for a in rest):
-        return _SIM_STEADY
-    return SUBCOMMANDS[name][0]
 
 
 def _closed_pipe() -> int:

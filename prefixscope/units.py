@@ -64,6 +64,37 @@ def format_reading(value: float | None, unit: str) -> str:
     return _FORMATS.get(unit, (_bare, _bare))[1](value)
 
 
+_SPANS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def format_duration(seconds: float | None, parts: int = 2) -> str:
+    """A span of time as a person says it: ``1 m 40 s``, ``2 h 5 m``, ``45 s``, ``350 ms``.
+
+    At most ``parts`` units, the largest first, rounded to the last one shown; below a second,
+    milliseconds. Missing is "—"; a negative span reads with a minus sign.
+    """
+    if seconds is None or math.isnan(seconds):
+        return MISSING
+    if math.isinf(seconds):
+        return "forever" if seconds > 0 else "-forever"
+    sign, v = ("-" if seconds < 0 else ""), abs(seconds)
+    if 0 < v < 0.9995:
+        return f"{sign}{v * 1000:.0f} ms"
+    total = round(v)
+    for _ in range(2):  # rounding to the last unit shown can carry into a larger one (59.6 s → 1 m)
+        top = next(i for i, (_, size) in enumerate(_SPANS) if total >= size or size == 1)
+        step = _SPANS[min(top + parts - 1, len(_SPANS) - 1)][1]
+        total = round(v / step) * step
+    out = []
+    for name, size in _SPANS[top:]:
+        n, total = divmod(total, size)
+        if n:
+            out.append(f"{n} {name}")
+        if size == step:
+            break
+    return sign + (" ".join(out) or "0 s")
+
+
 # ---- Prometheus template functions ---------------------------------------------------------
 
 

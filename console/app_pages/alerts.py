@@ -7,11 +7,10 @@ from console import data, ui
 from console.alert_groups import AlertGroup, group_alerts
 from console.alertmanager import pages, table_rows
 from console.http_json import SourceUnavailable
-from console.links import grafana_link, load_thresholds, runbook_link
+from console.links import grafana_link, runbook_link
 from console.settings import ALERTMANAGER_ENV, link_settings
 
 st.title("Alerts")
-thresholds = load_thresholds()
 links = link_settings()
 src = data.sources()
 
@@ -45,7 +44,7 @@ def show_group(g: AlertGroup, state: str) -> None:
                    "since": r.active_at or "—", "value": r.value, "summary": r.summary} for r in g.rows])
         if g.known:
             line = f"[runbook]({runbook_link(g.alertname, links)})"
-            grafana = grafana_link(g.alertname, links, thresholds)
+            grafana = grafana_link(g.alertname, links)
             if grafana:
                 line += f" · [Grafana panel]({grafana})"
             st.markdown(line)

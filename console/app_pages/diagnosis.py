@@ -5,8 +5,8 @@ import streamlit as st
 from console import charts, data, ui
 from console.chain import SYMPTOM_KEY, CheckState, reuse_reading
 from console.http_json import SourceUnavailable
-from console.links import grafana_link, in_app_markdown, load_thresholds, runbook_link, runbook_markdown
-from console.readings import check_line, fires_in_text, shown_text, step_shown
+from console.links import grafana_link, in_app_markdown, runbook_link, runbook_markdown
+from console.readings import alert_terms, check_line, fires_in_text, shown_text, step_shown
 from console.runbook_steps import first_mitigation
 from console.settings import link_settings, timezone_name
 
@@ -16,7 +16,6 @@ st.caption("Walks the checklist in order. A falling cluster hit rate starts the 
            "past its threshold and the alert is pending, green when clear.")
 
 src = data.sources()
-thresholds = load_thresholds()
 links = link_settings()
 # Charts need Prometheus's history: without it, there is no range to choose.
 range_label = (st.selectbox("Chart range", list(data.RANGES_S), index=1, key="diagnosis_range")
@@ -70,7 +69,8 @@ cols[1].metric("Predicted", ui.fmt(r.predicted, "ratio"), help="What the router 
 cols[2].metric("Achieved", ui.fmt(r.achieved, "ratio"), help="What the engines reported cached.")
 cols[3].metric("Routing regret", ui.fmt(r.routing_regret, "ratio"), help="Available − achieved.")
 cols[4].metric("Index staleness", ui.fmt(r.index_staleness, "ratio"), help="Predicted − achieved.")
-st.info(reuse_reading(r, thresholds))
+if chain.limits is not None:
+    st.info(reuse_reading(r, chain.limits))
 
 chart_url = src.prometheus_url if chain.source == "prometheus" else None
 tz = charts.zone(timezone_name())
@@ -79,7 +79,7 @@ tz = charts.zone(timezone_name())
 def links_line(alert: str) -> str:
     """Runbook (in-app unless a base URL is configured) and, with a Grafana configured, its panel."""
     parts = [f"[runbook]({runbook_link(alert, links)})"]
-    grafana = grafana_link(alert, links, thresholds)
+    grafana = grafana_link(alert, links)
     if grafana:
         parts.append(f"[Grafana panel]({grafana})")
     return " · ".join(parts)
@@ -104,6 +104,11 @@ def check_chart(c: CheckState) -> None:
     st.plotly_chart(fig, key=f"chart-{c.check.key}", config={"displaylogo": False})
 
 
+if chain.limits is not None:
+    st.caption(f"Limits, `for` and severities as the exporter at {chain.limits.where} runs them (the threshold "
+               "file the rules are generated from)" if chain.limits.source == "exporter" else
+               f"Limits, `for` and severities from {chain.limits.where}: no exporter answered to report "
+               "the ones in force.")
 if not chart_url:
     st.caption("Charts over time need Prometheus: the exporter alone keeps only its current window.")
 
@@ -115,7 +120,7 @@ for step in chain.steps:
             text, chart = st.columns([2, 3]) if chart_url else (st.container(), None)
             role = ("" if c.cause else " _(context)_" if c.context
                     else " _(symptom)_" if c.check.kind != "slo" else " _(SLO)_")
-            text.markdown(f"{check_line(c)}{role} · {links_line(c.check.alert)}")
+            text.markdown(f"{check_line(c)}{role} · _{alert_terms(c.for_s, c.severity)}_ · {links_line(c.check.alert)}")
             if chart is None:
                 continue
             # Open what needs attention; the rest stays one click away, so the page stays short.

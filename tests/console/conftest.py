@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import requests
 import streamlit as st
 import yaml
 from prometheus_client import CollectorRegistry
@@ -20,11 +17,9 @@ from exporter.web.api import ApiBuilders
 from exporter.web.exposition import render_state
 from exporter.web.server import ExporterServer, ServerDeps
 from prefixscope.catalog import SIGNALS
+from tests import servers
 from tests.console import backfill, cluster, liveness_cluster, topology_cluster
-from tests.support import free_port, require_file, require_tool, wait_for
-
-PROMETHEUS = "/usr/bin/prometheus"
-PROMTOOL = "/usr/bin/promtool"
+from tests.support import free_port, require_file
 
 
 @pytest.fixture(autouse=True)
@@ -100,49 +95,9 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     The generated alerts keep their expressions but get ``for: 0s``: the test cannot wait
     minutes for them, and ``for`` is Prometheus's job, not the console's.
     """
-    prometheus, promtool = require_tool(PROMETHEUS), require_tool(PROMTOOL)
     require_file(GENERATED_RULES, "the generated rules (run prefixscope generate)")
-    tmp = tmp_path_factory.mktemp("prometheus")
-    rules = yaml.safe_load(GENERATED_RULES.read_text(encoding="utf-8"))
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if "alert" in rule:
-                rule["for"] = "0s"
-    (tmp / "rules.yaml").write_text(yaml.safe_dump(rules), encoding="utf-8")
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 15s, evaluation_interval: 1s}\nrule_files: [rules.yaml]\n", encoding="utf-8")
-    (tmp / "backfill.om").write_text(backfill.openmetrics(list(SIGNALS), time.time() - 2), encoding="utf-8")
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "backfill.om"), str(tmp / "data")],
-                   check=True, capture_output=True, timeout=60)
-    port = free_port()
-    proc = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d"],
-                            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_alerts(url, {"PrefixHitRateLow", "PrefixStickyCollisionsHigh"}, proc, tmp)
+    rules = servers.alerts_at_once(yaml.safe_load(GENERATED_RULES.read_text(encoding="utf-8")))
+    history = backfill.openmetrics(list(SIGNALS), time.time() - 2)
+    with servers.prometheus(tmp_path_factory.mktemp("prometheus"), rules, history,
+                            {"PrefixHitRateLow", "PrefixStickyCollisionsHigh"}) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for_alerts(url: str, names: set[str], proc: subprocess.Popen, tmp: Path, timeout: float = 120.0) -> None:
-    def firing() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited: {(tmp / 'prometheus.log').read_text()[-2000:]}")
-        alerts = requests.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-        if not names <= {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}:
-            return False
-        # The alerts API can say firing a moment before the ALERTS series that charts read is
-        # queryable; wait for both.
-        stored = requests.get(f"{url}/api/v1/query", params={"query": 'ALERTS{alertstate="firing"}'},
-                              timeout=5).json()["data"]["result"]
-        return names <= {s["metric"]["alertname"] for s in stored}
-
-    wait_for(firing, f"alerts {sorted(names)} to fire", timeout, every=0.3,
-             ignore=(requests.RequestException, ValueError, KeyError))

@@ -8,17 +8,13 @@ its content should make it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
-from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
-from tests.support import free_port, require_tool, wait_for
+from tests import servers
+from tests.support import require_tool
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
@@ -42,26 +38,8 @@ MAX_PAGE_HEIGHT_PX = 6000
 
 @pytest.fixture
 def console_url(exporter_url: str) -> Iterator[str]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in (EXPORTER_ENV, PROMETHEUS_ENV)}
-    proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "console", "--exporter-url", exporter_url,
-                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def healthy() -> bool:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "console exited"
-            return requests.get(f"{url}/_stcore/health", timeout=5).text == "ok"
-
-        wait_for(healthy, "the console to answer /_stcore/health", timeout=120, every=0.2,
-                 ignore=(requests.RequestException,))
+    with servers.console(exporter_url) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def full_height_screenshot(page, path: Path, height: int) -> None:

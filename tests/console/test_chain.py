@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from console.chain import NO_DATA, Reuse, chain_from_prometheus, reuse_reading
-from console.links import load_thresholds
+from console.limits import limits_from_file
 from prefixscope.catalog import CHECKS, SIGNALS
+from prefixscope.thresholds import load_thresholds
 
 ALL_SIGNALS = dict.fromkeys(SIGNALS, True)
 HEALTHY = {c.key: (0.95 if c.op == "<" else 0.0) for c in CHECKS}
-TH = load_thresholds()
+TH = limits_from_file(load_thresholds())
 GOOD_REUSE = Reuse(0.9, 0.9, 0.9)
 
 

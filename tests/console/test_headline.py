@@ -14,7 +14,8 @@ from streamlit.testing.v1 import AppTest
 
 from console.alertmanager import parse_alerts, table_rows
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
-from console.links import RUNBOOK_DIR, load_thresholds
+from console.limits import limits_from_file
+from console.links import RUNBOOK_DIR
 from console.runbook_steps import first_mitigation
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
 from exporter.core.breaches import BreachClock
@@ -92,10 +93,10 @@ def test_the_culprits_endpoint_answers_named_checks_and_refuses_unknown_ones() -
 
 
 def test_the_console_reads_pending_from_either_source_alike() -> None:
-    th = load_thresholds()
+    th = limits_from_file(load_exporter_thresholds())
     raw = {"steps": [{"checks": [{"key": "sticky_session_collision_rate", "value": 0.3, "threshold": 0.05,
                                   "status": "firing", "alert_state": "pending", "fires_in_s": 42.0}]}]}
-    exp = chain_from_exporter(raw, th)
+    exp = chain_from_exporter(raw)
     alerts = [{"labels": {"alertname": "PrefixStickyCollisionsHigh"}, "state": "pending",
                "activeAt": "2024-05-01T10:00:00.123456789Z"}]
     active = 1714557600.123456

@@ -25,13 +25,12 @@ def test_no_data_is_not_a_signal() -> None:
 
 def test_a_shards_answer_says_so_and_the_console_warns() -> None:
     from console.chain import chain_from_exporter, shard_note
-    from console.links import load_thresholds
 
     groups = {"steps": [], "reuse": {}, "shard": {"index": 1, "count": 3}}
-    chain = chain_from_exporter(groups, load_thresholds())
+    chain = chain_from_exporter(groups)
     assert chain.shard == (1, 3)
     note = shard_note(chain.shard)
     assert note is not None and "shard 2 of 3" in note and "--prometheus-url" in note
     for whole in (None, {"index": 0, "count": 1}, {"index": 3, "count": 3}, {"index": "1", "count": 3}):
-        assert chain_from_exporter({**groups, "shard": whole}, load_thresholds()).shard is None
+        assert chain_from_exporter({**groups, "shard": whole}).shard is None
     assert shard_note(None) is None

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
-from console.links import load_thresholds as console_thresholds
+from console.limits import limits_from_groups
 from exporter.core import checks
 from exporter.core.health import Health
 from exporter.core.state import ClusterState, Series
@@ -30,7 +30,6 @@ from prefixscope.thresholds import CheckThreshold, load_thresholds
 # Prometheus alerts below, so the instantaneous evaluation and both chains describe the same alerts.
 TH = replace(load_thresholds(), checks={k: CheckThreshold(c.value, "0s", c.severity)
                                         for k, c in load_thresholds().checks.items()})
-CONSOLE_TH = console_thresholds()
 SYMPTOM = CHECKS_BY_ALERT["PrefixHitRateLow"]
 ALL_SIGNALS = frozenset(SIGNALS)
 
@@ -64,7 +63,8 @@ def three_chains(values: Mapping[str, float | None], baselines: Mapping[str, flo
     monkeypatch.setattr(state, "series", lambda: Series(signals={s: s in signals for s in SIGNALS}))
     monkeypatch.setattr(checks._Evaluator, "value", lambda self, expr: by_expr.get(expr))
     ev = checks.evaluate(state)
-    from_exporter = chain_from_exporter(api.groups(state), CONSOLE_TH)
+    groups = api.groups(state)
+    from_exporter = chain_from_exporter(groups)
     # Prometheus: recording rules give the values (absent when a signal is missing: no series),
     # the alerts that fire are the checks over their limit (their `for` elapsed).
     present = {c.key for c in CHECKS if set(c.signals) <= signals}
@@ -73,7 +73,7 @@ def three_chains(values: Mapping[str, float | None], baselines: Mapping[str, flo
     alerts = [{"labels": {"alertname": r.check.alert, "severity": "warning"}, "state": "firing"}
               for r in ev.results.values() if r.status == diagnosis.FIRING]
     from_prometheus = chain_from_prometheus(prom_values, prom_bases, {s: s in signals for s in SIGNALS},
-                                            alerts, CONSOLE_TH, Reuse(None, None, None))
+                                            alerts, limits_from_groups(groups), Reuse(None, None, None))
     return ev, from_exporter, from_prometheus
 
 

@@ -28,9 +28,8 @@ import requests
 import yaml
 
 from console.chain import Reuse, chain_from_exporter, chain_from_prometheus
-from console.links import load_thresholds as console_thresholds
+from console.limits import limits_from_groups
 from fleet.scenarios import Scenario, load_preset
-from fleet.simulation import signals
 from fleet.topology import Topology, load_topology
 from lab.family import Member, start_key
 from lab.harness import (
@@ -42,6 +41,7 @@ from lab.harness import (
     run_through_exporter,
     settled_duration,
 )
+from lab.recount import signals
 from lab.steady import run_steady, run_steady_many, with_capacity
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds, window_seconds
@@ -50,7 +50,7 @@ from tests.support import free_port, wait_for
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
 PROMTOOL = shutil.which("promtool")
-# Checks whose value the fleet's own recount (fleet.simulation.signals: records and engine
+# Checks whose value the fleet's own recount (lab.recount.signals: records and engine
 # counters over the same window) defines the same way: a windowed ratio or rate. Quantiles are
 # left out (the exporter interpolates in histogram buckets, as Prometheus does), and so are
 # gauges the fleet averages or maxes over the window where the exporter reads the current value.
@@ -159,20 +159,20 @@ def row_of(run: ScenarioRun, workdir: Path, run_s: float) -> Row:
     """A finished run of a preset read three ways (see the module docstring)."""
     started = time.perf_counter()
     scenario = run.scenario
-    thresholds = console_thresholds()
     (chain_at,) = row_member(scenario.name).checkpoints
     warmup, fault = (0.0, scenario.fault_at_s), (scenario.fault_at_s, run.end_s)
     fired, confirmed, output = fired_in_prometheus(run.history, [warmup, fault], workdir)
 
     ev, groups = run.checkpoints[chain_at]
-    console_exp = chain_from_exporter(groups, thresholds)
+    console_exp = chain_from_exporter(groups)
+    limits = limits_from_groups(groups)  # the console reads the limits in force from the exporter
     values = {k: r.value for k, r in ev.results.items()}
     baselines = {k: r.baseline for k, r in ev.results.items()}
     # The console's Prometheus reading: rule values (the exporter computes the same expressions
     # over its windows) with the alerts Prometheus's engine fired for the fault.
     alerts = [{"labels": {"alertname": a, "step": s}, "state": "firing"} for a, s in sorted(fired[fault])]
-    console_prom = chain_from_prometheus(values, baselines, ev.signals, alerts, thresholds, Reuse(None, None, None))
-    truth = signals(run.result, chain_at - window_seconds(load_thresholds()), chain_at)
+    console_prom = chain_from_prometheus(values, baselines, ev.signals, alerts, limits, Reuse(None, None, None))
+    truth = signals(run.result, chain_at - window_seconds(load_thresholds()), chain_at, load_thresholds())
     missed = sum(run.health.snapshot()[0].get(f"{catalog.NAMESPACE}_kv_event_missed_batches", {}).values())
     return Row(
         name=scenario.name, expected_step=scenario.expected_step, expected_alerts=scenario.expected_alerts,

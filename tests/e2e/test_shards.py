@@ -530,6 +530,5 @@ def test_through_relay_nats_and_a_real_prometheus_the_shards_give_one_exporters_
 
 def chain_from_exporter_groups(groups: dict):
     from console.chain import chain_from_exporter
-    from console.links import load_thresholds
 
-    return chain_from_exporter(groups, load_thresholds())
+    return chain_from_exporter(groups)

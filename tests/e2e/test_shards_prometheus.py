@@ -32,8 +32,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from console import data as console_data
 from console.chain import Chain, chain_from_exporter
+from console.limits import Limits, limits_from_groups
 from console.links import GENERATED_RULES
-from console.links import load_thresholds as console_thresholds
 from console.prom import PrometheusClient, Sample
 from exporter.bootstrap import ExporterParts
 from exporter.codecs import promtext
@@ -250,12 +250,12 @@ class PinnedPrometheus(PrometheusClient):
         return super().query(expr, self.at if at is None else at)
 
 
-def console_chain(url: str, at: float, monkeypatch: pytest.MonkeyPatch) -> Chain:
+def console_chain(url: str, at: float, limits: Limits, monkeypatch: pytest.MonkeyPatch) -> Chain:
     """``console.data.chain_from_prom``, the console's own reading, with its client pinned at ``at``."""
     with monkeypatch.context() as m:
         m.setattr(console_data, "prometheus", lambda u: PinnedPrometheus(u, at))
         console_data.chain_from_prom.clear()
-        return console_data.chain_from_prom(url)
+        return console_data.chain_from_prom(url, limits)
 
 
 def reading(chain: Chain) -> dict:
@@ -267,8 +267,9 @@ def reading(chain: Chain) -> dict:
 def test_the_console_reads_one_answer_from_the_shards_prometheus(
         run: Run, proms: tuple[RulesPrometheus, RulesPrometheus], monkeypatch: pytest.MonkeyPatch) -> None:
     at = run.end + EVAL_INTERVAL_S
-    one = console_chain(proms[0].url, at, monkeypatch)
-    many = console_chain(proms[1].url, at, monkeypatch)
+    limits = limits_from_groups(run.groups)
+    one = console_chain(proms[0].url, at, limits, monkeypatch)
+    many = console_chain(proms[1].url, at, limits, monkeypatch)
     assert reading(many) == reading(one)
     for key, c in one.checks().items():
         got = many.checks()[key].value
@@ -284,7 +285,7 @@ def test_the_console_reads_one_answer_from_the_shards_prometheus(
     # the single exporter's own /api/v1/groups at the end of the traffic: the same verdict, the
     # same checks past their thresholds (its alert states come from its breach record, which this
     # test does not run: past the threshold reads "pending" there, as here without alert rules)
-    exp = chain_from_exporter(run.groups, console_thresholds())
+    exp = chain_from_exporter(run.groups)
     assert (exp.verdict.number if exp.verdict else None) == reading(one)["verdict"]
     past = {k for k, c in one.checks().items() if c.status == "firing" or c.pending}
     assert {k for k, c in exp.checks().items() if c.status == "firing" or c.pending} == past

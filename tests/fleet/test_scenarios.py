@@ -27,10 +27,11 @@ from fleet.scenarios import (
     parse_scenario,
     preset_names,
 )
-from fleet.simulation import SimResult, Simulation, cold_prefill_ratio, run_scenario, signals
+from fleet.simulation import SimResult, Simulation, run_scenario
 from fleet.topology import load_topology
 from fleet.workloads import WORKLOAD_FIELDS
 from lab.harness import settled_duration
+from lab.recount import cold_prefill_ratio, signals
 from prefixscope import SCHEMAS_DIR
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 from prefixscope.thresholds import load as load_thresholds
@@ -87,11 +88,11 @@ def test_scenario_trips_its_own_checks_and_nothing_earlier(name: str) -> None:
     sc = load_preset(name)
     result = _run(name)
     end = settled_duration(sc, TH)
-    warm = _crossed(signals(result, 0.0, sc.fault_at_s))
+    warm = _crossed(signals(result, 0.0, sc.fault_at_s, TH))
     assert warm == set(), f"the healthy warm-up already crosses {warm}"
     # the first five minutes of the fault, and the last five of the run: the fault holds
     for lo, hi in ((sc.fault_at_s, sc.fault_at_s + 300), (end - 300, end)):
-        fault = _crossed(signals(result, lo, hi))
+        fault = _crossed(signals(result, lo, hi, TH))
         assert set(sc.expected_alerts) <= fault, (lo, hi, fault)
         assert fault <= set(sc.expected_alerts) | set(sc.side_effects) | {SYMPTOM}, (lo, hi, fault)
         if sc.expected_step is not None:
@@ -101,7 +102,7 @@ def test_scenario_trips_its_own_checks_and_nothing_earlier(name: str) -> None:
 
 def test_healthy_has_every_signal_it_can_measure() -> None:
     """A healthy run is not quiet because signals are missing: each one has a value."""
-    values = signals(_run("healthy"), 600, 900)
+    values = signals(_run("healthy"), 600, 900, TH)
     measured = {k for k, v in values.items() if v is not None}
     checklist = {c.key for c in CHECKS if c.kind == "checklist"}
     # the radix depth needs the exporter's tree, which the records alone cannot give
@@ -135,8 +136,8 @@ def test_cold_prefill_signal_is_seconds_per_prompt_class_against_the_window_befo
     records += [rec(450, 2000, 9.0, cached=1500)]  # warm: not cold, whatever it took
     records += [rec(460, 40000, 3.0)]  # 16k+: no baseline for this class
     result = cast(SimResult, SimpleNamespace(start=0.0, records=records))
-    assert cold_prefill_ratio(result, 300, 600, 0.1) == pytest.approx(2.5)
-    assert cold_prefill_ratio(result, 0, 300, 0.1) is None  # nothing before the first window
+    assert cold_prefill_ratio(result, 300, 600, 0.1, TH.baseline_window_s) == pytest.approx(2.5)
+    assert cold_prefill_ratio(result, 0, 300, 0.1, TH.baseline_window_s) is None  # nothing before the first window
 
 
 def _bad(tmp_path: Path, changes: dict) -> Path:
@@ -278,3 +279,9 @@ def test_a_scenario_gives_its_tenants_adapters_and_cache_salts() -> None:
     data["workload"]["tenant_salts"] = [""]
     with pytest.raises(ScenarioError, match="tenant_salts"):
         parse_scenario(data, "tenants.yaml")
+
+
+def test_the_routers_default_cold_share_is_the_packaged_threshold_files() -> None:
+    from fleet.router import RouterConfig
+
+    assert RouterConfig().cold_share == TH.cold_reuse_share

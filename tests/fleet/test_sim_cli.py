@@ -34,8 +34,10 @@ def test_list_scenarios_shows_every_preset_with_its_step(capsys) -> None:
 
 def test_accelerated_run_prints_the_signal_table_and_writes_records(tmp_path: Path, capsys) -> None:
     records = tmp_path / "records.ndjson"
-    rc = main(["--accelerated", "--scenario", "slow-tree-walk", "--duration", "400", "--workers", "4",
-               "--records-file", str(records)])
+    from lab.sim import main as sim_main  # the fleet composed with the threshold file and the recount
+
+    rc = sim_main(["--accelerated", "--scenario", "slow-tree-walk", "--duration", "400", "--workers", "4",
+                   "--records-file", str(records)])
     assert rc == 0
     out = capsys.readouterr().out
     row = next(x for x in out.splitlines() if x.startswith("prefix_tree_walk_latency"))
@@ -129,12 +131,11 @@ def test_no_traffic_serves_until_sigterm_and_stops_cleanly(tmp_path: Path) -> No
     assert "serving workers only" in out and "w1: http://127.0.0.1:" in out
 
 
-# ---- steady state: `prefixscope sim --warmup` runs through the exporter (lab.steady) ----------------
+# ---- steady state: `prefixscope steady` runs through the exporter (lab.steady) ----------------------
 def test_warmup_json_prints_the_exporters_verdict_before_and_during_the_fault(capsys) -> None:
     from prefixscope.cli import main as prefixscope_main
 
-    rc = prefixscope_main(["sim", "--scenario", "slow-tree-walk", "--accelerated", "--warmup", "1m",
-                           "--workers", "4", "--json"])
+    rc = prefixscope_main(["steady", "--scenario", "slow-tree-walk", "--warmup", "1m", "--workers", "4", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["scenario"], out["warmup_s"], out["fault_at_s"], out["end_s"]) == ("slow-tree-walk", 60, 360, 660)
@@ -145,16 +146,15 @@ def test_warmup_json_prints_the_exporters_verdict_before_and_during_the_fault(ca
     assert set(out["cache_fill"]) == {"w0", "w1", "w2", "w3"}
 
 
-def test_warmup_needs_the_virtual_clock_and_the_exporter(capsys) -> None:
+def test_a_bad_warmup_is_named_and_sim_says_where_the_verdict_is(capsys) -> None:
     from prefixscope.cli import main as prefixscope_main
 
-    assert prefixscope_main(["sim", "--scenario", "healthy", "--warmup", "2h"]) == 2
-    assert "--accelerated" in capsys.readouterr().err
-    assert prefixscope_main(["sim", "--accelerated", "--warmup", "two hours"]) == 2
-    assert "--warmup" in capsys.readouterr().err
-    # the fleet alone never imports the exporter: it says where the flag is served
-    assert main(["--accelerated", "--warmup", "2h"]) == 2
-    assert "prefixscope sim --accelerated --warmup" in capsys.readouterr().err
+    assert prefixscope_main(["steady", "--warmup", "two hours"]) == 2
+    assert "prefixscope steady: --warmup" in capsys.readouterr().err
+    # the fleet alone never imports the exporter: it says which command reads the verdict
+    for argv in (["--accelerated", "--warmup", "2h"], ["--json"]):
+        assert prefixscope_main(["sim", *argv]) == 2
+        assert "prefixscope steady --warmup" in capsys.readouterr().err
 
 
 def test_a_trace_replay_keeps_the_topologys_kv_tokens_in_trace_blocks(tmp_path: Path, capsys) -> None:

@@ -7,6 +7,7 @@ import pytest
 from prefixscope import catalog
 from prefixscope.units import (
     MISSING,
+    format_duration,
     format_reading,
     format_setting,
     prometheus_value_template,
@@ -68,3 +69,15 @@ def test_alert_wording_reads_thresholds_through_the_units() -> None:
 ])
 def test_prometheus_templates_render_as_prometheus_would(unit: str, value: float, shown: str) -> None:
     assert render_value_template(prometheus_value_template(unit), value) == shown
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [
+    (0, "0 s"), (0.35, "350 ms"), (1, "1 s"), (45, "45 s"), (100, "1 m 40 s"), (99.6, "1 m 40 s"),
+    (59.6, "1 m"), (3599.7, "1 h"), (7500, "2 h 5 m"), (90061, "1 d 1 h"), (-100, "-1 m 40 s"),
+])
+def test_durations_read_as_people_say_them(seconds: float, shown: str) -> None:
+    assert format_duration(seconds) == shown
+
+
+def test_a_missing_duration_is_a_dash() -> None:
+    assert format_duration(None) == "—"
