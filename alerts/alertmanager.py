@@ -30,7 +30,6 @@ from prefixscope.diagnosis import context_checks, is_cause
 from prefixscope.thresholds import Thresholds
 
 RECEIVER = "prefixscope"
-SCOPE = ("cluster",)
 Role = Literal["cause", "downstream", "any"]
 
 
@@ -45,8 +44,9 @@ def _name_matcher(alerts: Sequence[str]) -> str:
     return f'alertname=~"{"|".join(re.escape(a) for a in alerts)}"'
 
 
-def inhibit_rules(thresholds: Thresholds, scope: Sequence[str] = SCOPE) -> list[dict]:
+def inhibit_rules(thresholds: Thresholds, scope: Sequence[str] | None = None) -> list[dict]:
     """Step 0 inhibits everything after it; each later step's causes inhibit later steps' causes."""
+    scope = thresholds.scope_labels if scope is None else scope
     context = context_checks(thresholds.severities)
     numbers = sorted(s.number for s in STEPS)
     rules: list[dict] = []
@@ -73,7 +73,7 @@ def config(thresholds: Thresholds, receiver: str = RECEIVER) -> dict:
     return {
         "route": {
             "receiver": receiver,
-            "group_by": ["alertname", *SCOPE, "step"],
+            "group_by": ["alertname", *thresholds.scope_labels, "step"],
             "group_wait": "30s",
             "group_interval": "5m",
             "repeat_interval": "4h",

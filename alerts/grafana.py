@@ -11,7 +11,7 @@ import hashlib
 
 from grafanalib import core as g
 
-from alerts.rules import burn_severity, step_group_name, windowed
+from alerts.rules import burn_severity, check_expr, scoped, step_group_name
 from prefixscope.catalog import BURN_WINDOWS, CHECKS, STEPS, BurnWindows, Check
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import description, slo_description, summary
@@ -64,9 +64,9 @@ def _rules(check: Check, th: Thresholds, dashboard_uid: str, panel_id: int, dash
             variants.append((pair, triggers, f"$B > {limit:g} && $E > {limit:g}", burn_severity(check, th, pair),
                              slo_description(check, entry.value, factor, pair.long, pair.short)))
     else:
-        baseline = windowed(check.baseline, th) if check.baseline else None
+        baseline = scoped(check.baseline, th) if check.baseline else None
         condition = f"$B {check.op} {entry.value:g}" + (" * $E" if baseline else "")
-        variants.append((None, _queries(windowed(check.value, th), baseline), condition, entry.severity,
+        variants.append((None, _queries(check_expr(check, th), baseline), condition, entry.severity,
                          description(check, entry.value)))
     out = []
     for pair, triggers, condition, severity, text in variants:

@@ -54,6 +54,22 @@ def _series(name: str, labels: dict[str, str], values: str) -> dict:
     return {"series": f"{name}{{{inner}}}" if inner else name, "values": values}
 
 
+def _in_scope(series: list[dict], labels: dict[str, str]) -> list[dict]:
+    """The input series with the scope labels (``cluster="sick"``) added, as service discovery would."""
+    out = []
+    for item in series:
+        name, _, inner = item["series"].partition("{")
+        have = _selector(inner)
+        merged = {**labels, **have}
+        body = ", ".join(f'{k}="{v}"' for k, v in sorted(merged.items()))
+        out.append({**item, "series": f"{name}{{{body}}}" if body else name})
+    return out
+
+
+def _scope_values(th: Thresholds, name: str) -> dict[str, str]:
+    return {label: name for label in th.scope_labels}
+
+
 def _counter(per_min: float, n: int) -> str:
     return f"0+{per_min:g}x{n}"
 
@@ -200,16 +216,33 @@ def _hints(check: Check, threshold: float, firing: bool) -> tuple[Callable[[floa
     return (lambda v: v <= threshold), threshold / 2
 
 
-def _expected(rules: list[dict], value: float) -> list[dict]:
+def _expected(rules: list[dict], value: float, labels: dict[str, str] | None = None) -> list[dict]:
     out = []
     for rule in rules:
         annotations = dict(rule["annotations"])
         annotations["description"] = render_value_template(annotations["description"], value)
-        out.append({"exp_labels": rule["labels"], "exp_annotations": annotations})
+        out.append({"exp_labels": {**rule["labels"], **(labels or {})}, "exp_annotations": annotations})
     return out
 
 
 def case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dict:
+    """A firing case runs two clusters (scope values) in one Prometheus: the sick one must alert with
+    its scope labels (and, for a per-worker check, its worker), the healthy one must not."""
+    if not firing:
+        return _case(check, th, False, dashboard_url)
+    sick = _case(check, th, True, dashboard_url)
+    if not sick["input_series"] or not th.scope_labels:
+        return sick  # absent(): no series to give a scope (scoped absence: tests/alerts)
+    healthy = _case(check, th, False, dashboard_url)
+    sick["name"] += " for the sick cluster only"
+    sick["input_series"] = (_in_scope(sick["input_series"], _scope_values(th, "sick"))
+                            + _in_scope(healthy["input_series"], _scope_values(th, "healthy")))
+    for alert in sick["alert_rule_test"][0]["exp_alerts"]:
+        alert["exp_labels"] |= _scope_values(th, "sick")
+    return sick
+
+
+def _case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dict:
     entry = th.checks[check.threshold]
     for_min, window_min = _minutes(entry.for_), _minutes(th.window)
     eval_min = for_min + TAIL_MINUTES
@@ -236,7 +269,8 @@ def case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dict
         "interval": f"{INTERVAL_S}s",
         "input_series": series,
         "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
-                             "exp_alerts": _expected(rules, main.value) if firing else []}],
+                             "exp_alerts": _expected(rules, main.value, {p: f"{p}-a" for p in check.per})
+                             if firing else []}],
     }
 
 

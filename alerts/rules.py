@@ -17,6 +17,7 @@ from prefixscope.catalog import (
     RecordingRule,
     configure,
     render_expr,
+    scope_expr,
 )
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import description, slo_description, summary
@@ -72,16 +73,27 @@ def windowed(expr: str, th: Thresholds) -> str:
     return configure(expr, th.window, th.baseline_window)
 
 
+def scoped(expr: str, th: Thresholds, per: tuple[str, ...] = ()) -> str:
+    """A catalogue expression as Prometheus runs it: configured windows, every aggregation keeping
+    the scope labels (and ``per``: a per-worker check's ``worker``)."""
+    return scope_expr(windowed(expr, th), (*th.scope_labels, *per))
+
+
+def check_expr(check: Check, th: Thresholds) -> str:
+    """A check's value as Prometheus runs it (per scope, and per worker for a per-worker check)."""
+    return scoped(check.value, th, check.per)
+
+
 def recording_rule(rule: RecordingRule, th: Thresholds) -> dict:
-    """The rule as Prometheus reads it: configured windows, ``threshold(key)`` filled in."""
-    expr = rule.expr if rule.fixed_windows else windowed(rule.expr, th)
+    """The rule as Prometheus reads it: configured windows, scope labels, ``threshold(key)`` filled in."""
+    expr = scope_expr(rule.expr, th.scope_labels) if rule.fixed_windows else scoped(rule.expr, th)
     return {"record": rule.record, "expr": render_expr(expr, th.values())}
 
 
 def alert_expr(check: Check, threshold: float, th: Thresholds | None = None) -> str:
-    value = windowed(check.value, th) if th is not None else check.value
+    value = check_expr(check, th) if th is not None else check.value
     if check.baseline:
-        baseline = windowed(check.baseline, th) if th is not None else check.baseline
+        baseline = scoped(check.baseline, th) if th is not None else check.baseline
         return f"{value} {check.op} {threshold:g} * {baseline}"
     return f"{value} {check.op} {threshold:g}"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -94,6 +94,16 @@ def prompt_class(prompt_tokens: int) -> str:
 
 
 _RANGE = re.compile(r"\[(\w+)\](?: offset (\w+))?")
+# Scope labels (``scope_labels`` in alerts/thresholds.yaml, default ``cluster``): the catalogue is
+# written for one cluster, as the exporter sees it; one Prometheus watching several clusters or
+# router domains keeps them apart only if every aggregation keeps the labels that tell them apart
+# (kubernetes-mixin's clusterLabel). ``scope_expr`` adds them to every aggregation and vector match.
+_BARE_AGG = re.compile(r"\b(sum|max|min|avg|count|quantile)\s*\(")
+_BY_AGG = re.compile(r"\b(sum|max|min|avg|count|quantile) by \(([^)]*)\)")
+_ON = re.compile(r"\bon \(([^)]*)\)")
+_ABSENT_OR_ZERO = re.compile(r"absent\((\w+)\) or vector\(0\)")
+# How long a scope's vanished exporter keeps alerting (a decommissioned cluster stops after this).
+SCOPE_MEMORY = "1h"
 
 
 def configure(expr: str, window: str, baseline_window: str) -> str:
@@ -109,6 +119,41 @@ def configure(expr: str, window: str, baseline_window: str) -> str:
             return f"[{rng}]"
         return f"[{rng}] offset {window if offset == DEFAULT_WINDOW else offset}"
     return _RANGE.sub(sub, expr)
+
+
+def _with(labels: Sequence[str], existing: str = "") -> str:
+    names = [*labels, *(x.strip() for x in existing.split(",") if x.strip())]
+    return ", ".join(dict.fromkeys(names))
+
+
+def scope_expr(expr: str, labels: Sequence[str]) -> str:
+    """``expr`` with ``labels`` kept by every aggregation (``sum by (cluster, …)``) and every
+    ``on (…)`` match, so one rule serves every cluster a Prometheus watches.
+
+    ``absent(x) or vector(0)`` cannot carry a label; scoped, it also reads 1 for each scope whose
+    series vanished within ``SCOPE_MEMORY`` while others still report.
+    """
+    if not labels:
+        return expr
+
+    def absent(m: re.Match[str]) -> str:
+        by = _with(labels)
+        return (f"(max by ({by}) (max_over_time({m[1]}[{SCOPE_MEMORY}])) unless max by ({by}) ({m[1]})) "
+                f"or absent({m[1]}) or vector(0)")
+
+    pos, parts = 0, []
+    for m in _ABSENT_OR_ZERO.finditer(expr):
+        parts.append(_scope_plain(expr[pos:m.start()], labels))
+        parts.append(absent(m))
+        pos = m.end()
+    parts.append(_scope_plain(expr[pos:], labels))
+    return "".join(parts)
+
+
+def _scope_plain(expr: str, labels: Sequence[str]) -> str:
+    expr = _BY_AGG.sub(lambda m: f"{m[1]} by ({_with(labels, m[2])})", expr)
+    expr = _BARE_AGG.sub(lambda m: f"{m[1]} by ({_with(labels)}) (", expr)
+    return _ON.sub(lambda m: f"on ({_with(labels, m[1])})", expr)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +217,10 @@ class Check:
     # For kind "slo": the events whose error ratio the burn-rate alerts watch. ``value`` is then
     # the SLI over the window (good / total) and the threshold's value the objective.
     slo: Slo | None = None
+    # Labels the check alerts per, beyond the scope labels: ("worker",) for a check about one
+    # worker (its stream, its cache), so the alert names the worker and one worker's fault is one
+    # alert of its own.
+    per: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -811,7 +860,7 @@ CHECKS: tuple[Check, ...] = (
           summary="A scrape target that still serves traffic is down: part of the fleet is unobserved."),
     Check(key="kv_event_staleness", group=0, kind="health", title="KV-event stream fresh", alert="PrefixTelemetryKvEventsStale",
           value=f"max(time() - {P}_kv_event_last_timestamp_seconds)",
-          op=">", threshold="kv_event_staleness", unit="seconds", signals=("kv_events",),
+          op=">", threshold="kv_event_staleness", unit="seconds", signals=("kv_events",), per=(W,),
           meaning="A worker's KV-event stream has gone quiet while it serves traffic; the index is going stale.",
           summary="A worker's KV-event stream has been silent for more than {threshold}."),
     Check(key="kv_event_gaps", group=0, kind="health", title="KV-event loss and index drift", alert="PrefixTelemetryKvEventGaps",
@@ -839,7 +888,7 @@ CHECKS: tuple[Check, ...] = (
           summary="Cluster prefix-cache hit rate is below {threshold}."),
     Check(key="prefix_block_count_per_worker", group=1, title="Cache pressure (full and thrashing)", alert="PrefixCacheNearCapacity",
           value="max(worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m)",
-          op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",),
+          op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",), per=(W,),
           meaning="Thrash of the workers whose cache is full (resident blocks from KV events above the "
                   "prefix_block_count_per_worker share of num_gpu_blocks): the share of stored blocks the worker had "
                   "itself evicted within the window. A full cache alone is normal (vLLM evicts only on demand).",
@@ -1002,10 +1051,45 @@ def to_table() -> str:
 
 
 __all__ = [
-    "BURN_WINDOWS", "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "DEFAULT_BASELINE_WINDOW", "DEFAULT_WINDOW",
-    "DUTY_BUCKETS", "DUTY_NAMES", "METRICS", "METRICS_BY_NAME", "NAMESPACE", "PROMPT_CLASSES", "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS",
-    "RULES_BY_NAME", "SESSION_HIT_LINE", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SLOS", "SOURCE_NAMES", "STEPS",
-    "THRESHOLD_REF", "BurnWindows", "Check", "Metric", "RecordingRule", "Slo", "Step",
-    "as_dict", "check_sources", "checks_for_step", "configure", "prompt_class", "render_expr", "rule_threshold_refs",
-    "to_json", "to_table",
+    "BURN_WINDOWS",
+    "CHECKS",
+    "CHECKS_BY_ALERT",
+    "CHECKS_BY_KEY",
+    "DEFAULT_BASELINE_WINDOW",
+    "DEFAULT_WINDOW",
+    "DUTY_BUCKETS",
+    "DUTY_NAMES",
+    "METRICS",
+    "METRICS_BY_NAME",
+    "NAMESPACE",
+    "PROMPT_CLASSES",
+    "RECORDING_RULES",
+    "ROUTER_FEEDS",
+    "ROUTER_KINDS",
+    "RULES_BY_NAME",
+    "SCOPE_MEMORY",
+    "SESSION_HIT_LINE",
+    "SIGNALS",
+    "SIGNAL_ENABLE",
+    "SIGNAL_SOURCES",
+    "SLOS",
+    "SOURCE_NAMES",
+    "STEPS",
+    "THRESHOLD_REF",
+    "BurnWindows",
+    "Check",
+    "Metric",
+    "RecordingRule",
+    "Slo",
+    "Step",
+    "as_dict",
+    "check_sources",
+    "checks_for_step",
+    "configure",
+    "prompt_class",
+    "render_expr",
+    "rule_threshold_refs",
+    "scope_expr",
+    "to_json",
+    "to_table",
 ]

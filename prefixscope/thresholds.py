@@ -28,6 +28,7 @@ SCHEMA_FILE = "thresholds.v1.json"
 # SLO whose events are judged against a baseline, the factor of that baseline.
 SLO_FIELDS = ("burn_rates", "baseline_factor")
 BURN_PAIRS = tuple(b.pair for b in BURN_WINDOWS)
+DEFAULT_SCOPE_LABELS = ("cluster",)
 
 
 class ConfigError(InvalidFile):
@@ -58,6 +59,8 @@ class Thresholds:
     dashboard_url_base: str
     checks: dict[str, CheckThreshold]
     baseline_window: str = "1d"
+    # Labels that tell apart the clusters one Prometheus watches (catalog.scope_expr).
+    scope_labels: tuple[str, ...] = DEFAULT_SCOPE_LABELS
 
     def runbook_url(self, alert: str) -> str:
         return f"{self.runbook_url_base}{alert}.md"
@@ -134,8 +137,9 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
     checks = {key: CheckThreshold(float(e["value"]), e["for"], e["severity"], burn.get(key),
                                   float(e["baseline_factor"]) if e.get("baseline_factor") is not None else None)
               for key, e in raw_checks.items()}
+    scope = tuple(d["scope_labels"]) if "scope_labels" in d else DEFAULT_SCOPE_LABELS
     return Thresholds(window, float(d["cold_reuse_share"]), d["runbook_url_base"], d["dashboard_url_base"],
-                      checks, baseline_window)
+                      checks, baseline_window, scope)
 
 
 def _slo_fields(problems: Problems, where: str, entry: dict, check: Check) -> dict[str, float] | None:

@@ -90,16 +90,40 @@ def test_alert_expressions() -> None:
     assert by_name["PrefixHitRateLow"]["expr"] == (
         "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m < 0.6")
     assert by_name["PrefixColdPrefillSlow"]["expr"] == (
-        "max(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline) > 3")
+        "max by (cluster) (prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline) > 3")
     assert by_name["PrefixRouterTreeWalkSlow"]["expr"].endswith("> 0.005")
-    assert by_name["PrefixExporterDown"]["expr"] == "absent(prefixscope_exporter_build_info) or vector(0) > 0"
+    # per scope: a cluster whose exporter vanished while others report, or none at all
+    assert by_name["PrefixExporterDown"]["expr"] == (
+        "(max by (cluster) (max_over_time(prefixscope_exporter_build_info[1h])) unless "
+        "max by (cluster) (prefixscope_exporter_build_info)) or absent(prefixscope_exporter_build_info) "
+        "or vector(0) > 0")
+    # per-worker checks alert per worker
+    assert by_name["PrefixTelemetryKvEventsStale"]["expr"] == (
+        "max by (cluster, worker) (time() - prefixscope_kv_event_last_timestamp_seconds) > 120")
+    assert by_name["PrefixCacheNearCapacity"]["expr"].startswith("max by (cluster, worker) (")
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
     # the baseline is the long window ending where the current window begins, per prompt class
     assert records["prompt_class:prefixscope_cold_prefill_seconds:p99_baseline"] == (
-        "histogram_quantile(0.99, sum by (le, model, prompt_class) "
+        "histogram_quantile(0.99, sum by (cluster, le, model, prompt_class) "
         "(rate(prefixscope_cold_prefill_seconds_bucket[1d] offset 5m)))")
     assert records["cluster:prefixscope_session_hit_ratio_below_0_8:share"] == (
-        'sum(prefixscope_session_hit_ratio_bucket{le="0.8"}) / sum(prefixscope_session_hit_ratio_bucket{le="+Inf"})')
+        'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="0.8"}) / '
+        'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="+Inf"})')
+    assert records["worker:prefixscope_worker_resident_blocks_per_capacity:ratio"] == (
+        "sum by (cluster, worker) (prefixscope_worker_resident_blocks) / on (cluster, worker) "
+        "max by (cluster, worker) (prefixscope_worker_capacity_blocks)")
+
+
+def test_no_scope_labels_leaves_the_catalogue_expressions_as_written() -> None:
+    data = yaml.safe_load((ROOT / "alerts" / "thresholds.yaml").read_text(encoding="utf-8"))
+    data["scope_labels"] = []
+    th = config.parse(data)
+    assert rules.alert_rule(next(c for c in CHECKS if c.key == "exporter_up"), th, "u")["expr"] == (
+        "absent(prefixscope_exporter_build_info) or vector(0) > 0")
+    data["scope_labels"] = ["cluster", "router_domain"]
+    th = config.parse(data)
+    stale = rules.alert_rule(next(c for c in CHECKS if c.key == "kv_event_staleness"), th, "u")
+    assert stale["expr"].startswith("max by (cluster, router_domain, worker) (")
 
 
 def test_slo_alerts_are_multiwindow_multi_burn_rate_pairs() -> None:
@@ -115,9 +139,9 @@ def test_slo_alerts_are_multiwindow_multi_burn_rate_pairs() -> None:
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3"]
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
     assert records["cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h"] == (
-        "(sum(rate(prefixscope_missed_requests_total[1h])) - "
-        "sum(rate(prefixscope_missed_requests_within_baseline_total[1h]))) / "
-        "sum(rate(prefixscope_missed_requests_total[1h]))")
+        "(sum by (cluster) (rate(prefixscope_missed_requests_total[1h])) - "
+        "sum by (cluster) (rate(prefixscope_missed_requests_within_baseline_total[1h]))) / "
+        "sum by (cluster) (rate(prefixscope_missed_requests_total[1h]))")
 
 
 def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
@@ -133,7 +157,7 @@ def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
     # the SLO burn windows are the workbook's, not the rate window; rule names keep their suffix
     assert "[30m]" in rule_file and "[6h]" in rule_file and ":ratio_rate5m" in rule_file
     slo_short = "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate5m"
-    assert "sum(rate(prefixscope_session_followup_prompt_tokens_total[5m]))" in yaml.safe_load(rule_file)[
+    assert "sum by (cluster) (rate(prefixscope_session_followup_prompt_tokens_total[5m]))" in yaml.safe_load(rule_file)[
         "groups"][0]["rules"][[r.record for r in RECORDING_RULES].index(slo_short)]["expr"]
     assert yaml.safe_load(files[GEN / "prefixscope.prometheusrule.yaml"])["spec"] == yaml.safe_load(rule_file)
     grafana_exprs = [d["model"].get("expr", "") for g in yaml.safe_load(files[GEN / "grafana-alerting.yaml"])["groups"]
@@ -142,7 +166,7 @@ def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
     for path, text in files.items():
         if path.suffix == ".json":  # dashboards: every rate over the configured window
             assert "[5m]" not in text, path
-    assert "sum(increase(prefixscope_kv_index_repairs_total[10m]))" in files[ROOT / "docs" / "metrics.md"]
+    assert "sum by (cluster) (increase(prefixscope_kv_index_repairs_total[10m]))" in files[ROOT / "docs" / "metrics.md"]
     # and the generated promtool cases still build for the new window
     assert promtests.test_file(th, generate.RULES_FILE, {c.alert: "u" for c in CHECKS})["tests"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from alerts import grafana
+from alerts import grafana, rules
 from prefixscope import thresholds as config
 from prefixscope.catalog import BURN_WINDOWS, CHECKS, STEPS
 
@@ -79,7 +79,7 @@ def test_conditions_reference_their_queries_and_thresholds() -> None:
             continue  # test_slo_pairs_check_both_windows
         refs = {d["refId"]: d for d in r["data"]}
         assert r["condition"] == "C" and set(refs) >= {"A", "B", "C"}
-        assert refs["A"]["model"]["expr"] == check.value
+        assert refs["A"]["model"]["expr"] == rules.check_expr(check, th)  # scoped, per worker where it alerts so
         assert refs["A"]["datasourceUid"] == "prometheus"
         math = refs["C"]["model"]["expression"]
         value = th.checks[check.threshold].value
