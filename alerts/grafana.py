@@ -72,7 +72,7 @@ def _rules(check: Check, th: Thresholds, dashboard_uid: str, panel_id: int, dash
     for pair, triggers, condition, severity, text in variants:
         triggers.append(g.AlertExpression(refId="C", expression=condition, expressionType=g.EXP_TYPE_MATH))
         title = rule_title(check, pair)
-        labels = {"severity": severity, "step": str(check.group)}
+        labels = {"severity": severity, "step": str(check.group)} | ({"burn_tier": pair.pair} if pair else {})
         out.append(g.AlertRulev9(
             title=title, uid=rule_uid(title), condition="C", triggers=triggers, evaluateFor=entry.for_,
             noDataAlertState=NO_DATA_STATE, errorAlertState=EXEC_ERR_STATE,

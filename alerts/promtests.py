@@ -274,37 +274,65 @@ def _case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dic
     }
 
 
+BURN_HOURS = 8  # the slow burns run this long: past the 6h window of the ticket's short side
+FAST_BURN = 5.0  # a burn five times the budget's pace
+
+
 def slo_cases(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
-    """An SLO's burn-rate pairs: each pair fires alone (with the pairs below it) at an error ratio
-    just above its limit, and nothing fires just below the lowest limit.
+    """An SLO's burn-rate tiers: each tier fires (with the tiers below it) at an error ratio just
+    above its limit, and nothing fires just below the lowest limit; then hours of input: an 8-hour
+    burn at 1.2 × the budget's pace opens a ticket and pages nobody, and a 5 × burn (where the
+    budget allows one) fires every tier whose factor is below 5, in the sick cluster only.
 
     Good and total events move at constant rates, so every window reads the same error ratio.
     """
     assert check.slo is not None
     entry = th.checks[check.threshold]
     eval_min = _minutes(entry.for_) + TAIL_MINUTES
-    n = eval_min + 5
     rules = alert_rules(check, th, dashboard_url)
-    by_limit = sorted(zip((entry.burn_limit(p.pair) for p in BURN_WINDOWS), rules, strict=True), key=lambda x: x[0])
-    total = 1000.0
+    tiers = sorted(zip((entry.burn_limit(p.pair) for p in BURN_WINDOWS), BURN_WINDOWS, rules, strict=True),
+                   key=lambda x: x[0])
     out = []
-    levels = [(by_limit[0][0] * 0.9, "stays silent")]
-    for i, (limit, rule) in enumerate(by_limit):
-        upper = by_limit[i + 1][0] if i + 1 < len(by_limit) else 1.0
-        levels.append(((limit + upper) / 2, f"fires its {rule['labels']['severity']} pair"))
+    levels = [(tiers[0][0] * 0.9, "stays silent")]
+    for i, (limit, pair, _rule) in enumerate(tiers):
+        upper = tiers[i + 1][0] if i + 1 < len(tiers) else 1.0
+        levels.append(((limit + upper) / 2, f"fires its {pair.pair} tier"))
     for error, what in levels:
-        error = round(error, 4)
-        labels_good, labels_total = _labels_for(check.slo.good), _labels_for(check.slo.total)
-        firing = [r for limit, r in by_limit if error > limit]
-        out.append({
-            "name": f"{check.alert} {what} at an error ratio of {error:g}",
-            "interval": f"{INTERVAL_S}s",
-            "input_series": [_series(check.slo.good, labels_good, _counter(total * (1 - error), n)),
-                             _series(check.slo.total, labels_total, _counter(total, n))],
-            "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
-                                 "exp_alerts": _expected(firing, error)}],
-        })
+        out.append(_slo_case(check, th, f"{check.alert} {what} at an error ratio of {round(error, 4):g}",
+                             round(error, 4), eval_min, tiers))
+    budget = 1.0 - entry.value
+    burns = [(1.2, "an 8-hour burn at 1.2 × opens a ticket and pages nobody")]
+    if FAST_BURN * budget < 1.0:
+        burns.append((FAST_BURN, "an 8-hour burn at 5 × fires every tier below 5 ×"))
+    for factor, what in burns:
+        out.append(_slo_case(check, th, f"{check.alert}: {what}", round(factor * budget, 6), BURN_HOURS * 60,
+                             tiers, healthy=round(0.5 * budget, 6)))
     return out
+
+
+def _slo_case(check: Check, th: Thresholds, name: str, error: float, eval_min: int, tiers: list,
+              healthy: float | None = None) -> dict:
+    """Constant error ratio ``error`` from the start; with ``healthy``, a second cluster burning at
+    that ratio must stay silent while the first alerts with its scope labels."""
+    assert check.slo is not None
+    n, total = eval_min + 5, 1000.0
+
+    def inputs(err: float) -> list[dict]:
+        return [_series(check.slo.good, _labels_for(check.slo.good), _counter(total * (1 - err), n)),
+                _series(check.slo.total, _labels_for(check.slo.total), _counter(total, n))]
+
+    firing = [rule for limit, _pair, rule in tiers if error > limit]
+    series, labels = inputs(error), {}
+    if healthy is not None and th.scope_labels:
+        labels = _scope_values(th, "sick")
+        series = _in_scope(series, labels) + _in_scope(inputs(healthy), _scope_values(th, "healthy"))
+    return {
+        "name": name,
+        "interval": f"{INTERVAL_S}s",
+        "input_series": series,
+        "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
+                             "exp_alerts": _expected(firing, error, labels)}],
+    }
 
 
 def test_file(th: Thresholds, rule_file_name: str, dashboard_urls: dict[str, str]) -> dict:

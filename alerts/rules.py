@@ -107,8 +107,8 @@ def burn_expr(check: Check, th: Thresholds, pair: BurnWindows) -> str:
 
 
 def burn_severity(check: Check, th: Thresholds, pair: BurnWindows) -> str:
-    """The page pair carries the entry's severity, the ticket pair its own (a warning)."""
-    return th.checks[check.threshold].severity if pair.pair == "page" else pair.severity
+    """The page tiers carry the entry's severity, the ticket tiers their own (a warning)."""
+    return th.checks[check.threshold].severity if pair.pages else pair.severity
 
 
 def alert_rules(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
@@ -133,7 +133,8 @@ def alert_rules(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
         "alert": check.alert,
         "expr": burn_expr(check, th, pair),
         "for": entry.for_,
-        "labels": {"severity": burn_severity(check, th, pair), "step": step},
+        # the tier tells the rules apart (same name and severity otherwise: page_1h and page_6h)
+        "labels": {"severity": burn_severity(check, th, pair), "step": step, "burn_tier": pair.pair},
         "annotations": {**annotations, "description": slo_description(
             check, entry.value, entry.burn_rates[pair.pair] if entry.burn_rates else 0.0, pair.long, pair.short)},
     } for pair in BURN_WINDOWS]

@@ -67,11 +67,13 @@ PROMPT_CLASSES: tuple[tuple[float, str], ...] = (
 PLACEMENT_CONTINUATION_S = 2.0
 SESSION_HIT_LINE = 0.8
 
-# Multi-window, multi-burn-rate SLO alerts (Google SRE workbook, "Alerting on SLOs"): each pair
-# fires when both its long and its short window burn the error budget faster than the pair's
-# factor (alerts/thresholds.yaml, per SLO). The long window makes the alert significant, the
-# short one makes it reset soon after the burn stops.
-BurnPair = Literal["page", "ticket"]
+# Multi-window, multi-burn-rate SLO alerts (Google SRE workbook, "Alerting on SLOs", table 5-8):
+# each tier fires when both its long and its short window burn the error budget faster than the
+# tier's factor (alerts/thresholds.yaml, per SLO). The long window makes the alert significant,
+# the short one makes it reset soon after the burn stops. Two tiers page (a fast burn within the
+# hour, a steady one within six), two open a ticket (a slow burn a day or three long would spend
+# the budget before the period ends, yet never reaches a page's factor).
+BurnPair = Literal["page_1h", "page_6h", "ticket_1d", "ticket_3d"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,10 +83,16 @@ class BurnWindows:
     short: str
     severity: str  # a page is critical, a ticket a warning
 
+    @property
+    def pages(self) -> bool:
+        return self.pair.startswith("page")
+
 
 BURN_WINDOWS: tuple[BurnWindows, ...] = (
-    BurnWindows(pair="page", long="1h", short="5m", severity="critical"),
-    BurnWindows(pair="ticket", long="6h", short="30m", severity="warning"),
+    BurnWindows(pair="page_1h", long="1h", short="5m", severity="critical"),
+    BurnWindows(pair="page_6h", long="6h", short="30m", severity="critical"),
+    BurnWindows(pair="ticket_1d", long="1d", short="2h", severity="warning"),
+    BurnWindows(pair="ticket_3d", long="3d", short="6h", severity="warning"),
 )
 
 
@@ -666,11 +674,23 @@ SLO_SESSION_HIT_RATE = Slo(good=f"{P}_session_followup_cached_tokens_total",
                            budget_unit="follow-up prompt tokens")
 SLO_PREFIX_MISS_COST = Slo(good=f"{P}_missed_requests_within_baseline_total", total=f"{P}_missed_requests_total",
                            budget_unit="missed requests", judged_against_baseline=True)
-SLOS: dict[str, Slo] = {"slo_session_hit_rate": SLO_SESSION_HIT_RATE, "slo_prefix_miss_cost": SLO_PREFIX_MISS_COST}
+# The engines' own prefix-cache counters (vLLM prefix_cache_hits/queries, SGLang cached tokens): a
+# deployment with engine /metrics alone (no records, no spans) still has an SLO that pages.
+SLO_PREFIX_HIT_RATE = Slo(good=f"{P}_prefix_cache_hit_tokens_total", total=f"{P}_prefix_cache_queried_tokens_total",
+                          budget_unit="prompt tokens looked up in the engines' prefix caches")
+SLOS: dict[str, Slo] = {"slo_prefix_hit_rate": SLO_PREFIX_HIT_RATE, "slo_session_hit_rate": SLO_SESSION_HIT_RATE,
+                        "slo_prefix_miss_cost": SLO_PREFIX_MISS_COST}
+SLO_GROUPS: dict[str, int] = {"slo_prefix_hit_rate": 1, "slo_session_hit_rate": 2, "slo_prefix_miss_cost": 3}
+
+
+def burn_window_ranges() -> list[str]:
+    """Every window of the burn-rate tiers, shortest first."""
+    seconds = {"m": 60, "h": 3600, "d": 86400}
+    return sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}, key=lambda w: int(w[:-1]) * seconds[w[-1]])
 
 
 def _slo_rules() -> tuple[RecordingRule, ...]:
-    windows = sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}, key=lambda w: (w[-1], int(w[:-1])))
+    windows = burn_window_ranges()
     out = []
     for key, slo in SLOS.items():
         for w in windows:
@@ -678,7 +698,7 @@ def _slo_rules() -> tuple[RecordingRule, ...]:
             out.append(RecordingRule(
                 record=slo.error_ratio_rule(key, w), fixed_windows=True,
                 expr=f"({total} - sum(rate({slo.good}[{w}]))) / {total}",
-                group=2 if slo is SLO_SESSION_HIT_RATE else 3,
+                group=SLO_GROUPS[key],
                 help=f"Error ratio of the SLO {key} over {w}: share of {slo.budget_unit} that were not good."))
     return tuple(out)
 
@@ -986,6 +1006,13 @@ CHECKS: tuple[Check, ...] = (
     # ---- SLOs (seed §7, corollary 4) ---------------------------------------------------------
     # ``value`` is the SLI over the window against the objective; the alerts are the burn-rate
     # pairs of BURN_WINDOWS over the SLO's error-ratio rules.
+    Check(key="slo_prefix_hit_rate", group=1, kind="slo", title="SLO: engine prefix hit rate", alert="PrefixHitRateSloBurn",
+          value="cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m",
+          op="<", threshold="slo_prefix_hit_rate", unit="ratio", signals=("worker_metrics",),
+          meaning="Share of prompt tokens the engines looked up in their prefix caches and did not find, from the "
+                  "engines' own counters (the prefix hit-rate SLO's error ratio; needs nothing but engine /metrics).",
+          summary="The engines' prefix hit-rate SLO ({threshold}) is burning its error budget.",
+          slo=SLO_PREFIX_HIT_RATE),
     Check(key="slo_session_hit_rate", group=2, kind="slo", title="SLO: session hit rate ≥ 85%", alert="PrefixSessionHitRateSloBurn",
           value="cluster:prefixscope_session_followup_cached_tokens_per_prompt_tokens:ratio_rate5m",
           op="<", threshold="slo_session_hit_rate", unit="ratio", signals=("session_key", "cached_tokens"),
@@ -1082,7 +1109,7 @@ __all__ = [
     "RecordingRule",
     "Slo",
     "Step",
-    "as_dict",
+    "as_dict", "burn_window_ranges",
     "check_sources",
     "checks_for_step",
     "configure",

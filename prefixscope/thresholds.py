@@ -10,6 +10,7 @@ know: every catalogue check has an entry, no entry lacks a check, each alert has
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ class CheckThreshold:
     value: float
     for_: str
     severity: str
-    # SLO entries only: pair ("page", "ticket") -> burn-rate factor; the baseline factor of an SLO
+    # SLO entries only: tier (catalog.BURN_WINDOWS: page_1h, page_6h, ticket_1d, ticket_3d) -> factor; the baseline factor of an SLO
     # judged against a baseline.
     burn_rates: dict[str, float] | None = None
     baseline_factor: float | None = None
@@ -174,9 +175,11 @@ def _slo_fields(problems: Problems, where: str, entry: dict, check: Check) -> di
                                                        f"rate is at most {1 / (1 - objective):.3g}, got {factor!r}")
         else:
             out[pair] = float(factor)
-    if len(out) == len(BURN_PAIRS) and not out["page"] > out["ticket"]:
-        problems.add(f"{where}.burn_rates", f"expected the page factor above the ticket factor, got page "
-                                            f"{out['page']:g}, ticket {out['ticket']:g}")
+    factors = [out[p] for p in BURN_PAIRS if p in out]
+    if len(out) == len(BURN_PAIRS) and any(a <= b for a, b in pairwise(factors)):
+        # a longer tier watches a slower burn: its factor is lower, or it would never fire first
+        problems.add(f"{where}.burn_rates", "expected factors falling from tier to tier (" + ", ".join(BURN_PAIRS)
+                     + "), got " + ", ".join(f"{p} {out[p]:g}" for p in BURN_PAIRS))
         return None
     return out if len(out) == len(BURN_PAIRS) else None
 

@@ -75,7 +75,8 @@ def test_a_cause_inhibits_only_the_causes_of_later_steps() -> None:
         assert all(is_cause(CHECKS_BY_ALERT[a], CONTEXT) for a in src)
         assert dst == {c.alert for c in CHECKS if c.group > step and (is_cause(c, CONTEXT) or c.key in CONTEXT)}
     symptom_and_slos = {c.alert for c in CHECKS if not is_cause(c, CONTEXT) and c.key not in CONTEXT}
-    assert symptom_and_slos == {"PrefixHitRateLow", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"}
+    assert symptom_and_slos == {"PrefixHitRateLow", "PrefixHitRateSloBurn", "PrefixSessionHitRateSloBurn",
+                                "PrefixMissCostSloBurn"}
     assert not any(src & symptom_and_slos for src, _ in _rule_sets())
     # context alerts (severity info) inhibit nothing: a deep tree or a few rejected inputs name no step
     context_alerts = {c.alert for c in CHECKS if c.key in CONTEXT}

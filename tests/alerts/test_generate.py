@@ -72,7 +72,8 @@ def test_every_alert_has_labels_and_annotations() -> None:
     for a in alerts:
         check = next(c for c in CHECKS if c.alert == a["alert"])
         assert a["alert"].startswith("Prefix")
-        assert set(a["labels"]) == {"severity", "step"} and a["labels"]["step"] == str(check.group)
+        tier = {"burn_tier"} if check.slo else set()
+        assert set(a["labels"]) == {"severity", "step"} | tier and a["labels"]["step"] == str(check.group)
         ann = a["annotations"]
         assert set(ann) == {"summary", "description", "runbook_url", "dashboard_url"}
         assert ann["summary"].endswith(".") and "{{" not in ann["summary"]
@@ -81,8 +82,8 @@ def test_every_alert_has_labels_and_annotations() -> None:
         assert ann["dashboard_url"].startswith(th.dashboard_url_base + "prefixscope-diagnosis-chain?viewPanel=")
         assert a["for"] == th.checks[check.threshold].for_
     severities = {(a["alert"], a["labels"]["severity"]) for a in alerts}
-    for slo in ("PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"):
-        assert {(slo, "critical"), (slo, "warning")} <= severities  # page and ticket
+    for slo in ("PrefixHitRateSloBurn", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"):
+        assert {(slo, "critical"), (slo, "warning")} <= severities  # pages and tickets
 
 
 def test_alert_expressions() -> None:
@@ -126,22 +127,44 @@ def test_no_scope_labels_leaves_the_catalogue_expressions_as_written() -> None:
     assert stale["expr"].startswith("max by (cluster, router_domain, worker) (")
 
 
-def test_slo_alerts_are_multiwindow_multi_burn_rate_pairs() -> None:
+def test_slo_alerts_are_multiwindow_multi_burn_rate_tiers() -> None:
     slo = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixSessionHitRateSloBurn"]
     e = "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate"
-    # budget 15%: page at 4 × 15% = 60% over 1h and 5m, ticket at 2 × 15% = 30% over 6h and 30m
-    assert [(r["expr"], r["labels"]["severity"]) for r in slo] == [
-        (f"{e}1h > 0.6 and {e}5m > 0.6", "critical"), (f"{e}6h > 0.3 and {e}30m > 0.3", "warning")]
-    assert "exceed 4 × the 15% error budget (60%)" in slo[0]["annotations"]["description"]
+    # budget 15%: pages at 6 and 4 × 15%, tickets at 2 and 1 ×, over the workbook's window pairs
+    assert [(r["expr"], r["labels"]["severity"], r["labels"]["burn_tier"]) for r in slo] == [
+        (f"{e}1h > 0.9 and {e}5m > 0.9", "critical", "page_1h"),
+        (f"{e}6h > 0.6 and {e}30m > 0.6", "critical", "page_6h"),
+        (f"{e}1d > 0.3 and {e}2h > 0.3", "warning", "ticket_1d"),
+        (f"{e}3d > 0.15 and {e}6h > 0.15", "warning", "ticket_3d")]
+    assert "exceed 4 × the 15% error budget (60%)" in slo[1]["annotations"]["description"]
     miss = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixMissCostSloBurn"]
     assert [r["expr"].split(" and ")[0] for r in miss] == [
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h > 0.72",
-        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3"]
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3",
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1d > 0.15",
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate3d > 0.05"]
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
     assert records["cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h"] == (
         "(sum by (cluster) (rate(prefixscope_missed_requests_total[1h])) - "
         "sum by (cluster) (rate(prefixscope_missed_requests_within_baseline_total[1h]))) / "
         "sum by (cluster) (rate(prefixscope_missed_requests_total[1h]))")
+    # the engines' own counters are enough for one SLO
+    engine = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixHitRateSloBurn"]
+    assert len(engine) == 4 and records["cluster:prefixscope_slo_prefix_hit_rate_errors:ratio_rate3d"] == (
+        "(sum by (cluster) (rate(prefixscope_prefix_cache_queried_tokens_total[3d])) - "
+        "sum by (cluster) (rate(prefixscope_prefix_cache_hit_tokens_total[3d]))) / "
+        "sum by (cluster) (rate(prefixscope_prefix_cache_queried_tokens_total[3d]))")
+
+
+def test_hours_of_burn_open_a_ticket_or_page_in_the_generated_promtool_cases() -> None:
+    tests = yaml.safe_load((GEN / "prefixscope.rules.test.yaml").read_text(encoding="utf-8"))["tests"]
+    by_name = {t["name"]: t["alert_rule_test"][0] for t in tests}
+    slow = by_name["PrefixSessionHitRateSloBurn: an 8-hour burn at 1.2 × opens a ticket and pages nobody"]
+    assert slow["eval_time"] == "480m"
+    assert [(a["exp_labels"]["burn_tier"], a["exp_labels"]["cluster"]) for a in slow["exp_alerts"]] == [
+        ("ticket_3d", "sick")]
+    fast = by_name["PrefixSessionHitRateSloBurn: an 8-hour burn at 5 × fires every tier below 5 ×"]
+    assert sorted(a["exp_labels"]["burn_tier"] for a in fast["exp_alerts"]) == ["page_6h", "ticket_1d", "ticket_3d"]
 
 
 def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
@@ -185,8 +208,8 @@ def test_generated_promtool_tests_cover_every_alert_both_ways() -> None:
         mine = [t for t in tests if t["alert_rule_test"][0]["alertname"] == check.alert]
         fired = [t for t in mine if t["alert_rule_test"][0]["exp_alerts"]]
         silent = [t for t in mine if not t["alert_rule_test"][0]["exp_alerts"]]
-        if check.slo is not None:  # the ticket pair alone, both pairs, and neither
-            assert [len(t["alert_rule_test"][0]["exp_alerts"]) for t in mine] == [0, 1, 2], check.alert
+        if check.slo is not None:  # no tier, then each tier with those below it; then hours of burn
+            assert [len(t["alert_rule_test"][0]["exp_alerts"]) for t in mine][:5] == [0, 1, 2, 3, 4], check.alert
             assert mine[1]["alert_rule_test"][0]["exp_alerts"][0]["exp_labels"]["severity"] == "warning"
             continue
         assert len(fired) == 1 and len(silent) == 1, check.alert

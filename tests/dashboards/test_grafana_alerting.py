@@ -62,13 +62,17 @@ def test_a_missing_source_or_a_failing_query_never_pages() -> None:
 def test_slo_pairs_check_both_windows() -> None:
     th = config.load()
     by_title = {r["title"]: r for r in _rules()}
-    page = by_title["PrefixSessionHitRateSloBurn (page)"]
+    page = by_title["PrefixSessionHitRateSloBurn (page_1h)"]
     refs = {d["refId"]: d for d in page["data"]}
     assert refs["A"]["model"]["expr"] == "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate1h"
     assert refs["D"]["model"]["expr"] == "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate5m"
-    assert refs["C"]["model"]["expression"] == "$B > 0.6 && $E > 0.6"
+    assert refs["C"]["model"]["expression"] == "$B > 0.9 && $E > 0.9"
     assert page["labels"]["severity"] == th.checks["slo_session_hit_rate"].severity == "critical"
-    assert by_title["PrefixSessionHitRateSloBurn (ticket)"]["labels"]["severity"] == "warning"
+    assert page["labels"]["burn_tier"] == "page_1h"
+    slow = by_title["PrefixSessionHitRateSloBurn (ticket_3d)"]
+    assert {d["refId"]: d for d in slow["data"]}["A"]["model"]["expr"] == (
+        "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate3d")
+    assert slow["labels"]["severity"] == "warning"
 
 
 def test_conditions_reference_their_queries_and_thresholds() -> None:
