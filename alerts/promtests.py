@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alerts.rules import alert_rules
+from alerts.rules import WATCHDOG, alert_rules, watchdog_rule
 from prefixscope.catalog import BURN_WINDOWS, CHECKS, METRICS_BY_NAME, RULES_BY_NAME, Check
 from prefixscope.durations import parse_duration
 from prefixscope.thresholds import Thresholds
@@ -198,6 +198,13 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         if want(float(eval_s)):
             return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0x{n}")], float(eval_s))
         return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0+{INTERVAL_S}x{n}")], 0.0)
+    if m := re.fullmatch(r"sum\(\(time\(\) - (\w+)\) > bool threshold\(\w+\)\) / count\((\w+)\)", expr):
+        # four workers, k of them silent since the start (their age grows), the others fresh
+        k = next((k for k in (round(hint * 4), 0, 4, 2, 1, 3) if want(k / 4)), None)
+        if k is None:
+            raise UnsupportedShape(f"no share of four workers satisfies the case: {expr}")
+        return Synth([_series(m[1], _labels_for(m[1], {"worker": f"w{i}"}), f"0x{n}" if i < k else f"0+{INTERVAL_S}x{n}")
+                      for i in range(4)], k / 4)
     if m := re.fullmatch(r"sum by \((\w+)\) \((\w+)\) / on \(\w+\) max by \(\w+\) \((\w+)\)", expr):
         _, num, den = m.groups()
         return Synth([_series(num, _labels_for(num), f"{1000 * hint:g}x{n}"),
@@ -337,10 +344,16 @@ def _slo_case(check: Check, th: Thresholds, name: str, error: float, eval_min: i
 
 def test_file(th: Thresholds, rule_file_name: str, dashboard_urls: dict[str, str]) -> dict:
     tests = []
+    rule = watchdog_rule(th)
     for check in CHECKS:
         if check.slo is not None:
             tests += slo_cases(check, th, dashboard_urls[check.alert])
             continue
         tests.append(case(check, th, True, dashboard_urls[check.alert]))
         tests.append(case(check, th, False, dashboard_urls[check.alert]))
+    tests.append({"name": "PrefixWatchdog fires with no input at all", "interval": f"{INTERVAL_S}s",
+                  "input_series": [],
+                  "alert_rule_test": [{"eval_time": "1m", "alertname": WATCHDOG,
+                                       "exp_alerts": [{"exp_labels": rule["labels"],
+                                                       "exp_annotations": rule["annotations"]}]}]})
     return {"rule_files": [rule_file_name], "evaluation_interval": f"{INTERVAL_S}s", "tests": tests}

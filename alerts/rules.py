@@ -26,6 +26,8 @@ RECORD_NAME_RE = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 ALERT_NAME_RE = re.compile(r"^Prefix[A-Z][A-Za-z0-9]+$")
 AGGREGATIONS = ("sum", "avg", "min", "max", "count")
 RECORDING_GROUP = "prefixscope.recording"
+META_GROUP = "prefixscope.meta"
+WATCHDOG = "PrefixWatchdog"
 
 
 def _top_level_split(expr: str, op: str) -> list[str]:
@@ -171,7 +173,24 @@ def rule_groups(th: Thresholds, dashboard_urls: dict[str, str]) -> dict:
                 "name": step_group_name(step.number),
                 "rules": [r for c in checks for r in alert_rules(c, th, dashboard_urls[c.alert])],
             })
+    groups.append({"name": META_GROUP, "rules": [watchdog_rule(th)]})
     return {"groups": groups}
+
+
+def watchdog_rule(th: Thresholds) -> dict:
+    """An alert that always fires: its absence at the receiving end (a dead-man's switch) says the
+    path Prometheus → Alertmanager → receiver is broken, which no other alert can say."""
+    return {
+        "alert": WATCHDOG,
+        "expr": "vector(1)",
+        "labels": {"severity": "none"},
+        "annotations": {
+            "summary": "Always firing: the alerting pipeline is alive.",
+            "description": "PrefixWatchdog fires as long as Prometheus evaluates prefixscope's rules and "
+                           "reaches Alertmanager. Route it to a dead-man's switch that pages when it stops.",
+            "runbook_url": th.runbook_url(WATCHDOG),
+        },
+    }
 
 
 def prometheus_rule(rules: dict) -> dict:

@@ -833,6 +833,14 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="cluster:prefixscope_reuse_achieved_tokens_per_prompt_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_reuse_achieved_tokens_total", f"{P}_request_prompt_tokens_total", ""),
                   group=None, help="Share of prompt tokens the engines reported cached."),
+    # One worker's silent KV stream blinds the index for that worker only; the share of a cluster's
+    # streamed workers that are silent says when the cluster's picture as a whole is untrustworthy
+    # (PrefixTelemetryFleetBlind, the step-0 alert that holds the chain back).
+    RecordingRule(record="cluster:prefixscope_kv_event_stale_workers:ratio",
+                  expr=f"sum((time() - {P}_kv_event_last_timestamp_seconds) > bool threshold(kv_event_staleness)) / "
+                       f"count({P}_kv_event_last_timestamp_seconds)",
+                  group=0, help="Share of the workers streaming KV events whose stream is silent past the staleness "
+                                "threshold."),
     RecordingRule(record="cluster:prefixscope_index_staleness_tokens_per_prompt_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_index_staleness_tokens_total", f"{P}_request_prompt_tokens_total", ""),
                   group=0, help="Share of prompt tokens predicted cached but not achieved (stale index)."),
@@ -883,6 +891,14 @@ CHECKS: tuple[Check, ...] = (
           op=">", threshold="kv_event_staleness", unit="seconds", signals=("kv_events",), per=(W,),
           meaning="A worker's KV-event stream has gone quiet while it serves traffic; the index is going stale.",
           summary="A worker's KV-event stream has been silent for more than {threshold}."),
+    Check(key="kv_event_blind_share", group=0, kind="health", title="KV-event streams silent (share of the fleet)",
+          alert="PrefixTelemetryFleetBlind",
+          value="max(cluster:prefixscope_kv_event_stale_workers:ratio)",
+          op=">", threshold="kv_event_blind_share", unit="ratio", signals=("kv_events",),
+          meaning="Share of the workers streaming KV events whose stream has been silent past the staleness threshold: "
+                  "one silent worker blinds the index for that worker, this share blinds it for the cluster.",
+          summary="More than {threshold} of the workers' KV-event streams are silent: the cluster's prefix index is "
+                  "going stale."),
     Check(key="kv_event_gaps", group=0, kind="health", title="KV-event loss and index drift", alert="PrefixTelemetryKvEventGaps",
           value=f"sum(increase({P}_kv_index_repairs_total[5m]))",
           op=">", threshold="kv_event_gaps", unit="repairs", signals=("kv_events",),

@@ -66,7 +66,7 @@ def _alert_names() -> list[str]:
 
 
 def test_every_alert_has_labels_and_annotations() -> None:
-    alerts = [r for g in _rules()["groups"][1:] for r in g["rules"]]
+    alerts = [r for g in _rules()["groups"][1:-1] for r in g["rules"]]
     assert [a["alert"] for a in alerts] == _alert_names()
     th = config.load()
     for a in alerts:
@@ -84,6 +84,14 @@ def test_every_alert_has_labels_and_annotations() -> None:
     severities = {(a["alert"], a["labels"]["severity"]) for a in alerts}
     for slo in ("PrefixHitRateSloBurn", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"):
         assert {(slo, "critical"), (slo, "warning")} <= severities  # pages and tickets
+
+
+def test_the_watchdog_always_fires_in_its_own_group() -> None:
+    meta = _rules()["groups"][-1]
+    assert meta["name"] == "prefixscope.meta"
+    (dog,) = meta["rules"]
+    assert dog["alert"] == "PrefixWatchdog" and dog["expr"] == "vector(1)" and dog["labels"] == {"severity": "none"}
+    assert set(dog["annotations"]) == {"summary", "description", "runbook_url"}
 
 
 def test_alert_expressions() -> None:
