@@ -124,13 +124,16 @@ def alert_rules(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
     }
     step = str(check.group)
     if check.slo is None:
-        return [{
+        rule = {
             "alert": check.alert,
             "expr": alert_expr(check, entry.value, th),
             "for": entry.for_,
             "labels": {"severity": entry.severity, "step": step},
             "annotations": {**annotations, "description": description(check, entry.value)},
-        }]
+        }
+        if entry.keep_firing_for:
+            rule["keep_firing_for"] = entry.keep_firing_for
+        return [rule]
     return [{
         "alert": check.alert,
         "expr": burn_expr(check, th, pair),

@@ -45,6 +45,8 @@ class CheckThreshold:
     # judged against a baseline.
     burn_rates: dict[str, float] | None = None
     baseline_factor: float | None = None
+    # Hysteresis: a firing alert keeps firing this long after its condition clears (None: not at all).
+    keep_firing_for: str | None = None
 
     def burn_limit(self, pair: str) -> float:
         """The error ratio a burn-rate pair fires above: factor × the error budget (1 − objective)."""
@@ -136,7 +138,8 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
             problems.add(where, f"runbook {_display(runbooks_dir / (check.alert + '.md'))} for {check.alert} is missing")
     problems.raise_if_any(ConfigError)
     checks = {key: CheckThreshold(float(e["value"]), e["for"], e["severity"], burn.get(key),
-                                  float(e["baseline_factor"]) if e.get("baseline_factor") is not None else None)
+                                  float(e["baseline_factor"]) if e.get("baseline_factor") is not None else None,
+                                  e.get("keep_firing_for"))
               for key, e in raw_checks.items()}
     scope = tuple(d["scope_labels"]) if "scope_labels" in d else DEFAULT_SCOPE_LABELS
     return Thresholds(window, float(d["cold_reuse_share"]), d["runbook_url_base"], d["dashboard_url_base"],

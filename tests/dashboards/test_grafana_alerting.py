@@ -51,12 +51,13 @@ def test_rules_are_flat_not_ruler_api() -> None:
     assert len({r["uid"] for r in rules}) == len(rules)
 
 
-def test_a_missing_source_or_a_failing_query_never_pages() -> None:
-    """No data (a signal without a source) and an execution error resolve to OK, not NoData/Error
-    (which Grafana turns into firing DatasourceNoData/DatasourceError alerts)."""
+def test_a_missing_source_never_pages_and_a_data_source_outage_is_one_alert() -> None:
+    """No data (a signal without a source) resolves to OK; an execution error (Prometheus cannot be
+    queried) fires PrefixExporterDown alone — the chain is blind — and leaves every other rule OK."""
     assert grafana.NO_DATA_STATE == "OK" and grafana.EXEC_ERR_STATE == "OK"
     for r in _rules():
-        assert r["noDataState"] == "OK" and r["execErrState"] == "OK", r["title"]
+        assert r["noDataState"] == "OK", r["title"]
+        assert r["execErrState"] == ("Alerting" if r["title"] == "PrefixExporterDown" else "OK"), r["title"]
 
 
 def test_slo_pairs_check_both_windows() -> None:
