@@ -11,7 +11,7 @@ import hashlib
 
 from grafanalib import core as g
 
-from alerts.rules import burn_severity, step_group_name, windowed
+from alerts.rules import burn_severity, check_expr, scoped, step_group_name
 from prefixscope.catalog import BURN_WINDOWS, CHECKS, STEPS, BurnWindows, Check
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import description, slo_description, summary
@@ -21,11 +21,14 @@ FOLDER = "prefixscope"
 INTERVAL = "1m"
 # grafanalib spells the no-data state as shown in Grafana's UI; provisioning wants the enum value.
 NO_DATA_STATES = {g.ALERTRULE_STATE_DATA_NODATA: "NoData"}
-# A check whose signal has no source yields no series, and a query that fails (Prometheus
-# restarting) says nothing about the fleet: neither may page. Both resolve to OK; an absent
-# exporter is PrefixExporterDown's business (absent() returns a series), not every rule's.
+# A check whose signal has no source yields no series: it is not instrumented, and may not page.
+# A query that fails (the Prometheus data source is down) says nothing about the fleet either, but
+# it does say the whole chain is blind: PrefixExporterDown, the alert for exactly that, fires on it
+# (Alerting); every other rule resolves to OK, so an outage is one alert, not one per check.
 NO_DATA_STATE = g.ALERTRULE_STATE_DATA_OK
 EXEC_ERR_STATE = g.ALERTRULE_STATE_DATA_OK
+BLIND_CHECK = "exporter_up"
+BLIND_EXEC_ERR_STATE = g.ALERTRULE_STATE_DATA_ALERTING
 
 
 def rule_uid(alert: str) -> str:
@@ -64,18 +67,19 @@ def _rules(check: Check, th: Thresholds, dashboard_uid: str, panel_id: int, dash
             variants.append((pair, triggers, f"$B > {limit:g} && $E > {limit:g}", burn_severity(check, th, pair),
                              slo_description(check, entry.value, factor, pair.long, pair.short)))
     else:
-        baseline = windowed(check.baseline, th) if check.baseline else None
+        baseline = scoped(check.baseline, th) if check.baseline else None
         condition = f"$B {check.op} {entry.value:g}" + (" * $E" if baseline else "")
-        variants.append((None, _queries(windowed(check.value, th), baseline), condition, entry.severity,
+        variants.append((None, _queries(check_expr(check, th), baseline), condition, entry.severity,
                          description(check, entry.value)))
     out = []
     for pair, triggers, condition, severity, text in variants:
         triggers.append(g.AlertExpression(refId="C", expression=condition, expressionType=g.EXP_TYPE_MATH))
         title = rule_title(check, pair)
-        labels = {"severity": severity, "step": str(check.group)}
+        labels = {"severity": severity, "step": str(check.group)} | ({"burn_tier": pair.pair} if pair else {})
         out.append(g.AlertRulev9(
             title=title, uid=rule_uid(title), condition="C", triggers=triggers, evaluateFor=entry.for_,
-            noDataAlertState=NO_DATA_STATE, errorAlertState=EXEC_ERR_STATE,
+            noDataAlertState=NO_DATA_STATE,
+            errorAlertState=BLIND_EXEC_ERR_STATE if check.key == BLIND_CHECK else EXEC_ERR_STATE,
             labels=labels, annotations={**annotations, "description": text},
             dashboard_uid=dashboard_uid, panel_id=panel_id,
         ))

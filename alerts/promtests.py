@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alerts.rules import alert_rules
+from alerts.rules import WATCHDOG, alert_rules, watchdog_rule
 from prefixscope.catalog import BURN_WINDOWS, CHECKS, METRICS_BY_NAME, RULES_BY_NAME, Check
 from prefixscope.durations import parse_duration
 from prefixscope.thresholds import Thresholds
@@ -52,6 +52,22 @@ def _labels_for(metric_name: str, extra: dict[str, str] | None = None) -> dict[s
 def _series(name: str, labels: dict[str, str], values: str) -> dict:
     inner = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return {"series": f"{name}{{{inner}}}" if inner else name, "values": values}
+
+
+def _in_scope(series: list[dict], labels: dict[str, str]) -> list[dict]:
+    """The input series with the scope labels (``cluster="sick"``) added, as service discovery would."""
+    out = []
+    for item in series:
+        name, _, inner = item["series"].partition("{")
+        have = _selector(inner)
+        merged = {**labels, **have}
+        body = ", ".join(f'{k}="{v}"' for k, v in sorted(merged.items()))
+        out.append({**item, "series": f"{name}{{{body}}}" if body else name})
+    return out
+
+
+def _scope_values(th: Thresholds, name: str) -> dict[str, str]:
+    return {label: name for label in th.scope_labels}
 
 
 def _counter(per_min: float, n: int) -> str:
@@ -182,6 +198,13 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         if want(float(eval_s)):
             return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0x{n}")], float(eval_s))
         return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0+{INTERVAL_S}x{n}")], 0.0)
+    if m := re.fullmatch(r"sum\(\(time\(\) - (\w+)\) > bool threshold\(\w+\)\) / count\((\w+)\)", expr):
+        # four workers, k of them silent since the start (their age grows), the others fresh
+        k = next((k for k in (round(hint * 4), 0, 4, 2, 1, 3) if want(k / 4)), None)
+        if k is None:
+            raise UnsupportedShape(f"no share of four workers satisfies the case: {expr}")
+        return Synth([_series(m[1], _labels_for(m[1], {"worker": f"w{i}"}), f"0x{n}" if i < k else f"0+{INTERVAL_S}x{n}")
+                      for i in range(4)], k / 4)
     if m := re.fullmatch(r"sum by \((\w+)\) \((\w+)\) / on \(\w+\) max by \(\w+\) \((\w+)\)", expr):
         _, num, den = m.groups()
         return Synth([_series(num, _labels_for(num), f"{1000 * hint:g}x{n}"),
@@ -200,16 +223,33 @@ def _hints(check: Check, threshold: float, firing: bool) -> tuple[Callable[[floa
     return (lambda v: v <= threshold), threshold / 2
 
 
-def _expected(rules: list[dict], value: float) -> list[dict]:
+def _expected(rules: list[dict], value: float, labels: dict[str, str] | None = None) -> list[dict]:
     out = []
     for rule in rules:
         annotations = dict(rule["annotations"])
         annotations["description"] = render_value_template(annotations["description"], value)
-        out.append({"exp_labels": rule["labels"], "exp_annotations": annotations})
+        out.append({"exp_labels": {**rule["labels"], **(labels or {})}, "exp_annotations": annotations})
     return out
 
 
 def case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dict:
+    """A firing case runs two clusters (scope values) in one Prometheus: the sick one must alert with
+    its scope labels (and, for a per-worker check, its worker), the healthy one must not."""
+    if not firing:
+        return _case(check, th, False, dashboard_url)
+    sick = _case(check, th, True, dashboard_url)
+    if not sick["input_series"] or not th.scope_labels:
+        return sick  # absent(): no series to give a scope (scoped absence: tests/alerts)
+    healthy = _case(check, th, False, dashboard_url)
+    sick["name"] += " for the sick cluster only"
+    sick["input_series"] = (_in_scope(sick["input_series"], _scope_values(th, "sick"))
+                            + _in_scope(healthy["input_series"], _scope_values(th, "healthy")))
+    for alert in sick["alert_rule_test"][0]["exp_alerts"]:
+        alert["exp_labels"] |= _scope_values(th, "sick")
+    return sick
+
+
+def _case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dict:
     entry = th.checks[check.threshold]
     for_min, window_min = _minutes(entry.for_), _minutes(th.window)
     eval_min = for_min + TAIL_MINUTES
@@ -236,49 +276,84 @@ def case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dict
         "interval": f"{INTERVAL_S}s",
         "input_series": series,
         "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
-                             "exp_alerts": _expected(rules, main.value) if firing else []}],
+                             "exp_alerts": _expected(rules, main.value, {p: f"{p}-a" for p in check.per})
+                             if firing else []}],
     }
 
 
+BURN_HOURS = 8  # the slow burns run this long: past the 6h window of the ticket's short side
+FAST_BURN = 5.0  # a burn five times the budget's pace
+
+
 def slo_cases(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
-    """An SLO's burn-rate pairs: each pair fires alone (with the pairs below it) at an error ratio
-    just above its limit, and nothing fires just below the lowest limit.
+    """An SLO's burn-rate tiers: each tier fires (with the tiers below it) at an error ratio just
+    above its limit, and nothing fires just below the lowest limit; then hours of input: an 8-hour
+    burn at 1.2 × the budget's pace opens a ticket and pages nobody, and a 5 × burn (where the
+    budget allows one) fires every tier whose factor is below 5, in the sick cluster only.
 
     Good and total events move at constant rates, so every window reads the same error ratio.
     """
     assert check.slo is not None
     entry = th.checks[check.threshold]
     eval_min = _minutes(entry.for_) + TAIL_MINUTES
-    n = eval_min + 5
     rules = alert_rules(check, th, dashboard_url)
-    by_limit = sorted(zip((entry.burn_limit(p.pair) for p in BURN_WINDOWS), rules, strict=True), key=lambda x: x[0])
-    total = 1000.0
+    tiers = sorted(zip((entry.burn_limit(p.pair) for p in BURN_WINDOWS), BURN_WINDOWS, rules, strict=True),
+                   key=lambda x: x[0])
     out = []
-    levels = [(by_limit[0][0] * 0.9, "stays silent")]
-    for i, (limit, rule) in enumerate(by_limit):
-        upper = by_limit[i + 1][0] if i + 1 < len(by_limit) else 1.0
-        levels.append(((limit + upper) / 2, f"fires its {rule['labels']['severity']} pair"))
+    levels = [(tiers[0][0] * 0.9, "stays silent")]
+    for i, (limit, pair, _rule) in enumerate(tiers):
+        upper = tiers[i + 1][0] if i + 1 < len(tiers) else 1.0
+        levels.append(((limit + upper) / 2, f"fires its {pair.pair} tier"))
     for error, what in levels:
-        error = round(error, 4)
-        labels_good, labels_total = _labels_for(check.slo.good), _labels_for(check.slo.total)
-        firing = [r for limit, r in by_limit if error > limit]
-        out.append({
-            "name": f"{check.alert} {what} at an error ratio of {error:g}",
-            "interval": f"{INTERVAL_S}s",
-            "input_series": [_series(check.slo.good, labels_good, _counter(total * (1 - error), n)),
-                             _series(check.slo.total, labels_total, _counter(total, n))],
-            "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
-                                 "exp_alerts": _expected(firing, error)}],
-        })
+        out.append(_slo_case(check, th, f"{check.alert} {what} at an error ratio of {round(error, 4):g}",
+                             round(error, 4), eval_min, tiers))
+    budget = 1.0 - entry.value
+    burns = [(1.2, "an 8-hour burn at 1.2 × opens a ticket and pages nobody")]
+    if FAST_BURN * budget < 1.0:
+        burns.append((FAST_BURN, "an 8-hour burn at 5 × fires every tier below 5 ×"))
+    for factor, what in burns:
+        out.append(_slo_case(check, th, f"{check.alert}: {what}", round(factor * budget, 6), BURN_HOURS * 60,
+                             tiers, healthy=round(0.5 * budget, 6)))
     return out
+
+
+def _slo_case(check: Check, th: Thresholds, name: str, error: float, eval_min: int, tiers: list,
+              healthy: float | None = None) -> dict:
+    """Constant error ratio ``error`` from the start; with ``healthy``, a second cluster burning at
+    that ratio must stay silent while the first alerts with its scope labels."""
+    assert check.slo is not None
+    n, total = eval_min + 5, 1000.0
+
+    def inputs(err: float) -> list[dict]:
+        return [_series(check.slo.good, _labels_for(check.slo.good), _counter(total * (1 - err), n)),
+                _series(check.slo.total, _labels_for(check.slo.total), _counter(total, n))]
+
+    firing = [rule for limit, _pair, rule in tiers if error > limit]
+    series, labels = inputs(error), {}
+    if healthy is not None and th.scope_labels:
+        labels = _scope_values(th, "sick")
+        series = _in_scope(series, labels) + _in_scope(inputs(healthy), _scope_values(th, "healthy"))
+    return {
+        "name": name,
+        "interval": f"{INTERVAL_S}s",
+        "input_series": series,
+        "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
+                             "exp_alerts": _expected(firing, error, labels)}],
+    }
 
 
 def test_file(th: Thresholds, rule_file_name: str, dashboard_urls: dict[str, str]) -> dict:
     tests = []
+    rule = watchdog_rule(th)
     for check in CHECKS:
         if check.slo is not None:
             tests += slo_cases(check, th, dashboard_urls[check.alert])
             continue
         tests.append(case(check, th, True, dashboard_urls[check.alert]))
         tests.append(case(check, th, False, dashboard_urls[check.alert]))
+    tests.append({"name": "PrefixWatchdog fires with no input at all", "interval": f"{INTERVAL_S}s",
+                  "input_series": [],
+                  "alert_rule_test": [{"eval_time": "1m", "alertname": WATCHDOG,
+                                       "exp_alerts": [{"exp_labels": rule["labels"],
+                                                       "exp_annotations": rule["annotations"]}]}]})
     return {"rule_files": [rule_file_name], "evaluation_interval": f"{INTERVAL_S}s", "tests": tests}

@@ -17,6 +17,7 @@ from prefixscope.catalog import (
     RecordingRule,
     configure,
     render_expr,
+    scope_expr,
 )
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import description, slo_description, summary
@@ -25,6 +26,8 @@ RECORD_NAME_RE = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 ALERT_NAME_RE = re.compile(r"^Prefix[A-Z][A-Za-z0-9]+$")
 AGGREGATIONS = ("sum", "avg", "min", "max", "count")
 RECORDING_GROUP = "prefixscope.recording"
+META_GROUP = "prefixscope.meta"
+WATCHDOG = "PrefixWatchdog"
 
 
 def _top_level_split(expr: str, op: str) -> list[str]:
@@ -72,16 +75,27 @@ def windowed(expr: str, th: Thresholds) -> str:
     return configure(expr, th.window, th.baseline_window)
 
 
+def scoped(expr: str, th: Thresholds, per: tuple[str, ...] = ()) -> str:
+    """A catalogue expression as Prometheus runs it: configured windows, every aggregation keeping
+    the scope labels (and ``per``: a per-worker check's ``worker``)."""
+    return scope_expr(windowed(expr, th), (*th.scope_labels, *per))
+
+
+def check_expr(check: Check, th: Thresholds) -> str:
+    """A check's value as Prometheus runs it (per scope, and per worker for a per-worker check)."""
+    return scoped(check.value, th, check.per)
+
+
 def recording_rule(rule: RecordingRule, th: Thresholds) -> dict:
-    """The rule as Prometheus reads it: configured windows, ``threshold(key)`` filled in."""
-    expr = rule.expr if rule.fixed_windows else windowed(rule.expr, th)
+    """The rule as Prometheus reads it: configured windows, scope labels, ``threshold(key)`` filled in."""
+    expr = scope_expr(rule.expr, th.scope_labels) if rule.fixed_windows else scoped(rule.expr, th)
     return {"record": rule.record, "expr": render_expr(expr, th.values())}
 
 
 def alert_expr(check: Check, threshold: float, th: Thresholds | None = None) -> str:
-    value = windowed(check.value, th) if th is not None else check.value
+    value = check_expr(check, th) if th is not None else check.value
     if check.baseline:
-        baseline = windowed(check.baseline, th) if th is not None else check.baseline
+        baseline = scoped(check.baseline, th) if th is not None else check.baseline
         return f"{value} {check.op} {threshold:g} * {baseline}"
     return f"{value} {check.op} {threshold:g}"
 
@@ -95,8 +109,8 @@ def burn_expr(check: Check, th: Thresholds, pair: BurnWindows) -> str:
 
 
 def burn_severity(check: Check, th: Thresholds, pair: BurnWindows) -> str:
-    """The page pair carries the entry's severity, the ticket pair its own (a warning)."""
-    return th.checks[check.threshold].severity if pair.pair == "page" else pair.severity
+    """The page tiers carry the entry's severity, the ticket tiers their own (a warning)."""
+    return th.checks[check.threshold].severity if pair.pages else pair.severity
 
 
 def alert_rules(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
@@ -110,18 +124,22 @@ def alert_rules(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
     }
     step = str(check.group)
     if check.slo is None:
-        return [{
+        rule = {
             "alert": check.alert,
             "expr": alert_expr(check, entry.value, th),
             "for": entry.for_,
             "labels": {"severity": entry.severity, "step": step},
             "annotations": {**annotations, "description": description(check, entry.value)},
-        }]
+        }
+        if entry.keep_firing_for:
+            rule["keep_firing_for"] = entry.keep_firing_for
+        return [rule]
     return [{
         "alert": check.alert,
         "expr": burn_expr(check, th, pair),
         "for": entry.for_,
-        "labels": {"severity": burn_severity(check, th, pair), "step": step},
+        # the tier tells the rules apart (same name and severity otherwise: page_1h and page_6h)
+        "labels": {"severity": burn_severity(check, th, pair), "step": step, "burn_tier": pair.pair},
         "annotations": {**annotations, "description": slo_description(
             check, entry.value, entry.burn_rates[pair.pair] if entry.burn_rates else 0.0, pair.long, pair.short)},
     } for pair in BURN_WINDOWS]
@@ -158,7 +176,24 @@ def rule_groups(th: Thresholds, dashboard_urls: dict[str, str]) -> dict:
                 "name": step_group_name(step.number),
                 "rules": [r for c in checks for r in alert_rules(c, th, dashboard_urls[c.alert])],
             })
+    groups.append({"name": META_GROUP, "rules": [watchdog_rule(th)]})
     return {"groups": groups}
+
+
+def watchdog_rule(th: Thresholds) -> dict:
+    """An alert that always fires: its absence at the receiving end (a dead-man's switch) says the
+    path Prometheus → Alertmanager → receiver is broken, which no other alert can say."""
+    return {
+        "alert": WATCHDOG,
+        "expr": "vector(1)",
+        "labels": {"severity": "none"},
+        "annotations": {
+            "summary": "Always firing: the alerting pipeline is alive.",
+            "description": "PrefixWatchdog fires as long as Prometheus evaluates prefixscope's rules and "
+                           "reaches Alertmanager. Route it to a dead-man's switch that pages when it stops.",
+            "runbook_url": th.runbook_url(WATCHDOG),
+        },
+    }
 
 
 def prometheus_rule(rules: dict) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -67,11 +67,13 @@ PROMPT_CLASSES: tuple[tuple[float, str], ...] = (
 PLACEMENT_CONTINUATION_S = 2.0
 SESSION_HIT_LINE = 0.8
 
-# Multi-window, multi-burn-rate SLO alerts (Google SRE workbook, "Alerting on SLOs"): each pair
-# fires when both its long and its short window burn the error budget faster than the pair's
-# factor (alerts/thresholds.yaml, per SLO). The long window makes the alert significant, the
-# short one makes it reset soon after the burn stops.
-BurnPair = Literal["page", "ticket"]
+# Multi-window, multi-burn-rate SLO alerts (Google SRE workbook, "Alerting on SLOs", table 5-8):
+# each tier fires when both its long and its short window burn the error budget faster than the
+# tier's factor (alerts/thresholds.yaml, per SLO). The long window makes the alert significant,
+# the short one makes it reset soon after the burn stops. Two tiers page (a fast burn within the
+# hour, a steady one within six), two open a ticket (a slow burn a day or three long would spend
+# the budget before the period ends, yet never reaches a page's factor).
+BurnPair = Literal["page_1h", "page_6h", "ticket_1d", "ticket_3d"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,10 +83,16 @@ class BurnWindows:
     short: str
     severity: str  # a page is critical, a ticket a warning
 
+    @property
+    def pages(self) -> bool:
+        return self.pair.startswith("page")
+
 
 BURN_WINDOWS: tuple[BurnWindows, ...] = (
-    BurnWindows(pair="page", long="1h", short="5m", severity="critical"),
-    BurnWindows(pair="ticket", long="6h", short="30m", severity="warning"),
+    BurnWindows(pair="page_1h", long="1h", short="5m", severity="critical"),
+    BurnWindows(pair="page_6h", long="6h", short="30m", severity="critical"),
+    BurnWindows(pair="ticket_1d", long="1d", short="2h", severity="warning"),
+    BurnWindows(pair="ticket_3d", long="3d", short="6h", severity="warning"),
 )
 
 
@@ -94,6 +102,16 @@ def prompt_class(prompt_tokens: int) -> str:
 
 
 _RANGE = re.compile(r"\[(\w+)\](?: offset (\w+))?")
+# Scope labels (``scope_labels`` in alerts/thresholds.yaml, default ``cluster``): the catalogue is
+# written for one cluster, as the exporter sees it; one Prometheus watching several clusters or
+# router domains keeps them apart only if every aggregation keeps the labels that tell them apart
+# (kubernetes-mixin's clusterLabel). ``scope_expr`` adds them to every aggregation and vector match.
+_BARE_AGG = re.compile(r"\b(sum|max|min|avg|count|quantile)\s*\(")
+_BY_AGG = re.compile(r"\b(sum|max|min|avg|count|quantile) by \(([^)]*)\)")
+_ON = re.compile(r"\bon \(([^)]*)\)")
+_ABSENT_OR_ZERO = re.compile(r"absent\((\w+)\) or vector\(0\)")
+# How long a scope's vanished exporter keeps alerting (a decommissioned cluster stops after this).
+SCOPE_MEMORY = "1h"
 
 
 def configure(expr: str, window: str, baseline_window: str) -> str:
@@ -109,6 +127,41 @@ def configure(expr: str, window: str, baseline_window: str) -> str:
             return f"[{rng}]"
         return f"[{rng}] offset {window if offset == DEFAULT_WINDOW else offset}"
     return _RANGE.sub(sub, expr)
+
+
+def _with(labels: Sequence[str], existing: str = "") -> str:
+    names = [*labels, *(x.strip() for x in existing.split(",") if x.strip())]
+    return ", ".join(dict.fromkeys(names))
+
+
+def scope_expr(expr: str, labels: Sequence[str]) -> str:
+    """``expr`` with ``labels`` kept by every aggregation (``sum by (cluster, …)``) and every
+    ``on (…)`` match, so one rule serves every cluster a Prometheus watches.
+
+    ``absent(x) or vector(0)`` cannot carry a label; scoped, it also reads 1 for each scope whose
+    series vanished within ``SCOPE_MEMORY`` while others still report.
+    """
+    if not labels:
+        return expr
+
+    def absent(m: re.Match[str]) -> str:
+        by = _with(labels)
+        return (f"(max by ({by}) (max_over_time({m[1]}[{SCOPE_MEMORY}])) unless max by ({by}) ({m[1]})) "
+                f"or absent({m[1]}) or vector(0)")
+
+    pos, parts = 0, []
+    for m in _ABSENT_OR_ZERO.finditer(expr):
+        parts.append(_scope_plain(expr[pos:m.start()], labels))
+        parts.append(absent(m))
+        pos = m.end()
+    parts.append(_scope_plain(expr[pos:], labels))
+    return "".join(parts)
+
+
+def _scope_plain(expr: str, labels: Sequence[str]) -> str:
+    expr = _BY_AGG.sub(lambda m: f"{m[1]} by ({_with(labels, m[2])})", expr)
+    expr = _BARE_AGG.sub(lambda m: f"{m[1]} by ({_with(labels)}) (", expr)
+    return _ON.sub(lambda m: f"on ({_with(labels, m[1])})", expr)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +225,10 @@ class Check:
     # For kind "slo": the events whose error ratio the burn-rate alerts watch. ``value`` is then
     # the SLI over the window (good / total) and the threshold's value the objective.
     slo: Slo | None = None
+    # Labels the check alerts per, beyond the scope labels: ("worker",) for a check about one
+    # worker (its stream, its cache), so the alert names the worker and one worker's fault is one
+    # alert of its own.
+    per: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -617,11 +674,23 @@ SLO_SESSION_HIT_RATE = Slo(good=f"{P}_session_followup_cached_tokens_total",
                            budget_unit="follow-up prompt tokens")
 SLO_PREFIX_MISS_COST = Slo(good=f"{P}_missed_requests_within_baseline_total", total=f"{P}_missed_requests_total",
                            budget_unit="missed requests", judged_against_baseline=True)
-SLOS: dict[str, Slo] = {"slo_session_hit_rate": SLO_SESSION_HIT_RATE, "slo_prefix_miss_cost": SLO_PREFIX_MISS_COST}
+# The engines' own prefix-cache counters (vLLM prefix_cache_hits/queries, SGLang cached tokens): a
+# deployment with engine /metrics alone (no records, no spans) still has an SLO that pages.
+SLO_PREFIX_HIT_RATE = Slo(good=f"{P}_prefix_cache_hit_tokens_total", total=f"{P}_prefix_cache_queried_tokens_total",
+                          budget_unit="prompt tokens looked up in the engines' prefix caches")
+SLOS: dict[str, Slo] = {"slo_prefix_hit_rate": SLO_PREFIX_HIT_RATE, "slo_session_hit_rate": SLO_SESSION_HIT_RATE,
+                        "slo_prefix_miss_cost": SLO_PREFIX_MISS_COST}
+SLO_GROUPS: dict[str, int] = {"slo_prefix_hit_rate": 1, "slo_session_hit_rate": 2, "slo_prefix_miss_cost": 3}
+
+
+def burn_window_ranges() -> list[str]:
+    """Every window of the burn-rate tiers, shortest first."""
+    seconds = {"m": 60, "h": 3600, "d": 86400}
+    return sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}, key=lambda w: int(w[:-1]) * seconds[w[-1]])
 
 
 def _slo_rules() -> tuple[RecordingRule, ...]:
-    windows = sorted({w for b in BURN_WINDOWS for w in (b.long, b.short)}, key=lambda w: (w[-1], int(w[:-1])))
+    windows = burn_window_ranges()
     out = []
     for key, slo in SLOS.items():
         for w in windows:
@@ -629,7 +698,7 @@ def _slo_rules() -> tuple[RecordingRule, ...]:
             out.append(RecordingRule(
                 record=slo.error_ratio_rule(key, w), fixed_windows=True,
                 expr=f"({total} - sum(rate({slo.good}[{w}]))) / {total}",
-                group=2 if slo is SLO_SESSION_HIT_RATE else 3,
+                group=SLO_GROUPS[key],
                 help=f"Error ratio of the SLO {key} over {w}: share of {slo.budget_unit} that were not good."))
     return tuple(out)
 
@@ -764,6 +833,14 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="cluster:prefixscope_reuse_achieved_tokens_per_prompt_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_reuse_achieved_tokens_total", f"{P}_request_prompt_tokens_total", ""),
                   group=None, help="Share of prompt tokens the engines reported cached."),
+    # One worker's silent KV stream blinds the index for that worker only; the share of a cluster's
+    # streamed workers that are silent says when the cluster's picture as a whole is untrustworthy
+    # (PrefixTelemetryFleetBlind, the step-0 alert that holds the chain back).
+    RecordingRule(record="cluster:prefixscope_kv_event_stale_workers:ratio",
+                  expr=f"sum((time() - {P}_kv_event_last_timestamp_seconds) > bool threshold(kv_event_staleness)) / "
+                       f"count({P}_kv_event_last_timestamp_seconds)",
+                  group=0, help="Share of the workers streaming KV events whose stream is silent past the staleness "
+                                "threshold."),
     RecordingRule(record="cluster:prefixscope_index_staleness_tokens_per_prompt_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_index_staleness_tokens_total", f"{P}_request_prompt_tokens_total", ""),
                   group=0, help="Share of prompt tokens predicted cached but not achieved (stale index)."),
@@ -811,9 +888,17 @@ CHECKS: tuple[Check, ...] = (
           summary="A scrape target that still serves traffic is down: part of the fleet is unobserved."),
     Check(key="kv_event_staleness", group=0, kind="health", title="KV-event stream fresh", alert="PrefixTelemetryKvEventsStale",
           value=f"max(time() - {P}_kv_event_last_timestamp_seconds)",
-          op=">", threshold="kv_event_staleness", unit="seconds", signals=("kv_events",),
+          op=">", threshold="kv_event_staleness", unit="seconds", signals=("kv_events",), per=(W,),
           meaning="A worker's KV-event stream has gone quiet while it serves traffic; the index is going stale.",
           summary="A worker's KV-event stream has been silent for more than {threshold}."),
+    Check(key="kv_event_blind_share", group=0, kind="health", title="KV-event streams silent (share of the fleet)",
+          alert="PrefixTelemetryFleetBlind",
+          value="max(cluster:prefixscope_kv_event_stale_workers:ratio)",
+          op=">", threshold="kv_event_blind_share", unit="ratio", signals=("kv_events",),
+          meaning="Share of the workers streaming KV events whose stream has been silent past the staleness threshold: "
+                  "one silent worker blinds the index for that worker, this share blinds it for the cluster.",
+          summary="More than {threshold} of the workers' KV-event streams are silent: the cluster's prefix index is "
+                  "going stale."),
     Check(key="kv_event_gaps", group=0, kind="health", title="KV-event loss and index drift", alert="PrefixTelemetryKvEventGaps",
           value=f"sum(increase({P}_kv_index_repairs_total[5m]))",
           op=">", threshold="kv_event_gaps", unit="repairs", signals=("kv_events",),
@@ -839,7 +924,7 @@ CHECKS: tuple[Check, ...] = (
           summary="Cluster prefix-cache hit rate is below {threshold}."),
     Check(key="prefix_block_count_per_worker", group=1, title="Cache pressure (full and thrashing)", alert="PrefixCacheNearCapacity",
           value="max(worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m)",
-          op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",),
+          op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",), per=(W,),
           meaning="Thrash of the workers whose cache is full (resident blocks from KV events above the "
                   "prefix_block_count_per_worker share of num_gpu_blocks): the share of stored blocks the worker had "
                   "itself evicted within the window. A full cache alone is normal (vLLM evicts only on demand).",
@@ -937,6 +1022,13 @@ CHECKS: tuple[Check, ...] = (
     # ---- SLOs (seed §7, corollary 4) ---------------------------------------------------------
     # ``value`` is the SLI over the window against the objective; the alerts are the burn-rate
     # pairs of BURN_WINDOWS over the SLO's error-ratio rules.
+    Check(key="slo_prefix_hit_rate", group=1, kind="slo", title="SLO: engine prefix hit rate", alert="PrefixHitRateSloBurn",
+          value="cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m",
+          op="<", threshold="slo_prefix_hit_rate", unit="ratio", signals=("worker_metrics",),
+          meaning="Share of prompt tokens the engines looked up in their prefix caches and did not find, from the "
+                  "engines' own counters (the prefix hit-rate SLO's error ratio; needs nothing but engine /metrics).",
+          summary="The engines' prefix hit-rate SLO ({threshold}) is burning its error budget.",
+          slo=SLO_PREFIX_HIT_RATE),
     Check(key="slo_session_hit_rate", group=2, kind="slo", title="SLO: session hit rate ≥ 85%", alert="PrefixSessionHitRateSloBurn",
           value="cluster:prefixscope_session_followup_cached_tokens_per_prompt_tokens:ratio_rate5m",
           op="<", threshold="slo_session_hit_rate", unit="ratio", signals=("session_key", "cached_tokens"),
@@ -1002,10 +1094,45 @@ def to_table() -> str:
 
 
 __all__ = [
-    "BURN_WINDOWS", "CHECKS", "CHECKS_BY_ALERT", "CHECKS_BY_KEY", "DEFAULT_BASELINE_WINDOW", "DEFAULT_WINDOW",
-    "DUTY_BUCKETS", "DUTY_NAMES", "METRICS", "METRICS_BY_NAME", "NAMESPACE", "PROMPT_CLASSES", "RECORDING_RULES", "ROUTER_FEEDS", "ROUTER_KINDS",
-    "RULES_BY_NAME", "SESSION_HIT_LINE", "SIGNALS", "SIGNAL_ENABLE", "SIGNAL_SOURCES", "SLOS", "SOURCE_NAMES", "STEPS",
-    "THRESHOLD_REF", "BurnWindows", "Check", "Metric", "RecordingRule", "Slo", "Step",
-    "as_dict", "check_sources", "checks_for_step", "configure", "prompt_class", "render_expr", "rule_threshold_refs",
-    "to_json", "to_table",
+    "BURN_WINDOWS",
+    "CHECKS",
+    "CHECKS_BY_ALERT",
+    "CHECKS_BY_KEY",
+    "DEFAULT_BASELINE_WINDOW",
+    "DEFAULT_WINDOW",
+    "DUTY_BUCKETS",
+    "DUTY_NAMES",
+    "METRICS",
+    "METRICS_BY_NAME",
+    "NAMESPACE",
+    "PROMPT_CLASSES",
+    "RECORDING_RULES",
+    "ROUTER_FEEDS",
+    "ROUTER_KINDS",
+    "RULES_BY_NAME",
+    "SCOPE_MEMORY",
+    "SESSION_HIT_LINE",
+    "SIGNALS",
+    "SIGNAL_ENABLE",
+    "SIGNAL_SOURCES",
+    "SLOS",
+    "SOURCE_NAMES",
+    "STEPS",
+    "THRESHOLD_REF",
+    "BurnWindows",
+    "Check",
+    "Metric",
+    "RecordingRule",
+    "Slo",
+    "Step",
+    "as_dict", "burn_window_ranges",
+    "check_sources",
+    "checks_for_step",
+    "configure",
+    "prompt_class",
+    "render_expr",
+    "rule_threshold_refs",
+    "scope_expr",
+    "to_json",
+    "to_table",
 ]

@@ -10,6 +10,7 @@ know: every catalogue check has an entry, no entry lacks a check, each alert has
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ SCHEMA_FILE = "thresholds.v1.json"
 # SLO whose events are judged against a baseline, the factor of that baseline.
 SLO_FIELDS = ("burn_rates", "baseline_factor")
 BURN_PAIRS = tuple(b.pair for b in BURN_WINDOWS)
+DEFAULT_SCOPE_LABELS = ("cluster",)
 
 
 class ConfigError(InvalidFile):
@@ -39,10 +41,12 @@ class CheckThreshold:
     value: float
     for_: str
     severity: str
-    # SLO entries only: pair ("page", "ticket") -> burn-rate factor; the baseline factor of an SLO
+    # SLO entries only: tier (catalog.BURN_WINDOWS: page_1h, page_6h, ticket_1d, ticket_3d) -> factor; the baseline factor of an SLO
     # judged against a baseline.
     burn_rates: dict[str, float] | None = None
     baseline_factor: float | None = None
+    # Hysteresis: a firing alert keeps firing this long after its condition clears (None: not at all).
+    keep_firing_for: str | None = None
 
     def burn_limit(self, pair: str) -> float:
         """The error ratio a burn-rate pair fires above: factor × the error budget (1 − objective)."""
@@ -58,6 +62,8 @@ class Thresholds:
     dashboard_url_base: str
     checks: dict[str, CheckThreshold]
     baseline_window: str = "1d"
+    # Labels that tell apart the clusters one Prometheus watches (catalog.scope_expr).
+    scope_labels: tuple[str, ...] = DEFAULT_SCOPE_LABELS
 
     def runbook_url(self, alert: str) -> str:
         return f"{self.runbook_url_base}{alert}.md"
@@ -132,10 +138,12 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
             problems.add(where, f"runbook {_display(runbooks_dir / (check.alert + '.md'))} for {check.alert} is missing")
     problems.raise_if_any(ConfigError)
     checks = {key: CheckThreshold(float(e["value"]), e["for"], e["severity"], burn.get(key),
-                                  float(e["baseline_factor"]) if e.get("baseline_factor") is not None else None)
+                                  float(e["baseline_factor"]) if e.get("baseline_factor") is not None else None,
+                                  e.get("keep_firing_for"))
               for key, e in raw_checks.items()}
+    scope = tuple(d["scope_labels"]) if "scope_labels" in d else DEFAULT_SCOPE_LABELS
     return Thresholds(window, float(d["cold_reuse_share"]), d["runbook_url_base"], d["dashboard_url_base"],
-                      checks, baseline_window)
+                      checks, baseline_window, scope)
 
 
 def _slo_fields(problems: Problems, where: str, entry: dict, check: Check) -> dict[str, float] | None:
@@ -170,9 +178,11 @@ def _slo_fields(problems: Problems, where: str, entry: dict, check: Check) -> di
                                                        f"rate is at most {1 / (1 - objective):.3g}, got {factor!r}")
         else:
             out[pair] = float(factor)
-    if len(out) == len(BURN_PAIRS) and not out["page"] > out["ticket"]:
-        problems.add(f"{where}.burn_rates", f"expected the page factor above the ticket factor, got page "
-                                            f"{out['page']:g}, ticket {out['ticket']:g}")
+    factors = [out[p] for p in BURN_PAIRS if p in out]
+    if len(out) == len(BURN_PAIRS) and any(a <= b for a, b in pairwise(factors)):
+        # a longer tier watches a slower burn: its factor is lower, or it would never fire first
+        problems.add(f"{where}.burn_rates", "expected factors falling from tier to tier (" + ", ".join(BURN_PAIRS)
+                     + "), got " + ", ".join(f"{p} {out[p]:g}" for p in BURN_PAIRS))
         return None
     return out if len(out) == len(BURN_PAIRS) else None
 

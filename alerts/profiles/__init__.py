@@ -24,7 +24,7 @@ from prefixscope.validation import Problems, read_yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent
 PROFILE_KEYS = ("description", "checks")
-ENTRY_KEYS = ("value", "for", "severity")
+ENTRY_KEYS = ("value", "for", "severity", "keep_firing_for")
 
 
 def names() -> list[str]:

@@ -48,6 +48,9 @@ def _need(binary: str | None, what: str) -> str:
     return binary
 
 
+SLOS = {c.alert for c in CHECKS if c.kind == "slo"}
+
+
 def _rule_sets() -> list[tuple[set[str], set[str]]]:
     out = []
     for rule in alertmanager.config(THRESHOLDS)["inhibit_rules"]:
@@ -62,10 +65,21 @@ def test_the_committed_file_is_the_generated_one() -> None:
     assert GENERATED.read_text(encoding="utf-8").startswith(HEADER)
 
 
-def test_step_0_inhibits_every_later_alert_symptoms_and_slos_included() -> None:
+def test_cluster_wide_blindness_inhibits_every_later_warning_but_never_an_slo() -> None:
     src, dst = _rule_sets()[0]
-    assert src == {c.alert for c in CHECKS if c.group == 0 and c.key not in CONTEXT}
-    assert dst == {c.alert for c in CHECKS if c.group > 0}
+    # one worker's stale stream is no source: it explains that worker only
+    assert src == {c.alert for c in CHECKS if c.group == 0 and c.key not in CONTEXT and not c.per}
+    assert "PrefixTelemetryKvEventsStale" not in src and "PrefixTelemetryFleetBlind" in src
+    assert dst == {c.alert for c in CHECKS if c.group > 0 and c.kind != "slo"}
+    assert not any(dst & SLOS for _, dst in _rule_sets())
+
+
+def test_the_watchdog_goes_to_the_dead_mans_switch_and_is_never_inhibited() -> None:
+    cfg = alertmanager.config(THRESHOLDS)
+    (route,) = cfg["route"]["routes"]
+    assert route["matchers"] == ['alertname="PrefixWatchdog"'] and route["receiver"] == "prefixscope-deadmansswitch"
+    assert {"name": "prefixscope-deadmansswitch"} in cfg["receivers"]
+    assert not any("PrefixWatchdog" in src | dst for src, dst in _rule_sets())
 
 
 def test_a_cause_inhibits_only_the_causes_of_later_steps() -> None:
@@ -73,9 +87,11 @@ def test_a_cause_inhibits_only_the_causes_of_later_steps() -> None:
         (step,) = {CHECKS_BY_ALERT[a].group for a in src}
         assert step > 0
         assert all(is_cause(CHECKS_BY_ALERT[a], CONTEXT) for a in src)
-        assert dst == {c.alert for c in CHECKS if c.group > step and (is_cause(c, CONTEXT) or c.key in CONTEXT)}
+        assert dst == {c.alert for c in CHECKS if c.group > step and c.kind != "slo"
+                       and (is_cause(c, CONTEXT) or c.key in CONTEXT)}
     symptom_and_slos = {c.alert for c in CHECKS if not is_cause(c, CONTEXT) and c.key not in CONTEXT}
-    assert symptom_and_slos == {"PrefixHitRateLow", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"}
+    assert symptom_and_slos == {"PrefixHitRateLow", "PrefixHitRateSloBurn", "PrefixSessionHitRateSloBurn",
+                                "PrefixMissCostSloBurn"}
     assert not any(src & symptom_and_slos for src, _ in _rule_sets())
     # context alerts (severity info) inhibit nothing: a deep tree or a few rejected inputs name no step
     context_alerts = {c.alert for c in CHECKS if c.key in CONTEXT}
@@ -195,38 +211,67 @@ def _settled(url: str, want: dict[tuple[str, str], str], timeout_s: float = 30) 
 @pytest.mark.slow
 def test_an_incident_pages_once_at_its_first_failing_step(running_alertmanager: str) -> None:
     url = running_alertmanager
-    # cluster a: stale KV events (step 0) and everything they drag along downstream
+    # cluster a: a quarter of the KV streams silent (step 0) and the causes they drag along downstream
     # cluster b: a step-2 cause, a later cause and the symptom, with telemetry healthy
-    _post(url, [("PrefixTelemetryKvEventsStale", {"cluster": "a"}),
+    _post(url, [("PrefixTelemetryFleetBlind", {"cluster": "a"}),
                 ("PrefixTelemetryIndexStale", {"cluster": "a"}),
                 ("PrefixHitRateLow", {"cluster": "a"}),
                 ("PrefixStickyCollisionsHigh", {"cluster": "a"}),
                 ("PrefixRouterTreeWalkSlow", {"cluster": "a"}),
-                ("PrefixSessionHitRateSloBurn", {"cluster": "a"}),
+                ("PrefixSessionHitRateSloBurn", {"cluster": "a", "severity": "critical", "burn_tier": "page_1h"}),
                 ("PrefixStickyCollisionsHigh", {"cluster": "b"}),
                 ("PrefixRouterTreeWalkSlow", {"cluster": "b"}),
                 ("PrefixHitRateLow", {"cluster": "b"})])
     want = {
-        ("PrefixTelemetryKvEventsStale", "a"): "active", ("PrefixTelemetryIndexStale", "a"): "active",
+        ("PrefixTelemetryFleetBlind", "a"): "active", ("PrefixTelemetryIndexStale", "a"): "active",
         ("PrefixHitRateLow", "a"): "suppressed", ("PrefixStickyCollisionsHigh", "a"): "suppressed",
-        ("PrefixRouterTreeWalkSlow", "a"): "suppressed", ("PrefixSessionHitRateSloBurn", "a"): "suppressed",
+        ("PrefixRouterTreeWalkSlow", "a"): "suppressed", ("PrefixSessionHitRateSloBurn", "a"): "active",
         ("PrefixStickyCollisionsHigh", "b"): "active", ("PrefixRouterTreeWalkSlow", "b"): "suppressed",
         ("PrefixHitRateLow", "b"): "active",
     }
     got = _settled(url, want)
     assert {(a.name, a.labels.get("cluster", "")): a.state for a in got} == want
     by = {(a.name, a.labels["cluster"]): a for a in got}
-    step0 = {by["PrefixTelemetryKvEventsStale", "a"].fingerprint, by["PrefixTelemetryIndexStale", "a"].fingerprint}
-    for name in ("PrefixHitRateLow", "PrefixStickyCollisionsHigh", "PrefixRouterTreeWalkSlow",
-                 "PrefixSessionHitRateSloBurn"):
+    step0 = {by["PrefixTelemetryFleetBlind", "a"].fingerprint, by["PrefixTelemetryIndexStale", "a"].fingerprint}
+    for name in ("PrefixHitRateLow", "PrefixStickyCollisionsHigh", "PrefixRouterTreeWalkSlow"):
         held = by[name, "a"]
         assert held.inhibited and set(held.inhibited_by) <= step0 and not held.silenced, held
     assert by["PrefixRouterTreeWalkSlow", "b"].inhibited_by == (by["PrefixStickyCollisionsHigh", "b"].fingerprint,)
-    # what pages: cluster a's step-0 alerts, cluster b's first failing step and its symptom
+    # what pages: cluster a's step-0 alerts and its SLO page, cluster b's first failing step and its symptom
     assert sorted((a.name, a.labels["cluster"]) for a in pages(got)) == [
-        ("PrefixHitRateLow", "b"), ("PrefixStickyCollisionsHigh", "b"),
-        ("PrefixTelemetryIndexStale", "a"), ("PrefixTelemetryKvEventsStale", "a")]
+        ("PrefixHitRateLow", "b"), ("PrefixSessionHitRateSloBurn", "a"), ("PrefixStickyCollisionsHigh", "b"),
+        ("PrefixTelemetryFleetBlind", "a"), ("PrefixTelemetryIndexStale", "a")]
     assert [a.step for a in got] == sorted(a.step for a in got)  # the client orders by step
     # the config Alertmanager runs is the generated one
     status = requests.get(f"{url}/api/v2/status", timeout=10).json()
     assert len(yaml.safe_load(status["config"]["original"])["inhibit_rules"]) == len(alertmanager.inhibit_rules(THRESHOLDS))
+
+
+@pytest.mark.slow
+def test_one_workers_stale_stream_holds_back_no_page(running_alertmanager: str) -> None:
+    """One worker's KV stream silent leaves both SLO pages active, while an exporter-down still holds
+    a step-1 warning back in its own cluster and not in another."""
+    url = running_alertmanager
+    page = {"severity": "critical", "burn_tier": "page_1h"}
+    _post(url, [("PrefixTelemetryKvEventsStale", {"cluster": "a", "worker": "w3"}),
+                ("PrefixSessionHitRateSloBurn", {"cluster": "a", **page}),
+                ("PrefixMissCostSloBurn", {"cluster": "a", **page}),
+                ("PrefixRootUnstable", {"cluster": "a"}),
+                ("PrefixExporterDown", {"cluster": "a"}),
+                ("PrefixTelemetryKvEventsStale", {"cluster": "b", "worker": "w1"}),
+                ("PrefixRootUnstable", {"cluster": "b"}),
+                ("PrefixStickyCollisionsHigh", {"cluster": "b"})])
+    want = {
+        ("PrefixTelemetryKvEventsStale", "a"): "active", ("PrefixExporterDown", "a"): "active",
+        ("PrefixSessionHitRateSloBurn", "a"): "active", ("PrefixMissCostSloBurn", "a"): "active",
+        ("PrefixRootUnstable", "a"): "suppressed",
+        # b: the stale worker holds back nothing; the step-1 cause holds back the step-2 one
+        ("PrefixTelemetryKvEventsStale", "b"): "active", ("PrefixRootUnstable", "b"): "active",
+        ("PrefixStickyCollisionsHigh", "b"): "suppressed",
+    }
+    got = _settled(url, want)
+    assert {(a.name, a.labels.get("cluster", "")): a.state for a in got} == want
+    by = {(a.name, a.labels["cluster"]): a for a in got}
+    assert by["PrefixRootUnstable", "a"].inhibited_by == (by["PrefixExporterDown", "a"].fingerprint,)
+    assert by["PrefixStickyCollisionsHigh", "b"].inhibited_by == (by["PrefixRootUnstable", "b"].fingerprint,)
+    assert by["PrefixTelemetryKvEventsStale", "a"].labels["worker"] == "w3"

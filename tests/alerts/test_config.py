@@ -32,8 +32,12 @@ def test_committed_config_loads_with_the_seed_thresholds() -> None:
     assert th.checks["prefix_tree_walk_latency"].value == 0.005
     assert th.checks["cross_node_migration_count_per_minute"].for_ == "2m"
     slo = th.checks["slo_session_hit_rate"]
-    assert slo.severity == "critical" and slo.value == 0.85 and slo.burn_rates == {"page": 4, "ticket": 2}
-    assert slo.burn_limit("page") == 0.6 and slo.baseline_factor is None
+    assert slo.severity == "critical" and slo.value == 0.85
+    assert slo.burn_rates == {"page_1h": 6, "page_6h": 4, "ticket_1d": 2, "ticket_3d": 1}
+    assert slo.burn_limit("page_6h") == 0.6 and slo.baseline_factor is None
+    assert th.checks["slo_prefix_miss_cost"].burn_rates == {"page_1h": 14.4, "page_6h": 6, "ticket_1d": 3,
+                                                            "ticket_3d": 1}  # the SRE workbook's
+    assert th.scope_labels == ("cluster",)
     assert th.checks["slo_prefix_miss_cost"].baseline_factor == 1.5
     assert th.window == "5m" and th.cold_reuse_share == 0.1
     assert th.baseline_window == "1d" and th.baseline_window_s == 86400
@@ -64,7 +68,7 @@ def test_unknown_keys_at_every_level() -> None:
     assert problems[0].startswith("alerts/thresholds.yaml: thresholds_extra: unknown field (allowed: schema, window, ")
     assert any("checks.not_a_check: unknown key: no check or recording rule in prefixscope/catalog.py" in p
                for p in problems)
-    assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity, burn_rates, baseline_factor)" in problems
+    assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity, burn_rates, baseline_factor, keep_firing_for)" in problems
 
 
 def test_missing_entry_names_the_check_and_alert() -> None:
@@ -164,22 +168,25 @@ def test_the_schema_knows_the_severities() -> None:
 def test_slo_entries_need_reachable_burn_rates() -> None:
     data = _data()
     # budget 15%: a burn rate above 1 / 0.15 ≈ 6.67 can never happen
-    data["checks"]["slo_session_hit_rate"]["burn_rates"] = {"page": 14.4, "ticket": 6}
-    data["checks"]["slo_prefix_miss_cost"]["burn_rates"] = {"page": 2, "ticket": 6, "email": 1}
+    data["checks"]["slo_session_hit_rate"]["burn_rates"] = {"page_1h": 14.4, "page_6h": 6, "ticket_1d": 3,
+                                                            "ticket_3d": 1}
+    data["checks"]["slo_prefix_miss_cost"]["burn_rates"] = {"page_1h": 2, "page_6h": 6, "ticket_1d": 3,
+                                                            "ticket_3d": 1, "email": 1}
     del data["checks"]["slo_prefix_miss_cost"]["baseline_factor"]
     assert set(_problems(data)) == {
-        "alerts/thresholds.yaml: checks.slo_session_hit_rate.burn_rates.page: unreachable: with an objective of "
+        "alerts/thresholds.yaml: checks.slo_session_hit_rate.burn_rates.page_1h: unreachable: with an objective of "
         "0.85 the burn rate is at most 6.67, got 14.4",
         "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.baseline_factor: missing",
-        "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.burn_rates.email: unknown field (allowed: page, ticket)",
-        "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.burn_rates: expected the page factor above the ticket "
-        "factor, got page 2, ticket 6",
+        "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.burn_rates.email: unknown field (allowed: page_1h, "
+        "page_6h, ticket_1d, ticket_3d)",
+        "alerts/thresholds.yaml: checks.slo_prefix_miss_cost.burn_rates: expected factors falling from tier to "
+        "tier (page_1h, page_6h, ticket_1d, ticket_3d), got page_1h 2, page_6h 6, ticket_1d 3, ticket_3d 1",
     }
 
 
 def test_slo_fields_belong_to_slo_entries_and_baseline_window_is_long() -> None:
     data = _data()
-    data["checks"]["prefix_hit_rate_total"]["burn_rates"] = {"page": 2, "ticket": 1}
+    data["checks"]["prefix_hit_rate_total"]["burn_rates"] = {"page_1h": 2, "ticket_3d": 1}
     data["baseline_window"] = "5m"
     problems = _problems(data)
     assert problems == [

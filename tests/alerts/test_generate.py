@@ -66,13 +66,14 @@ def _alert_names() -> list[str]:
 
 
 def test_every_alert_has_labels_and_annotations() -> None:
-    alerts = [r for g in _rules()["groups"][1:] for r in g["rules"]]
+    alerts = [r for g in _rules()["groups"][1:-1] for r in g["rules"]]
     assert [a["alert"] for a in alerts] == _alert_names()
     th = config.load()
     for a in alerts:
         check = next(c for c in CHECKS if c.alert == a["alert"])
         assert a["alert"].startswith("Prefix")
-        assert set(a["labels"]) == {"severity", "step"} and a["labels"]["step"] == str(check.group)
+        tier = {"burn_tier"} if check.slo else set()
+        assert set(a["labels"]) == {"severity", "step"} | tier and a["labels"]["step"] == str(check.group)
         ann = a["annotations"]
         assert set(ann) == {"summary", "description", "runbook_url", "dashboard_url"}
         assert ann["summary"].endswith(".") and "{{" not in ann["summary"]
@@ -81,8 +82,16 @@ def test_every_alert_has_labels_and_annotations() -> None:
         assert ann["dashboard_url"].startswith(th.dashboard_url_base + "prefixscope-diagnosis-chain?viewPanel=")
         assert a["for"] == th.checks[check.threshold].for_
     severities = {(a["alert"], a["labels"]["severity"]) for a in alerts}
-    for slo in ("PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"):
-        assert {(slo, "critical"), (slo, "warning")} <= severities  # page and ticket
+    for slo in ("PrefixHitRateSloBurn", "PrefixSessionHitRateSloBurn", "PrefixMissCostSloBurn"):
+        assert {(slo, "critical"), (slo, "warning")} <= severities  # pages and tickets
+
+
+def test_the_watchdog_always_fires_in_its_own_group() -> None:
+    meta = _rules()["groups"][-1]
+    assert meta["name"] == "prefixscope.meta"
+    (dog,) = meta["rules"]
+    assert dog["alert"] == "PrefixWatchdog" and dog["expr"] == "vector(1)" and dog["labels"] == {"severity": "none"}
+    assert set(dog["annotations"]) == {"summary", "description", "runbook_url"}
 
 
 def test_alert_expressions() -> None:
@@ -90,34 +99,80 @@ def test_alert_expressions() -> None:
     assert by_name["PrefixHitRateLow"]["expr"] == (
         "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m < 0.6")
     assert by_name["PrefixColdPrefillSlow"]["expr"] == (
-        "max(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline) > 3")
+        "max by (cluster) (prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline) > 3")
     assert by_name["PrefixRouterTreeWalkSlow"]["expr"].endswith("> 0.005")
-    assert by_name["PrefixExporterDown"]["expr"] == "absent(prefixscope_exporter_build_info) or vector(0) > 0"
+    # per scope: a cluster whose exporter vanished while others report, or none at all
+    assert by_name["PrefixExporterDown"]["expr"] == (
+        "(max by (cluster) (max_over_time(prefixscope_exporter_build_info[1h])) unless "
+        "max by (cluster) (prefixscope_exporter_build_info)) or absent(prefixscope_exporter_build_info) "
+        "or vector(0) > 0")
+    # per-worker checks alert per worker
+    assert by_name["PrefixTelemetryKvEventsStale"]["expr"] == (
+        "max by (cluster, worker) (time() - prefixscope_kv_event_last_timestamp_seconds) > 120")
+    assert by_name["PrefixCacheNearCapacity"]["expr"].startswith("max by (cluster, worker) (")
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
     # the baseline is the long window ending where the current window begins, per prompt class
     assert records["prompt_class:prefixscope_cold_prefill_seconds:p99_baseline"] == (
-        "histogram_quantile(0.99, sum by (le, model, prompt_class) "
+        "histogram_quantile(0.99, sum by (cluster, le, model, prompt_class) "
         "(rate(prefixscope_cold_prefill_seconds_bucket[1d] offset 5m)))")
     assert records["cluster:prefixscope_session_hit_ratio_below_0_8:share"] == (
-        'sum(prefixscope_session_hit_ratio_bucket{le="0.8"}) / sum(prefixscope_session_hit_ratio_bucket{le="+Inf"})')
+        'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="0.8"}) / '
+        'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="+Inf"})')
+    assert records["worker:prefixscope_worker_resident_blocks_per_capacity:ratio"] == (
+        "sum by (cluster, worker) (prefixscope_worker_resident_blocks) / on (cluster, worker) "
+        "max by (cluster, worker) (prefixscope_worker_capacity_blocks)")
 
 
-def test_slo_alerts_are_multiwindow_multi_burn_rate_pairs() -> None:
+def test_no_scope_labels_leaves_the_catalogue_expressions_as_written() -> None:
+    data = yaml.safe_load((ROOT / "alerts" / "thresholds.yaml").read_text(encoding="utf-8"))
+    data["scope_labels"] = []
+    th = config.parse(data)
+    assert rules.alert_rule(next(c for c in CHECKS if c.key == "exporter_up"), th, "u")["expr"] == (
+        "absent(prefixscope_exporter_build_info) or vector(0) > 0")
+    data["scope_labels"] = ["cluster", "router_domain"]
+    th = config.parse(data)
+    stale = rules.alert_rule(next(c for c in CHECKS if c.key == "kv_event_staleness"), th, "u")
+    assert stale["expr"].startswith("max by (cluster, router_domain, worker) (")
+
+
+def test_slo_alerts_are_multiwindow_multi_burn_rate_tiers() -> None:
     slo = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixSessionHitRateSloBurn"]
     e = "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate"
-    # budget 15%: page at 4 × 15% = 60% over 1h and 5m, ticket at 2 × 15% = 30% over 6h and 30m
-    assert [(r["expr"], r["labels"]["severity"]) for r in slo] == [
-        (f"{e}1h > 0.6 and {e}5m > 0.6", "critical"), (f"{e}6h > 0.3 and {e}30m > 0.3", "warning")]
-    assert "exceed 4 × the 15% error budget (60%)" in slo[0]["annotations"]["description"]
+    # budget 15%: pages at 6 and 4 × 15%, tickets at 2 and 1 ×, over the workbook's window pairs
+    assert [(r["expr"], r["labels"]["severity"], r["labels"]["burn_tier"]) for r in slo] == [
+        (f"{e}1h > 0.9 and {e}5m > 0.9", "critical", "page_1h"),
+        (f"{e}6h > 0.6 and {e}30m > 0.6", "critical", "page_6h"),
+        (f"{e}1d > 0.3 and {e}2h > 0.3", "warning", "ticket_1d"),
+        (f"{e}3d > 0.15 and {e}6h > 0.15", "warning", "ticket_3d")]
+    assert "exceed 4 × the 15% error budget (60%)" in slo[1]["annotations"]["description"]
     miss = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixMissCostSloBurn"]
     assert [r["expr"].split(" and ")[0] for r in miss] == [
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h > 0.72",
-        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3"]
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3",
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1d > 0.15",
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate3d > 0.05"]
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
     assert records["cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h"] == (
-        "(sum(rate(prefixscope_missed_requests_total[1h])) - "
-        "sum(rate(prefixscope_missed_requests_within_baseline_total[1h]))) / "
-        "sum(rate(prefixscope_missed_requests_total[1h]))")
+        "(sum by (cluster) (rate(prefixscope_missed_requests_total[1h])) - "
+        "sum by (cluster) (rate(prefixscope_missed_requests_within_baseline_total[1h]))) / "
+        "sum by (cluster) (rate(prefixscope_missed_requests_total[1h]))")
+    # the engines' own counters are enough for one SLO
+    engine = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixHitRateSloBurn"]
+    assert len(engine) == 4 and records["cluster:prefixscope_slo_prefix_hit_rate_errors:ratio_rate3d"] == (
+        "(sum by (cluster) (rate(prefixscope_prefix_cache_queried_tokens_total[3d])) - "
+        "sum by (cluster) (rate(prefixscope_prefix_cache_hit_tokens_total[3d]))) / "
+        "sum by (cluster) (rate(prefixscope_prefix_cache_queried_tokens_total[3d]))")
+
+
+def test_hours_of_burn_open_a_ticket_or_page_in_the_generated_promtool_cases() -> None:
+    tests = yaml.safe_load((GEN / "prefixscope.rules.test.yaml").read_text(encoding="utf-8"))["tests"]
+    by_name = {t["name"]: t["alert_rule_test"][0] for t in tests}
+    slow = by_name["PrefixSessionHitRateSloBurn: an 8-hour burn at 1.2 × opens a ticket and pages nobody"]
+    assert slow["eval_time"] == "480m"
+    assert [(a["exp_labels"]["burn_tier"], a["exp_labels"]["cluster"]) for a in slow["exp_alerts"]] == [
+        ("ticket_3d", "sick")]
+    fast = by_name["PrefixSessionHitRateSloBurn: an 8-hour burn at 5 × fires every tier below 5 ×"]
+    assert sorted(a["exp_labels"]["burn_tier"] for a in fast["exp_alerts"]) == ["page_6h", "ticket_1d", "ticket_3d"]
 
 
 def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
@@ -133,7 +188,7 @@ def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
     # the SLO burn windows are the workbook's, not the rate window; rule names keep their suffix
     assert "[30m]" in rule_file and "[6h]" in rule_file and ":ratio_rate5m" in rule_file
     slo_short = "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate5m"
-    assert "sum(rate(prefixscope_session_followup_prompt_tokens_total[5m]))" in yaml.safe_load(rule_file)[
+    assert "sum by (cluster) (rate(prefixscope_session_followup_prompt_tokens_total[5m]))" in yaml.safe_load(rule_file)[
         "groups"][0]["rules"][[r.record for r in RECORDING_RULES].index(slo_short)]["expr"]
     assert yaml.safe_load(files[GEN / "prefixscope.prometheusrule.yaml"])["spec"] == yaml.safe_load(rule_file)
     grafana_exprs = [d["model"].get("expr", "") for g in yaml.safe_load(files[GEN / "grafana-alerting.yaml"])["groups"]
@@ -142,7 +197,7 @@ def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:
     for path, text in files.items():
         if path.suffix == ".json":  # dashboards: every rate over the configured window
             assert "[5m]" not in text, path
-    assert "sum(increase(prefixscope_kv_index_repairs_total[10m]))" in files[ROOT / "docs" / "metrics.md"]
+    assert "sum by (cluster) (increase(prefixscope_kv_index_repairs_total[10m]))" in files[ROOT / "docs" / "metrics.md"]
     # and the generated promtool cases still build for the new window
     assert promtests.test_file(th, generate.RULES_FILE, {c.alert: "u" for c in CHECKS})["tests"]
 
@@ -161,8 +216,8 @@ def test_generated_promtool_tests_cover_every_alert_both_ways() -> None:
         mine = [t for t in tests if t["alert_rule_test"][0]["alertname"] == check.alert]
         fired = [t for t in mine if t["alert_rule_test"][0]["exp_alerts"]]
         silent = [t for t in mine if not t["alert_rule_test"][0]["exp_alerts"]]
-        if check.slo is not None:  # the ticket pair alone, both pairs, and neither
-            assert [len(t["alert_rule_test"][0]["exp_alerts"]) for t in mine] == [0, 1, 2], check.alert
+        if check.slo is not None:  # no tier, then each tier with those below it; then hours of burn
+            assert [len(t["alert_rule_test"][0]["exp_alerts"]) for t in mine][:5] == [0, 1, 2, 3, 4], check.alert
             assert mine[1]["alert_rule_test"][0]["exp_alerts"][0]["exp_labels"]["severity"] == "warning"
             continue
         assert len(fired) == 1 and len(silent) == 1, check.alert

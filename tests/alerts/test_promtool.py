@@ -55,3 +55,38 @@ def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stdout.count("FAILED") + done.stderr.count("FAILED") >= 1
     assert "(changed)" in done.stdout + done.stderr
+
+
+def _run_case(tmp_path: Path, case: dict) -> subprocess.CompletedProcess[str]:
+    shutil.copy(GEN / "prefixscope.rules.yaml", tmp_path)
+    doc = {"rule_files": ["prefixscope.rules.yaml"], "evaluation_interval": "1m", "tests": [case]}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return _promtool("test", "rules", "t.yaml", cwd=tmp_path)
+
+
+def _firing(alert: str, at: str, labels: dict[str, str]) -> dict:
+    """ALERTS as Prometheus keeps it: one firing sample with the alert's labels (or none, with {})."""
+    samples = [{"labels": "ALERTS" + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(
+        {"alertname": alert, "alertstate": "firing", **labels}.items())) + "}", "value": 1}] if labels else []
+    return {"expr": f'ALERTS{{alertname="{alert}", alertstate="firing"}}', "eval_time": at, "exp_samples": samples}
+
+
+def test_a_stray_kv_batch_during_a_fault_does_not_resolve_the_alert(tmp_path: Path) -> None:
+    """keep_firing_for: a silent publisher that sends one stray batch at minute 10 keeps its alert
+    (per worker, in its cluster) instead of resolving and firing again; the healthy cluster stays quiet."""
+    labels = {"cluster": "a", "severity": "warning", "step": "0", "worker": "w0"}
+    case = {
+        "interval": "1m",
+        "input_series": [
+            # silent from the start, one batch received at minute 10, silent again
+            {"series": 'prefixscope_kv_event_last_timestamp_seconds{cluster="a", worker="w0"}',
+             "values": "0x9 600x20"},
+            {"series": 'prefixscope_kv_event_last_timestamp_seconds{cluster="b", worker="w0"}',
+             "values": "0+60x30"},
+        ],
+        "promql_expr_test": [_firing("PrefixTelemetryKvEventsStale", "9m", labels),
+                             _firing("PrefixTelemetryKvEventsStale", "12m", labels),
+                             _firing("PrefixTelemetryKvEventsStale", "14m", labels)],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr

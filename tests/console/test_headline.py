@@ -132,7 +132,8 @@ def test_a_pending_fault_is_amber_at_the_top_and_on_the_alerts_page(pending_expo
     assert not at.exception
     body = texts(at)
     assert "### PrefixStickyCollisionsHigh · warning · step 2 · 1 pending" in body
-    assert {m.label: m.value for m in at.metric}["Pending alert groups"] == "2"
+    # the symptom, the cause, and the engines' hit-rate SLO the low hit rate breaks
+    assert {m.label: m.value for m in at.metric}["Pending alert groups"] == "3"
 
 
 def test_alertmanager_rows_say_what_inhibits_an_alert() -> None:

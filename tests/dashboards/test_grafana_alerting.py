@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from alerts import grafana
+from alerts import grafana, rules
 from prefixscope import thresholds as config
 from prefixscope.catalog import BURN_WINDOWS, CHECKS, STEPS
 
@@ -51,24 +51,29 @@ def test_rules_are_flat_not_ruler_api() -> None:
     assert len({r["uid"] for r in rules}) == len(rules)
 
 
-def test_a_missing_source_or_a_failing_query_never_pages() -> None:
-    """No data (a signal without a source) and an execution error resolve to OK, not NoData/Error
-    (which Grafana turns into firing DatasourceNoData/DatasourceError alerts)."""
+def test_a_missing_source_never_pages_and_a_data_source_outage_is_one_alert() -> None:
+    """No data (a signal without a source) resolves to OK; an execution error (Prometheus cannot be
+    queried) fires PrefixExporterDown alone — the chain is blind — and leaves every other rule OK."""
     assert grafana.NO_DATA_STATE == "OK" and grafana.EXEC_ERR_STATE == "OK"
     for r in _rules():
-        assert r["noDataState"] == "OK" and r["execErrState"] == "OK", r["title"]
+        assert r["noDataState"] == "OK", r["title"]
+        assert r["execErrState"] == ("Alerting" if r["title"] == "PrefixExporterDown" else "OK"), r["title"]
 
 
 def test_slo_pairs_check_both_windows() -> None:
     th = config.load()
     by_title = {r["title"]: r for r in _rules()}
-    page = by_title["PrefixSessionHitRateSloBurn (page)"]
+    page = by_title["PrefixSessionHitRateSloBurn (page_1h)"]
     refs = {d["refId"]: d for d in page["data"]}
     assert refs["A"]["model"]["expr"] == "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate1h"
     assert refs["D"]["model"]["expr"] == "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate5m"
-    assert refs["C"]["model"]["expression"] == "$B > 0.6 && $E > 0.6"
+    assert refs["C"]["model"]["expression"] == "$B > 0.9 && $E > 0.9"
     assert page["labels"]["severity"] == th.checks["slo_session_hit_rate"].severity == "critical"
-    assert by_title["PrefixSessionHitRateSloBurn (ticket)"]["labels"]["severity"] == "warning"
+    assert page["labels"]["burn_tier"] == "page_1h"
+    slow = by_title["PrefixSessionHitRateSloBurn (ticket_3d)"]
+    assert {d["refId"]: d for d in slow["data"]}["A"]["model"]["expr"] == (
+        "cluster:prefixscope_slo_session_hit_rate_errors:ratio_rate3d")
+    assert slow["labels"]["severity"] == "warning"
 
 
 def test_conditions_reference_their_queries_and_thresholds() -> None:
@@ -79,7 +84,7 @@ def test_conditions_reference_their_queries_and_thresholds() -> None:
             continue  # test_slo_pairs_check_both_windows
         refs = {d["refId"]: d for d in r["data"]}
         assert r["condition"] == "C" and set(refs) >= {"A", "B", "C"}
-        assert refs["A"]["model"]["expr"] == check.value
+        assert refs["A"]["model"]["expr"] == rules.check_expr(check, th)  # scoped, per worker where it alerts so
         assert refs["A"]["datasourceUid"] == "prometheus"
         math = refs["C"]["model"]["expression"]
         value = th.checks[check.threshold].value

@@ -24,7 +24,7 @@ def _sections(text: str) -> dict[str, str]:
 
 def test_every_runbook_file_belongs_to_an_alert() -> None:
     files = {p.stem for p in RUNBOOKS.glob("*.md")} - {"README", "diagnosis-chain"}
-    assert files == set(ALERTS)
+    assert files == set(ALERTS) | {"PrefixWatchdog"}  # the Watchdog checks the pipeline, not the fleet
 
 
 @pytest.mark.parametrize("alert", ALERTS)
