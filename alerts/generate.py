@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from grafanalib._gen import loader
 
-from alerts import alertmanager, docs, grafana, promtests, routers_doc, rules
+from alerts import alertmanager, docs, grafana, kubernetes, promtests, routers_doc, rules
 from dashboards.common import to_json, use_thresholds
 from prefixscope import thresholds as config
 from prefixscope.catalog import CHECKS
@@ -82,6 +82,7 @@ def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
     out[gen / "grafana-alerting.yaml"] = dump_yaml(grafana.provisioning(th, uid, panel_ids, urls))
     out[gen / "prefixscope.rules.test.yaml"] = dump_yaml(promtests.test_file(th, RULES_FILE, urls))
     out[gen / "alertmanager.yaml"] = dump_yaml(alertmanager.config(th))
+    out.update(kubernetes.manifests(out, root))
     out[root / "docs" / "metrics.md"] = docs.metrics_md(th)
     readme = root / "runbooks" / "README.md"
     current = readme.read_text(encoding="utf-8") if readme.exists() else ""
