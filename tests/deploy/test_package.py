@@ -137,6 +137,11 @@ def test_installed_package_runs(installed: tuple[str, Path], tmp_path: Path) -> 
     venv = bin_dir.parent.resolve()
     assert all(Path(p).resolve().is_relative_to(venv) for p in where[:2]), where
     assert where[2:] == [variant, variant]
+    # The console shows the runbooks in-app from the packaged runbooks/.
+    _run([str(bin_dir / "python"), "-c",
+          "from console.links import runbook_markdown; from prefixscope.catalog import CHECKS; "
+          "missing = [c.alert for c in CHECKS if not runbook_markdown(c.alert)]; assert not missing, missing"],
+         tmp_path, env)
 
     proc, url, seen = _start_export(bin_dir, tmp_path)
     try:
@@ -159,8 +164,8 @@ def test_installed_package_runs(installed: tuple[str, Path], tmp_path: Path) -> 
     assert f"prefix index: the {variant} core" in log, log
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="prefixscope generate writes into a source checkout (README.md, docs/, "
-                                       "runbooks/ beside the packages); an installed package has none of them")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="prefixscope generate writes into a source checkout (README.md and "
+                                       "docs/ beside the packages); an installed package has neither")
 def test_generate_runs_from_the_installed_package(installed: tuple[str, Path], tmp_path: Path) -> None:
     _, bin_dir = installed
     _run([str(bin_dir / "prefixscope"), "generate", "--check"], tmp_path, _env(), timeout=300)
