@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import yaml
@@ -130,3 +132,23 @@ def test_generate_writes_the_kubernetes_files() -> None:
     assert len(deploy) == 5
     stale = [str(p.relative_to(support.REPO)) for p in deploy if p.read_text(encoding="utf-8") != files[p]]
     assert not stale, f"run `prefixscope generate`: {stale}"
+
+
+def test_an_overlay_of_ones_own_sets_image_and_config(tmp_path: Path) -> None:
+    """The overlay docs/operating.md has users write on top of kube-prometheus-stack's."""
+    mine = tmp_path / "my-prefixscope"
+    mine.mkdir()
+    (mine / "exporter.yaml").write_text("workers: []\n# mine\n", encoding="utf-8")
+    overlay = os.path.relpath(TARGETS["kube-prometheus-stack"], mine)
+    (mine / "kustomization.yaml").write_text(
+        f"resources: [{overlay}]\n"
+        "images: [{name: prefixscope, newName: registry.example.com/prefixscope, newTag: 0.1.0}]\n"
+        "configMapGenerator: [{name: prefixscope-exporter-config, behavior: replace, files: [exporter.yaml]}]\n",
+        encoding="utf-8")
+    objs = render(mine)
+    images = {c["image"] for o in objs if o["kind"] == "Deployment" for c in o["spec"]["template"]["spec"]["containers"]}
+    assert images == {"registry.example.com/prefixscope:0.1.0"}
+    config = _one(objs, "ConfigMap", "prefixscope-exporter-config")
+    assert "# mine" in config["data"]["exporter.yaml"]
+    volumes = _one(objs, "Deployment", "prefixscope-exporter")["spec"]["template"]["spec"]["volumes"]
+    assert config["metadata"]["name"] in {v.get("configMap", {}).get("name") for v in volumes}
