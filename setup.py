@@ -3,11 +3,13 @@ family formatter (``exporter.web._render_core``); metadata is in pyproject.toml.
 
 Without Cython or a C compiler the install still succeeds, with a warning, and the exporter runs
 on the Python references (``exporter.core.index.prefix_index.CORE`` and ``exporter.web.exposition.CORE`` read
-``"reference"``).
+``"reference"``). ``PREFIXSCOPE_NO_COMPILE=1`` builds that pure-Python package on purpose, e.g.
+to check on a machine with a compiler what one without it installs.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from setuptools import setup
@@ -36,6 +38,9 @@ class OptionalBuildExt(build_ext):
 
 
 def extensions() -> list:
+    if os.environ.get("PREFIXSCOPE_NO_COMPILE", "").strip().lower() not in ("", "0", "false", "no"):
+        print("prefixscope: PREFIXSCOPE_NO_COMPILE is set; building without the compiled cores", file=sys.stderr)
+        return []
     try:
         from Cython.Build import cythonize
         from setuptools import Extension

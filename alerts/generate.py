@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from alerts import alertmanager, docs, grafana, promtests, routers_doc, rules
+from alerts import alertmanager, docs, grafana, kubernetes, promtests, routers_doc, rules
 from dashboards.common import to_json
 from dashboards.drawing import Drawing, Drawn
 from prefixscope import thresholds as config
@@ -106,6 +106,12 @@ def alertmanager_step(th: config.Thresholds, root: Path) -> dict[Path, str]:
     return {root / "alerts" / "generated" / "alertmanager.yaml": dump_yaml(alertmanager.config(th))}
 
 
+def kubernetes_step(generated: dict[Path, str], root: Path) -> dict[Path, str]:
+    """deploy/kubernetes's generated parts: what the rule, dashboard and Alertmanager steps wrote,
+    wrapped as Kubernetes objects (so the two installs cannot disagree)."""
+    return kubernetes.manifests(generated, root)
+
+
 def docs_step(th: config.Thresholds, root: Path) -> dict[Path, str]:
     """docs/metrics.md, the runbook index and the generated blocks of docs/routers.md and README.md."""
     out = {root / "docs" / "metrics.md": docs.metrics_md(th)}
@@ -135,6 +141,7 @@ def build(th: config.Thresholds, root: Path = ROOT) -> dict[Path, str]:
     out, links = dashboards_step(th, root)
     out |= rules_step(th, links, root)
     out |= alertmanager_step(th, root)
+    out |= kubernetes_step(out, root)
     out |= docs_step(th, root)
     return out
 
