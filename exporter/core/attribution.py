@@ -181,6 +181,17 @@ class KvAttribution:
         self._blocks.pop(worker, None)
         self._counts.pop(worker, None)
 
+    def labels_of(self, block: int, workers: Iterable[str]) -> tuple[str | None, str | None]:
+        """(adapter, tenant) a resident block was stored for on the first of ``workers`` that
+        holds it labelled; (None, None) when none does (no adapter, no salt, or unattributed)."""
+        for worker in workers:
+            for blocks in self._blocks.get(worker, {}).values():
+                kid = blocks.get(block)
+                if kid is not None:
+                    adapter, tenant = self._keys[kid]
+                    return (None if adapter == NONE else adapter), (None if tenant == NONE else tenant)
+        return None, None
+
     # ---- gauges ------------------------------------------------------------------------------
     def resident(self, index_resident: Mapping[str, Mapping[str, int]]
                  ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:

@@ -10,7 +10,7 @@ than the pass keeps child lists for, which gets a pass of its own outside the st
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.core.breaches import BreachClock
@@ -18,7 +18,7 @@ from exporter.core.checks import CheckResult, evaluate
 from exporter.core.culprits import Culprits, Namer
 from exporter.core.index.prefix_index import ROOT, TreeStats
 from exporter.core.index.tiers import medium_capacity
-from exporter.core.prefix_text import PrefixNames
+from exporter.core.prefix_text import Ask, PrefixNames, PrefixTokens, short_text
 from exporter.core.state import NO_TREE, TREE_CHILDREN_DEPTH, ClusterState, branch_label
 from exporter.core.windows import bucket_counts, histogram_quantile
 from exporter.web.server import BadRequest
@@ -118,12 +118,56 @@ def breaching_since(results: Mapping[str, CheckResult], recorded: Mapping[str, f
     return out
 
 
-def _namer(st: ClusterState, names: PrefixNames | None) -> Namer | None:
-    """Branch names from the exporter's prefix text (None: text is off)."""
+# Tokens of a branch's run turned into its name: a sentence or two, not one block's worth
+# ("Acme billing ass" is 16 byte tokens), and at most this many characters of text.
+NAME_TOKENS = 128
+NAME_CHARS = 400
+
+
+def run_tokens(tokens: PrefixTokens, run: Sequence[int], limit: int = NAME_TOKENS) -> tuple[int, ...]:
+    """The kept tokens of a branch's run, block after block while each block was kept whole
+    (fewer tokens than the keeper's per-block cap: the next block continues the text)."""
+    out: list[int] = []
+    for block in run:
+        toks = tokens.get(block)
+        if not toks:
+            break
+        out.extend(toks)
+        if len(out) >= limit or len(toks) >= tokens.max_tokens:
+            break
+    return tuple(out[:limit])
+
+
+def _namer(st: ClusterState, names: PrefixNames | None, stats: TreeStats | None = None) -> Namer | None:
+    """Branch names: the text of the branch's run when prefix text is on (else None), with the
+    tenant and LoRA adapter its first block was stored for (attribution on) either way."""
     if names is None:
         return None
+    kv = st.attribution.kv
     models = {w: info.snapshot.model for w, info in st.workers.items() if info.snapshot is not None}
-    return lambda block, holders: names.name(block, holders, models)
+    run_of = (stats or st.tree_stats() or NO_TREE).run
+
+    def name(block: int, holders: list[str]) -> dict[str, Any]:
+        adapter, tenant = kv.labels_of(block, holders)
+        toks = run_tokens(names.tokens, run_of(block) or (block,))
+        if not toks:
+            return {"text": None, "token_ids": None, "tenant": tenant, "adapter": adapter}
+        # Keyed by the branch and how many tokens it names: a longer run learnt later is asked again.
+        key = hash((block, len(toks)))
+        text = names.detokenizer.text(key)
+        if text is None:
+            urls = names.worker_urls
+            order = [*holders, *(w for w in urls if w not in holders)]
+            names.detokenizer.want(Ask(key, toks, tuple((urls[w], models.get(w)) for w in order if w in urls)[:3]))
+        return {"text": None if text is None else short_text(text, NAME_CHARS), "token_ids": list(toks),
+                "tenant": tenant, "adapter": adapter}
+    return name
+
+
+def _labels(st: ClusterState, block: int, holders: list[str]) -> dict[str, Any]:
+    """The tenant and adapter of a branch when prefix text is off (no text, no tokens)."""
+    adapter, tenant = st.attribution.kv.labels_of(block, holders)
+    return {"text": None, "token_ids": None, "tenant": tenant, "adapter": adapter}
 
 
 def culprits(state: ClusterState, query: Mapping[str, str] | None = None,
@@ -142,7 +186,8 @@ def _hex(block: int) -> str:
     return f"{block & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def tree(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+def tree(state: ClusterState, query: Mapping[str, str] | None = None,
+         names: PrefixNames | None = None) -> dict[str, Any]:
     query = query or {}
     max_depth = _int(query, "depth", TREE_CHILDREN_DEPTH, 1, 16)  # the background pass covers the default
     limit = _int(query, "limit", 200, 1, 10_000)
@@ -150,10 +195,11 @@ def tree(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[st
     if by not in ("hits", "blocks"):
         raise ApiError(f"by: expected hits or blocks, got {by!r}")
     stats = state.tree_stats_with_children(max_depth)  # before the lock: it may copy under it
-    return state.snapshot_for(lambda st: _tree(st, stats, max_depth, limit, by))
+    return state.snapshot_for(lambda st: _tree(st, stats, max_depth, limit, by, _namer(st, names, stats)))
 
 
-def _tree(st: ClusterState, latest: TreeStats | None, max_depth: int, limit: int, by: str) -> dict[str, Any]:
+def _tree(st: ClusterState, latest: TreeStats | None, max_depth: int, limit: int, by: str,
+          name: Namer | None = None) -> dict[str, Any]:
     index = st.index
     stats = latest or NO_TREE
     kids = stats.children
@@ -165,10 +211,13 @@ def _tree(st: ClusterState, latest: TreeStats | None, max_depth: int, limit: int
         run = run_of(first)
         last = run[-1]
         hit = sum(index.hit_tokens(b) for b in run)
+        holders = index.holders(first)
         out: dict[str, Any] = {
             "id": _hex(first), "label": f"{_hex(first)[:8]}…({len(run)} blocks)", "blocks": len(run),
             "depth_blocks": depth_blocks + len(run), "hit_tokens": hit,
-            "resident_workers": index.holders(first), "children": [],
+            "resident_workers": holders,
+            **(name(first, holders) if name is not None else _labels(st, first, holders)),
+            "children": [],
         }
         budget[0] -= 1
         if edge_depth < max_depth:
@@ -207,7 +256,7 @@ def _histogram_pairs(values: Any) -> list[list[int]]:
 def hotspots(state: ClusterState, query: Mapping[str, str] | None = None,
              names: PrefixNames | None = None) -> dict[str, Any]:
     k = _int(query or {}, "k", state.top_k, 1, 1000)
-    return state.snapshot_for(lambda st: _hotspots(st, k, _namer(st, names)))
+    return state.snapshot_for(lambda st: _hotspots(st, k, _namer(st, names, st.tree_stats())))
 
 
 def _hotspots(st: ClusterState, k: int, name: Namer | None = None) -> dict[str, Any]:
@@ -217,7 +266,7 @@ def _hotspots(st: ClusterState, k: int, name: Namer | None = None) -> dict[str, 
     hot = []
     for rank, (b, tok, sessions) in enumerate(st.hot_branches(k, stats), start=1):
         holders = index.holders(b)
-        text: Mapping[str, Any] = name(b, holders) if name is not None else {"text": None, "token_ids": None}
+        text: Mapping[str, Any] = name(b, holders) if name is not None else _labels(st, b, holders)
         hot.append({"rank": rank, "branch": branch_label(b), "hit_tokens": tok, "blocks": len(stats.run(b)),
                     "workers": holders, "sessions": sessions, **text})
     reps = stats.replicas
@@ -321,15 +370,17 @@ def _kv_stream(worker: str, counters: Mapping[str, Mapping[tuple[str, ...], floa
     return out
 
 
-def changes(state: ClusterState, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+def changes(state: ClusterState, query: Mapping[str, str] | None = None,
+            names: PrefixNames | None = None) -> dict[str, Any]:
     query = query or {}
     t_from, t_to = _float(query, "from"), _float(query, "to")
     if t_from is not None and t_to is not None and t_from > t_to:
         raise ApiError("from: must not be after to")
-    return state.snapshot_for(lambda st: _changes(st, t_from, t_to))
+    return state.snapshot_for(lambda st: _changes(st, t_from, t_to, _namer(st, names)))
 
 
-def _changes(st: ClusterState, t_from: float | None, t_to: float | None) -> dict[str, Any]:
+def _changes(st: ClusterState, t_from: float | None, t_to: float | None,
+             name: Namer | None = None) -> dict[str, Any]:
     w = st.window_s
     to = st.now if t_to is None else t_to
     frm = to - w if t_from is None else t_from
@@ -340,8 +391,13 @@ def _changes(st: ClusterState, t_from: float | None, t_to: float | None) -> dict
     for b, (tok, _s) in before.items():
         now_tok = after.get(b, (0.0, set()))[0]
         if now_tok < tok:
-            lost.append({"branch": branch_label(b), "before_hit_tokens": tok, "after_hit_tokens": now_tok})
+            lost.append({"block": b, "branch": branch_label(b), "before_hit_tokens": tok, "after_hit_tokens": now_tok})
     lost.sort(key=lambda x: x["after_hit_tokens"] - x["before_hit_tokens"])
+    lost = lost[: st.top_k * 5]
+    for row in lost:  # named after the cut: only the branches shown are looked up
+        b = row.pop("block")
+        holders = st.index.holders(b)
+        row.update(name(b, holders) if name is not None else _labels(st, b, holders))
     new_keys: dict[str, int] = {}
     rekeys: dict[str, int] = {}
     for ts, segment, rekeyed in st.session_events:
@@ -351,7 +407,7 @@ def _changes(st: ClusterState, t_from: float | None, t_to: float | None) -> dict
     segs = [{"segment": s, "rekeys": n, "share": n / new_keys[s]} for s, n in sorted(rekeys.items()) if n]
     pools = [{"ts": c.ts, "before": c.before, "after": c.after, "reshuffled_share": c.reshuffled_share}
              for c in st.pool_changes if frm - w < c.ts <= to]
-    return {"from": frm, "to": to, "lost_hits": lost[: st.top_k * 5], "rekeyed_segments": segs, "pool_changes": pools}
+    return {"from": frm, "to": to, "lost_hits": lost, "rekeyed_segments": segs, "pool_changes": pools}
 
 
 BUILDERS = {"groups": groups, "tree": tree, "hotspots": hotspots, "changes": changes, "culprits": culprits,
@@ -379,8 +435,8 @@ class ApiBuilders:
     def routes(self) -> dict[str, Any]:
         st, names, shard = self.state, self.names, self.shard
         return {"groups": lambda q: {**groups(st, q, self.breaches, names), "shard": shard},
-                "tree": lambda q: tree(st, q),
+                "tree": lambda q: tree(st, q, names),
                 "hotspots": lambda q: hotspots(st, q, names),
-                "changes": lambda q: changes(st, q),
+                "changes": lambda q: changes(st, q, names),
                 "workers": lambda q: {**workers(st, q), "shard": shard},
                 "culprits": lambda q: culprits(st, q, names)}

@@ -30,10 +30,12 @@ CONSOLE_READS: dict[str, tuple[str, ...]] = {
     "tree": (
         "stats.nodes", "stats.blocks", "stats.root_fanout", "stats.depth_p99",
         "root.children[].id", "root.children[].label", "root.children[].hit_tokens", "root.children[].blocks",
-        "root.children[].resident_workers", "root.children[].children"),
+        "root.children[].resident_workers", "root.children[].children", "root.children[].text",
+        "root.children[].tenant", "root.children[].adapter"),
     "hotspots": (
         "hot_branches[].rank", "hot_branches[].branch", "hot_branches[].hit_tokens", "hot_branches[].blocks",
         "hot_branches[].workers", "hot_branches[].sessions", "hot_branches[].text", "hot_branches[].token_ids",
+        "hot_branches[].tenant", "hot_branches[].adapter",
         "fanout.buckets", "depth.buckets",
         "duplication.blocks_on_1", "duplication.blocks_on_2", "duplication.blocks_on_3_plus",
         "duplication.duplicated_share",
@@ -47,7 +49,8 @@ CONSOLE_READS: dict[str, tuple[str, ...]] = {
     "culprits": tuple(f"checks.sticky_session_collision_rate.{k}" for k in ("workers", "prefixes", "sessions",
                                                                             "nodes", "near_duplicates")),
     "changes": (
-        "lost_hits[].branch", "lost_hits[].before_hit_tokens", "lost_hits[].after_hit_tokens",
+        "lost_hits[].branch", "lost_hits[].before_hit_tokens", "lost_hits[].after_hit_tokens", "lost_hits[].text",
+        "lost_hits[].tenant", "lost_hits[].adapter",
         "rekeyed_segments[].segment", "rekeyed_segments[].rekeys", "rekeyed_segments[].share",
         "pool_changes[].ts", "pool_changes[].before", "pool_changes[].after", "pool_changes[].reshuffled_share"),
 }

@@ -102,12 +102,16 @@ def test_hot_branches_carry_their_text_through_the_api(worker_url: str) -> None:
     names = PrefixNames(PrefixTokens(), Detokenizer(), {"w0": worker_url, "w1": worker_url})
     tee = TokenTee(state, names.tokens)
     # The crafted cluster's chain starts at block 11: teach the names its tokens as vLLM sends them.
-    tee.apply_kv_batch(KvBatch("w0", 1, 941.0, (BlockStored((11,), None, 16, 16, token_ids=tuple(PROMPT[:16])),)),
-                       941.0)
+    tee.apply_kv_batch(KvBatch("w0", 1, 941.0, (BlockStored((11, 12, 13), None, 16, 16,
+                                                            token_ids=tuple(PROMPT[:48])),)), 941.0)
     hot = ApiBuilders(state, names=names).routes()["hotspots"]
     first = hot({"k": "3"})["hot_branches"]
-    assert first and first[0]["token_ids"] == PROMPT[:16] and first[0]["text"] is None
+    assert first and first[0]["token_ids"] == PROMPT[:48] and first[0]["text"] is None
     names.detokenizer.drain()
-    assert hot({"k": "3"})["hot_branches"][0]["text"] == "You are a suppor"  # the first block: 16 byte tokens
+    # The branch's run (blocks 11–14, three of them kept), not its first block's 16 characters.
+    assert hot({"k": "3"})["hot_branches"][0]["text"] == "You are a support agent for ACME. Answer briefly"
+    # The tree and the changes name their branches the same way.
+    assert ApiBuilders(state, names=names).routes()["tree"]({})["root"]["children"][0]["text"] == \
+        "You are a support agent for ACME. Answer briefly"
     plain = ApiBuilders(state).routes()["hotspots"]({"k": "3"})["hot_branches"][0]  # text off: hashes only
     assert plain["text"] is None and plain["token_ids"] is None

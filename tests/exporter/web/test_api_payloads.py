@@ -27,7 +27,8 @@ def test_tree_groups_hotspots_changes():
     assert tree["stats"]["nodes"] == 3 and tree["stats"]["root_fanout"] == 1
     hot = api["hotspots"]({"k": "5"})
     assert hot["hot_branches"][0] == {"rank": 1, "branch": "00000000", "hit_tokens": 48.0, "blocks": 1,
-                                      "workers": ["w0"], "sessions": 1, "text": None, "token_ids": None}
+                                      "workers": ["w0"], "sessions": 1, "text": None, "token_ids": None,
+                                      "tenant": None, "adapter": None}
     assert hot["duplication"]["blocks_on_1"] == 4
     groups = api["groups"]({})
     assert [s["step"] for s in groups["steps"]] == [0, 1, 2, 3, 4, 5]

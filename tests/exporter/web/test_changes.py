@@ -56,13 +56,17 @@ def history() -> ClusterState:
     return st
 
 
+# Without prefix text and attribution a lost branch is named by its hash alone.
+UNNAMED = {"text": None, "token_ids": None, "tenant": None, "adapter": None}
+
+
 def test_default_windows_compare_the_previous_window_with_the_current_one():
     data = ApiBuilders(history()).routes()["changes"]({})
     assert (data["from"], data["to"]) == (200.0, 500.0)
     # X lost 128 − 48 = 80 tokens, the system prompt's own branch 32 − 0; Y kept its 64
     assert data["lost_hits"] == [
-        {"branch": branch_label(X1), "before_hit_tokens": 128.0, "after_hit_tokens": 48.0},
-        {"branch": branch_label(S1), "before_hit_tokens": 32.0, "after_hit_tokens": 0.0},
+        {"branch": branch_label(X1), "before_hit_tokens": 128.0, "after_hit_tokens": 48.0, **UNNAMED},
+        {"branch": branch_label(S1), "before_hit_tokens": 32.0, "after_hit_tokens": 0.0, **UNNAMED},
     ]
     # web: 3 new keys, 1 of them a re-key (c continues a); mobile has none and is not listed
     assert data["rekeyed_segments"] == [{"segment": "web", "rekeys": 1, "share": 1 / 3}]
