@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from prefixscope.catalog import CHECKS_BY_ALERT
+from prefixscope.units import format_reading
+from prefixscope.wording import summary as check_summary
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -65,11 +67,30 @@ def group_alerts(alerts: Iterable[Mapping], state: str = "firing") -> list[Alert
     return groups
 
 
+def value_text(alertname: str, raw: object) -> str:
+    """An alert's ``$value`` as what it is, in its unit: ``error ratio 16.0%`` for an SLO burn
+    alert, the check's key number otherwise (``1 m 41 s``), never ``9.965754716981131e-03``."""
+    try:
+        value = float(str(raw))
+    except ValueError:
+        return str(raw)
+    check = CHECKS_BY_ALERT.get(alertname)
+    if check is None:
+        return format_reading(value, "")
+    if check.kind == "slo":
+        return f"error ratio {format_reading(value, 'ratio')}"
+    if check.baseline:  # the alert compares the window's value itself with k × the baseline's
+        return format_reading(value, "seconds")
+    return format_reading(value, check.unit)
+
+
 def alerts_from_chain(steps: Iterable) -> list[dict]:
     """The firing and pending checks of a chain shaped like Prometheus alerts (when Prometheus
-    is absent), each with the severity in force."""
+    is absent), each with the severity in force, its value described by the check's title and
+    the alert's own summary."""
     return [{"labels": {"alertname": c.check.alert, "severity": c.severity or "warning"},
              "state": "firing" if c.status == "firing" else "pending", "activeAt": "",
-             "value": "" if c.value is None else f"{c.value:.4g}",
-             "annotations": {"summary": c.check.meaning}}
+             "value": f"{c.check.title}: {format_reading(c.value, c.check.unit)}",
+             "annotations": {"summary": check_summary(c.check, c.threshold) if c.threshold is not None
+                             else c.check.meaning}}
             for step in steps for c in step.checks if c.status == "firing" or c.pending]

@@ -18,6 +18,8 @@ from zoneinfo import ZoneInfo
 
 import plotly.graph_objects as go
 
+from prefixscope.units import format_clock, zone_label
+
 CHART_HEIGHT = 260
 Point = tuple[float, float | None]  # (Unix seconds, value or None for a gap)
 
@@ -74,18 +76,24 @@ def zone(name: str | None) -> tzinfo:
     return local
 
 
-def zone_label(tz: tzinfo, at: float) -> str:
-    """``UTC+02:00 CEST`` style: the offset always, the abbreviation when it says something."""
-    moment = datetime.fromtimestamp(at, tz)
-    offset = moment.strftime("%z")
-    text = f"UTC{offset[:3]}:{offset[3:]}" if offset else "UTC"
-    abbr = moment.tzname() or ""
-    return text if abbr in ("", "UTC") or abbr.startswith(("+", "-")) else f"{text} {abbr}"
-
-
 def timestamp_text(at: float, tz: tzinfo) -> str:
-    """A moment as 24-hour local time with its zone: ``2025-05-01 14:03:27 UTC+02:00 CEST``."""
-    return f"{datetime.fromtimestamp(at, tz):%Y-%m-%d %H:%M:%S} {zone_label(tz, at)}"
+    """A moment as 24-hour local time with its zone, to the second: ``2025-05-01 14:03:27 CEST``."""
+    return format_clock(at, tz)
+
+
+def scaled_axis(unit: str, values: Sequence[float], threshold: float | None) -> tuple[float, Axis]:
+    """The factor to multiply values by and the axis that reads them in their own unit: a
+    seconds series that stays under a second is drawn in milliseconds (a 5 ms lookup on a
+    ``0.005 s`` axis reads as nothing), under a millisecond in microseconds."""
+    axis = axis_for(unit)
+    if unit != "seconds":
+        return 1.0, axis
+    top = max([abs(v) for v in values] + ([abs(threshold)] if threshold is not None else []), default=0.0)
+    if 0 < top < 1e-3:
+        return 1e6, Axis("microseconds", tickformat=",.3~g", ticksuffix=" µs")
+    if 0 < top < 1:
+        return 1e3, Axis("milliseconds", tickformat=",.3~g", ticksuffix=" ms")
+    return 1.0, axis
 
 
 def spans_from_samples(samples: Iterable[tuple[str, Sequence[float]]], step_s: float) -> list[Span]:
@@ -161,9 +169,10 @@ def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: fl
     the series is shorter than that; a lone point is drawn as a marker.
     """
     tz = tz or zone(None)
-    axis = axis_for(unit)
+    scale, axis = scaled_axis(unit, [v for _, v in points if v is not None], threshold)
     times = [datetime.fromtimestamp(t, tz) for t, _ in points]
-    values = [v for _, v in points]
+    values = [None if v is None else v * scale for _, v in points]
+    threshold = None if threshold is None else threshold * scale
     valued = sum(1 for v in values if v is not None)
     fig = go.Figure()
     for span in spans:
@@ -173,16 +182,17 @@ def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: fl
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"alert {state}",
                                  marker={"symbol": "square", "size": 12,
                                          "color": SPAN_COLOURS.get(state, SPAN_COLOURS["pending"])}))
+    if threshold is not None:
+        # Named in the legend, not written on the plot: a label there overlapped the line and the title.
+        fig.add_hline(y=threshold, line={"color": THRESHOLD_COLOUR, "dash": "dash", "width": 1.5})
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"alert when {op} this",
+                                 line={"color": THRESHOLD_COLOUR, "dash": "dash", "width": 1.5}))
     hover_value = f"%{{y:{axis.tickformat or ',.4g'}}}"
     fig.add_trace(go.Scatter(x=times, y=values, mode="lines" if valued > 1 else "lines+markers", name=title,
                              line={"color": LINE_COLOUR, "width": 2}, marker={"color": LINE_COLOUR, "size": 7},
                              connectgaps=False,
                              hovertemplate=f"%{{x|%Y-%m-%d %H:%M:%S}}<br>{axis.tickprefix}{hover_value}"
                                            f"{axis.ticksuffix}<extra></extra>"))
-    if threshold is not None:
-        fig.add_hline(y=threshold, line={"color": THRESHOLD_COLOUR, "dash": "dash", "width": 1.5},
-                      annotation_text=f"alert when {op} threshold", annotation_position="top left",
-                      annotation_font={"color": THRESHOLD_COLOUR, "size": 11})
     end = datetime.now().timestamp() if now is None else now
     x_range = [datetime.fromtimestamp(end - range_s, tz), datetime.fromtimestamp(end, tz)] if range_s else None
     start = end - range_s if range_s else (points[0][0] if points else end)
@@ -193,9 +203,10 @@ def time_series(points: Sequence[Point], *, title: str, unit: str, threshold: fl
                            xanchor="center" if not valued else "left", y=0.5, yanchor="middle",
                            showarrow=False, font={"size": 12, "color": "#5f6b7a"}, name="history")
     fig.update_layout(
-        height=height, margin={"t": 36, "l": 70, "r": 16, "b": 52},
+        height=height, margin={"t": 36, "l": 70, "r": 16, "b": 72},
         title={"text": title, "font": {"size": 14}, "x": 0, "xanchor": "left"},
-        showlegend=bool(spans), legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"},
+        showlegend=bool(spans) or threshold is not None,
+        legend={"orientation": "h", "y": -0.28, "x": 1, "xanchor": "right", "font": {"size": 11}},
         hovermode="x unified", plot_bgcolor="white",
     )
     # type="date" explicitly: the legend entries of shaded spans come first with no x values, and

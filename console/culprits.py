@@ -1,13 +1,15 @@
 """Culprits of a check as the exporter reports them (docs/api.md), as typed rows (pure).
 
-The exporter names, per breaching check, the workers, prefixes, sessions and nodes driving its
-number. A malformed or missing part is left out, never guessed.
+The exporter names, per breaching check, the workers, prefixes, sessions and nodes whose own
+value for *that* check departs from their peers', each with why it is listed (``why``). A check
+without a per-entity series lists none. A malformed or missing part is left out, never guessed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from console import prefixes
 from prefixscope.units import format_reading as fmt
 
 
@@ -18,26 +20,39 @@ class WorkerCulprit:
     measure: str
     unit: str
     node: str | None
+    why: str | None = None  # "w1: 86 s since its last KV event; the others ≤ 5 s"
+
+    def line(self) -> str:
+        if self.why:
+            return self.why
+        return f"{self.worker}: {fmt(self.value, self.unit)} {self.measure}" if self.unit else self.worker
 
 
 @dataclass(frozen=True)
 class PrefixCulprit:
     branch: str
-    text: str | None  # the first words of the branch, when the exporter serves prefix text
+    text: str | None  # the words of the branch, when the exporter serves prefix text
     token_ids: tuple[int, ...]  # its first tokens, when text is not (yet) known
     workers: tuple[str, ...]
     hit_tokens: float | None
     lost_hit_tokens: float | None
+    tenant: str | None = None
+    adapter: str | None = None
+    why: str | None = None
 
     @property
     def name(self) -> str:
-        """``"You are a support agent…"`` or ``tokens 12 54 …`` or nothing, for a person."""
-        if self.text:
-            return f"“{self.text}”"
-        if self.token_ids:
-            shown = " ".join(str(t) for t in self.token_ids[:8])
-            return f"tokens {shown}{' …' if len(self.token_ids) > 8 else ''}"
-        return ""
+        """``“You are a support agent…” (tenant acme)`` or ``tokens 12 54 …`` or nothing, for a person."""
+        words = prefixes.words(self.text, self.token_ids)
+        who = prefixes.owner(self.tenant, self.adapter)
+        return f"{words} ({who})" if words and who else words or (f"({who})" if who else "")
+
+    @property
+    def full(self) -> str:
+        """The whole text the exporter serves (for an expander), with whose it is."""
+        words = prefixes.words(self.text, self.token_ids, limit=None)
+        who = prefixes.owner(self.tenant, self.adapter)
+        return f"{words} ({who})" if words and who else words
 
 
 @dataclass(frozen=True)
@@ -45,13 +60,15 @@ class SessionCulprit:
     session: str
     worker: str | None
     hit_ratio: float | None
+    why: str | None = None
+
+    def line(self) -> str:
+        base = self.why or f"{self.session}: {fmt(self.hit_ratio, 'ratio')} of its follow-up tokens cached"
+        return base + (f" (on {self.worker})" if self.worker else "")
 
 
 def _shown(text: str | None, tokens: tuple[int, ...]) -> str:
-    if text:
-        return f"“{text}”"
-    shown = " ".join(str(t) for t in tokens[:8])
-    return f"tokens {shown}{' …' if len(tokens) > 8 else ''}" if tokens else ""
+    return prefixes.words(text, tokens)
 
 
 @dataclass(frozen=True)
@@ -83,27 +100,26 @@ class Culprits:
     near_duplicates: tuple[NearDuplicatePair, ...] = ()
 
     def lines(self) -> list[str]:
-        """One markdown line per kind of culprit that has any."""
+        """One markdown line per kind of culprit that has any, each saying why it is listed."""
         out = []
         if self.near_duplicates:
             out.append("**Near-duplicate prefixes**: " + "; ".join(p.line() for p in self.near_duplicates))
         if self.workers:
-            w0 = self.workers[0]
-            items = ", ".join(f"`{w.worker}` ({fmt(w.value, w.unit)})" if w.unit else f"`{w.worker}`"
-                              for w in self.workers)
-            out.append(f"**Workers** by {w0.measure}: {items}")
+            out.append("**Workers**: " + " · ".join(w.line() for w in self.workers))
         if self.prefixes:
-            items = "; ".join(
-                f"`{p.branch}` {p.name}".rstrip() + (f" on {', '.join(p.workers)}" if p.workers else "")
-                for p in self.prefixes)
+            items = " · ".join(
+                f"`{p.branch}` {p.name}".rstrip() + (f": {p.why}" if p.why else "") +
+                (f" (on {', '.join(p.workers)})" if p.workers else "") for p in self.prefixes)
             out.append(f"**Prefixes**: {items}")
         if self.sessions:
-            items = ", ".join(f"`{s.session}` ({fmt(s.hit_ratio, 'ratio')} reused" +
-                              (f", on {s.worker})" if s.worker else ")") for s in self.sessions)
-            out.append(f"**Sessions** reusing least: {items}")
+            out.append("**Sessions**: " + " · ".join(s.line() for s in self.sessions))
         if self.nodes:
             out.append(f"**Nodes**: {', '.join(f'`{n}`' for n in self.nodes)}")
         return out
+
+    @property
+    def any(self) -> bool:
+        return bool(self.workers or self.prefixes or self.sessions or self.nodes or self.near_duplicates)
 
 
 def _num(v: object) -> float | None:
@@ -132,15 +148,17 @@ def parse_culprits(raw: object) -> Culprits | None:
     if not isinstance(raw, dict):
         return None
     workers = tuple(WorkerCulprit(str(r["worker"]), _num(r.get("value")), str(r.get("measure") or "value"),
-                                  str(r.get("unit") or ""), _str(r.get("node")))
+                                  str(r.get("unit") or ""), _str(r.get("node")), _str(r.get("why")))
                     for r in _rows(raw, "workers") if _str(r.get("worker")))
     prefixes = tuple(PrefixCulprit(
         str(r["branch"]), _str(r.get("text")),
         tuple(t for t in (r.get("token_ids") or []) if isinstance(t, int) and not isinstance(t, bool)),
         tuple(str(w) for w in (r.get("workers") or []) if isinstance(w, str)),
-        _num(r.get("hit_tokens")), _num(r.get("lost_hit_tokens")))
+        _num(r.get("hit_tokens")), _num(r.get("lost_hit_tokens")), _str(r.get("tenant")), _str(r.get("adapter")),
+        _str(r.get("why")))
         for r in _rows(raw, "prefixes") if _str(r.get("branch")))
-    sessions = tuple(SessionCulprit(str(r["session"]), _str(r.get("worker")), _num(r.get("hit_ratio")))
+    sessions = tuple(SessionCulprit(str(r["session"]), _str(r.get("worker")), _num(r.get("hit_ratio")),
+                                    _str(r.get("why")))
                      for r in _rows(raw, "sessions") if _str(r.get("session")))
     nodes = tuple(str(r["node"]) for r in _rows(raw, "nodes") if _str(r.get("node")))
     pairs = tuple(NearDuplicatePair(

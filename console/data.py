@@ -24,6 +24,7 @@ from console.http_json import SourceUnavailable
 from console.limits import Limits, limits_from_file, limits_from_groups
 from console.liveness import PoolView, pool_view_from_text
 from console.prom import PrometheusClient, Sample
+from console.runbook_steps import Evidence, pool_changes
 from console.settings import (
     ALERTMANAGER_ENV,
     DEFAULT_EXPORTER_URL,
@@ -259,3 +260,22 @@ def firing_alerts(src: Sources) -> tuple[list[dict], list[str]]:
                  "showing the checks the exporter itself finds firing."]
     steps = chain_from_exp(src.exporter_url).steps
     return alerts_from_chain(steps), notes
+
+
+def evidence(src: Sources, found: Chain) -> Evidence:
+    """What the runbook steps' conditions read: the chain's signals and breaches, its reuse and
+    limits, and the exporter's pool changes and re-keys of the window (unknown when it is down)."""
+    checks = found.checks()
+    signals = frozenset(sig for c in checks.values() for sig in c.check.signals if sig not in c.missing)
+    breaching = frozenset(k for k, c in checks.items() if c.status == "firing" or c.pending)
+    try:
+        ch = changes(src.exporter_url, None, None)
+    except SourceUnavailable:
+        ch = None
+    rekeys = None if ch is None else sum(int(r.get("rekeys") or 0) for r in ch.get("rekeyed_segments") or [])
+    culprit_workers = max((len(c.culprits.workers) for c in checks.values() if c.culprits is not None), default=0)
+    target = found.limits.threshold("prefix_hit_rate_total") if found.limits is not None else None
+    return Evidence(signals=signals, breaching=breaching,
+                    pool_changes=None if ch is None else pool_changes(ch.get("pool_changes") or []),
+                    rekeys=rekeys, available=found.reuse.available, achieved=found.reuse.achieved,
+                    hit_target=target, culprit_workers=culprit_workers)

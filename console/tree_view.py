@@ -4,34 +4,84 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from console import prefixes
 from console.liveness import Liveness, in_pool
+from prefixscope.units import format_reading
 
 METRIC_FIELD = {"hits": "hit_tokens", "blocks": "blocks"}
 
 
-def icicle_columns(root: Mapping, by: str, min_share: float = 0.0) -> dict[str, list]:
-    """ids/labels/parents/values for plotly's icicle or sunburst.
+def _own(node: Mapping, field: str) -> float:
+    value = node.get(field)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
-    Ids are paths (``root/3f2a/9c01``) so a node is unique even if a label repeats. Each value
-    is the node's own hits or blocks; plotly adds the children ("remainder" branch values).
-    ``min_share`` floors each node's own value at that share of the total, so a branch that is
-    shown at all is wide enough to read its label.
+
+def _total(node: Mapping, field: str, memo: dict[int, float]) -> float:
+    got = memo.get(id(node))
+    if got is None:
+        got = _own(node, field) + sum(_total(c, field, memo) for c in node.get("children") or [])
+        memo[id(node)] = got
+    return got
+
+
+def node_label(node: Mapping, limit: int = 32) -> str:
+    """A tree node as a person reads it: its first words, else its hash and length."""
+    text = node.get("text")
+    if isinstance(text, str) and text.strip():
+        return prefixes.short(text, limit)
+    blocks = node.get("blocks")
+    size = f" ({blocks} blocks)" if isinstance(blocks, int) else ""
+    return f"{str(node.get('id', '?'))[:8]}{size}"
+
+
+def icicle_columns(root: Mapping, by: str, min_share: float = 0.02) -> dict[str, list]:
+    """ids/labels/parents/values/hover for plotly's icicle (``branchvalues="total"``).
+
+    Ids are paths (``root/3f2a/9c01``) so a node is unique even if a label repeats. Each value is
+    the node's subtree total of hits or blocks. Labels are the prefixes' first words (hash and
+    length when the exporter serves no text). Siblings whose subtree is under ``min_share`` of the
+    whole would be unreadable slivers: two or more of them collapse into one "n more" node.
     """
     field = METRIC_FIELD[by]
-    cols: dict[str, list] = {"ids": [], "labels": [], "parents": [], "values": [], "workers": []}
-    stack: list[tuple[Mapping, str, str]] = [(root, "root", "")]
-    while stack:
-        node, path, parent = stack.pop()
-        cols["ids"].append(path)
-        cols["labels"].append("all prefixes" if not parent else str(node.get("label") or node.get("id")))
+    memo: dict[int, float] = {}
+    grand = _total(root, field, memo)
+    floor = grand * min_share
+    cols: dict[str, list] = {"ids": [], "labels": [], "parents": [], "values": [], "hover": []}
+
+    def add(id_: str, label: str, parent: str, value: float, hover: str) -> None:
+        cols["ids"].append(id_)
+        cols["labels"].append(label)
         cols["parents"].append(parent)
-        value = node.get(field)
-        cols["values"].append(float(value) if isinstance(value, int | float) else 0.0)
-        cols["workers"].append(", ".join(node.get("resident_workers") or []))
-        for child in reversed(node.get("children") or []):
-            stack.append((child, f"{path}/{child.get('id', '?')}", path))
-    floor = sum(cols["values"]) * min_share
-    cols["values"] = [v if i == 0 else max(v, floor) for i, v in enumerate(cols["values"])]
+        cols["values"].append(value)
+        cols["hover"].append(hover)
+
+    def hover(node: Mapping, value: float) -> str:
+        parts = [prefixes.of(node, limit=200) or f"branch {node.get('id', '?')}",
+                 f"{format_reading(value, 'tokens' if by == 'hits' else 'blocks')}"
+                 f"{' cached in the window' if by == 'hits' else ' in this branch'}"]
+        holders = node.get("resident_workers") or []
+        if holders:
+            parts.append(f"held by {', '.join(str(w) for w in holders)}")
+        return "<br>".join(parts)
+
+    add("root", "all prefixes", "", grand, f"all prefixes<br>{format_reading(grand, 'tokens' if by == 'hits' else 'blocks')}")
+    stack: list[tuple[Mapping, str]] = [(root, "root")]
+    while stack:
+        node, path = stack.pop()
+        kids = sorted(node.get("children") or [], key=lambda c: -_total(c, field, memo))
+        shown = [c for c in kids if _total(c, field, memo) >= floor]
+        small = [c for c in kids if _total(c, field, memo) < floor]
+        if len(small) == 1:
+            shown, small = shown + small, []
+        for child in shown:
+            child_path = f"{path}/{child.get('id', '?')}"
+            value = _total(child, field, memo)
+            add(child_path, node_label(child), path, value, hover(child, value))
+            stack.append((child, child_path))
+        if small:
+            value = sum(_total(c, field, memo) for c in small)
+            names = "<br>".join(node_label(c) for c in small[:8]) + ("<br>…" if len(small) > 8 else "")
+            add(f"{path}/more", f"{len(small)} more", path, value, f"{len(small)} smaller branches<br>{names}")
     return cols
 
 
@@ -96,30 +146,29 @@ def left_pool(workers: list[Mapping], liveness: Mapping[str, Liveness]) -> list[
 
 
 def prefix_name(branch: Mapping) -> str:
-    """A branch's first words (the exporter's ``text``), else its first token ids, else "—"."""
-    text, tokens = branch.get("text"), branch.get("token_ids")
-    if isinstance(text, str) and text:
-        return f"“{text}”"
-    if isinstance(tokens, list) and tokens:
-        shown = " ".join(str(t) for t in tokens[:8])
-        return f"tokens {shown}{' …' if len(tokens) > 8 else ''}"
-    return "—"
+    """A branch's words (the exporter's ``text``) with its tenant and adapter, else its first
+    token ids, else "—"."""
+    return prefixes.of(branch) or "—"
 
 
 def hot_branch_rows(branches: list[Mapping], liveness: Mapping[str, Liveness]) -> list[dict]:
-    """Hot branches with their first words next to the hash, and the workers holding them minus
+    """Hot branches with their words next to the hash, and the workers holding them minus
     workers that have left the pool."""
     rows = []
     for b in branches:
         holders = [str(w) for w in b.get("workers") or [] if in_pool(liveness, str(w))]
-        row = {k: v for k, v in b.items() if k not in ("text", "token_ids")}
-        named = {}
-        for k, v in row.items():
-            named[k] = v
-            if k == "branch":
-                named["prefix"] = prefix_name(b)
-        rows.append(named | {"workers": ", ".join(holders)})
+        text = b.get("text")
+        rows.append({"rank": b.get("rank"), "prefix": prefixes.of(b, limit=None) or "—",
+                     "tenant": b.get("tenant"), "adapter": b.get("adapter"), "hit_tokens": b.get("hit_tokens"),
+                     "sessions": b.get("sessions"), "blocks": b.get("blocks"), "workers": ", ".join(holders),
+                     "branch": b.get("branch"), "text": text if isinstance(text, str) else None})
     return rows
+
+
+def lost_rows(lost: list[Mapping]) -> list[dict]:
+    """Branches that lost hits, named by their words (their hash last)."""
+    return [{"prefix": prefixes.of(b, limit=None) or "—", "before_hit_tokens": b.get("before_hit_tokens"),
+             "after_hit_tokens": b.get("after_hit_tokens"), "branch": b.get("branch")} for b in lost]
 
 
 def domain_rows(workers: list[Mapping]) -> list[dict]:

@@ -1,14 +1,17 @@
 """Alerts: firing and pending alerts grouped like Alertmanager, each with its runbook and
 dashboard; with Alertmanager configured, which of them page and which are inhibited or silenced."""
 
+import time
+
 import streamlit as st
 
 from console import data, ui
-from console.alert_groups import AlertGroup, group_alerts
+from console.alert_groups import AlertGroup, group_alerts, value_text
 from console.alertmanager import pages, table_rows
 from console.http_json import SourceUnavailable
 from console.links import grafana_link, runbook_link
 from console.settings import ALERTMANAGER_ENV, link_settings
+from prefixscope.units import format_moment, parse_timestamp
 
 st.title("Alerts")
 links = link_settings()
@@ -40,8 +43,12 @@ def show_group(g: AlertGroup, state: str) -> None:
         shared = ", ".join(f"`{k}={v}`" for k, v in sorted(g.common_labels.items()) if k != "alertname")
         if shared:
             st.caption(f"Shared labels: {shared}")
-        st.table([{"labels": ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())) or "—",
-                   "since": r.active_at or "—", "value": r.value, "summary": r.summary} for r in g.rows])
+        now = time.time()
+        st.table(ui.readable_rows([{
+            "labels": ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())) or "—",
+            "since": format_moment(at, ui.zone(), now) if (at := parse_timestamp(r.active_at)) is not None else "—",
+            "value": r.value if ":" in r.value else value_text(g.alertname, r.value),
+            "summary": r.summary} for r in g.rows]))
         if g.known:
             line = f"[runbook]({runbook_link(g.alertname, links)})"
             grafana = grafana_link(g.alertname, links)
@@ -73,6 +80,8 @@ else:
         st.caption(f"{len(paging)} of {len(held)} alerts page; the others are inhibited by an earlier "
                    "step's alert or silenced.")
         if held:
-            st.table(table_rows(held))
+            st.table(ui.readable_rows([r | {"since": format_moment(at, ui.zone(), time.time())
+                                            if (at := parse_timestamp(r["since"])) is not None else "—"}
+                                       for r in table_rows(held)]))
         else:
             st.caption("Alertmanager holds no alerts.")

@@ -7,7 +7,7 @@ from console.chain import SYMPTOM_KEY, CheckState, reuse_reading
 from console.http_json import SourceUnavailable
 from console.links import grafana_link, in_app_markdown, runbook_link, runbook_markdown
 from console.readings import alert_terms, check_line, fires_in_text, shown_text, step_shown
-from console.runbook_steps import first_mitigation
+from console.runbook_steps import first_fitting
 from console.settings import link_settings, timezone_name
 
 st.title("Diagnosis chain")
@@ -34,7 +34,14 @@ headline = chain.headline
 checks = chain.checks()
 behind = [checks[k] for k in headline.checks if k in checks]
 with st.container(border=True, key="headline"):
-    if headline.state == "clear":
+    # The same evaluation the Alerts page lists: an SLO or the symptom firing alone is not CLEAR.
+    uncaused = [c for c in checks.values() if not c.cause and c.status == "firing" and not c.context]
+    if headline.state == "clear" and uncaused:
+        st.warning("**NO CAUSE FOUND** · Verdict: no step fails its cause checks, yet "
+                   + ", ".join(f"{c.check.title} ({ui.fmt(c.value, c.check.unit)})" for c in uncaused)
+                   + " fires: the cause lies outside what is instrumented, or has not crossed its limit yet.",
+                   icon=":material/help:")
+    elif headline.state == "clear":
         st.success("**CLEAR** · Verdict: no step fails its cause checks, and none is past its threshold.",
                    icon=":material/check_circle:")
     else:
@@ -49,14 +56,26 @@ with st.container(border=True, key="headline"):
                        f"{fires_in_text(headline.fires_in_s)} if it holds.", icon=":material/pending:")
         for c in behind:
             st.markdown(check_line(c))
-            for line in c.culprits.lines() if c.culprits is not None else []:
+            if c.culprits is None:
+                continue
+            for line in c.culprits.lines():
                 st.markdown(f"- {line}")
+            if not c.culprits.any:
+                st.caption("No worker, prefix or session stands out from its peers for this check.")
+            named = [p for p in c.culprits.prefixes if p.full]
+            if named:
+                with st.expander("Prefixes in full"):
+                    for p in named:
+                        st.markdown(f"- `{p.branch}` {p.full}")
         first = behind[0] if behind else None
         if first is not None:
-            step_text = first_mitigation(runbook_markdown(first.check.alert) or "")
-            if step_text:
-                st.markdown(f"**First step** ([runbook]({runbook_link(first.check.alert, links)})): "
-                            f"{in_app_markdown(step_text)}")
+            advice = first_fitting(first.check.alert, runbook_markdown(first.check.alert) or "",
+                                   data.evidence(src, chain))
+            if advice is not None:
+                st.markdown(f"**First step** ([runbook]({runbook_link(first.check.alert, links)}), step "
+                            f"{advice.number}): {in_app_markdown(advice.text)}")
+                if advice.reason():
+                    st.caption(f"Checked: {advice.reason()}.")
 
 if chain.symptom is not None:
     st.markdown(f"Symptom that starts the walk — {check_line(chain.symptom)}")
@@ -98,8 +117,7 @@ def check_chart(c: CheckState) -> None:
     if not any(v is not None for _, v in points):
         st.caption(f"No data in the last {range_label} for this check.")
         return
-    unit_title = charts.axis_for(c.check.unit).title
-    fig = charts.time_series(points, title=f"{c.check.title} ({unit_title})", unit=c.check.unit,
+    fig = charts.time_series(points, title=c.check.title, unit=c.check.unit,
                              threshold=c.threshold, op=c.check.op, spans=spans, tz=tz, range_s=range_s)
     st.plotly_chart(fig, key=f"chart-{c.check.key}", config={"displaylogo": False})
 

@@ -6,11 +6,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from console import charts, data, ui
+from console import data, ui
 from console.http_json import SourceUnavailable
 from console.liveness import classify
-from console.settings import timezone_name
-from console.tree_view import bucket_rows, hot_branch_rows, icicle_columns
+from console.tree_view import bucket_rows, hot_branch_rows, icicle_columns, lost_rows
 
 st.title("Prefix tree")
 src = data.sources()
@@ -36,12 +35,16 @@ c[1].metric("Blocks", ui.fmt(stats.get("blocks"), ""))
 c[2].metric("Root fan-out", ui.fmt(stats.get("root_fanout"), ""), help="Distinct first blocks: a jump means a broken shared prefix.")
 c[3].metric("Depth p99 (edges)", ui.fmt(stats.get("depth_p99"), ""))
 
-cols = icicle_columns(tree.get("root") or {"id": "root"}, by, min_share=0.02)
+cols = icicle_columns(tree.get("root") or {"id": "root"}, by, min_share=0.03)
 fig = go.Figure(go.Icicle(ids=cols["ids"], labels=cols["labels"], parents=cols["parents"], values=cols["values"],
-                          branchvalues="remainder", customdata=cols["workers"], root_color="#d9dde3",
-                          hovertemplate="%{label}<br>%{value:,.0f} " + by + "<br>workers: %{customdata}<extra></extra>"))
-fig.update_layout(margin={"t": 10, "l": 0, "r": 0, "b": 0}, height=380)
+                          branchvalues="total", customdata=cols["hover"], root_color="#d9dde3", maxdepth=4,
+                          textinfo="label", tiling={"orientation": "v"}, insidetextfont={"size": 13},
+                          hovertemplate="%{customdata}<extra></extra>"))
+fig.update_layout(margin={"t": 10, "l": 0, "r": 0, "b": 0}, height=420, uniformtext={"minsize": 11, "mode": "hide"})
 st.plotly_chart(fig, key="tree_icicle")
+st.caption("Each box is a branch of the cluster's prefix tree, named by its first words, as wide as its "
+           f"{'cached tokens in the window' if by == 'hits' else 'blocks'}; branches too thin to read are "
+           "gathered into “n more”. Hover for the full text, its tenant and adapter, and the workers holding it.")
 
 st.subheader("Hot branches")
 branches = hot.get("hot_branches") or []
@@ -52,8 +55,10 @@ try:
 except SourceUnavailable:
     liveness = {}  # unknown liveness: list every holder the index names
 if branches:
-    st.caption("Workers column: workers in the pool that hold the branch (a worker that left the pool is not listed).")
-    st.dataframe(pd.DataFrame(hot_branch_rows(branches, liveness)), hide_index=True, key="hot_branches")
+    st.caption("Workers: those in the pool that hold the branch (a worker that left the pool is not listed). "
+               "Click a prefix cell to read it whole.")
+    ui.table(hot_branch_rows(branches, liveness), "hot_branches", wide=("prefix",),
+             columns=("rank", "prefix", "tenant", "adapter", "hit_tokens", "sessions", "blocks", "workers", "branch"))
 else:
     st.caption("No hits recorded in the window.")
 
@@ -88,18 +93,15 @@ except SourceUnavailable as exc:
     st.stop()
 
 
-def table_or_none(title: str, rows: list, key: str) -> None:
+def table_or_none(title: str, rows: list, key: str, wide: tuple[str, ...] = ()) -> None:
     """A titled table, or "None." when the window has nothing (statements only: no Streamlit magic)."""
     st.markdown(f"**{title}**")
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key=key)
+        ui.table(rows, key, wide=wide)
     else:
         st.caption("None.")
 
 
-table_or_none("Branches that lost hits", ch.get("lost_hits") or [], "lost_hits")
+table_or_none("Branches that lost hits", lost_rows(ch.get("lost_hits") or []), "lost_hits", wide=("prefix",))
 table_or_none("Segments whose session keys churned", ch.get("rekeyed_segments") or [], "rekeyed_segments")
-tz = charts.zone(timezone_name())
-pools = [p | {"ts": charts.timestamp_text(p["ts"], tz)} if isinstance(p.get("ts"), int | float) else p
-         for p in ch.get("pool_changes") or []]
-table_or_none("Pool changes that reshuffled keys", pools, "pool_changes")
+table_or_none("Pool changes that reshuffled keys", ch.get("pool_changes") or [], "pool_changes")

@@ -1,11 +1,11 @@
 """Cache tiers: is offloading paying off? What the offload tiers hold against what they serve."""
 
-import pandas as pd
 import streamlit as st
 
 from console import data, ui
 from console.http_json import SourceUnavailable
 from console.tiers import PAYING_SHARE, cluster_summary, offload_rows
+from prefixscope.units import format_duration
 
 st.title("Cache tiers")
 st.caption("Is offloading paying off? Blocks the offload tiers (the KV events' CPU, STORAGE, … media) hold, "
@@ -30,13 +30,10 @@ total = cluster_summary(rows)
 m = st.columns(3)
 m[0].metric("Offload blocks held", ui.fmt(total["offload_blocks"], "blocks"))
 m[1].metric("Cached tokens served from offload", ui.fmt(total["offload_hit_tokens"], "tokens"),
-            help=f"In the last {ui.fmt(window_s, 'seconds')}.")
+            help=f"In the last {format_duration(window_s)}.")
 m[2].metric("Workers paying off", f"{sum(1 for r in rows if r['verdict'].startswith('paying'))} of {len(rows)}",
             help=f"An offload tier pays off when it serves at least {PAYING_SHARE:.0%} of the cached tokens.")
-st.dataframe(pd.DataFrame(rows), hide_index=True, key="offload", column_config={
-    "offload_fill": st.column_config.NumberColumn(format="percent"),
-    "offload_share_of_cached": st.column_config.NumberColumn(format="percent"),
-    "external_hit_ratio": st.column_config.NumberColumn(format="percent")})
+ui.table(rows, "offload")
 st.caption("Served from offload: cached tokens of every tier but the GPU (vLLM's prompt_tokens_cached_by_source, "
            "SGLang's cache_source), else the KV connector's external hits (vLLM, LMCache). Offload capacity is "
            "estimated from vLLM's offload usage; — is missing, never 0.")

@@ -42,7 +42,7 @@ else:
 def check_metric(col, ch: Chain, key: str) -> None:
     state = next((c for s in ch.steps for c in s.checks if c.check.key == key), None)
     if state is None:
-        col.metric(key, "—")
+        col.metric(key.replace("_", " "), "—")
         return
     col.metric(state.check.title, ui.fmt(state.value, state.check.unit),
                help=f"alert when {state.check.op} {ui.fmt(state.threshold, state.check.unit)}")
@@ -63,24 +63,23 @@ lv[1].metric("Down", counts["down"], help="Fails its scrape or a router marks it
 lv[2].metric("Left the pool", counts["left the pool"], help="Down or silent, and no traffic since: not ranked below.")
 lv[3].metric("Pool size (exporter)", ui.fmt(pool, ""), help="Workers the exporter sees healthy right now.")
 if workers and listing is not None:
-    st.dataframe(pd.DataFrame(stream_rows(workers, liveness, listing.get("evaluated_at"))), hide_index=True,
-                 key="liveness", column_config={"hit_share": st.column_config.NumberColumn(format="percent")})
+    ui.table(stream_rows(workers, liveness, listing.get("evaluated_at")), "liveness")
     st.caption("Hit share: the worker's part of the cluster's hit tokens in the window. KV gaps and lost batches "
                "count since the exporter started; a gap the replay healed is not a loss.")
 elif workers:
-    st.dataframe(pd.DataFrame([{"worker": r["worker"], "liveness": r["liveness"], "node": r["node"],
-                                "resident_blocks": r["resident_blocks"]} for r in capacity_rows(workers, liveness)]),
-                 hide_index=True, key="liveness")
+    ui.table(capacity_rows(workers, liveness), "liveness", columns=("worker", "liveness", "node", "resident_blocks"))
 if counts["unknown"]:
     st.caption(f"The exporter's pool has {ui.fmt(pool, '')} of {len(workers)} workers seen, but no scrape or "
                "router health says which are missing: those are shown as unknown.")
 
 st.subheader("Blocks against capacity")
-rows = capacity_rows(workers, liveness)
+# A worker that left the pool serves no one: its cache is not capacity (listed below instead).
+rows = [r for r in capacity_rows(workers, liveness) if r["liveness"] != "left the pool"]
 block_check = next((c for s in chain.steps for c in s.checks if c.check.key == "prefix_block_count_per_worker"), None)
 if rows and any(r["resident_blocks"] is not None for r in rows):
-    frame = pd.DataFrame(rows)
-    st.bar_chart(frame, x="worker", y=["resident_blocks", "capacity_blocks"], stack=False, height=260)
+    frame = pd.DataFrame(rows).rename(columns={"resident_blocks": "Resident blocks", "capacity_blocks": "Capacity"})
+    st.bar_chart(frame, x="worker", y=["Resident blocks", "Capacity"], stack=False, height=260,
+                 x_label="worker", y_label="blocks")
 elif block_check is not None and check_shown(block_check) == "not_instrumented":
     st.caption(f"No worker reports resident blocks: not instrumented (missing signal: "
                f"{', '.join(missing_signals(block_check))}).")
@@ -92,18 +91,17 @@ st.caption("Effective cache value = resident tokens × recent hit rate. Rank 1 l
            "Workers that left the pool are not ranked.")
 ranking = removal_ranking(workers, liveness)
 if ranking:
-    st.dataframe(pd.DataFrame(ranking)[["removal_rank", "worker", "liveness", "effective_cache_value_tokens",
-                                        "resident_blocks", "capacity_blocks", "used", "warm_pool"]],
-                 hide_index=True, key="removal_ranking")
+    ui.table(ranking, "removal_ranking", columns=("removal_rank", "worker", "liveness", "effective_cache_value_tokens",
+                                                  "resident_blocks", "capacity_blocks", "used", "warm_pool"))
 gone = left_pool(workers, liveness)
 if gone:
     st.markdown("**Left the pool** (their cache no longer serves anyone)")
-    st.dataframe(pd.DataFrame(gone), hide_index=True, key="left_pool")
+    ui.table(gone, "left_pool")
 
 st.subheader("NVLink domains")
 domains = domain_rows(workers)
 if domains:
-    st.dataframe(pd.DataFrame(domains), hide_index=True, key="domains")
+    ui.table(domains, "domains")
 else:
     st.caption("No topology file: workers have no node or NVLink domain.")
 
@@ -116,5 +114,5 @@ if chain.source == "prometheus" and src.prometheus_url:
         ui.source_down(exc)
     else:
         kinds = sorted(set(moves) | set(cross))
-        st.dataframe(pd.DataFrame([{"kind": k, "session_migrations_per_min": moves.get(k),
-                                    "cross_node_per_min": cross.get(k)} for k in kinds]), hide_index=True)
+        ui.table([{"kind": k, "session_migrations_per_min": moves.get(k), "cross_node_per_min": cross.get(k)}
+                  for k in kinds], "migrations")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from console import charts
 from console.charts import Span, spans_from_samples, time_series, zone_label
 
@@ -58,7 +60,7 @@ def test_spans_from_alert_samples_merge_consecutive_steps() -> None:
 
 def test_zone_label_names_utc_plainly() -> None:
     assert zone_label(ZoneInfo("UTC"), T0) == "UTC+00:00"
-    assert charts.timestamp_text(T0, BERLIN) == "2025-05-01 14:00:00 UTC+02:00 CEST"
+    assert charts.timestamp_text(T0, BERLIN) == "2025-05-01 14:00:00 CEST"
 
 
 def _x_range(fig) -> list[float]:
@@ -98,3 +100,14 @@ def test_a_short_history_says_how_long_and_a_full_one_says_nothing() -> None:
 def test_without_a_selected_range_the_axis_fits_the_data_as_before() -> None:
     fig = time_series([(T0 + 60 * i, 0.5) for i in range(5)], title="t", unit="ratio", tz=BERLIN)
     assert fig.layout.xaxis.range is None and _captions(fig) == []
+
+
+def test_a_sub_second_series_is_drawn_in_milliseconds_with_its_threshold() -> None:
+    points = [(T0 + 60 * i, 0.004 + 0.001 * i) for i in range(5)]
+    fig = time_series(points, title="walk", unit="seconds", threshold=0.005, tz=BERLIN)
+    assert fig.layout.yaxis.title.text == "milliseconds" and fig.layout.yaxis.ticksuffix == " ms"
+    line = next(t for t in fig.data if t.name == "walk")
+    assert list(line.y) == pytest.approx([4, 5, 6, 7, 8])
+    assert fig.layout.shapes[-1].y0 == pytest.approx(5)  # the threshold, in the same unit
+    assert any(t.name == "alert when > this" for t in fig.data)  # named in the legend, not over the plot
+    assert not fig.layout.annotations

@@ -76,7 +76,10 @@ def test_the_exporter_turns_a_breach_pending_then_firing_after_its_for() -> None
     culprits = sticky["culprits"]
     assert [s["session"] for s in culprits["sessions"]] == ["s0", "s1", "s2"]
     assert {s["worker"] for s in culprits["sessions"]} == {"w1"}
-    assert culprits["prefixes"][0]["workers"] and culprits["workers"][0]["measure"] == "recent hit ratio"
+    assert culprits["sessions"][0]["why"] == ("s0: 50.0% of its follow-up tokens cached; the other sessions' "
+                                              "median 100.0%")
+    # Collisions have no per-worker series, and the shared chain's hits did not change: neither is named.
+    assert culprits["workers"] == [] and culprits["prefixes"] == []
     assert checks["prefix_block_count_per_worker"]["culprits"] is None  # within its limit
     now[0] += 300
     later = groups({})  # the record keeps the loop's start: 300 s on, the alert fires
@@ -87,7 +90,8 @@ def test_the_culprits_endpoint_answers_named_checks_and_refuses_unknown_ones() -
     api = ApiBuilders(cluster.build_state()).routes()["culprits"]
     got = api({"checks": "kv_event_staleness,prefix_block_count_per_worker"})["checks"]
     assert set(got) == {"kv_event_staleness", "prefix_block_count_per_worker"}
-    assert got["kv_event_staleness"]["workers"][0]["measure"] == "seconds since its last KV event"
+    # No worker's KV stream departs from the others' (both last sent at 940 s): none is named.
+    assert got["kv_event_staleness"]["workers"] == []
     with pytest.raises(ValueError, match="unknown check keys nope"):
         api({"checks": "nope"})
 
@@ -124,10 +128,10 @@ def test_a_pending_fault_is_amber_at_the_top_and_on_the_alerts_page(pending_expo
     assert not at.error  # nothing has fired yet: no red
     top = at.warning[-1].value
     assert top.startswith("**PENDING** · Verdict: step 2 — Affinity.")
-    assert "alert fires in 5.0 min if it holds" in top or "alert fires in 300" in top, top
+    assert "alert fires in 5 m if it holds" in top, top
     body = texts(at)
     assert "### Step 2 — Affinity · :orange[:material/pending: PENDING]" in body
-    assert "**Sessions** reusing least: `s0`" in body
+    assert "**Sessions**: s0: 50.0% of its follow-up tokens cached; the other sessions' median 100.0% (on w1)" in body
     at.switch_page("app_pages/alerts.py").run()
     assert not at.exception
     body = texts(at)

@@ -45,4 +45,4 @@ def test_workers_that_left_are_neither_ranked_nor_holders() -> None:
     ranked = removal_ranking(workers, live)
     assert [(r["worker"], r["removal_rank"]) for r in ranked] == [("w0", 1), ("w2", 2)]
     rows = hot_branch_rows([{"branch": "b", "workers": ["w0", "w1", "w2"]}], live)
-    assert rows == [{"branch": "b", "prefix": "—", "workers": "w0, w2"}]
+    assert [(r["branch"], r["prefix"], r["workers"]) for r in rows] == [("b", "—", "w0, w2")]

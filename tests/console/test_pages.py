@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,8 @@ def worker_tables(at: AppTest) -> dict:
     out = {}
     for frame in (d.value for d in at.dataframe):
         cols = list(frame.columns)
-        name = ("removal_ranking" if "removal_rank" in cols else "domains" if "nvlink_domain" in cols
-                else "liveness" if "liveness" in cols else "left_pool" if cols == ["worker", "resident_blocks", "node"]
+        name = ("removal_ranking" if "Safe-to-remove rank" in cols else "domains" if "NVLink domain" in cols
+                else "liveness" if "Liveness" in cols else "left_pool" if cols == ["Worker", "Resident blocks", "Node"]
                 else "migrations")
         out.setdefault(name, frame)
     return out
@@ -54,9 +55,13 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     assert "Failing: Sticky-session collisions." in at.error[0].value
     body = texts(at)
     # Sessions s0–s2 came back on w1 and reused half their prompt (cluster.py); w1 hit 41%.
-    assert "**Sessions** reusing least: `s0` (50.0% reused, on w1), `s1` (50.0% reused, on w1)" in body
-    assert "**Workers** by recent hit ratio: `w0` (41.0%), `w1` (41.0%)" in body
-    assert "**First step** ([runbook](./runbook?alert=PrefixStickyCollisionsHigh)): Reshuffle after a pool change" in body
+    assert ("**Sessions**: s0: 50.0% of its follow-up tokens cached; the other sessions' median 100.0% (on w1) · "
+            "s1: 50.0% of its follow-up tokens cached; the other sessions' median 100.0% (on w1)") in body
+    # Collisions have no per-worker series: no worker is blamed (both hit 41%, alike).
+    assert "**Workers**" not in body
+    # The pool grew 1 → 2 in the window without a measured reshuffle: step 1 cannot be ruled out.
+    assert "**First step** ([runbook](./runbook?alert=PrefixStickyCollisionsHigh), step 1): Reshuffle after" in body
+    assert "Checked: a pool change (1 → 2 workers), its reshuffle not measured." in body
     # The symptom is shown, firing, but it is not the verdict (cluster.py: 410 / 1000 tokens).
     assert f"Symptom that starts the walk — **Prefix hit rate (cluster)**: 41.0% (alert when < 60.0%) — {FIRING}" in body
     assert f"**Sticky-session collisions**: 30.0% (alert when > 5.0%) — {FIRING}" in body
@@ -64,11 +69,11 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     assert f"**Cache pressure (full and thrashing)**: 0.0% (alert when > 10.0%) — {OK}" in body
     # Not instrumented is neither ok nor an alarm, and says what is missing.
     assert f"### Step 3 — Cold-miss cost · {MISSING}" in body
-    assert f"**Async prefill wait p99**: — (alert when > 5.00 s) — {MISSING} · missing signal: async_prefill" in body
+    assert f"**Async prefill wait p99**: — (alert when > 5 s) — {MISSING} · missing signal: async_prefill" in body
     assert f"### Step 1 — Cache · {OK}" in body  # the falling hit rate alone does not fail step 1
     assert "Prometheus is not configured" in body
     # Nothing measured in the window on a source that exists is not "not instrumented".
-    assert f"**Ingest errors**: — (alert when > 0.50/s) — {NO_DATA}" in body
+    assert f"**Ingest errors**: — (alert when > 0.5/s) — {NO_DATA}" in body
     assert f"**Scrape targets up**: — (alert when > 0 targets) — {NO_DATA}" in body
     # Links go where something answers: the in-app runbook page; no Grafana is configured.
     assert "[runbook](./runbook?alert=PrefixStickyCollisionsHigh)" in body
@@ -101,7 +106,7 @@ def test_prefix_tree_page(exporter_only: str) -> None:
     # One chain of 4 blocks (w1 holds its first 2): one radix node.
     assert (m["Nodes"], m["Blocks"], m["Root fan-out"]) == ("1", "4", "1")
     hot = at.dataframe[0].value
-    assert hot["hit_tokens"].tolist() == [544.0]  # 3 × 32 + 7 × 64 follow-up hits
+    assert hot["Cached tokens (window)"].tolist() == ["544 tokens"]  # 3 × 32 + 7 × 64 follow-up hits
     at.radio(key="tree_by").set_value("blocks").run()
     assert not at.exception
 
@@ -114,27 +119,34 @@ def test_prefix_tree_page_with_a_topology_and_a_pool_change(topology_only: str) 
     assert (m["Nodes"], m["Blocks"], m["Root fan-out"]) == ("4", "9", "2")
     # Leaf depths in edges: A 2, B 2, C 1 → cumulative (le=1: 1, le=2: 3); rank 0.99 × 3 = 2.97
     # falls in (1, 2]: 1 + (2.97 − 1) / 2 = 1.985.
-    assert m["Depth p99 (edges)"] == "1.985"
+    assert m["Depth p99 (edges)"] == "1.98"  # three significant digits
     # S on w0, w1, w2 (2 blocks), A on w0, w1 (3), B on w2 and C on w3 (4): 5 of 9 duplicated.
     assert (m["Blocks on 1 worker"], m["On 2 workers"], m["On 3+ workers"]) == ("4", "3", "2")
     assert m["Duplicated share"] == "55.6%"
     hot, lost, rekeyed, pools = (d.value for d in at.dataframe)
     # Hits of the last 5 minutes: A 80 + 80 (u0, u1), C 32 + 32 (m0b, m1), S 32 (v0 on w0).
     # S is still in w2's cache, but w2 left the pool: it is not listed as holding the branch.
-    assert hot.to_dict("records") == [
-        {"rank": 1, "branch": "1a1a0000", "prefix": "—", "hit_tokens": 160.0, "blocks": 3, "workers": "w0, w1", "sessions": 2},
-        {"rank": 2, "branch": "1c1c0000", "prefix": "—", "hit_tokens": 64.0, "blocks": 2, "workers": "w3", "sessions": 2},
-        {"rank": 3, "branch": "51510000", "prefix": "—", "hit_tokens": 32.0, "blocks": 2, "workers": "w0, w1", "sessions": 1}]
+    assert hot[["Rank", "Branch", "Prefix", "Cached tokens (window)", "Blocks", "Workers", "Sessions"]].to_dict(
+        "records") == [
+        {"Rank": "1", "Branch": "1a1a0000", "Prefix": "—", "Cached tokens (window)": "160 tokens", "Blocks": "3 blocks",
+         "Workers": "w0, w1", "Sessions": "2 sessions"},
+        {"Rank": "2", "Branch": "1c1c0000", "Prefix": "—", "Cached tokens (window)": "64 tokens", "Blocks": "2 blocks",
+         "Workers": "w3", "Sessions": "2 sessions"},
+        {"Rank": "3", "Branch": "51510000", "Prefix": "—", "Cached tokens (window)": "32 tokens", "Blocks": "2 blocks",
+         "Workers": "w0, w1", "Sessions": "1 session"}]
     # B had 64 + 64 (v0, v1 on w2) in the earlier window and nothing once w2 left; A (160 → 160)
     # and C (32 → 64) did not lose.
-    assert lost.to_dict("records") == [{"branch": "1b1b0000", "before_hit_tokens": 128.0, "after_hit_tokens": 0.0}]
+    assert lost.to_dict("records") == [{"Prefix": "—", "Cached tokens before": "128 tokens",
+                                        "Cached tokens after": "0 tokens", "Branch": "1b1b0000"}]
     # New mobile keys in the later window: m0b (continues m0) and m1 → 1 re-key of 2.
-    assert rekeyed.to_dict("records") == [{"segment": "mobile", "rekeys": 1, "share": 0.5}]
+    assert rekeyed.to_dict("records") == [{"Segment": "mobile", "Re-keyed sessions": "1 session",
+                                           "Share of new keys": "50.0%"}]
     # Pool 4 → 3 when w2 aged out; of u0, u1, v0, v1 (served before and after) v0 and v1 moved: 2 / 4.
     (pool,) = pools.to_dict("records")
-    assert (pool["before"], pool["after"], pool["reshuffled_share"]) == (4, 3, 0.5)
-    assert pool["ts"][10:20] == " " + pool["ts"][11:19] + " "  # 24-hour time, then its zone
-    assert " UTC" in pool["ts"]
+    assert (pool["Pool before"], pool["Pool after"], pool["Keys reshuffled"]) == ("4 workers", "3 workers", "50.0%")
+    # Relative first, then the 24-hour time in the configured zone, to the second.
+    assert re.fullmatch(r"\S.* ago \(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+\)|\S.* ago \(\d\d:\d\d:\d\d \S+\)",
+                        pool["When"]), pool["When"]
     at.radio(key="tree_by").set_value("blocks").run()
     assert not at.exception
 
@@ -146,10 +158,10 @@ def test_workers_page(exporter_only: str) -> None:
     assert m["Topology-aware placement"] == "—"  # no topology: missing, not 0
     # No scrape targets, but the pool holds both workers the exporter has seen: both up.
     assert (m["Up"], m["Down"], m["Left the pool"], m["Pool size (exporter)"]) == ("2", "0", "0", "2")
-    assert worker_tables(at)["liveness"]["liveness"].tolist() == ["up", "up"]
+    assert worker_tables(at)["liveness"]["Liveness"].tolist() == ["up", "up"]
     ranking = worker_tables(at)["removal_ranking"]
-    assert list(ranking["worker"]) == ["w1", "w0"]  # w1 holds less reused cache: safest to remove
-    assert ranking["used"].round(3).tolist() == [0.02, 0.04]
+    assert list(ranking["Worker"]) == ["w1", "w0"]  # w1 holds less reused cache: safest to remove
+    assert ranking["Used"].tolist() == ["2.0%", "4.0%"]
 
 
 def test_workers_page_with_a_topology_and_a_pool_change(topology_only: str) -> None:
@@ -168,18 +180,18 @@ def test_workers_page_with_a_topology_and_a_pool_change(topology_only: str) -> N
     # w3 2 × 16 × (0 + 32 + 32) / (80 + 112 + 48) = 8.53; w0 5 × 16 × (80 + 32) / (96 + 80) = 50.9;
     # w1 5 × 16 × 80 / 96 = 66.7; w2 served nothing in the window and the pool is 3 of 4: the
     # three that served are the pool, w2 has left it and is not ranked at all.
-    assert list(ranking["worker"]) == ["w3", "w0", "w1"]
-    assert ranking["removal_rank"].tolist() == [1, 2, 3]
-    assert ranking["effective_cache_value_tokens"].round(2).tolist() == [8.53, 50.91, 66.67]
-    assert ranking["used"].tolist() == [2 / 400, 5 / 1000, 5 / 1000]
-    assert ranking["warm_pool"].tolist() == [True, False, False]
-    assert ranking["liveness"].tolist() == ["up", "up", "up"]
-    assert worker_tables(at)["left_pool"]["worker"].tolist() == ["w2"]
+    assert list(ranking["Worker"]) == ["w3", "w0", "w1"]
+    assert ranking["Safe-to-remove rank"].tolist() == ["1", "2", "3"]
+    assert ranking["Effective cache value"].tolist() == ["8.53 tokens", "50.9 tokens", "66.7 tokens"]
+    assert ranking["Used"].tolist() == ["0.5%", "0.5%", "0.5%"]
+    assert ranking["Warm pool"].tolist() == ["yes", "no", "no"]
+    assert ranking["Liveness"].tolist() == ["up", "up", "up"]
+    assert worker_tables(at)["left_pool"]["Worker"].tolist() == ["w2"]
     assert (m["Up"], m["Left the pool"], m["Pool size (exporter)"]) == ("3", "1", "3")
     domains = worker_tables(at)["domains"]
     assert domains.to_dict("records") == [
-        {"nvlink_domain": "n0-d0", "node": "n0", "workers": "w0, w1", "resident_blocks": 10.0},
-        {"nvlink_domain": "n1-d0", "node": "n1", "workers": "w2, w3", "resident_blocks": 6.0}]
+        {"NVLink domain": "n0-d0", "Node": "n0", "Workers": "w0, w1", "Resident blocks": "10 blocks"},
+        {"NVLink domain": "n1-d0", "Node": "n1", "Workers": "w2, w3", "Resident blocks": "6 blocks"}]
 
 
 def test_workers_page_tells_dead_workers_from_live_ones(liveness_only: str) -> None:
@@ -188,16 +200,16 @@ def test_workers_page_tells_dead_workers_from_live_ones(liveness_only: str) -> N
     m = metrics(at)
     assert (m["Up"], m["Down"], m["Left the pool"], m["Pool size (exporter)"]) == ("2", "1", "1", "2")
     table = worker_tables(at)["liveness"]
-    assert dict(zip(table["worker"], table["liveness"], strict=True)) == {
+    assert dict(zip(table["Worker"], table["Liveness"], strict=True)) == {
         "w0": "up", "w1": "up", "w2": "left the pool", "w3": "down"}
     # The exporter ranks w2 (value 16) safest to remove; it is gone, so the console ranks the rest:
     # w0 and w3 (32 each, by name), then w1 (48).
     ranking = worker_tables(at)["removal_ranking"]
-    assert ranking[["removal_rank", "worker", "liveness"]].to_dict("records") == [
-        {"removal_rank": 1, "worker": "w0", "liveness": "up"},
-        {"removal_rank": 2, "worker": "w3", "liveness": "down"},
-        {"removal_rank": 3, "worker": "w1", "liveness": "up"}]
-    assert worker_tables(at)["left_pool"]["worker"].tolist() == ["w2"]
+    assert ranking[["Safe-to-remove rank", "Worker", "Liveness"]].to_dict("records") == [
+        {"Safe-to-remove rank": "1", "Worker": "w0", "Liveness": "up"},
+        {"Safe-to-remove rank": "2", "Worker": "w3", "Liveness": "down"},
+        {"Safe-to-remove rank": "3", "Worker": "w1", "Liveness": "up"}]
+    assert worker_tables(at)["left_pool"]["Worker"].tolist() == ["w2"]
 
 
 def test_the_workers_page_reads_the_exporters_worker_list(monkeypatch: pytest.MonkeyPatch, liveness_only: str) -> None:
@@ -211,22 +223,23 @@ def test_the_workers_page_reads_the_exporters_worker_list(monkeypatch: pytest.Mo
     monkeypatch.setattr(data, "pool_view", no_metrics)
     at = run("workers")  # fails on an exception if the page called pool_view
     assert not any("liveness is unknown" in w.value for w in at.warning)
-    table = worker_tables(at)["liveness"].set_index("worker")
-    assert table["liveness"].to_dict() == {"w0": "up", "w1": "up", "w2": "left the pool", "w3": "down"}
-    assert table["last_scrape_s_ago"].to_dict() == {"w0": 10.0, "w1": 10.0, "w2": 100.0, "w3": 100.0}
-    assert table["last_kv_event_s_ago"].tolist() == [60.0] * 4
+    table = worker_tables(at)["liveness"].set_index("Worker")
+    assert table["Liveness"].to_dict() == {"w0": "up", "w1": "up", "w2": "left the pool", "w3": "down"}
+    assert table["Last scrape"].to_dict() == {"w0": "10 s ago", "w1": "10 s ago", "w2": "1 m 40 s ago",
+                                              "w3": "1 m 40 s ago"}
+    assert table["Last KV event"].tolist() == ["1 m ago"] * 4
     # Hit tokens in the window: w0 32 + 32, w1 48, w2 16, w3 32 + 32 of 192.
-    assert table["hit_share"].round(4).to_dict() == {"w0": 0.3333, "w1": 0.25, "w2": 0.0833, "w3": 0.3333}
-    assert table["kv_sequence_gaps"].tolist() == [0.0] * 4
+    assert table["Share of cluster hits"].to_dict() == {"w0": "33.3%", "w1": "25.0%", "w2": "8.3%", "w3": "33.3%"}
+    assert table["KV sequence gaps"].tolist() == ["0"] * 4
     ranking = worker_tables(at)["removal_ranking"]
-    assert ranking["worker"].tolist() == ["w0", "w3", "w1"]  # w2 left: not ranked
+    assert ranking["Worker"].tolist() == ["w0", "w3", "w1"]  # w2 left: not ranked
 
 
 def test_hot_branches_do_not_name_workers_that_left(liveness_only: str) -> None:
     at = run("prefix_tree")
     hot = at.dataframe[0].value  # hot branches
     # The shared system prompt is in all four caches; w2 has left the pool.
-    assert hot.set_index("branch").loc["51510000", "workers"] == "w0, w1, w3"
+    assert hot.set_index("Branch").loc["51510000", "Workers"] == "w0, w1, w3"
 
 
 def test_alerts_page_falls_back_to_the_exporters_firing_checks(exporter_only: str) -> None:

@@ -79,8 +79,8 @@ def test_the_cache_tiers_page_says_which_worker_the_offload_tier_pays_off_on(tie
     m = {x.label: x.value for x in at.metric}
     assert m["Offload blocks held"].startswith("100") and m["Workers paying off"] == "1 of 2"
     [frame] = [d.value for d in at.dataframe]
-    rows = frame.set_index("worker")
-    assert rows.loc["w0", "verdict"] == "paying off: 40% of cached tokens come from offload"
-    assert rows.loc["w0", "offload_capacity_blocks"] == 100  # 50 CPU blocks at 50 % used
-    assert rows.loc["w1", "verdict"] == "serves nothing in the window: not paying off"
+    rows = frame.set_index("Worker")
+    assert rows.loc["w0", "Verdict"] == "paying off: 40% of cached tokens come from offload"
+    assert rows.loc["w0", "Offload capacity"] == "100 blocks"  # 50 CPU blocks at 50 % used
+    assert rows.loc["w1", "Verdict"] == "serves nothing in the window: not paying off"
     assert "Is offloading paying off?" in texts(at)

@@ -35,19 +35,29 @@ def test_unknown_alerts_are_kept_but_not_linked() -> None:
     assert not g.known and g.step is None
 
 
-def test_icicle_columns_use_unique_paths_and_chosen_size() -> None:
+def test_icicle_columns_use_unique_paths_subtree_totals_and_readable_hovers() -> None:
     api = topology_cluster.routes(1_800_000_000.0)
     root = api["tree"]({})["root"]
     s, a, b, c = "root/5151000000000001", "root/5151000000000001/1a1a000000000001", \
         "root/5151000000000001/1b1b000000000001", "root/1c1c000000000001"
     cols = icicle_columns(root, "hits")
-    assert cols["ids"] == ["root", s, a, b, c]
-    assert cols["parents"] == ["", "root", s, s, "root"]
+    assert sorted(zip(cols["ids"], cols["parents"], strict=True)) == sorted(
+        [("root", ""), (s, "root"), (a, s), (b, s), (c, "root")])
     # Hit tokens per node = 16 per hit per block (topology_cluster.py): S 7 hits × 2 blocks,
-    # A 4 × 3, B 2 × 2, C 3 × 2.
-    assert cols["values"] == [0.0, 224.0, 192.0, 64.0, 96.0]
-    assert cols["workers"][1:] == ["w0, w1, w2", "w0, w1", "w2", "w3"]
-    assert icicle_columns(root, "blocks")["values"] == [0.0, 2.0, 3.0, 2.0, 2.0]
+    # A 4 × 3, B 2 × 2, C 3 × 2; each node carries its subtree's total.
+    values = dict(zip(cols["ids"], cols["values"], strict=True))
+    assert values == {"root": 576.0, s: 480.0, a: 192.0, b: 64.0, c: 96.0}
+    assert cols["labels"][cols["ids"].index(a)] == "1a1a0000 (3 blocks)"  # no text served: hash and length
+    assert "held by w0, w1" in cols["hover"][cols["ids"].index(a)]
+    assert "192 tokens cached in the window" in cols["hover"][cols["ids"].index(a)]
+
+
+def test_icicle_slivers_collapse_into_n_more_and_text_names_nodes() -> None:
+    big = {"id": "aa", "hit_tokens": 1000, "text": "You are a support agent for ACME billing. Answer briefly."}
+    tiny = [{"id": f"t{i}", "hit_tokens": 1} for i in range(5)]
+    cols = icicle_columns({"id": "root", "children": [big, *tiny]}, "hits", min_share=0.02)
+    assert cols["labels"] == ["all prefixes", "You are a support agent for…", "5 more"]
+    assert cols["values"] == [1005.0, 1000.0, 5.0]
 
 
 def test_bucket_rows_skip_malformed_pairs() -> None:
