@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 
-import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -57,12 +56,12 @@ def test_diagnosis_from_recording_rules_and_firing_alerts(monkeypatch: pytest.Mo
     assert "**Cache pressure (full and thrashing)**: 3.0% (alert when > 10.0%) — :green[:material/check_circle: ok]" in body
     assert "**Prefix-tree depth p99**: 3.96 (alert when > 32) — :green[:material/check_circle: ok]" in body
     # a rate: read later than the backfill's end on a loaded machine, Prometheus extrapolates it less
-    moved = re.search(r"\*\*Session migrations per minute\*\*: ([0-9.]+)/min \(alert when > 100\.0/min\) — "
+    moved = re.search(r"\*\*Session migrations per minute\*\*: ([0-9.]+)/min \(alert when > 100/min\) — "
                       r":green\[:material/check_circle: ok\]", body)
     assert moved and float(moved.group(1)) == pytest.approx(4.0, rel=0.1)
     assert "**Topology-aware placement**: 95.0% (alert when < 90.0%) — :green[:material/check_circle: ok]" in body
     assert "### Step 3 — Cold-miss cost · :gray[:material/help: not instrumented]" in body
-    assert "**Router tree-walk p99**: — (alert when > 5.0 ms) — :gray[:material/help: not instrumented] · missing signal: walk_latency" in body
+    assert "**Router tree-walk p99**: — (alert when > 5 ms) — :gray[:material/help: not instrumented] · missing signal: walk_latency" in body
     assert "**MoE expert alignment**: — (alert when < 70.0%) — :gray[:material/help: not instrumented] · missing signal: expert_signature" in body
     # Panel links come from the generated rules, on the configured Grafana.
     assert "[Grafana panel](http://grafana.test:3000/d/prefixscope-diagnosis-chain?viewPanel=" in body
@@ -75,7 +74,7 @@ def test_firing_checks_get_a_readable_chart(both: str) -> None:
     at = run()
     charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
               for c in at.get("plotly_chart")}
-    spec = charts["Sticky-session collisions (percent)"]
+    spec = charts["Sticky-session collisions"]
     layout = spec["layout"]
     assert layout["height"] >= 240
     assert layout["yaxis"]["title"]["text"] == "percent" and layout["yaxis"]["tickformat"] == ".0%"
@@ -103,11 +102,12 @@ def test_workers_page_shows_migrations_by_kind(both: str) -> None:
     shown = metrics(at)["Session migrations per minute"]
     assert shown.endswith("/min") and float(shown.removesuffix("/min")) == pytest.approx(4.0, rel=0.1)
     # Beside Prometheus, liveness comes from the exporter's series (its /metrics), as before.
-    liveness = next(d.value for d in at.dataframe if "liveness" in d.value.columns)
-    assert list(liveness.columns) == ["worker", "liveness", "node", "resident_blocks"]
-    assert liveness["liveness"].tolist() == ["up", "up"]
+    liveness = next(d.value for d in at.dataframe if "Liveness" in d.value.columns)
+    assert list(liveness.columns) == ["Worker", "Liveness", "Node", "Resident blocks"]
+    assert liveness["Liveness"].tolist() == ["up", "up"]
     moves = at.dataframe[-1].value
-    rows = moves.set_index("kind").round(3)
-    assert rows.loc["soft"].tolist() == pytest.approx([4.0, 1.0], rel=0.1)
-    assert rows.loc["hard", "session_migrations_per_min"] == 0.0
-    assert pd.isna(rows.loc["hard", "cross_node_per_min"])  # no cross-node hard series: missing, not 0
+    rows = moves.set_index("Kind")
+    soft = [float(v.removesuffix("/min")) for v in rows.loc["soft"].tolist()]
+    assert soft == pytest.approx([4.0, 1.0], rel=0.1)
+    assert rows.loc["hard", "Session migrations"] == "0/min"
+    assert rows.loc["hard", "Cross-node migrations"] == "—"  # no cross-node hard series: missing, not 0
