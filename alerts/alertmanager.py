@@ -28,13 +28,13 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-from prefixscope.catalog import CHECKS, STEPS, Check
+from prefixscope.catalog import CHECKS, STEPS, WATCHDOG_ALERT, Check
 from prefixscope.diagnosis import context_checks, is_cause
 from prefixscope.thresholds import Thresholds
 
 RECEIVER = "prefixscope"
 DEADMANS_SWITCH = "prefixscope-deadmansswitch"
-WATCHDOG = "PrefixWatchdog"
+WATCHDOG = WATCHDOG_ALERT
 Role = Literal["cause", "downstream", "any"]
 
 

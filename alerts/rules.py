@@ -12,6 +12,7 @@ from prefixscope.catalog import (
     CHECKS,
     RECORDING_RULES,
     STEPS,
+    WATCHDOG_ALERT,
     BurnWindows,
     Check,
     RecordingRule,
@@ -27,7 +28,7 @@ ALERT_NAME_RE = re.compile(r"^Prefix[A-Z][A-Za-z0-9]+$")
 AGGREGATIONS = ("sum", "avg", "min", "max", "count")
 RECORDING_GROUP = "prefixscope.recording"
 META_GROUP = "prefixscope.meta"
-WATCHDOG = "PrefixWatchdog"
+WATCHDOG = WATCHDOG_ALERT
 
 
 def _top_level_split(expr: str, op: str) -> list[str]:

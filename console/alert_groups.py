@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from prefixscope.catalog import CHECKS_BY_ALERT
+from prefixscope.catalog import CHECKS_BY_ALERT, WATCHDOG_ALERT
 from prefixscope.units import format_reading
 from prefixscope.wording import summary as check_summary
 
@@ -45,6 +45,8 @@ def group_alerts(alerts: Iterable[Mapping], state: str = "firing") -> list[Alert
             continue
         labels = {str(k): str(v) for k, v in (a.get("labels") or {}).items()}
         name = labels.get("alertname", "")
+        if name == WATCHDOG_ALERT:  # the pipeline's heartbeat, not a problem of the fleet
+            continue
         key = tuple(sorted(labels.items()))
         seen = by_name.setdefault(name, {})
         # Keep the earliest activation of duplicates: it says how long the problem has lasted.

@@ -413,7 +413,7 @@ def fired_during_expr(seconds: float) -> str:
     """PromQL naming, once with its step, every alert that was firing at some evaluation in the last ``seconds``
     (but the Watchdog, which always fires: it watches the alerting path, not the fleet)."""
     return (f'count by (alertname, step) (max_over_time(ALERTS{{alertstate="firing", '
-            f'alertname!="PrefixWatchdog"}}[{int(seconds)}s]))')
+            f'alertname!="{catalog.WATCHDOG_ALERT}"}}[{int(seconds)}s]))')
 
 
 def promtool_test(history: ScrapeHistory, rule_files: Sequence[str],

@@ -22,6 +22,9 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 NAMESPACE = "prefixscope"
+# The always-firing alert of a dead-man's switch: it says the alerting pipeline is alive, never
+# that the fleet is sick, so the chain, the console and the scenario verdicts leave it out.
+WATCHDOG_ALERT = "PrefixWatchdog"
 
 MetricType = Literal["counter", "gauge", "histogram", "gaugehistogram", "info"]
 

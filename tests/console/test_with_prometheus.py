@@ -87,9 +87,12 @@ def test_firing_checks_get_a_readable_chart(both: str) -> None:
 def test_alerts_page_groups_prometheus_alerts(both: str) -> None:
     at = run("alerts")
     assert not at.warning
-    assert metrics(at)["Firing alert groups"] == "2"
     headings = [m.value for m in at.markdown if m.value.startswith("### ")]
+    # The fixture's low hit rate also burns the engines' hit-rate SLO (two tiers); the always-firing
+    # Watchdog is the pipeline's heartbeat and no group of its own.
+    assert metrics(at)["Firing alert groups"] == "3", headings
     assert headings == ["### PrefixHitRateLow · warning · step 1 · 1 firing",
+                        "### PrefixHitRateSloBurn · warning · step 1 · 2 firing",
                         "### PrefixStickyCollisionsHigh · warning · step 2 · 1 firing"]
     assert "Shared labels: `severity=warning`, `step=2`" in texts(at)
 
