@@ -5,12 +5,15 @@
 PYTHON      ?= python3.11
 VENV        ?= .venv
 ROUTERS     ?= .routers
+PEERS       ?= .peers
+# The peers' own runtimes the tests publish with: Dynamo's current release and its 1.0 line.
+DYNAMO_VERSIONS ?= 1.6.1 1.0.2
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
 SUDO        := $(shell [ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n")
 PYTEST_ARGS ?=
 
-.PHONY: setup system-packages demo-packages routers demo test test-fast lint bench bench-cluster generate check-generated clean fuzz soak
+.PHONY: setup system-packages demo-packages routers peers demo test test-fast lint bench bench-cluster generate check-generated clean fuzz soak
 
 # gcc builds the compiled prefix index during the install (without it the install still
 # succeeds and the exporter runs on the Python reference index).
@@ -57,7 +60,17 @@ $(ROUTERS)/.installed:
 
 routers: $(ROUTERS)/.installed
 
-setup: $(VENV)/.installed system-packages routers
+# NVIDIA Dynamo's runtime (ai-dynamo-runtime, no GPU needed to publish KV events), one venv per
+# version: the tests run its KvEventPublisher against a real nats-server.
+$(PEERS)/dynamo-%/.installed:
+	$(PYTHON) -m venv $(PEERS)/dynamo-$*
+	$(PEERS)/dynamo-$*/bin/pip install --quiet --upgrade pip
+	$(PEERS)/dynamo-$*/bin/pip install --quiet 'ai-dynamo-runtime==$*'
+	touch $@
+
+peers: $(foreach v,$(DYNAMO_VERSIONS),$(PEERS)/dynamo-$(v)/.installed)
+
+setup: $(VENV)/.installed system-packages routers peers
 
 demo: $(VENV)/.installed demo-packages
 	$(VENV)/bin/prefixscope demo $(DEMO_ARGS)
@@ -90,7 +103,7 @@ check-generated: $(VENV)/.installed
 	$(VENV)/bin/prefixscope generate --check
 
 clean:
-	rm -rf $(VENV) $(ROUTERS) .pytest_cache
+	rm -rf $(VENV) $(ROUTERS) $(PEERS) .pytest_cache
 
 # ≥ 1,000,000 generated inputs across the KV-event decoder and the text parser; fails on any crash.
 fuzz: $(VENV)/.installed

@@ -19,7 +19,7 @@ import yaml
 
 from exporter.codecs import routers
 from exporter.model import Limits
-from prefixscope.durations import seconds
+from prefixscope.durations import DurationError, seconds
 from prefixscope.records import DEFAULT_TS_TOLERANCE_S
 from prefixscope.validation import InvalidFile, Problems, read_yaml
 
@@ -246,7 +246,7 @@ def _routers(d: Mapping[str, Any]) -> tuple[RouterTarget, ...]:
 
 def _records(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple[HttpRecords, FileRecords]:
     r = _section(d, "records")
-    tolerance = _seconds(problems, r, "ts_tolerance", DEFAULT_TS_TOLERANCE_S) or DEFAULT_TS_TOLERANCE_S
+    tolerance = _seconds(problems, r, "ts_tolerance", DEFAULT_TS_TOLERANCE_S, "records") or DEFAULT_TS_TOLERANCE_S
     h = _section(r, "http")
     token = h.get("bearer_token")
     if token is not None and h.get("bearer_token_file") is not None:
@@ -289,7 +289,7 @@ def _otlp(problems: Problems, d: Mapping[str, Any]) -> OtlpTraces:
                       worker_attributes=names("worker_attributes", default.worker_attributes),
                       session_attributes=names("session_attributes", default.session_attributes),
                       cached_attributes=names("cached_attributes", default.cached_attributes),
-                      session_wait=_seconds(problems, o, "session_wait", default.session_wait) or 0.0,
+                      session_wait=_seconds(problems, o, "session_wait", default.session_wait, "otlp") or 0.0,
                       adapter_attributes=names("adapter_attributes", default.adapter_attributes),
                       tenant_attributes=names("tenant_attributes", default.tenant_attributes))
 
@@ -307,10 +307,28 @@ def _kv_nats(problems: Problems, d: Mapping[str, Any], workers: tuple[WorkerTarg
         return None
     if urls - {url}:
         problems.add("workers", f"kv_events name NATS servers other than kv_nats.url {url}")
-    dyn = _section(n, "dynamo")
+    subjects, block_size = _dynamo(problems, n)
     return NatsKv(url=url, stream=n.get("stream", NatsKv.stream), subject_prefix=n.get("subject_prefix", NatsKv.subject_prefix),
                   all_workers=bool(n.get("all_workers")), durable=n.get("durable"),
-                  dynamo_subjects=tuple(dyn.get("subjects") or ()), dynamo_block_size=dyn.get("block_size", 16))
+                  dynamo_subjects=subjects, dynamo_block_size=block_size)
+
+
+def dynamo_subjects(namespace: str = "*") -> tuple[str, ...]:
+    """Where Dynamo's workers publish KV events in a namespace: 1.6+ (endpoint-scoped) and 1.0
+    (component-scoped) event planes."""
+    return (f"namespace.{namespace}.component.*.endpoint.*.kv-events", f"namespace.{namespace}.component.*.kv-events")
+
+
+def _dynamo(problems: Problems, n: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
+    """``kv_nats.dynamo`` (its shape checked by the schema): its subjects (given, or both
+    event-plane forms in ``namespace``, every namespace by default) and the engines' block size.
+    Absent: no Dynamo subscription."""
+    dyn = n.get("dynamo")
+    if not isinstance(dyn, Mapping) or problems.has("kv_nats.dynamo"):
+        return (), NatsKv.dynamo_block_size
+    subjects = dyn.get("subjects")
+    block_size = dyn.get("block_size", NatsKv.dynamo_block_size)
+    return (tuple(subjects) if subjects else dynamo_subjects(dyn.get("namespace", "*"))), block_size
 
 
 def _shard(problems: Problems, d: Mapping[str, Any]) -> Shard:
@@ -323,16 +341,24 @@ def _shard(problems: Problems, d: Mapping[str, Any]) -> Shard:
     return Shard(index, count)
 
 
-def _seconds(problems: Problems, d: Mapping[str, Any], key: str, default: float | None) -> float | None:
+def _seconds(problems: Problems, d: Mapping[str, Any], key: str, default: float | None,
+             section: str = "") -> float | None:
+    """A duration setting (``section.key``) through the one grammar; a bad one is a problem of the
+    file (the one error path), never an exception."""
+    where = f"{section}.{key}" if section else key
     value = d.get(key)
-    if value is None or problems.has(key):
+    if value is None or problems.has(where):
         return default
-    return seconds(value)
+    try:
+        return seconds(value)
+    except DurationError as exc:
+        problems.add(where, str(exc))
+        return default
 
 
 def _limits(problems: Problems, d: Mapping[str, Any]) -> Limits:
     s, default = _section(d, "limits"), Limits()
-    idle = None if problems.has("limits") else _seconds(problems, s, "label_idle", default.label_idle)
+    idle = None if problems.has("limits") else _seconds(problems, s, "label_idle", default.label_idle, "limits")
     return Limits(models=s.get("models") or default.models, segments=s.get("segments") or default.segments,
                   workers=s.get("workers") or default.workers, label_idle=idle or default.label_idle,
                   sessions=s.get("sessions") or default.sessions,
@@ -342,7 +368,7 @@ def _limits(problems: Problems, d: Mapping[str, Any]) -> Limits:
 
 def _web(problems: Problems, d: Mapping[str, Any]) -> Web:
     s, default = _section(d, "web"), Web()
-    timeout = None if problems.has("web") else _seconds(problems, s, "read_timeout", default.read_timeout)
+    timeout = None if problems.has("web") else _seconds(problems, s, "read_timeout", default.read_timeout, "web")
     return Web(max_connections=s.get("max_connections") or default.max_connections,
                read_timeout=timeout or default.read_timeout)
 

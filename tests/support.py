@@ -25,6 +25,7 @@ T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 ROUTERS_BIN = REPO / ".routers" / "bin"
+PEERS = REPO / ".peers"  # the peers' own runtimes, one venv each (make peers)
 
 # How each tool is installed, for the skip/fail message.
 INSTALL_HINTS = {
@@ -33,6 +34,7 @@ INSTALL_HINTS = {
     "chromium": "apt-get install chromium",
     "nats-server": "apt-get install nats-server",
     "routers": "make routers",
+    "peers": "make peers",
 }
 
 
@@ -61,6 +63,14 @@ def require_routers_bin() -> Path:
     if not (ROUTERS_BIN / "python").exists():
         unavailable(f"the router venv .routers is missing ({INSTALL_HINTS['routers']})")
     return ROUTERS_BIN
+
+
+def require_peer_python(venv: str) -> Path:
+    """The Python of the peer venv ``.peers/<venv>`` (e.g. dynamo-1.6.1); skip/fail without it."""
+    python = PEERS / venv / "bin" / "python"
+    if not python.exists():
+        unavailable(f"the peer venv .peers/{venv} is missing ({INSTALL_HINTS['peers']})")
+    return python
 
 
 def require_file(path: Path, what: str) -> Path:

@@ -26,10 +26,15 @@ batches (so every shard and a single exporter see the same interleaving). The ru
   server (file storage), and if it is gone it is recreated from the last applied stream
   sequence + 1, so nothing retained is skipped and nothing is applied twice.
 
-**Dynamo** (format in :mod:`exporter.codecs.dynamo_events`): core NATS subscriptions on the configured
-subjects (``namespace.<ns>.component.<comp>.kv_events``, wildcards allowed). Core NATS keeps
-nothing: per worker (and DP rank) ``event_id`` jumps are counted as gaps and missed batches, a
-smaller ``event_id`` is a restart. There is no replay to ask for.
+**Dynamo** (format in :mod:`exporter.codecs.dynamo_events`): core NATS subscriptions on the
+configured subjects (wildcards allowed): ``namespace.<ns>.component.<component>.endpoint.<endpoint>.kv-events``
+(Dynamo 1.6+), ``namespace.<ns>.component.<component>.kv-events`` (1.0 with the local indexer),
+``namespace-<ns>-component-<component>-kv-events.kv-events`` (1.0's JetStream path, read as
+published). Every worker on those subjects is taken: Dynamo's worker ids are the cluster's own
+(its discovery's instance ids), so the subjects select the deployment, not a worker list. Core
+NATS keeps nothing: a jump in an envelope's ``sequence`` per publisher (in ``event_id`` per worker
+and rank for a bare message) is counted as a gap and missed batches; a lower one is a restart.
+There is no replay to ask for.
 
 Batches are decoded by :mod:`exporter.codecs.kvcodec` (the relay sends vLLM's payload unchanged) and
 handed to the sink like the ZMQ subscriber does (``sink.apply_kv_batch``), so the state counts
@@ -69,6 +74,7 @@ log = logging.getLogger("prefixscope.kv_nats")
 SOURCE = "kv_events"
 FETCH = 512  # messages per pull
 RETRY_S = 0.5
+MAX_PUBLISHERS = 65_536  # Dynamo publishers (and worker ranks) whose sequence is remembered, oldest forgotten first
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,10 @@ class NatsKvSource:
         self.duplicates = 0
         self.last_stream_seq = 0
         self._next: dict[str, int] = {}
+        # Dynamo publisher (DynamoMessage.sequence_key) -> (next sequence, worker)
+        self._dyn_publishers: dict[tuple[int, str | None], tuple[int, str | None]] = {}
+        self._dyn_events: dict[str, int] = {}  # Dynamo worker (and rank) -> next event_id
+        self._dyn_seen: set[str] = set()  # Dynamo workers whose gap series exists (as many as its series)
         self._started = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,6 +162,8 @@ class NatsKvSource:
             for subject in self.settings.dynamo_subjects:
                 await nc.subscribe(subject, cb=self._on_dynamo)
                 log.info("Dynamo KV events: subscribed to %s", subject)
+            if self.settings.dynamo_subjects:
+                await nc.flush()  # the server has the subscriptions: core NATS keeps nothing sent before
             if self.settings.relay:
                 await self._consume(nc)
             else:
@@ -303,16 +315,69 @@ class NatsKvSource:
             self.handle_dynamo(msg.subject, msg.data)
 
     def handle_dynamo(self, subject: str, data: bytes) -> None:
-        """One Dynamo RouterEvent message (sequence by ``event_id`` per worker and DP rank)."""
-        ev = dynamo_events.decode(data, self.settings.dynamo_block_size, where=subject, health=self.health)
-        if ev is None:
+        """One Dynamo KV-event message: sequenced by the envelope's ``sequence`` per publisher (by
+        ``event_id`` per worker and rank when bare), then each worker's events applied.
+
+        Every worker publishing on the subscribed subjects is taken, named or not: Dynamo's worker
+        ids are its discovery's instance ids, so the subjects are what selects the deployment."""
+        msg = dynamo_events.decode_message(data, self.settings.dynamo_block_size, where=subject, health=self.health)
+        if msg is None:
             return
-        worker = ev.worker
-        if self.settings.workers is not None and worker not in self.settings.workers:
+        now = self.clock()
+        restarted: set[str] = set()
+        key = msg.sequence_key()
+        if key is not None and msg.sequence is not None:
+            self._publisher_sequence(key, msg.sequence, msg.events[0].worker if msg.events else None, restarted)
+        for batch in msg.batches(now):
+            worker = batch.worker
+            self._event_ids(worker, batch.seq, len(batch.events), msg.sequence is None, restarted)
+            self._apply(lambda b=batch: self.sink.apply_kv_batch(b, self.clock()), worker)
+
+    def _publisher_sequence(self, publisher: tuple[int, str | None], seq: int, worker: str | None,
+                            restarted: set[str]) -> None:
+        """Loss on core NATS: a jump in a publisher's envelope sequence (counted against its worker);
+        a lower sequence from the same publisher is a restart (Dynamo 1.0's publisher id is the
+        worker's own id)."""
+        known = self._dyn_publishers.pop(publisher, None)
+        if known is None:
+            if seq > 0:
+                log.info("Dynamo publisher %d (worker %s): first message is sequence %d (joined within its run)",
+                         publisher[0], worker, seq)
+        else:
+            expected, last_worker = known
+            worker = worker or last_worker
+            if seq < expected and worker is not None:
+                self._dyn_restart(worker, f"publisher {publisher[0]} sequence went from {expected - 1} to {seq}", restarted)
+            elif seq > expected and worker is not None and (self.home is None or self.home(worker)):
+                self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
+                self.health.inc("prefixscope_kv_event_missed_batches", (worker,), seq - expected)
+        self._dyn_publishers[publisher] = (seq + 1, worker)  # (re)inserted last: the oldest go first
+        if len(self._dyn_publishers) > MAX_PUBLISHERS:
+            del self._dyn_publishers[next(iter(self._dyn_publishers))]
+
+    def _event_ids(self, worker: str, first: int, n: int, judge_gaps: bool, restarted: set[str]) -> None:
+        """A worker's (and rank's) ``event_id``: lower than the last one seen is a restart; a jump is
+        loss, judged here only for bare messages (an enveloped one is judged by its sequence)."""
+        expected = self._dyn_events.pop(worker, None)
+        if expected is None and worker not in self._dyn_seen and (self.home is None or self.home(worker)):
+            self._dyn_seen.add(worker)  # a stream with no gap reads 0, not missing (as on ZMQ)
+            self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,), 0)
+        elif expected is not None:
+            if first < expected:
+                self._dyn_restart(worker, f"event_id went from {expected - 1} to {first}", restarted)
+            elif first > expected and judge_gaps and (self.home is None or self.home(worker)):
+                self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
+                self.health.inc("prefixscope_kv_event_missed_batches", (worker,), first - expected)
+        self._dyn_events[worker] = first + n
+        if len(self._dyn_events) > MAX_PUBLISHERS:
+            del self._dyn_events[next(iter(self._dyn_events))]
+
+    def _dyn_restart(self, worker: str, why: str, restarted: set[str]) -> None:
+        if worker in restarted:
             return
-        self._sequence(worker, ev.event_id, False)
-        batch = ev.batch(self.clock())
-        self._apply(lambda: self.sink.apply_kv_batch(batch, self.clock()), worker)
+        restarted.add(worker)
+        log.info("Dynamo worker %s: %s: worker restarted", worker, why)
+        self._apply(lambda: self.sink.worker_restarted(worker), worker)
 
 
 def nats_workers(kv_events: Iterable[tuple[str, str | None]]) -> tuple[frozenset[str], frozenset[str]]:

@@ -17,7 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# The media KV events name (vLLM's ``medium``): the GPU pool and vLLM's offload tiers
+# (``MEDIUM_CPU``, and ``MEDIUM_STORAGE`` for a disk tier), and a tier outside the worker.
 GPU = "GPU"
+CPU = "CPU"
+STORAGE = "STORAGE"
+EXTERNAL = "EXTERNAL"
 MIN_USAGE = 0.05
 DEVICE_TIER = "device"  # vLLM's and SGLang's name for the GPU tier among the served-by tiers
 
