@@ -36,6 +36,22 @@ def test_bad_config_exits_2_with_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize(("setting", "where"), [
+    ("otlp:\n  session_wait: 2.0s\n", "otlp.session_wait"),
+    ("records:\n  ts_tolerance: 1.5m\n", "records.ts_tolerance"),
+    ("limits:\n  label_idle: 10 min\n", "limits.label_idle"),
+    ("web:\n  read_timeout: 5sec\n", "web.read_timeout"),
+])
+def test_every_nested_duration_is_a_one_line_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          setting: str, where: str) -> None:
+    """A duration outside the one grammar, in any section, exits 2 on one line naming the setting."""
+    (tmp_path / "exporter.yaml").write_text(setting)
+    assert export_main.main(["--config.file", str(tmp_path / "exporter.yaml"), "--web.listen-address", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert f"exporter.yaml: {where}: expected a positive number of seconds or a duration" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--config.file", "/nonexistent/exporter.yaml"], "exporter.yaml: cannot read"),
     (["--web.listen-address", "nowhere"], '--web.listen-address: not HOST:PORT: "nowhere"'),
