@@ -600,7 +600,7 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="router_predicted_hit_ratio", type="histogram", unit="ratio", labels=("router",), group=None,
             source="router_metrics", buckets=RATIO_BUCKETS,
             help="Per request, the share of the prompt the router predicted cached on its pick (SGLang gateway "
-                 "match ratio, Dynamo kv_hit_rate); each router bucket's requests at its upper bound."),
+                 "match ratio, Dynamo kv_hit_rate); each router bucket's requests placed inside it by the bucket's sum."),
     # ---- group 5: coupled optimisations --------------------------------------------------
     _metric(name="moe_prefix_hits", type="counter", unit="", labels=(M,), group=5, source="records",
             help="Requests with a prefix hit that carry an expert signature."),

@@ -629,7 +629,7 @@ class ClusterState:
 
     def _router_histograms(self, snap: RouterSnapshot, prev: RouterSnapshot | None, ts: float) -> None:
         """A router's histograms, scrape over scrape: the new observations go into the catalogue's
-        histogram (each at its router bucket's upper bound) and the signal is instrumented. The
+        histogram (each placed inside its router bucket, windows.increase) and the signal is instrumented. The
         first scrape of a router is its baseline: what it counted before is not in the window."""
         for fld, metric, signal, labels in ROUTER_HISTOGRAMS:
             new = getattr(snap, fld)

@@ -11,7 +11,6 @@ from exporter.codecs import normalize, routers
 from exporter.codecs.routers.common import histogram
 from exporter.core.health import Health
 from exporter.core.state import ClusterState
-from exporter.core.windows import increase
 from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
 
@@ -104,14 +103,6 @@ def test_histogram_rejects_non_cumulative_buckets() -> None:
     assert histogram(p, "h") is None
 
 
-def test_increase_places_observations_at_upper_bounds_and_handles_resets() -> None:
-    from exporter.model import CumulativeHistogram
-    a = CumulativeHistogram((0.005, 0.01, math.inf), (2, 3, 3), 0.0, 3)
-    b = CumulativeHistogram((0.005, 0.01, math.inf), (5, 6, 8), 0.0, 8)
-    assert increase(b, a) == [(0.005, 3.0), (0.01, 2.0)]  # 2 above the top bound land on it
-    assert increase(a, b) == [(0.005, 2.0), (0.01, 1.0)]  # counts went down: a restart
-
-
 def test_router_lookup_latency_feeds_the_walk_check() -> None:
     th = load_thresholds()
     st = ClusterState(Health(), th, window_s=300.0, clock=lambda: 1000.0)
@@ -126,7 +117,8 @@ def test_router_lookup_latency_feeds_the_walk_check() -> None:
     got = st.window_buckets(f"{catalog.NAMESPACE}_router_tree_walk_seconds")
     assert got is not None
     bounds, counts = got
-    assert counts[bounds.index(0.005)] == 20 and counts[bounds.index(0.01)] == 20
+    cumulative = [sum(counts[: i + 1]) for i in range(len(bounds))]
+    assert cumulative[bounds.index(0.005)] == 20 and cumulative[bounds.index(0.01)] == 40  # each in its router bucket
 
 
 def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
