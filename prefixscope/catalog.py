@@ -468,7 +468,8 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="session_hit_ratio", type="gaugehistogram", unit="ratio", labels=(), group=2, source="records", buckets=RATIO_BUCKETS,
             help="Distribution over sessions active in the window of Σcached/Σprompt over their follow-up requests (never a session label)."),
     _metric(name="worker_resident_blocks", type="gauge", unit="blocks", labels=(W,), group=1, source="kv_events",
-            help="Blocks resident on the worker, from its KV events."),
+            help="Blocks resident on the worker's GPU (medium GPU), from its KV events: what its capacity is compared with; "
+                 "other tiers in worker_medium_resident_blocks."),
     _metric(name="worker_capacity_blocks", type="gauge", unit="blocks", labels=(W,), group=1, source="worker_metrics",
             help="The worker's KV-cache capacity (num_gpu_blocks from cache_config_info, or the topology)."),
     # ---- cache tiers and attribution (resident blocks by medium, LoRA adapter, tenant) ------

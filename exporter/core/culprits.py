@@ -32,6 +32,7 @@ from typing import Any
 
 from exporter.core.hotspots import branch_label
 from exporter.core.index.prefix_index import TreeStats
+from exporter.core.index.tiers import GPU
 from exporter.core.state import NO_TREE, ClusterState
 from prefixscope import catalog
 from prefixscope.units import format_reading
@@ -85,7 +86,7 @@ def _series(st: ClusterState, check: catalog.Check) -> WorkerSeries | None:
         for w in st.workers_seen():
             cap = st.worker_capacity(w)
             if cap:
-                values[w] = st.index.resident_blocks(w) / cap
+                values[w] = (st.index.resident_blocks(w, GPU) or 0) / cap  # GPU blocks against GPU capacity
         return WorkerSeries("of its capacity resident", "ratio", values, True, 0.15)
     if key == "warm_pool_utilization":
         return WorkerSeries("warm-pool utilisation", "ratio", st.warm_pool_utilization(), True, 0.15)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from exporter.core.hotspots import branch_label
 from exporter.core.index.prefix_index import CORE
-from exporter.core.index.tiers import GPU, medium_capacity
+from exporter.core.index.tiers import GPU, gpu_resident, medium_capacity
 from exporter.core.record_accounting import DEFAULT_BLOCK_SIZE
 from exporter.core.windows import LabelValues
 from prefixscope import __version__, catalog
@@ -150,7 +150,7 @@ def _worker_gauges(st: ClusterState, out: Series) -> None:
             g.setdefault(name, {}).update(values)
     if topology is not None:
         g[f"{P}_worker_info"] = _worker_info(topology, seen)
-    resident = {(w,): float(n) for w, n in st.index.resident_by_worker().items()}
+    resident = {(w,): float(n) for w, n in gpu_resident(st.index).items()}  # against GPU capacity
     if resident:
         g.setdefault(f"{P}_worker_resident_blocks", {}).update(resident)
     _media_gauges(st, g, media, medium_cap, offload_usage)

@@ -57,6 +57,7 @@ from exporter.core.index.prefix_instability import (
     RootBatch,
     RootTracker,
 )
+from exporter.core.index.tiers import GPU
 from exporter.core.input_time import InputTime
 from exporter.core.metric_store import LabelFilter, MetricStore
 from exporter.core.record_accounting import (
@@ -525,7 +526,7 @@ class ClusterState:
         cap = self.worker_capacity(worker, w)
         if not cap:  # no bound known: nothing to compare (the resident count is not read)
             return None
-        resident = self.index.resident_blocks(worker)
+        resident = self.index.resident_blocks(worker, GPU)  # the GPU's blocks against the GPU's capacity
         if resident is not None and resident > cap:
             return OVER_CAPACITY
         return None

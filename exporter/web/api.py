@@ -17,7 +17,7 @@ from exporter.core.breaches import BreachClock
 from exporter.core.checks import CheckResult, evaluate
 from exporter.core.culprits import Culprits, Namer
 from exporter.core.index.prefix_index import ROOT, TreeStats
-from exporter.core.index.tiers import medium_capacity
+from exporter.core.index.tiers import GPU, medium_capacity
 from exporter.core.prefix_text import Ask, PrefixNames, PrefixTokens, short_text
 from exporter.core.state import NO_TREE, TREE_CHILDREN_DEPTH, ClusterState, branch_label
 from exporter.core.windows import bucket_counts, histogram_quantile
@@ -283,7 +283,7 @@ def _hotspots(st: ClusterState, k: int, name: Namer | None = None) -> dict[str, 
     for w in st.workers_seen():
         t = st.topo_of(w)
         workers.append({
-            "worker": w, "resident_blocks": index.resident_blocks(w), "capacity_blocks": st.worker_capacity(w),
+            "worker": w, "resident_blocks": index.resident_blocks(w, GPU), "capacity_blocks": st.worker_capacity(w),
             "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),
             "node": t.node if t else None, "nvlink_domain": t.nvlink_domain if t else None,
             "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,
@@ -334,7 +334,7 @@ def _workers(st: ClusterState) -> dict[str, Any]:
             "last_seen": (info.last_seen or None) if info else None,
             "last_served": (info.last_served or None) if info else None,
             "last_scrape_at": info.scraped_at if info else None,
-            "resident_blocks": st.index.resident_blocks(w), "resident_blocks_by_medium": media.get(w),
+            "resident_blocks": st.index.resident_blocks(w, GPU), "resident_blocks_by_medium": media.get(w),
             "capacity_blocks": st.worker_capacity(w),
             "capacity_blocks_by_medium": medium_capacity(st.worker_capacity(w),
                                                          snap.offload_usage_ratio if snap is not None else None,

@@ -16,6 +16,7 @@ and the KV connector's external hits (``external_prefix_cache_hits``, LMCache's 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 # The media KV events name (vLLM's ``medium``): the GPU pool and vLLM's offload tiers
 # (``MEDIUM_CPU``, and ``MEDIUM_STORAGE`` for a disk tier), and a tier outside the worker.
@@ -25,6 +26,20 @@ STORAGE = "STORAGE"
 EXTERNAL = "EXTERNAL"
 MIN_USAGE = 0.05
 DEVICE_TIER = "device"  # vLLM's and SGLang's name for the GPU tier among the served-by tiers
+
+
+class _Resident(Protocol):
+    @property
+    def workers(self) -> list[str]: ...
+
+    def resident_blocks(self, worker: str, medium: str | None = None) -> int | None: ...
+
+
+def gpu_resident(index: _Resident) -> dict[str, int]:
+    """worker -> blocks on its GPU tier: what the GPU's capacity (``num_gpu_blocks``) is compared
+    with. Offload tiers (CPU, STORAGE, …) are other caches with other capacities; counted with
+    the GPU's, a worker offloading 2,000 blocks beside 500 on a 1,000-block GPU read 250 % full."""
+    return {w: index.resident_blocks(w, GPU) or 0 for w in index.workers}
 
 
 def medium_capacity(gpu_capacity: int | None, usage: Mapping[str, float] | None,

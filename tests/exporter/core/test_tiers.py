@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import msgpack
+import msgspec
 
 from exporter.codecs import kvcodec
 from exporter.codecs.normalize import parse_worker
+from exporter.core import checks, culprits
 from exporter.core.health import Health
 from exporter.core.index.tiers import medium_capacity, offload_hit_tokens
 from exporter.core.state import ClusterState
 from exporter.web import api
 from exporter.web.exposition import render_state
+from prefixscope import catalog
 from prefixscope.thresholds import load_thresholds
 
 
@@ -87,3 +90,72 @@ lmcache:num_hit_tokens_total{model_name="m",worker_id="0"} 125.0
     assert (snap.external_queried_tokens, snap.external_hit_tokens) == (40.0, 10.0)  # vLLM's own win
     snap, _ = parse_worker("w0", page())
     assert snap.external_hit_tokens is None and snap.offload_usage_ratio is None  # missing, never 0
+
+
+# ---- GPU capacity against GPU blocks, every tier on its own ------------------------------------
+# Frames as vLLM's own classes encode them (vllm/distributed/kv_events.py, v0.33.0: msgspec Structs
+# with tag=True, omit_defaults=True, the batch array_like; MEDIUM_CPU "CPU", MEDIUM_STORAGE "STORAGE").
+class _Event(msgspec.Struct, array_like=False, omit_defaults=True, tag=True):
+    pass
+
+
+class BlockStored(_Event):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None = None
+    extra_keys: list | None = None
+    group_idx: int | None = None
+
+
+class BlockRemoved(_Event):
+    block_hashes: list[int]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True):
+    ts: float
+    events: list[BlockStored | BlockRemoved]
+    data_parallel_rank: int | None = None
+
+
+def vllm_frame(ts: float, events: list) -> bytes:
+    return msgspec.msgpack.encode(EventBatch(ts, events, 0))
+
+
+def test_gpu_fill_and_the_thrash_gate_count_gpu_blocks_only():
+    """500 GPU blocks beside 2,000 on CPU and 300 on disk, on a 1,000-block GPU: 50 % full, not 280 %;
+    the thrash of 50 re-stored GPU blocks is not that of a full cache; each tier has its own series."""
+    st = ClusterState(Health(), load_thresholds(), clock=lambda: 130.0)
+
+    def apply(seq: int, events: list) -> None:
+        batch = kvcodec.decode_batch(vllm_frame(float(seq), events), "w0", seq, st.health)
+        assert batch is not None
+        st.apply_kv_batch(batch, 100.0 + seq)
+
+    def stored(hashes, medium):
+        return BlockStored(list(hashes), None, [], 16, None, medium)
+
+    apply(0, [stored(range(1, 501), "GPU"), stored(range(1001, 3001), "CPU"), stored(range(4001, 4301), "STORAGE")])
+    apply(1, [BlockRemoved(list(range(1, 51)), "GPU")])
+    apply(2, [stored(range(1, 51), "GPU")])  # evicted, then stored again: thrash
+    for t in (100.0, 110.0):
+        snap, errors = parse_worker("w0", page())
+        assert errors == []
+        st.observe_worker(snap, t)
+    series = st.series()
+    g = series.gauges
+    assert g["prefixscope_worker_resident_blocks"] == {("w0",): 500}
+    assert g["prefixscope_worker_medium_resident_blocks"] == {("w0", "GPU"): 500, ("w0", "CPU"): 2000,
+                                                                ("w0", "STORAGE"): 300}
+    assert g["prefixscope_worker_capacity_blocks"] == {("w0",): 1000}
+    result = checks.evaluate(st).results["prefix_block_count_per_worker"]
+    assert result.value == 0.0  # thrash, but of a half-full cache: the gate is shut
+    [row] = api.workers(st)["workers"]
+    assert row["resident_blocks"] == 500 and row["resident_blocks_by_medium"] == {"GPU": 500, "CPU": 2000, "STORAGE": 300}
+    ranking = culprits._worker_ranking(st, catalog.CHECKS_BY_KEY["prefix_block_count_per_worker"])
+    assert ranking.values == {"w0": 0.5}

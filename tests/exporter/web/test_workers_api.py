@@ -86,7 +86,7 @@ def test_each_worker_is_up_down_or_left_with_its_scrape_and_down_times() -> None
 def test_cache_per_medium_against_capacity_and_hits_per_tier() -> None:
     _, by = rows(build()[0])
     w0 = by["w0"]
-    assert (w0["resident_blocks"], w0["capacity_blocks"]) == (3, 100)
+    assert (w0["resident_blocks"], w0["capacity_blocks"]) == (2, 100)  # the GPU's blocks against the GPU's capacity
     assert w0["resident_blocks_by_medium"] == {"GPU": 2, "CPU": 1}
     assert by["w1"]["resident_blocks_by_medium"] == {"GPU": 2, "CPU": 0}
     assert w0["hit_tokens_by_tier"] == {"device": 120.0, "host": 30.0}
