@@ -8,7 +8,9 @@ needs memory across export requests:
   ``traceparent``), which may carry both (``otlp.trace_facts``). That span usually ends — and is
   exported — after the engine's, so a request span waits up to ``session_wait_s`` for a session
   attribute of its trace before it is delivered without one. Only when ``session_attributes``
-  are configured; otherwise spans are delivered at once.
+  are configured; otherwise spans are delivered at once. A span that cannot become a record (no
+  prompt tokens, no worker) does not wait: it is rejected in the response of the export that
+  carried it, whatever the session settings.
 - **migrations**: for a keyed session, a follow-up served by another worker while the previous
   one is not healthy (``is_healthy``) is a migration from it (kind ``hard``: the exporter sees
   a failed or drained worker, not the router's reason). Every keyed record says whether it
@@ -142,8 +144,10 @@ class SpanIntake:
                     ready += [p.span for p in self._pending.pop(trace, ())]
             for s in requests:
                 known = self._trace_facts.get(s.trace_id)
+                # a span that can never be a record is rejected now, in this export's response
+                # (its session would change nothing), not later when its wait ends
                 if self.session_wait_s > 0 and (known is None or known.session_key is None) \
-                        and otlp.session_of(s, self.mapping) is None:
+                        and otlp.session_of(s, self.mapping) is None and self._recordable(s):
                     self._pending.setdefault(s.trace_id, []).append(_Pending(s, now + self.session_wait_s))
                 else:
                     ready.append(s)
@@ -172,6 +176,13 @@ class SpanIntake:
             return sum(len(v) for v in self._pending.values())
 
     # ---- spans → records ------------------------------------------------------------------
+    def _recordable(self, span: otlp.Span) -> bool:
+        try:
+            otlp.record_of(span, self.mapping)
+        except ValueError:
+            return False
+        return True
+
     @staticmethod
     def _remember(table: OrderedDict[str, V], key: str, value: V) -> None:
         table[key] = value

@@ -125,6 +125,21 @@ def test_session_from_a_later_span_of_the_trace_and_the_wait_that_ends_without_o
     assert intake.flush_due() == 1 and sink.records[-1].session_key is None
 
 
+@pytest.mark.parametrize("wait", [0.0, 5.0])
+def test_every_rejected_span_is_reported_whatever_the_session_settings(wait: float) -> None:
+    """A span that can never be a record (no prompt tokens) is rejected in the response of the
+    export that carried it, even when request spans wait for their trace's session."""
+    sink = Sink()
+    intake = _intake(sink, {"w0"}, wait=wait)
+    bad = {"trace": TRACE, "span": "2222222222222222", "attrs": {"gen_ai.request.id": "x"}}
+    good = {"trace": TRACE, "attrs": VLLM_ATTRS}
+    result = intake.ingest(_json_request([bad, good], {"service.name": "w0"}), "application/json")
+    assert (result.accepted, result.rejected) == (1, 1)
+    assert "gen_ai.usage.prompt_tokens" in result.errors[0]
+    assert sum(intake.health.snapshot()[0]["prefixscope_ingest_errors"].values()) == 1
+    assert intake.pending() == (1 if wait else 0)  # the good one waits for its session, if configured
+
+
 def test_a_follow_up_that_left_an_unhealthy_worker_is_a_migration() -> None:
     sink = Sink()
     healthy = {"w0", "w1"}
