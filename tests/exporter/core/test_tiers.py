@@ -157,5 +157,5 @@ def test_gpu_fill_and_the_thrash_gate_count_gpu_blocks_only():
     assert result.value == 0.0  # thrash, but of a half-full cache: the gate is shut
     [row] = api.workers(st)["workers"]
     assert row["resident_blocks"] == 500 and row["resident_blocks_by_medium"] == {"GPU": 500, "CPU": 2000, "STORAGE": 300}
-    ranking = culprits._worker_ranking(st, catalog.CHECKS_BY_KEY["prefix_block_count_per_worker"])
+    ranking = culprits._series(st, catalog.CHECKS_BY_KEY["prefix_block_count_per_worker"])
     assert ranking.values == {"w0": 0.5}
