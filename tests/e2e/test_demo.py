@@ -128,7 +128,7 @@ def test_the_demo_profile_s_rules_and_thresholds_come_from_the_catalogue(tmp_pat
     assert (rules.parent, thresholds.parent) == (tmp_path, tmp_path)
     th = load_thresholds(thresholds)
     alerts = {r["alert"]: r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"] if "alert" in r}
-    assert set(alerts) == {c.alert for c in catalog.CHECKS}
+    assert set(alerts) == {c.alert for c in catalog.CHECKS} | {catalog.WATCHDOG_ALERT}
     for check in catalog.CHECKS:
         assert alerts[check.alert]["for"] == th.checks[check.threshold].for_
         assert th.for_s(check) <= 60  # every alert can fire within a short storyline's fault phase
