@@ -60,6 +60,7 @@ class FleetFollower:
         self.duties = duties
         self.lock = threading.RLock()
         self.started_subscriber: KvEventSubscriber | None = None  # one this follower had to start
+        self.applied = False  # the first set applied is the fleet at start: its workers join unannounced
 
     def apply(self, workers: tuple[WorkerTarget, ...], cfg: Config | None = None) -> tuple[list[str], list[str]]:
         """Follow ``workers`` from now on; returns (joined, left). A worker whose endpoints changed
@@ -77,7 +78,8 @@ class FleetFollower:
             if self.subscriber is not None:
                 self.subscriber.update_endpoints(endpoints)
             self.state.workers_left(left)
-            self.state.workers_joined(joined)
+            self.state.workers_joined(joined, announced=self.applied)
+            self.applied = True
             if self.names is not None:
                 self.names.urls.update({w.name: w.metrics_url.removesuffix("/metrics")
                                         for w in workers if w.metrics_url})

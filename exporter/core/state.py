@@ -603,13 +603,14 @@ class ClusterState:
         for name in names:
             self.health.drop_worker(name, counters=False)
 
-    def workers_joined(self, names: Iterable[str]) -> None:
+    def workers_joined(self, names: Iterable[str], announced: bool = True) -> None:
         """Workers that service discovery (or a reload) added: they keep their own series (never
-        folded into ``other``); one that had left is a worker again."""
+        folded into ``other``); one that had left is a worker again. ``announced`` (not for the
+        fleet found at start): its entering the pool is a pool change."""
         names = list(names)
         with self.lock:
             for name in names:
-                self.worker_pool.rejoin(name)
+                self.worker_pool.rejoin(name, announced)
             self.accounting.labels.pin_workers(names)
 
     def _retire_departed(self, now: float) -> None:

@@ -68,6 +68,9 @@ class WorkerPool:
         self.health = health
         self.down_grace_s = down_grace_s  # a worker target down this long has left (never blind)
         self.departed: dict[str, float] = {}  # workers discovery dropped -> input time they left
+        # Workers whose coming or going service discovery announced: their entering or leaving the
+        # pool is a change even while the exporter is still finding its workers by evidence.
+        self.announced: set[str] = set()
         self.time = time
         self.health_recency_s = health_recency_s
         self.workers: dict[str, WorkerInfo] = {}
@@ -128,12 +131,16 @@ class WorkerPool:
         """Service discovery (or a reload) dropped the worker: it is out of the pool from now on,
         and no failing scrape of it is blindness."""
         self.departed.setdefault(name, ts)
+        self.announced.add(name)
         for key in [k for k in self.down_since if k[0] == name and k[1] == "worker"]:
             del self.down_since[key]
 
-    def rejoin(self, name: str) -> None:
-        """The worker is a target again (it came back under the same name)."""
+    def rejoin(self, name: str, announced: bool = True) -> None:
+        """The worker is a target (again): service discovery found it. ``announced``: its entering the
+        pool will be a pool change (not for the workers found at start)."""
         self.departed.pop(name, None)
+        if announced:
+            self.announced.add(name)
 
     def is_healthy(self, worker: str, down: set[str] | None = None) -> bool:
         """Seen alive recently (record, scrape or KV batch) and not reported down by a scrape or router."""
@@ -247,9 +254,13 @@ class WorkerPool:
         if pool == self.pool:
             return False
         before, self.pool = self.pool, pool
+        moved = before ^ pool
+        announced = bool(self.announced & moved)
+        self.announced -= moved
         started = self.time.started_at
-        # While the exporter is still discovering its workers, a growing set is not a change.
-        if started is not None and ts - started >= self.health_recency_s and before:
+        # While the exporter is still discovering its workers, a growing set is not a change —
+        # unless service discovery announced the worker that came or went.
+        if before and (announced or (started is not None and ts - started >= self.health_recency_s)):
             self.epoch += 1
             self.changes.append(PoolChange(ts, len(before), len(pool), self.epoch))
             return True

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -87,12 +88,13 @@ def write_config(path: Path, sd_file: Path, scrape_interval: str = "200ms", extr
     path.write_text(yaml.safe_dump({**cfg, **(extra or {})}))
 
 
-@pytest.fixture
-def exporter(tmp_path: Path) -> Iterator[Exporter]:
-    specs = [WorkerSpec(n, block_size=BLOCK, num_gpu_blocks=64, max_running=4) for n in ("w0", "w1", "w2")]
+@contextmanager
+def running(tmp_path: Path, workers: list[str], listed: list[str]) -> Iterator[Exporter]:
+    """Simulated ``workers``, and the exporter process started on a file_sd file listing ``listed``."""
+    specs = [WorkerSpec(n, block_size=BLOCK, num_gpu_blocks=64, max_running=4) for n in workers]
     fleet = WorkerFleet(specs, options=FleetOptions(delay_scale=0.0)).start()
     sd_file, config = tmp_path / "workers.json", tmp_path / "exporter.yaml"
-    write_sd(sd_file, fleet, ["w0", "w1"])
+    write_sd(sd_file, fleet, listed)
     write_config(config, sd_file)
     proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "export", "--config.file", str(config),
                              "--web.listen-address", "127.0.0.1:0", "--log.level", "info"],
@@ -108,6 +110,12 @@ def exporter(tmp_path: Path) -> Iterator[Exporter]:
         except subprocess.TimeoutExpired:
             proc.kill()
         fleet.stop()
+
+
+@pytest.fixture
+def exporter(tmp_path: Path) -> Iterator[Exporter]:
+    with running(tmp_path, ["w0", "w1", "w2"], ["w0", "w1"]) as e:
+        yield e
 
 
 def up(name: str) -> str:
@@ -143,10 +151,13 @@ def test_follows_a_file_sd_file_and_reloads_keeping_its_index(exporter: Exporter
     assert e.value('prefixscope_discovery_targets{provider="fleet"}') == 2
 
     # SIGHUP: a new scrape interval applies; the index is kept.
+    loaded = e.value("prefixscope_config_last_reload_success_timestamp_seconds")
+    assert loaded is not None and e.value("prefixscope_config_last_reload_successful") == 1  # (at start)
     write_config(e.config, e.sd_file, scrape_interval="300ms")
     e.proc.send_signal(signal.SIGHUP)
-    wait_for(lambda: e.value("prefixscope_config_last_reload_success_timestamp_seconds") is not None
-             and e.value("prefixscope_config_last_reload_successful") == 1, what="reloaded")
+    wait_for(lambda: (e.value("prefixscope_config_last_reload_success_timestamp_seconds") or 0) > loaded,
+             what="reloaded on SIGHUP")
+    assert e.value("prefixscope_config_last_reload_successful") == 1
     before = e.value("prefixscope_config_last_reload_success_timestamp_seconds")
     assert resident(e, "w0") == w0_blocks
 
@@ -172,3 +183,64 @@ def test_follows_a_file_sd_file_and_reloads_keeping_its_index(exporter: Exporter
     assert resident(e, "w0") == w0_blocks
     assert (resident(e, "w2") or 0) == 0  # a worker that left takes its cache with it
     assert e.value("prefixscope_telemetry_blind_targets") == 0
+
+
+def verdict_step(e: Exporter) -> int | None:
+    v = requests.get(e.url + "/api/v1/groups", timeout=10).json()["data"]["verdict"]
+    return None if v is None else v["step"]
+
+
+def test_a_fleet_that_scales_out_scales_in_and_restarts_in_turn(tmp_path: Path) -> None:
+    """An autoscaler driving the discovery file: scale out under load, scale in when idle, a rolling
+    restart (each worker out of the file, stopped, started again with an empty cache, back in the
+    file). The exporter follows with no restart: the pool and its changes track the fleet, a worker
+    that left is never blind, and no step-0 verdict comes from workers that are gone."""
+    names = ["w0", "w1", "w2", "w3"]
+    with running(tmp_path, names, ["w0", "w1"]) as e:
+        for n in ("w2", "w3"):
+            e.fleet.kill(n)  # not yet scaled out: no such pods
+
+        def pool() -> tuple[float | None, float | None]:
+            m = e.metrics()
+            return m.get("prefixscope_worker_pool_size"), m.get("prefixscope_worker_pool_changes_total")
+
+        wait_for(lambda: pool()[0] == 2, what="a pool of two", timeout=20)
+        for i in range(6):
+            e.ask(f"w{i % 2}", f"[load {i}] " + "lorem ipsum dolor sit amet " * 12)
+
+        # Scale out under load: two workers start and are added to the file.
+        for n in ("w2", "w3"):
+            e.fleet.restart(n)
+        write_sd(e.sd_file, e.fleet, names)
+        wait_for(lambda: pool()[0] == 4, what="the pool grows to four", timeout=20)
+        for i in range(4):
+            e.ask(f"w{i}", f"[after scale-out {i}] " + "consectetur adipiscing elit " * 12)
+        changes = pool()[1]
+
+        # Scale in when idle: out of the file first, then stopped (as an endpoint is removed before
+        # its pod terminates).
+        write_sd(e.sd_file, e.fleet, ["w0", "w1"])
+        wait_for(lambda: pool()[0] == 2, what="the pool shrinks to two", timeout=20)
+        for n in ("w2", "w3"):
+            e.fleet.kill(n)
+        assert (pool()[1] or 0) > (changes or 0)  # the pool change is seen
+        assert e.value("prefixscope_telemetry_blind_targets") == 0
+        assert {w: e.workers()[w]["liveness"] for w in ("w2", "w3")} == {"w2": "left", "w3": "left"}
+        assert verdict_step(e) != 0
+
+        # A rolling restart, one worker at a time.
+        for n in ("w0", "w1"):
+            others = [o for o in ("w0", "w1") if o != n]
+            write_sd(e.sd_file, e.fleet, others)
+            wait_for(lambda n=n: e.value(up(n)) is None, what=f"{n} out of the targets", timeout=20)
+            e.fleet.restart(n)  # an empty cache; perhaps new ports
+            write_sd(e.sd_file, e.fleet, ["w0", "w1"])
+            wait_for(lambda n=n: e.value(up(n)) == 1, what=f"{n} back", timeout=20)
+            assert e.value("prefixscope_telemetry_blind_targets") == 0
+            e.ask(n, f"[after restart {n}] " + "sed do eiusmod tempor " * 12)
+            wait_for(lambda n=n: resident(e, n) == len(e.fleet[n].engine.cache.resident()),
+                     what=f"{n}'s new cache indexed", timeout=20)
+        wait_for(lambda: pool()[0] == 2, what="a pool of two after the restarts", timeout=20)
+        assert e.value("prefixscope_telemetry_blind_targets") == 0
+        assert verdict_step(e) != 0
+        assert e.value('prefixscope_discovery_refresh_failures_total{provider="fleet"}') == 0

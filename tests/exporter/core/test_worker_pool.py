@@ -72,7 +72,8 @@ def test_a_departed_worker_is_out_of_the_pool_and_never_blind() -> None:
     p.depart("w1", 101.0)
     assert p.blind_targets() == 0 and p.liveness("w1") == "left"
     p.worker("w1", 102.0)  # a late scrape of it is no sign of membership
-    assert p.update(102.0) is False and p.pool == {"w0"}  # (still discovering: no change counted)
+    # Announced by discovery: a pool change even while the exporter still finds its workers.
+    assert p.update(102.0) is True and p.pool == {"w0"} and p.epoch == 1
     h.remove(UP, ("w1", "worker"))
     p.track_down_targets()
     assert ("w1", "worker") not in p.down_since
