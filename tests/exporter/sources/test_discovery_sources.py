@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -45,9 +46,9 @@ def rules(*raw: dict) -> tuple[relabel.Rule, ...]:
 class _SdHandler(BaseHTTPRequestHandler):
     body: bytes = b"[]"
     status = 200
-    headers_seen: list[dict] = []
+    headers_seen: ClassVar[list[dict]] = []
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         type(self).headers_seen.append(dict(self.headers))
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
