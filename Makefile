@@ -26,12 +26,12 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 # Debian's prometheus (promtool for the rule tests, the server for the demo),
 # prometheus-alertmanager (amtool and the server: the inhibition tests and the demo's pages) and
-# chromium (the console's browser test) and nats-server (JetStream for the relay and the shard
-# tests). Without root this prints what to run and carries on.
+# chromium (the console's browser test), nats-server (JetStream for the relay and the shard
+# tests) and etcd-server (Dynamo's worker registry, for the discovery tests). Without root this prints what to run and carries on.
 define apt_install
 	@missing=""; \
 	for pkg in $(1); do \
-	  case $$pkg in prometheus) bin=promtool ;; prometheus-alertmanager) bin=amtool ;; *) bin=$$pkg ;; esac; \
+	  case $$pkg in prometheus) bin=promtool ;; prometheus-alertmanager) bin=amtool ;; etcd-server) bin=etcd ;; *) bin=$$pkg ;; esac; \
 	  command -v $$bin >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -46,7 +46,7 @@ define apt_install
 endef
 
 system-packages:
-	$(call apt_install,prometheus prometheus-alertmanager chromium nats-server)
+	$(call apt_install,prometheus prometheus-alertmanager chromium nats-server etcd-server)
 
 demo-packages:
 	$(call apt_install,prometheus prometheus-alertmanager)

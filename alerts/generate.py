@@ -1,4 +1,4 @@
-"""``prefixscope generate [--check]``: write every generated artifact, or check they are fresh.
+"""``prefixscope generate [--check] [--out DIR]``: write every generated artifact, or check they are fresh.
 
 Outputs (all derived from prefixscope/catalog.py and alerts/thresholds.yaml):
 alerts/generated/{prefixscope.rules.yaml, prefixscope.prometheusrule.yaml,
@@ -7,6 +7,11 @@ docs/metrics.md and the index block of runbooks/README.md.
 
 Four steps, in order: dashboards (which also say which panel shows each alert), rules (which link
 each alert to that panel), Alertmanager, docs. Each is handed the parsed threshold file.
+
+In a source checkout the files go where they are committed. ``--out DIR`` writes (or, with
+``--check``, compares) the same tree under DIR instead — what an installed package needs, having
+no checkout to write into (e.g. rules from a site's own threshold file). The generated blocks of
+the checkout's README.md and docs/routers.md are left out where those files are not installed.
 """
 
 from __future__ import annotations
@@ -126,6 +131,8 @@ def docs_step(th: config.Thresholds, root: Path) -> dict[Path, str]:
              routers_doc.router_matrix()),
             (root / "README.md", routers_doc.SOURCES_BEGIN, routers_doc.SOURCES_END,
              routers_doc.check_sources_table())):
+        if path not in out and not path.exists():
+            continue  # an installed package: the checkout's hand-written docs are not there
         try:
             out[path] = routers_doc.splice(out.get(path) or path.read_text(encoding="utf-8"), begin, end, body)
         except (OSError, ValueError) as exc:
@@ -150,17 +157,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prefixscope generate", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="fail (exit 1) if a committed file is stale")
     parser.add_argument("--thresholds", type=Path, default=config.DEFAULT_PATH, help="threshold config file")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="write (or --check) the generated tree under DIR instead of the source checkout")
     args = parser.parse_args(argv)
+    if args.out is None and not (ROOT / "pyproject.toml").exists():
+        print(f"prefixscope generate: {ROOT} is an installed package, not a source checkout: "
+              "give --out DIR for the generated files", file=sys.stderr)
+        return 2
     try:
         th = config.load(args.thresholds, runbooks_dir=config.RUNBOOKS_DIR)
         files = build(th)
     except (config.ConfigError, promtests.UnsupportedShape) as exc:
         print(f"prefixscope generate: {exc}", file=sys.stderr)
         return 2
+    base = args.out if args.out is not None else ROOT
+    if args.out is not None:
+        files = {args.out / p.relative_to(ROOT): text for p, text in files.items()}
     if args.check:
         stale = [p for p, text in files.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
         for p in stale:
-            print(f"stale: {p.relative_to(ROOT)}", file=sys.stderr)
+            print(f"stale: {p.relative_to(base)}", file=sys.stderr)
         if stale:
             print("run `prefixscope generate` and commit the result", file=sys.stderr)
             return 1
@@ -170,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(ROOT)}")
+            print(f"wrote {path.relative_to(base)}")
     return 0
 
 

@@ -132,28 +132,52 @@ def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock
     """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
     workers = configured_workers(cfg)
     state.accounting.labels.pin_workers(w.name for w in workers)  # configured: never folded into "other"
+    state.worker_pool.down_grace_s = cfg.worker_down_grace
     spec = ShardSpec(cfg.shard.index, cfg.shard.count)
-    home = [w for w in workers if home_shard(w.name, spec.count) == spec.index]
-    endpoints = {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in home
-                 if w.kv_events and not _is_nats(w.kv_events)}
+    endpoints = kv_endpoints(cfg, workers)
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
-    subscriber = KvEventSubscriber(endpoints, sink, health, clock=clock,
-                                   token_ids=texts is not None, attribution=cfg.attribution,
-                                   duties=duties) if endpoints else None
+    # With service discovery a subscriber runs even before any worker publishes: workers join it.
+    subscriber = kv_subscriber(cfg, endpoints, sink, health, clock, duties, texts is not None) \
+        if endpoints or cfg.discovery else None
     if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
         state.rebuild_request = subscriber.request_rebuild
     records: RecordSink = ShardRecords(state, spec) if spec.sharded else state
     tails = [RecordFileTail(p, records, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
              for p in cfg.file_records.paths]
-    targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in home if w.metrics_url]
-    names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
-    if spec.index == 0:
-        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
-    scraper = Scraper(targets, state, health, timeout=cfg.scrape_timeout, interval=cfg.scrape_interval,
-                      clock=clock, duties=duties)
+    scraper = Scraper(scrape_targets(cfg, workers), state, health, timeout=cfg.scrape_timeout,
+                      interval=cfg.scrape_interval, clock=clock, duties=duties)
     return Sources(workers=workers, subscriber=subscriber, tails=tails, scraper=scraper, names=texts,
                    nats=build_nats_source(cfg, workers, state, health, clock, duties), records=records)
+
+
+def _home(cfg: Config, workers: tuple[WorkerTarget, ...]) -> list[WorkerTarget]:
+    """The workers this shard scrapes and subscribes to over ZMQ (all of them unsharded)."""
+    spec = ShardSpec(cfg.shard.index, cfg.shard.count)
+    return [w for w in workers if home_shard(w.name, spec.count) == spec.index]
+
+
+def kv_endpoints(cfg: Config, workers: tuple[WorkerTarget, ...]) -> dict[str, KvEndpoint]:
+    """The ZMQ KV-event endpoints this exporter follows, by worker."""
+    return {w.name: KvEndpoint(w.kv_events, w.replay, w.topic) for w in _home(cfg, workers)
+            if w.kv_events and not _is_nats(w.kv_events)}
+
+
+def kv_subscriber(cfg: Config, endpoints: dict[str, KvEndpoint], sink: StateSink, health: Health,
+                  clock: Clock = time.time, duties: DutyClock | None = None,
+                  token_ids: bool = False) -> KvEventSubscriber:
+    return KvEventSubscriber(endpoints, sink, health, clock=clock, token_ids=token_ids,
+                             attribution=cfg.attribution, duties=duties)
+
+
+def scrape_targets(cfg: Config, workers: tuple[WorkerTarget, ...]) -> list[ScrapeTarget]:
+    """This exporter's scrape targets: its home workers, and (shard 0) the routers, which learn
+    each worker's name by its URL."""
+    targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in _home(cfg, workers) if w.metrics_url]
+    names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
+    if cfg.shard.index == 0:
+        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
+    return targets
 
 
 def prefix_names(cfg: Config, workers: tuple[WorkerTarget, ...]) -> PrefixNames:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from exporter.codecs import routers
+from exporter.codecs.discovery import relabel
 from exporter.model import Limits
 from prefixscope.durations import DurationError, seconds
 from prefixscope.records import DEFAULT_TS_TOLERANCE_S
@@ -108,6 +109,27 @@ class NatsKv:
     dynamo_block_size: int = 16
 
 
+SD_MECHANISMS = ("file_sd", "http_sd", "prometheus", "router", "etcd")
+SD_REFRESH = {"file_sd": 300.0, "http_sd": 60.0, "prometheus": 30.0, "router": 15.0, "etcd": 15.0}
+
+
+@dataclass(frozen=True)
+class SdProvider:
+    """One ``discovery`` entry: where workers are found, how often, and its relabelling."""
+
+    mechanism: str  # one of SD_MECHANISMS
+    name: str  # the provider label of the discovery series
+    refresh_interval: float
+    relabel: tuple[relabel.Rule, ...] = ()
+    files: tuple[str, ...] = ()  # file_sd: absolute paths (a glob in the file name allowed)
+    url: str | None = None  # http_sd, prometheus, router
+    job: str | None = None  # prometheus: the scrape pool
+    endpoints: tuple[str, ...] = ()  # etcd
+    prefix: str = "instances/"  # etcd
+    timeout: float = 10.0
+    bearer_token: str | None = None
+
+
 @dataclass(frozen=True)
 class Shard:
     index: int = 0
@@ -139,6 +161,8 @@ class Config:
     web: Web = field(default_factory=Web)
     kv_nats: NatsKv | None = None
     shard: Shard = field(default_factory=Shard)
+    discovery: tuple[SdProvider, ...] = ()  # workers found by service discovery, besides ``workers``
+    worker_down_grace: float = 600.0  # a worker target failing this long has left: never blind
 
     def with_overrides(self, **changes: Any) -> Config:
         """Flags win over the file; ``None`` means the flag was not given."""
@@ -341,6 +365,45 @@ def _shard(problems: Problems, d: Mapping[str, Any]) -> Shard:
     return Shard(index, count)
 
 
+def _discovery(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple[SdProvider, ...]:
+    section = _section(d, "discovery")
+    out: list[SdProvider] = []
+    names: set[str] = set()
+    for mechanism in SD_MECHANISMS:
+        for i, e in _entries(section, mechanism):
+            where = f"discovery.{mechanism}[{i}]"
+            name = str(e.get("name") or f"{mechanism}_{i}")
+            if name in names:
+                problems.add(f"{where}.name", f'duplicate discovery name "{name}"')
+            names.add(name)
+            rules: list[relabel.Rule] = []
+            for j, r in enumerate(e.get("relabel_configs") or []):
+                if isinstance(r, Mapping) and not problems.has(f"{where}.relabel_configs[{j}]"):
+                    try:
+                        rules.append(relabel.rule(r))
+                    except relabel.RelabelError as exc:
+                        problems.add(f"{where}.relabel_configs[{j}]", str(exc))
+            token = None
+            token_file = files.path(e.get("bearer_token_file"), f"{where}.bearer_token_file")
+            if token_file is not None:
+                try:
+                    token = token_file.read_text(encoding="utf-8").strip() or None
+                except (OSError, UnicodeDecodeError) as exc:
+                    problems.add(f"{where}.bearer_token_file", f'cannot read "{token_file}": {exc}')
+            paths = tuple(str(files.path(f, f"{where}.files[{k}]", must_exist=False))
+                          for k, f in enumerate(e.get("files") or []) if isinstance(f, str))
+            def duration(key: str, default: float, e: Mapping[str, Any] = e, where: str = where) -> float:
+                value = e.get(key)
+                return default if value is None or problems.has(f"{where}.{key}") else seconds(value) or default
+
+            refresh = duration("refresh_interval", SD_REFRESH[mechanism])
+            out.append(SdProvider(mechanism=mechanism, name=name, refresh_interval=refresh, relabel=tuple(rules),
+                                  files=paths, url=e.get("url"), job=e.get("job"),
+                                  endpoints=tuple(e.get("endpoints") or ()), prefix=e.get("prefix", "instances/"),
+                                  timeout=duration("timeout", 10.0), bearer_token=token))
+    return tuple(out)
+
+
 def _seconds(problems: Problems, d: Mapping[str, Any], key: str, default: float | None,
              section: str = "") -> float | None:
     """A duration setting (``section.key``) through the one grammar; a bad one is a problem of the
@@ -396,6 +459,8 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     limits, web = _limits(problems, d), _web(problems, d)
     kv_nats = _kv_nats(problems, d, workers)
     shard = _shard(problems, d)
+    discovery = _discovery(problems, files, d)
+    down_grace = _seconds(problems, d, "worker_down_grace", 600.0)
     problems.raise_if_any(ConfigError)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
                   http_records=http, file_records=tailed, otlp=otlp, topology=topology,
@@ -405,7 +470,8 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
                   prefix_text=d.get("prefix_text") is True,
                   attribution=d.get("attribution") is not False,
                   eviction_memory=int(d.get("eviction_memory", 4096)),
-                  limits=limits, web=web, kv_nats=kv_nats, shard=shard)
+                  limits=limits, web=web, kv_nats=kv_nats, shard=shard, discovery=discovery,
+                  worker_down_grace=down_grace or 600.0)
 
 
 def load_config(path: str | Path) -> Config:

@@ -5,7 +5,9 @@ this module adds the HTTP server, the tree-statistics refresher and the process 
 
 Flags follow the Go exporters (``--config.file``, ``--web.listen-address``, ``--log.level``) and
 override the config file. A bad config or flag prints one clear line and exits 2, never a
-traceback. SIGTERM and SIGINT stop every thread within a second or two.
+traceback. SIGTERM and SIGINT stop every thread within a second or two. SIGHUP and
+``POST /-/reload`` reload the config file (``exporter.follow``: an invalid file keeps the running
+configuration); ``--config.auto-reload-interval`` also reloads it when its content changes.
 
 Threads: one scrape loop (every ``scrape_interval``; /metrics never triggers a scrape, it
 renders the latest state), one KV-event subscriber for all workers, one tailer per record
@@ -18,12 +20,14 @@ the HTTP server's request threads.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -45,6 +49,7 @@ from exporter.core.breaches import BreachClock
 from exporter.core.health import Health
 from exporter.core.prefix_text import PrefixNames
 from exporter.core.state import ClusterState
+from exporter.follow import ConfigReloader, FleetFollower
 from exporter.loops.breach_loop import BreachLoop
 from exporter.loops.duty_clock import DutyClock
 from exporter.loops.tree_refresher import TreeStatsRefresher
@@ -60,6 +65,7 @@ from exporter.web.otlp_grpc import GrpcTraceReceiver
 from exporter.web.process_metrics import SelfMetrics
 from exporter.web.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from prefixscope import __version__
+from prefixscope.durations import seconds
 
 log = logging.getLogger("prefixscope.export")
 
@@ -78,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
                         help=f"address to serve /metrics and /api/v1 on (default {DEFAULT_LISTEN}; port 0 picks a free one)")
     parser.add_argument("--log.level", dest="log_level", choices=LOG_LEVELS, help="log level (default info)")
+    parser.add_argument("--config.auto-reload-interval", dest="auto_reload", metavar="DURATION", default="0s",
+                        help="check the config file this often and reload it when its content changed "
+                             "(default 0s: only on SIGHUP or POST /-/reload)")
     parser.add_argument("--version", action="version", version=f"prefixscope {__version__}")
     return parser
 
@@ -118,6 +127,8 @@ class Runtime:
         self.spans: SpanIntake | None = None  # the OTLP trace receivers' intake, when either is on
         self.grpc: GrpcTraceReceiver | None = None  # OTLP/gRPC TraceService/Export (otlp.grpc_listen_address)
         self.nats: NatsKvSource | None = None  # KV events over NATS (set by build)
+        self.follower: FleetFollower | None = None  # applies worker sets (discovery, reloads); set by build
+        self.reloader: ConfigReloader | None = None
         self.started_at = clock()
         self.started_mono = time.monotonic()
 
@@ -127,8 +138,10 @@ class Runtime:
 
     # ---- assembly -------------------------------------------------------------------------
     @classmethod
-    def build(cls, cfg: Config, clock: Callable[[], float] = time.time) -> Runtime:
-        """Load thresholds, topology and manifest, and create (not start) every part.
+    def build(cls, cfg: Config, clock: Callable[[], float] = time.time,
+              load: Callable[[], Config] | None = None) -> Runtime:
+        """Load thresholds, topology and manifest, and create (not start) every part. ``load``
+        reads the config again for a reload (without it a reload re-applies ``cfg``).
 
         Raises ConfigError for any invalid referenced file, OSError if the address is taken.
         """
@@ -176,6 +189,7 @@ class Runtime:
             healthz=healthz,
             render_text=lambda: render_state(state) + own.render_text(),
             ingest_traces=otlp_http.handler(spans, endpoints_auth) if cfg.otlp.enabled else None,
+            reload=lambda: runtime.reload(),
             max_connections=cfg.web.max_connections,
             read_timeout=cfg.web.read_timeout,
             duties=duties,
@@ -194,7 +208,17 @@ class Runtime:
         runtime.spans = spans if cfg.otlp.enabled or grpc_receiver is not None else None
         runtime.grpc = grpc_receiver
         runtime.nats = sources.nats
+        runtime.follower = FleetFollower(cfg, sources.workers, state, health, sources.scraper, sources.subscriber,
+                                         sources.names, clock, duties)
+        runtime.reloader = ConfigReloader(cfg, load or (lambda: cfg), runtime.follower, health, clock)
         return runtime
+
+    def reload(self) -> tuple[bool, str]:
+        """Reload the config file (SIGHUP, POST /-/reload): (ok, what happened)."""
+        assert self.reloader is not None
+        ok, message = self.reloader.reload()
+        self.cfg = self.reloader.cfg
+        return ok, message
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -215,6 +239,8 @@ class Runtime:
             self.nats.start()
         for tail in self.tails:
             tail.start()
+        if self.reloader is not None:  # discovery's first round: the scraper's first one sees its workers
+            self.reloader.start_discovery()
         if self.spans is not None:
             if cfg.otlp.enabled:
                 log.info("traces: POST /v1/traces (OTLP/HTTP protobuf or JSON; session attributes: %s)",
@@ -235,6 +261,10 @@ class Runtime:
     def stop(self) -> None:
         """Stop every thread; each part gets a bounded join so shutdown stays within seconds."""
         self.server.stop()
+        if self.reloader is not None:
+            self.reloader.close()
+        if self.follower is not None:
+            self.follower.close()
         if self.grpc is not None:
             self.grpc.stop(grace=1.0)
         if self.subscriber is not None:
@@ -255,7 +285,7 @@ class Runtime:
     def target_status(self) -> list[TargetStatus]:
         up = self.health.snapshot()[1].get("prefixscope_up", {})
         rows = []
-        for w in self.workers:
+        for w in self.follower.workers if self.follower is not None else self.workers:
             if w.metrics_url:
                 v = up.get((w.name, "worker"))
                 rows.append(TargetStatus(w.name, "worker", w.metrics_url, None if v is None else v == 1))
@@ -286,6 +316,35 @@ class Runtime:
             "seconds_since_scrape_round": since_round if started is not None else None,
             "state_lock": "ok" if locked else f"not acquired within {STATE_LOCK_WAIT_S:g}s",
             "targets_scraped": len(self.scraper.targets), "targets_up": up}
+
+
+class ConfigWatch:
+    """``--config.auto-reload-interval``: the config file's content, checked every interval."""
+
+    def __init__(self, argv: list[str], interval_s: float) -> None:
+        path = build_parser().parse_args(argv).config_file
+        self.path = Path(path) if path and interval_s > 0 else None
+        self.interval_s = interval_s
+        self.checked_at = time.monotonic()
+        self.digest = self._digest()
+
+    def _digest(self) -> str | None:
+        if self.path is None:
+            return None
+        try:
+            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError:
+            return None  # gone for a moment (an editor's rename): compared again next time
+
+    def changed(self) -> bool:
+        if self.path is None or time.monotonic() - self.checked_at < self.interval_s:
+            return False
+        self.checked_at = time.monotonic()
+        digest = self._digest()
+        if digest is None or digest == self.digest:
+            return False
+        self.digest = digest
+        return True
 
 
 def _configure_logging(level: str) -> None:
@@ -325,7 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     allocator.limit_arenas()  # before any thread of the runtime allocates
     raise_open_files_limit()
     try:
-        runtime = Runtime.build(cfg)
+        auto_reload = seconds(build_parser().parse_args(argv).auto_reload, positive=False)
+    except ValueError as exc:
+        print(f"prefixscope export: --config.auto-reload-interval: {exc}", file=sys.stderr)
+        return 2
+    try:
+        runtime = Runtime.build(cfg, load=lambda: resolve_config(argv))
     except ConfigError as exc:
         print(f"prefixscope export: {exc}", file=sys.stderr)
         return 2
@@ -334,18 +398,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     stop = threading.Event()
+    hup = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def _on_hup(_signum: int, _frame: FrameType | None) -> None:
+        hup.set()  # reloaded on the main loop, not inside the handler
+
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    if hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _on_hup)
+    watched = ConfigWatch(argv, auto_reload)
     try:
         runtime.start()
         # The address line is the one machine-readable log line: tests and scripts parse it.
         log.info("listening on %s", runtime.url)
         trimmed_at = time.monotonic()
         while not stop.wait(0.5):
+            if hup.is_set():
+                hup.clear()
+                log.info("received SIGHUP, reloading the config")
+                runtime.reload()
+            elif watched.changed():
+                log.info("the config file changed, reloading it")
+                runtime.reload()
             if time.monotonic() - trimmed_at >= allocator.TRIM_EVERY_S:
                 allocator.trim()
                 trimmed_at = time.monotonic()

@@ -647,6 +647,19 @@ METRICS: tuple[Metric, ...] = (
             buckets=DUTY_BUCKETS,
             help="Wall time of one batch of each duty's work (a drained KV poll, a scrape round, a records body, "
                  "a /metrics render, a statistics reading, a breach evaluation), waits for I/O included."),
+    _metric(name="discovery_targets", type="gauge", unit="", labels=("provider",), group=0, source="exporter",
+            help="Workers a service-discovery provider gives now (after relabelling; its last good answer while it fails)."),
+    _metric(name="discovery_refresh_failures", type="counter", unit="", labels=("provider",), group=0, source="exporter",
+            help="Refreshes of a service-discovery provider that failed (unreachable, an error answer, a file or answer "
+                 "that is not the format); its last good workers are kept."),
+    _metric(name="discovery_last_success_timestamp_seconds", type="gauge", unit="seconds", labels=("provider",), group=0,
+            source="exporter",
+            help="When a service-discovery provider last answered in full (Unix time): the fleet it describes is this old."),
+    _metric(name="config_last_reload_successful", type="gauge", unit="", labels=(), group=None, source="exporter",
+            help="1 if the last reload of the config file (SIGHUP, POST /-/reload or a watched change) succeeded, 0 "
+                 "if it failed and the running configuration was kept."),
+    _metric(name="config_last_reload_success_timestamp_seconds", type="gauge", unit="seconds", labels=(), group=None,
+            source="exporter", help="When the config was last loaded successfully (at start or a reload; Unix time)."),
     _metric(name="exporter_build_info", type="gauge", unit="", labels=("version", "core"), group=None, source="exporter",
             help="prefixscope build information (value 1); core: the prefix index in use, compiled or reference."),
 )

@@ -97,6 +97,30 @@ class Health:
             if self.gauges.get(metric, {}).pop(labels, None) is not None:
                 self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
 
+    def drop_worker(self, name: str, counters: bool = True) -> None:
+        """Remove every series whose ``worker`` (or, for worker targets, ``target``) is ``name``:
+        its gauges at once when it leaves, with ``counters`` too once its series retire."""
+        with self._lock:
+            kinds = (self.gauges, self.counters) if counters else (self.gauges,)
+            for kind in kinds:
+                for metric, series in kind.items():
+                    m = METRICS_BY_NAME.get(metric)
+                    if m is None:
+                        continue
+                    if "worker" in m.labels:
+                        at = m.labels.index("worker")
+                        gone = [lv for lv in series if lv[at] == name]
+                    elif m.labels[:2] == ("target", "kind"):
+                        gone = [lv for lv in series if lv == (name, "worker")]
+                    else:
+                        continue
+                    for lv in gone:
+                        value = series.pop(lv)
+                        if kind is self.counters:
+                            self._totals[metric] = self._totals.get(metric, 0.0) - value
+                    if gone and kind is self.gauges:
+                        self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+
     def total(self, metric: str) -> float | None:
         """Σ of a counter over its label sets; None while it has no series (nothing on /metrics)."""
         return self._totals.get(metric) if self.counters.get(metric) else None

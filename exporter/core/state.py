@@ -322,6 +322,8 @@ class ClusterState:
     # ---- primitives ----------------------------------------------------------------------------
     def _expire(self) -> None:
         now = self.time.now
+        if self.worker_pool.departed:
+            self._retire_departed(now)
         self.health_increases.sample()
         self.store.expire(now)
         self.accounting.expire_labels(now)
@@ -578,6 +580,53 @@ class ClusterState:
             self.health.inc(_WORKER_RESTARTS, (worker,))
         if was_unreliable:
             self.health.set(_KV_UNRELIABLE, (worker,), 0.0)
+
+    # ---- the fleet as service discovery changes it ---------------------------------------------
+    def workers_left(self, names: Iterable[str]) -> None:
+        """Workers that service discovery (or a reload) dropped. Their caches went with them: their
+        views leave the index now, they leave the pool now (a pool change, as any departure), their
+        gauges (up, KV freshness) go now, so no check reads a gone worker as down, stale or blind;
+        their counters stay until ``label_idle`` (as a worker records stop naming), then go too."""
+        names = list(names)
+        if not names:
+            return
+        with self.lock:
+            ts = self.time.now
+            for name in names:
+                self.worker_pool.depart(name, ts)
+                self.index.clear_worker(name)
+                self.evictions.clear_worker(name)
+                self.attribution.kv.clear_worker(name)
+                self._unreliable.pop(name, None)
+                self._rebuilding.discard(name)
+                self._kv_workers.discard(name)
+            self._update_pool(ts)
+        for name in names:
+            self.health.drop_worker(name, counters=False)
+
+    def workers_joined(self, names: Iterable[str], announced: bool = True) -> None:
+        """Workers that service discovery (or a reload) added: they keep their own series (never
+        folded into ``other``); one that had left is a worker again. ``announced`` (not for the
+        fleet found at start): its entering the pool is a pool change."""
+        names = list(names)
+        with self.lock:
+            for name in names:
+                self.worker_pool.rejoin(name, announced)
+            self.accounting.labels.pin_workers(names)
+
+    def _retire_departed(self, now: float) -> None:
+        """Forget departed workers gone for ``label_idle``: their series and their entry."""
+        pool, labels = self.worker_pool, self.accounting.labels
+        for name, left_at in list(pool.departed.items()):
+            if now - left_at < labels.worker.idle_s:
+                continue
+            del pool.departed[name]
+            pool.workers.pop(name, None)
+            self.store.drop_label_value("worker", name)
+            self.health.drop_worker(name)
+            labels.worker.pinned = labels.worker.pinned - {name}
+            self._kv_labels.pop(name, None)
+            self._repaired_at.pop(name, None)
 
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         with self.lock:

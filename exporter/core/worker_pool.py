@@ -8,6 +8,10 @@ the session table can measure how many sessions it reshuffled.
 
 A worker whose scrapes fail is either blinding us (traffic still reaches it) or has left the
 pool (its traffic stopped when it went down): :meth:`WorkerPool.left_pool` tells them apart.
+Two things settle it whatever the traffic sources say: a worker that service discovery (or a
+reload) dropped has departed (:meth:`WorkerPool.depart`: out of the pool at once, never blind),
+and a worker target down for ``down_grace_s`` has left — without a traffic source (a minimal
+deployment), a scaled-away worker would otherwise count as blind for ever.
 :meth:`WorkerPool.liveness` puts each worker in one of three states — up, down, left — the
 states the console's Workers page shows.
 
@@ -59,8 +63,14 @@ class PoolChange:
 class WorkerPool:
     """Known workers and routers, the healthy set, and its changes."""
 
-    def __init__(self, health: Health, time: InputTime, health_recency_s: float) -> None:
+    def __init__(self, health: Health, time: InputTime, health_recency_s: float,
+                 down_grace_s: float = math.inf) -> None:
         self.health = health
+        self.down_grace_s = down_grace_s  # a worker target down this long has left (never blind)
+        self.departed: dict[str, float] = {}  # workers discovery dropped -> input time they left
+        # Workers whose coming or going service discovery announced: their entering or leaving the
+        # pool is a change even while the exporter is still finding its workers by evidence.
+        self.announced: set[str] = set()
         self.time = time
         self.health_recency_s = health_recency_s
         self.workers: dict[str, WorkerInfo] = {}
@@ -117,21 +127,39 @@ class WorkerPool:
             down.update(w for w, v in snap.healthy.items() if v == 0)
         return down
 
+    def depart(self, name: str, ts: float) -> None:
+        """Service discovery (or a reload) dropped the worker: it is out of the pool from now on,
+        and no failing scrape of it is blindness."""
+        self.departed.setdefault(name, ts)
+        self.announced.add(name)
+        for key in [k for k in self.down_since if k[0] == name and k[1] == "worker"]:
+            del self.down_since[key]
+
+    def rejoin(self, name: str, announced: bool = True) -> None:
+        """The worker is a target (again): service discovery found it. ``announced``: its entering the
+        pool will be a pool change (not for the workers found at start)."""
+        self.departed.pop(name, None)
+        if announced:
+            self.announced.add(name)
+
     def is_healthy(self, worker: str, down: set[str] | None = None) -> bool:
         """Seen alive recently (record, scrape or KV batch) and not reported down by a scrape or router."""
         w = self.workers.get(worker)
-        if w is None or self.time.now - w.last_seen > self.health_recency_s:
+        if w is None or self.time.now - w.last_seen > self.health_recency_s or worker in self.departed:
             return False
         return worker not in (down if down is not None else self.explicitly_down())
 
     def track_down_targets(self) -> None:
         """Remember since when each scrape target has been failing (cleared when it answers again)."""
         now = self.time.now
-        for key, v in dict(self.health.gauges.get(UP, {})).items():
+        up = dict(self.health.gauges.get(UP, {}))
+        for key, v in up.items():
             if v == 0:
                 self.down_since.setdefault(key, now)
             else:
                 self.down_since.pop(key, None)
+        for key in [k for k in self.down_since if k not in up]:  # no longer a target
+            del self.down_since[key]
 
     def blind_targets(self) -> int:
         """Targets that fail their scrape while traffic still reaches them.
@@ -140,15 +168,21 @@ class WorkerPool:
         only if it served traffic after its scrapes began to fail (records or router decisions
         show it); a worker whose traffic stopped when it went down has left the pool — a fleet
         event the chain reads in step 2 (migrations, pool changes), not broken telemetry. With no
-        traffic source at all (no records, no router) every down target counts: nothing says
-        whether it still serves.
+        traffic source at all (no records, no router) every down target counts — for
+        ``down_grace_s``: a worker down that long has left, whatever serves. A worker discovery
+        dropped is no target and never counts.
         """
         return sum(1 for (target, kind) in self.down_since if not self.left_pool(target, kind))
 
     def left_pool(self, target: str, kind: str) -> bool:
-        """A down worker target with no traffic since it went down (see :meth:`blind_targets`)."""
+        """A down worker target with no traffic since it went down (see :meth:`blind_targets`), or
+        one down past ``down_grace_s``, or one that discovery dropped."""
         since = self.down_since.get((target, kind))
-        if since is None or kind != "worker" or not (self.records_seen or self.routers):
+        if since is None or kind != "worker":
+            return False
+        if target in self.departed or self.time.now - since >= self.down_grace_s:
+            return True
+        if not (self.records_seen or self.routers):
             return False
         w = self.workers.get(target)
         return w is None or w.last_served <= since
@@ -163,6 +197,8 @@ class WorkerPool:
         Call :meth:`track_down_targets` first so that a newly failing scrape has its start.
         """
         down = self.explicitly_down() if down is None else down
+        if name in self.departed:
+            return "left"
         if self.is_healthy(name, down):
             return "up"
         if (name, "worker") in self.down_since:
@@ -218,9 +254,13 @@ class WorkerPool:
         if pool == self.pool:
             return False
         before, self.pool = self.pool, pool
+        moved = before ^ pool
+        announced = bool(self.announced & moved)
+        self.announced -= moved
         started = self.time.started_at
-        # While the exporter is still discovering its workers, a growing set is not a change.
-        if started is not None and ts - started >= self.health_recency_s and before:
+        # While the exporter is still discovering its workers, a growing set is not a change —
+        # unless service discovery announced the worker that came or went.
+        if before and (announced or (started is not None and ts - started >= self.health_recency_s)):
             self.epoch += 1
             self.changes.append(PoolChange(ts, len(before), len(pool), self.epoch))
             return True

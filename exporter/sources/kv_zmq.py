@@ -54,6 +54,12 @@ when a view drifts from what the worker reports; it runs on the subscriber threa
 Every configured stream's gap, missed, lost (and, with a replay endpoint, replay) series exist
 from the start at 0: a stream without gaps reads 0, not missing.
 
+The workers may change while it runs (:meth:`KvEventSubscriber.update_endpoints`, from any thread:
+service discovery, a reload): on the subscriber thread a worker that left has its socket closed
+and its sequence state dropped, and a new one is subscribed and, with a replay endpoint, asked for
+its buffer from seq 0 at once (as at start: what it already caches is known without waiting for
+its next batch; live messages that raced the replay are recognised as duplicates).
+
 BlockStored is idempotent in the state, so a replayed block that was also seen is harmless.
 Per-batch stream health and restarts are counted by the sink (``ClusterState``); this adapter
 counts gaps, missed batches, replays and frame/decode errors.
@@ -86,6 +92,7 @@ MAX_DRAIN = 256  # messages taken from one socket per poll round, so one busy wo
 MAX_STARTUP_REPLAYS = 64
 # Sockets the context may hold beyond one SUB per worker: the startup replays and the rebuilds.
 SPARE_SOCKETS = MAX_STARTUP_REPLAYS + 64
+MIN_MAX_SOCKETS = 2048  # room for workers that join later (the limit is fixed once a socket exists)
 # Payload digests kept per worker to recognise live duplicates of the startup replay: racing
 # messages are the newest ones, queued in the SUB socket (receive HWM 1000 by default).
 STARTUP_DEDUP = 2048
@@ -111,7 +118,9 @@ class _Replay:
 
     start: int
     end: int
-    kind: str  # "gap" (counted: recovered/partial/failed), "join" (a late join, not counted), "rebuild"
+    # "gap" (counted: recovered/partial/failed), "join" (a late join, not counted), "rebuild", "add" (a
+    # worker that joined while the subscriber runs: its whole buffer)
+    kind: str
     then: tuple[int, bytes, float] | None  # the live message that asked for it: (seq, payload, received_at)
     waiting: list[tuple[list[bytes], float]] = field(default_factory=list)  # later live messages
     reason: str = LOST_BATCHES  # why a rebuild runs (the repair's reason)
@@ -147,7 +156,12 @@ class KvEventSubscriber:
         self._rebuilds: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()  # (worker, reason) asked for
         self._ctx = zmq.Context()
         # one SUB per worker plus replays: past the default 1,023 sockets at about a thousand workers
-        self._ctx.set(zmq.MAX_SOCKETS, max(self._ctx.get(zmq.MAX_SOCKETS), len(self.endpoints) + SPARE_SOCKETS))
+        self._ctx.set(zmq.MAX_SOCKETS, max(self._ctx.get(zmq.MAX_SOCKETS), len(self.endpoints) + SPARE_SOCKETS,
+                                           MIN_MAX_SOCKETS))
+        self._changes: queue.SimpleQueue[dict[str, KvEndpoint]] = queue.SimpleQueue()  # desired endpoints
+        self._poller = zmq.Poller()
+        self._subs: dict[str, zmq.Socket] = {}  # worker -> its SUB socket (subscriber thread only)
+        self._sockets: dict[zmq.Socket, str] = {}
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._started = threading.Event()
@@ -170,10 +184,14 @@ class KvEventSubscriber:
         self._rebuilds.put((worker, reason))
         return True
 
-    def _zero_series(self) -> None:
+    def update_endpoints(self, endpoints: Mapping[str, KvEndpoint]) -> None:
+        """The workers to follow from now on (any thread; applied on the subscriber thread)."""
+        self._changes.put(dict(endpoints))
+
+    def _zero_series(self, workers: Mapping[str, KvEndpoint] | None = None) -> None:
         """Every configured stream's gap series exist from the start, at 0."""
         incs: list[tuple[str, tuple[str, ...], float]] = []
-        for worker, ep in self.endpoints.items():
+        for worker, ep in (self.endpoints if workers is None else workers).items():
             lab = (worker,)
             incs += [("prefixscope_kv_event_sequence_gaps", lab, 0), ("prefixscope_kv_event_missed_batches", lab, 0),
                      ("prefixscope_kv_event_lost_batches", lab, 0)]
@@ -208,29 +226,72 @@ class KvEventSubscriber:
         self.close()
 
     # ---- the loop -------------------------------------------------------------------------
+    def _subscribe(self, worker: str, ep: KvEndpoint) -> None:
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, ep.topic.encode())
+        sock.connect(ep.pub)
+        self._subs[worker], self._sockets[sock] = sock, worker
+        self._poller.register(sock, zmq.POLLIN)
+
+    def _unsubscribe(self, worker: str) -> None:
+        sock = self._subs.pop(worker, None)
+        if sock is not None:
+            self._poller.unregister(sock)
+            self._sockets.pop(sock, None)
+            sock.close(0)
+
+    def _apply_changes(self) -> None:
+        """Follow the latest endpoints asked for: leave the workers that went, join the new ones."""
+        desired: dict[str, KvEndpoint] | None = None
+        while True:
+            try:
+                desired = self._changes.get_nowait()
+            except queue.Empty:
+                break
+        if desired is None:
+            return
+        for worker in [w for w, ep in self.endpoints.items() if desired.get(w) != ep]:
+            self._unsubscribe(worker)
+            del self.endpoints[worker]
+            for per_worker in (self._next, self._topics, self.replayed_at_start, self._startup_mark, self._startup,
+                               self._replays, self._replay_threads):
+                per_worker.pop(worker, None)  # (a replay still out is dropped when it comes back)
+            log.info("worker %s: KV events no longer followed", worker)
+        added = {w: ep for w, ep in desired.items() if w not in self.endpoints}
+        self._zero_series(added)
+        for worker, ep in added.items():
+            self.endpoints[worker] = ep
+            self._topics[worker] = ep.topic.encode()
+            self._subscribe(worker, ep)
+            log.info("worker %s: following KV events at %s%s", worker, ep.pub,
+                     f" (replay {ep.replay})" if ep.replay else "")
+            self._start_replay(worker, 0, MAX_SEQ_JUMP, "add", None)  # what it caches already
+
     def _run(self) -> None:
-        poller = zmq.Poller()
-        sockets: dict[zmq.Socket, str] = {}
         try:
             self._zero_series()
             for worker, ep in self.endpoints.items():
-                sock = self._ctx.socket(zmq.SUB)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.SUBSCRIBE, ep.topic.encode())
-                sock.connect(ep.pub)
-                sockets[sock] = worker
-                poller.register(sock, zmq.POLLIN)
+                self._subscribe(worker, ep)
             self._connected.set()
             with self.duties.duty("kv_ingest"):
                 self._startup_replays()
             self._started.set()
             while not self._stop.is_set():
-                ready = poller.poll(self.poll_ms)
+                if not self._changes.empty():
+                    self._apply_changes()
+                if self._sockets:
+                    ready = self._poller.poll(self.poll_ms)
+                else:  # no worker to follow (yet): wait for one without a poll over nothing
+                    self._stop.wait(self.poll_ms / 1000)
+                    ready = []
                 if not ready and not self._replays and self._rebuilds.empty():
                     continue  # an idle round: nothing to drain, no replay or rebuild to finish
                 with self.duties.duty("kv_ingest"):
                     for sock, _ in ready:
-                        worker = sockets[sock]
+                        worker = self._sockets.get(sock)
+                        if worker is None:
+                            continue
                         for _ in range(MAX_DRAIN):
                             try:
                                 frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -244,7 +305,7 @@ class KvEventSubscriber:
         finally:
             self._connected.set()
             self._started.set()
-            for sock in sockets:
+            for sock in list(self._sockets):
                 sock.close(0)
 
     # ---- one message ----------------------------------------------------------------------
@@ -428,7 +489,9 @@ class KvEventSubscriber:
                 worker, got = self._replayed.get_nowait()
             except queue.Empty:
                 return
-            pending = self._replays.pop(worker)
+            pending = self._replays.pop(worker, None)
+            if pending is None or worker not in self.endpoints:
+                continue  # the worker left while its replay was out
             self._replay_threads.pop(worker, None)
             missing = pending.end - pending.start
             if pending.kind == "gap" and len(got) != missing:
@@ -446,6 +509,13 @@ class KvEventSubscriber:
                 self._decode_and_apply(worker, seq, payload, self.clock())
             if pending.kind == "gap" and len(got) == missing:
                 self.health.inc("prefixscope_kv_event_replays", (worker, "recovered"))
+            if pending.kind == "add" and got:  # a worker that joined: continue after its buffer
+                mark = got[-1][0]
+                self._next[worker] = mark + 1
+                self.replayed_at_start[worker] = self._startup_mark[worker] = mark
+                self._startup[worker] = {q: hash(p) for q, p in got[-STARTUP_DEDUP:]}
+                self._startup_until = max(self._startup_until, self.clock() + self.replay_timeout)
+                log.info("worker %s: rebuilt from its replay on joining (seq %d..%d)", worker, got[0][0], mark)
             if pending.kind == "rebuild":
                 complete = [seq for seq, _ in got] == list(range(pending.end))
                 if not complete:

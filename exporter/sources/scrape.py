@@ -65,6 +65,7 @@ class Scraper:
                  duties: DutyClock | None = None) -> None:
         # max_workers is accepted for callers of the thread-pool scraper; one thread serves every target now.
         self.targets = list(targets)
+        self._current = frozenset((t.name, t.kind) for t in self.targets)
         for t in self.targets:
             if t.kind not in SOURCES:
                 raise ValueError(f"target {t.name}: kind must be worker or router, not {t.kind!r}")
@@ -81,6 +82,20 @@ class Scraper:
         self._connections = http_get.ConnectionPool()  # kept-alive connections between rounds
         self.last: dict[str, ScrapeOutcome] = {}
         self.round_started: float | None = None  # time.monotonic() of the latest round's start (liveness)
+
+    def set_targets(self, targets: Iterable[ScrapeTarget]) -> None:
+        """Scrape these from the next round on (any thread: discovery, a reload). A target that went
+        has its outcome forgotten; its series are the state's to drop."""
+        new = list(targets)
+        for t in new:
+            if t.kind not in SOURCES:
+                raise ValueError(f"target {t.name}: kind must be worker or router, not {t.kind!r}")
+        names = {t.name for t in new}
+        self._current = frozenset((t.name, t.kind) for t in new)
+        self.targets = new  # one assignment: a round reads either list whole
+        with self._lock:
+            for name in [n for n in self.last if n not in names]:
+                del self.last[name]
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,11 +120,12 @@ class Scraper:
     def scrape_once(self) -> list[ScrapeOutcome]:
         """Scrape every target now; returns when each has an outcome (by its deadline at the latest)."""
         self.round_started = time.monotonic()
+        targets = self.targets  # this round's (set_targets may replace the list meanwhile)
         if type(self)._fetch is not Scraper._fetch:
             # A subclass supplies the pages itself (the lab renders simulated engines): one after
             # another, in order, so a simulated run stays deterministic.
             outcomes = []
-            for target in self.targets:
+            for target in targets:
                 scraped_at, started = self.clock(), time.perf_counter()
                 try:
                     page: str | ScrapeFailed = self._fetch(target.url)
@@ -120,9 +136,10 @@ class Scraper:
                     page = ScrapeFailed("internal", f"{type(exc).__name__}: {exc}")
                 outcomes.append(self._conclude(target, page, scraped_at, started, None))
         else:
-            outcomes = self._scrape_http(self.targets)
-        with self._lock:
-            self.last.update((o.target.name, o) for o in outcomes)
+            outcomes = self._scrape_http(targets)
+        current = {t.name for t in self.targets}
+        with self._lock:  # (a target removed during the round keeps no outcome)
+            self.last.update((o.target.name, o) for o in outcomes if o.target.name in current)
         return outcomes
 
     def _scrape_http(self, targets: list[ScrapeTarget]) -> list[ScrapeOutcome]:
@@ -147,7 +164,10 @@ class Scraper:
 
     def _conclude(self, target: ScrapeTarget, page: str | ScrapeFailed, scraped_at: float, started: float,
                   deadline: float | None) -> ScrapeOutcome:
-        """Parse and hand on one fetched page (or count its failure); never raises."""
+        """Parse and hand on one fetched page (or count its failure); never raises. A target removed
+        while its page was on the way is dropped: it is nobody's series any more."""
+        if (target.name, target.kind) not in self._current:
+            return ScrapeOutcome(target, False, 0.0, scraped_at, "removed")
         source = SOURCES[target.kind]
         error: str | None = None
         try:

@@ -50,6 +50,7 @@ class Request:
     query: Mapping[str, str]  # last value of each parameter
     headers: Headers
     read_body: Callable[[int], bytes] = lambda _n: b""  # reads that many bytes of the body
+    client: str = ""  # the peer's address (loopback or not decides what it may do)
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)

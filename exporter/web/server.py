@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from exporter.config import is_loopback
 from exporter.loops.duty_clock import DutyClock
 from exporter.web.routes import (
     BadRequest,
@@ -45,6 +46,7 @@ log = logging.getLogger("prefixscope.server")
 
 API_PREFIX = "/api/v1/"
 RECORDS_PATH = API_PREFIX + "records"
+RELOAD_PATH = "/-/reload"
 BODYLESS = frozenset({"GET", "HEAD"})
 BODY_CHUNK = 64 * 1024  # a body is read in chunks: memory follows what arrived, not what was announced
 ADMIT_WAIT_S = 1.0  # a connection beyond the cap waits this long for a slot, then gets 503
@@ -90,6 +92,8 @@ class ServerDeps:
     max_connections: int = 64  # connections served at once
     read_timeout: float = 10.0  # seconds a client has to send one whole request (line, headers, body)
     duties: DutyClock = field(default_factory=DutyClock)  # times /metrics renders and record bodies
+    # POST /-/reload: reloads the config file, (ok, what happened); None: no such endpoint
+    reload: Callable[[], tuple[bool, str]] | None = None
 
 
 class Endpoints:
@@ -107,6 +111,8 @@ class Endpoints:
                  .add("GET", "/metrics", self.metrics)
                  .add("GET", "/healthz", self.healthz)
                  .add("POST", RECORDS_PATH, self.records, wrong_method_hint="use POST with an NDJSON body"))
+        if self.deps.reload is not None:
+            table.add("POST", RELOAD_PATH, self.reload, wrong_method_hint="use POST to reload the config file")
         if self.deps.ingest_traces is not None:
             table.add("POST", "/v1/traces", self.deps.ingest_traces, wrong_method_hint="use POST with an OTLP body")
         for name, builder in self.api().items():
@@ -165,6 +171,17 @@ class Endpoints:
             return True
         scheme, _, given = (req.header("Authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+    def reload(self, req: Request) -> Response:
+        """Reload the config file (as SIGHUP does). From this machine anyone may; from beyond
+        loopback only with the bearer token (and never without one configured)."""
+        assert self.deps.reload is not None
+        if not is_loopback(req.client) and (self.deps.bearer_token is None or not self._authorised(req)):
+            raise HttpError("reload is allowed from this machine, or with the exporter's bearer token", 403)
+        ok, message = self.deps.reload()
+        if not ok:
+            return json_response(500, {"status": "error", "error": f"reload failed, running configuration kept: {message}"})
+        return json_response(200, {"status": "success", "data": {"message": message}})
 
     def records(self, req: Request) -> Response:
         deps = self.deps
@@ -267,7 +284,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path = parts.path.rstrip("/") or "/"
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        req = Request(self.command, path, query, self.headers, self._read_body)
+        req = Request(self.command, path, query, self.headers, self._read_body, str(self.client_address[0]))
         try:
             response = self.routes.resolve(self.command, path)(req)
         except RequestTimeout:

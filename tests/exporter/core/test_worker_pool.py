@@ -43,6 +43,44 @@ def test_down_worker_with_no_traffic_left_the_pool_one_with_traffic_blinds() -> 
     assert not p.is_healthy("w0") and "w0" in p.explicitly_down()
 
 
+def test_without_traffic_sources_a_down_worker_blinds_only_for_the_grace() -> None:
+    """A minimal deployment (engine /metrics only): nothing says whether a down worker still serves,
+    so it counts as blind — until it has been down for ``down_grace_s``: then it has left."""
+    p, t, h = pool()
+    p.down_grace_s = 600.0
+    t.advance(100.0)
+    p.worker("w0", 100.0)
+    h.set(UP, ("w0", "worker"), 0.0)
+    h.set(UP, ("r", "router"), 0.0)
+    p.track_down_targets()
+    t.advance(699.0)
+    assert p.blind_targets() == 2 and p.liveness("w0") == "down"
+    t.advance(700.0)
+    assert p.blind_targets() == 1 and p.liveness("w0") == "left"  # the router still blinds us
+
+
+def test_a_departed_worker_is_out_of_the_pool_and_never_blind() -> None:
+    p, t, h = pool()
+    t.advance(100.0)
+    for w in ("w0", "w1"):
+        p.worker(w, 100.0)
+        h.set(UP, (w, "worker"), 1.0)
+    p.update(100.0)
+    h.set(UP, ("w1", "worker"), 0.0)
+    p.track_down_targets()
+    assert p.blind_targets() == 1
+    p.depart("w1", 101.0)
+    assert p.blind_targets() == 0 and p.liveness("w1") == "left"
+    p.worker("w1", 102.0)  # a late scrape of it is no sign of membership
+    # Announced by discovery: a pool change even while the exporter still finds its workers.
+    assert p.update(102.0) is True and p.pool == {"w0"} and p.epoch == 1
+    h.remove(UP, ("w1", "worker"))
+    p.track_down_targets()
+    assert ("w1", "worker") not in p.down_since
+    p.rejoin("w1")
+    assert p.is_healthy("w1")
+
+
 def test_an_hour_of_hits_costs_little_memory_and_repeated_chains_share_one_copy() -> None:
     """An hour of hits at a busy cluster's rate used to cost ~2.6 KB each (64 Python ints a chain)."""
     import tracemalloc

@@ -58,6 +58,12 @@ def full_state() -> ClusterState:
     for name in ("kv_event_sequence_gaps", "kv_event_missed_batches", "kv_event_lost_batches"):
         h.inc(f"prefixscope_{name}", ("w0",), 0)
     h.inc("prefixscope_kv_event_replays", ("w0", "recovered"), 0)
+    # service discovery and config reloads (exporter.sources.discovery.manager, exporter.follow)
+    h.inc("prefixscope_discovery_refresh_failures", ("fleet",), 0)
+    h.set("prefixscope_discovery_targets", ("fleet",), 1.0)
+    h.set("prefixscope_discovery_last_success_timestamp_seconds", ("fleet",), 100.0)
+    h.set("prefixscope_config_last_reload_successful", (), 1.0)
+    h.set("prefixscope_config_last_reload_success_timestamp_seconds", (), 100.0)
     st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16, token_ids=tuple(range(48))),
                                               BlockStored((4,), 2, 16))), 100.0)
     # block 32 (a sampled hash) is evicted and stored again: thrash and an eviction age
