@@ -56,7 +56,7 @@ from nats.js.errors import NotFoundError
 from exporter.codecs.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_SEQ, headers_for, subject_for
 from exporter.config import ConfigError, WorkerTarget, load_fleet_manifest
 from exporter.core.health import Health
-from exporter.model import KvBatch
+from exporter.model import KvStreamSink
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from prefixscope.durations import seconds
 from prefixscope.validation import read_yaml
@@ -143,29 +143,29 @@ def load_relay_config(path: str | Path) -> RelayConfig:
 
 
 class _Restarts:
-    """The subscriber's sink: the relay forwards payloads itself and only notes restarts."""
+    """The subscriber's stream sink: the relay forwards payloads itself (it decodes no batch) and
+    keeps no view, so of the stream's events it only notes restarts, which the next payload carries."""
 
     def __init__(self) -> None:
         self.pending: set[str] = set()
 
-    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:  # never called: see _RelaySubscriber
-        raise AssertionError("the relay does not decode batches")
-
     def worker_restarted(self, worker: str) -> None:
         self.pending.add(worker)
 
-    def observe_worker(self, *_a: object) -> None:  # StateSink's other methods: not used by the subscriber
-        pass
+    def reset_view(self, worker: str) -> None:
+        """A rebuild replays the worker's buffer: the payloads are forwarded as they come."""
 
-    observe_router = ingest_records = observe_worker
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        """The replayed payloads went out; the exporters reading the stream keep the views."""
 
 
 class _RelaySubscriber(KvEventSubscriber):
     """The ZMQ subscriber with "apply" replaced by "hand the raw payload to the relay"."""
 
     def __init__(self, relay: Relay, endpoints: Mapping[str, KvEndpoint], resume: Mapping[str, int],
-                 sink: _Restarts, health: Health, replay_timeout: float) -> None:
-        super().__init__(endpoints, sink, health, replay_timeout=replay_timeout)
+                 sink: KvStreamSink, health: Health, replay_timeout: float) -> None:
+        # a stream sink is enough: _decode_and_apply, the one caller of apply_kv_batch, is replaced
+        super().__init__(endpoints, sink, health, replay_timeout=replay_timeout)  # type: ignore[arg-type]
         self.relay = relay
         self.resume = dict(resume)
 

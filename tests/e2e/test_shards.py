@@ -395,7 +395,7 @@ def test_shards_give_one_exporters_series_checks_and_verdict(rig: dict) -> None:
     for i, s in enumerate(rig["shards"]):
         ShardRecords(s.state, ShardSpec(i, SHARDS)).ingest_records(records, now)
     states = [s.state for s in rig["shards"]]
-    assert sum(1 for s in states if s.window_counter("prefixscope_requests")) >= 2  # records split
+    assert sum(1 for s in states if s.store.window_counter("prefixscope_requests")) >= 2  # records split
     for st in [rig["single"].state, *states]:
         st.refresh_tree_stats()
 

@@ -45,7 +45,7 @@ def stored(hashes, medium="GPU", parent=None) -> dict:
 
 
 def test_resident_and_capacity_per_medium_and_what_the_offload_tier_serves():
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 130.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 130.0)
     kv(st, 0, [stored(range(1, 301)), stored(range(1, 201), "CPU"), stored(range(500, 540), "CPU")])
     for t, (device, host, ext_q, ext_h) in ((100.0, (0, 0, 0, 0)), (110.0, (800, 320, 1000, 320))):
         snap, errors = parse_worker("w0", page(OFFLOAD.format(usage=0.4, device=device, host=host, ext_q=ext_q,
