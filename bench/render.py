@@ -125,7 +125,7 @@ def scrape_round(st: ClusterState, round_: int, seed: int = 13) -> None:
     rng = random.Random(seed * 1_000_003 + round_)
     names = st.workers_seen()
     model = st.topology.model if st.topology is not None else None
-    t = st.now + 5.0
+    t = st.time.now + 5.0
     for i, w in enumerate(names):
         info = st.worker_pool.workers.get(w)
         prev = info.last_counters if info is not None else {}
@@ -150,7 +150,7 @@ def aged_hotspots(st: ClusterState, seed: int = 11) -> Hotspots:
     cap = st.hotspots.hit_events.maxlen or 0
     aged = Hotspots(st.index, cap)
     room = cap - len(recent)
-    end = st.now - st.window_s - 1.0
+    end = st.time.now - st.window_s - 1.0
     start = end - 3000.0
     for i in range(room):
         _ts, chain, tokens, session = recent[rng.randrange(len(recent))]
@@ -167,7 +167,7 @@ def aged_sessions(st: ClusterState) -> SessionTable:
     (``limits.sessions``) with sessions last served during the hour before the window."""
     aged = copy.deepcopy(st.sessions)
     room = aged.max_sessions - len(aged)
-    end = st.now - st.window_s - 1.0
+    end = st.time.now - st.window_s - 1.0
     for i in range(room):
         aged.observe(f"old-{i}", end - 3000.0 * (room - i) / room, "w-old", None, "a", 0)
     return aged
@@ -267,7 +267,7 @@ def run() -> list[dict[str, Any]]:
     worker = st.index.workers[0]
 
     def kv_batch() -> None:
-        st.apply_kv_batch(KvBatch(worker, 1, st.now, (BlockStored((next(fresh),), None, 16),)), st.now)
+        st.apply_kv_batch(KvBatch(worker, 1, st.time.now, (BlockStored((next(fresh),), None, 16),)), st.time.now)
 
     def changed() -> bytes:
         kv_batch()

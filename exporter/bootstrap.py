@@ -11,6 +11,12 @@ arguments, or both (an explicit argument wins):
 - window: ``window_s=`` › ``cfg.window`` › the thresholds' rate window;
 - clock: ``clock=`` (``time.time`` for a live exporter, a virtual clock for simulations).
 
+Every part is built before the part that uses it and handed in (``exporter.core.state_parts``):
+what only this root knows reaches the state as a constructor argument — the KV source's rebuild
+requests (``exporter.model.RebuildRequests``, handed to both), a shard's shared root tracker, the
+workers the config names (never folded into "other"), a replay's run-long window — and nothing
+is set on a part after it was built.
+
 The parts include the breach record and the loop that advances it on that clock every
 ``cfg.breach_interval`` (``exporter.loops.breach_loop``): created, not started — the runtime starts
 and stops it with its other threads; a caller that drives time itself calls ``evaluate_once``.
@@ -28,6 +34,7 @@ scraped by shard 0 alone. A problem with a referenced file is a ConfigError.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -38,7 +45,6 @@ from exporter.core.breaches import BreachClock
 from exporter.core.health import Health
 from exporter.core.prefix_text import Detokenizer, PrefixNames, PrefixTokens, TokenTee
 from exporter.core.sharding import (
-    KvSink,
     RecordSink,
     ShardRecords,
     ShardSink,
@@ -47,9 +53,10 @@ from exporter.core.sharding import (
     home_shard,
 )
 from exporter.core.state import ClusterState
+from exporter.core.state_parts import build_parts
 from exporter.loops.breach_loop import BreachLoop
 from exporter.loops.duty_clock import DutyClock
-from exporter.model import StateSink
+from exporter.model import KvSink, RebuildRequests, StateSink
 from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.records import RecordFileTail
@@ -93,9 +100,10 @@ class ExporterParts:
 
 def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None,
               topology: Topology | None = None, window_s: float | None = None, clock: Clock = time.time,
-              with_sources: bool = False, duties: DutyClock | None = None) -> ExporterParts:
+              with_sources: bool = False, duties: DutyClock | None = None, run_window: bool = False) -> ExporterParts:
     """Build health, state (thresholds, topology, window, clock), collector and breach record (with
-    its loop, unstarted), and optionally the sources.
+    its loop, unstarted), and optionally the sources. ``run_window``: the state's reads cover the
+    whole run so far, not the last window (a replay's answer for its trace).
 
     Raises ConfigError when the config names a thresholds or topology file that cannot be used.
     """
@@ -115,8 +123,18 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
 
     duties = duties or DutyClock()
     health = Health()
-    state = ClusterState(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits,
-                         eviction_memory=cfg.eviction_memory)
+    workers = configured_workers(cfg) if with_sources else ()
+    endpoints = kv_endpoints(cfg, workers)
+    # where the state sends a drifted view to be rebuilt; the ZMQ subscriber takes the requests
+    # (a live exporter always has one: workers that discovery or a reload adds may have a replay)
+    rebuilds = RebuildRequests(w for w, ep in endpoints.items() if ep.replay) if with_sources else None
+    spec = ShardSpec(cfg.shard.index, cfg.shard.count)
+    # a shard reading NATS judges prefix instability over every shard's roots (its sink feeds them)
+    roots = SharedRoots(window_s) if spec.sharded and cfg.kv_nats is not None else None
+    state = ClusterState(build_parts(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits,
+                                     eviction_memory=cfg.eviction_memory, roots=roots, rebuild_request=rebuilds,
+                                     pinned_workers=(w.name for w in workers), run_window=run_window,
+                                     down_grace_s=cfg.worker_down_grace if with_sources else math.inf))
     breaches = BreachClock()
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
                           thresholds=thresholds, topology=topology, window_s=window_s, clock=clock,
@@ -124,24 +142,19 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
                           duties=duties)
     if not with_sources:
         return parts
-    return replace(parts, sources=build_sources(cfg, state, health, clock, duties))
+    return replace(parts, sources=_build_sources(cfg, state, health, clock, duties, workers, endpoints, rebuilds))
 
 
-def build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock = time.time,
-                  duties: DutyClock | None = None) -> Sources:
+def _build_sources(cfg: Config, state: ClusterState, health: Health, clock: Clock, duties: DutyClock,
+                   workers: tuple[WorkerTarget, ...], endpoints: dict[str, KvEndpoint],
+                   rebuilds: RebuildRequests | None) -> Sources:
     """The config's workers, routers and record files as (unstarted) inputs feeding ``state``."""
-    workers = configured_workers(cfg)
-    state.accounting.labels.pin_workers(w.name for w in workers)  # configured: never folded into "other"
-    state.worker_pool.down_grace_s = cfg.worker_down_grace
     spec = ShardSpec(cfg.shard.index, cfg.shard.count)
-    endpoints = kv_endpoints(cfg, workers)
     texts = prefix_names(cfg, workers) if cfg.prefix_text else None
     sink: StateSink = TokenTee(state, texts.tokens) if texts is not None else state
     # With service discovery a subscriber runs even before any worker publishes: workers join it.
-    subscriber = kv_subscriber(cfg, endpoints, sink, health, clock, duties, texts is not None) \
+    subscriber = kv_subscriber(cfg, endpoints, sink, health, clock, duties, texts is not None, rebuilds) \
         if endpoints or cfg.discovery else None
-    if subscriber is not None:  # a drifted view is rebuilt from the worker's replay
-        state.rebuild_request = subscriber.request_rebuild
     records: RecordSink = ShardRecords(state, spec) if spec.sharded else state
     tails = [RecordFileTail(p, records, health, clock=clock, ts_tolerance_s=cfg.file_records.ts_tolerance_s)
              for p in cfg.file_records.paths]
@@ -165,9 +178,9 @@ def kv_endpoints(cfg: Config, workers: tuple[WorkerTarget, ...]) -> dict[str, Kv
 
 def kv_subscriber(cfg: Config, endpoints: dict[str, KvEndpoint], sink: StateSink, health: Health,
                   clock: Clock = time.time, duties: DutyClock | None = None,
-                  token_ids: bool = False) -> KvEventSubscriber:
+                  token_ids: bool = False, rebuilds: RebuildRequests | None = None) -> KvEventSubscriber:
     return KvEventSubscriber(endpoints, sink, health, clock=clock, token_ids=token_ids,
-                             attribution=cfg.attribution, duties=duties)
+                             attribution=cfg.attribution, duties=duties, rebuilds=rebuilds)
 
 
 def scrape_targets(cfg: Config, workers: tuple[WorkerTarget, ...]) -> list[ScrapeTarget]:
@@ -192,7 +205,8 @@ def _is_nats(endpoint: str) -> bool:
 
 def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvSink, health: Health,
                       clock: Clock = time.time, duties: DutyClock | None = None) -> NatsKvSource | None:
-    """The NATS source of ``cfg.kv_nats`` (None without one), behind the family filter when sharded."""
+    """The NATS source of ``cfg.kv_nats`` (None without one), behind the family filter when sharded
+    (``state``: built by :func:`bootstrap` for ``cfg``, so a shard's root tracker is the shared one)."""
     n = cfg.kv_nats
     if n is None:
         return None
@@ -206,13 +220,19 @@ def build_nats_source(cfg: Config, workers: tuple[WorkerTarget, ...], state: KvS
                               attribution=cfg.attribution)
     if not spec.sharded:
         return NatsKvSource(settings, state, health, clock=clock, duties=duties)
-    full = isinstance(state, ClusterState)  # (tests pass a bare KV sink)
-    roots = None
-    if isinstance(state, ClusterState):  # judge prefix instability over every shard's roots
-        roots = state.roots = SharedRoots(state.roots.window_s, state.roots.max_roots)
-    shard = ShardSink(state, spec, health=health, roots=roots, stream_aware=full,
-                      attribution=state.attribution.kv if isinstance(state, ClusterState) else None)
+    shard = family_sink(state, spec, health)
     return NatsKvSource(settings, shard, health, clock=clock, home=shard.home, duties=duties)
+
+
+def family_sink(state: KvSink, spec: ShardSpec, health: Health) -> ShardSink:
+    """The family filter in front of a shard's state: a ClusterState is given every root branch
+    (through its shared root tracker, if it was built with one) and every batch, its stream health
+    left to home shards; a bare KV sink (tests) is given whole batches."""
+    if not isinstance(state, ClusterState):
+        return ShardSink(state, spec, health=health)
+    roots = state.kv.roots
+    return ShardSink(state, spec, health=health, roots=roots if isinstance(roots, SharedRoots) else None,
+                     stream_aware=True, attribution=state.attribution.kv)
 
 
 def configured_workers(cfg: Config) -> tuple[WorkerTarget, ...]:

@@ -29,7 +29,7 @@ from exporter.core.health import Health
 from exporter.core.prefix_text import PrefixNames, TokenTee
 from exporter.core.state import ClusterState
 from exporter.loops.duty_clock import DutyClock
-from exporter.model import StateSink
+from exporter.model import RebuildRequests, StateSink
 from exporter.sources.discovery.manager import Discovery
 from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.scrape import Scraper
@@ -77,8 +77,8 @@ class FleetFollower:
                 self.subscriber = self._start_subscriber(cfg)
             if self.subscriber is not None:
                 self.subscriber.update_endpoints(endpoints)
-            self.state.workers_left(left)
-            self.state.workers_joined(joined, announced=self.applied)
+            self.state.membership.left(left)
+            self.state.membership.joined(joined, announced=self.applied)
             self.applied = True
             if self.names is not None:
                 self.names.urls.update({w.name: w.metrics_url.removesuffix("/metrics")
@@ -92,8 +92,9 @@ class FleetFollower:
     def _start_subscriber(self, cfg: Config) -> KvEventSubscriber:
         """A KV-event subscriber for an exporter that started without one (no worker published)."""
         sink: StateSink = TokenTee(self.state, self.names.tokens) if self.names is not None else self.state
-        sub = kv_subscriber(cfg, {}, sink, self.health, self.clock, self.duties, self.names is not None)
-        self.state.rebuild_request = sub.request_rebuild
+        rebuilds = self.state.kv.rebuild_request  # the state's requests, made with it by bootstrap
+        sub = kv_subscriber(cfg, {}, sink, self.health, self.clock, self.duties, self.names is not None,
+                            rebuilds if isinstance(rebuilds, RebuildRequests) else None)
         sub.start()
         self.started_subscriber = sub
         return sub

@@ -174,7 +174,7 @@ class Runtime:
         def healthz() -> tuple[bool, dict[str, Any]]:
             return runtime.healthz()
 
-        spans = SpanIntake(otlp_http.mapping_for(cfg.otlp, sources.workers), records_sink, health, is_healthy=state.is_healthy,
+        spans = SpanIntake(otlp_http.mapping_for(cfg.otlp, sources.workers), records_sink, health, is_healthy=state.worker_pool.is_healthy,
                            session_wait_s=cfg.otlp.session_wait, max_body_bytes=cfg.http_records.max_body_bytes,
                            clock=clock, duties=duties)
         endpoints_auth = otlp_http.bearer_check(cfg.http_records.bearer_token)

@@ -9,7 +9,8 @@ does not carry that signal (which is different from zero).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import queue
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -204,11 +205,9 @@ def unlabelled_events(batch: KvBatch) -> tuple[KvEvent, ...]:
 new_root_event = new_stored
 
 
-class StateSink(Protocol):
-    """What source adapters call. ``exporter.core.state.ClusterState`` implements it."""
-
-    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
-        """Apply one decoded KV-event batch (events in order) to the worker's view and the tree."""
+class KvStreamSink(Protocol):
+    """What a KV-event stream's sequence tracking tells its sink about a worker's view: a restart,
+    and a rebuild from the worker's replay (the relay, which keeps no view, needs only this)."""
 
     def worker_restarted(self, worker: str) -> None:
         """The worker's sequence restarted at 0: clear its view (its cache is empty now)."""
@@ -219,6 +218,17 @@ class StateSink(Protocol):
     def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
         """A view was repaired after unhealed loss or drift; ``reliable`` False: the rebuild was
         incomplete (or impossible), so the view stays marked until the worker's cache turns over."""
+
+
+class KvSink(KvStreamSink, Protocol):
+    """What the KV-event subscribers (ZMQ, NATS) call: decoded batches and the stream's events."""
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        """Apply one decoded KV-event batch (events in order) to the worker's view and the tree."""
+
+
+class StateSink(KvSink, Protocol):
+    """What source adapters call. ``exporter.core.state.ClusterState`` implements it."""
 
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         """A successful scrape of a worker's /metrics."""
@@ -231,3 +241,34 @@ class StateSink(Protocol):
 
     def signal_seen(self, signal: str, ts: float) -> None:
         """A source other than records and scrapes carried ``signal`` (a catalogue signal) at ``ts``."""
+
+
+# Asks the KV source to rebuild a worker's view from its replay; False when it cannot (no replay
+# endpoint). The source tells the sink ``reset_view`` and then ``view_repaired`` when it is done.
+RebuildRequest = Callable[[str, str], bool]
+
+
+class RebuildRequests:
+    """The views the state asks its KV source to rebuild: asked from any thread, taken by the source
+    on its own. The composition root makes one and hands it to both, so neither holds the other."""
+
+    def __init__(self, replayable: Iterable[str]) -> None:
+        self.replayable = frozenset(replayable)  # workers with a replay endpoint: only they can be rebuilt
+        self._asked: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+
+    def __call__(self, worker: str, reason: str) -> bool:
+        """Ask for ``worker``'s view to be rebuilt (a :data:`RebuildRequest`); False if it cannot be."""
+        if worker not in self.replayable:
+            return False
+        self._asked.put((worker, reason))
+        return True
+
+    def take(self) -> tuple[str, str] | None:
+        """The oldest request not yet taken, as (worker, reason)."""
+        try:
+            return self._asked.get_nowait()
+        except queue.Empty:
+            return None
+
+    def empty(self) -> bool:
+        return self._asked.empty()

@@ -56,13 +56,14 @@ from nats.js.errors import NotFoundError
 from exporter.codecs.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_SEQ, headers_for, subject_for
 from exporter.config import ConfigError, WorkerTarget, load_fleet_manifest
 from exporter.core.health import Health
-from exporter.model import KvBatch
+from exporter.model import KvStreamSink
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from prefixscope.durations import seconds
-from prefixscope.validation import read_yaml
+from prefixscope.validation import Problems, read_yaml
 
 log = logging.getLogger("prefixscope.relay")
 
+SCHEMA_FILE = "relay-config.v1.json"
 DEFAULT_MAX_AGE_S = 3600.0
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_PENDING = 50_000
@@ -82,59 +83,38 @@ class RelayConfig:
 
 
 def parse_relay_config(raw: Any, source: str = "<relay config>", base_dir: Path | None = None) -> RelayConfig:
-    """The relay's YAML (see docs/operating.md); every problem at once as a ConfigError."""
-    problems: list[str] = []
+    """The relay's YAML (``prefixscope/schemas/relay-config.v1.json``, then the checks that span
+    fields and the manifest it names; docs/operating.md); every problem at once as a ConfigError."""
+    problems = Problems(source)
+    problems.check_schema(raw, SCHEMA_FILE)
     d: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    if raw is not None and not isinstance(raw, Mapping):
-        problems.append("expected a mapping")
-    unknown = set(d) - {"nats", "retention", "workers", "fleet_manifest", "max_pending", "replay_timeout"}
-    problems += [f"{k}: unknown field" for k in sorted(unknown)]
-    n = d.get("nats") or {}
-    r = d.get("retention") or {}
-    cfg: dict[str, Any] = {}
-    url = n.get("url", RelayConfig.nats_url) if isinstance(n, Mapping) else None
-    if not isinstance(url, str) or not url.startswith(("nats://", "tls://")):
-        problems.append(f"nats.url: expected nats://HOST:PORT, got {url!r}")
-    cfg["nats_url"] = url
-    for key, default in (("stream", DEFAULT_STREAM), ("subject_prefix", DEFAULT_PREFIX)):
-        v = n.get(key, default) if isinstance(n, Mapping) else default
-        if not isinstance(v, str) or not v or any(c in v for c in " *>"):
-            problems.append(f"nats.{key}: expected a name without spaces, * or >, got {v!r}")
-        cfg[key] = v
-    try:
-        cfg["max_age_s"] = seconds(r.get("max_age", DEFAULT_MAX_AGE_S))
-        cfg["replay_timeout"] = seconds(d.get("replay_timeout", 2.0))
-    except (ValueError, TypeError) as exc:
-        problems.append(f"retention.max_age / replay_timeout: {exc}")
-    mb = r.get("max_bytes", DEFAULT_MAX_BYTES)
-    if type(mb) is not int or mb < 1:
-        problems.append(f"retention.max_bytes: expected a positive number of bytes, got {mb!r}")
-    cfg["max_bytes"] = mb
-    mp = d.get("max_pending", DEFAULT_MAX_PENDING)
-    if type(mp) is not int or mp < 1:
-        problems.append(f"max_pending: expected a positive integer, got {mp!r}")
-    cfg["max_pending"] = mp
-    workers: list[WorkerTarget] = []
-    for i, w in enumerate(d.get("workers") or []):
-        if not isinstance(w, Mapping) or not isinstance(w.get("name"), str) or not isinstance(w.get("kv_events"), str):
-            problems.append(f"workers[{i}]: needs name and kv_events (the worker's ZMQ PUB endpoint)")
-            continue
-        workers.append(WorkerTarget(name=w["name"], kv_events=w["kv_events"], replay=w.get("replay"),
-                                    topic=w.get("topic") or ""))
+    n, r = _section(d, "nats"), _section(d, "retention")
+    workers = [WorkerTarget(name=w["name"], kv_events=w["kv_events"], replay=w.get("replay"), topic=w.get("topic") or "")
+               for i, w in enumerate(d.get("workers") or []) if not problems.has(f"workers[{i}]")]
     manifest = d.get("fleet_manifest")
-    if isinstance(manifest, str):
+    if isinstance(manifest, str) and not problems.has("fleet_manifest"):
         p = Path(manifest)
         p = p if p.is_absolute() else (base_dir or Path.cwd()) / p
         names = {w.name for w in workers}
         try:
             workers += [w for w in load_fleet_manifest(p, source) if w.name not in names and w.kv_events]
         except ConfigError as exc:
-            problems.append(str(exc))
-    if not workers:
-        problems.append("workers: no worker with kv_events to relay")
-    if problems:
-        raise ConfigError("\n".join(f"{source}: {p}" for p in problems))
-    return RelayConfig(workers=tuple(workers), **cfg)
+            for line in exc.problems:  # already "file: fleet_manifest: problem"
+                problems.add("fleet_manifest", line.removeprefix(f"{source}: fleet_manifest: "))
+    if not workers and not problems.has("workers"):
+        problems.add("workers", "no worker with kv_events to relay")
+    problems.raise_if_any(ConfigError)
+    return RelayConfig(nats_url=n.get("url", RelayConfig.nats_url), stream=n.get("stream", DEFAULT_STREAM),
+                       subject_prefix=n.get("subject_prefix", DEFAULT_PREFIX),
+                       max_age_s=seconds(r.get("max_age", DEFAULT_MAX_AGE_S)),
+                       max_bytes=r.get("max_bytes", DEFAULT_MAX_BYTES),
+                       max_pending=d.get("max_pending", DEFAULT_MAX_PENDING),
+                       replay_timeout=seconds(d.get("replay_timeout", 2.0)), workers=tuple(workers))
+
+
+def _section(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = d.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
 def load_relay_config(path: str | Path) -> RelayConfig:
@@ -143,29 +123,29 @@ def load_relay_config(path: str | Path) -> RelayConfig:
 
 
 class _Restarts:
-    """The subscriber's sink: the relay forwards payloads itself and only notes restarts."""
+    """The subscriber's stream sink: the relay forwards payloads itself (it decodes no batch) and
+    keeps no view, so of the stream's events it only notes restarts, which the next payload carries."""
 
     def __init__(self) -> None:
         self.pending: set[str] = set()
 
-    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:  # never called: see _RelaySubscriber
-        raise AssertionError("the relay does not decode batches")
-
     def worker_restarted(self, worker: str) -> None:
         self.pending.add(worker)
 
-    def observe_worker(self, *_a: object) -> None:  # StateSink's other methods: not used by the subscriber
-        pass
+    def reset_view(self, worker: str) -> None:
+        """A rebuild replays the worker's buffer: the payloads are forwarded as they come."""
 
-    observe_router = ingest_records = observe_worker
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        """The replayed payloads went out; the exporters reading the stream keep the views."""
 
 
 class _RelaySubscriber(KvEventSubscriber):
     """The ZMQ subscriber with "apply" replaced by "hand the raw payload to the relay"."""
 
     def __init__(self, relay: Relay, endpoints: Mapping[str, KvEndpoint], resume: Mapping[str, int],
-                 sink: _Restarts, health: Health, replay_timeout: float) -> None:
-        super().__init__(endpoints, sink, health, replay_timeout=replay_timeout)
+                 sink: KvStreamSink, health: Health, replay_timeout: float) -> None:
+        # a stream sink is enough: _decode_and_apply, the one caller of apply_kv_batch, is replaced
+        super().__init__(endpoints, sink, health, replay_timeout=replay_timeout)  # type: ignore[arg-type]
         self.relay = relay
         self.resume = dict(resume)
 

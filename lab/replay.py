@@ -215,8 +215,8 @@ class Replay:
         self.start = self.clock.now()
         # One window over the whole run: the what-if answers for the trace, not its last 5 minutes.
         # The run's virtual length is known only at the end (sequential runs stretch it), so the
-        # windows keep everything and the rate divisor is set to the real span before evaluating.
-        parts = bootstrap(topology=topology, window_s=UNBOUNDED_WINDOW_S, clock=self.clock.now)
+        # windows keep everything and the reads divide by the run's span so far (``run_window``).
+        parts = bootstrap(topology=topology, window_s=UNBOUNDED_WINDOW_S, clock=self.clock.now, run_window=True)
         self.health, self.state = parts.health, parts.state
         self.engines: dict[str, _ReplayEngine] = {}
         self.seqs: dict[str, int] = {}
@@ -310,7 +310,6 @@ class Replay:
         pass
 
     def _result(self, hit_total: int, prompt_total: int) -> dict[str, Any]:
-        self.state.window_s = max(1.0, self.clock.now() - self.start)  # per-minute rates over the run
         self.state.refresh_tree_stats()  # the tree depth check reads the final tree, not a background pass
         groups = api.groups(self.state)
         values: dict[str, float | None] = {}

@@ -1,7 +1,7 @@
 """One way to validate a YAML file: its JSON Schema, then the cross-field checks in code.
 
-Every config file of the repository (thresholds, topology, exporter config, scenarios) has a
-Draft 2020-12 schema in ``prefixscope/schemas/``. :class:`Problems` runs it, turns each
+Every config file of the repository (thresholds, topology, exporter config, relay config,
+scenarios) has a Draft 2020-12 schema in ``prefixscope/schemas/``. :class:`Problems` runs it, turns each
 schema error into one readable line and collects the problems the code's own checks add, so a
 single run shows everything to fix, each as ``file: path: problem`` — the path dotted and
 indexed (``workers[3].prefill_tps``, ``checks.prefix_hit_rate_total.value``), the problem in
@@ -98,6 +98,17 @@ def _is_kv_endpoint(value: object) -> bool:
     return _url(value, ("tcp", "ipc", "inproc", "nats", "tls"))
 
 
+@FORMATS.checks("nats-url")
+def _is_nats_url(value: object) -> bool:
+    return _url(value, ("nats", "tls"))
+
+
+@FORMATS.checks("nats-name")
+def _is_nats_name(value: object) -> bool:
+    """A stream name or a subject's literal part: no space, and no wildcard (* or >)."""
+    return not isinstance(value, str) or (bool(value) and not any(c in value for c in " *>"))
+
+
 @FORMATS.checks("url-prefix")
 def _is_url_prefix(value: object) -> bool:
     return not isinstance(value, str) or value.endswith("/")
@@ -113,6 +124,8 @@ FORMAT_NOUNS = {
     "zmq-endpoint": "a ZMQ endpoint (tcp://, ipc:// or inproc://)",
     "url-prefix": "a URL ending in /",
     "kv-endpoint": "a ZMQ endpoint (tcp://, ipc://, inproc://) or a NATS URL (nats://, tls://)",
+    "nats-url": "a NATS URL (nats://HOST:PORT or tls://HOST:PORT)",
+    "nats-name": "a name without spaces, * or >",
 }
 
 

@@ -84,12 +84,12 @@ class _Evaluator:
             first = self.value(m[1])
             return first if first is not None and first >= 0 else self.value(m[2])
         if m := _RATIO.match(expr):
-            num, den = st.window_counter(m[1]), st.window_counter(m[2])
+            num, den = st.store.window_counter(m[1]), st.store.window_counter(m[2])
             return (num or 0.0) / den if den else None
         if m := _RATE_QUANTILE.match(expr):
             window = parse_duration(m[4])
             where = _label_filter(m[2], m[3]) if m[3] else None
-            got = st.window_buckets(m[2], window, where)
+            got = st.store.window_buckets(m[2], window, where)
             return histogram_quantile(float(m[1]), got[0], got[1]) if got else None
         if m := _GAUGE_QUANTILE.match(expr):
             metric = catalog.METRICS_BY_NAME[m[2]]
@@ -99,14 +99,14 @@ class _Evaluator:
             counts, _ = bucket_counts(metric.buckets, obs)
             return histogram_quantile(float(m[1]), metric.buckets, counts)
         if m := _PER_MINUTE.match(expr):
-            total = st.window_counter(m[1])
-            if total is None and st.cum.counters.get(m[1]):
+            total = st.store.window_counter(m[1])
+            if total is None and st.store.cum.counters.get(m[1]):
                 total = 0.0  # the counter is exported and did not move: Prometheus reads a rate of 0
             return None if total is None else total / st.window_s * 60.0
         if m := _INCREASE.match(expr):
-            return st.health_increase(m[1])
+            return st.health_increases.increase(m[1])
         if m := _RATE.match(expr):
-            inc = st.health_increase(m[1])
+            inc = st.health_increases.increase(m[1])
             return None if inc is None else inc / st.window_s
         if m := _ABSENT.match(expr):
             # The exporter evaluating its own checks is exporting its build info.
@@ -129,7 +129,7 @@ class _Evaluator:
         if rule is not None and (m := _PER_WORKER_RATE_RATIO.match(rule.expr)):
             num, den = self.state.store.window_by_worker(m[1]), self.state.store.window_by_worker(m[2])
             # a worker whose stream exists but stored nothing in the window thrashed nothing: 0
-            exported = {labels[0] for labels in self.state.cum.counters.get(m[2], {})}
+            exported = {labels[0] for labels in self.state.store.cum.counters.get(m[2], {})}
             out = {(w,): num.get(w, 0.0) / d for w, d in den.items() if d}
             out.update({(w,): 0.0 for w in exported if (w,) not in out})
             return out
@@ -212,7 +212,7 @@ def _reuse(state: ClusterState) -> dict[str, float | None]:
     p = catalog.NAMESPACE
 
     def w(name: str) -> float | None:
-        return state.window_counter(f"{p}_{name}")
+        return state.store.window_counter(f"{p}_{name}")
 
     prompt, avail, pred, ach = (w("request_prompt_tokens"), w("reuse_available_tokens"),
                                 w("reuse_predicted_tokens"), w("reuse_achieved_tokens"))

@@ -84,17 +84,17 @@ def _series(st: ClusterState, check: catalog.Check) -> WorkerSeries | None:
     if key == "prefix_block_count_per_worker":
         values = {}
         for w in st.workers_seen():
-            cap = st.worker_capacity(w)
+            cap = st.worker_pool.worker_capacity(w)
             if cap:
                 values[w] = (st.index.resident_blocks(w, GPU) or 0) / cap  # GPU blocks against GPU capacity
         return WorkerSeries("of its capacity resident", "ratio", values, True, 0.15)
     if key == "warm_pool_utilization":
-        return WorkerSeries("warm-pool utilisation", "ratio", st.warm_pool_utilization(), True, 0.15)
+        return WorkerSeries("warm-pool utilisation", "ratio", st.worker_pool.warm_pool_utilization(), True, 0.15)
     if key == "targets_up":
-        return WorkerSeries("down while traffic reaches it", "", {w: 0.0 if st.is_healthy(w) else 1.0
+        return WorkerSeries("down while traffic reaches it", "", {w: 0.0 if st.worker_pool.is_healthy(w) else 1.0
                                                                   for w in st.workers_seen()}, True, 1.0)
     if key in HIT_RATE_CHECKS:
-        ratios = {w: r for w in st.workers_seen() if (r := st.worker_hit_ratio(w)) is not None}
+        ratios = {w: r for w in st.workers_seen() if (r := st.scrapes.worker_hit_ratio(w)) is not None}
         return WorkerSeries("prefix-cache hit ratio", "ratio", ratios, False, 0.15)
     return None
 
@@ -127,7 +127,7 @@ def _workers(st: ClusterState, check: catalog.Check, limit: float | None) -> lis
     for _, w, ref in picked[:TOP]:
         v = s.values[w]
         rest = [o for name, o in s.values.items() if name not in names]
-        t = st.topo_of(w)
+        t = st.worker_pool.topo_of(w)
         out.append({"worker": w, "value": v, "measure": s.measure, "unit": s.unit, "node": t.node if t else None,
                     "peers": ref, "why": _why(w, v, rest, s)})
     return out
@@ -146,7 +146,7 @@ def _why(worker: str, value: float, rest: list[float], s: WorkerSeries) -> str:
 
 
 def _prefixes(st: ClusterState, stats: TreeStats, name: Namer | None) -> list[dict[str, Any]]:
-    now, w = st.now, st.window_s
+    now, w = st.time.now, st.window_s
     before = st.branch_hits(now - 2 * w, now - w, stats)
     after = st.branch_hits(now - w, now, stats)
     lost = {b: tok - after.get(b, (0.0, set()))[0] for b, (tok, _s) in before.items()}
@@ -170,7 +170,7 @@ def _prefixes(st: ClusterState, stats: TreeStats, name: Namer | None) -> list[di
 
 
 def _sessions(st: ClusterState) -> list[dict[str, Any]]:
-    cutoff = st.now - st.window_s
+    cutoff = st.time.now - st.window_s
     rows = [(s.followup_cached / s.followup_prompt, s) for s in st.sessions.sessions()
             if s.last_ts > cutoff and s.followup_prompt > 0]
     if len(rows) < 2:
@@ -191,8 +191,8 @@ INSTABILITY_KEY = "prefix_root_instability"
 
 def _near_duplicates(st: ClusterState, name: Namer | None) -> list[dict[str, Any]]:
     """The newest near-duplicate pair of root branches, if it was seen within the window."""
-    pair = st.roots.example
-    if pair is None or pair.at < st.now - st.window_s:
+    pair = st.kv.roots.example
+    if pair is None or pair.at < st.time.now - st.window_s:
         return []
     entry: dict[str, Any] = {
         "new_root": branch_label(pair.new_root), "recent_root": branch_label(pair.recent_root),

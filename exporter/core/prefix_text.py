@@ -97,6 +97,12 @@ class TokenTee:
     def worker_restarted(self, worker: str) -> None:
         self.sink.worker_restarted(worker)
 
+    def reset_view(self, worker: str) -> None:
+        self.sink.reset_view(worker)
+
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        self.sink.view_repaired(worker, reason, reliable)
+
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         self.sink.observe_worker(snapshot, scraped_at)
 

@@ -26,7 +26,7 @@ from exporter.core.metric_store import MetricStore
 from exporter.core.moe_alignment import ExpertSignatures
 from exporter.core.sessions import SessionTable
 from exporter.core.windows import LabelValues, histogram_quantile
-from exporter.core.worker_pool import WorkerPool
+from exporter.core.worker_pool import DEFAULT_BLOCK_SIZE, WorkerPool
 from exporter.model import Limits
 from prefixscope import catalog
 from prefixscope.records import RequestRecord
@@ -34,7 +34,6 @@ from prefixscope.thresholds import Thresholds
 from prefixscope.topology import Topology, WorkerTopo
 
 P = catalog.NAMESPACE
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says
 UNKNOWN = "unknown"
 _MODEL_LABELS_KEPT = 1024  # model values are bounded (limits.models) before they get here
 

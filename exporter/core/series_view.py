@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from exporter.core.hotspots import branch_label
 from exporter.core.index.prefix_index import CORE
 from exporter.core.index.tiers import GPU, gpu_resident, medium_capacity
-from exporter.core.record_accounting import DEFAULT_BLOCK_SIZE
 from exporter.core.windows import LabelValues
+from exporter.core.worker_pool import DEFAULT_BLOCK_SIZE
 from prefixscope import __version__, catalog
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def _pool_gauges(st: ClusterState, out: Series) -> None:
     out.counters.setdefault(f"{P}_worker_pool_changes", {}).setdefault((), 0.0)
     if pool.changes and pool.changes[-1].reshuffled_share is not None:
         g[f"{P}_session_reshuffle_ratio"] = {(): pool.changes[-1].reshuffled_share}
-    g[f"{P}_fallback_active"] = {(t,): v for t, v in st.fallback_active().items()}
+    g[f"{P}_fallback_active"] = {(t,): v for t, v in st.accounting.fallback_active().items()}
 
 
 def _worker_gauges(st: ClusterState, out: Series) -> None:
@@ -113,10 +113,10 @@ def _worker_gauges(st: ClusterState, out: Series) -> None:
     medium_cap: dict[LabelValues, float] = {}
     offload_usage: dict[LabelValues, float] = {}
     # One pass over the workers, reading each one's snapshot once, with
-    # ClusterState.worker_capacity and worker_block_size inlined: a scrape reads them for every
+    # WorkerPool.worker_capacity and worker_block_size inlined: a scrape reads them for every
     # worker, and a live scrape reads a thousand workers (exporter.web.exposition's docstring).
     default_block_size = float(getattr(topology, "block_size", 0) or DEFAULT_BLOCK_SIZE)
-    topo_of = st.topo_of
+    topo_of = st.worker_pool.topo_of
     for w in seen:
         lab = (w,)
         info = workers.get(w)
@@ -154,11 +154,11 @@ def _worker_gauges(st: ClusterState, out: Series) -> None:
     if resident:
         g.setdefault(f"{P}_worker_resident_blocks", {}).update(resident)
     _media_gauges(st, g, media, medium_cap, offload_usage)
-    warm = {(w,): u for w, u in st.warm_pool_utilization().items()}
+    warm = {(w,): u for w, u in st.worker_pool.warm_pool_utilization().items()}
     if warm:
         g.setdefault(f"{P}_warm_pool_utilization_ratio", {}).update(warm)
-    values = st.effective_cache_values()
-    ranks = st.removal_ranks(values)
+    values = st.scrapes.effective_cache_values()
+    ranks = st.scrapes.removal_ranks(values)
     g[f"{P}_worker_effective_cache_value_tokens"] = {(w,): v for w, v in values.items()}
     # In the workers' order, not the ranks' (which moves with every value): the renderer reads a
     # family fastest when its label sets come in the same order as at the last scrape.

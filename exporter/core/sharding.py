@@ -91,8 +91,16 @@ from typing import Protocol
 
 from exporter.core.attribution import KvAttribution
 from exporter.core.index.prefix_index import ROOT, Match, TreeStats
-from exporter.core.index.prefix_instability import RootBatch, RootTracker
-from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent, unlabelled_events
+from exporter.core.index.prefix_instability import DEFAULT_MAX_ROOTS, RootBatch, RootTracker
+from exporter.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvBatch,
+    KvEvent,
+    KvSink,
+    unlabelled_events,
+)
 from prefixscope.records import RequestRecord
 
 DEFAULT_MEDIUM = "GPU"
@@ -330,7 +338,7 @@ class SharedRoots(RootTracker):
     owns among those the sink fed since the last call.
     """
 
-    def __init__(self, window_s: float, max_roots: int) -> None:
+    def __init__(self, window_s: float, max_roots: int = DEFAULT_MAX_ROOTS) -> None:
         super().__init__(window_s, max_roots)
         self._owned = RootBatch()
 
@@ -344,14 +352,6 @@ class SharedRoots(RootTracker):
     def apply(self, worker: str, events: Iterable[KvEvent], ts: float) -> RootBatch:
         out, self._owned = self._owned, RootBatch()
         return out
-
-
-class KvSink(Protocol):
-    """The KV half of ``exporter.model.StateSink``."""
-
-    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None: ...
-
-    def worker_restarted(self, worker: str) -> None: ...
 
 
 class FamilyKvSink(Protocol):
@@ -454,6 +454,14 @@ class ShardSink:
             self.state.worker_restarted(worker, stream=False)  # type: ignore[call-arg]
         else:
             self.state.worker_restarted(worker)
+
+    def reset_view(self, worker: str) -> None:
+        """A rebuild of the worker's view starts: every shard forgets its part of it."""
+        self.state.reset_view(worker)
+
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        """(No NATS stream asks for a rebuild today: this passes the KvSink call on.)"""
+        self.state.view_repaired(worker, reason, reliable)
 
 
 # ---- one answer from N shards ------------------------------------------------------------------

@@ -29,8 +29,10 @@ from exporter.core.health import Health
 from exporter.core.input_time import InputTime
 from exporter.model import RouterSnapshot, WorkerSnapshot
 from prefixscope import catalog
+from prefixscope.topology import Topology, WorkerTopo
 
 UP = f"{catalog.NAMESPACE}_up"
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only when neither the record nor the worker says
 Liveness = Literal["up", "down", "left"]
 MAX_POOL_CHANGES = 100
 
@@ -64,7 +66,7 @@ class WorkerPool:
     """Known workers and routers, the healthy set, and its changes."""
 
     def __init__(self, health: Health, time: InputTime, health_recency_s: float,
-                 down_grace_s: float = math.inf) -> None:
+                 topology: Topology | None = None, down_grace_s: float = math.inf) -> None:
         self.health = health
         self.down_grace_s = down_grace_s  # a worker target down this long has left (never blind)
         self.departed: dict[str, float] = {}  # workers discovery dropped -> input time they left
@@ -73,6 +75,7 @@ class WorkerPool:
         self.announced: set[str] = set()
         self.time = time
         self.health_recency_s = health_recency_s
+        self.topology = topology  # what a worker is when its scrape does not say (capacity, block size)
         self.workers: dict[str, WorkerInfo] = {}
         self.routers: dict[str, RouterSnapshot] = {}
         self.down_since: dict[tuple[str, ...], float] = {}  # (target, kind) -> first failing observation
@@ -119,6 +122,45 @@ class WorkerPool:
             if prev is not None and n > prev.decisions.get(worker, 0.0) and worker in self.workers:
                 self.workers[worker].last_served = max(self.workers[worker].last_served, scraped_at)
         self.routers[snapshot.router] = snapshot
+
+    # ---- what a worker is: its scrape, else its topology entry -------------------------------------
+    def topo_of(self, worker: str) -> WorkerTopo | None:
+        """The worker's topology entry, if a topology is configured and names it."""
+        topo = self.topology
+        return topo.worker(worker) if topo is not None and worker in topo else None
+
+    def worker_capacity(self, name: str, w: WorkerInfo | None = None) -> int | None:
+        """GPU blocks of the worker (its scrape, else its topology class); ``w``: its entry, when at hand."""
+        if w is None:
+            w = self.workers.get(name)
+        if w is not None and w.snapshot is not None and w.snapshot.num_gpu_blocks:
+            return w.snapshot.num_gpu_blocks
+        t = self.topo_of(name)
+        return t.kv_blocks if t is not None else None
+
+    def worker_block_size(self, name: str) -> int:
+        w = self.workers.get(name)
+        if w is not None and w.block_size:
+            return w.block_size
+        return int(getattr(self.topology, "block_size", 0) or DEFAULT_BLOCK_SIZE)
+
+    def warm_pool_utilization(self) -> dict[str, float]:
+        """max(KV usage, running / max concurrency) per warm-pool worker with a scrape."""
+        out: dict[str, float] = {}
+        if self.topology is None:
+            return out
+        for name in self.topology.warm_pool:
+            w = self.workers.get(name)
+            snap = w.snapshot if w is not None else None
+            if snap is None:
+                continue
+            parts = [snap.kv_usage_ratio] if snap.kv_usage_ratio is not None else []
+            cap = snap.max_running or getattr(self.topo_of(name), "max_concurrency", None)
+            if snap.running is not None and cap:
+                parts.append(snap.running / cap)
+            if parts:
+                out[name] = max(parts)
+        return out
 
     # ---- health --------------------------------------------------------------------------------
     def explicitly_down(self) -> set[str]:

@@ -66,8 +66,8 @@ from exporter.codecs.kv_stream import (
     worker_from_subject,
 )
 from exporter.core.health import Health
-from exporter.core.sharding import KvSink
 from exporter.loops.duty_clock import DutyClock
+from exporter.model import KvSink
 
 log = logging.getLogger("prefixscope.kv_nats")
 

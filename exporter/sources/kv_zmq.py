@@ -48,8 +48,9 @@ as duplicates; a seq ≤ mark with another payload is a restart. The first live 
 mark ends the startup phase (batches between are fetched without counting a gap, as on a
 late join); so does ``replay_timeout`` after the replay, by when every racing message is in.
 
-The state may also ask for a rebuild (:meth:`KvEventSubscriber.request_rebuild`, from any thread)
-when a view drifts from what the worker reports; it runs on the subscriber thread like a gap's.
+The state may also ask for a rebuild (through the ``RebuildRequests`` the composition root hands
+to both, from any thread) when a view drifts from what the worker reports; it runs on the
+subscriber thread like a gap's.
 
 Every configured stream's gap, missed, lost (and, with a replay endpoint, replay) series exist
 from the start at 0: a stream without gaps reads 0, not missing.
@@ -79,7 +80,7 @@ import zmq
 from exporter.codecs import kvcodec
 from exporter.core.health import Health
 from exporter.loops.duty_clock import DutyClock
-from exporter.model import KvBatch, StateSink
+from exporter.model import KvBatch, KvSink, RebuildRequests
 
 log = logging.getLogger("prefixscope.kv_events")
 
@@ -129,10 +130,13 @@ class _Replay:
 class KvEventSubscriber:
     """``start()`` runs the subscriber thread; ``close()`` stops it and closes every socket."""
 
-    def __init__(self, endpoints: Mapping[str, KvEndpoint], sink: StateSink, health: Health, *,
+    def __init__(self, endpoints: Mapping[str, KvEndpoint], sink: KvSink, health: Health, *,
                  replay_timeout: float = 2.0, poll_interval: float = 0.1,
                  clock: Callable[[], float] = time.time, token_ids: bool = False,
-                 attribution: bool = False, duties: DutyClock | None = None) -> None:
+                 attribution: bool = False, duties: DutyClock | None = None,
+                 rebuilds: RebuildRequests | None = None) -> None:
+        """``rebuilds``: where the state asks for views to be rebuilt (made by the composition root
+        and handed to the state too); without one, only :meth:`request_rebuild` asks."""
         self.endpoints = dict(endpoints)
         self.duties = duties or DutyClock()  # each poll round with work is one batch of kv_ingest
         self.sink = sink
@@ -153,7 +157,8 @@ class KvEventSubscriber:
         self._replays: dict[str, _Replay] = {}  # workers with a replay in flight
         self._replayed: queue.SimpleQueue[tuple[str, list[tuple[int, bytes]]]] = queue.SimpleQueue()
         self._replay_threads: dict[str, threading.Thread] = {}
-        self._rebuilds: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()  # (worker, reason) asked for
+        self.rebuilds = rebuilds if rebuilds is not None else RebuildRequests(
+            w for w, ep in self.endpoints.items() if ep.replay is not None)
         self._ctx = zmq.Context()
         # one SUB per worker plus replays: past the default 1,023 sockets at about a thousand workers
         self._ctx.set(zmq.MAX_SOCKETS, max(self._ctx.get(zmq.MAX_SOCKETS), len(self.endpoints) + SPARE_SOCKETS,
@@ -178,14 +183,12 @@ class KvEventSubscriber:
         """Ask for the worker's view to be rebuilt from its replay (any thread); False if it has
         no replay endpoint (nothing can rebuild it). The sink hears ``reset_view`` and then
         ``view_repaired`` from the subscriber thread."""
-        ep = self.endpoints.get(worker)
-        if ep is None or ep.replay is None:
-            return False
-        self._rebuilds.put((worker, reason))
-        return True
+        return self.rebuilds(worker, reason)
 
     def update_endpoints(self, endpoints: Mapping[str, KvEndpoint]) -> None:
-        """The workers to follow from now on (any thread; applied on the subscriber thread)."""
+        """The workers to follow from now on (any thread; applied on the subscriber thread). Those
+        with a replay endpoint can have their views rebuilt from then on."""
+        self.rebuilds.replayable = frozenset(w for w, ep in endpoints.items() if ep.replay)
         self._changes.put(dict(endpoints))
 
     def _zero_series(self, workers: Mapping[str, KvEndpoint] | None = None) -> None:
@@ -285,7 +288,7 @@ class KvEventSubscriber:
                 else:  # no worker to follow (yet): wait for one without a poll over nothing
                     self._stop.wait(self.poll_ms / 1000)
                     ready = []
-                if not ready and not self._replays and self._rebuilds.empty():
+                if not ready and not self._replays and self.rebuilds.empty():
                     continue  # an idle round: nothing to drain, no replay or rebuild to finish
                 with self.duties.duty("kv_ingest"):
                     for sock, _ in ready:
@@ -466,11 +469,8 @@ class KvEventSubscriber:
     def _start_rebuilds(self) -> None:
         """Start the rebuilds the state asked for (a worker with a replay out waits for the next round)."""
         later: list[tuple[str, str]] = []
-        while True:
-            try:
-                worker, reason = self._rebuilds.get_nowait()
-            except queue.Empty:
-                break
+        while (asked := self.rebuilds.take()) is not None:
+            worker, reason = asked
             if worker in self._replays:
                 later.append((worker, reason))
                 continue
@@ -478,8 +478,8 @@ class KvEventSubscriber:
             if not self._start_replay(worker, 0, end, "rebuild", None, reason=reason):  # nothing published yet
                 self._safely(worker, lambda w=worker: self.sink.reset_view(w))
                 self._safely(worker, lambda w=worker, r=reason: self.sink.view_repaired(w, r, True))
-        for item in later:
-            self._rebuilds.put(item)
+        for worker, reason in later:
+            self.rebuilds(worker, reason)
 
     def finish_replays(self) -> None:
         """Apply every replay that has come back, then the live messages that waited for it."""

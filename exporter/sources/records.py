@@ -1,11 +1,11 @@
 """Request records (``prefixscope.request/v1``): NDJSON parsing, validation and a file tailer.
 
 ``parse_ndjson`` is pure: bytes in, valid records and per-line errors out. The schema is
-compiled once. Most records are valid, so each is first checked by a fast path compiled from
-the same schema file (required fields, and type/bounds/enum of the fields present); only a
-record the fast path does not accept goes through the full ``jsonschema`` validator, which
-then decides and words the error. The fast path never accepts what the validator rejects
-for this flat schema, so the answer is the validator's either way. Each accepted object becomes
+compiled once, by fastjsonschema. Most records are valid, so each is first taken by a fast path
+(the schema narrowed to what the exporter holds, then one conversion pass); only a record the
+fast path does not accept takes the careful steps — the schema, the exporter's own value checks,
+the conversion — and a rejected one is worded by the full ``jsonschema`` validator. The fast
+path accepts only what the careful steps accept, so the answer is theirs either way. Each accepted object becomes
 a :class:`prefixscope.records.RequestRecord`; that typed value is what the sink receives.
 
 Records that cannot be true are rejected, each under its own error kind: a number JSON can
@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import fastjsonschema
 
 from exporter.core.health import Health
 from exporter.core.labels import MAX_LABEL_VALUE_CHARS, label_value_problem
@@ -75,84 +77,20 @@ class RecordError:
         return {"line": self.line, "error": self.error}
 
 
-# ---- the fast path, compiled from the schema ----------------------------------------------
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "array": (list,), "object": (dict,), "null": (type(None),),
-}
-Check = Callable[[Any], bool]
+# ---- the schema check: the contract schema compiled by fastjsonschema ---------------------
+_VALID = fastjsonschema.compile(SCHEMA, use_default=False, use_formats=False)
 
 
-def _type_ok(value: Any, types: tuple[str, ...]) -> bool:
-    for t in types:
-        if t == "null" and value is None:
-            return True
-        if t == "boolean":
-            if type(value) is bool:
-                return True
-        elif isinstance(value, _JSON_TYPES[t]) and type(value) is not bool:
-            return True
-    return False
+def _fast_ok(rec: Any) -> bool:
+    """The schema's answer, quickly (the validator is asked only to word a rejection)."""
+    try:
+        _VALID(rec)
+    except fastjsonschema.JsonSchemaException:
+        return False
+    return True
 
 
-def _compile_property(spec: dict[str, Any]) -> Check | None:
-    """A predicate for one property, or None if the schema uses keywords we do not fast-check."""
-    known = {"type", "minimum", "maximum", "minLength", "maxLength", "enum", "items", "description", "const"}
-    if set(spec) - known:
-        return None
-    raw = spec.get("type")
-    types = (raw,) if isinstance(raw, str) else tuple(raw or ())
-    lo, hi = spec.get("minimum"), spec.get("maximum")
-    min_len, max_len = spec.get("minLength"), spec.get("maxLength")
-    enum = spec.get("enum")
-    has_const, const = "const" in spec, spec.get("const")
-    items = _compile_property(spec["items"]) if "items" in spec else None
-    if "items" in spec and items is None:
-        return None
-
-    def check(v: Any) -> bool:
-        if types and not _type_ok(v, types):
-            return False
-        if has_const and v != const:
-            return False
-        if enum is not None and v not in enum:
-            return False
-        if isinstance(v, int | float) and type(v) is not bool and (
-                (lo is not None and v < lo) or (hi is not None and v > hi)):
-            return False
-        if isinstance(v, str) and ((min_len is not None and len(v) < min_len) or (max_len is not None and len(v) > max_len)):
-            return False
-        return not (items is not None and isinstance(v, list) and not all(map(items, v)))
-
-    return check
-
-
-def _compile(schema: dict[str, Any]) -> Callable[[Any], bool]:
-    props = {name: _compile_property(spec) for name, spec in schema.get("properties", {}).items()}
-    required = tuple(schema.get("required", ()))
-    closed = schema.get("additionalProperties", True) is False
-    if any(c is None for c in props.values()):
-        return lambda _rec: False  # the schema outgrew the fast path: always ask the validator
-
-    def fast_ok(rec: Any) -> bool:
-        if type(rec) is not dict:
-            return False
-        for name in required:
-            if name not in rec:
-                return False
-        for name, value in rec.items():
-            check = props.get(name)
-            if check is None:
-                if closed:
-                    return False
-            elif not check(value):
-                return False
-        return True
-
-    return fast_ok
-
-
-FAST_OK = _compile(SCHEMA)
+FAST_OK: Callable[[Any], bool] = _fast_ok
 
 
 # ---- what the schema allows but the exporter cannot hold --------------------------------------
@@ -234,143 +172,15 @@ def strict_problem(rec: dict[str, Any]) -> str | None:
 
 # ---- the whole-record fast path: check and convert in one pass -----------------------------
 # Most lines are plain records: ASCII strings, integer token counts and hashes, finite numbers.
-# For those, one pass over the object does what the schema check, ``strict_problem`` and
-# ``RequestRecord.from_json`` do in three, and builds the value. Anything else (a type or bound
-# it does not know to be fine, a non-ASCII string, a nested value under an unknown key) makes it
+# For those, the schema narrowed to what the exporter holds as it is (``_strict_schema``: counts
+# within 2**53, numbers within ±1e15, strings no longer than a label value), compiled by
+# fastjsonschema, and one pass of conversion per field do what the schema check,
+# ``strict_problem`` and ``RequestRecord.from_json`` do in three. Anything else (a float where
+# a count belongs, a non-ASCII string, a nested or non-finite value under an unknown key) makes it
 # answer None, and the line takes the three steps, which then decide and word the error. It
 # accepts only what those steps accept, with the same value (tests/exporter/sources/test_records_source.py).
-_FAIL: Any = object()
-Convert = Callable[[Any], Any]  # the value as RequestRecord holds it, or _FAIL
-
-
-def _spec_types(spec: dict[str, Any]) -> tuple[set[str], bool, list[Any] | None]:
-    """A schema property's JSON types other than null, whether null is allowed (not when an
-    enum without None leaves it out), and its enum."""
-    raw = spec.get("type")
-    types = set((raw,) if isinstance(raw, str) else raw or ())
-    nullable = "null" in types
-    types.discard("null")
-    enum = spec.get("enum")
-    if enum is not None and nullable and None not in enum:
-        nullable = False
-    return types, nullable, enum
-
-
-def _fast_convert(name: str, spec: dict[str, Any]) -> Convert | None:
-    """Check-and-convert for one schema property; None if the fast path cannot decide it."""
-    if set(spec) - {"type", "minimum", "maximum", "minLength", "maxLength", "enum", "items", "description", "const"}:
-        return None
-    types, nullable, enum = _spec_types(spec)
-    if "const" in spec:
-        const = spec["const"]
-        if types or enum is not None or type(const) is not str or not const.isascii():
-            return None
-        return lambda v: v if v == const and type(v) is str else _FAIL
-    if len(types) != 1:
-        return None
-    (kind,) = types
-    lo, hi = spec.get("minimum"), spec.get("maximum")
-    if kind == "string":
-        if lo is not None or hi is not None:
-            return None
-        min_len = spec.get("minLength", 0)
-        max_len = min(spec.get("maxLength", MAX_LABEL_VALUE_CHARS), MAX_LABEL_VALUE_CHARS)
-        allowed = frozenset(e for e in enum if type(e) is str) if enum is not None else None
-
-        def string(v: Any) -> Any:
-            if type(v) is str:
-                if min_len <= len(v) <= max_len and v.isascii() and (allowed is None or v in allowed):
-                    return v
-                return _FAIL
-            return None if v is None and nullable else _FAIL
-        return string
-    if enum is not None or "minLength" in spec or "maxLength" in spec:
-        return None
-    if kind == "integer":
-        low, high = (lo if lo is not None else -MAX_INTEGER), min(hi if hi is not None else MAX_INTEGER, MAX_INTEGER)
-
-        def integer(v: Any) -> Any:
-            if type(v) is int:
-                return v if low <= v <= high else _FAIL
-            return None if v is None and nullable else _FAIL
-        return integer
-    if kind == "number":
-        low_n = max(lo, -MAX_NUMBER) if lo is not None else -MAX_NUMBER
-        high_n = min(hi, MAX_NUMBER) if hi is not None else MAX_NUMBER
-
-        def number(v: Any) -> Any:
-            t = type(v)
-            if t is float or t is int:
-                return float(v) if low_n <= v <= high_n else _FAIL  # NaN fails the comparison
-            return None if v is None and nullable else _FAIL
-        return number
-    if kind == "boolean":
-        if lo is not None or hi is not None:
-            return None
-        return lambda v: v if type(v) is bool or (v is None and nullable) else _FAIL
-    if kind == "array":
-        items = spec.get("items", {})
-        if lo is not None or hi is not None or set(items) - {"type", "minimum", "maximum", "description"} \
-                or items.get("type") != "integer":
-            return None
-        i_lo = items.get("minimum", -MAX_INTEGER)
-        i_hi = items.get("maximum", 2**64 - 1)
-
-        def int_array(v: Any) -> Any:
-            if type(v) is list:
-                if not v:
-                    return ()
-                if set(map(type, v)) == _INT_ONLY and i_lo <= min(v) and max(v) <= i_hi:
-                    return tuple(v)
-                return _FAIL
-            return None if v is None and nullable else _FAIL
-        return int_array
-    return None
-
-
+_INT, _NUM, _STR, _HASHES, _ANY, _UNKNOWN = range(6)  # how a field's value is checked and converted
 _INT_ONLY = {int}
-
-
-def _fast_source(spec: dict[str, Any], var: str, const: Callable[[Any], str]) -> list[str] | None:
-    """:func:`_fast_convert` as lines of Python checking and converting ``var`` in place (``return
-    None`` where the converter answers ``_FAIL``), for the code generated per record shape; None
-    where that converter is None. ``const`` names a value for the generated code."""
-    types, nullable, enum = _spec_types(spec)
-    v = var
-    otherwise = [f"elif {v} is not None:", "    return None"] if nullable else ["else:", "    return None"]
-    if "const" in spec:
-        return [f"if not (type({v}) is str and {v} == {const(spec['const'])}):", "    return None"]
-    (kind,) = types
-    lo, hi = spec.get("minimum"), spec.get("maximum")
-    if kind == "string":
-        min_len = spec.get("minLength", 0)
-        max_len = min(spec.get("maxLength", MAX_LABEL_VALUE_CHARS), MAX_LABEL_VALUE_CHARS)
-        allowed = f" and {v} in {const(frozenset(e for e in enum if type(e) is str))}" if enum is not None else ""
-        return [f"if type({v}) is str:",
-                f"    if not ({const(min_len)} <= len({v}) <= {const(max_len)} and {v}.isascii(){allowed}):",
-                "        return None", *otherwise]
-    if kind == "integer":
-        low, high = (lo if lo is not None else -MAX_INTEGER), min(hi if hi is not None else MAX_INTEGER, MAX_INTEGER)
-        return [f"if type({v}) is int:", f"    if not ({const(low)} <= {v} <= {const(high)}):", "        return None",
-                *otherwise]
-    if kind == "number":
-        low_n = max(lo, -MAX_NUMBER) if lo is not None else -MAX_NUMBER
-        high_n = min(hi, MAX_NUMBER) if hi is not None else MAX_NUMBER
-        return [f"t = type({v})", "if t is float or t is int:",
-                f"    if not ({const(low_n)} <= {v} <= {const(high_n)}):", "        return None",
-                f"    {v} = float({v})", *otherwise]
-    if kind == "boolean":
-        return [f"if type({v}) is not bool{f' and {v} is not None' if nullable else ''}:", "    return None"]
-    if kind == "array":
-        items = spec.get("items", {})
-        i_lo, i_hi = const(items.get("minimum", -MAX_INTEGER)), const(items.get("maximum", 2**64 - 1))
-        return [f"if type({v}) is list:", f"    if not {v}:", f"        {v} = ()",
-                f"    elif set(map(type, {v})) == _INT_ONLY and {i_lo} <= min({v}) and max({v}) <= {i_hi}:",
-                f"        {v} = tuple({v})", "    else:", "        return None", *otherwise]
-    return None
-
-
-_FLAT_UNKNOWN: Convert = lambda v: _FAIL  # noqa: E731 - marks a key the schema does not name
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))  # the constructor's positional order
 # The slots of RequestRecord, set one by one: what its generated __init__ does (through
 # object.__setattr__, it being frozen), less the call. Only while __init__ does nothing more.
@@ -378,97 +188,114 @@ _SETTERS: tuple[Callable[[Any, Any], None], ...] | None = (
     tuple(getattr(RequestRecord, name).__set__ for name in _RECORD_FIELDS)
     if not hasattr(RequestRecord, "__post_init__") and getattr(RequestRecord, "__slots__", ()) == _RECORD_FIELDS
     else None)
-Build = Callable[[dict[str, Any]], RequestRecord | None]  # one record shape's check-and-convert
-MAX_SHAPES = 256  # record shapes (key sequences) remembered, each with its generated code
+Build = Callable[[dict[str, Any]], RequestRecord | None]  # one record shape's conversion
+MAX_SHAPES = 256  # record shapes (key sequences) remembered
 
 
-def _compile_fast_record(schema: dict[str, Any], generate: bool = True) -> Callable[[Any], RequestRecord | None]:
-    """The whole-record fast path. ``generate=False``: every shape takes the generic loop over
-    per-field converters (the reference the generated code is tested against)."""
+def _types(spec: dict[str, Any]) -> set[str]:
+    raw = spec.get("type")
+    return set((raw,) if isinstance(raw, str) else raw or ())
+
+
+def _strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with the exporter's own bounds added (what ``strict_problem`` checks that a
+    schema can say): integer counts within 2**53, numbers within ±1e15, strings and hash lists as
+    the exporter holds them. It only narrows: what it accepts, the schema accepts."""
+    props: dict[str, dict[str, Any]] = {}
+    for name, spec in schema.get("properties", {}).items():
+        spec, types = dict(spec), _types(spec)
+        bound = MAX_INTEGER if "integer" in types and "number" not in types else MAX_NUMBER if "number" in types else None
+        if bound is not None:
+            spec["minimum"] = max(spec.get("minimum", -bound), -bound)
+            spec["maximum"] = min(spec.get("maximum", bound), bound)
+        if "string" in types:
+            spec["maxLength"] = min(spec.get("maxLength", MAX_LABEL_VALUE_CHARS), MAX_LABEL_VALUE_CHARS)
+        props[name] = spec
+    return {**schema, "properties": props}
+
+
+def _kind(spec: dict[str, Any]) -> int | None:
+    """How the fast path converts a property's value; None if it cannot decide the property."""
+    types = _types(spec) - {"null"}
+    if "const" in spec or "enum" in spec:
+        return _STR if types <= {"string"} else None
+    if types == {"integer"}:
+        return _INT
+    if types == {"number"}:
+        return _NUM
+    if types == {"string"}:
+        return _STR
+    if types == {"boolean"}:
+        return _ANY
+    if types == {"array"} and spec.get("items", {}).get("type") == "integer":
+        return _HASHES
+    return None
+
+
+def _compile_fast_record(schema: dict[str, Any]) -> Callable[[Any], RequestRecord | None]:
+    """The whole-record fast path: the strict schema's check, then each field's conversion."""
     props: dict[str, dict[str, Any]] = schema.get("properties", {})
-    convert = {name: _fast_convert(name, spec) for name, spec in props.items()}
+    kinds = {name: _kind(spec) for name, spec in props.items()}
     required = tuple(schema.get("required", ()))
-    if (any(c is None for c in convert.values()) or schema.get("additionalProperties", True) is not True
-            or required != _RECORD_FIELDS[:4] or _RECORD_FIELDS[-1] != "carried"
-            or set(convert) != set(_RECORD_FIELDS[:-1])):
+    if (any(k is None for k in kinds.values()) or schema.get("additionalProperties", True) is not True
+            or required != _RECORD_FIELDS[:4] or _RECORD_FIELDS[-1] != "carried" or set(kinds) != set(_RECORD_FIELDS[:-1])):
         return lambda _obj: None  # the schema outgrew the fast path: every line takes the steps
+    strict = fastjsonschema.compile(_strict_schema(schema), use_default=False, use_formats=False)
+    failed = fastjsonschema.JsonSchemaException
     position = {name: i for i, name in enumerate(_RECORD_FIELDS)}
     # A producer writes the same keys in the same order record after record: per such shape, the
-    # code that checks and converts its values (generated once, for a shape kept), else the loop.
-    shapes: dict[tuple[str, ...], Build | None] = {}
-    fail = _FAIL
+    # fields' positions and conversions, worked out once.
+    shapes: dict[tuple[str, ...], tuple[tuple[tuple[int, int], ...], list[Any]]] = {}
+    new = object.__new__
 
-    def generic(keys: tuple[str, ...]) -> Build:
-        steps = tuple((convert[k], position[k]) if k in convert else (_FLAT_UNKNOWN, -1) for k in keys)
+    def shape_of(keys: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...], list[Any]]:
+        steps = tuple((position[k], kinds[k]) if k in kinds else (-1, _UNKNOWN) for k in keys)  # type: ignore[misc]
         template: list[Any] = [None] * len(_RECORD_FIELDS)
-        template[-1] = frozenset(k for k in keys if k in convert and k not in required)  # carried
-
-        def build(obj: dict[str, Any]) -> RequestRecord | None:
-            args = template.copy()
-            for (conv, at), value in zip(steps, obj.values(), strict=True):
-                if at < 0:  # a key the schema does not name: allowed, if flat and finite
-                    t = type(value)
-                    if t is dict or t is list or (t is float and value - value != 0.0):
-                        return None
-                    continue
-                out = conv(value)
-                if out is fail:
-                    return None
-                args[at] = out
-            return RequestRecord(*args)
-        return build
-
-    def generated(keys: tuple[str, ...]) -> Build | None:
-        """Straight-line code for one shape: no call per field, no loop."""
-        consts: dict[str, Any] = {"_RR": RequestRecord, "_INT_ONLY": _INT_ONLY}
-
-        def const(value: Any) -> str:
-            name = f"_c{len(consts)}"
-            consts[name] = value
-            return name
-        names = [f"v{i}" for i in range(len(keys))]
-        lines = ["def build(obj):", f"    {', '.join(names)}, = obj.values()"]
-        args = ["None"] * len(_RECORD_FIELDS)
-        for k, v in zip(keys, names, strict=True):
-            if k in props:
-                code = _fast_source(props[k], v, const)
-                if code is None:
-                    return None
-                args[position[k]] = v
-            else:  # a key the schema does not name: allowed, if flat and finite
-                code = [f"t = type({v})", f"if t is dict or t is list or (t is float and {v} - {v} != 0.0):",
-                        "    return None"]
-            lines += ["    " + line for line in code]
-        args[-1] = const(frozenset(k for k in keys if k in convert and k not in required))
-        if _SETTERS is None:
-            lines.append(f"    return _RR({', '.join(args)})")
-        else:  # the frozen dataclass's __init__ without its call: each slot set directly
-            lines.append("    o = _new(_RR)")
-            lines += [f"    {const(setter)}(o, {arg})" for setter, arg in zip(_SETTERS, args, strict=True)]
-            lines.append("    return o")
-            consts["_new"] = object.__new__
-        exec("\n".join(lines), consts)  # code from the schema; keys enter only as positions
-        return consts["build"]  # type: ignore[no-any-return]
-
-    def shape_of(keys: tuple[str, ...]) -> Build | None:
-        if not all(name in keys for name in required) or len(set(keys)) != len(keys):
-            return None
-        if len(shapes) >= MAX_SHAPES:
-            return generic(keys)  # not kept: not worth generating
-        build = (generated(keys) if generate else None) or generic(keys)
-        shapes[keys] = build
-        return build
+        template[-1] = frozenset(k for k in keys if k in kinds and k not in required)  # carried
+        if len(shapes) < MAX_SHAPES:
+            shapes[keys] = steps, template
+        return steps, template
 
     def fast_record(obj: Any) -> RequestRecord | None:
         if type(obj) is not dict:
             return None
+        try:
+            strict(obj)
+        except failed:
+            return None
         keys = tuple(obj)
-        build = shapes.get(keys)
-        if build is None:
-            build = shape_of(keys)
-            if build is None:
-                return None
-        return build(obj)
+        steps, template = shapes.get(keys) or shape_of(keys)
+        args = template.copy()
+        for (at, kind), v in zip(steps, obj.values(), strict=True):
+            if v is None:
+                if kind == _UNKNOWN:
+                    continue
+            elif kind == _NUM:
+                v = float(v)
+                if v != v:  # NaN passes every bound; JSON cannot spell it, a caller's object can
+                    return None
+            elif kind == _INT:
+                if type(v) is not int:  # 512.0: an integer to the schema, not to the exporter
+                    return None
+            elif kind == _STR:
+                if not v.isascii():  # the three steps word what a label cannot hold
+                    return None
+            elif kind == _HASHES:
+                if v and set(map(type, v)) != _INT_ONLY:
+                    return None
+                v = tuple(v)
+            elif kind == _UNKNOWN:  # a key the schema does not name: allowed, if flat and finite
+                t = type(v)
+                if t is dict or t is list or (t is float and v - v != 0.0):
+                    return None
+                continue
+            args[at] = v
+        if _SETTERS is None:
+            return RequestRecord(*args)
+        o = new(RequestRecord)  # the frozen dataclass's __init__ without its call: each slot set directly
+        for setter, arg in zip(_SETTERS, args, strict=True):
+            setter(o, arg)
+        return o  # type: ignore[no-any-return]
 
     return fast_record
 

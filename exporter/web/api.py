@@ -144,7 +144,7 @@ def _namer(st: ClusterState, names: PrefixNames | None, stats: TreeStats | None 
     if names is None:
         return None
     kv = st.attribution.kv
-    models = {w: info.snapshot.model for w, info in st.workers.items() if info.snapshot is not None}
+    models = {w: info.snapshot.model for w, info in st.worker_pool.workers.items() if info.snapshot is not None}
     run_of = (stats or st.tree_stats() or NO_TREE).run
 
     def name(block: int, holders: list[str]) -> dict[str, Any]:
@@ -277,13 +277,13 @@ def _hotspots(st: ClusterState, k: int, name: Namer | None = None) -> dict[str, 
         "duplicated_share": (sum(n for r, n in reps.items() if r >= 2) / total) if total else None}
     if latest is None:  # no statistics pass yet: missing, never 0
         dup = dict.fromkeys(dup)
-    values = st.effective_cache_values()
-    ranks = st.removal_ranks(values)
+    values = st.scrapes.effective_cache_values()
+    ranks = st.scrapes.removal_ranks(values)
     workers = []
     for w in st.workers_seen():
-        t = st.topo_of(w)
+        t = st.worker_pool.topo_of(w)
         workers.append({
-            "worker": w, "resident_blocks": index.resident_blocks(w, GPU), "capacity_blocks": st.worker_capacity(w),
+            "worker": w, "resident_blocks": index.resident_blocks(w, GPU), "capacity_blocks": st.worker_pool.worker_capacity(w),
             "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),
             "node": t.node if t else None, "nvlink_domain": t.nvlink_domain if t else None,
             "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,
@@ -317,17 +317,17 @@ def _workers(st: ClusterState) -> dict[str, Any]:
     names = st.workers_seen()
     liveness = {w: pool.liveness(w, down) for w in names}
     # A worker that left the pool is no candidate for removal: only the others are ranked.
-    values = st.effective_cache_values()
-    ranks = st.removal_ranks({w: v for w, v in values.items() if liveness[w] != "left"})
-    hits = {w: st.worker_hit_tokens(w) for w in names}
+    values = st.scrapes.effective_cache_values()
+    ranks = st.scrapes.removal_ranks({w: v for w, v in values.items() if liveness[w] != "left"})
+    hits = {w: st.scrapes.worker_hit_tokens(w) for w in names}
     total_hits = sum(h for h in hits.values() if h is not None)
     counters, gauges = st.health.snapshot()
     media = st.index.resident_by_medium()
     rows = []
     for w in names:
-        info = st.workers.get(w)
+        info = st.worker_pool.workers.get(w)
         snap = info.snapshot if info is not None else None
-        t = st.topo_of(w)
+        t = st.worker_pool.topo_of(w)
         since = pool.down_since.get((w, "worker"))
         rows.append({
             "worker": w, "liveness": liveness[w], "down_since": since if liveness[w] != "up" else None,
@@ -335,13 +335,13 @@ def _workers(st: ClusterState) -> dict[str, Any]:
             "last_served": (info.last_served or None) if info else None,
             "last_scrape_at": info.scraped_at if info else None,
             "resident_blocks": st.index.resident_blocks(w, GPU), "resident_blocks_by_medium": media.get(w),
-            "capacity_blocks": st.worker_capacity(w),
-            "capacity_blocks_by_medium": medium_capacity(st.worker_capacity(w),
+            "capacity_blocks": st.worker_pool.worker_capacity(w),
+            "capacity_blocks_by_medium": medium_capacity(st.worker_pool.worker_capacity(w),
                                                          snap.offload_usage_ratio if snap is not None else None,
                                                          media.get(w)) or None,
             "kv_cache_usage_ratio": snap.kv_usage_ratio if snap is not None else None,
             "hit_tokens": hits[w], "hit_share": hits[w] / total_hits if hits[w] is not None and total_hits else None,
-            "hit_ratio": st.worker_hit_ratio(w), "hit_tokens_by_tier": st.worker_tier_hit_tokens(w),
+            "hit_ratio": st.scrapes.worker_hit_ratio(w), "hit_tokens_by_tier": st.scrapes.worker_tier_hit_tokens(w),
             "external_queried_tokens": st.store.own_sum(("worker_delta", "external_queried_tokens", w)),
             "external_hit_tokens": st.store.own_sum(("worker_delta", "external_hit_tokens", w)),
             "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),
@@ -382,7 +382,7 @@ def changes(state: ClusterState, query: Mapping[str, str] | None = None,
 def _changes(st: ClusterState, t_from: float | None, t_to: float | None,
              name: Namer | None = None) -> dict[str, Any]:
     w = st.window_s
-    to = st.now if t_to is None else t_to
+    to = st.time.now if t_to is None else t_to
     frm = to - w if t_from is None else t_from
     stats = st.tree_stats()
     before = st.branch_hits(frm - w, frm, stats)
@@ -400,13 +400,13 @@ def _changes(st: ClusterState, t_from: float | None, t_to: float | None,
         row.update(name(b, holders) if name is not None else _labels(st, b, holders))
     new_keys: dict[str, int] = {}
     rekeys: dict[str, int] = {}
-    for ts, segment, rekeyed in st.session_events:
+    for ts, segment, rekeyed in st.hotspots.session_events:
         if to - w < ts <= to:
             new_keys[segment] = new_keys.get(segment, 0) + 1
             rekeys[segment] = rekeys.get(segment, 0) + rekeyed
     segs = [{"segment": s, "rekeys": n, "share": n / new_keys[s]} for s, n in sorted(rekeys.items()) if n]
     pools = [{"ts": c.ts, "before": c.before, "after": c.after, "reshuffled_share": c.reshuffled_share}
-             for c in st.pool_changes if frm - w < c.ts <= to]
+             for c in st.worker_pool.changes if frm - w < c.ts <= to]
     return {"from": frm, "to": to, "lost_hits": lost, "rekeyed_segments": segs, "pool_changes": pools}
 
 

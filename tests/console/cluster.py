@@ -30,7 +30,7 @@ def firing_at_once(th: Thresholds) -> Thresholds:
 
 def build_state(thresholds: Thresholds | None = None) -> ClusterState:
     th = firing_at_once(load_thresholds()) if thresholds is None else thresholds
-    state = ClusterState(Health(), th, clock=lambda: NOW)
+    state = ClusterState.build(Health(), th, clock=lambda: NOW)
     for worker, (queried, hits) in {"w0": (600, 246), "w1": (400, 164)}.items():
         for ts, share in ((900.0, 0.0), (990.0, 1.0)):
             state.observe_worker(WorkerSnapshot(worker, "vllm", model="m", prefix_queried_tokens=queried * share,

@@ -44,7 +44,7 @@ def _record(ts: float, rid: str, worker: str) -> dict:
 
 def build_state() -> ClusterState:
     health = Health()
-    state = ClusterState(health, load_thresholds(), clock=lambda: NOW)
+    state = ClusterState.build(health, load_thresholds(), clock=lambda: NOW)
     for w in WORKERS:
         _scrape(state, health, w, 900.0)
     for w in WORKERS:

@@ -48,7 +48,7 @@ def test_verdicts_tell_idle_from_unknown_and_marginal() -> None:
 
 def tiered_state() -> ClusterState:
     """w0 offloads to CPU and is served from it; w1 holds CPU blocks that serve nothing."""
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 130.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 130.0)
     for w in ("w0", "w1"):
         st.apply_kv_batch(KvBatch(w, 0, 100.0, (BlockStored(tuple(range(1, 101)), None, 16),
                                                 BlockStored(tuple(range(1, 51)), None, 16, medium="CPU"))), 100.0)

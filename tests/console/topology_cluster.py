@@ -74,7 +74,7 @@ def _rec(ts: float, rid: str, worker: str, session: str | None, segment: str, ch
 
 
 def build_state(now: float) -> ClusterState:
-    state = ClusterState(Health(), load_thresholds(), topology=parse_topology(TOPOLOGY, "test.yaml"),
+    state = ClusterState.build(Health(), load_thresholds(), topology=parse_topology(TOPOLOGY, "test.yaml"),
                          clock=lambda: now)
     t = now - 560
     for worker, chain in (("w0", S + A), ("w1", S + A), ("w2", S + B), ("w3", C)):

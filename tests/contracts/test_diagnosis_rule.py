@@ -59,7 +59,7 @@ def three_chains(values: Mapping[str, float | None], baselines: Mapping[str, flo
                  signals: frozenset[str], monkeypatch: pytest.MonkeyPatch):
     """The exporter's evaluation, the console from its /api/v1/groups, the console from Prometheus."""
     by_expr = _values_by_expr(values, baselines)
-    state = ClusterState(Health(), TH, window_s=300, clock=lambda: 200.0)
+    state = ClusterState.build(Health(), TH, window_s=300, clock=lambda: 200.0)
     monkeypatch.setattr(state, "series", lambda: Series(signals={s: s in signals for s in SIGNALS}))
     monkeypatch.setattr(checks._Evaluator, "value", lambda self, expr: by_expr.get(expr))
     ev = checks.evaluate(state)

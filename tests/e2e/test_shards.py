@@ -395,7 +395,7 @@ def test_shards_give_one_exporters_series_checks_and_verdict(rig: dict) -> None:
     for i, s in enumerate(rig["shards"]):
         ShardRecords(s.state, ShardSpec(i, SHARDS)).ingest_records(records, now)
     states = [s.state for s in rig["shards"]]
-    assert sum(1 for s in states if s.window_counter("prefixscope_requests")) >= 2  # records split
+    assert sum(1 for s in states if s.store.window_counter("prefixscope_requests")) >= 2  # records split
     for st in [rig["single"].state, *states]:
         st.refresh_tree_stats()
 
@@ -452,6 +452,7 @@ def test_through_relay_nats_and_a_real_prometheus_the_shards_give_one_exporters_
     the traffic goes, and two real Prometheus servers with the generated rules (one over the single
     exporter, one over the three shards): every recording rule, the console's chain from each, and
     the single exporter's /api/v1/groups agree."""
+    from console.limits import limits_from_groups
     from console.links import GENERATED_RULES
     from exporter.web import api
     from lab.harness import ScrapeHistory
@@ -513,7 +514,8 @@ def test_through_relay_nats_and_a_real_prometheus_the_shards_give_one_exporters_
         assert not diffs, diffs
         assert len([r for r in valued if r.startswith("cluster:")]) >= 8, sorted(valued)
 
-        chains = [console_chain(p.url, at, monkeypatch) for p in proms]
+        limits = limits_from_groups(api.groups(single.state))  # the limits in force, as the console gets them
+        chains = [console_chain(p.url, at, limits, monkeypatch) for p in proms]
         assert reading(chains[1]) == reading(chains[0])
         exp = chain_from_exporter_groups(api.groups(single.state))
         assert (exp.verdict.number if exp.verdict else None) == reading(chains[0])["verdict"]

@@ -286,19 +286,19 @@ def test_the_exporter_takes_records_slightly_out_of_ts_order() -> None:
     assert [r["ts"] for r in recs] != sorted(r["ts"] for r in recs)  # arrival order was broken
     states = []
     for batch in (recs, sorted(recs, key=lambda r: r["ts"])):
-        st = ClusterState(Health(), load_thresholds(), f.topo, window_s=300)
+        st = ClusterState.build(Health(), load_thresholds(), f.topo, window_s=300)
         st.ingest_records([dict(r) for r in batch], f.clock.now())
         states.append(st)
     ooo, ordered = states
-    for got, want in ((ooo.cum.counters, ordered.cum.counters), (ooo.win.sums, ordered.win.sums)):
+    for got, want in ((ooo.store.cum.counters, ordered.store.cum.counters), (ooo.store.win.sums, ordered.store.win.sums)):
         assert got.keys() == want.keys()
         for key, value in want.items():  # sums of floats in another order: equal up to rounding
             assert got[key] == (pytest.approx(value) if isinstance(value, float) else
                                 {k: pytest.approx(v) for k, v in value.items()})
-    assert ooo.now == ordered.now
+    assert ooo.time.now == ordered.time.now
     for st in states:  # windows still expire everything once the clock has moved on
-        st.win.expire(ooo.now + 301)
-        assert st.win.sums == {}
+        st.store.win.expire(ooo.time.now + 301)
+        assert st.store.win.sums == {}
 
 
 def test_a_failed_worker_sheds_the_load_of_its_waiting_requests() -> None:

@@ -7,7 +7,8 @@ import pytest
 from prefixscope import SCHEMAS_DIR
 from prefixscope.validation import Problems, expected, path_text, schema_problems, show, validator
 
-CONFIG_SCHEMAS = ("thresholds.v1.json", "topology.v1.json", "exporter-config.v1.json", "scenario.v1.json")
+CONFIG_SCHEMAS = ("thresholds.v1.json", "topology.v1.json", "exporter-config.v1.json", "relay-config.v1.json",
+                  "scenario.v1.json")
 
 
 @pytest.mark.parametrize("name", CONFIG_SCHEMAS)

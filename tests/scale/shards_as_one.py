@@ -90,9 +90,18 @@ def _rows(dicts: Sequence[dict]) -> dict:
     return out
 
 
+class _Cum:
+    def __init__(self, cums: Sequence) -> None:
+        self.counters = {}
+        for c in cums:
+            for name, series in c.counters.items():
+                self.counters.setdefault(name, {}).update(series)
+
+
 class _Store:
     def __init__(self, stores: Sequence) -> None:
         self.stores = stores
+        self.cum = _Cum([s.cum for s in stores])
 
     def window_by_worker(self, metric: str) -> dict[str, float]:
         return _sum([s.window_by_worker(metric) for s in self.stores])
@@ -103,13 +112,24 @@ class _Store:
     def baseline_rows(self, metric: str) -> dict:
         return _rows([s.baseline_rows(metric) for s in self.stores])
 
+    def window_counter(self, metric: str, where=None) -> float | None:
+        got = [v for s in self.stores if (v := s.window_counter(metric, where)) is not None]
+        return sum(got) if got else None
 
-class _Cum:
-    def __init__(self, cums: Sequence) -> None:
-        self.counters = {}
-        for c in cums:
-            for name, series in c.counters.items():
-                self.counters.setdefault(name, {}).update(series)
+    def window_buckets(self, metric: str, window_s: float | None = None, where=None):
+        got = [b for s in self.stores if (b := s.window_buckets(metric, window_s, where))]
+        if not got:
+            return None
+        return got[0][0], [sum(c) for c in zip(*(b[1] for b in got), strict=True)]
+
+
+class _HealthIncreases:
+    def __init__(self, parts: Sequence) -> None:
+        self.parts = parts
+
+    def increase(self, name: str) -> float | None:
+        got = [v for p in self.parts if (v := p.increase(name)) is not None]
+        return sum(got) if got else None
 
 
 class ShardsAsOne:
@@ -120,7 +140,7 @@ class ShardsAsOne:
         first = states[0]
         self.thresholds, self.window_s, self.clock = first.thresholds, first.window_s, first.clock
         self.store = _Store([s.store for s in states])
-        self.cum = _Cum([s.cum for s in states])
+        self.health_increases = _HealthIncreases([s.health_increases for s in states])
 
     def snapshot_for(self, fn: Callable[[ShardsAsOne], T]) -> T:
         return fn(self)
@@ -150,17 +170,3 @@ class ShardsAsOne:
             else:
                 out.gaugehistograms[name] = [v for o in obs for v in (o.elements() if isinstance(o, Counter) else o)]
         return out
-
-    def window_counter(self, metric: str, where=None) -> float | None:
-        got = [v for s in self.states if (v := s.window_counter(metric, where)) is not None]
-        return sum(got) if got else None
-
-    def window_buckets(self, metric: str, window_s: float | None = None, where=None):
-        got = [b for s in self.states if (b := s.window_buckets(metric, window_s, where))]
-        if not got:
-            return None
-        return got[0][0], [sum(c) for c in zip(*(b[1] for b in got), strict=True)]
-
-    def health_increase(self, name: str) -> float | None:
-        got = [v for s in self.states if (v := s.health_increase(name)) is not None]
-        return sum(got) if got else None

@@ -27,6 +27,30 @@ def test_every_problem_at_once() -> None:
         assert f"relay.yaml: {part}" in text
 
 
+def test_problems_read_as_file_path_problem_from_the_schema(tmp_path) -> None:
+    """The relay's config is checked against prefixscope/schemas/relay-config.v1.json, worded as
+    every other config file's problems are; the code adds what spans fields (a worker to relay)."""
+    with pytest.raises(ConfigError) as err:
+        parse_relay_config({"nats": {"url": "http://x", "stream": "a b"}, "retention": {"max_age": "5x"},
+                            "max_pending": 0, "workers": [{"name": "w", "kv_events": "nats://n:4222"}]}, "relay.yaml")
+    assert err.value.problems == [
+        'relay.yaml: nats.url: expected a NATS URL (nats://HOST:PORT or tls://HOST:PORT), got "http://x"',
+        'relay.yaml: nats.stream: expected a name without spaces, * or >, got "a b"',
+        'relay.yaml: retention.max_age: expected a number of seconds ≥ 0 or a duration like 500ms, 5m or 1h30m, '
+        'got "5x"',
+        'relay.yaml: workers[0].kv_events: expected a ZMQ endpoint (tcp://, ipc:// or inproc://), got "nats://n:4222"',
+        "relay.yaml: max_pending: expected a positive integer, got 0",
+    ]
+    with pytest.raises(ConfigError) as err:
+        parse_relay_config({"fleet_manifest": str(tmp_path / "absent.json")}, "relay.yaml")
+    assert err.value.problems[-1] == "relay.yaml: workers: no worker with kv_events to relay"
+    assert err.value.problems[0].startswith('relay.yaml: fleet_manifest: cannot read "')
+    # an exporter's worker entry may be given as it is
+    cfg = parse_relay_config({"workers": [{"name": "w0", "kv_events": "tcp://h:1", "metrics_url": "http://h:2/metrics",
+                                           "topic": None}]})
+    assert cfg.workers[0].topic == "" and cfg.nats_url == "nats://127.0.0.1:4222"
+
+
 def test_subjects_round_trip_any_worker_name() -> None:
     for name in ("w0", "10.0.0.3:8000", "pod a*b>c", "dynamo-1-dp2"):
         subject = subject_for("prefixscope.kv", name)

@@ -13,10 +13,10 @@ from itertools import pairwise
 
 import pytest
 
-from exporter.bootstrap import ExporterParts, bootstrap
-from exporter.config import Config, Shard
+from exporter.bootstrap import ExporterParts, bootstrap, family_sink
+from exporter.config import Config, NatsKv, Shard
 from exporter.core.checks import evaluate
-from exporter.core.sharding import ShardRecords, ShardSink, ShardSpec, SharedRoots, family_shard, record_shard
+from exporter.core.sharding import ShardRecords, ShardSink, ShardSpec, family_shard, record_shard
 from exporter.model import BlockRemoved, BlockStored, KvBatch
 from prefixscope.records import RequestRecord
 from tests.scale.shards_as_one import ShardsAsOne, pooled_differences, samples
@@ -32,13 +32,14 @@ class Exp:
 
 
 def exporter(spec: ShardSpec, clock: list[float]) -> Exp:
-    cfg = Config(shard=Shard(spec.index, spec.count)) if spec.sharded else Config()
+    # a shard reads every worker's KV events from NATS (the relay's stream), through its family filter
+    cfg = Config(shard=Shard(spec.index, spec.count), kv_nats=NatsKv(url="nats://127.0.0.1:4222")) \
+        if spec.sharded else Config()
     parts = bootstrap(cfg, clock=lambda: clock[0])
     st = parts.state
     if not spec.sharded:
         return Exp(parts, st, st)
-    roots = st.roots = SharedRoots(st.roots.window_s, st.roots.max_roots)
-    return Exp(parts, ShardSink(st, spec, health=parts.health, roots=roots, stream_aware=True), ShardRecords(st, spec))
+    return Exp(parts, family_sink(st, spec, parts.health), ShardRecords(st, spec))
 
 
 def chain(tokens: list[int]) -> list[int]:
@@ -123,7 +124,7 @@ def test_every_series_sums_over_shards_to_one_exporter(seed: int) -> None:
     assert one[("prefixscope_prefix_unstable_root_branches_total", ())] > 0
     assert one[("prefixscope_sticky_collisions_total", (("model", "unknown"),))] > 0
     for s in shards:  # every shard owns roots and records
-        assert s.parts.state.window_counter("prefixscope_prefix_root_branches") and s.parts.state.window_counter("prefixscope_requests")
+        assert s.parts.state.store.window_counter("prefixscope_prefix_root_branches") and s.parts.state.store.window_counter("prefixscope_requests")
 
 
 def test_hot_branches_merge_to_one_exporters_top_k() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from exporter.bootstrap import family_sink
 from exporter.codecs import kvcodec
 from exporter.core.attribution import ADAPTER_RESIDENT, NONE, TENANT_RESIDENT
 from exporter.core.health import Health
@@ -23,14 +24,12 @@ SHARDS = 3
 
 
 def new_state() -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), clock=lambda: 0.0)
+    return ClusterState.build(Health(), load_thresholds(), clock=lambda: 0.0)
 
 
 def shard(i: int) -> tuple[ClusterState, ShardSink]:
-    st = new_state()
-    st.roots = SharedRoots(st.roots.window_s, st.roots.max_roots)
-    return st, ShardSink(st, ShardSpec(i, SHARDS), health=st.health, roots=st.roots, stream_aware=True,
-                         attribution=st.attribution.kv)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 0.0, roots=SharedRoots(300.0))
+    return st, family_sink(st, ShardSpec(i, SHARDS), st.health)
 
 
 def run(workers: int = 3) -> tuple[ClusterState, list[ClusterState], list[SimEngine]]:

@@ -21,14 +21,14 @@ def _sides(expr: str, op: str = "/") -> list[str]:
 
 
 def _aggregated(side: str) -> bool:
-    """A side that pools every shard's series: a sum or max, a difference of such in parentheses,
+    """A side that pools every shard's series: a sum, max or count, a difference of such in parentheses,
     or another recording rule (checked on its own)."""
     side = re.sub(r"^on \(\w+\) ", "", side).strip()
     if side in RULES_BY_NAME:
         return True
     if side.startswith("(") and side.endswith(")") and len(_sides(side[1:-1], "-")) > 1:
         return all(_aggregated(p) for p in _sides(side[1:-1], "-"))
-    return bool(re.match(r"(sum|max)( by \([\w, ]+\))? ?\(", side))
+    return bool(re.match(r"(sum|max|count)( by \([\w, ]+\))? ?\(", side))
 
 
 def test_every_ratio_aggregates_both_sides_before_dividing() -> None:

@@ -244,10 +244,10 @@ def test_vllm_spans_through_the_sdk_exporter_reach_the_state(runtime: Runtime, c
         span.end(end_time=start + 500_000_000)
     provider.shutdown()
     st: ClusterState = runtime.state
-    assert st.window_counter("prefixscope_request_prompt_tokens") == 3 * 512
-    assert st.window_counter("prefixscope_reuse_achieved_tokens") == 3 * 256
+    assert st.store.window_counter("prefixscope_request_prompt_tokens") == 3 * 512
+    assert st.store.window_counter("prefixscope_reuse_achieved_tokens") == 3 * 256
     assert st.signals()["otlp_spans"] and st.signals()["prefill_timing"] and st.signals()["cached_tokens"]
-    assert "w0" in st.workers  # host:port of the configured worker's metrics_url
+    assert "w0" in st.worker_pool.workers  # host:port of the configured worker's metrics_url
 
 
 def test_traces_route_answers_in_the_request_encoding(runtime: Runtime) -> None:

@@ -55,7 +55,7 @@ def smg_page(ratios: list[float]) -> str:
 
 
 def scraped(pages: list[str]) -> ClusterState:
-    st = ClusterState(Health(), load_thresholds(), window_s=300.0, clock=lambda: 1000.0)
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300.0, clock=lambda: 1000.0)
     for i, page in enumerate(pages):
         snap, errors = normalize.parse_router("r", page)
         assert errors == []
@@ -64,7 +64,7 @@ def scraped(pages: list[str]) -> ClusterState:
 
 
 def walk_p99(st: ClusterState) -> float:
-    bounds, counts = st.window_buckets(f"{P}_router_tree_walk_seconds")
+    bounds, counts = st.store.window_buckets(f"{P}_router_tree_walk_seconds")
     got = histogram_quantile(0.99, bounds, counts)
     assert got is not None
     return got
@@ -91,7 +91,7 @@ def test_two_regimes_keep_their_own_buckets_and_the_sum() -> None:
     in the router bucket it was counted in, and the placed values add up to the router's sum."""
     fast, slow = [0.5] * 500, [3.5] * 500
     st = scraped([dynamo_page([]), dynamo_page(fast), dynamo_page(fast + slow)])
-    bounds, counts = st.window_buckets(f"{P}_router_tree_walk_seconds")
+    bounds, counts = st.store.window_buckets(f"{P}_router_tree_walk_seconds")
     le = dict(zip(bounds, [sum(counts[: i + 1]) for i in range(len(bounds))], strict=False))
     assert le[5e-4] == 500 and le[2e-3] == 500 and le[5e-3] == 1000  # 0.5 ms and 3.5 ms, each on its side
     assert abs(walk_p99(st) - 0.0035) <= catalogue_width_at(0.0035)
@@ -104,7 +104,7 @@ def test_smg_match_ratio_deciles_are_read_inside_the_decile() -> None:
     """0.82 in smg's (0.8, 0.9] decile: inside it, below the catalogue's 0.85 bound; at the upper
     bound it read 0.9."""
     st = scraped([smg_page([]), smg_page([0.82] * 200)])
-    bounds, counts = st.window_buckets(f"{P}_router_predicted_hit_ratio")
+    bounds, counts = st.store.window_buckets(f"{P}_router_predicted_hit_ratio")
     le = dict(zip(bounds, [sum(counts[: i + 1]) for i in range(len(bounds))], strict=False))
     assert le[0.8] == 0 and le[0.85] == 200
 

@@ -57,7 +57,7 @@ class Run:
 
     @property
     def snapshot(self):
-        return self.state.routers[ROUTER]
+        return self.state.worker_pool.routers[ROUTER]
 
 
 def simulate(flavour: str) -> Run:
@@ -68,7 +68,7 @@ def simulate(flavour: str) -> Run:
     urls = {w: f"http://10.0.0.{i + 5}:8000" for i, w in enumerate(topology.names)}
     names = tuple(worker_names_by_url((w, u + "/metrics") for w, u in urls.items()).items())
     health = Health()
-    state = ClusterState(health, load_thresholds(), window_s=300.0)
+    state = ClusterState.build(health, load_thresholds(), window_s=300.0)
     with RouterMetricsServer(lambda: sim.router.metrics_page(urls.__getitem__)) as server:
         scraper = Scraper([ScrapeTarget(ROUTER, server.metrics_url, "router", "auto", names)], state, health,
                           timeout=10.0)
@@ -134,7 +134,7 @@ def test_prefix_outcomes_are_the_routers(run: Run) -> None:
 
 
 def _catalogue_buckets(run: Run, metric: str) -> tuple[tuple[float, ...], list[int]]:
-    got = run.state.window_buckets(metric)
+    got = run.state.store.window_buckets(metric)
     assert got is not None, f"{metric} has no observations"
     return got
 
@@ -170,7 +170,7 @@ def _cumulative_at(bounds: tuple[float, ...], counts: list[int], bound: float) -
 def test_predicted_hit_ratio_is_the_routers(run: Run) -> None:
     metric = f"{P}_router_predicted_hit_ratio"
     if not carries(run, "predicted_hit_ratio"):
-        assert run.state.window_buckets(metric) is None and run.snapshot.predicted_hit_ratio is None
+        assert run.state.store.window_buckets(metric) is None and run.snapshot.predicted_hit_ratio is None
         return
     (row,) = run.rows(rm.PREDICTED_RATIO)
     truth = [min(1.0, r["predicted_cached_tokens"] / max(1, r["prompt_tokens"])) for r in run.lookups]
@@ -187,7 +187,7 @@ def test_predicted_hit_ratio_is_the_routers(run: Run) -> None:
 def test_tree_walk_latency_is_the_routers(run: Run) -> None:
     metric = f"{P}_router_tree_walk_seconds"
     if not carries(run, "lookup_seconds"):
-        assert run.state.window_buckets(metric) is None and run.snapshot.lookup_seconds is None
+        assert run.state.store.window_buckets(metric) is None and run.snapshot.lookup_seconds is None
         return
     (row,) = run.rows(rm.WALK_SECONDS)
     truth = [r["walk_s"] for r in run.lookups]

@@ -105,7 +105,7 @@ def test_histogram_rejects_non_cumulative_buckets() -> None:
 
 def test_router_lookup_latency_feeds_the_walk_check() -> None:
     th = load_thresholds()
-    st = ClusterState(Health(), th, window_s=300.0, clock=lambda: 1000.0)
+    st = ClusterState.build(Health(), th, window_s=300.0, clock=lambda: 1000.0)
     text = PAGES["llm-d"].read_text()
     first, _ = normalize.parse_router("l", text)
     st.observe_router(first, 1000.0)  # the baseline
@@ -114,7 +114,7 @@ def test_router_lookup_latency_feeds_the_walk_check() -> None:
     second, _ = normalize.parse_router("l", more)
     st.observe_router(second, 1005.0)
     assert st.signals()["walk_latency"]
-    got = st.window_buckets(f"{catalog.NAMESPACE}_router_tree_walk_seconds")
+    got = st.store.window_buckets(f"{catalog.NAMESPACE}_router_tree_walk_seconds")
     assert got is not None
     bounds, counts = got
     cumulative = [sum(counts[: i + 1]) for i in range(len(bounds))]

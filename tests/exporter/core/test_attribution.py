@@ -32,7 +32,7 @@ from tests.tenant_fleet import held as truth
 
 
 def state(limits: Limits | None = None) -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), clock=lambda: 0.0, limits=limits)
+    return ClusterState.build(Health(), load_thresholds(), clock=lambda: 0.0, limits=limits)
 
 
 def run_fleet(encoding: str, hash_form: str = "int", attribution: bool = True, workers: int = 2,

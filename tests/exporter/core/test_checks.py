@@ -8,7 +8,7 @@ from prefixscope.thresholds import load_thresholds
 
 
 def make() -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), window_s=300, clock=lambda: 200.0)
+    return ClusterState.build(Health(), load_thresholds(), window_s=300, clock=lambda: 200.0)
 
 
 def scrape(st, t, queried, hits):

@@ -28,7 +28,7 @@ def _record(ts: float, rid: str, worker: str, chain: tuple[int, ...], cached: in
 
 def build() -> ClusterState:
     now = [NOW]
-    state = ClusterState(Health(), load_thresholds(), clock=lambda: now[0])
+    state = ClusterState.build(Health(), load_thresholds(), clock=lambda: now[0])
     for i, w in enumerate(WORKERS):
         at = 914.0 if w == "w1" else 995.0 + i % 5
         state.apply_kv_batch(KvBatch(w, 0, at, (BlockStored((*SHARED, *OWN[w]), None, 16),)), at)

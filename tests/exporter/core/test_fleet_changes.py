@@ -25,24 +25,24 @@ def series_of(st: ClusterState, worker: str) -> list[str]:
 
 
 def test_a_departed_worker_leaves_at_once_and_its_series_retire_after_label_idle() -> None:
-    st = ClusterState(Health(), load_thresholds(), window_s=300, health_recency_s=60,
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300, health_recency_s=60,
                       limits=Limits(label_idle=900.0))
     for ts in (0.0, 70.0, 140.0):  # past the discovery phase: pool changes count
         scrape(st, "w0", ts, ts)
         scrape(st, "w1", ts, ts)
-    assert st.pool == {"w0", "w1"} and series_of(st, "w1")
-    changes = st.pool_epoch
-    st.workers_left(["w1"])
-    assert st.pool == {"w0"} and st.pool_epoch == changes + 1
+    assert st.worker_pool.pool == {"w0", "w1"} and series_of(st, "w1")
+    changes = st.worker_pool.epoch
+    st.membership.left(["w1"])
+    assert st.worker_pool.pool == {"w0"} and st.worker_pool.epoch == changes + 1
     assert (("w1", "worker")) not in st.health.gauges.get(UP, {})
-    assert st.worker_pool.liveness("w1") == "left" and st.blind_targets() == 0
+    assert st.worker_pool.liveness("w1") == "left" and st.worker_pool.blind_targets() == 0
     assert any(n.startswith("prefixscope_prefix_cache") for n in series_of(st, "w1"))  # counters stay a while
     scrape(st, "w0", 140.0 + 899.0, 1000.0)
     assert series_of(st, "w1")
     scrape(st, "w0", 140.0 + 900.0, 1100.0)
-    assert series_of(st, "w1") == [] and "w1" not in st.workers
+    assert series_of(st, "w1") == [] and "w1" not in st.worker_pool.workers
 
-    st.workers_joined(["w1"])  # it comes back under the same name
+    st.membership.joined(["w1"])  # it comes back under the same name
     scrape(st, "w1", 1100.0, 5.0)
     scrape(st, "w0", 1100.0, 1200.0)
-    assert st.pool == {"w0", "w1"}
+    assert st.worker_pool.pool == {"w0", "w1"}

@@ -1,7 +1,7 @@
 """The per-batch fast paths of KV ingest give the same results as the full work they skip.
 
 ``HealthIncreases.sample`` returns at once while no watched total moved and no sample can be
-due; ``ClusterState._count_evictions`` writes through label tuples built once per worker. Each
+due; ``KvAccounting.count_evictions`` writes through label tuples built once per worker. Each
 is compared here with the plain computation it replaces.
 """
 
@@ -14,8 +14,9 @@ from exporter.core.health_window import HealthIncreases
 from exporter.core.index.eviction import BatchEvictions
 from exporter.core.index.prefix_instability import EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS, RootTracker
 from exporter.core.input_time import InputTime
+from exporter.core.kv_accounting import _BLOCKS_EVICTED, _BLOCKS_RESTORED, _BLOCKS_STORED, _EVICTION_AGE
 from exporter.core.metric_store import MetricStore
-from exporter.core.state import _BLOCKS_EVICTED, _BLOCKS_RESTORED, _BLOCKS_STORED, _EVICTION_AGE, ClusterState
+from exporter.core.state import ClusterState
 from exporter.model import BlockStored
 from prefixscope.thresholds import load_thresholds
 
@@ -68,7 +69,7 @@ def _count_evictions_reference(store: MetricStore, worker: str, ev: BatchEvictio
 
 def test_eviction_series_match_the_plain_writes() -> None:
     rng = random.Random(5)
-    st = ClusterState(Health(), load_thresholds(), window_s=30, clock=lambda: 0.0)
+    st = ClusterState.build(Health(), load_thresholds(), window_s=30, clock=lambda: 0.0)
     ref = MetricStore(30.0)
     ts = 100.0
     for _ in range(2000):
@@ -77,7 +78,7 @@ def test_eviction_series_match_the_plain_writes() -> None:
         ages = [(rng.random() * 50, rng.random() < 0.4) for _ in range(rng.choice((0, 0, 1, 3)))]
         ev = BatchEvictions(stored=rng.choice((0, 0, 4, 30)), restored=rng.choice((0, 1)),
                             evicted=rng.choice((0, 1, 5)), ages=ages)
-        st._count_evictions(worker, ev, ts)
+        st.kv.count_evictions(worker, ev, ts)
         _count_evictions_reference(ref, worker, ev, ts)
         st.store.expire(ts)
         ref.expire(ts)
@@ -158,7 +159,7 @@ def test_the_compiled_age_split_is_the_python_one() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from exporter.core.state import _split_ages, split_ages
+    from exporter.core.kv_accounting import _split_ages, split_ages
 
     @settings(max_examples=200, deadline=None)
     @given(st.lists(st.tuples(st.floats(0, 1e6), st.booleans()), max_size=12))

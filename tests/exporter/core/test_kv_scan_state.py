@@ -21,7 +21,7 @@ pytest.importorskip("exporter.core.index._prefix_core")
 
 
 def _state() -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), window_s=30, clock=lambda: 0.0)
+    return ClusterState.build(Health(), load_thresholds(), window_s=30, clock=lambda: 0.0)
 
 
 def _read(st: ClusterState) -> dict:
@@ -30,8 +30,8 @@ def _read(st: ClusterState) -> dict:
         "cum": (store.cum.counters, store.cum.histograms), "win": store.win.sums,
         "hwin": {m: hw.counts for m, hw in store.hwin.items()},
         "health": st.health.snapshot(), "resident": st.index.resident_by_worker(), "len": len(st.index),
-        "tracked": [st.evictions.tracked(w) for w in ("w0", "w1")], "roots": len(st.roots),
-        "example": st.roots.example, "block_size": {w: i.block_size for w, i in st.workers.items()},
+        "tracked": [st.kv.evictions.tracked(w) for w in ("w0", "w1")], "roots": len(st.kv.roots),
+        "example": st.kv.roots.example, "block_size": {w: i.block_size for w, i in st.worker_pool.workers.items()},
         "signals": st.signals(), "series": st.series(),
     }
 
@@ -60,4 +60,4 @@ def test_scanned_batches_leave_the_state_as_their_events_do() -> None:
         if seq % 97 == 0:
             assert _read(scanned) == _read(plain)
     assert _read(scanned) == _read(plain)
-    assert scanned.window_buckets("prefixscope_kv_block_eviction_age_seconds") is not None and len(scanned.roots)
+    assert scanned.store.window_buckets("prefixscope_kv_block_eviction_age_seconds") is not None and len(scanned.kv.roots)

@@ -23,7 +23,7 @@ from exporter.core.checks import evaluate
 from exporter.core.health import Health
 from exporter.core.index.eviction import EvictionTracker
 from exporter.core.state import ClusterState
-from exporter.model import BlockRemoved, BlockStored
+from exporter.model import BlockRemoved, BlockStored, RebuildRequests
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.scrape import Scraper, ScrapeTarget
 from exporter.web.collector import PrefixscopeCollector
@@ -49,15 +49,16 @@ class Fleet:
 
     def __init__(self, *, buffer_steps: int = 10000, replay: bool = True) -> None:
         self.health = Health()
-        self.state = ClusterState(self.health, load_thresholds())
         self.drop = False
         pub_ep = f"tcp://127.0.0.1:{free_port()}"
         replay_ep = f"tcp://127.0.0.1:{free_port()}" if replay else None
+        # the state asks, the subscriber rebuilds: one request queue handed to both, as bootstrap does
+        rebuilds = RebuildRequests(["w0"] if replay else [])
+        self.state = ClusterState.build(self.health, load_thresholds(), rebuild_request=rebuilds)
         self.pub = KvEventPublisher(pub_ep, replay_ep, buffer_steps=buffer_steps,
                                     drop_share=lambda: 1.0 if self.drop else 0.0)
         self.sub = KvEventSubscriber({"w0": KvEndpoint(pub_ep, replay_ep)}, self.state, self.health,
-                                     replay_timeout=0.5, poll_interval=0.02)
-        self.state.rebuild_request = self.sub.request_rebuild
+                                     replay_timeout=0.5, poll_interval=0.02, rebuilds=rebuilds)
         self.sub.start()
         assert self.sub.wait_connected() and self.sub.wait_started()
         self.batches = 0
@@ -146,7 +147,7 @@ def test_thrash_on_a_full_cache_fires_the_capacity_alert(fleet: Fleet) -> None:
 
 def test_thrash_on_a_cache_that_is_not_full_does_not_count() -> None:
     health = Health()
-    state = ClusterState(health, load_thresholds())
+    state = ClusterState.build(health, load_thresholds())
     snapshot, _ = parse_worker("w0", _vllm_page(num_gpu_blocks=1000))
     state.observe_worker(snapshot, 100.0)
     from exporter.model import KvBatch
@@ -278,7 +279,7 @@ def test_worker_with_families_but_no_samples_is_up_with_missing_values() -> None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     health = Health()
-    state = ClusterState(health, load_thresholds())
+    state = ClusterState.build(health, load_thresholds())
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
         [outcome] = Scraper([ScrapeTarget("w0", url, "worker")], state, health).scrape_once()
@@ -288,7 +289,7 @@ def test_worker_with_families_but_no_samples_is_up_with_missing_values() -> None
     assert outcome.up, outcome.error
     assert health.gauges["prefixscope_up"][("w0", "worker")] == 1.0
     assert "prefixscope_ingest_errors" not in health.counters
-    snap = state.workers["w0"].snapshot
+    snap = state.worker_pool.workers["w0"].snapshot
     assert snap is not None and snap.flavour == "vllm" and snap.prefix_queried_tokens is None
     assert snap.kv_usage_ratio is None
 
@@ -304,7 +305,7 @@ vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="host
 vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="disk"} 32.0
 """)
     health = Health()
-    state = ClusterState(health, load_thresholds())
+    state = ClusterState.build(health, load_thresholds())
     for name, text in (("w0", page), ("w1", _vllm_page())):
         snapshot, errors = parse_worker(name, text)
         assert errors == []

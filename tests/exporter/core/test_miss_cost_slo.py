@@ -12,7 +12,7 @@ M = ("unknown",)
 
 
 def make(clock: float = 0.0) -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), window_s=300, clock=lambda: clock)
+    return ClusterState.build(Health(), load_thresholds(), window_s=300, clock=lambda: clock)
 
 
 def rec(ts, rid, worker, prompt, **kw):
@@ -20,7 +20,7 @@ def rec(ts, rid, worker, prompt, **kw):
 
 
 def counter(st: ClusterState, name: str) -> float | None:
-    return st.cum.counters.get(f"{P}_{name}", {}).get(M)
+    return st.store.cum.counters.get(f"{P}_{name}", {}).get(M)
 
 
 def test_a_soft_migration_counts_its_transfer_time_as_miss_cost():
@@ -28,7 +28,7 @@ def test_a_soft_migration_counts_its_transfer_time_as_miss_cost():
     # warm (not cold) but migrated: its KV moved, and the move is part of what the miss cost
     st.ingest_records([rec(100, "m", "w1", 1000, cached_tokens=900, prefill_s=0.1, queue_s=0.05,
                            migrated_from="w0", migration_kind="soft", migrate_s=0.4)], 100)
-    miss = st.cum.histograms[f"{P}_prefix_miss_cost_seconds"][M]
+    miss = st.store.cum.histograms[f"{P}_prefix_miss_cost_seconds"][M]
     assert sum(miss[:-1]) == 1 and abs(miss[-1] - 0.55) < 1e-9
     assert counter(st, "cold_requests") is None  # not a cold request
 
@@ -45,7 +45,7 @@ def test_a_request_that_reused_all_that_was_available_did_not_miss():
         # nothing available anywhere: a compulsory (cold) miss, not a miss of the available prefix
         rec(102, "c", "w1", 64, block_hashes=[7, 8, 9, 10], cached_tokens=0, prefill_s=0.3),
     ], 102)
-    miss = st.cum.histograms[f"{P}_prefix_miss_cost_seconds"][M]
+    miss = st.store.cum.histograms[f"{P}_prefix_miss_cost_seconds"][M]
     assert sum(miss[:-1]) == 1 and abs(miss[-1] - 0.2) < 1e-9
 
 

@@ -82,7 +82,7 @@ def _states() -> tuple[ClusterState, ClusterState]:
     limits = Limits(models=2, segments=2, workers=4, label_idle=1.0, adapters=2, tenants=2)
     out = []
     for _ in range(2):
-        st = ClusterState(Health(), load_thresholds(), topology=_Topo(), window_s=60, limits=limits,  # type: ignore[arg-type]
+        st = ClusterState.build(Health(), load_thresholds(), topology=_Topo(), window_s=60, limits=limits,  # type: ignore[arg-type]
                           clock=lambda: 0.0)
         st.apply_kv_batch(KvBatch("w1", 0, 1.0, (BlockStored((1, 2, 3, 4), None, 16), BlockStored((6,), 4, 16))), 1.0)
         st.apply_kv_batch(KvBatch("w2", 0, 1.0, (BlockStored((1, 2, 5), None, 16),)), 1.0)

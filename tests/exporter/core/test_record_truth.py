@@ -80,7 +80,7 @@ def test_an_impossible_record_is_rejected_counted_and_moves_nothing(runtime: Run
     assert data["errors"][0]["line"] == 1
     assert _errors(runtime) == {kind: 1.0}
 
-    assert runtime.state.now == pytest.approx(NOW, abs=1)  # the exporter's clock did not move
+    assert runtime.state.time.now == pytest.approx(NOW, abs=1)  # the exporter's clock did not move
     after = evaluate(runtime.state)
     for key in ("continuous_batching_affinity_admission_rate", "prefix_hit_rate_per_session"):
         assert after.results[key].value == before.results[key].value, key
@@ -107,5 +107,5 @@ def test_the_tolerance_is_configurable_and_records_within_it_pass() -> None:
 
 def test_a_record_within_the_tolerance_does_not_move_the_exporters_clock(runtime: Runtime) -> None:
     assert _post(runtime, _rec(0, ts=NOW + 500)).status_code == 200  # a producer's clock 8 minutes fast
-    assert runtime.state.now == NOW  # the windows still end at the exporter's own now
+    assert runtime.state.time.now == NOW  # the windows still end at the exporter's own now
     assert evaluate(runtime.state).results["continuous_batching_affinity_admission_rate"].value == 1.0

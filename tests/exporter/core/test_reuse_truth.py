@@ -19,7 +19,7 @@ from tests.shared_data import MOONCAKE, require
 
 
 def _state() -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), window_s=300)
+    return ClusterState.build(Health(), load_thresholds(), window_s=300)
 
 
 def _reuse(st: ClusterState, now: float) -> dict[str, float | None]:

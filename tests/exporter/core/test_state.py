@@ -10,7 +10,7 @@ SYS = [1, 2]  # a shared two-block system prompt
 
 
 def make() -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), window_s=300)
+    return ClusterState.build(Health(), load_thresholds(), window_s=300)
 
 
 def rec(ts, rid, worker, prompt, **kw):
@@ -25,7 +25,7 @@ def test_followups_collisions_and_session_ratio():
         rec(110, "a2", "w0", 100, session_key="a", cached_tokens=80),  # sticky
         rec(120, "a3", "w1", 100, session_key="a", cached_tokens=20),  # w0 still healthy: collision
     ], 120)
-    c = st.cum.counters
+    c = st.store.cum.counters
     assert c[f"{P}_followup_requests"][("unknown",)] == 2
     assert c[f"{P}_sticky_collisions"][("unknown",)] == 1
     assert c[f"{P}_session_followup_prompt_tokens"][("unknown",)] == 200
@@ -42,7 +42,7 @@ def test_rekey_detected_beyond_shared_system_prompt():
         # cookie reset: the conversation of "a" continues under "c"
         rec(103, "c1", "w0", 112, session_key="c", block_hashes=[*SYS, 10, 11, 12, 13], segment="web"),
     ], 103)
-    assert st.cum.counters[f"{P}_session_rekeys"][("web",)] == 1
+    assert st.store.cum.counters[f"{P}_session_rekeys"][("web",)] == 1
     assert st.sessions.shared_depth == 2
 
 
@@ -51,7 +51,7 @@ def test_reuse_decomposition_and_staleness():
     st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16),)), 99.0)
     st.ingest_records([rec(100, "r", "w1", 64, block_hashes=[1, 2, 3, 4], block_size=16,
                            cached_tokens=16, predicted_cached_tokens=40)], 100)
-    c = st.cum.counters
+    c = st.store.cum.counters
     assert c[f"{P}_reuse_available_tokens"][("unknown",)] == 48
     assert c[f"{P}_reuse_achieved_tokens"][("unknown",)] == 16
     assert c[f"{P}_index_staleness_tokens"][("unknown",)] == 24
@@ -63,10 +63,10 @@ def test_cold_prefill_and_miss_cost():
         rec(100, "c", "w0", 1000, cached_tokens=50, prefill_s=2.0, queue_s=0.5),  # 5% reused: cold
         rec(101, "w", "w0", 1000, cached_tokens=900, prefill_s=0.1),  # warm
     ], 101)
-    assert st.cum.counters[f"{P}_cold_requests"][("unknown",)] == 1
-    assert st.cum.counters[f"{P}_cold_prefill_gpu_seconds"][("unknown",)] == 2.0
-    assert f"{P}_cold_prefill_cost_usd" not in st.cum.counters  # no topology: no price, no cost
-    miss = st.cum.histograms[f"{P}_prefix_miss_cost_seconds"][("unknown",)]
+    assert st.store.cum.counters[f"{P}_cold_requests"][("unknown",)] == 1
+    assert st.store.cum.counters[f"{P}_cold_prefill_gpu_seconds"][("unknown",)] == 2.0
+    assert f"{P}_cold_prefill_cost_usd" not in st.store.cum.counters  # no topology: no price, no cost
+    miss = st.store.cum.histograms[f"{P}_prefix_miss_cost_seconds"][("unknown",)]
     assert miss[-1] == 2.5 and sum(miss[:-1]) == 1
 
 
@@ -93,7 +93,7 @@ def test_migration_signal_from_null_fields_reads_zero_not_missing():
     st = make()
     st.ingest_records([rec(100, "r1", "w0", 64, migrated_from=None, migration_kind=None)], 100)
     assert st.signals()["migrations"] is True
-    c = st.cum.counters
+    c = st.store.cum.counters
     assert c[f"{P}_session_migrations"] == {("soft",): 0.0, ("hard",): 0.0}
     # a measurement field written as null has not been measured: still missing
     st.ingest_records([rec(101, "r2", "w0", 64, cached_tokens=None)], 101)
@@ -106,7 +106,7 @@ def test_records_without_migration_fields_leave_the_signal_missing():
     st = make()
     st.ingest_records([rec(100, "r1", "w0", 64)], 100)
     assert st.signals()["migrations"] is False
-    assert f"{P}_session_migrations" not in st.cum.counters
+    assert f"{P}_session_migrations" not in st.store.cum.counters
 
 
 def _up(st: ClusterState, target: str, kind: str, value: float) -> None:
@@ -118,13 +118,13 @@ def test_a_down_worker_blinds_us_only_while_traffic_still_reaches_it():
     st.ingest_records([rec(100, "r1", "w0", 64), rec(100, "r2", "w1", 64)], 100)
     _up(st, "w0", "worker", 0.0)
     st.ingest_records([rec(110, "r3", "w1", 64)], 110)  # w0 went down at ~110 and gets no traffic
-    assert st.blind_targets() == 0  # it left the pool: a fleet event, not blind telemetry
+    assert st.worker_pool.blind_targets() == 0  # it left the pool: a fleet event, not blind telemetry
     st.ingest_records([rec(120, "r4", "w0", 64)], 120)  # the router still sends w0 traffic
-    assert st.blind_targets() == 1
+    assert st.worker_pool.blind_targets() == 1
     assert st.series().gauges[f"{P}_telemetry_blind_targets"] == {(): 1.0}
     _up(st, "w0", "worker", 1.0)  # its metrics endpoint answers again
     st.ingest_records([rec(130, "r5", "w0", 64)], 130)
-    assert st.blind_targets() == 0
+    assert st.worker_pool.blind_targets() == 0
 
 
 def test_without_a_traffic_source_every_down_target_counts():
@@ -143,12 +143,12 @@ def test_available_tokens_ignore_the_requests_own_fresh_blocks():
     st.apply_kv_batch(KvBatch("w1", 0, 99.0, (BlockStored((1,), None, 16),)), 99.0)
     st.ingest_records([rec(100, "r", "w0", 64, block_hashes=[1, 2, 3, 4], block_size=16, cached_tokens=0)], 101)
     # what the router faced: w0 had nothing (it reported 0 cached), w1 had one block
-    assert st.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 16
+    assert st.store.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 16
 
 
 def test_kv_batches_keep_the_worker_pool_exact():
     # A batch skips the pool update only when it cannot change the pool: these are the moments it must not.
-    st = ClusterState(Health(), load_thresholds(), window_s=300, health_recency_s=60)
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300, health_recency_s=60)
 
     def kv(worker, ts):
         st.apply_kv_batch(KvBatch(worker, 0, ts, ()), ts)
@@ -157,15 +157,15 @@ def test_kv_batches_keep_the_worker_pool_exact():
     kv("w1", 100.0)
     for ts in (110.0, 150.0, 160.0):
         kv("w0", ts)
-    assert st.pool == {"w0", "w1"}  # w1 was seen 60 s ago: still in
+    assert st.worker_pool.pool == {"w0", "w1"}  # w1 was seen 60 s ago: still in
     kv("w0", 161.0)
-    assert st.pool == {"w0"} and [c.ts for c in st.pool_changes] == [161.0]
+    assert st.worker_pool.pool == {"w0"} and [c.ts for c in st.worker_pool.changes] == [161.0]
     st.health.set(f"{P}_up", ("w0", "worker"), 0.0)  # a failed scrape, outside the state
     kv("w0", 162.0)
-    assert st.pool == frozenset() and st.down_since[("w0", "worker")] == 162.0
+    assert st.worker_pool.pool == frozenset() and st.worker_pool.down_since[("w0", "worker")] == 162.0
     st.health.set(f"{P}_up", ("w0", "worker"), 1.0)
     kv("w0", 163.0)
-    assert st.pool == {"w0"} and [c.ts for c in st.pool_changes] == [161.0, 162.0]  # from empty: no change
+    assert st.worker_pool.pool == {"w0"} and [c.ts for c in st.worker_pool.changes] == [161.0, 162.0]  # from empty: no change
 
 
 def test_kv_batch_health_series():
@@ -203,4 +203,4 @@ def test_a_worker_that_left_the_pool_offers_no_reusable_tokens():
     _up(st, "w0", "worker", 0.0)  # w0 dies with its cache; traffic goes elsewhere
     st.ingest_records([rec(110, "r3", "w1", 64)], 110)
     st.ingest_records([rec(120, "r4", "w1", 64, block_hashes=[1, 2, 3, 4], block_size=16, cached_tokens=0)], 120)
-    assert st.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 0
+    assert st.store.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 0

@@ -6,6 +6,7 @@ request records; every expected number is worked out in the comments next to it.
 
 from exporter.core.checks import evaluate
 from exporter.core.health import Health
+from exporter.core.scrape_accounting import ScrapeAccounting
 from exporter.core.state import ClusterState
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
 from prefixscope.thresholds import load_thresholds
@@ -29,7 +30,7 @@ TOPOLOGY = parse_topology({
 
 
 def make(**kw) -> ClusterState:
-    return ClusterState(Health(), load_thresholds(), topology=TOPOLOGY, window_s=300, **kw)
+    return ClusterState.build(Health(), load_thresholds(), topology=TOPOLOGY, window_s=300, **kw)
 
 
 def rec(ts, rid, worker, prompt, **kw):
@@ -41,7 +42,7 @@ def kv(st, worker, ts, *events):
 
 
 def counter(st, name, labels=MODEL):
-    return st.cum.counters.get(f"{P}_{name}", {}).get(labels)
+    return st.store.cum.counters.get(f"{P}_{name}", {}).get(labels)
 
 
 def test_placement_inside_and_outside_the_domain_of_the_longest_prefix():
@@ -64,7 +65,7 @@ def test_placement_inside_and_outside_the_domain_of_the_longest_prefix():
 
 
 def test_placement_without_topology_is_not_instrumented():
-    st = ClusterState(Health(), load_thresholds(), window_s=300)
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300)
     kv(st, "w0", 90, BlockStored((1, 2), None, 16))
     st.ingest_records([rec(100, "r", "w0", 32, block_hashes=[1, 2])], 100)
     assert counter(st, "placement_decisions") is None
@@ -120,15 +121,15 @@ def test_fallback_tiers_and_active_state_in_and_out_of_the_window():
         rec(350, "c", "w0", 10, fallback_tier="warm_pool"),
         rec(350, "d", "w0", 10, fallback_tier=None),
     ], 350)
-    assert st.cum.counters[f"{P}_fallback_requests"] == {("re_sticky",): 1, ("warm_pool",): 2}
+    assert st.store.cum.counters[f"{P}_fallback_requests"] == {("re_sticky",): 1, ("warm_pool",): 2}
     # window (50, 350]: both tiers used inside it
-    assert st.fallback_active() == {"re_sticky": 1.0, "warm_pool": 1.0}
+    assert st.accounting.fallback_active() == {"re_sticky": 1.0, "warm_pool": 1.0}
     st.ingest_records([rec(420, "e", "w0", 10)], 420)
     # window (120, 420]: re_sticky last used at 100 → inactive (0, still shown); warm_pool at 350 → active
-    assert st.fallback_active() == {"re_sticky": 0.0, "warm_pool": 1.0}
+    assert st.accounting.fallback_active() == {"re_sticky": 0.0, "warm_pool": 1.0}
     assert st.series().gauges[f"{P}_fallback_active"] == {("re_sticky",): 0.0, ("warm_pool",): 1.0}
     # a tier never used is absent, not 0
-    assert "model_downgrade" not in st.fallback_active()
+    assert "model_downgrade" not in st.accounting.fallback_active()
 
 
 def test_cross_node_migrations_use_the_topology_nodes():
@@ -140,9 +141,9 @@ def test_cross_node_migrations_use_the_topology_nodes():
         rec(103, "default-kind", "w3", 10, migrated_from="w1"),  # kind defaults to hard; node-a → node-b
         rec(104, "unknown-source", "w0", 10, migrated_from="gone", migration_kind="soft"),  # not in topology
     ], 104)
-    assert st.cum.counters[f"{P}_session_migrations"] == {("soft",): 2, ("hard",): 3}
+    assert st.store.cum.counters[f"{P}_session_migrations"] == {("soft",): 2, ("hard",): 3}
     # counted only where both ends are in the topology: 4 migrations, 2 of them across nodes (both hard)
-    assert st.cum.counters[f"{P}_cross_node_migrations"] == {("soft",): 0.0, ("hard",): 2}
+    assert st.store.cum.counters[f"{P}_cross_node_migrations"] == {("soft",): 0.0, ("hard",): 2}
     # per minute over the 5-minute window: 2 / 300 s × 60
     result = evaluate(st, now=104).results["cross_node_migration_count_per_minute"]
     assert abs(result.value - 0.4) < 1e-12 and result.status == "ok"
@@ -162,17 +163,17 @@ def test_effective_cache_value_and_removal_ranking():
         rec(113, "c", "w3", 64, cached_tokens=64),  # w3: 1.0
         rec(114, "d", "w0", 100, cached_tokens=0),  # ignored for w0: its engine counters win
     ], 114)
-    values = st.effective_cache_values()
+    values = st.scrapes.effective_cache_values()
     # resident tokens × hit ratio: w0 10×16×0.6, w1 4×16×0.25, w3 2×16×1; w2 has no ratio → absent
     assert values == {"w0": 96.0, "w1": 16.0, "w3": 32.0}
-    assert st.removal_ranks(values) == {"w1": 1, "w3": 2, "w0": 3}
+    assert st.scrapes.removal_ranks(values) == {"w1": 1, "w3": 2, "w0": 3}
     g = st.series().gauges
     assert g[f"{P}_worker_removal_rank"] == {("w1",): 1.0, ("w3",): 2.0, ("w0",): 3.0}
     # equal values are ranked by name
-    assert ClusterState.removal_ranks({"b": 5.0, "a": 5.0, "c": 1.0}) == {"c": 1, "a": 2, "b": 3}
+    assert ScrapeAccounting.removal_ranks({"b": 5.0, "a": 5.0, "c": 1.0}) == {"c": 1, "a": 2, "b": 3}
     # (200, 500]: w0's scrape deltas and w1's records have left the window; w3 now hits nothing
     st.ingest_records([rec(500, "e", "w3", 10, cached_tokens=0)], 500)
-    assert st.effective_cache_values() == {"w3": 0.0}
+    assert st.scrapes.effective_cache_values() == {"w3": 0.0}
 
 
 def test_pool_change_after_discovery_and_the_reshuffle_share():
@@ -181,14 +182,14 @@ def test_pool_change_after_discovery_and_the_reshuffle_share():
                        rec(100, "3", "w0", 10, session_key="s3")], 100)
     st.ingest_records([rec(150, "4", "w0", 10, session_key="s1"), rec(150, "5", "w1", 10, session_key="s2"),
                        rec(150, "6", "w0", 10, session_key="s3")], 150)
-    assert st.pool == {"w0", "w1"} and not st.pool_changes  # growing while discovering is no change
+    assert st.worker_pool.pool == {"w0", "w1"} and not st.worker_pool.changes  # growing while discovering is no change
     st.ingest_records([rec(170, "7", "w2", 10, session_key="s4")], 170)  # scale-out, 70 s after start
-    assert [(c.ts, c.before, c.after, c.epoch) for c in st.pool_changes] == [(170, 2, 3, 1)]
+    assert [(c.ts, c.before, c.after, c.epoch) for c in st.worker_pool.changes] == [(170, 2, 3, 1)]
     st.ingest_records([rec(180, "8", "w0", 10, session_key="s1"),  # stayed
                        rec(180, "9", "w2", 10, session_key="s2"),  # moved w1 → w2
                        rec(181, "10", "w2", 10, session_key="s3")], 181)  # moved w0 → w2
     st.ingest_records([rec(185, "11", "w2", 10, session_key="s2")], 185)  # already counted for this change
-    change = st.pool_changes[-1]
+    change = st.worker_pool.changes[-1]
     assert (change.seen_both, change.moved) == (3, 2)
     s = st.series()
     assert abs(s.gauges[f"{P}_session_reshuffle_ratio"][()] - 2 / 3) < 1e-12
@@ -196,8 +197,8 @@ def test_pool_change_after_discovery_and_the_reshuffle_share():
     assert s.counters[f"{P}_worker_pool_changes"] == {(): 1.0}
     # w1 last seen at 150: at 220 it is more than 60 s silent → it left the pool
     st.ingest_records([rec(220, "12", "w0", 10, session_key="s1")], 220)
-    assert [(c.before, c.after) for c in st.pool_changes] == [(2, 3), (3, 2)]
-    assert st.pool == {"w0", "w2"}
+    assert [(c.before, c.after) for c in st.worker_pool.changes] == [(2, 3), (3, 2)]
+    assert st.worker_pool.pool == {"w0", "w2"}
     s = st.series()
     assert f"{P}_session_reshuffle_ratio" not in s.gauges  # no session seen on both sides of the new change yet
     assert s.counters[f"{P}_worker_pool_changes"] == {(): 2.0}
@@ -242,7 +243,7 @@ def test_kv_placements_ignore_workers_that_left_the_pool():
 
 
 def test_without_topology_kv_events_judge_no_placement():
-    st = ClusterState(Health(), load_thresholds(), window_s=300)
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300)
     kv(st, "w0", 90, BlockStored((1, 2), None, 16))
     kv(st, "w1", 91, BlockStored((1, 2, 3), None, 16))
     assert counter(st, "kv_placement_decisions", ("m",)) is None and not st.signals()["placements"]

@@ -48,7 +48,7 @@ def stored(hashes, medium="GPU", parent=None) -> dict:
 
 
 def test_resident_and_capacity_per_medium_and_what_the_offload_tier_serves():
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 130.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 130.0)
     kv(st, 0, [stored(range(1, 301)), stored(range(1, 201), "CPU"), stored(range(500, 540), "CPU")])
     for t, (device, host, ext_q, ext_h) in ((100.0, (0, 0, 0, 0)), (110.0, (800, 320, 1000, 320))):
         snap, errors = parse_worker("w0", page(OFFLOAD.format(usage=0.4, device=device, host=host, ext_q=ext_q,
@@ -130,7 +130,7 @@ def vllm_frame(ts: float, events: list) -> bytes:
 def test_gpu_fill_and_the_thrash_gate_count_gpu_blocks_only():
     """500 GPU blocks beside 2,000 on CPU and 300 on disk, on a 1,000-block GPU: 50 % full, not 280 %;
     the thrash of 50 re-stored GPU blocks is not that of a full cache; each tier has its own series."""
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 130.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 130.0)
 
     def apply(seq: int, events: list) -> None:
         batch = kvcodec.decode_batch(vllm_frame(float(seq), events), "w0", seq, st.health)

@@ -23,7 +23,7 @@ def _record(i: int, ts: float) -> dict:
 
 def test_a_window_of_records_holds_well_under_a_kilobyte_each() -> None:
     now = 10_000.0
-    state = ClusterState(Health(), load_thresholds(), clock=lambda: now)
+    state = ClusterState.build(Health(), load_thresholds(), clock=lambda: now)
     n = 30_000  # 100 records a second over the 300 s window
     records = [_record(i, now - 300 + i / 100) for i in range(n)]
     tracemalloc.start()

@@ -30,7 +30,7 @@ def stored(hashes, parent=None):
 
 def fed_state() -> ClusterState:
     # w0: 1-2-3 and 2-4 ; w1: 1-2  → runs [1,2] → [3], [4]: 3 nodes, 4 blocks, 2 of them on both
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 200.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 200.0)
     st.apply_kv_batch(KvBatch("w0", 0, 99.0, (stored([1, 2, 3]), stored([4], parent=2))), 100.0)
     st.apply_kv_batch(KvBatch("w1", 0, 99.0, (stored([1, 2]),)), 100.0)
     return st
@@ -96,7 +96,7 @@ def test_no_reader_ever_runs_a_pass(monkeypatch: pytest.MonkeyPatch):
 
 def test_a_deeper_tree_request_gets_a_pass_of_its_own():
     # 1-2-…-8 on w0, and a sibling leaf under each of 1..7 on w1: block 8 sits 8 radix edges deep.
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 200.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 200.0)
     chain = list(range(1, 9))
     st.apply_kv_batch(KvBatch("w0", 0, 99.0, (stored(chain),)), 100.0)
     st.apply_kv_batch(KvBatch("w1", 0, 99.0, tuple(stored([100 + k], parent=k) for k in range(1, 8))), 100.0)

@@ -39,8 +39,8 @@ def test_worker_spans_carry_the_engines_own_numbers() -> None:
         spans.close()
         runtime.server.stop()
     st = runtime.state
-    assert st.window_counter("prefixscope_request_prompt_tokens") == sum(r.prompt_tokens for r in served)
-    assert st.window_counter("prefixscope_reuse_achieved_tokens") == sum(r.cached_tokens for r in served)
+    assert st.store.window_counter("prefixscope_request_prompt_tokens") == sum(r.prompt_tokens for r in served)
+    assert st.store.window_counter("prefixscope_reuse_achieved_tokens") == sum(r.cached_tokens for r in served)
     assert served[1].cached_tokens > 0
     assert st.signals()["prefill_timing"] and st.signals()["otlp_spans"]
 
@@ -71,7 +71,7 @@ def test_a_genai_client_span_gives_the_workers_span_its_session_and_cached_token
                 assert r.status_code == 200
                 client.record_usage(span, r.json()["usage"])
         # the client's span ended (and was exported) after vLLM's: the records waited for it
-        wait_for(lambda: runtime.state.window_counter("prefixscope_followup_requests") == 1, "the follow-up")
+        wait_for(lambda: runtime.state.store.window_counter("prefixscope_followup_requests") == 1, "the follow-up")
     finally:
         worker.stop()
         fleet_spans.close()
@@ -79,9 +79,9 @@ def test_a_genai_client_span_gives_the_workers_span_its_session_and_cached_token
         runtime.server.stop()
     st = runtime.state
     assert served[1].cached_tokens > 0
-    assert st.window_counter("prefixscope_reuse_achieved_tokens") == sum(r.cached_tokens for r in served)
-    assert st.window_counter("prefixscope_session_followup_cached_tokens") == served[1].cached_tokens
-    assert st.window_counter("prefixscope_session_followup_prompt_tokens") == served[1].prompt_tokens
+    assert st.store.window_counter("prefixscope_reuse_achieved_tokens") == sum(r.cached_tokens for r in served)
+    assert st.store.window_counter("prefixscope_session_followup_cached_tokens") == served[1].cached_tokens
+    assert st.store.window_counter("prefixscope_session_followup_prompt_tokens") == served[1].prompt_tokens
     signals = st.signals()
     assert signals["session_key"] and signals["cached_tokens"] and signals["migrations"]
 

@@ -368,7 +368,7 @@ def test_close_stops_promptly_without_traffic(ctx: zmq.Context) -> None:
                          [("map", "0.26", "int"), ("array", "0.25", "bytes")])
 def test_dropped_batches_recovered_and_restart_clears_the_view(encoding: str, replay_shape: str, hash_form: str) -> None:
     health = Health()
-    state = ClusterState(health, load_thresholds())
+    state = ClusterState.build(health, load_thresholds())
     pub_ep, replay_ep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     drop = {"on": False}
 
@@ -441,7 +441,7 @@ def _resident(state: ClusterState, worker: str) -> set[int]:
 
 def test_idle_worker_is_fully_known_after_start() -> None:
     health = Health()
-    state = ClusterState(health, load_thresholds())
+    state = ClusterState.build(health, load_thresholds())
     busy = KvEventPublisher()
     silent = KvEventPublisher()  # has a replay socket, never published
     try:
@@ -516,7 +516,7 @@ def test_restart_after_the_startup_replay_is_still_detected(ctx: zmq.Context) ->
 def test_fleet_publisher_restart_after_start_clears_the_rebuilt_view() -> None:
     pub_ep, replay_ep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     health = Health()
-    state = ClusterState(health, load_thresholds())
+    state = ClusterState.build(health, load_thresholds())
     pub = _fleet_publisher(pub_ep, replay_ep)
     for h in (1, 2, 3, 4):
         pub.publish([Stored((h,), h - 1 if h > 1 else None, (), 16)], float(h))

@@ -104,8 +104,7 @@ def test_fast_path_agrees_with_the_full_validator() -> None:
         if rng.random() < 0.1:
             rec.pop(rng.choice(list(rec)))
         full_ok = not list(records.VALIDATOR.iter_errors(rec))
-        if records.FAST_OK(rec):
-            assert full_ok, rec
+        assert records.FAST_OK(rec) == full_ok, rec  # fastjsonschema and jsonschema: one answer
         assert (records.validate(rec) is None) == full_ok, rec
 
 
@@ -258,15 +257,15 @@ def test_tail_thread_delivers_and_stops(tmp_path: Path) -> None:
     assert tail._thread is not None and not tail._thread.is_alive()
 
 
-def test_code_generated_per_shape_agrees_with_the_converters_and_the_three_steps() -> None:
-    """Every shape here is kept (so has its generated code): same record, or both decline."""
+def test_every_shape_agrees_with_the_three_steps() -> None:
+    """Shapes (key sequences) are remembered with their conversions: same record as the three
+    steps, or the fast path declines, whatever the values."""
     rng = random.Random(13)
     values = [None, -1, 0, 1, 2.5, -0.5, -0.0, 1e16, 2**53, 2**53 + 1, 2**64, 2**64 - 1, True, False, "", "x", "é",
               "x" * 300, "soft", "warm_pool", "prefixscope.request/v1", [], [1], [-1], [1.0], [True], [3, 2**64 - 1],
-              [2**64], {"a": 1}, float("inf"), float("nan"), 0.25, 7]
+              [2**64], {"a": 1}, float("inf"), float("nan"), 0.25, 7, 512.0]
     fields = [*records.SCHEMA["properties"], "extra"]
-    generated = records._compile_fast_record(records.SCHEMA)
-    loop = records._compile_fast_record(records.SCHEMA, generate=False)
+    fast = records._compile_fast_record(records.SCHEMA)
     shapes = []
     for _ in range(40):
         keys = ["ts", "request_id", "worker", "prompt_tokens", *rng.sample(fields, rng.randint(0, 12))]
@@ -278,7 +277,9 @@ def test_code_generated_per_shape_agrees_with_the_converters_and_the_three_steps
         rec = {k: good.get(k, 1) for k in rng.choice(shapes)}
         for name in rng.sample(list(rec), rng.randint(0, 3)):
             rec[name] = rng.choice(values)
-        a, b = generated(rec), loop(rec)
-        assert repr(a) == repr(b) and (a is None or (a.carried == b.carried and repr(a) == repr(_three_steps(rec)))), rec
-        taken += a is not None
+        got = fast(rec)
+        if got is not None:
+            want = _three_steps(rec)
+            assert want is not None and repr(got) == repr(want) and got.carried == want.carried, rec
+        taken += got is not None
     assert taken > 300

@@ -10,7 +10,7 @@ from prefixscope.thresholds import load_thresholds
 
 
 def state() -> ClusterState:
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 200.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 200.0)
     st.apply_kv_batch(KvBatch("w0", 0, 99.0, (BlockStored((1, 2, 3), None, 16), BlockStored((4,), 2, 16))), 100.0)
     st.ingest_records([{"ts": 101, "request_id": "a", "worker": "w0", "prompt_tokens": 64,
                         "block_hashes": [1, 2, 3, 9], "cached_tokens": 48, "session_key": "s"}], 101)

@@ -28,7 +28,7 @@ def rec(ts, rid, worker, prompt, **kw):
 
 
 def history() -> ClusterState:
-    st = ClusterState(Health(), load_thresholds(), window_s=300)
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300)
     st.apply_kv_batch(KvBatch("w0", 0, 95.0, (BlockStored((S1, S2, X1, X2, X3), None, 16),
                                              BlockStored((Y1, Y2), S2, 16))), 95.0)
     # window A, on w0 and w1; both are found within the first minute (discovery, not a pool change)

@@ -50,7 +50,7 @@ class Topo:
 
 def full_state() -> ClusterState:
     h = Health()
-    st = ClusterState(h, load_thresholds(), topology=Topo(), clock=lambda: 200.0)
+    st = ClusterState.build(h, load_thresholds(), topology=Topo(), clock=lambda: 200.0)
     h.set("prefixscope_up", ("w0", "worker"), 1)
     h.set("prefixscope_scrape_duration_seconds", ("w0", "worker"), 0.01)
     h.inc("prefixscope_ingest_errors", ("records", "schema"), 0)
@@ -119,7 +119,7 @@ def test_every_catalogue_metric_appears_when_all_inputs_are_present():
 
 
 def test_absent_signal_is_not_emitted_and_flagged():
-    st = ClusterState(Health(), load_thresholds())
+    st = ClusterState.build(Health(), load_thresholds())
     text = exposition(st)
     assert 'prefixscope_signal_available{signal="kv_events"} 0.0' in text
     assert "prefixscope_worker_resident_blocks" not in text

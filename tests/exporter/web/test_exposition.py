@@ -35,7 +35,7 @@ TOPOLOGY = parse_topology({
 
 def busy_state() -> ClusterState:
     h = Health()
-    st = ClusterState(h, load_thresholds(), topology=TOPOLOGY, clock=lambda: 200.0)
+    st = ClusterState.build(h, load_thresholds(), topology=TOPOLOGY, clock=lambda: 200.0)
     h.set("prefixscope_up", (ODD, "worker"), 1)
     h.error("records", "schema", "bad line")
     st.apply_kv_batch(KvBatch(ODD, 0, 99.0, (BlockStored((1, 2, 3), None, 16), BlockStored((4,), 2, 16))), 100.0)
@@ -92,7 +92,7 @@ def test_escaping_and_number_formatting():
 
 
 def test_empty_state_renders_only_what_has_a_source():
-    st = ClusterState(Health(), load_thresholds())
+    st = ClusterState.build(Health(), load_thresholds())
     text = render_state(st)
     assert text == collector_text(st)
     assert b'prefixscope_signal_available{signal="kv_events"} 0.0' in text

@@ -168,7 +168,7 @@ def test_label_values_beyond_the_limits_fold_into_other(make: Callable[[str], Ru
     assert label_values(text, "prefixscope_request_prompt_tokens_total", "model") == {"m0", "m1", "m2", "other", "unknown"}
     assert label_values(text, "prefixscope_session_rekeys_total", "segment") == {"s0", "s1", "other"}
     assert prompt_tokens(text) == 510  # nothing lost: the rest is counted under "other"
-    assert set(exporter.state.workers) == {"w0", "w1", "w2", "w3", "other", "configured"}  # configured: pinned
+    assert set(exporter.state.worker_pool.workers) == {"w0", "w1", "w2", "w3", "other", "configured"}  # configured: pinned
     assert errors_of(text, "label_limit") > 0
 
 
@@ -192,7 +192,7 @@ def test_many_record_workers_do_not_grow_the_pool(tmp_path: Path) -> None:
     try:
         for batch in range(5):
             post(rt, ndjson(*(record(batch * 1000 + i, worker=f"w{batch}-{i}") for i in range(1000))))
-        assert len(rt.state.workers) <= 51
+        assert len(rt.state.worker_pool.workers) <= 51
         scrape(rt)
     finally:
         rt.stop()

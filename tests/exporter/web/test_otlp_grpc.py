@@ -97,8 +97,8 @@ def test_vllm_spans_over_grpc_reach_the_state_exactly_as_over_http(monkeypatch: 
         send("grpc", f"http://{over_grpc.grpc.address}", served)
         for rt in (over_http, over_grpc):
             st = rt.state
-            assert st.window_counter("prefixscope_request_prompt_tokens") == sum(r.prompt_tokens for r in served)
-            assert st.window_counter("prefixscope_reuse_achieved_tokens") == sum(r.cached_tokens for r in served)
+            assert st.store.window_counter("prefixscope_request_prompt_tokens") == sum(r.prompt_tokens for r in served)
+            assert st.store.window_counter("prefixscope_reuse_achieved_tokens") == sum(r.cached_tokens for r in served)
             assert rt.health.counter_value("prefixscope_records_ingested", ("otlp",)) == len(served)
             assert st.signals()["otlp_spans"] and st.signals()["prefill_timing"] and st.signals()["cached_tokens"]
         assert over_http.state.signals() == over_grpc.state.signals()
@@ -161,7 +161,7 @@ def test_a_bad_message_is_refused_and_counted_and_the_receiver_keeps_serving() -
             resp = stub.Export(_span({"gen_ai.usage.prompt_tokens": 64, "gen_ai.request.id": "ok"}),
                                metadata=metadata, timeout=5)
             assert not resp.HasField("partial_success")
-        assert rt.state.window_counter("prefixscope_request_prompt_tokens") == 64
+        assert rt.state.store.window_counter("prefixscope_request_prompt_tokens") == 64
         assert rt.health.counter_value("prefixscope_records_ingested", ("otlp",)) == 1
 
 
@@ -215,7 +215,7 @@ def test_the_runtime_starts_and_stops_the_grpc_receiver() -> None:
         with grpc.insecure_channel(address) as channel:
             stub = trace_service_pb2_grpc.TraceServiceStub(channel)
             stub.Export(_span({"gen_ai.usage.prompt_tokens": 32}), timeout=5)
-        assert rt.state.window_counter("prefixscope_request_prompt_tokens") == 32
+        assert rt.state.store.window_counter("prefixscope_request_prompt_tokens") == 32
     finally:
         rt.stop()
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as gone:

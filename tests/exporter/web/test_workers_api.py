@@ -47,7 +47,7 @@ def _record(ts: float, rid: str, worker: str, cached: int) -> dict:
 
 def build() -> tuple[ClusterState, Health]:
     health = Health()
-    state = ClusterState(health, load_thresholds(), clock=lambda: NOW)
+    state = ClusterState.build(health, load_thresholds(), clock=lambda: NOW)
     _scrape(state, health, "w0", 900.0, tiers={"device": 0.0, "host": 0.0})
     for w in ("w1", "w2"):
         _scrape(state, health, w, 900.0)
@@ -114,7 +114,7 @@ def test_kv_stream_health_per_worker() -> None:
 
 def test_a_worker_without_a_kv_stream_has_its_health_missing_not_zero() -> None:
     health = Health()
-    state = ClusterState(health, load_thresholds(), clock=lambda: NOW)
+    state = ClusterState.build(health, load_thresholds(), clock=lambda: NOW)
     state.ingest_records([_record(990.0, "a", "r0", 16)], 990.0)
     _, by = rows(state)
     assert set(by["r0"]["kv_stream"].values()) == {None}
@@ -123,7 +123,7 @@ def test_a_worker_without_a_kv_stream_has_its_health_missing_not_zero() -> None:
 
 def test_a_worker_a_router_marks_unhealthy_is_down_while_it_serves_then_left() -> None:
     health = Health()
-    state = ClusterState(health, load_thresholds(), clock=lambda: NOW)
+    state = ClusterState.build(health, load_thresholds(), clock=lambda: NOW)
     state.ingest_records([_record(900.0, "a", "w0", 16), _record(900.0, "b", "w1", 16)], 900.0)
     state.observe_router(RouterSnapshot("r", "vllm-router", decisions={"w0": 1.0, "w1": 1.0},
                                         healthy={"w0": 1.0, "w1": 0.0}), 930.0)

@@ -88,7 +88,7 @@ def test_memory_is_bounded() -> None:
 
 def _fleet_state(stamped_share: int) -> ClusterState:
     """Ten requests a second for a minute; ``stamped_share`` of every ten render the time first."""
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 70.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 70.0)
     shared = root(1, SYSTEM[:COMPARED_BLOCKS * BS])
     st.apply_kv_batch(KvBatch("w0", 0, 1.0, (shared,)), 1.0)
     seq = 1
@@ -123,7 +123,7 @@ def test_the_check_fires_on_a_stamped_prompt_through_metrics_and_the_api() -> No
     assert pair["new_root"] != pair["recent_root"] and 0 < pair["span_offset"] + pair["span_length"] <= BS
     # prefix text is off: where the two differ is shown, never the prompt's tokens
     assert pair["new_token_ids"] is pair["recent_token_ids"] is pair["new_text"] is None
-    example = st.roots.example
+    example = st.kv.roots.example
     assert example is not None
     new, old, off, n = example.new_tokens, example.recent_tokens, example.span_offset, example.span_length
     assert new[:off] == old[:off] and new[off + n:] == old[off + n:] and new[off] != old[off]
@@ -133,7 +133,7 @@ def test_stable_prompts_read_zero_and_without_token_ids_the_check_is_not_instrum
     data = ApiBuilders(_fleet_state(stamped_share=0)).routes()["groups"]({})
     check = next(c for s in data["steps"] for c in s["checks"] if c["key"] == "prefix_root_instability")
     assert check["status"] == "ok" and check["value"] == 0.0
-    st = ClusterState(Health(), load_thresholds(), clock=lambda: 10.0)
+    st = ClusterState.build(Health(), load_thresholds(), clock=lambda: 10.0)
     st.apply_kv_batch(KvBatch("w0", 0, 1.0, (BlockStored((1, 2), None, BS),)), 1.0)
     st.ingest_records([{"ts": 2.0, "request_id": "a", "worker": "w0", "prompt_tokens": 32, "block_hashes": [1, 2]}], 2.0)
     data = ApiBuilders(st).routes()["groups"]({})
@@ -177,13 +177,13 @@ def test_scanned_batches_are_judged_as_their_events_are() -> None:
     stream += [(float(t), f"w{t % 3}", [root((10 * t + i) << 40, stamped(10 * t + i)) for i in range(3)]
                 + [root((7 * t) << 44, unique(t)), root((9 * t) << 44, stamped(t)[: 5 * BS], medium="CPU")])
                for t in range(2, 40)]
-    scanned, plain = (ClusterState(Health(), load_thresholds(), clock=lambda: 50.0) for _ in range(2))
+    scanned, plain = (ClusterState.build(Health(), load_thresholds(), clock=lambda: 50.0) for _ in range(2))
     for seq, (ts, worker, events) in enumerate(stream):
         batch = kvcodec.decode_batch(payload(ts, events), worker, seq)
         assert batch is not None
         scanned.apply_kv_batch(batch, ts)
         plain.apply_kv_batch(KvBatch(worker, seq, ts, tuple(events)), ts)
-    a, b = scanned.roots, plain.roots
+    a, b = scanned.kv.roots, plain.kv.roots
     assert a.example is not None and a.example == b.example
     assert a._roots == b._roots and a._by_key == b._by_key and a.tokens_seen == b.tokens_seen
     assert render_state(scanned).decode().count("root_branches") > 0

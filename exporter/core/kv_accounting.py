@@ -1,0 +1,453 @@
+"""What one KV-event batch does: the worker's view in the prefix index, evictions, prefix
+instability, placements, attribution of resident blocks, and the stream's health series — and
+whether the view is still true (unhealed loss, drift, repair).
+
+A batch is applied in one shape whatever its form: the compiled reader's arrays (a scanned batch,
+applied without event objects) or plain events go through the same steps — index, attribution,
+evictions, root branches, block size — each asked of the batch's form (:class:`_Scanned`,
+:class:`_Events`).
+
+The parts are handed in (the index, the eviction and root trackers, the worker pool, the metric
+store, the state's lock), as for ``exporter.core.record_accounting``. :meth:`KvAccounting.apply`
+runs under the caller's lock (the state brings the pool and the windows up to date in the same
+hold); :meth:`KvAccounting.settle` then writes the batch's health series in one call and starts a
+repair outside it. The view's other events (restart, rebuild, repair) take the lock themselves.
+
+KV-event stream health split: sources count what they see on the wire (sequence gaps, missed
+batches, replays, decode errors); this counts what applying the events did (batches, events
+applied, unknown parents and removals, restarts, last batch time and lag).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+from exporter.core.attribution import KvAttribution
+from exporter.core.health import Health, LabelValues
+from exporter.core.index.eviction import BatchEvictions
+from exporter.core.index.prefix_index import EvictionTracker, PrefixIndex
+from exporter.core.index.prefix_instability import (
+    COMPARED_BLOCKS,
+    EARLY_SPAN_BLOCKS,
+    MIN_SHARED_BLOCKS,
+    ROOT_KEYS,
+    RootBatch,
+    RootTracker,
+)
+from exporter.core.index.tiers import GPU
+from exporter.core.input_time import InputTime
+from exporter.core.metric_store import MetricStore
+from exporter.core.record_accounting import UNKNOWN
+from exporter.core.worker_pool import WorkerInfo, WorkerPool
+from exporter.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvBatch,
+    RebuildRequest,
+    new_root_event,
+    unlabelled_events,
+)
+from prefixscope import catalog
+from prefixscope.topology import Topology
+
+P = catalog.NAMESPACE
+
+
+def _m(name: str) -> str:
+    return catalog.METRICS_BY_NAME[f"{P}_{name}"].name
+
+
+# Series every KV batch updates, looked up in the catalogue once (a missing one fails at import).
+KV_BATCHES = _m("kv_event_batches")
+KV_APPLIED = _m("kv_events_applied")
+KV_UNKNOWN_PARENT = _m("kv_event_unknown_parent")
+KV_UNKNOWN_REMOVALS = _m("kv_event_unknown_block_removals")
+KV_MISSED = _m("kv_event_missed_batches")
+KV_LOST = _m("kv_event_lost_batches")
+KV_REPAIRS = _m("kv_index_repairs")
+KV_UNRELIABLE = _m("kv_view_unreliable")
+KV_LAST_TS = _m("kv_event_last_timestamp_seconds")
+KV_LAG = _m("kv_event_lag_seconds")
+WORKER_RESTARTS = _m("worker_restarts")
+_BLOCKS_STORED = _m("kv_blocks_stored")
+_BLOCKS_EVICTED = _m("kv_blocks_evicted")
+_BLOCKS_RESTORED = _m("kv_blocks_restored_after_eviction")
+_EVICTION_AGE = _m("kv_block_eviction_age_seconds")
+_ROOT_BRANCHES = _m("prefix_root_branches")
+_UNSTABLE_ROOTS = _m("prefix_unstable_root_branches")
+_KV_PLACEMENTS = _m("kv_placement_decisions")
+_KV_PLACEMENT_HITS = _m("kv_placement_domain_hits")
+_STORED, _REMOVED, _CLEARED = BlockStored.__name__, BlockRemoved.__name__, AllBlocksCleared.__name__  # event label
+
+# Why a worker's view was repaired (the reason label of prefixscope_kv_index_repairs_total).
+LOST_BATCHES = "lost_batches"  # batches lost on the wire that no replay recovered
+OVER_CAPACITY = "over_capacity"  # the view holds more GPU blocks than the worker has: provably wrong
+REPAIR_REASONS = (LOST_BATCHES, OVER_CAPACITY)
+
+Incs = list[tuple[str, LabelValues, float]]
+
+
+class _KvLabels:
+    """One worker's label tuples for its per-batch series, built once instead of per batch."""
+
+    __slots__ = ("applied_cleared", "applied_removed", "applied_stored", "batches", "lab", "reused_false",
+                 "reused_true")
+
+    def __init__(self, worker: str) -> None:
+        self.lab = (worker,)
+        self.batches = (KV_BATCHES, self.lab, 1.0)
+        self.applied_stored = (worker, _STORED)
+        self.applied_removed = (worker, _REMOVED)
+        self.applied_cleared = (worker, _CLEARED)
+        self.reused_true = (worker, "true")
+        self.reused_false = (worker, "false")
+
+
+def _split_ages(ages: list[tuple[float, bool]]) -> tuple[bool, list[float], list[float]]:
+    """(first observation reused, reused ages, fresh ages), each in order (``_prefix_core.split_ages``
+    does the same in C)."""
+    return (bool(ages) and bool(ages[0][1]), [age for age, r in ages if r is True],
+            [age for age, r in ages if r is False])
+
+
+try:
+    from exporter.core.index._prefix_core import split_ages
+except ImportError:  # no compiled core in this install
+    split_ages = _split_ages
+
+
+# ---- a batch's form: each step of applying it, asked of the form ---------------------------------
+class _Events:
+    """A batch of plain event objects."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: KvBatch) -> None:
+        self.batch = batch
+
+    def index(self, index: PrefixIndex, worker: str) -> Any:
+        return index.apply(worker, self.batch.events)
+
+    def attribute(self, attribution: KvAttribution, worker: str) -> None:
+        if self.batch.label_events is not None:
+            attribution.apply(worker, self.batch.label_events)
+
+    def evictions(self, evictions: EvictionTracker, worker: str, ts: float) -> BatchEvictions:
+        return evictions.apply(worker, self.batch.events, ts)
+
+    def roots(self, roots: RootTracker, worker: str, ts: float) -> RootBatch | None:
+        return roots.apply(worker, self.batch.events, ts)
+
+    def block_size(self) -> int | None:
+        return next((ev.block_size for ev in self.batch.events if isinstance(ev, BlockStored) and ev.block_size), None)
+
+
+class _Scanned(_Events):
+    """A batch the compiled reader scanned: applied from its arrays, without event objects."""
+
+    __slots__ = ("scan",)
+
+    def __init__(self, batch: KvBatch, scan: Any) -> None:
+        self.batch, self.scan = batch, scan
+
+    def index(self, index: PrefixIndex, worker: str) -> Any:
+        return index.apply_scan(worker, self.scan)
+
+    def attribute(self, attribution: KvAttribution, worker: str) -> None:
+        if self.batch.attributed:  # type: ignore[attr-defined]  # (a labelled batch never comes scanned then)
+            if attribution.holds_labels(worker):
+                attribution.apply_unlabelled(worker, unlabelled_events(self.batch))
+            else:
+                attribution.note_batch()
+
+    def evictions(self, evictions: EvictionTracker, worker: str, ts: float) -> BatchEvictions:
+        return evictions.apply_scan(worker, self.scan, ts)
+
+    def roots(self, roots: RootTracker, worker: str, ts: float) -> RootBatch | None:
+        scan = self.scan
+        if not scan.roots:  # prefix instability reads root stores only
+            return None
+        if type(roots) is RootTracker and ROOT_KEYS:  # their keys computed from the payload in C
+            return roots.apply_keyed(worker, scan.root_keys(COMPARED_BLOCKS, EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS), ts)
+        # (a shard's shared tracker is fed the events by its sink)
+        return roots.apply(worker, scan.root_events(new_root_event, COMPARED_BLOCKS), ts)
+
+    def block_size(self) -> int | None:
+        return self.scan.block_size
+
+
+class Applied(NamedTuple):
+    """What :meth:`KvAccounting.apply` leaves for :meth:`KvAccounting.settle` (outside the lock)."""
+
+    batch: KvBatch
+    received_at: float
+    result: Any  # the index's apply result (counts of what the events did)
+    first: bool  # the worker's first batch: its stream series start at 0
+    reliable_again: bool
+    drift: str | None  # a reason to repair the view now
+
+
+class KvAccounting:
+    """Applies KV-event batches to the prefix index, the eviction and root trackers, attribution and
+    the metric store, and keeps each worker's view true."""
+
+    def __init__(self, time: InputTime, store: MetricStore, pool: WorkerPool, index: PrefixIndex,
+                 evictions: EvictionTracker, roots: RootTracker, attribution: KvAttribution, health: Health,
+                 lock: threading.Lock, *, topology: Topology | None = None, window_s: float = 300.0,
+                 rebuild_request: RebuildRequest | None = None) -> None:
+        """``roots``: the state's root tracker (a shard's ``SharedRoots`` is fed every root by its
+        sink); ``window_s``: a repaired view is not checked again within it; ``rebuild_request``:
+        the KV source's, None where no source can rebuild a view (it is then marked unreliable)."""
+        self.time = time
+        self.store = store
+        self.pool = pool
+        self.index = index
+        self.evictions = evictions
+        self.roots = roots
+        self.attribution = attribution
+        self.health = health
+        self.lock = lock
+        self.topology = topology
+        self.window_s = float(window_s)
+        self.rebuild_request = rebuild_request
+        self.seen = False  # a KV batch arrived
+        self._workers: set[str] = set()  # workers whose KV health series exist
+        self._labels: dict[str, _KvLabels] = {}  # a worker's label tuples, built once (per-batch series)
+        # Views that may be wrong: worker -> GPU blocks stored since it was marked.
+        self._unreliable: dict[str, int] = {}
+        self._rebuilding: set[str] = set()  # workers whose rebuild the KV source is running
+        # worker -> input time of its last repair: drift is not checked again within a window (a
+        # complete rebuild that still shows the drift means the stream itself says so: no loop)
+        self._repaired_at: dict[str, float] = {}
+        self._other_media: set[str] = set()  # workers that sent CPU/disk events (the index counts every medium)
+        # Batches the compiled reader scanned are applied from its arrays when both parts are compiled.
+        self._applies_scans = hasattr(index, "apply_scan") and hasattr(evictions, "apply_scan")
+        # Placement judged from KV events (exporter.core.index.prefix_index_ref's docstring), only with a topology.
+        self._placement_out: frozenset[str] = frozenset()  # workers that left the pool, as the index has them
+        if topology is not None:
+            index.set_placement_domains({w.name: w.nvlink_domain for w in topology.workers})
+
+    def labels(self, worker: str) -> _KvLabels:
+        kl = self._labels.get(worker)
+        if kl is None:
+            kl = self._labels[worker] = _KvLabels(worker)
+        return kl
+
+    # ---- one batch -----------------------------------------------------------------------------
+    def apply(self, batch: KvBatch, received_at: float) -> Applied:
+        """Apply the batch's events (the caller holds the lock); hand the result to :meth:`settle`."""
+        worker = batch.worker
+        self.seen = True
+        w = self.pool.worker(worker, received_at)
+        if self.topology is not None:
+            self._placement_pool()
+            self.index.set_placement_clock(batch.ts)
+        form = _Scanned(batch, batch.scan) if self._applies_scans and batch.scan is not None else _Events(batch)
+        res = form.index(self.index, worker)
+        form.attribute(self.attribution, worker)
+        ev = form.evictions(self.evictions, worker, received_at)
+        got = form.roots(self.roots, worker, received_at)
+        if not w.block_size:
+            w.block_size = form.block_size()
+        self.count_evictions(worker, ev, received_at, got,
+                             self._placement_incs(w, res.placements, res.placement_hits) if res.placements else None)
+        first = worker not in self._workers
+        self._workers.add(worker)
+        reliable_again = worker in self._unreliable and self._turnover(worker, ev.stored, res.cleared > 0)
+        return Applied(batch, received_at, res, first, reliable_again, self._drift(worker, w))
+
+    def settle(self, applied: Applied, stream: bool = True) -> None:
+        """The batch's health series in one Health call (one lock round trip), then a repair if the
+        view drifted. ``stream`` False (a family shard that is not the worker's home): the worker's
+        stream-health series (batches, lag, last timestamp) are left to its home shard."""
+        batch, received_at, res = applied.batch, applied.received_at, applied.result
+        kl = self.labels(batch.worker)
+        lab = kl.lab
+        incs: Incs = []
+        sets: Incs = []
+        if stream:
+            incs.append(kl.batches)
+            sets += [(KV_LAST_TS, lab, received_at), (KV_LAG, lab, max(0.0, received_at - batch.ts))]
+            if applied.first:  # these exist from a worker's first batch: a stream with no gap reads 0, not missing
+                incs += [(WORKER_RESTARTS, lab, 0), (KV_MISSED, lab, 0), (KV_LOST, lab, 0),
+                         (KV_UNKNOWN_PARENT, lab, 0), (KV_UNKNOWN_REMOVALS, lab, 0),
+                         *((KV_REPAIRS, (batch.worker, r), 0) for r in REPAIR_REASONS)]
+                sets.append((KV_UNRELIABLE, lab, 0.0))
+        if applied.reliable_again:
+            sets.append((KV_UNRELIABLE, lab, 0.0))
+        for n, labels, metric in ((res.unknown_parent, lab, KV_UNKNOWN_PARENT),
+                                  (res.unknown_removals, lab, KV_UNKNOWN_REMOVALS),
+                                  (res.stored_events, kl.applied_stored, KV_APPLIED),
+                                  (res.removed_events, kl.applied_removed, KV_APPLIED),
+                                  (res.cleared, kl.applied_cleared, KV_APPLIED)):
+            if n:
+                incs.append((metric, labels, n))
+        self.health.update(incs, sets)
+        if applied.drift is not None:
+            self.repair(batch.worker, applied.drift)
+
+    def _placement_pool(self) -> None:
+        """Tell the index which workers left the pool: their blocks are no placement's prefix, as
+        for records (``RecordAccounting._prefix``). Usually none, so this is one empty-dict test."""
+        pool = self.pool
+        out = frozenset(t for t, kind in pool.left_pool_targets() if kind == "worker") if pool.down_since \
+            else frozenset()
+        if out != self._placement_out:
+            self._placement_out = out
+            self.index.set_placement_excluded(out)
+
+    def _placement_incs(self, w: WorkerInfo, placements: int, hits: int) -> Incs:
+        """A batch's placements judged from its GPU stores, under the worker's model (its scrape's,
+        else the topology's)."""
+        snap = w.snapshot
+        model = (snap.model if snap is not None else None) or getattr(self.topology, "model", None) or UNKNOWN
+        lab = (model,)  # (the hits series exists with the decisions: a ratio's numerator reads 0, not missing)
+        return [(_KV_PLACEMENTS, lab, placements), (_KV_PLACEMENT_HITS, lab, hits)]
+
+    def count_evictions(self, worker: str, ev: BatchEvictions, ts: float, roots: RootBatch | None = None,
+                        more: Incs | None = None) -> None:
+        """The eviction and prefix-instability series of one batch (under the lock), the counters in
+        one write with the batch's ``more`` (its placements). Both instability counters exist from
+        the first judgeable root on, so a fleet without unstable prefixes reads 0; thrash (restored)
+        exists wherever stores do."""
+        if ev.other_media:
+            self._other_media.add(worker)
+        stored, evicted, ages = ev.stored, ev.evicted, ev.ages
+        if roots is not None and roots.roots:
+            incs: Incs = [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)]
+        elif not (stored or evicted or ages or more):
+            return
+        else:
+            incs = []
+        if more:
+            incs += more
+        kl = self.labels(worker)
+        lab = kl.lab
+        store = self.store
+        if stored:
+            incs += [(_BLOCKS_STORED, lab, stored), (_BLOCKS_RESTORED, lab, ev.restored)]
+        if evicted:
+            incs.append((_BLOCKS_EVICTED, lab, evicted))
+        if incs:
+            store.inc_many(ts, incs)
+        if ages:  # each label's observations in event order, the label seen first first: as one at a time
+            reused_first, reused, fresh = split_ages(ages)
+            if reused_first:
+                store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
+                if fresh:
+                    store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
+            else:
+                store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
+                if reused:
+                    store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
+
+    # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
+    def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:
+        """Count stores towards an unreliable view's turnover; True when it became reliable again.
+
+        A view marked unreliable may hold blocks the worker evicted and miss blocks it stored. Once
+        the worker has stored as many GPU blocks as it has capacity (or its cache was reset), every
+        block it held at the mark has most likely been evicted or announced again: reliable again.
+        (A block hit all along without being announced again can outlive that; it is one block the
+        view misses, not a phantom.) Without a known capacity only a reset or a restart ends it.
+        """
+        since = self._unreliable.get(worker)
+        if since is None:
+            return False
+        since += stored
+        cap = self.pool.worker_capacity(worker)
+        if cleared or (cap and since >= cap):
+            del self._unreliable[worker]
+            return True
+        self._unreliable[worker] = since
+        return False
+
+    def _drift(self, worker: str, w: WorkerInfo | None = None) -> str | None:
+        """A reason to repair the worker's view now, or None (under the lock).
+
+        The only sound check against the worker's own report is an impossible count: more GPU
+        blocks resident than ``num_gpu_blocks``. ``kv_cache_usage_perc`` is no bound either way
+        (it counts blocks allocated to running requests, cached or not, and counts cached blocks
+        nobody references as free: vllm.md §1.4), so it is not compared. Workers that send other
+        media (CPU, disk) are skipped: the index counts their blocks together.
+        """
+        if worker in self._unreliable or worker in self._rebuilding or worker in self._other_media:
+            return None
+        last = self._repaired_at.get(worker)
+        if last is not None and self.time.now - last < self.window_s:
+            return None
+        cap = self.pool.worker_capacity(worker, w)
+        if not cap:  # no bound known: nothing to compare (the resident count is not read)
+            return None
+        resident = self.index.resident_blocks(worker, GPU)  # the GPU's blocks against the GPU's capacity
+        if resident is not None and resident > cap:
+            return OVER_CAPACITY
+        return None
+
+    def drift_after_scrape(self, worker: str) -> str | None:
+        """A scrape's new capacity may show a drifted view (under the lock): a reason to repair it."""
+        return self._drift(worker) if worker in self._workers else None
+
+    def repair(self, worker: str, reason: str) -> None:
+        """Repair a drifted view (outside the lock): it is provably wrong, so it is cleared; the KV
+        source rebuilds it from the worker's replay, or, if it cannot, it stays unreliable."""
+        with self.lock:
+            if worker in self._rebuilding:
+                return
+            self._rebuilding.add(worker)
+        request = self.rebuild_request
+        if request is None or not request(worker, reason):
+            self.reset_view(worker)
+            self.view_repaired(worker, reason, reliable=False)
+
+    def _clear(self, worker: str) -> None:
+        self.index.clear_worker(worker)
+        self.evictions.clear_worker(worker)
+        self.attribution.clear_worker(worker)
+
+    def reset_view(self, worker: str) -> None:
+        """Forget the worker's view before a rebuild (not a restart: nothing is counted)."""
+        with self.lock:
+            self._clear(worker)
+            self._rebuilding.add(worker)
+
+    def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
+        """Count one repair; ``reliable`` False leaves the view marked until its cache turns over."""
+        with self.lock:
+            self._rebuilding.discard(worker)
+            self._repaired_at[worker] = self.time.now
+            if reliable:
+                self._unreliable.pop(worker, None)
+            else:
+                self._unreliable[worker] = 0
+        self.health.update([(KV_REPAIRS, (worker, reason), 1.0)],
+                           [(KV_UNRELIABLE, (worker,), 0.0 if reliable else 1.0)])
+
+    def unreliable_views(self) -> list[str]:
+        with self.lock:
+            return sorted(self._unreliable)
+
+    def worker_left(self, worker: str) -> None:
+        """A worker discovery dropped (the caller holds the lock): its cache went with it, so its
+        view leaves the index and no mark, rebuild or health series of its KV stream stays."""
+        self._clear(worker)
+        self._unreliable.pop(worker, None)
+        self._rebuilding.discard(worker)
+        self._workers.discard(worker)
+
+    def worker_retired(self, worker: str) -> None:
+        """A departed worker gone for ``label_idle`` (under the lock): its last entries go too."""
+        self._labels.pop(worker, None)
+        self._repaired_at.pop(worker, None)
+
+    def worker_restarted(self, worker: str, stream: bool = True) -> None:
+        """``stream`` False: clear the view without counting the restart (counted by the home shard)."""
+        with self.lock:
+            self._clear(worker)
+            was_unreliable = self._unreliable.pop(worker, None) is not None  # an empty cache is known exactly
+        if stream:
+            self.health.inc(WORKER_RESTARTS, (worker,))
+        if was_unreliable:
+            self.health.set(KV_UNRELIABLE, (worker,), 0.0)

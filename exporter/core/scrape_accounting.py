@@ -1,0 +1,151 @@
+"""What one scrape adds: a worker's engine counters (prefix cache, speculative decoding, KV
+connector, cache tiers) scrape over scrape, a router's histograms, and the readings built on a
+worker's counters (its hit ratio and hit tokens in the window, its effective cache value).
+
+A counter that went down was reset (an engine restart): its new value is the increase. The first
+scrape of a router is its baseline: what it counted before is not in the window.
+
+The parts are handed in, as for ``exporter.core.record_accounting``; not thread-safe on its own:
+``ClusterState`` calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from exporter.core.index.prefix_index import PrefixIndex
+from exporter.core.metric_store import MetricStore
+from exporter.core.record_accounting import UNKNOWN
+from exporter.core.windows import increase
+from exporter.core.worker_pool import WorkerPool
+from exporter.model import RouterSnapshot, WorkerSnapshot
+from prefixscope import catalog
+
+P = catalog.NAMESPACE
+
+# WorkerSnapshot counter field -> catalogue counter it is exported as (labels worker, model).
+SNAPSHOT_COUNTERS: dict[str, str] = {
+    "prefix_queried_tokens": f"{P}_prefix_cache_queried_tokens",
+    "prefix_hit_tokens": f"{P}_prefix_cache_hit_tokens",
+    "spec_draft_tokens": f"{P}_spec_decode_draft_tokens",
+    "spec_accepted_tokens": f"{P}_spec_decode_accepted_tokens",
+    "external_queried_tokens": f"{P}_external_prefix_cache_queried_tokens",
+    "external_hit_tokens": f"{P}_external_prefix_cache_hit_tokens",
+}
+TIER_HITS = f"{P}_prefix_cache_tier_hit_tokens"  # labels worker, model, tier
+
+
+def _m(name: str) -> str:
+    return catalog.METRICS_BY_NAME[f"{P}_{name}"].name
+
+
+# RouterSnapshot histogram -> the catalogue histogram it feeds, the signal it instruments, its labels.
+ROUTER_HISTOGRAMS: tuple[tuple[str, str, str, Callable[[RouterSnapshot], tuple[str, ...]]], ...] = (
+    ("lookup_seconds", _m("router_tree_walk_seconds"), "walk_latency", lambda _snap: ()),
+    ("predicted_hit_ratio", _m("router_predicted_hit_ratio"), "router_predicted_reuse", lambda snap: (snap.router,)),
+)
+
+
+class ScrapeAccounting:
+    """Applies worker and router scrapes to the metric store and the worker pool."""
+
+    def __init__(self, store: MetricStore, pool: WorkerPool, index: PrefixIndex,
+                 field_seen: dict[str, float]) -> None:
+        """``field_seen``: signal -> newest input that carried it (the record accounting's, which
+        a router's histograms also instrument)."""
+        self.store = store
+        self.pool = pool
+        self.index = index
+        self.field_seen = field_seen
+        self.spec_seen = False  # a worker reported speculative decoding
+
+    def worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> float | None:
+        """A worker's scrape; returns its previous prefix-cache query count (None on its first)."""
+        w = self.pool.worker(snapshot.worker, scraped_at)
+        w.snapshot, w.scraped_at = snapshot, scraped_at
+        if snapshot.block_size:
+            w.block_size = snapshot.block_size
+        model = snapshot.model or UNKNOWN
+        prev_queries = w.last_counters.get("prefix_queried_tokens")
+        counters = [(fld, metric, (snapshot.worker, model), getattr(snapshot, fld))
+                    for fld, metric in SNAPSHOT_COUNTERS.items()]
+        counters += [(f"tier:{tier}", TIER_HITS, (snapshot.worker, model, tier), value)
+                     for tier, value in (snapshot.tier_hit_tokens or {}).items()]
+        for fld, metric, labels, value in counters:
+            if value is None:
+                continue
+            if fld.startswith("spec_"):
+                self.spec_seen = True
+            prev = w.last_counters.get(fld)
+            # A counter that went down was reset (engine restart): its new value is the increase.
+            delta = value if prev is None or value < prev else value - prev
+            w.last_counters[fld] = value
+            self.store.set_total(metric, labels, value, (scraped_at, delta) if prev is not None else None)
+            if prev is not None:
+                self.store.add_own(scraped_at, ("worker_delta", fld, snapshot.worker), delta)
+        return prev_queries
+
+    def router(self, snap: RouterSnapshot, ts: float) -> None:
+        """A router's scrape: its histograms, scrape over scrape (the new observations go into the
+        catalogue's histogram, each placed inside its router bucket (``windows.increase``), and the signal is
+        instrumented), then the pool's evidence (decisions, health)."""
+        prev = self.pool.routers.get(snap.router)
+        for fld, metric, signal, labels in ROUTER_HISTOGRAMS:
+            new = getattr(snap, fld)
+            if new is None:
+                continue
+            self.field_seen[signal] = ts
+            if prev is None:
+                continue
+            lab = labels(snap)
+            for value, n in increase(new, getattr(prev, fld)):
+                for _ in range(round(n)):
+                    self.store.observe(ts, metric, lab, value)
+        self.pool.observe_router(snap, ts)
+
+    # ---- readings ------------------------------------------------------------------------------
+    def worker_hit_ratio(self, name: str) -> float | None:
+        """The worker's recent hit ratio: engine counters in the window, else its records."""
+        get = self.store.own_sum
+        q = get(("worker_delta", "prefix_queried_tokens", name))
+        h = get(("worker_delta", "prefix_hit_tokens", name))
+        if q:
+            return (h or 0.0) / q
+        p = get(("record_prompt", name))
+        c = get(("record_cached", name))
+        return (c or 0.0) / p if p else None
+
+    def worker_hit_tokens(self, name: str) -> float | None:
+        """The worker's hit tokens in the window, from the same source as :meth:`worker_hit_ratio`
+        (engine counters, else its records); None when neither measured it."""
+        get = self.store.own_sum
+        if get(("worker_delta", "prefix_queried_tokens", name)):
+            return get(("worker_delta", "prefix_hit_tokens", name)) or 0.0
+        if get(("record_prompt", name)):
+            return get(("record_cached", name)) or 0.0
+        return None
+
+    def worker_tier_hit_tokens(self, name: str) -> dict[str, float] | None:
+        """The worker's cached tokens in the window by the tier that served them (None: the engine
+        does not report tiers)."""
+        out: dict[str, float] = {}
+        for key, v in self.store.win.sums.items():
+            if key[0] == TIER_HITS and len(key) == 2 and key[1] and key[1][0] == name:
+                tier = key[1][-1]
+                out[tier] = out.get(tier, 0.0) + v
+        return out or None
+
+    def effective_cache_values(self) -> dict[str, float]:
+        """Per worker: resident blocks × block size × hit ratio (tokens its cache is worth)."""
+        out: dict[str, float] = {}
+        for name, blocks in self.index.resident_by_worker().items():
+            ratio = self.worker_hit_ratio(name)
+            if ratio is not None:
+                out[name] = blocks * self.pool.worker_block_size(name) * ratio
+        return out
+
+    @staticmethod
+    def removal_ranks(values: dict[str, float]) -> dict[str, int]:
+        """1 = safest to remove (least effective cache value; ties by name)."""
+        order = sorted(values, key=lambda w: (values[w], w))
+        return {w: i + 1 for i, w in enumerate(order)}
