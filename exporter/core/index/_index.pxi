@@ -12,10 +12,11 @@ cdef class CompiledPrefixIndex:
     cdef Block* blocks
     cdef uint32_t nblocks      # high-water mark of used entries
     cdef uint32_t capblocks
+    cdef uint64_t spanblocks   # entries' worth of address space mapped for the two entry arrays
     cdef int64_t free_head     # free entries chained through ``parent``
-    cdef uint32_t* slots
-    cdef uint64_t tmask        # table size - 1
-    cdef uint64_t used         # occupied slots (= entries, live or holder-less)
+    cdef Table tb              # hash -> entry (``_index_table.pxi``)
+    cdef uint64_t copied       # entries copied by growth of the entry arrays
+    cdef uint64_t most_moved   # most entries one ``apply`` moved (copied, or out of a draining table)
     cdef int64_t live          # blocks in the tree
     cdef int64_t* res          # per worker: blocks held on any tier
     cdef int64_t* tres         # per worker * NMEDIA + medium
@@ -56,16 +57,16 @@ cdef class CompiledPrefixIndex:
 
     def __cinit__(self):
         self.capblocks = 1024
+        self.spanblocks = self.capblocks
         self.blocks = <Block*>_scratch_map(self.capblocks * sizeof(Block))
-        self.tmask = 2048 - 1
-        self.slots = <uint32_t*>malloc((self.tmask + 1) * sizeof(uint32_t))
+        self.ties = <Tie*>_scratch_map(self.capblocks * sizeof(Tie))
+        _tb_init(&self.tb, 2048)
         self.capworkers = 64
         self.res = <int64_t*>calloc(self.capworkers, sizeof(int64_t))
         self.tres = <int64_t*>calloc(self.capworkers * NMEDIA, sizeof(int64_t))
         self.scratch = <uint32_t*>calloc(self.capworkers * 2, sizeof(uint32_t))
-        if not (self.blocks and self.slots and self.res and self.tres and self.scratch):
+        if not (self.blocks and self.ties and self.tb.slots and self.res and self.tres and self.scratch):
             raise MemoryError()
-        memset(self.slots, 0xFF, (self.tmask + 1) * sizeof(uint32_t))
         self.free_head = -1
         self._workers = []
         self._wid = {}
@@ -73,9 +74,6 @@ cdef class CompiledPrefixIndex:
         self._medium_id = {}
         self._hits = {}
         self.version = 0
-        self.ties = <Tie*>_scratch_map(self.capblocks * sizeof(Tie))
-        if not self.ties:
-            raise MemoryError()
         self.root_head = NONE
         _vec_init(&self.st_reps, sizeof(int64_t))
         _vec_init(&self.st_fan, sizeof(int64_t))
@@ -91,9 +89,9 @@ cdef class CompiledPrefixIndex:
             for i in range(self.nblocks):
                 if self.blocks[i].capx:
                     free(self.blocks[i].h.ext)
-            _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
-        _scratch_unmap(self.ties, self.capblocks * sizeof(Tie))
-        free(self.slots)
+            _scratch_unmap(self.blocks, self.spanblocks * sizeof(Block))
+        _scratch_unmap(self.ties, self.spanblocks * sizeof(Tie))
+        _tb_free(&self.tb)
         free(self.res)
         free(self.tres)
         free(self.scratch)
@@ -104,57 +102,24 @@ cdef class CompiledPrefixIndex:
         _vec_free(&self.st_gone)
         _vec_free(&self.st_stack)
 
-    # ---- hash table ----------------------------------------------------------------------
+    # ---- hash table and entries (``_index_table.pxi``: growth moves a bounded number per apply) ----
     cdef inline int64_t _find(self, uint64_t h) noexcept:
-        cdef uint64_t i = _mix(h) & self.tmask
-        cdef uint32_t s
-        while True:
-            s = self.slots[i]
-            if s == EMPTY:
-                return -1
-            if self.blocks[s].hash == h:
-                return s
-            i = (i + 1) & self.tmask
-
-    cdef int _grow_table(self) except -1:
-        cdef uint64_t size = (self.tmask + 1) * 2
-        cdef uint32_t* slots = <uint32_t*>malloc(size * sizeof(uint32_t))
-        cdef uint32_t b
-        cdef uint64_t i
-        if not slots:
-            raise MemoryError()
-        _hugepages(slots, size * sizeof(uint32_t))  # before the first touch
-        memset(slots, 0xFF, size * sizeof(uint32_t))
-        for b in range(self.nblocks):
-            if not self.blocks[b].flags & FLAG_FREE:
-                i = _mix(self.blocks[b].hash) & (size - 1)
-                while slots[i] != EMPTY:
-                    i = (i + 1) & (size - 1)
-                slots[i] = b
-        free(self.slots)
-        self.slots = slots
-        self.tmask = size - 1
-        return 0
+        return _tb_find(&self.tb, self.blocks, h)
 
     cdef int64_t _find_or_add(self, uint64_t h) except -2:
         """The entry of ``h``, created holder-less and root-level if it is new."""
-        cdef uint64_t i = _mix(h) & self.tmask
-        cdef uint32_t s
-        cdef int64_t b
+        cdef uint64_t slot
+        cdef int64_t b = _tb_probe(&self.tb, self.blocks, h, &slot)
         cdef Block* blk
-        while True:
-            s = self.slots[i]
-            if s == EMPTY:
-                break
-            if self.blocks[s].hash == h:
-                return s
-            i = (i + 1) & self.tmask
+        if b >= 0:
+            return b
         if self.free_head >= 0:
             b = self.free_head
             self.free_head = self.blocks[b].parent
         else:
             if self.nblocks == self.capblocks:
-                self._grow_blocks()
+                self.copied += _grow_entries(&self.blocks, &self.ties, &self.capblocks, &self.spanblocks,
+                                             self.nblocks)
             b = self.nblocks
             self.nblocks += 1
         blk = &self.blocks[b]
@@ -168,52 +133,28 @@ cdef class CompiledPrefixIndex:
         self.ties[b].first = NONE
         self.ties[b].prev = NONE
         self.ties[b].dep = 0
-        self.slots[i] = <uint32_t>b
-        self.used += 1
-        if self.used * 4 >= (self.tmask + 1) * 3:
-            self._grow_table()
+        if _tb_added(&self.tb, self.blocks, slot, <uint32_t>b):
+            raise MemoryError()
         return b
 
-    cdef int _grow_blocks(self) except -1:
-        cdef uint64_t cap = self.capblocks + (self.capblocks >> 1)
-        if cap > 0xFFFFFFF0:
-            raise MemoryError("prefix index: more than 2^32 blocks")
-        # A fresh mapping with huge pages asked for before the copy touches it (realloc would
-        # move the old 4 KiB pages along): random lookups then rarely miss the TLB.
-        cdef Block* blocks = <Block*>_scratch_map(cap * sizeof(Block))
-        cdef Tie* ties = <Tie*>_scratch_map(cap * sizeof(Tie))
-        if not (blocks and ties):
-            _scratch_unmap(blocks, cap * sizeof(Block))
-            _scratch_unmap(ties, cap * sizeof(Tie))
-            raise MemoryError()
-        _hugepages(blocks, cap * sizeof(Block))
-        _hugepages(ties, cap * sizeof(Tie))
-        memcpy(blocks, self.blocks, self.nblocks * sizeof(Block))
-        memcpy(ties, self.ties, self.nblocks * sizeof(Tie))
-        _scratch_unmap(self.blocks, self.capblocks * sizeof(Block))
-        _scratch_unmap(self.ties, self.capblocks * sizeof(Tie))
-        self.blocks, self.ties = blocks, ties
-        self.capblocks = <uint32_t>cap
-        return 0
+    cdef inline uint64_t _moved(self) noexcept:
+        return self.tb.moved + self.copied
+
+    cdef inline void _applied(self, uint64_t moved0) noexcept:
+        """The end of an ``apply``: a slice of the table's growth, and the most one apply moved."""
+        _tb_tend(&self.tb, self.blocks)
+        if self._moved() - moved0 > self.most_moved:
+            self.most_moved = self._moved() - moved0
+
+    def _growth(self):
+        """How the storage has grown (tests and the bench): entry capacity and address space,
+        table slots, whether an old table is draining, entries moved in all and by one apply."""
+        return {"capacity": self.capblocks, "reserved": self.spanblocks, "slots": self.tb.mask + 1,
+                "draining": self.tb.old != NULL, "moved": self._moved(), "most_moved_by_one_apply": self.most_moved}
 
     cdef void _unlink(self, int64_t b) noexcept:
-        """Take entry ``b`` out of the table (backward-shift deletion) and onto the free list."""
-        cdef uint64_t i = _mix(self.blocks[b].hash) & self.tmask
-        cdef uint64_t j, k
-        while self.slots[i] != <uint32_t>b:
-            i = (i + 1) & self.tmask
-        j = i
-        while True:
-            j = (j + 1) & self.tmask
-            if self.slots[j] == EMPTY:
-                break
-            k = _mix(self.blocks[self.slots[j]].hash) & self.tmask
-            # move slot j back to the hole at i unless its home k lies cyclically in (i, j]
-            if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
-                self.slots[i] = self.slots[j]
-                i = j
-        self.slots[i] = EMPTY
-        self.used -= 1
+        """Take entry ``b`` out of the table and onto the free list."""
+        _tb_remove(&self.tb, self.blocks, <uint32_t>b)
         if self.blocks[b].capx:
             free(self.blocks[b].h.ext)
             self.blocks[b].capx = 0
@@ -413,7 +354,10 @@ cdef class CompiledPrefixIndex:
 
     def memory_bytes(self):
         """Bytes this index has allocated (blocks in use, hash table, holder arrays, statistics)."""
-        cdef uint64_t total = self.nblocks * (sizeof(Block) + sizeof(Tie)) + (self.tmask + 1) * sizeof(uint32_t)
+        cdef uint64_t total = self.nblocks * (sizeof(Block) + sizeof(Tie)) + (self.tb.mask + 1) * sizeof(uint32_t)
+        if self.tb.old != NULL:
+            total += (self.tb.omask + 1) * sizeof(uint32_t)
+        total += self.tb.ntouched if self.tb.next != NULL else 0
         total += (self.st_reps.cap + self.st_fan.cap + self.st_leaf_e.cap + self.st_leaf_b.cap) * sizeof(int64_t)
         total += (self.st_gone.cap + self.st_stack.cap) * sizeof(uint32_t)
         cdef uint32_t b
@@ -428,6 +372,7 @@ cdef class CompiledPrefixIndex:
         cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
         cdef int64_t stored_events = 0, removed_events = 0
         cdef int64_t pl0 = self.pl_decisions, ph0 = self.pl_hits
+        cdef uint64_t moved0 = self._moved()
         cdef int t = -1
         cdef Py_ssize_t n
         cdef object parent
@@ -477,6 +422,7 @@ cdef class CompiledPrefixIndex:
                 cleared += 1
         if self.st_stack.n > SETTLE_AT:
             self._st_settle(0)
+        self._applied(moved0)
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
                              removed_events, self.pl_decisions - pl0, self.pl_hits - ph0)
@@ -489,6 +435,7 @@ cdef class CompiledPrefixIndex:
         cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
         cdef int64_t stored_events = 0, removed_events = 0
         cdef int64_t pl0 = self.pl_decisions, ph0 = self.pl_hits
+        cdef uint64_t moved0 = self._moved()
         cdef int tiers[SCAN_MAX_MEDIA]
         cdef int t, k
         cdef Py_ssize_t i
@@ -514,6 +461,7 @@ cdef class CompiledPrefixIndex:
                 unknown_removals += self._remove(wid, t, scan.hashes + e.hoff, e.hn)
         if self.st_stack.n > SETTLE_AT:
             self._st_settle(0)
+        self._applied(moved0)
         self.version += 1
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
                              removed_events, self.pl_decisions - pl0, self.pl_hits - ph0)
@@ -794,12 +742,12 @@ cdef class CompiledPrefixIndex:
             for i in range(n):
                 h[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
             for i in range(min(n, AHEAD)):
-                __builtin_prefetch(&self.slots[_mix(h[i]) & self.tmask])
+                __builtin_prefetch(&self.tb.slots[_mix(h[i]) & self.tb.mask])
             for i in range(n):
                 if i + AHEAD < n:
-                    __builtin_prefetch(&self.slots[_mix(h[i + AHEAD]) & self.tmask])
+                    __builtin_prefetch(&self.tb.slots[_mix(h[i + AHEAD]) & self.tb.mask])
                 if i + AHEAD // 2 < n:
-                    s = self.slots[_mix(h[i + AHEAD // 2]) & self.tmask]
+                    s = ~self.tb.slots[_mix(h[i + AHEAD // 2]) & self.tb.mask]
                     if s != EMPTY:
                         __builtin_prefetch(&self.blocks[s])
                 b = self._find(h[i])

@@ -12,6 +12,10 @@ Layout (about 44 bytes per block, whatever the number of workers):
 * ``slots``: an open-addressing (linear probing, backward-shift deletion) table of u32 block
   indexes keyed by the mixed 64-bit hash, at most 3/4 full.
 
+None of them grows in one step that costs time in proportion to its size (``_index_table.pxi``):
+the entry arrays grow inside address space reserved for them, and a doubled hash table is
+filled from the old one a few slots per entry added.
+
 A block leaves the tree when its last holder goes; its entry stays, holder-less, while other
 entries still name it as parent (its child list is not empty), so a child keeps its parent link
 exactly as the reference's block -> parent-hash map does (and re-attaches when the parent is
@@ -24,7 +28,7 @@ the tree; the top of the tree is read from the live index through the child list
 
 One extension module in files by job, ``include``d at the end of this one (as msgpack-python
 builds its ``_cmsgpack``): this file holds the imports, the constants and the entry layout, and
-the helpers every part uses; ``_index_readings.pxi`` and ``_index.pxi`` the index,
+the helpers every part uses; ``_index_readings.pxi``, ``_index_table.pxi`` and ``_index.pxi`` the index,
 ``_eviction.pxi`` the eviction tracker, ``_kv_scan.pxi``, ``_kv_events.pxi`` and
 ``_kv_reader.pxi`` the reading of KV batches, ``_pyhash.pxi`` Python's hash in C.
 """
@@ -117,8 +121,7 @@ cdef extern from "sys/mman.h":
 
 cdef void* _scratch_map(size_t size) noexcept nogil:
     """Zeroed memory straight from the OS, given back whole by :func:`_scratch_unmap` (through
-    malloc, glibc would keep a freed pass's working memory in the heap): the block array and
-    a statistics pass's working arrays."""
+    malloc, glibc would keep freed arrays in the heap): the entry arrays and the hash tables."""
     cdef void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
     return NULL if p == MAP_FAILED else p
 
@@ -126,15 +129,6 @@ cdef void* _scratch_map(size_t size) noexcept nogil:
 cdef void _scratch_unmap(void* p, size_t size) noexcept nogil:
     if p != NULL:
         munmap(p, size)
-
-
-cdef inline void _hugepages(void* p, size_t size) noexcept nogil:
-    """Ask for transparent huge pages on a large array: lookups are random accesses over
-    hundreds of megabytes, and 4 KiB pages make most of them TLB misses too. Advice only."""
-    cdef size_t start = (<size_t>p + 4095) & ~(<size_t>4095)
-    cdef size_t end = (<size_t>p + size) & ~(<size_t>4095)
-    if size >= (<size_t>4 << 20) and end > start:
-        madvise(<void*>start, end - start, MADV_HUGEPAGE)
 
 
 DEF AHEAD = 16  # longest_match fetches the table slot this many blocks ahead, the block half as far
@@ -194,6 +188,7 @@ cdef uint64_t* _load_hashes(tuple hs, uint64_t* stackbuf) except NULL:
 # (cdef functions may be called from anywhere in the module).
 include "_kv_scan.pxi"         # a KV batch as the reader leaves it (KvScan), and what it gives its readers
 include "_index_readings.pxi"  # matches, statistics readings and the index's small containers
+include "_index_table.pxi"     # the index's entry arrays and hash table, grown a bounded step per apply
 include "_index.pxi"           # the prefix index (CompiledPrefixIndex)
 include "_eviction.pxi"        # eviction lifecycle (CompiledEvictionTracker)
 include "_kv_events.pxi"       # model events from the decoder's typed structs; per-batch result objects
