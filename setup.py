@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 
@@ -37,16 +38,23 @@ class OptionalBuildExt(build_ext):
             _warn(f"building {ext.name} failed", exc)
 
 
+def _extension(name: str) -> Extension:
+    """One module from ``name``'s .pyx and the .pxi files beside it, which it ``include``s: cythonize
+    follows the includes itself, and ``depends`` makes a changed .pxi relink the module too."""
+    source = Path(*name.split(".")).with_suffix(".pyx")
+    parts = sorted(str(p) for p in source.parent.glob("*.pxi"))
+    return Extension(name, [str(source)], depends=parts, extra_compile_args=["-O2"])
+
+
 def extensions() -> list:
     if os.environ.get("PREFIXSCOPE_NO_COMPILE", "").strip().lower() not in ("", "0", "false", "no"):
         print("prefixscope: PREFIXSCOPE_NO_COMPILE is set; building without the compiled cores", file=sys.stderr)
         return []
     try:
         from Cython.Build import cythonize
-        from setuptools import Extension
 
-        return cythonize([Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O2"])
-                          for name in ("exporter.core.index._prefix_core", "exporter.web._render_core")], quiet=True)
+        return cythonize([_extension(name) for name in ("exporter.core.index._prefix_core", "exporter.web._render_core")],
+                         quiet=True)
     except Exception as exc:  # no Cython, or the translation failed
         _warn("the compiled cores were not translated", exc)
         return []

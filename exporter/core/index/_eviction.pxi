@@ -1,0 +1,430 @@
+# ---- eviction lifecycle ---------------------------------------------------------------------------
+# Part of ``_prefix_core.pyx``, which ``include``s it: one extension module, its names the module's
+# (the DEFs, structs and types it uses are declared in the files included before it).
+#
+# The semantics of ``exporter.core.index.eviction.EvictionTracker`` (the reference; read its docstring for the
+# rule) in C: per worker two bounded ordered tables instead of an OrderedDict and a dict — recent
+# evictions in last-eviction order, sampled resident blocks in insertion order — each a pool of at
+# most ``memory`` entries (grown by doubling as it fills) with a chained hash index and a doubly
+# linked order list. The batch's counts and sampled ages become Python objects once per batch.
+
+DEF EV_FIRST_CAP = 64  # entries of a table's first allocation (grown by doubling up to ``memory``)
+
+
+cdef struct EvEntry:
+    uint64_t key
+    double t         # recent: evicted at; live: stored at
+    uint64_t child   # live: the first child seen (valid when has_child)
+    int32_t hnext    # next entry in the bucket chain (or in the free list)
+    int32_t prev     # order list: older neighbour
+    int32_t next     # order list: newer neighbour
+    uint8_t has_child
+    uint8_t reused
+
+
+cdef struct OrderedTable:
+    EvEntry* e
+    int32_t* buckets
+    uint32_t cap      # entries allocated
+    uint32_t bmask    # buckets - 1 (buckets: a power of two, at least ``cap``)
+    uint32_t n        # entries in use
+    uint32_t used     # entries ever handed out from the pool (the rest are above ``used``)
+    int32_t head      # oldest
+    int32_t tail      # newest
+    int32_t free      # freed entries, linked through ``hnext``
+
+
+cdef void _ot_init(OrderedTable* t) noexcept nogil:
+    t.e, t.buckets = NULL, NULL
+    t.cap = t.bmask = t.n = t.used = 0
+    t.head = t.tail = t.free = -1
+
+
+cdef void _ot_free(OrderedTable* t) noexcept nogil:
+    free(t.e)
+    free(t.buckets)
+    _ot_init(t)
+
+
+cdef void _ot_clear(OrderedTable* t) noexcept nogil:
+    """Empty the table, keeping its allocation (it is bounded by ``memory``)."""
+    if t.buckets != NULL:
+        memset(t.buckets, 0xFF, (<size_t>t.bmask + 1) * sizeof(int32_t))
+    t.n = t.used = 0
+    t.head = t.tail = t.free = -1
+
+
+cdef inline int32_t _ot_find(const OrderedTable* t, uint64_t key) noexcept nogil:
+    cdef int32_t i
+    if t.n == 0:
+        return -1
+    i = t.buckets[_mix(key) & t.bmask]
+    while i >= 0 and t.e[i].key != key:
+        i = t.e[i].hnext
+    return i
+
+
+cdef void _ot_unlink(OrderedTable* t, int32_t i) noexcept nogil:
+    """Take entry ``i`` out of its bucket chain and the order list, onto the free list."""
+    cdef int32_t* link = &t.buckets[_mix(t.e[i].key) & t.bmask]
+    while link[0] != i:
+        link = &t.e[link[0]].hnext
+    link[0] = t.e[i].hnext
+    if t.e[i].prev >= 0:
+        t.e[t.e[i].prev].next = t.e[i].next
+    else:
+        t.head = t.e[i].next
+    if t.e[i].next >= 0:
+        t.e[t.e[i].next].prev = t.e[i].prev
+    else:
+        t.tail = t.e[i].prev
+    t.e[i].hnext = t.free
+    t.free = i
+    t.n -= 1
+
+
+cdef inline void _ot_append(OrderedTable* t, int32_t i) noexcept nogil:
+    """Put entry ``i`` (out of the order list) at the newest end."""
+    t.e[i].prev, t.e[i].next = t.tail, -1
+    if t.tail >= 0:
+        t.e[t.tail].next = i
+    else:
+        t.head = i
+    t.tail = i
+
+
+cdef void _ot_to_end(OrderedTable* t, int32_t i) noexcept nogil:
+    if t.tail == i:
+        return
+    if t.e[i].prev >= 0:
+        t.e[t.e[i].prev].next = t.e[i].next
+    else:
+        t.head = t.e[i].next
+    t.e[t.e[i].next].prev = t.e[i].prev  # not the tail: it has a newer neighbour
+    _ot_append(t, i)
+
+
+cdef int _ot_grow(OrderedTable* t, uint32_t limit) except -1:
+    """Double the pool (up to ``limit``) and rebuild the bucket index for it."""
+    cdef uint32_t cap = EV_FIRST_CAP if t.cap == 0 else t.cap * 2
+    cdef uint32_t nb = 1, b
+    cdef int32_t i
+    cdef EvEntry* e
+    cdef int32_t* buckets
+    if cap > limit:
+        cap = limit
+    while nb < cap:
+        nb <<= 1
+    e = <EvEntry*>realloc(t.e, cap * sizeof(EvEntry))
+    if e == NULL:
+        raise MemoryError()
+    t.e = e
+    buckets = <int32_t*>malloc(nb * sizeof(int32_t))
+    if buckets == NULL:
+        raise MemoryError()
+    memset(buckets, 0xFF, nb * sizeof(int32_t))
+    i = t.head
+    while i >= 0:  # every entry in use is on the order list; the free list is empty when full
+        b = _mix(e[i].key) & (nb - 1)
+        e[i].hnext = buckets[b]
+        buckets[b] = i
+        i = e[i].next
+    free(t.buckets)
+    t.buckets, t.bmask, t.cap = buckets, nb - 1, cap
+    return 0
+
+
+cdef int32_t _ot_add(OrderedTable* t, uint64_t key, double ts, uint32_t limit) except -2:
+    """A new newest entry for ``key`` (not in the table); the oldest goes when ``limit`` are held."""
+    cdef int32_t i
+    cdef uint32_t b
+    if t.n >= limit:
+        _ot_unlink(t, t.head)
+    elif t.n == t.cap:
+        _ot_grow(t, limit)
+    if t.free >= 0:
+        i = t.free
+        t.free = t.e[i].hnext
+    else:
+        i = <int32_t>t.used
+        t.used += 1
+    b = _mix(key) & t.bmask
+    t.e[i].key, t.e[i].t = key, ts
+    t.e[i].child, t.e[i].has_child, t.e[i].reused = 0, 0, 0
+    t.e[i].hnext = t.buckets[b]
+    t.buckets[b] = i
+    _ot_append(t, i)
+    t.n += 1
+    return i
+
+
+cdef class _EvictionWorker:
+    """One worker's recent evictions (every one, and a sample reaching further) and sampled
+    resident blocks."""
+
+    cdef OrderedTable recent
+    cdef OrderedTable sampled
+    cdef OrderedTable live
+    cdef int64_t carry  # estimated restores not yet counted (a batch counts at most its stored blocks)
+
+    def __cinit__(self):
+        _ot_init(&self.recent)
+        _ot_init(&self.sampled)
+        _ot_init(&self.live)
+        self.carry = 0
+
+    def __dealloc__(self):
+        _ot_free(&self.recent)
+        _ot_free(&self.sampled)
+        _ot_free(&self.live)
+
+
+cdef inline bint _is_gpu(object m):
+    """vLLM's GPU pool says "GPU"; before 0.11 there was no medium (``eviction.is_gpu``)."""
+    return m is None or m == "GPU" or m.upper() == "GPU"
+
+
+cdef class CompiledEvictionTracker:
+    """``exporter.core.index.eviction.EvictionTracker`` in C: same interface, same results (the equality
+    tests apply random streams to both); ``apply`` once per KV batch, in each worker's order."""
+
+    cdef readonly double window_s
+    cdef readonly int memory
+    cdef uint64_t mask
+    cdef dict _workers
+    cdef uint64_t* buf   # the hashes of the event being applied
+    cdef Py_ssize_t bufcap
+
+    def __cinit__(self):
+        self.buf, self.bufcap = NULL, 0
+        self._workers = {}
+
+    def __dealloc__(self):
+        free(self.buf)
+
+    def __init__(self, window_s, memory=DEFAULT_EVICTION_MEMORY, sample_every=DEFAULT_SAMPLE_EVERY):
+        if memory < 1:
+            raise ValueError("eviction memory must be at least 1")
+        if sample_every < 1 or sample_every & (sample_every - 1):
+            raise ValueError("sample_every must be a power of two")
+        if memory > 0x7FFFFFFF:
+            raise ValueError("eviction memory must be below 2^31")
+        self.window_s = float(window_s)
+        self.memory = memory
+        self.mask = <uint64_t>(sample_every - 1)
+
+    cdef _EvictionWorker _worker(self, str worker):
+        w = self._workers.get(worker)
+        if w is None:
+            w = self._workers[worker] = _EvictionWorker()
+        return <_EvictionWorker>w
+
+    cdef Py_ssize_t _load(self, object hs) except -1:
+        """The event's hashes into ``buf`` (ints folded to 64 bits, as the index reads them)."""
+        cdef Py_ssize_t i, n
+        cdef uint64_t* p
+        if type(hs) is not tuple:
+            hs = tuple(hs)
+        n = PyTuple_GET_SIZE(hs)
+        if n > self.bufcap:
+            p = <uint64_t*>realloc(self.buf, n * sizeof(uint64_t))
+            if p == NULL:
+                raise MemoryError()
+            self.buf, self.bufcap = p, n
+        for i in range(n):
+            self.buf[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
+        return n
+
+    def apply(self, str worker, events, ts):
+        """Apply one batch's events received at ``ts``; the batch's ``BatchEvictions``."""
+        cdef _EvictionWorker w = self._worker(worker)
+        cdef double now = ts
+        cdef int64_t stored = 0, restored = 0, evicted = 0
+        cdef bint other_media = False
+        cdef list ages = []
+        cdef Py_ssize_t n
+        cdef object parent
+        for ev in events:
+            kind = type(ev)
+            if kind is BlockStored or (kind is not BlockRemoved and isinstance(ev, BlockStored)):
+                if _is_gpu(ev.medium):
+                    n = self._load(ev.hashes)
+                    parent = ev.parent
+                    self._stored(w, self.buf, n, parent is not None, _u64(parent) if parent is not None else 0,
+                                 now, &stored, &restored)
+                else:
+                    other_media = True
+            elif kind is BlockRemoved or isinstance(ev, BlockRemoved):
+                if _is_gpu(ev.medium):
+                    evicted += self._removed(w, self.buf, self._load(ev.hashes), now, ages)
+                else:
+                    other_media = True
+            elif isinstance(ev, AllBlocksCleared):  # a reset, not eviction: nothing to learn from
+                _ot_clear(&w.recent)
+                _ot_clear(&w.sampled)
+                _ot_clear(&w.live)
+                w.carry = 0
+        self._expire(w, now)
+        return _batch_evictions(stored, restored, evicted, ages, other_media)
+
+    def apply_scan(self, str worker, KvScan scan, ts):
+        """``apply(worker, events, ts)`` for a batch read by :func:`scan_kv_batch` (the same
+        result, from the scan's hash arrays)."""
+        cdef _EvictionWorker w = self._worker(worker)
+        cdef double now = ts
+        cdef int64_t stored = 0, restored = 0, evicted = 0
+        cdef bint other_media = False
+        cdef list ages = []
+        cdef int8_t gpu[SCAN_MAX_MEDIA]
+        cdef Py_ssize_t i
+        cdef int k
+        cdef ScanEvent* e
+        for k in range(SCAN_MAX_MEDIA):
+            gpu[k] = -1
+        for i in range(scan.n):
+            e = &scan.ev[i]
+            if e.kind == SCAN_CLEARED:  # a reset, not eviction: nothing to learn from
+                _ot_clear(&w.recent)
+                _ot_clear(&w.sampled)
+                _ot_clear(&w.live)
+                w.carry = 0
+                continue
+            if gpu[e.medium] < 0:
+                gpu[e.medium] = _is_gpu(scan.media[e.medium])
+            if not gpu[e.medium]:
+                other_media = True
+            elif e.kind == SCAN_STORED:
+                self._stored(w, scan.hashes + e.hoff, e.hn, e.has_parent, e.parent, now, &stored, &restored)
+            else:
+                evicted += self._removed(w, scan.hashes + e.hoff, e.hn, now, ages)
+        self._expire(w, now)
+        return _batch_evictions(stored, restored, evicted, ages, other_media)
+
+    cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
+                     uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:
+        cdef Py_ssize_t i
+        cdef uint64_t mask = self.mask, p = parent
+        cdef uint32_t limit = <uint32_t>self.memory
+        cdef int32_t k
+        cdef bint have_parent = has_parent, back
+        cdef int64_t again = 0, counted
+        cdef int64_t every = <int64_t>(mask + 1)
+        cdef OrderedTable* recent = &w.recent
+        cdef OrderedTable* sampled = &w.sampled
+        cdef OrderedTable* live = &w.live
+        if n == 0:
+            return 0
+        stored[0] += n
+        if recent.n or sampled.n:  # stored again: evicted from this worker before (within the window: thrash)
+            for i in range(n):
+                back = False
+                if recent.n:
+                    k = _ot_find(recent, hs[i])
+                    if k >= 0:
+                        back = True
+                        if ts - recent.e[k].t <= self.window_s:
+                            again += 1
+                        _ot_unlink(recent, k)
+                if sampled.n and not hs[i] & mask:
+                    k = _ot_find(sampled, hs[i])
+                    if k >= 0:
+                        if not back and ts - sampled.e[k].t <= self.window_s:
+                            again += every  # beyond the exact ring: stands for ``every`` blocks
+                        _ot_unlink(sampled, k)
+        again += w.carry
+        counted = again if again < n else n
+        w.carry = again - counted
+        restored[0] += counted
+        for i in range(n):
+            if hs[i] & mask:
+                continue
+            k = _ot_find(live, hs[i])
+            if k >= 0:
+                live.e[k].reused = 1  # announced again while resident: vLLM's full report mode on a hit
+            else:
+                _ot_add(live, hs[i], ts, limit)  # past ``memory``: removals lost on the way left it
+        if live.n:
+            for i in range(n):
+                if have_parent and not p & mask:
+                    k = _ot_find(live, p)
+                    if k >= 0:
+                        if not live.e[k].has_child:
+                            live.e[k].child, live.e[k].has_child = hs[i], 1
+                        elif live.e[k].child != hs[i]:
+                            live.e[k].reused = 1  # a second, different child: two requests shared it
+                p, have_parent = hs[i], True
+        return 0
+
+    cdef int64_t _removed(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, double ts,
+                          list ages) except -1:
+        cdef Py_ssize_t i
+        cdef uint64_t mask = self.mask
+        cdef uint32_t limit = <uint32_t>self.memory
+        cdef int32_t k
+        cdef double age
+        cdef OrderedTable* recent = &w.recent
+        cdef OrderedTable* sampled = &w.sampled
+        cdef OrderedTable* live = &w.live
+        for i in range(n):
+            k = _ot_find(recent, hs[i])
+            if k >= 0:
+                recent.e[k].t = ts
+                _ot_to_end(recent, k)
+            else:
+                _ot_add(recent, hs[i], ts, limit)
+            if not hs[i] & mask:
+                k = _ot_find(sampled, hs[i])
+                if k >= 0:
+                    sampled.e[k].t = ts
+                    _ot_to_end(sampled, k)
+                else:
+                    _ot_add(sampled, hs[i], ts, limit)
+            if not hs[i] & mask and live.n:
+                k = _ot_find(live, hs[i])
+                if k >= 0:
+                    age = ts - live.e[k].t
+                    ages.append((age if age > 0.0 else 0.0, live.e[k].reused != 0))
+                    _ot_unlink(live, k)
+        return n
+
+    cdef void _expire(self, _EvictionWorker w, double now) noexcept:
+        cdef double cutoff = now - self.window_s
+        cdef OrderedTable* recent = &w.recent
+        cdef OrderedTable* sampled = &w.sampled
+        while recent.n:
+            if recent.e[recent.head].t >= cutoff:
+                break
+            _ot_unlink(recent, recent.head)
+        while sampled.n:
+            if sampled.e[sampled.head].t >= cutoff:
+                break
+            _ot_unlink(sampled, sampled.head)
+
+    def hits(self, str worker, hashes):
+        """Blocks a request record says were served from this worker's cache: reuse seen."""
+        cdef _EvictionWorker w = self._workers.get(worker)
+        cdef uint64_t v
+        cdef int32_t k
+        if w is None or not w.live.n:
+            return
+        for h in hashes:
+            if not isinstance(h, int) or h < 0 or h > 0xFFFFFFFFFFFFFFFF:
+                continue  # not a block hash the decoder could have given: no resident block has it
+            v = <uint64_t>PyLong_AsUnsignedLongLongMask(h)
+            if v & self.mask:
+                continue
+            k = _ot_find(&w.live, v)
+            if k >= 0:
+                w.live.e[k].reused = 1
+
+    def clear_worker(self, str worker):
+        """The worker's cache is gone (restart) or its view is rebuilt: forget its history."""
+        self._workers.pop(worker, None)
+
+    def tracked(self, str worker):
+        """(recent evictions in the larger of the two rings, sampled resident blocks) held for the
+        worker (memory checks)."""
+        cdef _EvictionWorker w = self._workers.get(worker)
+        if w is None:
+            return (0, 0)
+        return (<object>(w.recent.n if w.recent.n > w.sampled.n else w.sampled.n), <object>w.live.n)
