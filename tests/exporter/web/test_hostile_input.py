@@ -284,8 +284,14 @@ def test_intake_beyond_loopback_needs_a_bearer_token(tmp_path: Path) -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "bearer_token" in lines[0] and "0.0.0.0:0" in lines[0]
     cfg = tmp_path / "exporter.yaml"
-    cfg.write_text("records: {http: {enabled: false}}\n")
-    rt = Runtime.build(load_config(cfg).with_overrides(listen_address="0.0.0.0:0"))  # no intake: no token needed
+    cfg.write_text("records: {http: {enabled: false}}\n")  # OTLP over HTTP is still a writer
+    out = run_export("--config.file", str(cfg), "--web.listen-address", "0.0.0.0:0")
+    assert out.returncode == 2 and "POST /v1/traces" in out.stderr and "bearer_token" in out.stderr
+    cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false, grpc_listen_address: 0.0.0.0:0}\n")
+    out = run_export("--config.file", str(cfg), "--web.listen-address", "0.0.0.0:0")
+    assert out.returncode == 2 and "grpc_listen_address" in out.stderr and "bearer_token" in out.stderr
+    cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false}\n")
+    rt = Runtime.build(load_config(cfg).with_overrides(listen_address="0.0.0.0:0"))  # no writer: no token needed
     rt.server.httpd.server_close()
 
 
