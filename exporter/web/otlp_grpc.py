@@ -119,11 +119,12 @@ class GrpcTraceReceiver:
         timer.daemon = True
         timer.start()
         try:
-            return next(requests, None), False
+            request = next(requests, None)
         except grpc.RpcError:  # cancelled: by the timer, or by the client
-            return None, expired.is_set()
+            request = None
         finally:
             timer.cancel()
+        return (None, True) if expired.is_set() else (request, False)
 
     def export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         if not authorised(tuple(context.invocation_metadata()), self.token):
