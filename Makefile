@@ -105,7 +105,8 @@ check-generated: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) $(ROUTERS) $(PEERS) .pytest_cache
 
-# ≥ 1,000,000 generated inputs across the KV-event decoder and the text parser; fails on any crash.
+# 1,000,000 generated inputs for each intake — KV-event decoder, text parser, OTLP protobuf, OTLP JSON,
+# request records (FUZZ_ARGS="--inputs N --targets a,b" for fewer); fails on any crash.
 fuzz: $(VENV)/.installed
 	nice $(PY) -m fuzz.run $(FUZZ_ARGS)
 

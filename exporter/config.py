@@ -191,14 +191,27 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
+def http_writers(cfg: Config) -> list[str]:
+    """The routes on the HTTP listener that change what the exporter holds (a new writer goes here)."""
+    writers = []
+    if cfg.http_records.enabled:
+        writers.append("POST /api/v1/records (records.http.enabled)")
+    if cfg.otlp.enabled:
+        writers.append("POST /v1/traces (otlp.enabled)")
+    return writers
+
+
 def check_intake_auth(cfg: Config) -> None:
-    """Records over HTTP, and spans over gRPC, from beyond this machine need a bearer token: refuse to
-    start without one. The gRPC receiver needs a port of its own (checked after the flags' overrides)."""
+    """Every listener that accepts writes — records and OTLP over HTTP, OTLP over gRPC — needs a
+    bearer token beyond loopback: refuse to start without one, whichever writers are on. The
+    gRPC receiver needs a port of its own (checked after the flags' overrides)."""
     host, port = parse_listen_address(cfg.listen_address)
-    if cfg.http_records.enabled and not cfg.http_records.bearer_token and not is_loopback(host):
+    writers = http_writers(cfg)
+    if writers and not cfg.http_records.bearer_token and not is_loopback(host):
         raise ConfigError(
-            f"{cfg.source}: records.http: listening on {cfg.listen_address} (beyond loopback) needs "
-            "records.http.bearer_token or bearer_token_file, or records.http.enabled: false")
+            f"{cfg.source}: listening on {cfg.listen_address} (beyond loopback) with {' and '.join(writers)} "
+            "needs records.http.bearer_token or bearer_token_file (every writer shares it), or those writers "
+            "turned off")
     grpc_address = cfg.otlp.grpc_listen_address
     if grpc_address is None:
         return

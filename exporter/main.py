@@ -176,7 +176,7 @@ class Runtime:
 
         spans = SpanIntake(otlp_http.mapping_for(cfg.otlp, sources.workers), records_sink, health, is_healthy=state.worker_pool.is_healthy,
                            session_wait_s=cfg.otlp.session_wait, max_body_bytes=cfg.http_records.max_body_bytes,
-                           clock=clock, duties=duties)
+                           clock=clock, duties=duties, ts_tolerance_s=cfg.http_records.ts_tolerance_s)
         endpoints_auth = otlp_http.bearer_check(cfg.http_records.bearer_token)
 
         deps = ServerDeps(
@@ -198,7 +198,8 @@ class Runtime:
         grpc_receiver = None
         if cfg.otlp.grpc_listen_address is not None:
             try:
-                grpc_receiver = GrpcTraceReceiver(spans, cfg.otlp.grpc_listen_address, cfg.http_records.bearer_token)
+                grpc_receiver = GrpcTraceReceiver(spans, cfg.otlp.grpc_listen_address, cfg.http_records.bearer_token,
+                                                  receive_timeout=cfg.web.read_timeout)
             except OSError as exc:
                 server.httpd.server_close()  # the HTTP port was bound already
                 raise ConfigError(f"{cfg.source}: otlp.grpc_listen_address: {exc}") from None

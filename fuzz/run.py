@@ -1,8 +1,9 @@
-"""Fuzz the exporter's input edges: the KV-event decoder and the Prometheus text parser.
+"""Fuzz the exporter's input edges: the KV-event decoder, the Prometheus text parser, the OTLP
+trace intake (protobuf and JSON) and the request-record parser.
 
-``python -m fuzz.run [--inputs N] [--seed S]`` (``make fuzz``) feeds N generated inputs (default
-1,000,000), half to each target, and reports crashes. A crash is any exception other than a
-target's documented error, or an output that breaks the edge's promise:
+``python -m fuzz.run [--inputs N] [--seed S] [--targets a,b]`` (``make fuzz``) feeds N generated
+inputs to each target (default 1,000,000 each) and reports crashes. A crash is any exception
+other than a target's documented error, or an output that breaks the edge's promise:
 
 * ``kvcodec.decode_batch`` never raises; a batch it returns holds only hashes and parents in
   0..2^64-1, positive block sizes and a finite timestamp; the root keys the compiled reader reads
@@ -10,7 +11,12 @@ target's documented error, or an output that breaks the edge's promise:
 * ``promtext.parse`` never raises; every label value it returns passes
   ``exporter.core.labels.valid_label_value``;
 * ``normalize.parse_worker`` and ``parse_router`` raise only ``UnrecognisedMetrics``; every
-  number they return is finite.
+  number they return is finite;
+* ``SpanIntake.ingest`` (what ``POST /v1/traces`` and gRPC ``Export`` call) raises only
+  ``OtlpDecodeError``, ``BodyTooLarge`` or ``Overloaded`` — each counted under
+  ``ingest_errors{source="otlp"}`` — and every record it delivers passes the records' own checks
+  (``records.record_problem``: label values, bounds, timestamp);
+* ``records.parse_lines`` never raises, and every record it returns passes the same checks.
 
 Inputs are mutations of the real fixtures (byte flips, splices, truncations, repeats), structured
 values shaped like batches and pages with hostile fields, and plain random bytes. The first few
@@ -21,6 +27,9 @@ Deterministic for a given seed.
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
+import json
 import math
 import random
 import sys
@@ -30,8 +39,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from exporter.codecs import kvcodec, normalize, promtext
+from exporter.codecs import kvcodec, normalize, otlp, promtext
+from exporter.core.health import Health
 from exporter.core.index.eviction import is_gpu
 from exporter.core.index.prefix_instability import (
     COMPARED_BLOCKS,
@@ -42,6 +53,9 @@ from exporter.core.index.prefix_instability import (
 )
 from exporter.core.labels import valid_label_value
 from exporter.model import BlockRemoved, BlockStored
+from exporter.sources.otlp_spans import BodyTooLarge, Overloaded, SpanIntake
+from exporter.sources.records import parse_lines, record_problem
+from prefixscope.records import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -93,6 +107,59 @@ def check_text(text: str) -> None:
         return
     for values in (router.decisions, router.healthy, router.prefix_outcomes):
         assert all(math.isfinite(v) and valid_label_value(k) for k, v in values.items()), values
+
+
+NOW = 1_700_000_000.0  # the intakes' clock: generated times sit around it
+TOLERANCE_S = 900.0
+
+
+class _Sink:
+    """What the OTLP intake delivers, kept for the check (the state is not the target here)."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+
+    def ingest_records(self, records: list[RequestRecord], received_at: float) -> None:
+        self.records += records
+
+    def signal_seen(self, signal: str, ts: float) -> None:
+        pass
+
+
+_SINK = _Sink()
+_HEALTH = Health()
+MAPPING = otlp.SpanMapping(session_attributes=("gen_ai.conversation.id", "session.id"),
+                           adapter_attributes=("gen_ai.request.model",), tenant_attributes=("tenant",),
+                           worker_names={"http://10.0.0.1:8000": "w1"})
+INTAKE = SpanIntake(MAPPING, _SINK, _HEALTH, session_wait_s=0.0, clock=lambda: NOW, max_body_bytes=1 << 20,
+                    ts_tolerance_s=TOLERANCE_S)
+
+
+def _check_records(records: list[RequestRecord]) -> None:
+    for rec in records:
+        problem = record_problem(rec, NOW, TOLERANCE_S)
+        assert problem is None, (problem, rec)
+        assert all(valid_label_value(v) for v in (rec.worker, rec.model, rec.session_key, rec.lora_name, rec.tenant)
+                   if v is not None), rec
+
+
+def check_otlp(request: tuple[bytes, str, str | None]) -> None:
+    body, ctype, encoding = request
+    errors_before = _HEALTH.total("prefixscope_ingest_errors") or 0.0
+    try:
+        INTAKE.ingest(body, ctype, encoding)
+    except (otlp.OtlpDecodeError, BodyTooLarge, Overloaded):
+        assert (_HEALTH.total("prefixscope_ingest_errors") or 0.0) > errors_before, "a refusal was not counted"
+        return
+    finally:
+        records, _SINK.records = _SINK.records, []
+    _check_records(records)
+
+
+def check_records(lines: list[bytes]) -> None:
+    records, errors = parse_lines(lines, now=NOW, ts_tolerance_s=TOLERANCE_S)
+    assert len(records) + len(errors) <= len(lines)
+    _check_records(records)
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -190,10 +257,132 @@ def text_structured(rng: random.Random) -> str:
     return rng.choice(["\n", "\r\n"]).join(lines)
 
 
+# OTLP: values shaped like vLLM's and a client's spans, with hostile fields
+OTLP_KEYS = ["gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens", "gen_ai.request.id",
+             "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_queue", "gen_ai.latency.time_in_model_prefill",
+             "gen_ai.response.model", "gen_ai.request.model", "gen_ai.usage.cache_read.input_tokens",
+             "gen_ai.conversation.id", "session.id", "tenant", "service.instance.id", "service.name", "x", ""]
+OTLP_STRINGS = ["w0", "w1", "10.0.0.1:8000", "http://10.0.0.1:8000/", "m", "", " ", "\ud800", "\udfff", "é",
+                "\u2028", "a" * 300, "x" * 2000, "cmpl-1", "s1", "0"]
+OTLP_NUMBERS: list[object] = [0, 1, 64, 512, -1, 2**53, 2**53 + 1, 2**63 - 1, -(2**63), 1.5, 0.2, 1e15, 1e16, 1.7e308,
+                              "Infinity", "-Infinity", "NaN", "1e400", "12", True]
+SPAN_NAMES = ["llm_request", "llm_request", "chat m", "http_request", ""]
+
+
+def _otlp_value(rng: random.Random) -> dict[str, object]:
+    pick = rng.random()
+    if pick < 0.35:
+        n = rng.choice(OTLP_NUMBERS)
+        if isinstance(n, bool):
+            return {"boolValue": n}
+        if isinstance(n, int):
+            return {"intValue": str(n) if rng.random() < 0.8 else n}
+        return {"doubleValue": n}
+    if pick < 0.75:
+        return {"stringValue": rng.choice(OTLP_STRINGS)}
+    if pick < 0.85:
+        return {"arrayValue": {"values": [_otlp_value(rng) for _ in range(rng.randrange(0, 3))]}}
+    if pick < 0.9:
+        return {"kvlistValue": {"values": [{"key": "k", "value": _otlp_value(rng)}]}}
+    return rng.choice([{}, {"bytesValue": "AAE="}, {"other": 1}, None, [], "x"])  # type: ignore[list-item]
+
+
+def _otlp_attrs(rng: random.Random, n: int) -> list[object]:
+    out: list[object] = [{"key": rng.choice(OTLP_KEYS), "value": _otlp_value(rng)} for _ in range(n)]
+    if rng.random() < 0.05:
+        out.append(rng.choice([{"value": {"intValue": "1"}}, {"key": 7, "value": {}}, "x", None]))
+    return out
+
+
+def _otlp_time(rng: random.Random) -> object:
+    ns = int(NOW * 1e9)
+    return rng.choice([str(ns), str(ns - rng.randrange(10**12)), str(ns + 10**17), "0", "", "-1", "1e18",
+                       str(2**64), str(2**64 - 1), ns, 1.5e18, None, "x"])
+
+
+def _hex_id(rng: random.Random, size: int) -> object:
+    if rng.random() < 0.9:
+        return rng.randbytes(size).hex()
+    return rng.choice(["", "zz" * size, "ab", rng.randbytes(size + 1).hex(), rng.randbytes(size).hex().upper(), 5])
+
+
+def otlp_json_request(rng: random.Random) -> dict[str, object]:
+    spans = []
+    trace = _hex_id(rng, 16)
+    for _ in range(rng.randrange(0, 5)):
+        spans.append({"traceId": trace if rng.random() < 0.6 else _hex_id(rng, 16), "spanId": _hex_id(rng, 8),
+                      "parentSpanId": rng.choice(["", _hex_id(rng, 8)]), "name": rng.choice(SPAN_NAMES),
+                      "kind": rng.choice([1, 2, 3]), "startTimeUnixNano": _otlp_time(rng),
+                      "endTimeUnixNano": _otlp_time(rng), "attributes": _otlp_attrs(rng, rng.randrange(0, 8))})
+    return {"resourceSpans": [{"resource": {"attributes": _otlp_attrs(rng, rng.randrange(0, 3))},
+                               "scopeSpans": [{"scope": {"name": "vllm.tracing.otel"}, "spans": spans}]}
+                              for _ in range(rng.randrange(1, 3))]}
+
+
+def _json_to_protobuf(request: dict[str, object]) -> bytes | None:
+    """The same request in protobuf, where its values fit protobuf's types (else None)."""
+    from google.protobuf import json_format
+
+    def ids(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: (base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId")
+                        and isinstance(v, str) else ids(v)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [ids(v) for v in value]
+        return value
+
+    try:
+        msg = json_format.ParseDict(ids(request), trace_service_pb2.ExportTraceServiceRequest())
+        return msg.SerializeToString()
+    except Exception:  # a value protobuf cannot hold: the JSON target has it
+        return None
+
+
+def _encode(rng: random.Random, body: bytes, ctype: str) -> tuple[bytes, str, str | None]:
+    if rng.random() < 0.1:
+        return gzip.compress(body, compresslevel=1), ctype, "gzip"
+    if rng.random() < 0.01:
+        return body, rng.choice(["text/plain", "application/json; charset=utf-8", ""]), rng.choice([None, "br"])
+    return body, ctype, None
+
+
+def _pb_bomb(rng: random.Random) -> bytes:
+    """Many tiny elements in few bytes: spans, attributes, nested arrays."""
+    from google.protobuf.internal.encoder import _VarintBytes as varint
+    n = rng.choice([10, 10_001, 200_000])
+    inner = rng.choice([b"\x12\x00", b"\x4a\x00", b"\x2a\x00"]) * n  # spans, or fields that are no span
+    scope = b"\x12" + varint(len(inner)) + inner
+    return b"\x0a" + varint(len(scope)) + scope
+
+
+RECORD_FIELDS = {"ts": [NOW, NOW - 5, NOW + 899, NOW + 10**9, NOW * 1000, -1, 1e400, "x", None, True, 2**64],
+                 "request_id": ["r1", "", "\ud800", "x" * 300, 7, None],
+                 "worker": ["w0", "", "\udfff", "w" * 257, 1.5, None],
+                 "prompt_tokens": [10, 0, -1, 2**53, 2**53 + 1, 1.7e308, 16.0, "10", None, 10**400],
+                 "cached_tokens": [5, 20, -1, 1.5, None, 2**70],
+                 "model": ["m", "\ud800", "m" * 257, None, 5],
+                 "session_key": ["s", "s" * 513, "\udbff", None],
+                 "ttft_s": [0.1, -0.1, 1e16, 1e400, None, "0.1"],
+                 "block_hashes": [[1, 2, 3], [-1], [2**64], [1.5], "x", None, [[1]]],
+                 "segment": ["a", "\ud800", None, "s" * 65],
+                 "fallback_tier": ["warm_pool", "other", None],
+                 "tenant": ["t", "\udc00", None]}
+
+
+def record_line(rng: random.Random) -> bytes:
+    rec = {k: rng.choice(v) for k, v in RECORD_FIELDS.items() if rng.random() < (0.95 if k in
+                                                                                   ("ts", "request_id", "worker", "prompt_tokens") else 0.3)}
+    if rng.random() < 0.05:
+        rec["nested"] = json.loads("[" * 40 + "]" * 40)
+    text = json.dumps(rec)
+    return text.replace('"1e400"', "1e400").replace("10000000000" * 3, "1" + "0" * 400).encode()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--inputs", type=int, default=1_000_000, help="generated inputs in all (half per target)")
+    parser.add_argument("--inputs", type=int, default=1_000_000, help="generated inputs per target")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--targets", default="", help="comma-separated targets (default: all)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     kv_seeds = [p.read_bytes() for p in sorted(FIXTURES.glob("*.msgpack"))]
@@ -218,16 +407,59 @@ def main(argv: list[str] | None = None) -> int:
             return _mutate(rng, seed, text_pieces).decode("utf-8", "surrogateescape")
         return rng.randbytes(rng.randrange(0, 200)).decode("utf-8", "surrogateescape")
 
-    targets: list[tuple[str, Callable[[], object], Callable[[object], None]]] = [
+    pb_seeds = [(FIXTURES / "sglang_router_spans.binpb").read_bytes()]
+    json_seeds = [json.dumps(otlp_json_request(random.Random(i))).encode() for i in range(20)]
+    pb_seeds += [b for b in (_json_to_protobuf(otlp_json_request(random.Random(i))) for i in range(40)) if b]
+
+    def otlp_pb_input() -> tuple[bytes, str, str | None]:
+        pick = rng.random()
+        if pick < 0.4:
+            body = _json_to_protobuf(otlp_json_request(rng)) or b""
+        elif pick < 0.9:
+            body = _mutate(rng, rng.choice(pb_seeds), pb_seeds)
+        elif pick < 0.93:
+            body = _pb_bomb(rng)
+        else:
+            body = rng.randbytes(rng.randrange(0, 64))
+        return _encode(rng, body, otlp.PROTOBUF)
+
+    def otlp_json_input() -> tuple[bytes, str, str | None]:
+        pick = rng.random()
+        if pick < 0.5:
+            body = json.dumps(otlp_json_request(rng)).encode()
+        elif pick < 0.95:
+            body = _mutate(rng, rng.choice(json_seeds), json_seeds)
+        else:
+            body = rng.choice([b"[" * 5000, b"{}", b"null", b'{"resourceSpans": 5}', rng.randbytes(rng.randrange(64))])
+        return _encode(rng, body, otlp.JSON)
+
+    record_seeds = [record_line(random.Random(i)) for i in range(20)]
+
+    def records_input() -> list[bytes]:
+        lines = []
+        for _ in range(rng.randrange(1, 4)):
+            pick = rng.random()
+            lines.append(record_line(rng) if pick < 0.6 else _mutate(rng, rng.choice(record_seeds), record_seeds)
+                         if pick < 0.97 else rng.randbytes(rng.randrange(40)))
+        return lines
+
+    every: list[tuple[str, Callable[[], object], Callable[[object], None]]] = [
         ("kv-decoder", kv_input, check_kv),  # type: ignore[list-item]
         ("text-parser", text_input, check_text),  # type: ignore[list-item]
+        ("otlp-protobuf", otlp_pb_input, check_otlp),  # type: ignore[list-item]
+        ("otlp-json", otlp_json_input, check_otlp),  # type: ignore[list-item]
+        ("records", records_input, check_records),  # type: ignore[list-item]
     ]
+    chosen = {t for t in args.targets.split(",") if t}
+    if chosen - {t[0] for t in every}:
+        parser.error(f"unknown targets {sorted(chosen - {t[0] for t in every})}; known: {[t[0] for t in every]}")
+    targets = [t for t in every if not chosen or t[0] in chosen]
     counts = dict.fromkeys((t[0] for t in targets), 0)
     crashes = dict.fromkeys(counts, 0)
     kept = 0
     started = time.monotonic()
-    for i in range(args.inputs):
-        name, make, check = targets[i % 2]
+    for i in range(args.inputs * len(targets)):
+        name, make, check = targets[i % len(targets)]
         data = make()
         counts[name] += 1
         try:

@@ -41,7 +41,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 
-from prefixscope.records import RequestRecord
+from exporter.core.labels import label_value_problem
+from prefixscope.records import SCHEMA, RequestRecord
 
 AttrValue = str | bool | int | float | bytes | tuple[Any, ...] | None
 PROTOBUF = "application/x-protobuf"
@@ -58,10 +59,7 @@ PREFILL = "gen_ai.latency.time_in_model_prefill"
 RESPONSE_MODEL = "gen_ai.response.model"
 REQUEST_MODEL = "gen_ai.request.model"
 CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
-
-
-class OtlpDecodeError(ValueError):
-    """The body is not an OTLP ExportTraceServiceRequest in the encoding it claims."""
+MAX_SESSION_CHARS: int = SCHEMA["properties"]["session_key"]["maxLength"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +73,12 @@ class Span:
     resource: Mapping[str, AttrValue]
     scope: str = ""
     parent_span_id: str = ""
+
+    def slim(self, names: frozenset[str]) -> Span:
+        """The span with only the attributes named (what waits for its session keeps no more)."""
+        return Span(self.trace_id, self.span_id, self.name, self.start_ns, self.end_ns,
+                    {k: v for k, v in self.attributes.items() if k in names},
+                    {k: v for k, v in self.resource.items() if k in names}, self.scope, self.parent_span_id)
 
     def attr(self, names: Iterable[str]) -> AttrValue:
         """The first of ``names`` set on the span, else on its resource."""
@@ -103,12 +107,148 @@ class SpanMapping:
     # An attribute value (a worker's URL, host:port or name) -> the configured worker name.
     worker_names: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def read(self) -> frozenset[str]:
+        """Every attribute a request span is read for."""
+        return frozenset((REQUEST_ID, PROMPT_TOKENS, COMPLETION_TOKENS, TTFT, QUEUE, PREFILL, *self.worker_attributes,
+                          *self.session_attributes, *self.cached_attributes, *self.model_attributes,
+                          *self.adapter_attributes, *self.tenant_attributes))
+
     def worker(self, value: str) -> str:
         key = value.strip().rstrip("/").lower()
         for candidate in (key, f"http://{key}", f"https://{key}"):
             if candidate in self.worker_names:
                 return self.worker_names[candidate]
         return value
+
+
+# ---- the request's budget -------------------------------------------------------------------
+# A message costs memory by its elements, not its bytes: an empty span is two bytes on the wire
+# and a few hundred in memory, so 8 MB of them (8 KB gzipped) would build 4 M spans. The budget
+# is checked on the wire, before anything is built: spans, and every element (a span, an
+# attribute, its value, an event...).
+DEFAULT_MAX_SPANS = 10_000  # the Collector's batch processor sends 8,192 by default, vLLM 512
+ITEMS_PER_SPAN = 64  # elements allowed per span on average (vLLM's request span has ~25)
+MAX_DEPTH = 64  # nested values (an attribute holding arrays of arrays ...)
+# A protobuf body up to this size is parsed without being walked first: it cannot hold more than
+# half as many elements as it has bytes, which the budget allows; its spans are counted once built.
+WALK_ABOVE = 64 * 1024
+
+
+class OtlpDecodeError(ValueError):
+    """The body is not an OTLP ExportTraceServiceRequest in the encoding it claims."""
+
+    kind = "decode"
+
+
+class BudgetExceeded(OtlpDecodeError):
+    """The request holds more spans or elements than one request may (resending cannot succeed)."""
+
+    kind = "too_large"
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What one export request may hold: spans, and elements of any kind."""
+
+    max_spans: int = DEFAULT_MAX_SPANS
+    max_items: int = DEFAULT_MAX_SPANS * ITEMS_PER_SPAN
+
+    def check(self, spans: int, items: int) -> None:
+        if spans > self.max_spans:
+            raise BudgetExceeded(f"more than {self.max_spans} spans in one request; send smaller batches")
+        if items > self.max_items:
+            raise BudgetExceeded(f"more than {self.max_items} elements (spans, attributes, values) in one "
+                                 "request; send smaller batches")
+
+
+def _message_tables() -> dict[str, dict[int, str]]:
+    """Message type → {field number: the message type of a field that holds one} over the request's types."""
+    tables: dict[str, dict[int, str]] = {}
+    todo = [trace_service_pb2.ExportTraceServiceRequest.DESCRIPTOR]
+    while todo:
+        desc = todo.pop()
+        if desc.full_name in tables:
+            continue
+        tables[desc.full_name] = {f.number: f.message_type.full_name for f in desc.fields if f.message_type is not None}
+        todo += [f.message_type for f in desc.fields if f.message_type is not None]
+    return tables
+
+
+_TABLES = _message_tables()
+_REQUEST = trace_service_pb2.ExportTraceServiceRequest.DESCRIPTOR.full_name
+_SPAN = "opentelemetry.proto.trace.v1.Span"
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while pos < end:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            break
+    raise OtlpDecodeError("not an OTLP protobuf ExportTraceServiceRequest: a truncated or overlong varint")
+
+
+def count_protobuf(body: bytes, budget: Budget) -> tuple[int, int]:
+    """(spans, elements) of a protobuf ExportTraceServiceRequest, read off its wire format without
+    building it; BudgetExceeded as soon as either passes the budget, OtlpDecodeError where the
+    wire format breaks (the parser that follows decides everything else)."""
+    spans = items = 0
+    stack = [(0, len(body), _REQUEST, 0)]
+    while stack:
+        pos, end, name, depth = stack.pop()
+        fields = _TABLES[name]
+        while pos < end:
+            tag, pos = _varint(body, pos, end)
+            wire = tag & 7
+            if wire == 0:
+                _, pos = _varint(body, pos, end)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            elif wire == 2:
+                n, pos = _varint(body, pos, end)
+                child = fields.get(tag >> 3)
+                if child is not None and pos + n <= end:
+                    items += 1
+                    if child == _SPAN:
+                        spans += 1
+                    if spans > budget.max_spans or items > budget.max_items:
+                        budget.check(spans, items)
+                    if depth >= MAX_DEPTH:
+                        raise OtlpDecodeError(f"values nested more than {MAX_DEPTH} levels deep")
+                    stack.append((pos, pos + n, child, depth + 1))
+                pos += n
+            else:
+                raise OtlpDecodeError(f"not an OTLP protobuf ExportTraceServiceRequest: wire type {wire}")
+        if pos > end:
+            raise OtlpDecodeError("not an OTLP protobuf ExportTraceServiceRequest: a field runs past its message")
+    return spans, items
+
+
+def elements(body: bytes, content_type: str | None, budget: Budget) -> int:
+    """How many elements the request may build: an upper bound (exact for a walked protobuf body),
+    BudgetExceeded when it passes the budget (see :func:`count_protobuf`, :func:`count_json`)."""
+    if _media(content_type) == JSON:
+        return count_json(body, budget)
+    if len(body) > WALK_ABOVE:
+        return count_protobuf(body, budget)[1]
+    return len(body) // 2  # every element takes two bytes at least
+
+
+def count_json(body: bytes, budget: Budget) -> int:
+    """An upper bound of the elements of a JSON request (its objects and arrays), counted before it
+    is parsed; BudgetExceeded past the budget."""
+    items = body.count(b"{") + body.count(b"[")
+    if items > budget.max_items:
+        budget.check(0, items)
+    return items
 
 
 # ---- decoding ------------------------------------------------------------------------------
@@ -127,19 +267,29 @@ def _pb_attrs(attrs: Iterable[common_pb2.KeyValue]) -> dict[str, AttrValue]:
     return {kv.key: _pb_value(kv.value) for kv in attrs}
 
 
-def decode_protobuf(body: bytes) -> list[Span]:
+def _pb_id(raw: bytes, size: int, what: str) -> str:
+    if raw and len(raw) != size:
+        raise OtlpDecodeError(f"{what} of {len(raw)} bytes (an OTLP {what} has {size} or none)")
+    return raw.hex()
+
+
+def decode_protobuf(body: bytes, budget: Budget | None = None) -> list[Span]:
+    budget = budget or Budget()
+    if len(body) > WALK_ABOVE:
+        count_protobuf(body, budget)
     try:
         req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
     except DecodeError as exc:
         raise OtlpDecodeError(f"not an OTLP protobuf ExportTraceServiceRequest: {exc}") from None
+    budget.check(sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans), 0)
     out: list[Span] = []
     for rs in req.resource_spans:
         resource = _pb_attrs(rs.resource.attributes)
         for ss in rs.scope_spans:
             for s in ss.spans:
-                out.append(Span(s.trace_id.hex(), s.span_id.hex(), s.name, s.start_time_unix_nano,
-                                s.end_time_unix_nano, _pb_attrs(s.attributes), resource, ss.scope.name,
-                                s.parent_span_id.hex()))
+                out.append(Span(_pb_id(s.trace_id, 16, "trace id"), _pb_id(s.span_id, 8, "span id"), s.name,
+                                s.start_time_unix_nano, s.end_time_unix_nano, _pb_attrs(s.attributes), resource,
+                                ss.scope.name, _pb_id(s.parent_span_id, 8, "parent span id")))
     return out
 
 
@@ -167,10 +317,32 @@ def _json_value(v: Any) -> AttrValue:
 def _json_attrs(attrs: Any) -> dict[str, AttrValue]:
     if not isinstance(attrs, list):
         return {}
-    return {kv["key"]: _json_value(kv.get("value")) for kv in attrs if isinstance(kv, dict) and "key" in kv}
+    return {str(kv["key"]): _json_value(kv.get("value")) for kv in attrs if isinstance(kv, dict) and "key" in kv}
 
 
-def decode_json(body: bytes) -> list[Span]:
+def _json_id(raw: Any, size: int, what: str) -> str:
+    """A hex id of ``size`` bytes (or none), lower-cased."""
+    text = str(raw or "")
+    if text and (len(text) != 2 * size or len(bytes.fromhex(text)) != size):
+        raise OtlpDecodeError(f"{what} {text[:40]!r} is not {2 * size} hex digits")
+    return text.lower()
+
+
+def _json_time(raw: Any) -> int:
+    """Unix nanoseconds: a decimal string in OTLP JSON, a number from lenient senders."""
+    if raw is None or raw == "":
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise OtlpDecodeError(f"a time of {type(raw).__name__} (OTLP JSON sends unix nanoseconds as a string)")
+    value = int(raw)
+    if not 0 <= value < 2**64:
+        raise OtlpDecodeError(f"time {value} is outside 0..2^64-1 nanoseconds")
+    return value
+
+
+def decode_json(body: bytes, budget: Budget | None = None) -> list[Span]:
+    budget = budget or Budget()
+    count_json(body, budget)
     try:
         req = json.loads(body)
         out: list[Span] = []
@@ -179,22 +351,33 @@ def decode_json(body: bytes) -> list[Span]:
             for ss in rs.get("scopeSpans") or ():
                 scope = str((ss.get("scope") or {}).get("name", ""))
                 for s in ss.get("spans") or ():
-                    out.append(Span(str(s.get("traceId", "")).lower(), str(s.get("spanId", "")).lower(),
-                                    str(s.get("name", "")), int(s.get("startTimeUnixNano") or 0),
-                                    int(s.get("endTimeUnixNano") or 0), _json_attrs(s.get("attributes")),
-                                    resource, scope, str(s.get("parentSpanId", "")).lower()))
+                    out.append(Span(_json_id(s.get("traceId"), 16, "trace id"), _json_id(s.get("spanId"), 8, "span id"),
+                                    str(s.get("name", "")), _json_time(s.get("startTimeUnixNano")),
+                                    _json_time(s.get("endTimeUnixNano")), _json_attrs(s.get("attributes")),
+                                    resource, scope, _json_id(s.get("parentSpanId"), 8, "parent span id")))
+        budget.check(len(out), 0)
         return out
-    except (ValueError, TypeError, AttributeError, KeyError) as exc:
-        raise OtlpDecodeError(f"not an OTLP JSON ExportTraceServiceRequest: {exc}") from None
+    except OtlpDecodeError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError, OverflowError, RecursionError) as exc:
+        raise OtlpDecodeError(f"not an OTLP JSON ExportTraceServiceRequest: {type(exc).__name__}: {exc}") from None
 
 
-def decode(body: bytes, content_type: str | None) -> list[Span]:
-    """Spans of one export request; ``content_type`` picks the encoding (protobuf by default)."""
-    media = (content_type or PROTOBUF).split(";")[0].strip().lower()
+def _media(content_type: str | None) -> str:
+    return (content_type or PROTOBUF).split(";")[0].strip().lower()
+
+
+def decode(body: bytes, content_type: str | None, budget: Budget | None = None) -> list[Span]:
+    """Spans of one export request; ``content_type`` picks the encoding (protobuf by default).
+
+    OtlpDecodeError when the body is not a request in that encoding, BudgetExceeded (one of them)
+    when it holds more than ``budget`` allows — found before the request is built.
+    """
+    media = _media(content_type)
     if media == JSON:
-        return decode_json(body)
+        return decode_json(body, budget)
     if media in (PROTOBUF, "application/protobuf", "application/octet-stream"):
-        return decode_protobuf(body)
+        return decode_protobuf(body, budget)
     raise OtlpDecodeError(f"unsupported Content-Type {content_type!r}: send {PROTOBUF} or {JSON}")
 
 
@@ -203,6 +386,18 @@ def _number(v: AttrValue) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     return float(v) if math.isfinite(v) and v >= 0 else None
+
+
+def _measure(span: Span, name: str, v: AttrValue) -> float | None:
+    """A measurement the span carries: None when it carries none; ValueError (the span is rejected)
+    when it carries one no count or duration can be — not a number, negative, infinite or NaN."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"span {span.span_id or '?'}: {name} is {type(v).__name__} {str(v)[:40]!r}, not a number")
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"span {span.span_id or '?'}: {name} = {v!r} is not a finite number ≥ 0")
+    return float(v)
 
 
 def _string(v: AttrValue) -> str | None:
@@ -218,6 +413,14 @@ def is_request(span: Span, mapping: SpanMapping) -> bool:
 
 def session_of(span: Span, mapping: SpanMapping) -> str | None:
     return _string(span.attr(mapping.session_attributes)) if mapping.session_attributes else None
+
+
+def _usable_session(key: str | None) -> str | None:
+    """A session key another span may lend a request: one a record could carry (see the
+    request's own check in the intake), else none — it would be remembered for every trace."""
+    if key is None or len(key) > MAX_SESSION_CHARS or label_value_problem(key) is not None:
+        return None
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +448,7 @@ def trace_facts(spans: Iterable[Span], mapping: SpanMapping) -> dict[str, TraceF
     for s in spans:
         if not s.trace_id:
             continue
-        key = session_of(s, mapping)
+        key = _usable_session(session_of(s, mapping))
         cached = None
         if mapping.cached_attributes and not is_request(s, mapping):
             cached = _tokens(s.attr(mapping.cached_attributes))
@@ -282,7 +485,7 @@ def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
     knows whether the session moved, so ``migrated_from`` is carried even when None.
     ``trace_cached``: the cached tokens another span of the trace reported (the span's own win).
     """
-    prompt = _number(span.attributes.get(PROMPT_TOKENS))
+    prompt = _measure(span, PROMPT_TOKENS, span.attributes.get(PROMPT_TOKENS))
     if prompt is None:
         raise ValueError(f"span {span.span_id or '?'} ({span.name}) has no {PROMPT_TOKENS}")
     worker = _string(span.attr(mapping.worker_attributes))
@@ -293,11 +496,12 @@ def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
         raise ValueError(f"span {span.span_id or '?'} has no end time")
     values: dict[str, Any] = {
         "model": _string(span.attr(mapping.model_attributes)),
-        "cached_tokens": _number(span.attr(mapping.cached_attributes)) if mapping.cached_attributes else None,
-        "output_tokens": _number(span.attributes.get(COMPLETION_TOKENS)),
-        "ttft_s": _number(span.attributes.get(TTFT)),
-        "queue_s": _number(span.attributes.get(QUEUE)),
-        "prefill_s": _number(span.attributes.get(PREFILL)),
+        "cached_tokens": (_measure(span, "cached tokens", span.attr(mapping.cached_attributes))
+                          if mapping.cached_attributes else None),
+        "output_tokens": _measure(span, COMPLETION_TOKENS, span.attributes.get(COMPLETION_TOKENS)),
+        "ttft_s": _measure(span, TTFT, span.attributes.get(TTFT)),
+        "queue_s": _measure(span, QUEUE, span.attributes.get(QUEUE)),
+        "prefill_s": _measure(span, PREFILL, span.attributes.get(PREFILL)),
         "session_key": session_key,
         "migrated_from": migrated_from,
         "migration_kind": "hard" if migrated_from else None,

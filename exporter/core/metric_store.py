@@ -218,18 +218,8 @@ class MetricStore:
     def _expiry_due(self, now: float) -> bool:
         """Some window's oldest slot has aged out (each window's own expiry test, read in one
         place: every window here has the store's ``window_s``)."""
-        cutoff = now - self.window_s
-        slots = self.win._slots.slots
-        if slots and slots[0].last <= cutoff:
-            return True
-        slots = self.own._slots.slots
-        if slots and slots[0].last <= cutoff:
-            return True
-        for hw in self.hwin.values():
-            slots = hw._slots.slots
-            if slots and slots[0].last <= cutoff:
-                return True
-        return False
+        return self.win._slots.due(now) or self.own._slots.due(now) or any(
+            hw._slots.due(now) for hw in self.hwin.values())
 
     def advance_baselines(self, now: float) -> None:
         """Bring the baselines to input time ``now`` (cheap: slots move only at slot edges)."""

@@ -8,9 +8,10 @@ bucket layouts, so the exporter's own check values match what the recording rule
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import bisect_left
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -48,48 +49,74 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
     return float(bounds[-1])
 
 
-# Events whose input times fall within RESOLUTION_S of their slot's first are held together: a
-# slot holds one sum (or one bucket row) per key instead of one entry per event, so what a window
-# holds grows with the keys in use and the window's length, not with the event rate. A slot leaves
-# the window when its newest event does, so an event can outlive its window by up to RESOLUTION_S
-# (Prometheus reads window edges at scrape granularity, coarser still).
+# Events whose input times fall within the same RESOLUTION_S step (``floor(ts / RESOLUTION_S)``)
+# are held together: a slot holds one sum (or one bucket row) per key instead of one entry per
+# event, so what a window holds grows with the keys in use and the window's length, not with the
+# event rate — nor with the order events arrive in: an event older than the newest joins its own
+# step's slot. A slot leaves the window when its newest event does, so an event can outlive its
+# window by up to RESOLUTION_S (Prometheus reads window edges at scrape granularity, coarser
+# still). Slots leave in time order whatever order they were opened in, so a slot ahead of the
+# clock (a timestamp inside the intakes' tolerance) waits for its own time without holding back
+# the slots before it.
 RESOLUTION_S = 1.0
 
 
 class _Slot:
-    __slots__ = ("first", "last", "rows")
+    __slots__ = ("first", "hi", "last", "lo", "rows")
 
-    def __init__(self, ts: float) -> None:
+    def __init__(self, ts: float, lo: float, hi: float) -> None:
         self.first = self.last = ts
+        self.lo, self.hi = lo, hi  # the step's bounds: lo <= ts < hi
         self.rows: dict = {}  # key -> the slot's sum, or its bucket row
 
 
 class _Slots:
-    """Slots in arrival order; an event joins the newest slot when it is no older than that slot's
-    newest event and within ``resolution_s`` of its first (an event out of order opens a slot)."""
+    """Slots by time step, each opened by its first event; ``due`` and ``expired`` in time order."""
 
     def __init__(self, window_s: float, resolution_s: float) -> None:
         self.window_s = window_s
         self.resolution_s = resolution_s
-        self.slots: deque[_Slot] = deque()
+        self.by_step: dict[int, _Slot] = {}
+        self._steps: list[int] = []  # a heap of the steps in by_step
+        self.tail: _Slot | None = None  # the slot of the latest event (most events join it)
         self.events = 0  # events held (for reporting)
 
+    def __len__(self) -> int:
+        return len(self.by_step)
+
+    @property
+    def slots(self) -> list[_Slot]:
+        """The slots in time order (a copy, for reading)."""
+        return [self.by_step[step] for step in sorted(self.by_step)]
+
     def slot_for(self, ts: float) -> _Slot:
-        slots = self.slots
-        if slots:
-            tail = slots[-1]
-            if tail.last <= ts < tail.first + self.resolution_s:
+        tail = self.tail
+        if tail is not None and tail.lo <= ts < tail.hi:
+            if ts > tail.last:
                 tail.last = ts
-                return tail
-        slot = _Slot(ts)
-        slots.append(slot)
+            return tail
+        step = math.floor(ts / self.resolution_s)
+        slot = self.by_step.get(step)
+        if slot is None:
+            slot = self.by_step[step] = _Slot(ts, step * self.resolution_s, (step + 1) * self.resolution_s)
+            heapq.heappush(self._steps, step)
+        elif ts > slot.last:
+            slot.last = ts
+        self.tail = slot
         return slot
+
+    def due(self, now: float) -> bool:
+        """The oldest slot has left the window."""
+        return bool(self._steps) and self.by_step[self._steps[0]].last <= now - self.window_s
 
     def expired(self, now: float) -> Iterable[_Slot]:
         cutoff = now - self.window_s
-        slots = self.slots
-        while slots and slots[0].last <= cutoff:
-            yield slots.popleft()
+        steps, by_step = self._steps, self.by_step
+        while steps and by_step[steps[0]].last <= cutoff:
+            slot = by_step.pop(heapq.heappop(steps))
+            if slot is self.tail:
+                self.tail = None
+            yield slot
 
 
 class WindowedSum:
@@ -103,8 +130,8 @@ class WindowedSum:
 
     def add(self, ts: float, key: Hashable, value: float = 1.0) -> None:
         slots = self._slots
-        tail = slots.slots[-1] if slots.slots else None
-        if tail is not None and tail.last <= ts < tail.first + slots.resolution_s:  # slot_for's common case, inline
+        tail = slots.tail
+        if tail is not None and tail.last <= ts < tail.hi:  # slot_for's common case, inline
             tail.last = ts
         else:
             tail = slots.slot_for(ts)
@@ -135,8 +162,7 @@ class WindowedSum:
         slots.events += added
 
     def expire(self, now: float) -> None:
-        slots = self._slots.slots
-        if not slots or slots[0].last > now - self.window_s:  # nothing to expire (the common case)
+        if not self._slots.due(now):  # nothing to expire (the common case)
             return
         sums, n = self.sums, self._n
         for slot in self._slots.expired(now):
@@ -158,7 +184,7 @@ class WindowedSum:
 
     def __len__(self) -> int:
         """Slots held (each one sum per key seen in it)."""
-        return len(self._slots.slots)
+        return len(self._slots)
 
 
 class PendingSums:
@@ -183,8 +209,8 @@ class PendingSums:
     def at(self, ts: float) -> None:
         """The slot of an add at ``ts`` (made current)."""
         slots = self.win._slots
-        tail = slots.slots[-1] if slots.slots else None
-        if tail is not None and tail.last <= ts < tail.first + slots.resolution_s:
+        tail = slots.tail
+        if tail is not None and tail.last <= ts < tail.hi:
             tail.last = ts
         else:
             tail = slots.slot_for(ts)
@@ -272,8 +298,7 @@ class WindowedBuckets:
             row[i] += 1
 
     def expire(self, now: float) -> None:
-        slots = self._slots.slots
-        if not slots or slots[0].last > now - self.window_s:  # nothing to expire (the common case)
+        if not self._slots.due(now):  # nothing to expire (the common case)
             return
         for slot in self._slots.expired(now):
             for key, slot_row in slot.rows.items():

@@ -19,9 +19,17 @@ batches (so every shard and a single exporter see the same interleaving). The ru
   ``duplicates``; acknowledgements are ``AckAll`` on the last message of each fetch;
 * **the worker's own sequence** (header ``Prefixscope-Seq``): the next expected one is the last
   + 1; a jump forward is loss the relay could not heal from the worker's replay — counted as a
-  gap and missed batches, nothing more to fetch; a seq below the expected one, or the relay's
-  ``Prefixscope-Restart`` header, means the worker restarted: its view is cleared through
-  ``sink.worker_restarted``;
+  gap and missed batches, nothing more to fetch;
+* **a message is judged, not trusted** (``ingest_errors{source="kv_events"}``, each rejected
+  message counted by kind, none applied): one whose ``Prefixscope-Worker`` names another worker
+  than its subject (``identity``); one whose seq is not an integer in 0..2^53, or jumps more than
+  ``MAX_JUMP`` ahead unless the next message confirms the new sequence (``sequence``); one at or
+  below a seq already applied that no restart explains — a duplicate the stream's own
+  deduplication let through, or a reordered one (``duplicate``, skipped). A worker restart is
+  recognised only by what a restart gives: the relay's ``Prefixscope-Restart`` header (the
+  relay watched the worker's own stream go back), or the sequence back at 0 with another batch
+  than the worker's first one (its ``Nats-Msg-Id`` carries the payload's digest); then the
+  worker's view is cleared through ``sink.worker_restarted``;
 * NATS down or restarted: the client reconnects forever; the durable consumer is kept by the
   server (file storage), and if it is gone it is recreated from the last applied stream
   sequence + 1, so nothing retained is skipped and nothing is applied twice.
@@ -60,6 +68,7 @@ from exporter.codecs import dynamo_events, kvcodec
 from exporter.codecs.kv_stream import (
     DEFAULT_PREFIX,
     DEFAULT_STREAM,
+    H_MSG_ID,
     H_RESTART,
     H_SEQ,
     H_WORKER,
@@ -75,6 +84,8 @@ SOURCE = "kv_events"
 FETCH = 512  # messages per pull
 RETRY_S = 0.5
 MAX_PUBLISHERS = 65_536  # Dynamo publishers (and worker ranks) whose sequence is remembered, oldest forgotten first
+MAX_SEQ = 2**53  # vLLM counts batches from 0; beyond this a seq is no count of batches
+MAX_JUMP = 1_000_000  # batches a worker may skip at once (a day at ten a second) unless confirmed
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,8 @@ class NatsKvSource:
         self._dyn_publishers: dict[tuple[int, str | None], tuple[int, str | None]] = {}
         self._dyn_events: dict[str, int] = {}  # Dynamo worker (and rank) -> next event_id
         self._dyn_seen: set[str] = set()  # Dynamo workers whose gap series exists (as many as its series)
+        self._first_id: dict[str, str] = {}  # worker -> Nats-Msg-Id of the batch it started at (seq 0)
+        self._jump: dict[str, int] = {}  # worker -> a seq too far ahead, awaiting the next to confirm it
         self._started = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -275,31 +288,60 @@ class NatsKvSource:
             self.duplicates += 1
             return
         self.last_stream_seq = stream_seq
-        worker = headers.get(H_WORKER) or worker_from_subject(self.settings.subject_prefix, subject)
+        named = worker_from_subject(self.settings.subject_prefix, subject)
+        worker = headers.get(H_WORKER) or named
         if worker is None or (self.settings.workers is not None and worker not in self.settings.workers):
+            return
+        if named is not None and worker != named:
+            self.health.error(SOURCE, "identity", f"stream message {stream_seq} on {subject} names worker {worker!r}")
             return
         try:
             seq = int(headers[H_SEQ])
         except (KeyError, ValueError):
             self.health.error(SOURCE, "frame", f"worker {worker}: stream message {stream_seq} without a valid {H_SEQ}")
             return
-        self._sequence(worker, seq, headers.get(H_RESTART) == "1")
+        if not self._relay_sequence(worker, seq, headers, stream_seq):
+            return
         batch = kvcodec.decode_batch(data, worker, seq, self.health, attribution=self.settings.attribution)
         if batch is not None:
             self._apply(lambda: self.sink.apply_kv_batch(batch, self.clock()), worker)
 
-    def _sequence(self, worker: str, seq: int, restart: bool) -> None:
+    def _relay_sequence(self, worker: str, seq: int, headers: dict[str, str], stream_seq: int) -> bool:
+        """Whether a relayed batch at ``seq`` is applied (the rules of the module docstring); a
+        restart it proves is passed on, loss it shows is counted, a misfit is counted and refused."""
+        if not 0 <= seq <= MAX_SEQ:
+            self.health.error(SOURCE, "sequence", f"worker {worker}: stream message {stream_seq} has seq {seq}")
+            return False
         expected = self._next.get(worker)
+        msg_id = headers.get(H_MSG_ID, "")
+        jump, self._jump[worker] = self._jump.pop(worker, None), seq
         if expected is None:
             if seq > 0:
                 log.info("worker %s: first retained batch is seq %d (joined within its run)", worker, seq)
-        elif restart or seq < expected:
+        elif headers.get(H_RESTART) == "1":  # the relay saw the worker restart (kv_zmq's restart rule)
+            log.info("worker %s: the relay saw it restart (seq %d to %d)", worker, expected - 1, seq)
+            self._apply(lambda: self.sink.worker_restarted(worker), worker)
+        elif seq < expected:
+            if not (seq == 0 and msg_id.startswith(f"{worker}:0:") and msg_id != self._first_id.get(worker)):
+                self.health.error(SOURCE, "duplicate", f"worker {worker}: stream message {stream_seq} has seq {seq}, "
+                                  f"already past (next expected {expected}), and no restart")
+                self.duplicates += 1
+                return False
             log.info("worker %s: KV-event sequence went from %d to %d: worker restarted", worker, expected - 1, seq)
             self._apply(lambda: self.sink.worker_restarted(worker), worker)
-        elif seq > expected and (self.home is None or self.home(worker)):
-            self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
-            self.health.inc("prefixscope_kv_event_missed_batches", (worker,), seq - expected)
+        elif seq > expected:
+            if seq - expected > MAX_JUMP and jump != seq - 1:
+                self.health.error(SOURCE, "sequence", f"worker {worker}: stream message {stream_seq} jumps from seq "
+                                  f"{expected - 1} to {seq}; taken only if the next message confirms it")
+                return False
+            if self.home is None or self.home(worker):
+                self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
+                self.health.inc("prefixscope_kv_event_missed_batches", (worker,), seq - expected)
+        self._jump.pop(worker, None)
+        if seq == 0:
+            self._first_id[worker] = msg_id
         self._next[worker] = seq + 1
+        return True
 
     def _apply(self, call: Callable[[], None], worker: str) -> None:
         try:

@@ -19,16 +19,33 @@ needs memory across export requests:
 A body that does not decode is refused whole (400) and counted once; a span that is not a
 request is skipped; a request span without prompt tokens or worker is rejected and counted
 (``ingest_errors{source="otlp"}``) and the rest are kept.
+
+What a span becomes is checked as a record line is (``records.record_problem``): its label values
+(worker, model, session, adapter, tenant) valid UTF-8 within the schema's lengths, its counts and
+seconds finite and within the records' bounds, its end time within the clock tolerance
+(``records.ts_tolerance``) of the exporter's clock. A span that fails is rejected under the same
+kind a record line would be.
+
+Memory: one request may hold ``budget`` spans and elements (checked on the wire, before it is
+built, ``otlp.Budget``) and ``max_body_bytes`` once decompressed. Across requests, HTTP and gRPC
+alike, a :class:`MemoryLimiter` holds what the requests in flight may cost: a request that would
+pass it is refused at once (:class:`Overloaded`: 429 / ``RESOURCE_EXHAUSTED``, which OTLP
+exporters retry later) rather than grow the heap. Every failure of decoding or conversion is
+inside one boundary: the request or the span is rejected and counted, never an escaped exception.
+Request spans waiting for their session keep only the attributes they are read for, and at most
+``MAX_PENDING_SPANS`` wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import logging
 import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -36,17 +53,63 @@ from exporter.codecs import otlp
 from exporter.core.health import Health
 from exporter.loops.duty_clock import DutyClock
 from exporter.model import StateSink
-from exporter.sources.records import RecordError, deliver
-from prefixscope.records import RequestRecord
+from exporter.sources.records import RecordError, deliver, record_problem
+from prefixscope.records import DEFAULT_TS_TOLERANCE_S, RequestRecord
+
+log = logging.getLogger("prefixscope.otlp")
 
 SOURCE = "otlp"
 TRANSPORT = "otlp"
 V = TypeVar("V")
 MAX_TRACES = 100_000  # traces whose session is remembered; sessions' last workers likewise
+MAX_PENDING_SPANS = 100_000  # request spans waiting for their session; past it the oldest wait ends
+DEFAULT_MEMORY_LIMIT = 256 * 1024 * 1024  # what the requests in flight may cost at once
+# What one element of a decoded request costs at most: an empty span is ~170 bytes in the
+# protobuf runtime and as much again as a Python value; an attribute less.
+ITEM_BYTES = 384
+MAX_REASON_CHARS = 200  # of a rejection's reason (a schema message quotes the value, however long)
+DECODED_PER_BYTE = 4  # the body's bytes once parsed (protobuf and Python copies of its strings)
 
 
 class BodyTooLarge(ValueError):
     status = 413
+
+
+class Overloaded(Exception):
+    """The requests in flight already hold the memory limit: retry later (429 / RESOURCE_EXHAUSTED)."""
+
+    status = 429
+
+
+class MemoryLimiter:
+    """What the trace receivers' requests in flight may cost, process-wide.
+
+    Each request reserves its estimated cost before it allocates it (the announced body before
+    it is read, the decoded request before it is built) and returns it when done; a reservation
+    that would pass the limit is refused with :class:`Overloaded`, so the heap never grows past
+    it on behalf of the receivers — the OpenTelemetry Collector's memory_limiter, by estimate
+    rather than by measuring the heap after the fact.
+    """
+
+    def __init__(self, limit_bytes: int = DEFAULT_MEMORY_LIMIT) -> None:
+        self.limit_bytes = limit_bytes
+        self.in_use = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, n: int) -> Iterator[None]:
+        with self._lock:
+            if self.in_use + n > self.limit_bytes:
+                self.refused += 1
+                raise Overloaded(f"trace receivers are at their memory limit ({self.limit_bytes} bytes "
+                                 f"in flight); retry later")
+            self.in_use += n
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_use -= n
 
 
 @dataclass(frozen=True)
@@ -69,8 +132,13 @@ class SpanIntake:
     def __init__(self, mapping: otlp.SpanMapping, sink: StateSink, health: Health, *,
                  is_healthy: Callable[[str], bool] = lambda _w: True, session_wait_s: float = 2.0,
                  max_body_bytes: int = 8 * 1024 * 1024, clock: Callable[[], float] = time.time,
-                 duties: DutyClock | None = None) -> None:
+                 duties: DutyClock | None = None, ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S,
+                 budget: otlp.Budget | None = None, limiter: MemoryLimiter | None = None) -> None:
         self.mapping = mapping
+        self.ts_tolerance_s = ts_tolerance_s
+        self.budget = budget or otlp.Budget()
+        self.limiter = limiter or MemoryLimiter()
+        self._read = mapping.read
         self.duties = duties or DutyClock()  # each export request (and each due flush) is one batch of otlp
         self.sink = sink
         self.health = health
@@ -82,6 +150,7 @@ class SpanIntake:
         self._trace_facts: OrderedDict[str, otlp.TraceFacts] = OrderedDict()
         self._last_worker: OrderedDict[str, str] = OrderedDict()
         self._pending: OrderedDict[str, list[_Pending]] = OrderedDict()  # trace id -> request spans
+        self._waiting = 0  # request spans in _pending
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -122,17 +191,53 @@ class SpanIntake:
             raise BodyTooLarge(f"body exceeds the limit of {self.max_body_bytes} bytes once decompressed")
         return out
 
-    def ingest(self, raw: bytes, content_type: str | None, content_encoding: str | None = None) -> SpanResult:
-        """One export request. Raises OtlpDecodeError (400) or BodyTooLarge (413), counted once."""
+    def ingest(self, raw: bytes, content_type: str | None, content_encoding: str | None = None, *,
+               admitted: bool = False) -> SpanResult:
+        """One export request. Raises OtlpDecodeError (400; BudgetExceeded: 413), BodyTooLarge (413)
+        or Overloaded (429), each counted once; nothing else escapes. ``admitted``: the body's own
+        memory is held already (:meth:`admit`)."""
         with self.duties.duty("otlp"):
-            return self._ingest(raw, content_type, content_encoding)
+            try:
+                with self.limiter.hold(0 if admitted else len(raw)):
+                    return self._ingest(raw, content_type, content_encoding)
+            except Overloaded as exc:
+                self.health.error(SOURCE, "overloaded", str(exc))
+                raise
+
+    @contextlib.contextmanager
+    def admit(self, announced: int) -> Iterator[None]:
+        """Hold the memory an announced body will take while it is read (Overloaded, counted, when it cannot)."""
+        try:
+            hold = self.limiter.hold(announced)
+            hold.__enter__()
+        except Overloaded as exc:
+            self.health.error(SOURCE, "overloaded", str(exc))
+            raise
+        try:
+            yield
+        finally:
+            hold.__exit__(None, None, None)
+
+    def _decode(self, raw: bytes, content_type: str | None, content_encoding: str | None) -> list[otlp.Span]:
+        try:
+            body = self.body(raw, content_encoding)
+            with self.limiter.hold(len(body) if body is not raw else 0):
+                items = otlp.elements(body, content_type, self.budget)
+                with self.limiter.hold(DECODED_PER_BYTE * len(body) + ITEM_BYTES * items):
+                    return otlp.decode(body, content_type, self.budget)
+        except (otlp.OtlpDecodeError, BodyTooLarge) as exc:
+            kind = "too_large" if isinstance(exc, BodyTooLarge) else exc.kind
+            self.health.error(SOURCE, kind, str(exc))
+            raise
+        except Overloaded:
+            raise
+        except Exception as exc:  # the boundary: whatever a hostile body trips is its fault, not a 500
+            log.debug("OTLP request failed to decode", exc_info=True)
+            self.health.error(SOURCE, "decode", f"{type(exc).__name__}: {exc}")
+            raise otlp.OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest: {type(exc).__name__}") from None
 
     def _ingest(self, raw: bytes, content_type: str | None, content_encoding: str | None) -> SpanResult:
-        try:
-            spans = otlp.decode(self.body(raw, content_encoding), content_type)
-        except (otlp.OtlpDecodeError, BodyTooLarge) as exc:
-            self.health.error(SOURCE, "too_large" if isinstance(exc, BodyTooLarge) else "decode", str(exc))
-            raise
+        spans = self._decode(raw, content_type, content_encoding)
         now = self.clock()
         ready: list[otlp.Span] = []
         requests = [s for s in spans if otlp.is_request(s, self.mapping)]
@@ -147,12 +252,15 @@ class SpanIntake:
                 # a span that can never be a record is rejected now, in this export's response
                 # (its session would change nothing), not later when its wait ends
                 if self.session_wait_s > 0 and (known is None or known.session_key is None) \
-                        and otlp.session_of(s, self.mapping) is None and self._recordable(s):
-                    self._pending.setdefault(s.trace_id, []).append(_Pending(s, now + self.session_wait_s))
+                        and otlp.session_of(s, self.mapping) is None and self._recordable(s, now):
+                    self._pending.setdefault(s.trace_id, []).append(_Pending(s.slim(self._read), now + self.session_wait_s))
+                    self._waiting += 1
                 else:
                     ready.append(s)
-            while len(self._pending) > MAX_TRACES:  # bounded: the oldest wait ends now
-                ready += [p.span for p in self._pending.popitem(last=False)[1]]
+            while self._pending and (len(self._pending) > MAX_TRACES or self._waiting > MAX_PENDING_SPANS):
+                oldest = self._pending.popitem(last=False)[1]  # bounded: the oldest wait ends now
+                self._waiting -= len(oldest)
+                ready += [p.span for p in oldest]
         if requests:
             self.sink.signal_seen("otlp_spans", now)
         rejected = self._deliver(ready, now)
@@ -167,6 +275,7 @@ class SpanIntake:
                 waiting = self._pending[trace]
                 if force or waiting[0].deadline <= now:
                     due += [p.span for p in self._pending.pop(trace)]
+            self._waiting -= len(due)
         if due:
             self._deliver(due, now)
         return len(due)
@@ -176,12 +285,12 @@ class SpanIntake:
             return sum(len(v) for v in self._pending.values())
 
     # ---- spans → records ------------------------------------------------------------------
-    def _recordable(self, span: otlp.Span) -> bool:
+    def _recordable(self, span: otlp.Span, now: float) -> bool:
+        """Whether the span, as it is, passes for a record (a session would not change that)."""
         try:
-            otlp.record_of(span, self.mapping)
-        except ValueError:
+            return record_problem(otlp.record_of(span, self.mapping), now, self.ts_tolerance_s) is None
+        except Exception:  # rejected, with its reason, when delivered now
             return False
-        return True
 
     @staticmethod
     def _remember(table: OrderedDict[str, V], key: str, value: V) -> None:
@@ -198,10 +307,8 @@ class SpanIntake:
         worker = self.mapping.worker(str(span.attr(self.mapping.worker_attributes) or ""))
         prev = self._last_worker.get(key)
         moved = otlp.migration_source(prev, worker, prev is not None and self.is_healthy(prev))
-        rec = otlp.record_of(span, self.mapping, key, moved, reports_migrations=True,
-                             trace_cached=facts.cached_tokens)
-        self._remember(self._last_worker, key, rec.worker)
-        return rec
+        return otlp.record_of(span, self.mapping, key, moved, reports_migrations=True,
+                              trace_cached=facts.cached_tokens)
 
     def _deliver(self, spans: list[otlp.Span], now: float) -> list[str]:
         records: list[RequestRecord] = []
@@ -209,8 +316,21 @@ class SpanIntake:
         with self._lock:
             for i, span in enumerate(sorted(spans, key=lambda s: s.end_ns), 1):
                 try:
-                    records.append(self._record(span))
+                    record = self._record(span)
                 except ValueError as exc:
                     errors.append(RecordError(i, "span", str(exc)))
-        deliver(records, errors, self.sink, self.health, TRANSPORT, now)
+                    continue
+                except Exception as exc:  # the boundary: one span's fault never costs the others
+                    log.debug("OTLP span %s failed to convert", span.span_id, exc_info=True)
+                    errors.append(RecordError(i, "span", f"span {span.span_id or '?'}: {type(exc).__name__}: {exc}"))
+                    continue
+                problem = record_problem(record, now, self.ts_tolerance_s)
+                if problem is not None:
+                    why = problem.error if len(problem.error) <= MAX_REASON_CHARS else problem.error[:MAX_REASON_CHARS] + "…"
+                    errors.append(RecordError(i, problem.kind, f"span {span.span_id or '?'}: {why}"))
+                    continue
+                if record.session_key is not None:  # where the session's next request comes from
+                    self._remember(self._last_worker, record.session_key, record.worker)
+                records.append(record)
+        deliver(records, errors, self.sink, self.health, TRANSPORT, now, source=SOURCE)
         return [e.error for e in errors]

@@ -54,7 +54,7 @@ log = logging.getLogger("prefixscope.records")
 SOURCE = "records"
 SCHEMA_PATH = REQUEST_SCHEMA_PATH
 __all__ = ["SCHEMA", "SCHEMA_PATH", "VALIDATOR", "BodyTooLarge", "RecordError", "RecordFileTail", "deliver",
-           "parse_lines", "parse_ndjson", "validate"]
+           "parse_lines", "parse_ndjson", "record_problem", "validate"]
 STATUS_TOO_LARGE = 413
 STATUS_NOTHING_VALID = 400
 MAX_ERRORS_REPORTED = 50  # per body: a sender gets the first ones, all are counted
@@ -399,6 +399,32 @@ def parse_lines(lines: list[bytes], first_line: int = 1, *, now: float | None = 
     return records, errors
 
 
+_CHECKED_FIELDS = tuple(f.name for f in fields(RequestRecord) if f.name != "carried")
+
+
+def record_problem(record: RequestRecord, now: float | None = None,
+                   ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S) -> RecordError | None:
+    """Why a record built by another intake (an OTLP span) could not have come in as a line, or
+    None: the same schema, value and timestamp checks, under the same error kinds (line 0)."""
+    obj: dict[str, Any] = {}
+    for name in _CHECKED_FIELDS:
+        value = getattr(record, name)
+        if value is not None:
+            obj[name] = list(value) if type(value) is tuple else value
+    try:
+        message = validate(obj)
+    except RecursionError:
+        message = f"nested more than {MAX_NESTING} levels deep"
+    if message is not None:
+        return RecordError(0, "schema", message)
+    message = strict_problem(obj)
+    if message is not None:
+        return RecordError(0, "value", message)
+    if now is not None and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
+        return RecordError(0, "timestamp", why)
+    return None
+
+
 def parse_ndjson(body: bytes, limit: int, *, now: float | None = None,
                  ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S) -> tuple[list[RequestRecord], list[RecordError]]:
     """Split an NDJSON body into valid records and per-line errors; BodyTooLarge past ``limit``.
@@ -411,7 +437,8 @@ def parse_ndjson(body: bytes, limit: int, *, now: float | None = None,
 
 
 def deliver(records: list[RequestRecord], errors: list[RecordError], sink: StateSink, health: Health,
-            transport: str, received_at: float, where: str = "", slice_size: int = SLICE_RECORDS) -> None:
+            transport: str, received_at: float, where: str = "", slice_size: int = SLICE_RECORDS,
+            source: str = SOURCE) -> None:
     """Hand valid records to the sink in slices; count them and every rejected line by kind.
 
     Each slice is one ``ingest_records`` call, so the state lock is held for one slice at a
@@ -426,7 +453,7 @@ def deliver(records: list[RequestRecord], errors: list[RecordError], sink: State
         by_kind.setdefault(e.kind, []).append(e)
     for kind, errs in by_kind.items():
         first = errs[0]
-        health.error(SOURCE, kind, f"{transport}{' ' + where if where else ''} line {first.line}: {first.error}", len(errs))
+        health.error(source, kind, f"{transport}{' ' + where if where else ''} line {first.line}: {first.error}", len(errs))
 
 
 # ---- file tail ----------------------------------------------------------------------------

@@ -19,28 +19,44 @@ it is never read into memory); one between the limit and twice it is read, refus
 The limit applies to the decompressed message — gRPC undoes ``grpc-encoding: gzip`` (what
 ``OTEL_EXPORTER_OTLP_TRACES_COMPRESSION=gzip`` sends) before the intake sees it. The records
 intake's bearer token, when set, is required in the ``authorization`` metadata
-(``OTEL_EXPORTER_OTLP_TRACES_HEADERS=Authorization=Bearer%20TOKEN``); plaintext only (no TLS), as
-vLLM sends with an ``http://`` endpoint or ``OTEL_EXPORTER_OTLP_TRACES_INSECURE=true``.
+(``OTEL_EXPORTER_OTLP_TRACES_HEADERS=Authorization=Bearer%20TOKEN``) and checked from the call's
+headers, before its message is read; plaintext only (no TLS), as vLLM sends with an ``http://``
+endpoint or ``OTEL_EXPORTER_OTLP_TRACES_INSECURE=true``.
+
+Slow or hostile clients: the method is served as request-streaming, so a call is handed to a
+thread as soon as its headers arrive and the thread itself waits for the message — for at most
+``receive_timeout`` seconds, after which the call is cancelled and counted
+(``ingest_errors{source="otlp",kind="timeout"}``). A call that sends headers and never its
+message therefore holds a thread for seconds, not for good; ``THREADS`` calls are served at once
+and a call beyond them is refused at once with ``RESOURCE_EXHAUSTED`` (retried by exporters);
+one connection opens at most ``MAX_STREAMS_PER_CONNECTION`` calls at a time, and a connection
+idle for ``IDLE_CONNECTION_S`` is closed. When the receivers hold their memory limit
+(``otlp_spans.MemoryLimiter``) the call is refused with ``RESOURCE_EXHAUSTED`` too.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import threading
+from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
 
 from exporter.codecs import otlp
-from exporter.sources.otlp_spans import BodyTooLarge, SpanIntake
+from exporter.sources.otlp_spans import SOURCE, BodyTooLarge, Overloaded, SpanIntake
 
 log = logging.getLogger("prefixscope.otlp_grpc")
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METHOD = "Export"
 PATH = f"/{SERVICE}/{METHOD}"
-THREADS = 4  # export calls decoded at once; each holds the state lock only to deliver
-MAX_CONCURRENT_RPCS = 64  # beyond this gRPC answers RESOURCE_EXHAUSTED, which exporters retry
+THREADS = 16  # calls served at once (each waits for its message, then decodes and delivers it)
+MAX_CONCURRENT_RPCS = THREADS  # beyond this gRPC answers RESOURCE_EXHAUSTED at once, which exporters retry
+MAX_STREAMS_PER_CONNECTION = 8  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: one client cannot take every thread
+IDLE_CONNECTION_S = 60.0  # a connection with no call for this long is closed
+DEFAULT_RECEIVE_TIMEOUT_S = 10.0  # seconds a call has to send its message once its headers are in
 
 
 def authorised(metadata: tuple[tuple[str, str | bytes], ...], token: str | None) -> bool:
@@ -57,16 +73,20 @@ def authorised(metadata: tuple[tuple[str, str | bytes], ...], token: str | None)
 class GrpcTraceReceiver:
     """``TraceService/Export`` bound at construction (OSError if the address is taken); ``start`` serves."""
 
-    def __init__(self, intake: SpanIntake, address: str, bearer_token: str | None = None) -> None:
+    def __init__(self, intake: SpanIntake, address: str, bearer_token: str | None = None,
+                 receive_timeout: float = DEFAULT_RECEIVE_TIMEOUT_S) -> None:
         self.intake = intake
         self.token = bearer_token
+        self.receive_timeout = receive_timeout
         self.pool = futures.ThreadPoolExecutor(THREADS, thread_name_prefix="prefixscope-otlp-grpc")
         self.server = grpc.server(
             self.pool,
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
             options=[("grpc.max_receive_message_length", 2 * intake.max_body_bytes),
+                     ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+                     ("grpc.max_connection_idle_ms", int(IDLE_CONNECTION_S * 1000)),
                      ("grpc.so_reuseport", 0)])
-        handler = grpc.unary_unary_rpc_method_handler(self.export)  # bytes in, bytes out
+        handler = grpc.stream_unary_rpc_method_handler(self.export)  # bytes in, bytes out; see the module's notes
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))
         host = address.rpartition(":")[0]
         try:
@@ -86,11 +106,42 @@ class GrpcTraceReceiver:
         self.server.stop(grace).wait(grace + 1.0)
         self.pool.shutdown(wait=False)
 
-    def export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def _receive(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> tuple[bytes | None, bool]:
+        """The call's one message (None: the client ended the call without one), and whether the
+        receive timeout ran out first (the call is then cancelled)."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            context.cancel()
+
+        timer = threading.Timer(self.receive_timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            request = next(requests, None)
+        except grpc.RpcError:  # cancelled: by the timer, or by the client
+            request = None
+        finally:
+            timer.cancel()
+        return (None, True) if expired.is_set() else (request, False)
+
+    def export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         if not authorised(tuple(context.invocation_metadata()), self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")  # nothing read yet
+        request, expired = self._receive(requests, context)
+        if expired:
+            self.intake.health.error(SOURCE, "timeout", f"{context.peer()}: no message within "
+                                                        f"{self.receive_timeout:g}s of the call's headers")
+            return b""
+        if request is None:
+            if context.is_active():
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Export takes exactly one request message")
+            return b""  # the client cancelled: nobody to answer
         try:
             result = self.intake.ingest(request, otlp.PROTOBUF)
+        except Overloaded as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except (otlp.OtlpDecodeError, BodyTooLarge) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return otlp.response_body(otlp.PROTOBUF, result.rejected, "; ".join(result.errors[:3]))

@@ -3,7 +3,9 @@
 OTLP/HTTP (opentelemetry-proto docs/specification.md): the body is an ExportTraceServiceRequest,
 ``application/x-protobuf`` or ``application/json``, optionally gzip; success is 200 with an
 ExportTraceServiceResponse in the same encoding (``partial_success`` when spans were rejected);
-a body that does not decode is 400 (never retried), one over the limit 413.
+a body that does not decode is 400 (never retried), one over the limit (bytes once decompressed,
+spans, elements) 413, and one that arrives while the receivers hold their memory limit 429 with
+``Retry-After`` (retried).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from collections.abc import Callable, Iterable
 from exporter.codecs import otlp
 from exporter.codecs.normalize import worker_names_by_url
 from exporter.config import OtlpTraces, WorkerTarget
-from exporter.sources.otlp_spans import BodyTooLarge, SpanIntake
+from exporter.sources.otlp_spans import BodyTooLarge, Overloaded, SpanIntake
 from exporter.web.routes import HttpError, Request, Response
 
 PATH = "/v1/traces"
+RETRY_AFTER_S = 1  # an exporter told 429 retries after this (OTLP/HTTP honours Retry-After)
 
 
 def mapping_for(cfg: OtlpTraces, workers: Iterable[WorkerTarget]) -> otlp.SpanMapping:
@@ -54,8 +57,12 @@ def handler(intake: SpanIntake, authorised: Callable[[Request], bool]) -> Callab
         ctype = req.header("Content-Type")
         media = otlp.JSON if (ctype or "").split(";")[0].strip().lower() == otlp.JSON else otlp.PROTOBUF
         try:
-            result = intake.ingest(req.read_body(int(length)), ctype, req.header("Content-Encoding"))
-        except BodyTooLarge as exc:
+            with intake.admit(int(length)):  # the body's memory is held before it is read
+                result = intake.ingest(req.read_body(int(length)), ctype, req.header("Content-Encoding"),
+                                       admitted=True)
+        except Overloaded as exc:
+            raise HttpError(str(exc), 429, {"Retry-After": str(RETRY_AFTER_S)}) from None
+        except (BodyTooLarge, otlp.BudgetExceeded) as exc:
             raise HttpError(str(exc), 413) from None
         except otlp.OtlpDecodeError as exc:
             raise HttpError(str(exc), 400) from None

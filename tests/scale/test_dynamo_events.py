@@ -90,8 +90,10 @@ def test_relayed_messages_apply_once_and_follow_the_restart_rule() -> None:
     sink, h = Sink(), Health()
     src = NatsKvSource(NatsKvSettings(url="nats://x:1"), ShardSink(sink, ShardSpec()), h)
     payload = msgpack.packb([1.0, [["BlockStored", [1, 2], None, [], 16, None, "GPU"]], 0])
+    restarted = msgpack.packb([9.0, [["BlockStored", [3], None, [], 16, None, "GPU"]], 0])  # the new process's first
     for stream_seq, seq in ((1, 0), (2, 1), (2, 1), (3, 4), (4, 0)):  # a redelivery, a gap, a restart
-        src._handle("prefixscope.kv.w", headers_for("w", seq, payload), payload, stream_seq)
+        data = restarted if stream_seq == 4 else payload
+        src._handle("prefixscope.kv.w", headers_for("w", seq, data), data, stream_seq)
     assert [b.seq for b in sink.batches] == [0, 1, 4, 0]
     assert src.duplicates == 1
     assert h.snapshot()[0]["prefixscope_kv_event_missed_batches"][("w",)] == 2

@@ -105,14 +105,17 @@ def test_a_request_span_without_prompt_tokens_is_rejected_and_a_bad_body_refused
         otlp.decode(b"{}", "text/plain")
 
 
+SPAN_END_S = 1700000001.0  # when _json_request's spans end: the intakes' clock reads it
+
+
 def _intake(sink: Sink, healthy: set[str], wait: float = 5.0, clock: list[float] | None = None) -> SpanIntake:
-    now = clock or [100.0]
+    now = clock or [SPAN_END_S]
     return SpanIntake(otlp.SpanMapping(session_attributes=("gen_ai.conversation.id",)), sink, Health(),
                       is_healthy=lambda w: w in healthy, session_wait_s=wait, clock=lambda: now[0])
 
 
 def test_session_from_a_later_span_of_the_trace_and_the_wait_that_ends_without_one() -> None:
-    sink, clock = Sink(), [100.0]
+    sink, clock = Sink(), [SPAN_END_S]
     intake = _intake(sink, {"w0"}, clock=clock)
     intake.ingest(_json_request([{"trace": TRACE, "attrs": VLLM_ATTRS}], {"service.name": "w0"}), "application/json")
     assert sink.records == [] and intake.pending() == 1  # waits for the client's span

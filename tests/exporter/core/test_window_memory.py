@@ -54,9 +54,39 @@ def test_coalesced_windows_keep_sums_and_counts_exact_and_expire_whole_slots() -
     wb = WindowedBuckets(10.0, (1.0, 2.0))
     for v in (0.5, 1.5, 1.5, 9.0):
         wb.observe(50.0, "k", v)
-    wb.observe(49.0, "k", 0.5)  # out of order: a slot of its own, behind the newer one (as events were)
+    wb.observe(49.0, "k", 0.5)  # out of order: its own second's slot, which leaves first
     assert wb.merged("k") == [2, 2, 1]
     wb.expire(59.5)
-    assert wb.merged("k") == [2, 2, 1]
+    assert wb.merged("k") == [1, 2, 1]
     wb.expire(60.0)
     assert wb.merged() == [0, 0, 0] and "k" not in wb.counts
+
+
+def _small(i: int, ts: float) -> dict:
+    return {"ts": ts, "request_id": f"r{i}", "worker": "w0", "prompt_tokens": 10}
+
+
+def test_records_out_of_order_join_their_seconds_slots() -> None:
+    """Timestamps alternating between now and 200 s ago opened a slot per record (60,000 slots
+    instead of 300); each joins its own second's slot, so the window holds what it covers."""
+    now = 10_000.0
+    state = ClusterState(Health(), load_thresholds(), clock=lambda: now)
+    for i in range(0, 60_000, 500):
+        t = now + i / 200  # 100 records a second of input time, half of them 200 s late
+        batch = [_small(i + j, t + j / 200 - (200 if j % 2 else 0)) for j in range(500)]
+        state.ingest_records(batch, t + 2.5)
+    assert len(state.store.win) <= 302
+    assert state.window_counter("prefixscope_request_prompt_tokens") <= 10 * 60_000
+
+
+def test_a_record_ahead_of_the_clock_does_not_hold_the_window_back() -> None:
+    """A record 899 s ahead (inside the intakes' tolerance) sat at the head of the slots and kept
+    every later slot from expiring for a quarter of an hour; the window summed 600 records of 300."""
+    now = 10_000.0
+    state = ClusterState(Health(), load_thresholds(), clock=lambda: now)
+    state.ingest_records([_small(0, now + 899)], now)
+    for i in range(1, 601):
+        state.ingest_records([_small(i, now + i)], now + i)
+    window = state.store.window_s
+    in_window = sum(1 for i in range(1, 601) if now + i > now + 600 - window)
+    assert state.window_counter("prefixscope_request_prompt_tokens") == 10 * (in_window + 1)  # + the one ahead

@@ -240,22 +240,29 @@ def test_a_slow_client_is_dropped_after_the_read_timeout(make: Callable[[str], R
     scrape(exporter)
 
 
-def test_connections_beyond_the_cap_get_503_and_the_exporter_recovers(make: Callable[[str], Runtime]) -> None:
+def test_requests_beyond_the_pool_get_503_scrapes_do_not_and_the_exporter_recovers(
+        make: Callable[[str], Runtime]) -> None:
     exporter = make("web: {max_connections: 3, read_timeout: 30s}\n")
     host, port = exporter.server.address
-    idle = [socket.create_connection((host, port), timeout=10) for _ in range(3)]
+    stalled = []  # each holds a request thread, or a place in the queue: its body never finishes
+    for _ in range(10):  # three served, three queued, the rest refused
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(b"POST /api/v1/records HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        stalled.append(s)
     try:
-        time.sleep(0.2)  # let the server take them
+        time.sleep(0.3)  # let the server take them
         with socket.create_connection((host, port), timeout=10) as s:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /api/v1/catalog HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_all(s).startswith(b"HTTP/1.1 503")
+        for path in ("/healthz", "/metrics"):  # scrapes have threads of their own
+            assert requests.get(exporter.url + path, timeout=5).status_code == 200
     finally:
-        for s in idle:
+        for s in stalled:
             s.close()
     deadline = time.monotonic() + 10
-    while True:  # the slots come back as the idle connections close
+    while True:  # the threads come back as the stalled bodies end
         try:
-            if requests.get(exporter.url + "/healthz", timeout=5).status_code == 200:
+            if requests.get(exporter.url + "/api/v1/catalog", timeout=5).status_code == 200:
                 break
         except requests.ConnectionError:
             pass
@@ -284,8 +291,14 @@ def test_intake_beyond_loopback_needs_a_bearer_token(tmp_path: Path) -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "bearer_token" in lines[0] and "0.0.0.0:0" in lines[0]
     cfg = tmp_path / "exporter.yaml"
-    cfg.write_text("records: {http: {enabled: false}}\n")
-    rt = Runtime.build(load_config(cfg).with_overrides(listen_address="0.0.0.0:0"))  # no intake: no token needed
+    cfg.write_text("records: {http: {enabled: false}}\n")  # OTLP over HTTP is still a writer
+    out = run_export("--config.file", str(cfg), "--web.listen-address", "0.0.0.0:0")
+    assert out.returncode == 2 and "POST /v1/traces" in out.stderr and "bearer_token" in out.stderr
+    cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false, grpc_listen_address: 0.0.0.0:0}\n")
+    out = run_export("--config.file", str(cfg), "--web.listen-address", "0.0.0.0:0")
+    assert out.returncode == 2 and "grpc_listen_address" in out.stderr and "bearer_token" in out.stderr
+    cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false}\n")
+    rt = Runtime.build(load_config(cfg).with_overrides(listen_address="0.0.0.0:0"))  # no writer: no token needed
     rt.server.httpd.server_close()
 
 

@@ -155,7 +155,7 @@ def test_a_bad_message_is_refused_and_counted_and_the_receiver_keeps_serving() -
             resp = stub.Export(_span({"gen_ai.request.id": "x"}), metadata=metadata, timeout=5)
             assert resp.partial_success.rejected_spans == 1
             assert "has no gen_ai.usage.prompt_tokens" in resp.partial_success.error_message
-            assert rt.health.counter_value("prefixscope_ingest_errors", ("records", "span")) == 1
+            assert rt.health.counter_value("prefixscope_ingest_errors", ("otlp", "span")) == 1
 
             # and a good one after all that
             resp = stub.Export(_span({"gen_ai.usage.prompt_tokens": 64, "gen_ai.request.id": "ok"}),
