@@ -70,23 +70,23 @@ def test_records_out_of_order_join_their_seconds_slots() -> None:
     """Timestamps alternating between now and 200 s ago opened a slot per record (60,000 slots
     instead of 300); each joins its own second's slot, so the window holds what it covers."""
     now = 10_000.0
-    state = ClusterState(Health(), load_thresholds(), clock=lambda: now)
+    state = ClusterState.build(Health(), load_thresholds(), clock=lambda: now)
     for i in range(0, 60_000, 500):
         t = now + i / 200  # 100 records a second of input time, half of them 200 s late
         batch = [_small(i + j, t + j / 200 - (200 if j % 2 else 0)) for j in range(500)]
         state.ingest_records(batch, t + 2.5)
     assert len(state.store.win) <= 302
-    assert state.window_counter("prefixscope_request_prompt_tokens") <= 10 * 60_000
+    assert state.store.window_counter("prefixscope_request_prompt_tokens") <= 10 * 60_000
 
 
 def test_a_record_ahead_of_the_clock_does_not_hold_the_window_back() -> None:
     """A record 899 s ahead (inside the intakes' tolerance) sat at the head of the slots and kept
     every later slot from expiring for a quarter of an hour; the window summed 600 records of 300."""
     now = 10_000.0
-    state = ClusterState(Health(), load_thresholds(), clock=lambda: now)
+    state = ClusterState.build(Health(), load_thresholds(), clock=lambda: now)
     state.ingest_records([_small(0, now + 899)], now)
     for i in range(1, 601):
         state.ingest_records([_small(i, now + i)], now + i)
     window = state.store.window_s
     in_window = sum(1 for i in range(1, 601) if now + i > now + 600 - window)
-    assert state.window_counter("prefixscope_request_prompt_tokens") == 10 * (in_window + 1)  # + the one ahead
+    assert state.store.window_counter("prefixscope_request_prompt_tokens") == 10 * (in_window + 1)  # + the one ahead

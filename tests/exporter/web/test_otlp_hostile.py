@@ -129,7 +129,7 @@ def test_a_span_ending_beyond_the_clock_tolerance_is_rejected_and_the_window_kee
         assert "ahead of the exporter's clock" in r.json()["partialSuccess"]["errorMessage"]
         post(rt, json_body(GOOD, span="1111111111111111"))
         assert otlp_errors(scrape(rt), "timestamp") == 1
-        assert rt.state.window_counter("prefixscope_request_prompt_tokens") == 100
+        assert rt.state.store.window_counter("prefixscope_request_prompt_tokens") == 100
 
 
 # ---- bodies that trip the decoder -------------------------------------------------------------------
@@ -230,7 +230,7 @@ def test_calls_that_never_send_their_message_leave_other_exports_served() -> Non
                 for i in range(8):
                     req = trace_service_pb2.ExportTraceServiceRequest.FromString(_export_request(10, bytes([i]) * 8))
                     stub.Export(req, metadata=metadata, timeout=5)
-            assert rt.state.window_counter("prefixscope_request_prompt_tokens") == 80
+            assert rt.state.store.window_counter("prefixscope_request_prompt_tokens") == 80
             for _channel, call in hanging:  # and the server ends them itself
                 with pytest.raises(grpc.RpcError) as ended:
                     call.result(timeout=30)
