@@ -9,7 +9,7 @@ that starts the walk and SLO checks measure what users feel, so neither colours 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
@@ -37,6 +37,9 @@ class CheckState:
     context: bool = False  # marked ``info`` in the threshold file: shown, never a cause
     for_s: float | None = None  # how long a breach must hold before the alert fires
     severity: str | None = None  # the alert's severity (critical, warning, info)
+    # breaching on its window, yet back within its limit over the last minute for the settle time
+    # (prefixscope.diagnosis.SETTLE_S): the fault has ended, so it no longer holds the headline
+    settled: bool = False
 
     @property
     def alert_state(self) -> AlertState:
@@ -116,7 +119,8 @@ class Chain:
         """Firing, pending or clear, by the rule the exporter's ``headline`` uses too."""
         states = self.checks()
         return diagnosis.headline({k: c.alert_state for k, c in states.items()}, self.context,
-                                  {k: c.fires_in_s for k, c in states.items()})
+                                  {k: c.fires_in_s for k, c in states.items()},
+                                  {k for k, c in states.items() if c.settled})
 
     def with_culprits(self, culprits: Mapping[str, Culprits]) -> Chain:
         """The same chain with culprits attached to the checks that have them."""
@@ -154,13 +158,15 @@ def _steps(states: Mapping[str, CheckState], context: frozenset[str]) -> tuple[S
 def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping[str, float | None],
                           signals: Mapping[str, bool], alerts: Iterable[Mapping],
                           limits: Limits, reuse: Reuse, for_s: Mapping[str, float] | None = None,
-                          now: float | None = None) -> Chain:
+                          now: float | None = None, settled: Collection[str] = ()) -> Chain:
     """Statuses from recording-rule values, ``signal_available`` and Prometheus's alerts.
 
     ``signals`` holds the ``prefixscope_signal_available`` series; a signal absent from it is
     missing (no source said it was there). ``alerts`` is ``/api/v1/alerts``' list. ``for_s`` is
     each alert's ``for`` as Prometheus loaded it (alert name → seconds); with ``now``, a pending
-    alert's ``activeAt`` says how long until it fires. ``limits`` are the limits in force (the
+    alert's ``activeAt`` says how long until it fires. ``settled``: the checks whose value over the
+    last minute stayed within the limit for the settle time (:func:`settled_from_extremes`).
+    ``limits`` are the limits in force (the
     exporter's, :func:`console.limits.limits_from_groups`): Prometheus's values are judged against
     the same numbers its rules were generated from.
     """
@@ -199,7 +205,7 @@ def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping
         if pending and started is not None and wait is not None and now is not None:
             fires_in = max(0.0, started + wait - now)
         states[check.key] = CheckState(check, value, threshold, status, missing, pending, fires_in,
-                                       for_s=wait)
+                                       for_s=wait, settled=check.key in settled and (status == "firing" or pending))
     return _chain("prometheus", states, reuse, limits)
 
 
@@ -230,7 +236,8 @@ def chain_from_exporter(groups: Mapping, where: str = "the exporter") -> Chain:
                 missing = (NO_DATA,)
             states[check.key] = CheckState(
                 check, value, limits.threshold(check.key), status, missing, pending,
-                _float(raw.get("fires_in_s")) if pending else None, parse_culprits(raw.get("culprits")))
+                _float(raw.get("fires_in_s")) if pending else None, parse_culprits(raw.get("culprits")),
+                settled=raw.get("settled") is True and (status == diagnosis.FIRING or pending))
     r = groups.get("reuse") or {}
     prompt = _float(r.get("prompt_tokens"))
 
@@ -241,6 +248,14 @@ def chain_from_exporter(groups: Mapping, where: str = "the exporter") -> Chain:
     reuse = Reuse(share("available_tokens"), share("predicted_tokens"), share("achieved_tokens"),
                   share("index_staleness_tokens"))
     return replace(_chain("exporter", states, reuse, limits), shard=_shard(groups.get("shard")))
+
+
+def settled_from_extremes(extremes: Mapping[str, float | None], limits: Limits) -> frozenset[str]:
+    """The checks whose worst short-window value over the settle time (``promql.settle_extreme``)
+    is within the limit in force: settled. No value (nothing measured in the last minute) is not."""
+    by_key = {c.key: c for c in CHECKS}
+    return frozenset(k for k, v in extremes.items() if k in by_key
+                     and diagnosis.check_status(by_key[k].op, v, limits.threshold(k)) == diagnosis.OK)
 
 
 def _shard(raw: object) -> tuple[int, int] | None:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import streamlit as st
@@ -17,7 +20,14 @@ import streamlit as st
 from console import promql
 from console.alert_groups import alerts_from_chain
 from console.alertmanager import PageAlert, fetch_alerts
-from console.chain import Chain, Reuse, chain_from_exporter, chain_from_prometheus, shard_note
+from console.chain import (
+    Chain,
+    Reuse,
+    chain_from_exporter,
+    chain_from_prometheus,
+    settled_from_extremes,
+    shard_note,
+)
 from console.culprits import Culprits, parse_culprits
 from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
@@ -119,16 +129,41 @@ def limits(src: Sources) -> tuple[Limits, list[str]]:
             "file the rules were generated from), not read from the exporter."]
 
 
+# Queries of one refresh run side by side: a page waits for the slowest, not for their sum.
+PARALLEL_QUERIES = 8
+
+
+def _parallel(calls: Mapping[str, Callable[[], object]]) -> dict[str, object]:
+    """Each call's answer by name, run on a few threads; the first SourceUnavailable is raised."""
+    with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
+        futures = {name: pool.submit(call) for name, call in calls.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def chain_from_prom(url: str, limits: Limits) -> Chain:
-    """The chain from Prometheus's recording rules and alerts, judged against ``limits``."""
+    """The chain from Prometheus's recording rules and alerts, judged against ``limits``; the
+    checks that fire or are pending are also read over the last minute, to see which have settled."""
     client = prometheus(url)
-    values = {c.key: _scalar(client, promql.check_value(c.key)) for c in CHECKS}
-    baselines = {c.key: _scalar(client, c.baseline) for c in CHECKS if c.baseline}
-    signals = signals_available(client.query(promql.signal_available()))
-    reuse = Reuse(**{k: _scalar(client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
-    return chain_from_prometheus(values, baselines, signals, client.alerts(), limits, reuse,
-                                 client.alert_durations(), time.time())
+    calls: dict[str, Callable[[], object]] = {f"value:{c.key}": partial(_scalar, client, promql.check_value(c.key))
+                                              for c in CHECKS}
+    calls.update({f"base:{c.key}": partial(_scalar, client, c.baseline) for c in CHECKS if c.baseline})
+    calls.update({f"reuse:{k}": partial(_scalar, client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
+    calls.update({"signals": partial(client.query, promql.signal_available()), "alerts": client.alerts,
+                  "for": client.alert_durations})
+    got = _parallel(calls)
+    values = {c.key: got[f"value:{c.key}"] for c in CHECKS}
+    baselines = {c.key: got[f"base:{c.key}"] for c in CHECKS if c.baseline}
+    reuse = Reuse(**{k: got[f"reuse:{k}"] for k in _REUSE_RULES})
+    args = (values, baselines, signals_available(got["signals"]), got["alerts"], limits, reuse, got["for"])
+    now = time.time()
+    found = chain_from_prometheus(*args, now)  # type: ignore[arg-type]
+    breaching = [k for k, c in found.checks().items() if c.status == "firing" or c.pending]
+    if not breaching:
+        return found
+    refs = {CHECKS_BY_KEY[k].threshold: t for k, lim in limits.by_check if (t := lim.threshold) is not None}
+    extremes = _parallel({k: partial(_scalar, client, promql.settle_extreme(k, refs)) for k in breaching})
+    return chain_from_prometheus(*args, now, settled_from_extremes(extremes, limits))  # type: ignore[arg-type]
 
 
 def chain_from_exp(url: str) -> Chain:

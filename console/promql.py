@@ -11,7 +11,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from prefixscope.catalog import CHECKS_BY_KEY, METRICS, RECORDING_RULES, Check
+from prefixscope.catalog import (
+    CHECKS_BY_KEY,
+    METRICS,
+    RECORDING_RULES,
+    RULES_BY_NAME,
+    THRESHOLD_REF,
+    Check,
+    render_expr,
+)
+from prefixscope.diagnosis import SETTLE_S, SETTLE_WINDOW
 
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -87,3 +96,39 @@ def _check(key: str) -> Check:
         return CHECKS_BY_KEY[key]
     except KeyError:
         raise UnsafeQuery(f"{key!r} is not a catalogue check") from None
+
+
+
+_NAME = re.compile(r"[A-Za-z_:][\w:]*")
+_LONG_RANGE = "[5m]"  # the catalogue's window in rate()/increase() ranges
+
+
+def _expanded(expr: str, limits: Mapping[str, float]) -> str:
+    """``expr`` with every recording-rule name replaced by its expression (recursively), its
+    ``threshold(key)`` filled from ``limits`` (threshold key → value) as the rule file is generated;
+    a rule that reads a limit not given stays its recorded self."""
+    def spell(m: re.Match[str]) -> str:
+        rule = RULES_BY_NAME.get(m[0])
+        if rule is None or any(k not in limits for k in THRESHOLD_REF.findall(rule.expr)):
+            return m[0]
+        return f"({_expanded(render_expr(rule.expr, limits), limits)})"
+    return _NAME.sub(spell, expr)
+
+
+def short_window_value(key: str, limits: Mapping[str, float], window: str = SETTLE_WINDOW) -> str:
+    """A check's value over the last ``window`` instead of five minutes: its expression with the
+    recording rules it reads spelled out and their 5-minute ranges narrowed (gauges are the same).
+    ``limits``: threshold key → value, for the rules that compare with one."""
+    check = _check(key)
+    value = _expanded(check.value, limits).replace(_LONG_RANGE, f"[{window}]")
+    if check.baseline:
+        return f"({value}) / ({check.baseline})"
+    return value
+
+
+def settle_extreme(key: str, limits: Mapping[str, float], settle_s: float = SETTLE_S, step_s: int = 5) -> str:
+    """The worst short-window value of the check over the last ``settle_s`` (the highest for a
+    check that fires above its limit, the lowest for one that fires below): within the limit means
+    the check has settled (prefixscope.diagnosis)."""
+    over = "max_over_time" if _check(key).op == ">" else "min_over_time"
+    return f"{over}(({short_window_value(key, limits)})[{int(settle_s)}s:{step_s}s])"

@@ -19,6 +19,7 @@ from typing import Literal
 from console.chain import NO_DATA, CheckState, StepState
 from console.ui import fmt
 from prefixscope.catalog import SIGNAL_ENABLE
+from prefixscope.diagnosis import SETTLE_S, SETTLE_WINDOW_S
 from prefixscope.units import format_duration
 
 Shown = Literal["ok", "pending", "firing", "no_data", "not_instrumented"]
@@ -30,6 +31,18 @@ SHOWN_TEXT: dict[Shown, str] = {
     "no_data": ":gray[:material/schedule: no data in the window]",
     "not_instrumented": ":gray[:material/help: not instrumented]",
 }
+
+
+_SPAN = "minute" if SETTLE_WINDOW_S == 60 else format_duration(SETTLE_WINDOW_S)
+SETTLED_TEXT = (f"settled: within its limit over the last {_SPAN} for "
+                f"{format_duration(SETTLE_S)}; its alert clears when its 5-minute window does")
+
+
+def settled_note(titles: list[str]) -> str:
+    """What the headline says of the checks that left it because they settled."""
+    return (f"Settled, no longer the headline: {', '.join(titles)} — back within the limit over the last {_SPAN} "
+            f"for {format_duration(SETTLE_S)}; the alert clears when "
+            "the 5-minute window does.")
 
 
 def missing_signals(c: CheckState) -> list[str]:
@@ -82,6 +95,8 @@ def check_line(c: CheckState) -> str:
     line += f" — {shown_text(shown)}"
     if c.pending:
         line += f" · past its threshold, {fires_in_text(c.fires_in_s)}"
+    if c.settled:
+        line += f" · {SETTLED_TEXT}"
     if shown == "not_instrumented":
         line += f" · missing signal: {', '.join(missing_signals(c))}"
         line += "".join(f" · to enable {m}: {SIGNAL_ENABLE[m]}" for m in missing_signals(c) if m in SIGNAL_ENABLE)

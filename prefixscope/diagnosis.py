@@ -124,6 +124,18 @@ def alert_state(status: Status, breaching_for_s: float | None, for_s: float) -> 
     return "firing"
 
 
+# ---- settling: a fault that has ended leaves the headline before its window forgets it -------
+# Each check's value (and its alert) reads a 5-minute window, which outlives a fault by up to five
+# minutes: the previous fault would hold the headline into the next one. So each check is also read
+# over the last SETTLE_WINDOW; a check whose short-window value has stayed within its limit for
+# SETTLE_S has *settled*: its alert still fires until its window clears (Prometheus's business), but
+# it no longer holds the headline, which moves on to what is still wrong. No short-window value
+# (nothing measured in the last minute) is not settled: the headline keeps what it cannot rule out.
+SETTLE_WINDOW = "1m"
+SETTLE_WINDOW_S = 60.0
+SETTLE_S = 30.0
+
+
 @dataclass(frozen=True)
 class Headline:
     """What the on-call person reads first: is it firing, about to fire, or clear — and where."""
@@ -132,19 +144,26 @@ class Headline:
     step: Step | None  # None when clear, or when only the symptom is past its limit
     checks: tuple[str, ...]  # the checks behind the state, in catalogue order
     fires_in_s: float | None = None  # pending: the soonest of those checks' alerts fires this much later
+    # checks whose alert still fires or is pending on its window but which have settled (see
+    # SETTLE_S): left out of the headline, in catalogue order
+    settled: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         """The ``headline`` object of ``/api/v1/groups``."""
         return {"state": self.state, "step": self.step.number if self.step else None,
                 "title": self.step.title if self.step else None, "checks": list(self.checks),
-                "fires_in_s": self.fires_in_s}
+                "fires_in_s": self.fires_in_s, "settled": list(self.settled)}
 
 
 def headline(alerts: Mapping[str, AlertState], context: Collection[str],
-             fires_in_s: Mapping[str, float | None] | None = None) -> Headline:
+             fires_in_s: Mapping[str, float | None] | None = None, settled: Collection[str] = ()) -> Headline:
     """Firing beats pending beats clear. Within a state the step is the verdict's rule (the first
-    step with such a cause check); the symptom alone makes the state without naming a step."""
+    step with such a cause check); the symptom alone makes the state without naming a step. A
+    ``settled`` check (back within its limit over the short window for SETTLE_S) counts as inactive."""
     soon = fires_in_s or {}
+    gone = tuple(c.key for c in CHECKS if c.key in settled and alerts.get(c.key, "inactive") != "inactive"
+                 and (c.key == SYMPTOM or is_cause(c, context)))
+    alerts = {k: "inactive" if k in gone else s for k, s in alerts.items()}
     for state in ("firing", "pending"):
         found = verdict({k: FIRING if s == state else OK for k, s in alerts.items()}, context)
         keys = found.checks if found is not None else ((SYMPTOM,) if alerts.get(SYMPTOM) == state else ())
@@ -152,5 +171,5 @@ def headline(alerts: Mapping[str, AlertState], context: Collection[str],
             continue
         waits = [w for k in keys if (w := soon.get(k)) is not None]
         return Headline(state, found.step if found else None, keys,  # type: ignore[arg-type]
-                        min(waits) if state == "pending" and waits else None)
-    return Headline("clear", None, ())
+                        min(waits) if state == "pending" and waits else None, gone)
+    return Headline("clear", None, (), settled=gone)

@@ -6,7 +6,7 @@ from console import charts, data, ui
 from console.chain import SYMPTOM_KEY, CheckState, reuse_reading
 from console.http_json import SourceUnavailable
 from console.links import grafana_link, in_app_markdown, runbook_link, runbook_markdown
-from console.readings import alert_terms, check_line, fires_in_text, shown_text, step_shown
+from console.readings import alert_terms, check_line, fires_in_text, settled_note, shown_text, step_shown
 from console.runbook_steps import first_fitting
 from console.settings import link_settings, timezone_name
 
@@ -76,6 +76,9 @@ with st.container(border=True, key="headline"):
                             f"{advice.number}): {in_app_markdown(advice.text)}")
                 if advice.reason():
                     st.caption(f"Checked: {advice.reason()}.")
+    if headline.settled:
+        st.caption(settled_note([f"{checks[k].check.title} (step {checks[k].check.group})"
+                                 for k in headline.settled if k in checks]))
 
 if chain.symptom is not None:
     st.markdown(f"Symptom that starts the walk — {check_line(chain.symptom)}")

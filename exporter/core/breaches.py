@@ -15,12 +15,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from prefixscope.diagnosis import FIRING, Status
+from prefixscope.diagnosis import FIRING, OK, SETTLE_S, Status
 
 
 class BreachClock:
     def __init__(self) -> None:
         self._since: dict[str, float] = {}
+        # check key -> since when its value over the short window (SETTLE_WINDOW) is within its limit
+        self._within: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def observe(self, statuses: Mapping[str, Status], now: float) -> dict[str, float]:
@@ -39,3 +41,26 @@ class BreachClock:
         """Check key → when it began breaching, as of the latest evaluation (reads only)."""
         with self._lock:
             return dict(self._since)
+
+    def observe_recent(self, statuses: Mapping[str, Status], now: float) -> None:
+        """Record one evaluation of the checks over the short window (``checks.recent_statuses``):
+        a check within its limit keeps the time it got there; breaching or unmeasured forgets it."""
+        with self._lock:
+            for key, status in statuses.items():
+                if status == OK:
+                    since = self._within.setdefault(key, now)
+                    if since > now:
+                        self._within[key] = now
+                else:
+                    self._within.pop(key, None)
+
+    def settled(self, now: float, settle_s: float = SETTLE_S) -> frozenset[str]:
+        """Checks breaching on their window whose short-window value has been within the limit for
+        ``settle_s`` (prefixscope.diagnosis: SETTLE_S) as of the latest evaluations."""
+        with self._lock:
+            return frozenset(k for k, t in self._within.items() if k in self._since and now - t >= settle_s)
+
+    def within_since(self) -> dict[str, float]:
+        """Check key → since when its short-window value is within its limit (reads only)."""
+        with self._lock:
+            return dict(self._within)

@@ -224,3 +224,56 @@ def _reuse(state: ClusterState) -> dict[str, float | None]:
         "routing_regret_tokens": max(0.0, avail - ach) if avail is not None and ach is not None else None,
         "index_staleness_tokens": w("index_staleness_tokens"),
     }
+
+
+# ---- the short window: has a check settled? ----------------------------------------------------
+class _RecentState:
+    """The state as the evaluator reads it, with the window narrowed to its last ``span_s``
+    seconds: counters and histograms from the slots since then, health increases since then.
+    Gauges are instantaneous either way. Everything else is the state's own."""
+
+    def __init__(self, state: ClusterState, span_s: float, now: float) -> None:
+        self._state = state
+        self.window_s = span_s
+        self.store = state.store.recent(now - span_s)
+        self.health_increases = _RecentIncreases(state, now - span_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+class _RecentIncreases:
+    def __init__(self, state: ClusterState, since: float) -> None:
+        self._increases, self._since = state.health_increases, since
+
+    def increase(self, name: str) -> float | None:
+        return self._increases.increase_since(name, self._since)
+
+
+def recent_statuses(state: ClusterState, span_s: float = diagnosis.SETTLE_WINDOW_S,
+                    now: float | None = None) -> dict[str, Status]:
+    """Each check's status over the last ``span_s`` seconds of its window (prefixscope.diagnosis:
+    SETTLE_WINDOW), against the limit in force; ``not_instrumented`` where nothing was measured."""
+    return state.snapshot_for(lambda st: _recent_statuses(st, span_s, now))
+
+
+def _recent_statuses(state: ClusterState, span_s: float, now: float | None) -> dict[str, Status]:
+    series = state.series()
+    t = state.clock() if now is None else now
+    recent = _RecentState(state, span_s, t)
+    ev = _Evaluator(recent, series, t)  # type: ignore[arg-type]
+    full = _Evaluator(state, series, t)  # baselines stay the long window's, as the alert reads them
+    out: dict[str, Status] = {}
+    for check in catalog.CHECKS:
+        if any(not series.signals.get(s, False) for s in check.signals):
+            out[check.key] = diagnosis.NOT_INSTRUMENTED
+            continue
+        thr = threshold_value(state.thresholds, check)
+        value = ev.value(check.value)
+        if check.baseline is not None:
+            base = full.value(check.baseline)
+            limit = None if base is None else thr * base
+        else:
+            limit = thr
+        out[check.key] = diagnosis.check_status(check.op, value, limit)
+    return out

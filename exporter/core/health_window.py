@@ -59,3 +59,17 @@ class HealthIncreases:
         if not dq or total is None:
             return None  # no series on /metrics either: Prometheus reads no data, so do we
         return max(0.0, total - dq[0][1])  # dq[0] is the last sample at or before the window start
+
+    def increase_since(self, name: str, since: float) -> float | None:
+        """Increase of a health counter since input time ``since`` (inside the window): from the
+        last sample at or before it, as :meth:`increase` reads from the window's start."""
+        dq = self._samples.get(name)
+        total = self.health.total(name)
+        if not dq or total is None:
+            return None
+        start = dq[0][1]
+        for ts, value in dq:
+            if ts > since:
+                break
+            start = value
+        return max(0.0, total - start)

@@ -270,3 +270,53 @@ class MetricStore:
         """Per label set, a histogram's bucket counts over the baseline window (ending one window ago)."""
         lw = self.baselines.get(metric)
         return dict(lw.counts) if lw is not None else {}  # type: ignore[arg-type]
+
+    def recent(self, since: float) -> RecentStore:
+        """The reads above over the part of the window after input time ``since``."""
+        self.flush()
+        return RecentStore(self, since)
+
+
+class RecentStore:
+    """:class:`MetricStore`'s window reads over a recent span at the window's end (the last
+    minute, say): counters and histograms summed from the slots after ``since``. Baselines and
+    cumulative series are the store's own. Built under the state's lock, read at once."""
+
+    def __init__(self, store: MetricStore, since: float) -> None:
+        self.cum = store.cum
+        self.since = since
+        self._sums = store.win.sums_since(since)
+        self._rows = {metric: (hw.bounds, hw.counts_since(since)) for metric, hw in store.hwin.items()}
+        self._store = store
+
+    def window_counter(self, metric: str, where: LabelFilter | None = None) -> float | None:
+        vals = [v for key, v in self._sums.items()
+                if key[0] == metric and len(key) == 2 and (where is None or where(key[1]))]
+        return sum(vals) if vals else None
+
+    def window_by_worker(self, metric: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, v in self._sums.items():
+            if key[0] == metric and len(key) == 2 and key[1]:
+                out[key[1][0]] = out.get(key[1][0], 0.0) + v
+        return out
+
+    def window_buckets(self, metric: str, window_s: float | None = None,
+                       where: LabelFilter | None = None) -> tuple[tuple[float, ...], list[int]] | None:
+        got = self._rows.get(metric)
+        if got is None or not got[1]:
+            return None
+        bounds, rows = got
+        out = [0] * (len(bounds) + 1)
+        for labels, row in rows.items():
+            if where is None or where(labels):
+                for i, c in enumerate(row):
+                    out[i] += c
+        return bounds, out
+
+    def window_rows(self, metric: str) -> dict[LabelValues, list[int]]:
+        got = self._rows.get(metric)
+        return dict(got[1]) if got is not None else {}  # type: ignore[arg-type]
+
+    def baseline_rows(self, metric: str) -> dict[LabelValues, list[int]]:
+        return self._store.baseline_rows(metric)

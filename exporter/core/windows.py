@@ -182,6 +182,16 @@ class WindowedSum:
         vals = [v for k, v in self.sums.items() if keys is None or k in keys]
         return sum(vals) if vals else None
 
+    def sums_since(self, since: float) -> dict[Hashable, float]:
+        """Sums per key of the slots whose newest event is after ``since`` (a span at the window's
+        end, to within a slot: how a check reads the last minute inside its window)."""
+        out: dict[Hashable, float] = {}
+        for slot in self._slots.by_step.values():
+            if slot.last > since:
+                for key, value in slot.rows.items():
+                    out[key] = out.get(key, 0.0) + value
+        return out
+
     def __len__(self) -> int:
         """Slots held (each one sum per key seen in it)."""
         return len(self._slots)
@@ -308,6 +318,20 @@ class WindowedBuckets:
                         row[i] -= c
                 if not any(row):
                     del self.counts[key]
+
+    def counts_since(self, since: float) -> dict[Hashable, list[int]]:
+        """Bucket counts per key of the slots whose newest event is after ``since`` (see
+        :meth:`WindowedSum.sums_since`)."""
+        out: dict[Hashable, list[int]] = {}
+        for slot in self._slots.by_step.values():
+            if slot.last > since:
+                for key, slot_row in slot.rows.items():
+                    row = out.get(key)
+                    if row is None:
+                        row = out[key] = [0] * (len(self.bounds) + 1)
+                    for i, c in enumerate(slot_row):
+                        row[i] += c
+        return out
 
     def merged(self, key: Hashable | None = None) -> list[int]:
         """Bucket counts of one key, or summed over all keys (``sum by (le)``)."""

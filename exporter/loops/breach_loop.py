@@ -2,7 +2,8 @@
 
 Every ``interval`` seconds it evaluates the checks (``exporter.core.checks.evaluate``, at the state's
 clock) and records which breach (``exporter.core.breaches.BreachClock``), so a breach that starts
-between two ``/api/v1/groups`` requests is recorded when it starts, not when someone next asks.
+between two ``/api/v1/groups`` requests is recorded when it starts, not when someone next asks; and
+which are back within their limits over the last minute, so a breach that ended settles.
 Like Prometheus's rule evaluation, a breach's start is known to within one interval.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from exporter.core.breaches import BreachClock
-from exporter.core.checks import evaluate
+from exporter.core.checks import evaluate, recent_statuses
 from exporter.core.state import ClusterState
 from exporter.loops.duty_clock import DutyClock
 from exporter.loops.periodic import Periodic
@@ -37,7 +38,10 @@ class BreachLoop:
     def evaluate_once(self) -> dict[str, float]:
         """Evaluate every check now and advance the record; returns check key → breaching since."""
         ev = evaluate(self.state)
-        return self.record.observe({key: r.status for key, r in ev.results.items()}, ev.evaluated_at)
+        since = self.record.observe({key: r.status for key, r in ev.results.items()}, ev.evaluated_at)
+        # the same checks over the last minute: a breach that ended settles (prefixscope.diagnosis)
+        self.record.observe_recent(recent_statuses(self.state, now=ev.evaluated_at), ev.evaluated_at)
+        return since
 
     def start(self) -> BreachLoop:
         log.info("checks evaluated every %gs for pending and firing alerts", self.interval)

@@ -60,6 +60,8 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
     base = state.thresholds.runbook_url_base if hasattr(state.thresholds, "runbook_url_base") else ""
     now = ev.evaluated_at
     since = breaching_since(ev.results, breaches.since() if breaches is not None else {}, now)
+    # breaching on the window, yet back within the limit over the last minute for the settle time
+    settled = {k for k in (breaches.settled(now) if breaches is not None else ()) if k in since}
     alert_states: dict[str, diagnosis.AlertState] = {}
     fires_in: dict[str, float | None] = {}
     for key, r in ev.results.items():
@@ -83,7 +85,7 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
                 "severity": r.severity, "status": r.status, "missing_signals": r.missing_signals,
                 "runbook": f"runbooks/{c.alert}.md", "runbook_url": f"{base}{c.alert}.md" if base else None,
                 "for_s": state.thresholds.for_s(c), "breaching_since": since.get(c.key),
-                "alert_state": alert_states[c.key], "fires_in_s": fires_in[c.key],
+                "alert_state": alert_states[c.key], "fires_in_s": fires_in[c.key], "settled": c.key in settled,
                 "culprits": culprits.get(c.key),
             })
         steps.append({"step": step.number, "title": step.title, "question": step.question,
@@ -96,7 +98,7 @@ def groups(state: ClusterState, query: Mapping[str, str] | None = None, breaches
         "steps": steps,
         "verdict": ev.verdict,
         "headline": diagnosis.headline(alert_states, diagnosis.context_checks(state.thresholds.severities),
-                                       fires_in).as_dict(),
+                                       fires_in, settled).as_dict(),
         "symptom": {"prefix_hit_rate_total": symptom.value if symptom else None,
                     "firing": symptom.status == "firing" if symptom else False},
         "reuse": ev.reuse,

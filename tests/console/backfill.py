@@ -55,14 +55,17 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(esc.items())) + "}"
 
 
-def openmetrics(signals: list[str], end: float, minutes: int = 20, step: int = 15) -> str:
-    """Samples every ``step`` seconds up to ``end``; untyped, so names are stored as written."""
+def openmetrics(signals: list[str], end: float, minutes: int = 20, step: int = 15,
+                stopped: dict[str, float] | None = None) -> str:
+    """Samples every ``step`` seconds up to ``end``; untyped, so names are stored as written.
+    ``stopped``: counter → seconds before ``end`` from which it no longer grows (a fault that ended)."""
     start = int(end) - minutes * 60
     times = list(range(start, int(end) + 1, step))
     lines: list[str] = []
     for name, items in COUNTERS.items():
+        stop = int(end) - (stopped or {}).get(name, 0.0)
         for labels, rate in items:
-            lines += [f"{name}{_labels(labels)} {rate * (t - start):.6f} {t}" for t in times]
+            lines += [f"{name}{_labels(labels)} {rate * (min(t, stop) - start):.6f} {t}" for t in times]
     for name, items in GAUGES.items():
         for labels, value in items:
             lines += [f"{name}{_labels(labels)} {value} {t}" for t in times]

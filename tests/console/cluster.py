@@ -51,3 +51,23 @@ def build_state(thresholds: Thresholds | None = None) -> ClusterState:
 
 def routes() -> dict:
     return ApiBuilders(build_state()).routes()
+
+
+def build_recovered_state(thresholds: Thresholds | None = None) -> ClusterState:
+    """The same cluster after its fault ended: from 1 000 s ten new sessions come back on the
+    worker that served them (no collision), the workers report healthy hits and stream KV events.
+    Over the 5-minute window the collisions still read 3 of 20 follow-ups (15%, past 5%); over
+    the last minute none."""
+    state = build_state(thresholds)
+    first = [{"ts": 1001.0 + i, "request_id": f"c{i}", "worker": "w0", "model": "m", "prompt_tokens": 64,
+              "session_key": f"t{i}", "block_hashes": CHAIN, "cached_tokens": 64} for i in range(10)]
+    follow = [{"ts": 1040.0 + i, "request_id": f"d{i}", "worker": "w0", "model": "m", "prompt_tokens": 64,
+               "session_key": f"t{i}", "block_hashes": CHAIN, "cached_tokens": 64} for i in range(10)]
+    state.ingest_records(first, 1011.0)
+    state.ingest_records(follow, 1050.0)
+    for worker, (queried, hits) in {"w0": (600, 246), "w1": (400, 164)}.items():
+        state.observe_worker(WorkerSnapshot(worker, "vllm", model="m", prefix_queried_tokens=queried + 1000,
+                                            prefix_hit_tokens=hits + 950, num_gpu_blocks=100, block_size=16), 1050.0)
+    for seq, worker in enumerate(("w0", "w1")):
+        state.apply_kv_batch(KvBatch(worker, 1, 1050.0, (BlockStored((21 + seq,), None, 16),)), 1050.0)
+    return state

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
+from exporter.core.breaches import BreachClock
 from exporter.core.state import ClusterState
 from exporter.web.api import ApiBuilders
 from exporter.web.exposition import render_state
@@ -32,9 +33,10 @@ def _clear_streamlit_caches() -> Iterator[None]:
     st.cache_resource.clear()
 
 
-def _serve(state: ClusterState) -> Iterator[str]:
-    """The exporter's HTTP edge over ``state``: its /api/v1 builders and its /metrics text."""
-    deps = ServerDeps(registry=CollectorRegistry(), api=ApiBuilders(state).routes(),
+def _serve(state: ClusterState, breaches: BreachClock | None = None) -> Iterator[str]:
+    """The exporter's HTTP edge over ``state``: its /api/v1 builders (reading ``breaches``, the
+    breach record a test advances, if given) and its /metrics text."""
+    deps = ServerDeps(registry=CollectorRegistry(), api=ApiBuilders(state, breaches=breaches).routes(),
                       render_text=lambda: render_state(state))
     server = ExporterServer("127.0.0.1", 0, deps).start()
     try:

@@ -22,7 +22,7 @@ from exporter.core.breaches import BreachClock
 from exporter.loops.breach_loop import BreachLoop
 from exporter.web.api import ApiBuilders
 from prefixscope import catalog
-from prefixscope.diagnosis import headline
+from prefixscope.diagnosis import SETTLE_S, headline
 from prefixscope.thresholds import load_thresholds as load_exporter_thresholds
 from tests.console import cluster
 from tests.console.conftest import _serve
@@ -70,7 +70,7 @@ def test_the_exporter_turns_a_breach_pending_then_firing_after_its_for() -> None
     assert (sticky["status"], sticky["alert_state"], sticky["breaching_since"], sticky["for_s"],
             sticky["fires_in_s"]) == ("firing", "pending", cluster.NOW, 300.0, 300.0)
     assert first["headline"] == {"state": "pending", "step": 2, "title": "Affinity",
-                                 "checks": ["sticky_session_collision_rate"], "fires_in_s": 300.0}
+                                 "checks": ["sticky_session_collision_rate"], "fires_in_s": 300.0, "settled": []}
     assert first["verdict"]["step"] == 2  # the instantaneous verdict is unchanged
     # Culprits of a breaching check: the sessions that came back on w1 and reused half.
     culprits = sticky["culprits"]
@@ -153,3 +153,79 @@ def test_alertmanager_rows_say_what_inhibits_an_alert() -> None:
     assert states == {"PrefixTelemetryKvEventsStale": "paging",
                       "PrefixHitRateLow": "inhibited by PrefixTelemetryKvEventsStale (step 0)",
                       "PrefixTreeTooDeep": "silenced (s-1)"}
+
+
+def test_a_fault_that_ended_leaves_the_headline_once_its_last_minute_settles() -> None:
+    """The collisions stopped: over the 5-minute window they still read 15% (past 5%), over the last
+    minute none. After SETTLE_S within the limit they no longer hold the headline, while the check
+    (and its alert) still fires on its window."""
+    state = cluster.build_recovered_state()
+    now = [1050.0]
+    state.clock = lambda: now[0]
+    record = BreachClock()
+    loop = BreachLoop(state, record)
+    groups = ApiBuilders(state, breaches=record).routes()["groups"]
+
+    def sticky(g: dict) -> dict:
+        return next(c for s in g["steps"] for c in s["checks"] if c["key"] == "sticky_session_collision_rate")
+
+    loop.evaluate_once()
+    g = groups({})
+    assert (g["headline"]["step"], g["headline"]["settled"]) == (2, [])
+    assert (sticky(g)["status"], sticky(g)["value"], sticky(g)["settled"]) == ("firing", pytest.approx(0.15), False)
+    now[0] += SETTLE_S - 5
+    loop.evaluate_once()
+    assert groups({})["headline"]["step"] == 2  # not settled yet
+    now[0] += 5
+    loop.evaluate_once()
+    g = groups({})
+    assert g["headline"] == {"state": "clear", "step": None, "title": None, "checks": [], "fires_in_s": None,
+                             "settled": ["sticky_session_collision_rate"]}
+    assert (sticky(g)["status"], sticky(g)["alert_state"], sticky(g)["settled"]) == ("firing", "firing", True)
+    assert g["verdict"]["step"] == 2  # the window's instantaneous verdict is unchanged
+
+
+def test_a_fault_still_under_way_never_settles() -> None:
+    """The original cluster: collisions inside the last minute (and, later, none measured at all)."""
+    state = cluster.build_state()
+    now = [cluster.NOW]
+    state.clock = lambda: now[0]
+    record = BreachClock()
+    loop = BreachLoop(state, record)
+    groups = ApiBuilders(state, breaches=record).routes()["groups"]
+    for _ in range(4):  # 1 000 s to 1 060 s: the last minute holds collisions, then nothing measured
+        loop.evaluate_once()
+        assert groups({})["headline"]["step"] == 2
+        now[0] += 20
+
+
+@pytest.fixture
+def recovered_exporter(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The recovered cluster served with its breach record advanced past the settle time."""
+    state = cluster.build_recovered_state()
+    now = [1050.0]
+    state.clock = lambda: now[0]
+    record = BreachClock()
+    loop = BreachLoop(state, record)
+    for _ in range(2):
+        loop.evaluate_once()
+        now[0] += SETTLE_S
+    for url in _serve(state, record):
+        monkeypatch.setenv(EXPORTER_ENV, url)
+        monkeypatch.delenv(PROMETHEUS_ENV, raising=False)
+        yield url
+
+
+def test_the_console_says_which_checks_settled_and_the_alerts_page_reads_the_same_evaluation(
+        recovered_exporter: str) -> None:
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert at.success[-1].value.startswith("**CLEAR**")
+    body = texts(at)
+    assert ("Settled, no longer the headline: Sticky-session collisions (step 2) — back within the limit over "
+            "the last minute for 30 s; the alert clears when the 5-minute window does.") in body
+    assert ("**Sticky-session collisions**: 15.0% (alert when > 5.0%) — :red[:material/error: FIRING] · settled: "
+            "within its limit over the last minute for 30 s; its alert clears when its 5-minute window does") in body
+    at.switch_page("app_pages/alerts.py").run()
+    assert not at.exception
+    assert "### PrefixStickyCollisionsHigh · warning · step 2 · 1 firing" in texts(at)
