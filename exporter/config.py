@@ -153,6 +153,8 @@ class Config:
     breach_interval: float = 5.0  # background check evaluation that records when each breach began
     window: float | None = None  # None: the thresholds file's window
     prefix_text: bool = False  # keep and serve the first words of hot prefixes (prompts may be private)
+    state_file: Path | None = None  # what the exporter keeps across a restart (changes' history, prefix names)
+    state_interval: float = 60.0  # how often the state file is written (and once at shutdown)
     attribution: bool = True  # read KV events' lora_name and extra_keys (cache salt) for per-adapter/tenant series
     eviction_memory: int = 4096  # recent evictions kept per worker (thrash, eviction age)
     listen_address: str = DEFAULT_LISTEN
@@ -474,6 +476,8 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
     shard = _shard(problems, d)
     discovery = _discovery(problems, files, d)
     down_grace = _seconds(problems, d, "worker_down_grace", 600.0)
+    state_file = files.path(d.get("state_file"), "state_file", must_exist=False)
+    state_interval = _seconds(problems, d, "state_interval", 60.0)
     problems.raise_if_any(ConfigError)
     return Config(source=file, workers=workers, fleet_manifest=fleet_manifest, routers=_routers(d),
                   http_records=http, file_records=tailed, otlp=otlp, topology=topology,
@@ -481,6 +485,7 @@ def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None)
                   scrape_timeout=timeout or 2.0, tree_stats_interval=tree_stats or 1.0,
                   breach_interval=breach_interval or 5.0, window=window,
                   prefix_text=d.get("prefix_text") is True,
+                  state_file=state_file, state_interval=state_interval or 60.0,
                   attribution=d.get("attribution") is not False,
                   eviction_memory=int(d.get("eviction_memory", 4096)),
                   limits=limits, web=web, kv_nats=kv_nats, shard=shard, discovery=discovery,

@@ -52,6 +52,7 @@ from exporter.core.state import ClusterState
 from exporter.follow import ConfigReloader, FleetFollower
 from exporter.loops.breach_loop import BreachLoop
 from exporter.loops.duty_clock import DutyClock
+from exporter.loops.state_file import StateFile
 from exporter.loops.tree_refresher import TreeStatsRefresher
 from exporter.sources.kv_nats import NatsKvSource
 from exporter.sources.kv_zmq import KvEventSubscriber
@@ -124,6 +125,7 @@ class Runtime:
         self.refresher = refresher or TreeStatsRefresher(state, cfg.tree_stats_interval, self.duties)
         self.breach_loop = breach_loop or BreachLoop(state, BreachClock(), cfg.breach_interval, self.duties)
         self.names: PrefixNames | None = None  # hot branches' text (config prefix_text)
+        self.state_file: StateFile | None = None  # config state_file: history and names across restarts
         self.spans: SpanIntake | None = None  # the OTLP trace receivers' intake, when either is on
         self.grpc: GrpcTraceReceiver | None = None  # OTLP/gRPC TraceService/Export (otlp.grpc_listen_address)
         self.nats: NatsKvSource | None = None  # KV events over NATS (set by build)
@@ -206,6 +208,9 @@ class Runtime:
         runtime = cls(cfg, sources.workers, health, state, server, sources.subscriber, sources.tails,
                       sources.scraper, clock, breach_loop=parts.breach_loop, duties=duties)
         runtime.names = sources.names
+        if cfg.state_file is not None:  # read before any input: the saved history goes first
+            runtime.state_file = StateFile(cfg.state_file, state, sources.names, cfg.state_interval)
+            runtime.state_file.load()
         runtime.spans = spans if cfg.otlp.enabled or grpc_receiver is not None else None
         runtime.grpc = grpc_receiver
         runtime.nats = sources.nats
@@ -256,6 +261,8 @@ class Runtime:
         self.breach_loop.start()
         if self.names is not None:
             self.names.detokenizer.start()
+        if self.state_file is not None:
+            self.state_file.start()
         self.server.start()
         return self
 
@@ -281,6 +288,8 @@ class Runtime:
             self.names.detokenizer.stop()
         if self.spans is not None:
             self.spans.close(timeout=1.0)
+        if self.state_file is not None:  # last: everything that reached the state is in it
+            self.state_file.close(timeout=2.0)
 
     # ---- views for the landing page and /healthz --------------------------------------------
     def target_status(self) -> list[TargetStatus]:

@@ -82,7 +82,8 @@ def next_backoff(previous_s: float | None, ran_s: float) -> float:
 
 
 def exporter_config(manifest: Path, topology: Path | None, scrape_interval: float,
-                    thresholds: Path | None = None, router_metrics_url: str | None = None) -> dict:
+                    thresholds: Path | None = None, router_metrics_url: str | None = None,
+                    state_file: Path | None = None) -> dict:
     """The exporter's config for a demo fleet described by its manifest (and its reference
     router's /metrics, scraped as a router of the kind its names show)."""
     cfg: dict = {
@@ -91,6 +92,9 @@ def exporter_config(manifest: Path, topology: Path | None, scrape_interval: floa
         "scrape_interval": f"{scrape_interval:g}s",
         "prefix_text": True,  # the simulated prompts are not private: name hot prefixes by their words
     }
+    if state_file is not None:  # "what changed" and prefix names outlive an exporter restart
+        cfg["state_file"] = str(state_file)
+        cfg["state_interval"] = "15s"
     if topology is not None:
         cfg["topology"] = str(topology)
     if thresholds is not None:
@@ -427,7 +431,7 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
     # 2. the exporter: restarted if it exits; a new one replays every worker's KV events from seq 0
     cfg_path = run / "exporter.yaml"
     cfg_path.write_text(yaml.safe_dump(exporter_config(manifest, Path(topology) if topology else None, 5.0,
-                                                       thresholds, router_metrics_url)))
+                                                       thresholds, router_metrics_url, run / "exporter-state.json")))
     exp_cmd = _prefixscope("export", "--config.file", str(cfg_path), "--web.listen-address", exporter_addr)
     if (code := _launch(sup, "exporter", exp_cmd, RESTART, f"{exporter_url}/healthz", 30, stop, say)) is not None:
         return code

@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from itertools import islice
 from operator import neg
 
@@ -42,6 +42,9 @@ HISTORY_S = 3600.0  # how far back /api/v1/changes can look
 MAX_HISTORY_EVENTS = 200_000
 MAX_CHAIN_KEPT = 64  # leading blocks of a hit's chain kept: enough to find its branch (radix depth ≤ 2)
 MAX_INTERNED = 65_536  # distinct chains remembered for sharing; past it the table starts afresh
+MAX_SAVED_HITS = 20_000  # hit events a state file keeps (the newest): a few MB at most
+MAX_SAVED_CHAINS = 4_096  # distinct chains among them, each ≤ MAX_CHAIN_KEPT blocks
+MAX_SAVED_SESSIONS = 20_000
 
 Chain = bytes | tuple[int, ...]  # 8 bytes a block (native order), or ints when not all fit in 64 bits
 
@@ -316,3 +319,77 @@ class Hotspots:
         ranked = [(b, -t) for t, b in top]
         self._ranked = (key, ranked)
         return ranked
+
+    # ---- the state file (exporter.loops.state_file): the history outlives a restart ----------
+    def saved(self, max_hits: int = MAX_SAVED_HITS, max_chains: int = MAX_SAVED_CHAINS,
+              max_sessions: int = MAX_SAVED_SESSIONS) -> dict[str, list]:
+        """The newest of the history as plain data, bounded: at most ``max_hits`` hit events whose
+        chains (each written once) number at most ``max_chains``, and ``max_sessions`` new sessions."""
+        chains: dict[Chain, int] = {}
+        hits: list[list] = []
+        for ts, chain, tokens, session in reversed(self.hit_events):
+            at = chains.get(chain)
+            if at is None:
+                if len(chains) >= max_chains:
+                    break
+                at = chains[chain] = len(chains)
+            hits.append([ts, at, tokens, session])
+            if len(hits) >= max_hits:
+                break
+        hits.reverse()
+        sessions = [list(ev) for ev in islice(reversed(self.session_events), max_sessions)][::-1]
+        return {"chains": [list(_blocks(c)) for c in chains], "hits": hits, "sessions": sessions}
+
+    def restore(self, saved: Mapping[str, object], now: float) -> int:
+        """Put a saved history back in front of what this process recorded (at start, before any
+        input); returns how many entries were malformed and left out. Older than the hour: dropped."""
+        bad = 0
+        raw_chains = saved.get("chains")
+        chains: list[Chain | None] = []
+        for c in raw_chains if isinstance(raw_chains, list) else ():
+            ok = isinstance(c, list) and all(type(b) is int for b in c)
+            chains.append(_packed(c[:MAX_CHAIN_KEPT]) if ok else None)  # type: ignore[index]
+            bad += not ok
+        cutoff = now - HISTORY_S
+        hits: list[HitEvent] = []
+        for ev in _rows(saved.get("hits")):
+            try:
+                ts, at, tokens, session = ev
+                chain = chains[at] if type(at) is int and 0 <= at < len(chains) else None
+                if chain is None or not _number(ts) or not _number(tokens) or not (
+                        session is None or isinstance(session, str)):
+                    raise ValueError
+            except (TypeError, ValueError):
+                bad += 1
+                continue
+            if ts > cutoff:
+                hits.append((float(ts), self._interned.setdefault(chain, chain), float(tokens), session))
+        sessions: list[tuple[float, str, bool]] = []
+        for ev in _rows(saved.get("sessions")):
+            if len(ev) == 3 and _number(ev[0]) and isinstance(ev[1], str) and isinstance(ev[2], bool):
+                if ev[0] > cutoff:
+                    sessions.append((float(ev[0]), ev[1], ev[2]))
+            else:
+                bad += 1
+        room = (self.hit_events.maxlen or len(hits)) - len(self.hit_events)
+        mine = list(self.hit_events)
+        self.hit_events.clear()
+        self.hit_events.extend(sorted(hits)[-room:] if room > 0 else [])
+        self.hit_events.extend(mine)
+        self._next_seq += len(self.hit_events) - len(mine)
+        self._window = None  # rebuilt from the history at the next read
+        self._ranked = None
+        mine_s = list(self.session_events)
+        self.session_events.clear()
+        self.session_events.extend(sorted(sessions))
+        self.session_events.extend(mine_s)
+        return bad
+
+
+
+def _rows(raw: object) -> list[list]:
+    return [r if isinstance(r, list) else [] for r in raw] if isinstance(raw, list) else []
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)

@@ -82,6 +82,30 @@ class PrefixTokens:
     def __len__(self) -> int:
         return len(self._tokens)
 
+    def saved(self) -> list[list]:
+        """``[[block, [token, ...]], ...]`` oldest first (the state file; bounded by ``max_kept``)."""
+        with self._lock:
+            return [[b, list(t)] for b, t in self._tokens.items()]
+
+    def restore(self, saved: object) -> int:
+        """Put saved tokens back behind what this process kept; returns how many were malformed."""
+        bad = 0
+        with self._lock:
+            mine = list(self._tokens.items())
+            self._tokens.clear()
+            for row in saved if isinstance(saved, list) else ():
+                if (isinstance(row, list) and len(row) == 2 and type(row[0]) is int and isinstance(row[1], list)
+                        and row[1] and all(type(t) is int for t in row[1])):
+                    self._tokens[row[0]] = tuple(row[1][: self.max_tokens])
+                else:
+                    bad += 1
+            for block, toks in mine:
+                self._tokens.pop(block, None)
+                self._tokens[block] = toks
+            while len(self._tokens) > self.max_kept:
+                self._tokens.popitem(last=False)
+        return bad
+
 
 class TokenTee:
     """A state sink that keeps the prefix tokens of each KV batch, then hands everything on."""
@@ -159,6 +183,29 @@ class Detokenizer:
     def text(self, block: int) -> str | None:
         with self._lock:
             return self._texts.get(block)
+
+    def saved(self) -> list[list]:
+        """``[[key, text], ...]`` oldest first: the texts workers gave (the state file; bounded)."""
+        with self._lock:
+            return [[k, t] for k, t in self._texts.items()]
+
+    def restore(self, saved: object) -> int:
+        """Put saved texts back behind what this process learnt; returns how many were malformed."""
+        bad = 0
+        with self._lock:
+            mine = list(self._texts.items())
+            self._texts.clear()
+            for row in saved if isinstance(saved, list) else ():
+                if isinstance(row, list) and len(row) == 2 and type(row[0]) is int and isinstance(row[1], str):
+                    self._texts[row[0]] = row[1]
+                else:
+                    bad += 1
+            for key, text in mine:
+                self._texts.pop(key, None)
+                self._texts[key] = text
+            while len(self._texts) > self.max_cached:
+                self._texts.popitem(last=False)
+        return bad
 
     def want(self, ask: Ask) -> None:
         """Queue a block unless its text is known, asked, or failed recently (never blocks)."""

@@ -159,8 +159,8 @@ colour: red
     durations = "a positive number of seconds or a duration like 500ms, 5m or 1h30m"
     assert set(err.value.problems) == {
         "exporter.yaml: colour: unknown field (allowed: workers, fleet_manifest, routers, records, otlp, topology, "
-        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, breach_interval, prefix_text, "
-        "attribution, eviction_memory, window, limits, web, kv_nats, shard, worker_down_grace, discovery)",
+        "thresholds, scrape_interval, scrape_timeout, tree_stats_interval, breach_interval, prefix_text, state_file, "
+        "state_interval, attribution, eviction_memory, window, limits, web, kv_nats, shard, worker_down_grace, discovery)",
         'exporter.yaml: workers[1].metrics_url: expected an http:// or https:// URL, got "ftp://h/m"',
         'exporter.yaml: workers[1].optional: expected true or false, got "maybe"',
         'exporter.yaml: workers[1].name: duplicate worker name "a"',
