@@ -6,18 +6,22 @@ fingerprints of the alerts inhibiting it and the silences silencing it. :func:`p
 turns that answer into :class:`PageAlert` rows (pure, tested on payloads); :func:`fetch_alerts`
 is the thin HTTP edge. The v2 API answers a bare JSON list, not Prometheus's envelope, so it
 has its own GET here; failures become :class:`~console.http_json.SourceUnavailable`, as for the
-other sources.
+other sources. ``/api/v2/silences`` gives the silences, and ``/api/v2/status`` the config
+Alertmanager runs, whose ``inhibit_rules`` say which alert holds back which.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import requests
+import yaml
 
 from console.http_json import SourceUnavailable, _short
+from prefixscope.catalog import CHECKS_BY_ALERT
 
 SOURCE = "Alertmanager"
 STATES = ("active", "suppressed", "unprocessed")
@@ -132,3 +136,114 @@ def table_rows(alerts: Sequence[PageAlert]) -> list[dict[str, str]]:
     by_fp = {a.fingerprint: a for a in alerts if a.fingerprint}
     return [{"alert": a.name, "step": "" if a.step is None else str(a.step), "state": shown_state(a, by_fp),
              "since": a.starts_at, "summary": a.summary} for a in alerts]
+
+
+# ---- silences and the inhibition rules: what holds alerts back, and why ---------------------
+@dataclass(frozen=True)
+class Silence:
+    id: str
+    state: str  # active | pending | expired
+    matchers: str  # as amtool writes them: alertname="X", cluster=~"a|b"
+    created_by: str
+    comment: str
+    ends_at: str
+
+
+@dataclass(frozen=True)
+class InhibitRule:
+    sources: tuple[str, ...]  # alert names (or matchers) that hold back ...
+    targets: tuple[str, ...]  # ... these, while they fire
+    equal: tuple[str, ...]  # labels both must share (the same cluster)
+
+
+def _matcher_text(m: Any) -> str:
+    if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+        raise BadAnswer("silence matcher: expected an object with a name")
+    op = ("=~" if m.get("isRegex") else "=") if m.get("isEqual", True) else ("!~" if m.get("isRegex") else "!=")
+    return f'{m["name"]}{op}"{m.get("value", "")}"'
+
+
+def parse_silences(payload: Any) -> list[Silence]:
+    """``/api/v2/silences`` JSON → rows, active first, then pending, then expired (newest end first)."""
+    if not isinstance(payload, list):
+        raise BadAnswer("expected a JSON list of silences")
+    out = []
+    for i, s in enumerate(payload):
+        if not isinstance(s, dict) or not isinstance(s.get("matchers"), list):
+            raise BadAnswer(f"silence {i}: expected an object with matchers")
+        status = s.get("status") if isinstance(s.get("status"), dict) else {}
+        out.append(Silence(str(s.get("id", "")), str(status.get("state", "")),
+                           ", ".join(_matcher_text(m) for m in s["matchers"]), str(s.get("createdBy", "")),
+                           str(s.get("comment", "")), str(s.get("endsAt", ""))))
+    order = {"active": 0, "pending": 1, "expired": 2}
+    out.sort(key=lambda s: s.ends_at, reverse=True)
+    return sorted(out, key=lambda s: order.get(s.state, 3))  # stable: newest end first within a state
+
+
+_ALERTNAME_ANY = re.compile(r'^alertname\s*=~\s*"(.*)"$')
+
+
+def _names(matchers: Any) -> tuple[str, ...]:
+    """``alertname=~"A|B"`` → (A, B); any other matcher is kept as written."""
+    out: list[str] = []
+    for m in matchers if isinstance(matchers, list) else ():
+        text = str(m).strip()
+        found = _ALERTNAME_ANY.match(text)
+        out += found[1].split("|") if found else [text]
+    return tuple(out)
+
+
+def parse_inhibit_rules(status: Any) -> list[InhibitRule]:
+    """The ``inhibit_rules`` of the config Alertmanager runs (``/api/v2/status`` → ``config.original``)."""
+    config = status.get("config") if isinstance(status, dict) else None
+    original = config.get("original") if isinstance(config, dict) else None
+    if not isinstance(original, str):
+        raise BadAnswer("status: expected config.original")
+    try:
+        parsed = yaml.safe_load(original) or {}
+    except yaml.YAMLError as exc:
+        raise BadAnswer(f"config.original is not YAML: {exc}") from None
+    rules = parsed.get("inhibit_rules") if isinstance(parsed, dict) else None
+    return [InhibitRule(_names(r.get("source_matchers")), _names(r.get("target_matchers")),
+                        tuple(str(e) for e in r.get("equal") or ()))
+            for r in rules or () if isinstance(r, dict)]
+
+
+def _get(base_url: str, path: str, params: Mapping[str, Any] | None = None, timeout: float = 5.0) -> Any:
+    try:
+        resp = requests.get(base_url.rstrip("/") + path, params=params, timeout=timeout)
+    except requests.RequestException as exc:
+        raise SourceUnavailable(SOURCE, base_url, _short(exc)) from None
+    if resp.status_code != 200:
+        raise SourceUnavailable(SOURCE, base_url, f"HTTP {resp.status_code}: {resp.text[:200].strip()}")
+    try:
+        return resp.json()
+    except ValueError:
+        raise SourceUnavailable(SOURCE, base_url, "unexpected answer: not JSON") from None
+
+
+def fetch_silences(base_url: str, timeout: float = 5.0) -> list[Silence]:
+    try:
+        return parse_silences(_get(base_url, "/api/v2/silences", timeout=timeout))
+    except BadAnswer as exc:
+        raise SourceUnavailable(SOURCE, base_url, f"unexpected answer: {exc}") from None
+
+
+def fetch_inhibit_rules(base_url: str, timeout: float = 5.0) -> list[InhibitRule]:
+    try:
+        return parse_inhibit_rules(_get(base_url, "/api/v2/status", timeout=timeout))
+    except BadAnswer as exc:
+        raise SourceUnavailable(SOURCE, base_url, f"unexpected answer: {exc}") from None
+
+
+def rule_rows(rules: Sequence[InhibitRule]) -> list[dict[str, str]]:
+    """One row per inhibition rule, alerts by name with their diagnosis step: who holds back whom."""
+    def named(names: tuple[str, ...]) -> str:
+        return ", ".join(f"{n} (step {CHECKS_BY_ALERT[n].group})" if n in CHECKS_BY_ALERT else n for n in names)
+    return [{"while firing": named(r.sources), "holds back": named(r.targets),
+             "on the same": ", ".join(r.equal) or "—"} for r in rules]
+
+
+def silence_rows(silences: Sequence[Silence]) -> list[dict[str, str]]:
+    return [{"silence": s.id, "state": s.state, "matchers": s.matchers, "by": s.created_by,
+             "comment": s.comment, "until": s.ends_at} for s in silences]

@@ -19,7 +19,15 @@ import streamlit as st
 
 from console import promql
 from console.alert_groups import alerts_from_chain
-from console.alertmanager import PageAlert, fetch_alerts
+from console.alertmanager import (
+    InhibitRule,
+    PageAlert,
+    Silence,
+    fetch_alerts,
+    fetch_inhibit_rules,
+    fetch_silences,
+)
+from console.announcements import Announcement, latest
 from console.chain import (
     Chain,
     Reuse,
@@ -282,6 +290,16 @@ def alertmanager_alerts(url: str) -> list[PageAlert]:
     return fetch_alerts(url)
 
 
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def alertmanager_silences(url: str) -> list[Silence]:
+    return fetch_silences(url)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def alertmanager_inhibit_rules(url: str) -> list[InhibitRule]:
+    return fetch_inhibit_rules(url)
+
+
 def firing_alerts(src: Sources) -> tuple[list[dict], list[str]]:
     """Prometheus's alerts (firing and pending); without Prometheus, the checks the exporter finds
     firing or past their threshold (pending)."""
@@ -314,3 +332,9 @@ def evidence(src: Sources, found: Chain) -> Evidence:
                     pool_changes=None if ch is None else pool_changes(ch.get("pool_changes") or []),
                     rekeys=rekeys, available=found.reuse.available, achieved=found.reuse.achieved,
                     hit_target=target, culprit_workers=culprit_workers)
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def announcements(path: str) -> list[Announcement]:
+    """The fleet's newest announcements (newest first); read often, the file is small."""
+    return latest(Path(path))

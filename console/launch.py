@@ -10,6 +10,7 @@ from pathlib import Path
 
 from console.settings import (
     ALERTMANAGER_ENV,
+    ANNOUNCE_ENV,
     DEFAULT_EXPORTER_URL,
     EXPORTER_ENV,
     GRAFANA_ENV,
@@ -49,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--thresholds", default=os.environ.get(THRESHOLDS_ENV),
                    help=f"threshold file to show limits from when no exporter answers (env {THRESHOLDS_ENV}; "
                         "default: the packaged alerts/thresholds.yaml); the exporter's own limits win")
+    p.add_argument("--announcements", default=os.environ.get(ANNOUNCE_ENV),
+                   help=f"a running fleet's announcements file (prefixscope sim --announce; env {ANNOUNCE_ENV}): "
+                        "its newest line is shown as a banner on every page")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8501, help="port to listen on; 0 picks a free one (default %(default)s)")
     return p.parse_args(argv)
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in ((PROMETHEUS_ENV, args.prometheus_url), (ALERTMANAGER_ENV, args.alertmanager_url),
                         (GRAFANA_ENV, args.grafana_url),
                         (RUNBOOK_BASE_ENV, args.runbook_url_base), (TIMEZONE_ENV, args.timezone),
-                        (THRESHOLDS_ENV, args.thresholds)):
+                        (THRESHOLDS_ENV, args.thresholds), (ANNOUNCE_ENV, args.announcements)):
         if value:
             env[name] = value
         else:

@@ -22,6 +22,7 @@ GRAFANA_ENV = "PREFIXSCOPE_GRAFANA_URL"
 RUNBOOK_BASE_ENV = "PREFIXSCOPE_RUNBOOK_URL_BASE"
 TIMEZONE_ENV = "PREFIXSCOPE_CONSOLE_TZ"
 THRESHOLDS_ENV = "PREFIXSCOPE_THRESHOLDS"
+ANNOUNCE_ENV = "PREFIXSCOPE_CONSOLE_ANNOUNCE"  # a fleet's announcements file (the demo's storyline)
 DEFAULT_EXPORTER_URL = "http://127.0.0.1:9400"
 
 
@@ -52,3 +53,10 @@ def thresholds_path(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     raw = (env.get(THRESHOLDS_ENV) or "").strip()
     return Path(raw) if raw else thresholds.DEFAULT_PATH
+
+
+def announce_path(env: Mapping[str, str] | None = None) -> Path | None:
+    """The announcements file a running fleet writes (``prefixscope sim --announce``); None: none."""
+    env = os.environ if env is None else env
+    raw = (env.get(ANNOUNCE_ENV) or "").strip()
+    return Path(raw) if raw else None

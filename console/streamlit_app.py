@@ -6,10 +6,13 @@ page running the same script: Streamlit serves a page marked ``default`` at ``/`
 visible diagnosis page cannot be the default without losing ``/diagnosis``.
 """
 
+import time
+
 import streamlit as st
 
-from console import data
-from console.settings import GRAFANA_ENV, link_settings
+from console import data, ui
+from console.settings import GRAFANA_ENV, announce_path, link_settings
+from prefixscope.units import format_moment
 
 st.set_page_config(page_title="prefixscope console", page_icon=":material/route:", layout="wide")
 
@@ -34,4 +37,15 @@ st.sidebar.caption(f"Prometheus: {src.prometheus_url or 'not configured'}")
 st.sidebar.caption(f"Grafana: {links.grafana_url or f'not configured ({GRAFANA_ENV})'}")
 if st.sidebar.button("Refresh now", key="refresh"):
     st.cache_data.clear()
+news_file = announce_path()
+if news_file is not None:
+    news = data.announcements(str(news_file))
+    if news:
+        now = time.time()
+        st.info(f"**Now running** · {format_moment(news[0].ts, ui.zone(), now)}: {news[0].text}",
+                icon=":material/campaign:")
+        if len(news) > 1:
+            with st.expander("Earlier"):
+                for n in news[1:]:
+                    st.caption(f"{format_moment(n.ts, ui.zone(), now)}: {n.text}")
 page.run()

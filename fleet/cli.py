@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from fleet.announce import Announcer
 from fleet.control import FleetControl
 from fleet.policies import POLICIES
 from fleet.records import FileSink, HttpSink, MultiSink, RecordSink
@@ -34,6 +35,7 @@ from fleet.storyline import STORYLINES, runs, storyline
 from fleet.topology import Topology, TopologyError, load_topology
 from fleet.traces import MOONCAKE_BLOCK_SIZE, load_mooncake, replay_requests
 from fleet.workers import FleetOptions, WorkerFleet
+from prefixscope.units import format_duration
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -51,6 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trace", type=Path, default=None,
                    help="replay a Mooncake-format trace (JSONL) instead of the scenario's workload (block size 512)")
     p.add_argument("--list-scenarios", action="store_true", help="list the presets and exit")
+    p.add_argument("--announce", type=Path, default=None, metavar="FILE",
+                   help="append each storyline step, fault and restored worker to FILE (JSON lines) for the console")
     p.add_argument("--records-url", default=None, help="POST request records as NDJSON here (the exporter's /api/v1/records)")
     p.add_argument("--records-token", default=os.environ.get("PREFIXSCOPE_RECORDS_TOKEN"),
                    help="bearer token for --records-url (default: $PREFIXSCOPE_RECORDS_TOKEN)")
@@ -261,24 +265,27 @@ class StoppableClock(ScaledClock):
 
 def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenario], sink, fleet: WorkerFleet,
            control: FleetControl, clock: StoppableClock, stop: threading.Event, router: RouterFace | None = None) -> int:
+    news = Announcer(args.announce)
     for w in fleet:
-        print(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", flush=True)
-    print(f"control: {control.url}/workers (POST /workers/<name>/kill or /restart)", flush=True)
+        news.say(f"{w.name}: {w.url}  kv={w.kv_endpoint}  replay={w.replay_endpoint}", announce=False)
+    news.say(f"control: {control.url}/workers (POST /workers/<name>/kill or /restart)", announce=False)
     if router is not None:
-        print(f"router: {router.server.metrics_url} ({router.flavour} names)", flush=True)
+        news.say(f"router: {router.server.metrics_url} ({router.flavour} names)", announce=False)
+    control.announce = news.say
     published = ManifestPublisher(args.manifest, fleet, topology, control.url,
-                                  router.manifest_entry if router is not None else None)
+                                  router.manifest_entry if router is not None else None, news)
     published.refresh()
     if args.no_traffic:
-        print("serving workers only (--no-traffic); Ctrl-C stops", flush=True)
+        news.say("serving workers only (--no-traffic); Ctrl-C stops", announce=False)
         while not stop.wait(0.2):
             control.apply(None)
             published.refresh()
         return 0
-    for sc, seed in runs(scenarios, args.seed, repeat=args.repeat):
+    for n, (sc, seed) in enumerate(runs(scenarios, args.seed, repeat=args.repeat)):
         if stop.is_set():
             break
-        print(f"scenario {sc.name}: fault at +{sc.fault_at_s:g} s — {sc.fault}", flush=True)
+        step = f"step {n % len(scenarios) + 1} of {len(scenarios)}" if len(scenarios) > 1 else "scenario"
+        news.say(f"{step}: {sc.name} — healthy for {format_duration(sc.fault_at_s)}, then the fault: {sc.fault}")
         sim = Simulation(sc, topology, policy=args.policy, clock=clock, sink=sink,
                          duration_s=args.duration, seed=seed, fleet=fleet, track_placement=False,
                          requests=replay_requests(args.requests) if args.requests else None,
@@ -286,14 +293,21 @@ def _drive(args: argparse.Namespace, topology: Topology, scenarios: list[Scenari
                          cold_share=args.cold_share)
         if router is not None:
             router.router = sim.router
+        told = {"events": 0, "fault": False}
 
-        def between_requests(_record: dict | None, sim: Simulation = sim) -> None:
+        def between_requests(_record: dict | None, sim: Simulation = sim, sc: Scenario = sc, told: dict = told) -> None:
             control.apply(sim)
             published.refresh()
+            if not told["fault"] and sim.clock.now() - sim.start >= sc.fault_at_s:
+                told["fault"] = True
+                news.say(f"{sc.name}: the fault begins — {sc.fault}")
+            for _at, what in sim.events[told["events"]:]:
+                news.say(f"{sc.name}: {what}")
+            told["events"] = len(sim.events)
         result = sim.run(on_request=between_requests, should_stop=stop.is_set)
-        print(f"scenario {sc.name}: {len(result.records)} requests routed", flush=True)
+        news.say(f"{sc.name}: ended, {len(result.records)} requests routed", announce=False)
         control.apply(None)
-        _heal(fleet)
+        _heal(fleet, news)
         published.refresh()
     return 0
 
@@ -303,29 +317,33 @@ class ManifestPublisher:
     fresh ports (its old one was taken), so readers find it at its new address."""
 
     def __init__(self, path: Path | None, fleet: WorkerFleet, topology: Topology, control_url: str,
-                 router: dict[str, str] | None = None) -> None:
+                 router: dict[str, str] | None = None, news: Announcer | None = None) -> None:
         self.path, self.fleet, self.topology, self.control_url = path, fleet, topology, control_url
         self.router = router
+        self.news = news or Announcer()
         self._moves: int | None = None
 
     def refresh(self) -> None:
         if self.path is None or self._moves == self.fleet.moves:
             return
         if self._moves is not None:
-            print(f"a worker came back on new ports; manifest {self.path} rewritten", flush=True)
+            self.news.say(f"a worker came back on new ports; manifest {self.path} rewritten", announce=False)
         self._moves = self.fleet.moves
         write_manifest(self.path, self.fleet, self.topology, self.control_url, self.router)
 
 
-def _heal(fleet: WorkerFleet) -> None:
+def _heal(fleet: WorkerFleet, news: Announcer | None = None) -> None:
     """Between storyline scenarios: dead workers restart and fault knobs go back to normal. A
     worker that cannot restart stays down (the fleet carries on; the next heal tries again)."""
+    news = news or Announcer()
     for w in fleet:
         if not w.alive:
             try:
                 fleet.restart(w.name)
             except (OSError, RuntimeError) as exc:
-                print(f"worker {w.name} could not restart: {exc}", file=sys.stderr, flush=True)
+                news.say(f"worker {w.name} could not restart: {exc}")
+            else:
+                news.say(f"worker {w.name} restored (restarted between scenarios, its cache empty)")
     for w in fleet:
         k = w.engine.knobs
         k.prefill_slowdown, k.expert_misalignment, k.drop_kv_events = 1.0, 0.0, 0.0

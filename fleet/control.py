@@ -20,6 +20,7 @@ import logging
 import queue
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
@@ -58,6 +59,7 @@ class FleetControl(ThreadedHttpService):
     def __init__(self, fleet: WorkerFleet, host: str = "127.0.0.1", port: int = 0, wait_s: float = 10.0) -> None:
         self.fleet = fleet
         self.wait_s = wait_s
+        self.announce: Callable[[str], None] | None = None  # told what each command did (the demo's news)
         self._queue: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._bind(host, port, _handler(self))
 
@@ -89,6 +91,8 @@ class FleetControl(ThreadedHttpService):
                 return
             cmd.status, cmd.message = self._run(cmd, target)
             log.info("control: %s %s -> %s", cmd.action, cmd.worker, cmd.message)
+            if self.announce is not None:
+                self.announce(f"control: {cmd.message}")
             cmd.done.set()
 
     def _run(self, cmd: Command, target: WorkerFaults | None) -> tuple[int, str]:

@@ -409,7 +409,8 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
 
     # 1. the fleet (real time) with the reference router, posting records to the exporter; it
     # repeats its scenario(s) so the demo only ends when asked to
-    sim_cmd = _prefixscope("sim", "--manifest", str(manifest), "--repeat",
+    news = run / "announcements.jsonl"  # each storyline step and restored worker, for the console's banner
+    sim_cmd = _prefixscope("sim", "--manifest", str(manifest), "--repeat", "--announce", str(news),
                            "--records-url", f"{exporter_url}/api/v1/records")
     sim_cmd += ["--scenario", args.scenario] if args.scenario else ["--storyline", args.storyline]
     if args.workers:
@@ -482,7 +483,8 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
     console_url = None
     if not args.no_console:
         console_port = _port(args.console_port, "console", say)
-        cmd = _prefixscope("console", "--exporter-url", exporter_url, "--port", str(console_port))
+        cmd = _prefixscope("console", "--exporter-url", exporter_url, "--port", str(console_port),
+                           "--announcements", str(news))
         if prom_url:
             cmd += ["--prometheus-url", prom_url]
         if am_url:
@@ -495,8 +497,11 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
     say("\nprefixscope demo is running:")
     say(f"  console      {console_url or '(off)'}")
     say(f"  exporter     {exporter_url}/  (metrics: {exporter_url}/metrics)")
-    say(f"  prometheus   {prom_url or '(not running)'}")
-    say(f"  alertmanager {am_url + '/#/alerts  (inhibited alerts: ' + am_url + '/api/v2/alerts)' if am_url else '(not running)'}")
+    say(f"  prometheus   {prom_url + '  (its alerts: ' + prom_url + '/classic/alerts)' if prom_url else '(not running)'}")
+    # Debian's Alertmanager has no web page of its own: its alerts, silences and inhibitions are
+    # on the console's Alerts page, which reads its API.
+    alerts_page = f"{console_url}alerts" if console_url else f"{am_url}/api/v2/alerts"
+    say(f"  alertmanager {am_url + '  (alerts, silences, inhibitions: ' + alerts_page + ')' if am_url else '(not running)'}")
     what = f"scenario {args.scenario}, repeated" if args.scenario else f"the {args.storyline} storyline, repeated"
     say(f"  running      {what}; thresholds: "
         f"{'alerts/thresholds.yaml' if args.profile == NO_PROFILE else 'profile ' + args.profile}")
@@ -505,7 +510,7 @@ def _run(args: argparse.Namespace, run: Path, sup: Supervisor, stop: threading.E
         say(f"  router       {router_metrics_url}  ({data['router'].get('flavour')} names)")
     if control:
         say(f"  control      {control}/workers  (kill a worker: curl -X POST {control}/workers/{first}/kill)")
-    say(f"  logs         {logs}")
+    say(f"  logs         {logs}  (storyline steps, timestamped: {logs / 'sim.log'})")
     say(f"  pids         {' '.join(f'{n}={p}' for n, p in sup.pids().items())}")
     say("Press Ctrl-C to stop.\n")
 

@@ -7,7 +7,7 @@ import streamlit as st
 
 from console import data, ui
 from console.alert_groups import AlertGroup, group_alerts, value_text
-from console.alertmanager import pages, table_rows
+from console.alertmanager import pages, rule_rows, silence_rows, table_rows
 from console.http_json import SourceUnavailable
 from console.links import grafana_link, runbook_link
 from console.settings import ALERTMANAGER_ENV, link_settings
@@ -85,3 +85,27 @@ else:
                                        for r in table_rows(held)]))
         else:
             st.caption("Alertmanager holds no alerts.")
+    st.markdown("#### Silences")
+    try:
+        silences = data.alertmanager_silences(src.alertmanager_url)
+    except SourceUnavailable as exc:
+        ui.source_down(exc)
+        silences = None
+    if silences:
+        st.table(ui.readable_rows([r | {"until": format_moment(at, ui.zone(), time.time())
+                                        if (at := parse_timestamp(r["until"])) is not None else "—"}
+                                   for r in silence_rows(silences)]))
+    elif silences is not None:
+        st.caption("No silences.")
+    st.markdown("#### Inhibition rules")
+    st.caption("While an alert on the left fires, Alertmanager holds back the alerts on the right that share "
+               "its labels in the last column: an incident pages once, at its first failing step.")
+    try:
+        rules = data.alertmanager_inhibit_rules(src.alertmanager_url)
+    except SourceUnavailable as exc:
+        ui.source_down(exc)
+        rules = None
+    if rules:
+        st.table(ui.readable_rows(rule_rows(rules)))
+    elif rules is not None:
+        st.caption("Alertmanager runs without inhibition rules: every alert pages on its own.")
