@@ -67,6 +67,7 @@ from exporter.web.process_metrics import SelfMetrics
 from exporter.web.server import ExporterServer, IntakeResult, ServerDeps, TargetStatus
 from prefixscope import __version__
 from prefixscope.durations import seconds
+from prefixscope.units import format_duration
 
 log = logging.getLogger("prefixscope.export")
 
@@ -293,14 +294,18 @@ class Runtime:
 
     # ---- views for the landing page and /healthz --------------------------------------------
     def target_status(self) -> list[TargetStatus]:
-        up = self.health.snapshot()[1].get("prefixscope_up", {})
+        gauges = self.health.snapshot()[1]
+        up = gauges.get("prefixscope_up", {})
+        last_kv = gauges.get("prefixscope_kv_event_last_timestamp_seconds", {})
+        stale_after = self.state.thresholds.checks["kv_event_staleness"].value
+        now = self.clock()
         rows = []
         for w in self.follower.workers if self.follower is not None else self.workers:
             if w.metrics_url:
                 v = up.get((w.name, "worker"))
                 rows.append(TargetStatus(w.name, "worker", w.metrics_url, None if v is None else v == 1))
             if w.kv_events:
-                rows.append(TargetStatus(w.name, "kv_events", w.kv_events, None))
+                rows.append(kv_stream_status(w.name, w.kv_events, last_kv.get((w.name,)), now, stale_after))
         for r in self.cfg.routers:
             v = next((val for (name, _kind), val in up.items() if name == r.name), None)
             rows.append(TargetStatus(r.name, "router", r.metrics_url, None if v is None else v == 1))
@@ -326,6 +331,19 @@ class Runtime:
             "seconds_since_scrape_round": since_round if started is not None else None,
             "state_lock": "ok" if locked else f"not acquired within {STATE_LOCK_WAIT_S:g}s",
             "targets_scraped": len(self.scraper.targets), "targets_up": up}
+
+
+def kv_stream_status(worker: str, endpoint: str, last_event_at: float | None, now: float,
+                     stale_after_s: float) -> TargetStatus:
+    """A worker's KV-event stream as the exporter sees it: streaming (its last batch within the
+    staleness limit), stale, or nothing received yet."""
+    if last_event_at is None:
+        return TargetStatus(worker, "kv_events", endpoint, None, "subscribed, no KV event received yet")
+    age = max(0.0, now - last_event_at)
+    if age > stale_after_s:
+        return TargetStatus(worker, "kv_events", endpoint, False, f"stale: last KV event {format_duration(age)} ago")
+    return TargetStatus(worker, "kv_events", endpoint, True,
+                        f"streaming: last KV event {format_duration(age) + ' ago' if age >= 1 else 'just now'}")
 
 
 class ConfigWatch:

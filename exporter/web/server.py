@@ -71,6 +71,7 @@ class TargetStatus:
     kind: str  # worker, router, kv_events, records-file
     url: str
     up: bool | None  # None: not yet scraped
+    detail: str | None = None  # how the exporter sees it, when it says more than up/down (a KV stream)
 
 
 @dataclass(frozen=True)
@@ -155,9 +156,11 @@ class Endpoints:
         return Response(200, body, ctype, headers)
 
     def _landing(self) -> str:
+        """The exporter's front page: its endpoints and each target as the exporter sees it (a KV
+        stream by its last event: streaming, stale, or nothing received yet)."""
         rows = "".join(
             f"<tr><td>{html.escape(t.name)}</td><td>{html.escape(t.kind)}</td><td>{html.escape(t.url)}</td>"
-            f"<td>{'up' if t.up else 'not yet scraped' if t.up is None else '<b>down</b>'}</td></tr>"
+            f"<td>{_state(t)}</td></tr>"
             for t in self.deps.targets()
         ) or '<tr><td colspan="4">no targets configured</td></tr>'
         api = "".join(f'<li><a href="{API_PREFIX}{n}">{API_PREFIX}{n}</a></li>' for n in self.api())
@@ -722,3 +725,11 @@ class ExporterServer:
         if self._thread is not None:
             self._thread.join(timeout=2)
         self.httpd.server_close()
+
+
+def _state(t: TargetStatus) -> str:
+    """A target's state cell: the target's own words when it has them, else up / down / not yet scraped."""
+    word = "up" if t.up else "not yet scraped" if t.up is None else "<b>down</b>"
+    if t.detail is None:
+        return word
+    return f"<b>{html.escape(t.detail)}</b>" if t.up is False else html.escape(t.detail)
