@@ -182,3 +182,17 @@ def domain_rows(workers: list[Mapping]) -> list[dict]:
         if isinstance(r["resident_blocks"], int | float):
             d["resident_blocks"] += r["resident_blocks"]
     return [d | {"workers": ", ".join(d["workers"])} for d in sorted(domains.values(), key=lambda d: d["nvlink_domain"])]
+
+
+def migration_rows(workers: list[Mapping], liveness: Mapping[str, Liveness]) -> list[dict]:
+    """Workers whose sessions migrated away in the window (``migrated_away``), most first."""
+    rows = []
+    for w in workers:
+        away = w.get("migrated_away") or {}
+        hard, soft = away.get("hard"), away.get("soft")
+        if not hard and not soft:
+            continue
+        rows.append({"worker": w.get("worker"), "liveness": liveness.get(str(w.get("worker")), "unknown"),
+                     "hard_migrations": hard, "soft_migrations": soft})
+    rows.sort(key=lambda r: -((r["hard_migrations"] or 0) + (r["soft_migrations"] or 0)))
+    return rows

@@ -57,6 +57,8 @@ FIELDS: dict[str, Field] = {
     "kv_sequence_gaps": Field("KV sequence gaps"), "kv_lost_batches": Field("KV batches lost", "batches"),
     "session_migrations_per_min": Field("Session migrations", "per_minute"),
     "cross_node_per_min": Field("Cross-node migrations", "per_minute"),
+    "hard_migrations": Field("Sessions moved away (hard)", "sessions"),
+    "soft_migrations": Field("Sessions moved away (soft)", "sessions"),
     # cache tiers
     "offload_blocks": Field("Offload blocks held", "blocks"),
     "offload_capacity_blocks": Field("Offload capacity", "blocks"), "offload_fill": Field("Offload fill", "ratio"),

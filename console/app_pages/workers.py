@@ -8,7 +8,14 @@ from console.chain import Chain
 from console.http_json import SourceUnavailable
 from console.liveness import classify, liveness_from_api
 from console.readings import check_shown, missing_signals, shown_text
-from console.tree_view import capacity_rows, domain_rows, left_pool, removal_ranking, stream_rows
+from console.tree_view import (
+    capacity_rows,
+    domain_rows,
+    left_pool,
+    migration_rows,
+    removal_ranking,
+    stream_rows,
+)
 
 st.title("Workers & topology")
 src = data.sources()
@@ -73,8 +80,12 @@ if counts["unknown"]:
                "router health says which are missing: those are shown as unknown.")
 
 st.subheader("Blocks against capacity")
-# A worker that left the pool serves no one: its cache is not capacity (listed below instead).
-rows = [r for r in capacity_rows(workers, liveness) if r["liveness"] != "left the pool"]
+# A worker that is down or left the pool serves no one: its cache is not capacity (listed apart).
+every = capacity_rows(workers, liveness)
+rows = [r for r in every if r["liveness"] not in ("left the pool", "down")]
+out_of_service = [str(r["worker"]) for r in every if r["liveness"] in ("left the pool", "down")]
+if out_of_service:
+    st.caption(f"Not counted as capacity (down or left the pool): {', '.join(out_of_service)}.")
 block_check = next((c for s in chain.steps for c in s.checks if c.check.key == "prefix_block_count_per_worker"), None)
 if rows and any(r["resident_blocks"] is not None for r in rows):
     frame = pd.DataFrame(rows).rename(columns={"resident_blocks": "Resident blocks", "capacity_blocks": "Capacity"})
@@ -97,6 +108,15 @@ gone = left_pool(workers, liveness)
 if gone:
     st.markdown("**Left the pool** (their cache no longer serves anyone)")
     ui.table(gone, "left_pool")
+
+st.subheader("Sessions that migrated away")
+moved = migration_rows(workers, liveness)
+if moved:
+    st.caption("Per worker, the sessions whose next turn went to another worker in the window: a killed "
+               "worker's sessions move (hard: their cache stayed behind).")
+    ui.table(moved, "migrated_away")
+else:
+    st.caption("No session migrated away from any worker in the window.")
 
 st.subheader("NVLink domains")
 domains = domain_rows(workers)

@@ -341,6 +341,7 @@ class RecordAccounting:
             return
         kind = rec.migration_kind or "hard"
         store.inc(rec.ts, _SESSION_MIGRATIONS, (kind,))
+        store.add_own(rec.ts, ("migrated_away", src, kind), 1.0)  # /api/v1/workers: whose sessions moved
         a, b = self.topo(src), self.topo(rec.worker)
         if a is not None and b is not None:
             store.zero(_CROSS_NODE_MIGRATIONS, (kind,))

@@ -350,6 +350,9 @@ def _workers(st: ClusterState) -> dict[str, Any]:
             "node": t.node if t else None, "nvlink_domain": t.nvlink_domain if t else None,
             "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,
             "kv_stream": _kv_stream(w, counters, gauges),
+            # sessions that migrated away from this worker in the window, by kind (records report it)
+            "migrated_away": {k: n for k in ("hard", "soft")
+                              if (n := st.store.own_sum(("migrated_away", w, k))) is not None} or None,
         })
     return {"evaluated_at": st.clock(), "window_s": st.window_s, "pool_size": len(pool.pool), "workers": rows}
 

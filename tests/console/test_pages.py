@@ -41,7 +41,8 @@ def worker_tables(at: AppTest) -> dict:
     out = {}
     for frame in (d.value for d in at.dataframe):
         cols = list(frame.columns)
-        name = ("removal_ranking" if "Safe-to-remove rank" in cols else "domains" if "NVLink domain" in cols
+        name = ("removal_ranking" if "Safe-to-remove rank" in cols
+                else "migrated_away" if "Sessions moved away (hard)" in cols else "domains" if "NVLink domain" in cols
                 else "liveness" if "Liveness" in cols else "left_pool" if cols == ["Worker", "Resident blocks", "Node"]
                 else "migrations")
         out.setdefault(name, frame)
