@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from console.links import GENERATED_RULES
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
 from exporter.core.breaches import BreachClock
+from exporter.core.prefix_text import PrefixNames
 from exporter.core.state import ClusterState
 from exporter.web.api import ApiBuilders
 from exporter.web.exposition import render_state
@@ -33,10 +34,11 @@ def _clear_streamlit_caches() -> Iterator[None]:
     st.cache_resource.clear()
 
 
-def _serve(state: ClusterState, breaches: BreachClock | None = None) -> Iterator[str]:
+def _serve(state: ClusterState, breaches: BreachClock | None = None,
+           names: PrefixNames | None = None) -> Iterator[str]:
     """The exporter's HTTP edge over ``state``: its /api/v1 builders (reading ``breaches``, the
-    breach record a test advances, if given) and its /metrics text."""
-    deps = ServerDeps(registry=CollectorRegistry(), api=ApiBuilders(state, breaches=breaches).routes(),
+    breach record a test advances, and ``names``, prefix text, if given) and its /metrics text."""
+    deps = ServerDeps(registry=CollectorRegistry(), api=ApiBuilders(state, names, breaches=breaches).routes(),
                       render_text=lambda: render_state(state))
     server = ExporterServer("127.0.0.1", 0, deps).start()
     try:
