@@ -215,7 +215,7 @@ NOT_SUMMED = {
     "prefixscope_exporter_build_info", "prefixscope_signal_available", "prefixscope_worker_pool_size",
     "prefixscope_worker_pool_changes_total", "prefixscope_hot_branch_hit_tokens",
     "prefixscope_worker_effective_cache_value_tokens", "prefixscope_worker_removal_rank",
-    "prefixscope_session_reshuffle_ratio", "prefixscope_records_ingested_total"}
+    "prefixscope_session_reshuffle_ratio", "prefixscope_records_ingested_total", "prefixscope_exporter_shards"}
 
 
 def test_every_series_sums_over_the_shards_at_every_instant(run: Run, proms: tuple[RulesPrometheus, RulesPrometheus]) -> None:
