@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import streamlit as st
@@ -17,7 +17,7 @@ import streamlit as st
 from console import promql
 from console.alert_groups import alerts_from_chain
 from console.alertmanager import PageAlert, fetch_alerts
-from console.chain import Chain, Reuse, chain_from_exporter, chain_from_prometheus, shard_note
+from console.chain import SHARDS_KEY, Chain, Reuse, chain_from_exporter, chain_from_prometheus, shard_note
 from console.culprits import Culprits, parse_culprits
 from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
@@ -123,12 +123,21 @@ def limits(src: Sources) -> tuple[Limits, list[str]]:
 def chain_from_prom(url: str, limits: Limits) -> Chain:
     """The chain from Prometheus's recording rules and alerts, judged against ``limits``."""
     client = prometheus(url)
-    values = {c.key: _scalar(client, promql.check_value(c.key)) for c in CHECKS}
+    values = {c.key: _scalar(client, promql.check_value(c.key)) for c in CHECKS if c.key != SHARDS_KEY}
+    # one sample per missing shard (labelled), or one for the scope: their sum is how many are missing
+    shards = [s for s in client.query(promql.check_value(SHARDS_KEY)) if s.value is not None]
+    values[SHARDS_KEY] = sum(s.value for s in shards if s.value is not None) if shards else None
     baselines = {c.key: _scalar(client, c.baseline) for c in CHECKS if c.baseline}
     signals = signals_available(client.query(promql.signal_available()))
     reuse = Reuse(**{k: _scalar(client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
-    return chain_from_prometheus(values, baselines, signals, client.alerts(), limits, reuse,
-                                 client.alert_durations(), time.time())
+    found = chain_from_prometheus(values, baselines, signals, client.alerts(), limits, reuse,
+                                  client.alert_durations(), time.time())
+    missing = sorted({s.labels["shard"] for s in shards if s.value and s.labels.get("shard")}, key=_index)
+    return replace(found, missing_shards=tuple(missing))
+
+
+def _index(shard: str) -> tuple[int, str]:
+    return (int(shard), shard) if shard.isdigit() else (1 << 30, shard)
 
 
 def chain_from_exp(url: str) -> Chain:
