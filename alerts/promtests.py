@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from alerts.rules import WATCHDOG, alert_rules, watchdog_rule
-from prefixscope.catalog import BURN_WINDOWS, CHECKS, METRICS_BY_NAME, RULES_BY_NAME, Check
+from prefixscope.catalog import (
+    BURN_WINDOWS,
+    CHECKS,
+    METRICS_BY_NAME,
+    RULES_BY_NAME,
+    SHARDS_MISSING_BY_SHARD,
+    Check,
+)
 from prefixscope.durations import parse_duration
 from prefixscope.thresholds import Thresholds
 from prefixscope.units import render_value_template
@@ -33,6 +40,7 @@ class Synth:
     series: list[dict]
     value: float
     eval_min: int | None = None  # the shape needs this evaluation time (else `for` + TAIL_MINUTES)
+    labels: dict[str, str] = field(default_factory=dict)  # labels the alert carries beyond the rule's
 
 
 def _minutes(duration: str) -> int:
@@ -165,6 +173,8 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         value = synthesise(m.group(1), want, hint, n, eval_s)
         gate = synthesise(m.group(2), lambda v: v >= 1.0, 1.0, n, eval_s)
         return Synth(value.series + gate.series, value.value)
+    if expr == SHARDS_MISSING_BY_SHARD:
+        return _shards(want, n)
     if m := re.fullmatch(r"absent\((\w+)\)(?: or vector\(0\))?", expr):
         # absent() is 1 without the series and empty (no alert) with it.
         if want(1.0):
@@ -210,6 +220,24 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         return Synth([_series(num, _labels_for(num), f"{1000 * hint:g}x{n}"),
                       _series(den, _labels_for(den), f"1000x{n}")], hint)
     raise UnsupportedShape(f"no input synthesiser for the expression shape: {expr}")
+
+
+SHARD_COUNT = 3
+DEAD_SHARD = "1"
+
+
+def _shards(want: Callable[[float], bool], n: int) -> Synth:
+    """Three family shards that all report (0 missing), or shard 1 scraped for two minutes and then
+    gone (a stale marker, as Prometheus writes at a failed scrape): 1 missing, labelled shard 1."""
+    name = "prefixscope_exporter_shards"
+    dies = want(1.0)
+    series = [_series(name, {"shard": str(i)}, f"{SHARD_COUNT}x2 stale" if dies and str(i) == DEAD_SHARD
+                      else f"{SHARD_COUNT}x{n}") for i in range(SHARD_COUNT)]
+    if dies:
+        return Synth(series, 1.0, labels={"shard": DEAD_SHARD})
+    if not want(0.0):
+        raise UnsupportedShape("missing shards are 0 or 1 per shard")
+    return Synth(series, 0.0)
 
 
 def _hints(check: Check, threshold: float, firing: bool) -> tuple[Callable[[float], bool], float]:
@@ -276,7 +304,8 @@ def _case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dic
         "interval": f"{INTERVAL_S}s",
         "input_series": series,
         "alert_rule_test": [{"eval_time": f"{eval_min}m", "alertname": check.alert,
-                             "exp_alerts": _expected(rules, main.value, {p: f"{p}-a" for p in check.per})
+                             "exp_alerts": _expected(rules, main.value,
+                                                     {p: f"{p}-a" for p in check.per} | main.labels)
                              if firing else []}],
     }
 

@@ -11,14 +11,17 @@ from prefixscope.catalog import (
     BURN_WINDOWS,
     CHECKS,
     RECORDING_RULES,
+    SLO_ERROR_RATIO_RULES,
     STEPS,
     WATCHDOG_ALERT,
     BurnWindows,
     Check,
     RecordingRule,
     configure,
+    pools_exported,
     render_expr,
     scope_expr,
+    shard_guarded,
 )
 from prefixscope.thresholds import Thresholds
 from prefixscope.wording import description, slo_description, summary
@@ -88,8 +91,13 @@ def check_expr(check: Check, th: Thresholds) -> str:
 
 
 def recording_rule(rule: RecordingRule, th: Thresholds) -> dict:
-    """The rule as Prometheus reads it: configured windows, scope labels, ``threshold(key)`` filled in."""
-    expr = scope_expr(rule.expr, th.scope_labels) if rule.fixed_windows else scoped(rule.expr, th)
+    """The rule as Prometheus reads it: configured windows, scope labels, ``threshold(key)`` filled in,
+    and, when it pools exported series, withheld while a family shard is missing (``shard_guarded``:
+    a rule that reads only other rules inherits their absence) — but for the SLOs' error ratios,
+    which the surviving shards still estimate, so a dead shard never silences a page."""
+    guarded = pools_exported(rule.expr) and rule.record not in SLO_ERROR_RATIO_RULES
+    expr = shard_guarded(rule.expr) if guarded else rule.expr
+    expr = scope_expr(expr, th.scope_labels) if rule.fixed_windows else scoped(expr, th)
     return {"record": rule.record, "expr": render_expr(expr, th.values())}
 
 

@@ -22,6 +22,8 @@ from prefixscope.diagnosis import STATUSES, AlertState, Headline, Status, is_cau
 
 SYMPTOM_KEY = diagnosis.SYMPTOM
 NO_DATA = "no data"
+# The check that counts the exporter's family shards Prometheus no longer scrapes.
+SHARDS_KEY = "exporter_shards"
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,28 @@ class Chain:
     limits: Limits | None = None  # the limits in force, and where they were read
     # (index, count) when the exporter read is one of several family shards: its answer is its part
     shard: tuple[int, int] | None = None
+    # the missing family shards' indices as Prometheus labels them (the alert's ``shard`` label);
+    # empty when none is missing or when they are missing unnamed (never seen since Prometheus started)
+    missing_shards: tuple[str, ...] = ()
+
+    @property
+    def shards_missing(self) -> int:
+        """How many of the exporter's family shards Prometheus does not scrape (0: all, or unknown)."""
+        c = self.checks().get(SHARDS_KEY)
+        counted = int(c.value) if c is not None and c.value is not None and c.value > 0 else 0
+        return max(counted, len(self.missing_shards))
+
+    @property
+    def partial(self) -> str | None:
+        """What the headline says when the cluster answer is partial (a family shard is missing)."""
+        n = self.shards_missing
+        if not n:
+            return None
+        which = (" (" + ", ".join(f'shard="{s}"' for s in self.missing_shards) + ")") if self.missing_shards else ""
+        return (f"**PARTIAL** · {n} of the exporter's family shards {'is' if n == 1 else 'are'} not scraped{which}: "
+                "the cluster's answer lacks their prefix families and home workers, so the numbers pooled over "
+                "the shards are withheld and the checks that read them show no data until "
+                f"{'it is' if n == 1 else 'they are'} back.")
 
     @property
     def verdict(self) -> StepState | None:

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from console.alertmanager import (
 )
 from console.announcements import Announcement, latest
 from console.chain import (
+    SHARDS_KEY,
     Chain,
     Reuse,
     chain_from_exporter,
@@ -154,24 +155,32 @@ def chain_from_prom(url: str, limits: Limits) -> Chain:
     checks that fire or are pending are also read over the last minute, to see which have settled."""
     client = prometheus(url)
     calls: dict[str, Callable[[], object]] = {f"value:{c.key}": partial(_scalar, client, promql.check_value(c.key))
-                                              for c in CHECKS}
+                                              for c in CHECKS if c.key != SHARDS_KEY}
     calls.update({f"base:{c.key}": partial(_scalar, client, c.baseline) for c in CHECKS if c.baseline})
     calls.update({f"reuse:{k}": partial(_scalar, client, promql.selector(rule)) for k, rule in _REUSE_RULES.items()})
     calls.update({"signals": partial(client.query, promql.signal_available()), "alerts": client.alerts,
-                  "for": client.alert_durations})
+                  "for": client.alert_durations, "shards": partial(client.query, promql.check_value(SHARDS_KEY))})
     got = _parallel(calls)
-    values = {c.key: got[f"value:{c.key}"] for c in CHECKS}
+    values = {c.key: got[f"value:{c.key}"] for c in CHECKS if c.key != SHARDS_KEY}
+    # one sample per missing shard (labelled), or one for the scope: their sum is how many are missing
+    shards = [s for s in got["shards"] if s.value is not None]  # type: ignore[attr-defined]
+    values[SHARDS_KEY] = sum(s.value for s in shards if s.value is not None) if shards else None
+    missing = tuple(sorted({s.labels["shard"] for s in shards if s.value and s.labels.get("shard")}, key=_index))
     baselines = {c.key: got[f"base:{c.key}"] for c in CHECKS if c.baseline}
     reuse = Reuse(**{k: got[f"reuse:{k}"] for k in _REUSE_RULES})
     args = (values, baselines, signals_available(got["signals"]), got["alerts"], limits, reuse, got["for"])
     now = time.time()
     found = chain_from_prometheus(*args, now)  # type: ignore[arg-type]
     breaching = [k for k, c in found.checks().items() if c.status == "firing" or c.pending]
-    if not breaching:
-        return found
-    refs = {CHECKS_BY_KEY[k].threshold: t for k, lim in limits.by_check if (t := lim.threshold) is not None}
-    extremes = _parallel({k: partial(_scalar, client, promql.settle_extreme(k, refs)) for k in breaching})
-    return chain_from_prometheus(*args, now, settled_from_extremes(extremes, limits))  # type: ignore[arg-type]
+    if breaching:
+        refs = {CHECKS_BY_KEY[k].threshold: t for k, lim in limits.by_check if (t := lim.threshold) is not None}
+        extremes = _parallel({k: partial(_scalar, client, promql.settle_extreme(k, refs)) for k in breaching})
+        found = chain_from_prometheus(*args, now, settled_from_extremes(extremes, limits))  # type: ignore[arg-type]
+    return replace(found, missing_shards=missing)
+
+
+def _index(shard: str) -> tuple[int, str]:
+    return (int(shard), shard) if shard.isdigit() else (1 << 30, shard)
 
 
 def chain_from_exp(url: str) -> Chain:

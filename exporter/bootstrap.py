@@ -134,7 +134,8 @@ def bootstrap(cfg: Config | None = None, *, thresholds: Thresholds | None = None
     state = ClusterState(build_parts(health, thresholds, topology, window_s=window_s, clock=clock, limits=cfg.limits,
                                      eviction_memory=cfg.eviction_memory, roots=roots, rebuild_request=rebuilds,
                                      pinned_workers=(w.name for w in workers), run_window=run_window,
-                                     down_grace_s=cfg.worker_down_grace if with_sources else math.inf))
+                                     down_grace_s=cfg.worker_down_grace if with_sources else math.inf,
+                                     shard=spec))
     breaches = BreachClock()
     parts = ExporterParts(health=health, state=state, collector=PrefixscopeCollector(state, health),
                           thresholds=thresholds, topology=topology, window_s=window_s, clock=clock,

@@ -116,6 +116,35 @@ _ABSENT_OR_ZERO = re.compile(r"absent\((\w+)\) or vector\(0\)")
 # How long a scope's vanished exporter keeps alerting (a decommissioned cluster stops after this).
 SCOPE_MEMORY = "1h"
 
+# Family shards (``exporter.core.sharding``): every shard exports ``prefixscope_exporter_shards{shard}``
+# with the shard count as its value. A dead shard's series go stale at its first failed scrape, but
+# its counters stay in every ``rate()`` range for a window, then leave it: a ratio pooled over the
+# shards would slide to the survivors' value (a dead home shard moved the cluster hit rate from 0.50
+# to 0.80). So "a shard is missing" is one expression, and every recording rule that pools exported
+# series is withheld in the scopes where it holds (``shard_guarded``): empty, never re-weighted.
+_SHARDS = f"{NAMESPACE}_exporter_shards"
+# The count the reporting shards expect minus the distinct shards reporting (0 when all report).
+SHARDS_MISSING = f"max({_SHARDS}) - count(count by (shard) ({_SHARDS}))"
+# Per missing shard (1 each, labelled by its index): seen within SCOPE_MEMORY, not now, and of the
+# plan its peers still run (a plan scaled in from 4 to 3 shards does not miss its old shard 3);
+# else, per scope, SHARDS_MISSING (a shard never seen since Prometheus started).
+SHARDS_MISSING_BY_SHARD = (
+    f"count by (shard) ((max by (shard) (max_over_time({_SHARDS}[{SCOPE_MEMORY}])) unless on (shard) {_SHARDS}) "
+    f"== on () group_left max({_SHARDS})) or on () ({SHARDS_MISSING})")
+_EXPORTED = re.compile(rf"(?<![\w:]){NAMESPACE}_\w+")
+
+
+def pools_exported(expr: str) -> bool:
+    """Whether an expression reads exported series itself (not only other recording rules)."""
+    return _EXPORTED.search(expr) is not None
+
+
+def shard_guarded(expr: str) -> str:
+    """``expr`` withheld while a shard is missing (written for one scope, like the catalogue; scope
+    it with ``scope_expr`` afterwards). Without shard series at all (an exporter older than them) the
+    expression stands: ``unless`` removes only what a known missing shard makes partial."""
+    return f"({expr}) unless on () ({SHARDS_MISSING} > 0)"
+
 
 def configure(expr: str, window: str, baseline_window: str) -> str:
     """``expr`` with the default range selectors replaced by the configured windows.
@@ -662,6 +691,10 @@ METRICS: tuple[Metric, ...] = (
             source="exporter", help="When the config was last loaded successfully (at start or a reload; Unix time)."),
     _metric(name="exporter_build_info", type="gauge", unit="", labels=("version", "core"), group=None, source="exporter",
             help="prefixscope build information (value 1); core: the prefix index in use, compiled or reference."),
+    _metric(name="exporter_shards", type="gauge", unit="", labels=("shard",), group=0, source="exporter",
+            help="The shard plan this exporter runs in: the number of family shards the cluster is split into (1: "
+                 "not sharded); label shard: this exporter's index (0 to count − 1). Prometheus compares the shards "
+                 "reporting with the count they expect."),
 )
 
 METRICS_BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
@@ -865,6 +898,10 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
 )
 
 RULES_BY_NAME: dict[str, RecordingRule] = {r.record: r for r in RECORDING_RULES}
+# The SLOs' error ratios are shares of events (bad over all), which the surviving shards' workers
+# still estimate while a shard is missing: they are not withheld, so a dead shard never silences a
+# page (PrefixExporterShardDown says the answer is partial beside it).
+SLO_ERROR_RATIO_RULES: frozenset[str] = frozenset(r.record for r in _slo_rules())
 
 if set(SIGNAL_SOURCES) != set(SIGNALS) or set(SIGNAL_ENABLE) != set(SIGNALS):  # each signal says where it comes from
     raise ImportError(f"signals without sources or how-to: {sorted(set(SIGNALS) ^ set(SIGNAL_SOURCES))}, "
@@ -897,6 +934,17 @@ CHECKS: tuple[Check, ...] = (
           meaning="Prometheus has no prefixscope exporter to scrape (1; 0 while it is scraped): every prefixscope "
                   "series is gone, so every other check reads no data (not instrumented), never a failure.",
           summary="The prefixscope exporter is not being scraped: the whole diagnosis chain is blind."),
+    Check(key="exporter_shards", group=0, kind="health", title="Exporter shards all reporting",
+          alert="PrefixExporterShardDown", value=SHARDS_MISSING_BY_SHARD,
+          op=">", threshold="exporter_shards", unit="shards", signals=(),
+          meaning="Family shards of the exporter that Prometheus no longer scrapes: 1 for each shard seen within "
+                  f"{SCOPE_MEMORY} that no longer reports while its peers still run the same shard plan, else the "
+                  "shard count the reporting shards expect minus the shards reporting (0 when every shard "
+                  "reports). Each shard owns part of the prefix families and part of the workers' scrapes: "
+                  "without one, every pooled number is partial, so the pooled recording rules are withheld "
+                  "(empty) until it is back.",
+          summary="An exporter shard is not being scraped: the cluster's numbers are partial and its pooled "
+                  "rules are withheld."),
     Check(key="targets_up", group=0, kind="health", title="Scrape targets up", alert="PrefixTelemetryTargetDown",
           value=f"max({P}_telemetry_blind_targets)",
           op=">", threshold="targets_up", unit="targets", signals=(),
@@ -1129,6 +1177,8 @@ __all__ = [
     "RULES_BY_NAME",
     "SCOPE_MEMORY",
     "SESSION_HIT_LINE",
+    "SHARDS_MISSING",
+    "SHARDS_MISSING_BY_SHARD",
     "SIGNALS",
     "SIGNAL_ENABLE",
     "SIGNAL_SOURCES",
@@ -1146,10 +1196,12 @@ __all__ = [
     "check_sources",
     "checks_for_step",
     "configure",
+    "pools_exported",
     "prompt_class",
     "render_expr",
     "rule_threshold_refs",
     "scope_expr",
+    "shard_guarded",
     "to_json",
     "to_table",
 ]

@@ -114,6 +114,7 @@ _FORMATS: dict[str, tuple[Callable[[float], str], Callable[[float], str]]] = {
     "targets": (lambda v: f"{exact_number(v)} targets", lambda v: _counted(v, "targets")),
     "sessions": (lambda v: f"{exact_number(v)} sessions", lambda v: _counted(v, "sessions")),
     "workers": (lambda v: f"{exact_number(v)} workers", lambda v: _counted(v, "workers")),
+    "shards": (lambda v: f"{exact_number(v)} shards", lambda v: _counted(v, "shards")),
     # depth (prefix-tree edges) and unitless counts read as bare numbers
     "depth": (exact_number, significant),
 }

@@ -34,6 +34,9 @@ headline = chain.headline
 checks = chain.checks()
 behind = [checks[k] for k in headline.checks if k in checks]
 with st.container(border=True, key="headline"):
+    # A missing family shard: the cluster's answer is partial, whatever the steps below say.
+    if chain.partial is not None:
+        st.warning(chain.partial, icon=":material/warning:")
     # The same evaluation the Alerts page lists: an SLO or the symptom firing alone is not CLEAR.
     uncaused = [c for c in checks.values() if not c.cause and c.status == "firing" and not c.context]
     if headline.state == "clear" and uncaused:

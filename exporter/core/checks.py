@@ -108,6 +108,8 @@ class _Evaluator:
         if m := _RATE.match(expr):
             inc = st.health_increases.increase(m[1])
             return None if inc is None else inc / st.window_s
+        if expr == catalog.SHARDS_MISSING_BY_SHARD:
+            return self._shards_missing()
         if m := _ABSENT.match(expr):
             # The exporter evaluating its own checks is exporting its build info.
             return 0.0 if self.series.gauges.get(m[1]) else 1.0
@@ -120,6 +122,17 @@ class _Evaluator:
                 return None
             return {"avg": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}[m[1]]
         raise ValueError(f"the exporter cannot evaluate {expr!r}: extend exporter/core/checks.py")
+
+    def _shards_missing(self) -> float | None:
+        """The count the shards expect minus those reporting. One exporter sees only its own series:
+        unsharded, nothing is missing; one shard of several cannot tell whether its peers run."""
+        plan = self.series.gauges.get(f"{catalog.NAMESPACE}_exporter_shards", {})
+        if not plan:
+            return None
+        expected = max(plan.values())
+        if len(plan) == 1 and expected > 1:
+            return None
+        return max(0.0, expected - len(plan))
 
     def _vector(self, name: str) -> dict[tuple, float]:
         rule = catalog.RULES_BY_NAME.get(name)

@@ -68,6 +68,8 @@ def build_series(st: ClusterState) -> Series:
     signals = st.signals_locked()
     out.gauges[f"{P}_signal_available"] = {(s,): 1.0 if v else 0.0 for s, v in signals.items()}
     out.gauges[f"{P}_exporter_build_info"] = {(__version__, CORE): 1.0}
+    # the shard plan: Prometheus counts the shards reporting against the count they expect
+    out.gauges[f"{P}_exporter_shards"] = {(str(st.shard.index),): float(st.shard.count)}
     out.gaugehistograms[f"{P}_session_hit_ratio"] = st.session_hit_ratios()
     out.signals = signals
     return out

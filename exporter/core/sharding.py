@@ -123,6 +123,9 @@ class ShardSpec:
         return self.count > 1
 
 
+UNSHARDED = ShardSpec()  # one exporter: shard 0 of 1
+
+
 def home_shard(worker: str, count: int) -> int:
     """The shard that scrapes a worker and owns its stream health (stable across processes)."""
     return int.from_bytes(blake2b(worker.encode(), digest_size=8).digest(), "big") % count

@@ -101,6 +101,7 @@ class ClusterState:
                                      parts.accounting.labels, parts.time, parts.lock, self._update_pool)
         self.scrapes = parts.scrapes
         self.health_increases = parts.health_increases
+        self.shard = parts.shard
         self._window_s = parts.window_s
         self._run_window = parts.run_window
         self._tree_stats: TreeStats | None = None  # the latest completed pass (swapped whole)

@@ -30,6 +30,7 @@ from exporter.core.metric_store import MetricStore
 from exporter.core.record_accounting import RecordAccounting, miss_cost_factor
 from exporter.core.scrape_accounting import ScrapeAccounting
 from exporter.core.sessions import SessionTable
+from exporter.core.sharding import UNSHARDED, ShardSpec
 from exporter.core.worker_pool import WorkerPool
 from exporter.model import Limits, RebuildRequest
 from prefixscope import catalog
@@ -61,6 +62,8 @@ class StateParts:
     health_increases: HealthIncreases
     # the reads divide by the time since the first input instead (a replay's answer for the whole run)
     run_window: bool = False
+    # which family shard of how many this state is (exported, so Prometheus sees a missing shard)
+    shard: ShardSpec = UNSHARDED
 
 
 def build_parts(health: Health, thresholds: Thresholds, topology: Topology | None = None, *,
@@ -68,12 +71,14 @@ def build_parts(health: Health, thresholds: Thresholds, topology: Topology | Non
                 max_sessions: int | None = None, health_recency_s: float = 60.0, limits: Limits | None = None,
                 eviction_memory: int = DEFAULT_MEMORY, roots: RootTracker | None = None,
                 rebuild_request: RebuildRequest | None = None, pinned_workers: Iterable[str] = (),
-                run_window: bool = False, down_grace_s: float = math.inf) -> StateParts:
+                run_window: bool = False, down_grace_s: float = math.inf,
+                shard: ShardSpec = UNSHARDED) -> StateParts:
     """Every part of a state. ``roots``: the root tracker (a fresh one over the window unless a
     shard hands in its shared one); ``rebuild_request``: where a drifted view is sent to be rebuilt
     (the KV source's), None without one; ``pinned_workers``: workers the config names, whose
     records are never folded into "other"; ``run_window``: the reads cover the whole run so far;
-    ``down_grace_s``: a worker target down this long has left the pool (never blind)."""
+    ``down_grace_s``: a worker target down this long has left the pool (never blind); ``shard``: this
+    state's family shard (exported as ``prefixscope_exporter_shards``)."""
     limits = limits or Limits()
     window_s = float(window_s)
     lock, now = threading.Lock(), InputTime()
@@ -97,4 +102,4 @@ def build_parts(health: Health, thresholds: Thresholds, topology: Topology | Non
                       worker_pool=pool, hotspots=hotspots, accounting=accounting, attribution=attribution, kv=kv,
                       scrapes=ScrapeAccounting(store, pool, index, accounting.field_seen),
                       health_increases=HealthIncreases(health, now, window_s, (KV_MISSED, KV_REPAIRS, _INGEST_ERRORS)),
-                      run_window=run_window)
+                      run_window=run_window, shard=shard)

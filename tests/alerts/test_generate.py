@@ -94,6 +94,11 @@ def test_the_watchdog_always_fires_in_its_own_group() -> None:
     assert set(dog["annotations"]) == {"summary", "description", "runbook_url"}
 
 
+# Every recording rule that pools exported series is withheld while a family shard is missing.
+SHARD_GUARD = (" unless on (cluster) (max by (cluster) (prefixscope_exporter_shards) - "
+               "count by (cluster) (count by (cluster, shard) (prefixscope_exporter_shards)) > 0)")
+
+
 def test_alert_expressions() -> None:
     by_name = {r["alert"]: r for g in _rules()["groups"][1:] for r in g["rules"]}
     assert by_name["PrefixHitRateLow"]["expr"] == (
@@ -113,14 +118,24 @@ def test_alert_expressions() -> None:
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
     # the baseline is the long window ending where the current window begins, per prompt class
     assert records["prompt_class:prefixscope_cold_prefill_seconds:p99_baseline"] == (
-        "histogram_quantile(0.99, sum by (cluster, le, model, prompt_class) "
-        "(rate(prefixscope_cold_prefill_seconds_bucket[1d] offset 5m)))")
+        "(histogram_quantile(0.99, sum by (cluster, le, model, prompt_class) "
+        "(rate(prefixscope_cold_prefill_seconds_bucket[1d] offset 5m))))" + SHARD_GUARD)
     assert records["cluster:prefixscope_session_hit_ratio_below_0_8:share"] == (
-        'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="0.8"}) / '
-        'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="+Inf"})')
+        '(sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="0.8"}) / '
+        'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="+Inf"}))' + SHARD_GUARD)
     assert records["worker:prefixscope_worker_resident_blocks_per_capacity:ratio"] == (
-        "sum by (cluster, worker) (prefixscope_worker_resident_blocks) / on (cluster, worker) "
-        "max by (cluster, worker) (prefixscope_worker_capacity_blocks)")
+        "(sum by (cluster, worker) (prefixscope_worker_resident_blocks) / on (cluster, worker) "
+        "max by (cluster, worker) (prefixscope_worker_capacity_blocks))" + SHARD_GUARD)
+    # a rule that reads only other rules inherits their absence
+    assert records["prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline"] == (
+        "prompt_class:prefixscope_cold_prefill_seconds:p99_5m / prompt_class:prefixscope_cold_prefill_seconds:p99_baseline")
+    # one alert per missing shard (seen within the hour, gone now, of the plan its peers run), else per scope
+    assert by_name["PrefixExporterShardDown"]["expr"] == (
+        "count by (cluster, shard) ((max by (cluster, shard) (max_over_time(prefixscope_exporter_shards[1h])) "
+        "unless on (cluster, shard) prefixscope_exporter_shards) == on (cluster) group_left "
+        "max by (cluster) (prefixscope_exporter_shards)) or on (cluster) (max by (cluster) "
+        "(prefixscope_exporter_shards) - count by (cluster) (count by (cluster, shard) "
+        "(prefixscope_exporter_shards))) > 0")
 
 
 def test_no_scope_labels_leaves_the_catalogue_expressions_as_written() -> None:
@@ -152,6 +167,7 @@ def test_slo_alerts_are_multiwindow_multi_burn_rate_tiers() -> None:
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1d > 0.15",
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate3d > 0.05"]
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
+    # (an SLO's error ratio is not withheld while a shard is missing: a dead shard never silences a page)
     assert records["cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h"] == (
         "(sum by (cluster) (rate(prefixscope_missed_requests_total[1h])) - "
         "sum by (cluster) (rate(prefixscope_missed_requests_within_baseline_total[1h]))) / "

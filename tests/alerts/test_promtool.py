@@ -90,3 +90,108 @@ def test_a_stray_kv_batch_during_a_fault_does_not_resolve_the_alert(tmp_path: Pa
     }
     done = _run_case(tmp_path, case)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ---- a family shard that is not scraped ---------------------------------------------------------
+HIT_RULE = "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m"
+RESIDENT_RULE = "worker:prefixscope_worker_resident_blocks_per_capacity:ratio"
+
+
+def _hit_tokens(cluster: str, worker: str, shard: str, hit: str, queried: str) -> list[dict]:
+    """A worker's engine counters as its home shard exports them."""
+    labels = f'cluster="{cluster}", instance="shard{shard}", model="m", worker="{worker}"'
+    return [{"series": f"prefixscope_prefix_cache_hit_tokens_total{{{labels}}}", "values": hit},
+            {"series": f"prefixscope_prefix_cache_queried_tokens_total{{{labels}}}", "values": queried}]
+
+
+def _shard(cluster: str, shard: str, values: str) -> dict:
+    return {"series": f'prefixscope_exporter_shards{{cluster="{cluster}", instance="shard{shard}", shard="{shard}"}}',
+            "values": values}
+
+
+def _samples(expr: str, at: str, *values: tuple[str, float]) -> dict:
+    return {"expr": expr, "eval_time": at, "exp_samples": [{"labels": labels, "value": v} for labels, v in values]}
+
+
+def test_a_dead_shard_fires_its_alert_and_withholds_the_pooled_ratio_instead_of_reweighting_it(tmp_path: Path) -> None:
+    """Cluster a's three shards: shard 0 is home to w0 (30 of 60 tokens hit a minute), shard 1 to w1
+    (0 of 60). Shard 1 dies at minute 11 (the stale markers of its failed scrape) and is back at 21.
+    The cluster hit rate is 0.25 while all report; with shard 1 gone, the survivors alone read 0.5
+    (the unguarded pool, once shard 1's samples have left the window), so the rule is withheld
+    instead — in cluster a only — and PrefixExporterShardDown fires for shard 1 after its `for`
+    (1m). Back, the shard resolves the alert and the rule returns with the cluster's value."""
+    dead = "0x10 stale _x9 3x10"  # shard 1's samples: scraped to minute 10, gone 11-20, back from 21
+    case = {
+        "interval": "1m",
+        "input_series": [
+            _shard("a", "0", "3x31"), _shard("a", "1", dead.replace("0x10", "3x10")), _shard("a", "2", "3x31"),
+            *_hit_tokens("a", "w0", "0", "0+30x31", "0+60x31"),
+            *_hit_tokens("a", "w1", "1", "0x10 stale _x9 0x10", "0+60x10 stale _x9 0+60x10"),
+            # cluster b: one unsharded exporter, all along
+            {"series": 'prefixscope_exporter_shards{cluster="b", instance="one", shard="0"}', "values": "1x31"},
+            *_hit_tokens("b", "w0", "0", "0+15x31", "0+60x31"),
+        ],
+        "promql_expr_test": [
+            _samples(HIT_RULE, "10m", (f'{HIT_RULE}{{cluster="a"}}', 0.25), (f'{HIT_RULE}{{cluster="b"}}', 0.25)),
+            # withheld from the first failed scrape on, never moved
+            _samples(HIT_RULE, "11m", (f'{HIT_RULE}{{cluster="b"}}', 0.25)),
+            _samples(HIT_RULE, "17m", (f'{HIT_RULE}{{cluster="b"}}', 0.25)),
+            # what the rule would have said: the survivors' ratio
+            _samples('sum by (cluster) (rate(prefixscope_prefix_cache_hit_tokens_total{cluster="a"}[5m])) / '
+                     'sum by (cluster) (rate(prefixscope_prefix_cache_queried_tokens_total{cluster="a"}[5m]))',
+                     "17m", ('{cluster="a"}', 0.5)),
+            _firing("PrefixExporterShardDown", "11m", {}),  # pending for its `for`
+            _firing("PrefixExporterShardDown", "12m", {"cluster": "a", "shard": "1", "severity": "warning", "step": "0"}),
+            _firing("PrefixExporterShardDown", "20m", {"cluster": "a", "shard": "1", "severity": "warning", "step": "0"}),
+            # back: resolved, and the cluster's value again once its counters fill the window
+            _firing("PrefixExporterShardDown", "21m", {}),
+            _samples(HIT_RULE, "27m", (f'{HIT_RULE}{{cluster="a"}}', 0.25), (f'{HIT_RULE}{{cluster="b"}}', 0.25)),
+        ],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_resident_blocks_of_a_worker_are_withheld_while_one_of_its_family_shards_is_missing(tmp_path: Path) -> None:
+    """Each family shard exports its part of a worker's resident blocks (600 + 400 of 2000): with
+    shard 1 gone the worker would read 30 % full instead of 50 %; it reads nothing."""
+    case = {
+        "interval": "1m",
+        "input_series": [
+            _shard("a", "0", "2x10"), _shard("a", "1", "2x4 stale"),
+            {"series": 'prefixscope_worker_resident_blocks{cluster="a", instance="shard0", worker="w0"}',
+             "values": "600x10"},
+            {"series": 'prefixscope_worker_resident_blocks{cluster="a", instance="shard1", worker="w0"}',
+             "values": "400x4 stale"},
+            {"series": 'prefixscope_worker_capacity_blocks{cluster="a", instance="shard0", worker="w0"}',
+             "values": "2000x10"},
+        ],
+        "promql_expr_test": [
+            _samples(RESIDENT_RULE, "4m", (f'{RESIDENT_RULE}{{cluster="a", worker="w0"}}', 0.5)),
+            _samples(RESIDENT_RULE, "5m"),
+            _samples(RESIDENT_RULE, "9m"),
+        ],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_shard_never_seen_alerts_for_its_scope_and_a_plan_scaled_in_misses_nobody(tmp_path: Path) -> None:
+    """Cluster a: shards 0 and 2 of 3 report, shard 1 never did (no history to name it): one alert
+    for the scope, the pooled rule withheld. Cluster b scales in from 3 shards to 2 at minute 5: the
+    old shard 2 is not missed and the rule stands."""
+    case = {
+        "interval": "1m",
+        "input_series": [
+            _shard("a", "0", "3x20"), _shard("a", "2", "3x20"),
+            *_hit_tokens("a", "w0", "0", "0+30x20", "0+60x20"),
+            _shard("b", "0", "3x4 2x15"), _shard("b", "1", "3x4 2x15"), _shard("b", "2", "3x4 stale"),
+            *_hit_tokens("b", "w0", "0", "0+30x20", "0+60x20"),
+        ],
+        "promql_expr_test": [
+            _samples(HIT_RULE, "15m", (f'{HIT_RULE}{{cluster="b"}}', 0.5)),
+            _firing("PrefixExporterShardDown", "15m", {"cluster": "a", "severity": "warning", "step": "0"}),
+        ],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr

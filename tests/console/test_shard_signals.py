@@ -34,3 +34,30 @@ def test_a_shards_answer_says_so_and_the_console_warns() -> None:
     for whole in (None, {"index": 0, "count": 1}, {"index": 3, "count": 3}, {"index": "1", "count": 3}):
         assert chain_from_exporter({**groups, "shard": whole}).shard is None
     assert shard_note(None) is None
+
+
+def test_a_missing_shard_makes_the_cluster_answer_partial() -> None:
+    """From Prometheus: PrefixExporterShardDown's value is 1 per missing shard (labelled), or the
+    scope's shortfall when none can be named; the headline says the answer is partial, and which."""
+    from dataclasses import replace
+
+    from console.chain import Reuse, chain_from_prometheus
+    from console.limits import limits_from_file
+    from prefixscope.thresholds import load_thresholds
+
+    limits = limits_from_file(load_thresholds(), "thresholds.yaml")
+
+    def chain(missing: float | None, alerts: list[dict] | None = None):
+        return chain_from_prometheus({"exporter_shards": missing}, {}, {}, alerts or [], limits,
+                                     Reuse(None, None, None))
+
+    assert chain(0.0).partial is None and chain(None).partial is None
+    firing = [{"labels": {"alertname": "PrefixExporterShardDown", "shard": "1"}, "state": "firing"}]
+    named = replace(chain(1.0, firing), missing_shards=("1",))
+    assert named.shards_missing == 1
+    assert named.partial is not None and named.partial.startswith("**PARTIAL** · 1 of the exporter's family shards is")
+    assert 'shard="1"' in named.partial
+    assert named.headline.state == "firing" and named.headline.step.number == 0  # a telemetry cause
+    unnamed = chain(2.0)
+    assert unnamed.partial is not None and "2 of the exporter's family shards are not scraped:" in unnamed.partial
+    assert unnamed.checks()["exporter_shards"].pending  # past its threshold, not fired yet

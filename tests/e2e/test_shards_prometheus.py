@@ -21,13 +21,20 @@ shards'. Compared:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import requests
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from console import data as console_data
@@ -43,7 +50,7 @@ from lab.harness import ScrapeHistory, series_key
 from prefixscope import catalog
 from tests.e2e.rules_prometheus import EVAL_INTERVAL_S, RulesPrometheus, recording_rules
 from tests.scale.test_shard_answer import T0, Exp, exporter, workload
-from tests.support import require_file, require_tool
+from tests.support import REPO, free_port, require_file, require_tool, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -215,7 +222,7 @@ NOT_SUMMED = {
     "prefixscope_exporter_build_info", "prefixscope_signal_available", "prefixscope_worker_pool_size",
     "prefixscope_worker_pool_changes_total", "prefixscope_hot_branch_hit_tokens",
     "prefixscope_worker_effective_cache_value_tokens", "prefixscope_worker_removal_rank",
-    "prefixscope_session_reshuffle_ratio", "prefixscope_records_ingested_total"}
+    "prefixscope_session_reshuffle_ratio", "prefixscope_records_ingested_total", "prefixscope_exporter_shards"}
 
 
 def test_every_series_sums_over_the_shards_at_every_instant(run: Run, proms: tuple[RulesPrometheus, RulesPrometheus]) -> None:
@@ -291,3 +298,256 @@ def test_the_console_reads_one_answer_from_the_shards_prometheus(
     assert {k for k, c in exp.checks().items() if c.status == "firing" or c.pending} == past
     assert {k: c.missing for k, c in exp.checks().items()} == {k: c.missing for k, c in one.checks().items()}
     assert {s.number: s.status for s in exp.steps} == reading(one)["steps"]
+
+
+# ---- a dead shard, live: real shard processes scraped by a real Prometheus -------------------------
+# Three `prefixscope export` shard processes read the simulated workers' KV events from the relay's
+# JetStream stream and scrape their home workers' /metrics; a live Prometheus scrapes the three
+# every second and evaluates the rules `prefixscope generate` writes, from a threshold file with a
+# 20 s window and short `for`s (the same generator; minutes of traffic would say the same slower).
+# Worker w0 and w3 serve one long prompt over and over (their caches hit almost every block), w5
+# a new prompt each time (no hits); w5's home shard is killed with SIGKILL.
+LIVE_WORKERS = ("w0", "w3", "w5")  # home shards 0, 2 and 1 of 3 (exporter.core.sharding.home_shard)
+COLD = "w5"
+LIVE_WINDOW_S = 20
+SHARD_FOR_S = 5
+LIVE_TOL = 0.05  # the pooled hit rate moves this little while the traffic holds steady
+
+
+def live_thresholds(path: Path) -> Path:
+    data = yaml.safe_load((REPO / "alerts" / "thresholds.yaml").read_text(encoding="utf-8"))
+    data["window"] = f"{LIVE_WINDOW_S}s"
+    data["checks"]["exporter_shards"]["for"] = f"{SHARD_FOR_S}s"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+class LivePrometheus:
+    """prometheus on 127.0.0.1 scraping ``targets`` every second with ``rules``, in cluster "e2e"."""
+
+    def __init__(self, binary: str, targets: list[str], rules: Path, workdir: Path) -> None:
+        self.workdir = workdir
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [{"job_name": "prefixscope",
+                                "static_configs": [{"targets": targets, "labels": {"cluster": "e2e"}}]}]}))
+        self.url = f"http://127.0.0.1:{free_port()}"
+        log = (workdir / "prometheus.log").open("a")
+        self.proc = subprocess.Popen(
+            [binary, "--config.file=prometheus.yml", "--storage.tsdb.path=data",
+             f"--web.listen-address={self.url.removeprefix('http://')}"],
+            cwd=workdir, stdout=subprocess.DEVNULL, stderr=log)
+        log.close()
+        wait_for(lambda: requests.get(f"{self.url}/-/ready", timeout=5).ok, "prometheus ready", timeout=120,
+                 every=0.2, ignore=(requests.RequestException,))
+
+    def query(self, expr: str, at: float | None = None) -> dict[tuple[tuple[str, str], ...], float]:
+        params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+        r = requests.get(f"{self.url}/api/v1/query", params=params, timeout=30)
+        r.raise_for_status()
+        return {tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")): float(s["value"][1])
+                for s in r.json()["data"]["result"]}
+
+    def one(self, expr: str, at: float | None = None) -> float | None:
+        got = self.query(expr, at)
+        assert len(got) <= 1, got
+        return next(iter(got.values()), None)
+
+    def alerts(self, name: str) -> list[dict]:
+        r = requests.get(f"{self.url}/api/v1/alerts", timeout=30)
+        r.raise_for_status()
+        return [a for a in r.json()["data"]["alerts"] if a["labels"].get("alertname") == name]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class LiveShard:
+    """``prefixscope export`` as family shard ``index`` of 3: the stream, and its home workers' /metrics."""
+
+    def __init__(self, workdir: Path, index: int, nats_url: str, workers: list[dict], thresholds: Path) -> None:
+        self.index, self.port = index, free_port()
+        self.cfg = workdir / f"shard{index}.yaml"
+        self.cfg.write_text(yaml.safe_dump({
+            "kv_nats": {"url": nats_url, "all_workers": True, "durable": f"live-shard{index}"},
+            "shard": {"index": index, "count": 3},
+            "workers": [{"name": w["name"], "metrics_url": w["url"] + "/metrics"} for w in workers],
+            "scrape_interval": "1s", "scrape_timeout": "1s", "thresholds": str(thresholds),
+            "records": {"http": {"enabled": False}}}))
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "export", "--config.file", str(self.cfg),
+                                      "--web.listen-address", f"127.0.0.1:{self.port}"], cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: requests.get(self.url + "/healthz", timeout=2).ok, f"shard {self.index} serving",
+                 timeout=60, every=0.2, ignore=(requests.RequestException,))
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def steady_traffic(fleet, stop: threading.Event) -> None:
+    """The hot workers' one prompt again and again; the cold worker a new prompt each time."""
+    hot = "[system] " + "you are a helpful assistant who answers briefly " * 24
+    n = 0
+    while not stop.is_set():
+        for w in LIVE_WORKERS:
+            prompt = hot if w != COLD else f"[{n}] " + " ".join(f"word{(n * 7 + i) % 9973}" for i in range(200))
+            with contextlib.suppress(requests.RequestException):
+                requests.post(fleet[w].url + "/v1/completions", timeout=10,
+                              json={"model": "sim-model", "prompt": prompt, "max_tokens": 2})
+        n += 1
+        stop.wait(0.05)
+
+
+def by_worker(vector: dict[tuple[tuple[str, str], ...], float]) -> dict[str, float]:
+    return {dict(k)["worker"]: v for k, v in vector.items()}
+
+
+HIT = "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m"
+RESIDENT = "worker:prefixscope_worker_resident_blocks_per_capacity:ratio"
+UNGUARDED_HIT = (f"sum(rate(prefixscope_prefix_cache_hit_tokens_total[{LIVE_WINDOW_S}s])) / "
+                 f"sum(rate(prefixscope_prefix_cache_queried_tokens_total[{LIVE_WINDOW_S}s]))")
+
+
+def test_a_killed_shard_fires_its_alert_within_its_for_and_the_pooled_rules_go_empty_not_wrong(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from alerts import rules as alert_rules
+    from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
+    from exporter.config import WorkerTarget
+    from exporter.core.sharding import home_shard
+    from exporter.relay import Relay, RelayConfig
+    from fleet.engine import WorkerSpec
+    from fleet.workers import FleetOptions, WorkerFleet
+    from prefixscope.thresholds import load as load_thresholds_file
+    from tests.console.test_pages import APP
+    from tests.e2e.test_shards import Nats
+
+    prometheus_bin, nats_bin = require_tool("prometheus"), require_tool("nats-server")
+    assert {w: home_shard(w, 3) for w in LIVE_WORKERS} == {"w0": 0, "w3": 2, "w5": 1}
+    dead = home_shard(COLD, 3)
+    th_path = live_thresholds(tmp_path / "thresholds.yaml")
+    th = load_thresholds_file(th_path)
+    rules = tmp_path / "prefixscope.rules.yaml"
+    rules.write_text(yaml.safe_dump(alert_rules.rule_groups(th, {c.alert: "" for c in catalog.CHECKS})))
+
+    nats = Nats(nats_bin, tmp_path / "js")
+    nats.start()
+    fleet = WorkerFleet([WorkerSpec(w, block_size=16, num_gpu_blocks=64, max_running=4) for w in LIVE_WORKERS],
+                        options=FleetOptions(delay_scale=0.0)).start()
+    endpoints = fleet.endpoints()
+    relay = Relay(RelayConfig(nats_url=nats.url, max_age_s=600, max_bytes=64 << 20, workers=tuple(
+        WorkerTarget(e["name"], None, e["kv_endpoint"], e["replay_endpoint"], e["topic"]) for e in endpoints))).start()
+    shards = [LiveShard(tmp_path, i, nats.url, endpoints, th_path) for i in range(3)]
+    stop = threading.Event()
+    traffic = threading.Thread(target=steady_traffic, args=(fleet, stop), daemon=True)
+    prom: LivePrometheus | None = None
+    try:
+        assert relay.wait_started(20)
+        for s in shards:
+            s.start()
+        traffic.start()
+        prom = LivePrometheus(prometheus_bin, [s.url.removeprefix("http://") for s in shards], rules, tmp_path)
+
+        # steady: every worker's hit rate and resident share, the pooled one in between
+        def steady() -> float | None:
+            per = by_worker(prom.query("worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m"))
+            if set(per) != set(LIVE_WORKERS) or per[COLD] > 0.05 or min(v for w, v in per.items() if w != COLD) < 0.8:
+                return None
+            full = by_worker(prom.query(RESIDENT))
+            if len(full) != 3 or full[COLD] < 0.9:  # the cold cache full: resident blocks hold still
+                return None
+            return prom.one(HIT)
+        v0 = wait_for(steady, "steady hit rates and full caches", timeout=180, every=1.0)
+        time.sleep(LIVE_WINDOW_S)  # the whole window at the steady rates
+        v0 = prom.one(HIT)
+        assert v0 is not None and 0.45 < v0 < 0.75, v0
+        blocks0 = prom.one("sum(prefixscope_worker_resident_blocks)")
+        assert blocks0
+        assert prom.query('ALERTS{alertname="PrefixExporterShardDown"}') == {}
+
+        killed_at = time.time()
+        shards[dead].kill()
+
+        def firing() -> dict | None:
+            return next((a for a in prom.alerts("PrefixExporterShardDown") if a["state"] == "firing"), None)
+        alert = wait_for(firing, "PrefixExporterShardDown firing", timeout=60, every=0.25)
+        assert alert["labels"]["shard"] == str(dead) and alert["labels"]["cluster"] == "e2e"
+        assert alert["labels"]["severity"] == "warning"
+        # pending from the first failed scrape (a second's scrape and a second's evaluation), so it
+        # fired `for` later: within its `for` of the kill, give or take those two intervals
+        from console.chain import _rfc3339
+        active = _rfc3339(alert["activeAt"])
+        assert active is not None and killed_at - 1.0 <= active <= killed_at + 3.0, (active - killed_at)
+
+        # the survivors alone, once the dead shard's samples have left the window: what the rule
+        # would have moved to (the survivors are the hot workers)
+        time.sleep(max(0.0, killed_at + LIVE_WINDOW_S + 3 - time.time()))
+        survivors = prom.one(UNGUARDED_HIT)
+        assert survivors is not None and survivors - v0 > 0.15, (v0, survivors)
+        # ... while the guarded rule, at every evaluation since the kill, kept its value or said nothing
+        end = time.time()
+        r = requests.get(f"{prom.url}/api/v1/query_range", timeout=30, params={
+            "query": HIT, "start": f"{killed_at:.3f}", "end": f"{end:.3f}", "step": "0.5"}).json()["data"]["result"]
+        after = [float(v) for s in r for _, v in s["values"]]
+        assert all(abs(v - v0) <= LIVE_TOL for v in after), (v0, after)
+        assert prom.one(HIT) is None and prom.query(RESIDENT) == {}
+        # the workers' resident blocks summed over the two surviving shards: what the rule withholds
+        partial = prom.one("sum(prefixscope_worker_resident_blocks)")
+        assert partial is not None and partial < 0.95 * blocks0, (blocks0, partial)
+
+        # the console: the cluster answer is partial, and the telemetry step is where it fires
+        limits = limits_from_groups(requests.get(shards[0].url + "/api/v1/groups", timeout=10).json()["data"])
+        chain = console_chain(prom.url, time.time(), limits, monkeypatch)
+        assert chain.missing_shards == (str(dead),) and chain.shards_missing == 1
+        assert chain.headline.state == "firing" and chain.headline.step.number == 0
+        assert chain.checks()["prefix_hit_rate_total"].value is None  # withheld, not 0.8
+        monkeypatch.setenv(PROMETHEUS_ENV, prom.url)
+        monkeypatch.setenv(EXPORTER_ENV, shards[0].url)
+        console_data.chain_from_prom.clear()
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        assert not at.exception, at.exception
+        assert any(w.value.startswith("**PARTIAL** · 1 of the exporter's family shards is not scraped "
+                                      f'(shard="{dead}")') for w in at.warning), [w.value for w in at.warning]
+        assert at.error[0].value.startswith("**FIRING** · Verdict: step 0 — Telemetry.")
+
+        # back: it rebuilds from the stream, the alert resolves and the rule returns to the cluster's value
+        shards[dead].start()
+        wait_for(lambda: not prom.alerts("PrefixExporterShardDown"), "the alert resolved", timeout=60, every=0.5)
+        back = wait_for(lambda: prom.one(HIT), "the pooled hit rate back", timeout=60, every=0.5)
+        time.sleep(LIVE_WINDOW_S)  # a whole window of the restarted shard's counters
+        back = prom.one(HIT)
+        assert back is not None and abs(back - v0) <= LIVE_TOL, (v0, back)
+        print(f"hit rate {v0:.3f} while all report, survivors alone {survivors:.3f}, back {back:.3f}; pending "
+              f"{active - killed_at:+.1f}s after the kill; the rule's values since: {min(after, default=v0):.3f}–"
+              f"{max(after, default=v0):.3f} ({len(after)} of them)")
+    finally:
+        stop.set()
+        if prom is not None:
+            prom.stop()
+        for s in shards:
+            s.stop()
+        relay.close()
+        fleet.stop()
+        if nats.proc and nats.proc.poll() is None:
+            nats.kill()

@@ -35,7 +35,9 @@ PER_PROCESS = {f"{P}_exporter_build_info", f"{P}_signal_available", f"{P}_worker
 # Not pooled by a sum: top-K lists (the top K of the shards' top-K lists is the cluster's), and
 # per-worker values computed from a shard's part (docs/operating.md).
 NOT_SUMMED = {f"{P}_hot_branch_hit_tokens", f"{P}_worker_effective_cache_value_tokens",
-              f"{P}_worker_removal_rank", f"{P}_session_reshuffle_ratio"}
+              f"{P}_worker_removal_rank", f"{P}_session_reshuffle_ratio",
+              # the shard plan: each process its own index, the count as value (one exporter: 0 of 1)
+              f"{P}_exporter_shards"}
 
 
 def samples(collector: PrefixscopeCollector) -> dict[tuple, float]:

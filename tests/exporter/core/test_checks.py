@@ -46,3 +46,27 @@ def test_falling_hit_rate_with_step2_cause_names_step2():
     # The symptom starts the walk but colours no step: step 1's causes are not instrumented here.
     assert ev.step_status[1] == "not_instrumented"
     assert ev.verdict == {"step": 2, "title": "Affinity", "checks": ["sticky_session_collision_rate"]}
+
+
+def test_the_shard_plan_is_exported_and_judged_only_where_every_shard_is_seen():
+    """One exporter knows no shard is missing; one shard of three cannot tell whether its peers run
+    (not instrumented, never 0 and never firing); the three read together (as Prometheus reads their
+    series) miss none."""
+    from exporter.core.sharding import ShardSpec
+    from exporter.core.state_parts import build_parts
+    from tests.scale.shards_as_one import ShardsAsOne
+
+    one = make()
+    assert one.series().gauges["prefixscope_exporter_shards"] == {("0",): 1.0}
+    r = evaluate(one).results["exporter_shards"]
+    assert (r.value, r.status) == (0.0, "ok")
+
+    shards = [ClusterState(build_parts(Health(), load_thresholds(), window_s=300, clock=lambda: 200.0,
+                                       shard=ShardSpec(i, 3))) for i in range(3)]
+    assert shards[1].series().gauges["prefixscope_exporter_shards"] == {("1",): 3.0}
+    r = evaluate(shards[1]).results["exporter_shards"]
+    assert (r.value, r.status) == (None, "not_instrumented")
+    r = evaluate(ShardsAsOne(shards)).results["exporter_shards"]  # type: ignore[arg-type]
+    assert (r.value, r.status) == (0.0, "ok")
+    r = evaluate(ShardsAsOne(shards[:2])).results["exporter_shards"]  # type: ignore[arg-type]
+    assert (r.value, r.status) == (1.0, "firing")
