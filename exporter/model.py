@@ -217,7 +217,7 @@ class KvStreamSink(Protocol):
 
     def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
         """A view was repaired after unhealed loss or drift; ``reliable`` False: the rebuild was
-        incomplete (or impossible), so the view stays marked until the worker's cache turns over."""
+        incomplete (or impossible), so the view stays marked until a complete rebuild, a cache reset or a restart."""
 
 
 class KvSink(KvStreamSink, Protocol):

@@ -469,8 +469,8 @@ METRICS: tuple[Metric, ...] = (
             help="Repairs of a worker's view after unhealed loss or drift, by reason (lost_batches, over_capacity): "
                  "a rebuild from the worker's replay, or the view marked unreliable when no replay could rebuild it."),
     _metric(name="kv_view_unreliable", type="gauge", unit="", labels=(W,), group=0, source="kv_events",
-            help="1 while a worker's view may be wrong (events lost, no complete rebuild) until its cache turns over "
-                 "(as many blocks stored as it has capacity), 0 otherwise."),
+            help="1 while a worker's view may be wrong (events lost, no complete rebuild) until a complete rebuild, "
+                 "a reset of its cache or a restart confirms it, 0 otherwise."),
     _metric(name="kv_event_last_timestamp_seconds", type="gauge", unit="seconds", labels=(W,), group=0, source="kv_events",
             help="Wall-clock time the last KV-event batch from the worker was received (or of the last scrape that found the worker idle, with no events to send)."),
     _metric(name="kv_event_lag_seconds", type="gauge", unit="seconds", labels=(W,), group=0, source="kv_events",

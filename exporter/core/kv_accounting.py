@@ -215,7 +215,8 @@ class KvAccounting:
         self.seen = False  # a KV batch arrived
         self._workers: set[str] = set()  # workers whose KV health series exist
         self._labels: dict[str, _KvLabels] = {}  # a worker's label tuples, built once (per-batch series)
-        # Views that may be wrong: worker -> GPU blocks stored since it was marked.
+        # Views that may be wrong (until a complete rebuild, a cache reset or a restart): worker ->
+        # GPU blocks stored since it was marked (which alone never clears the mark: _turnover).
         self._unreliable: dict[str, int] = {}
         self._rebuilding: set[str] = set()  # workers whose rebuild the KV source is running
         # worker -> input time of its last repair: drift is not checked again within a window (a
@@ -345,23 +346,22 @@ class KvAccounting:
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:
-        """Count stores towards an unreliable view's turnover; True when it became reliable again.
+        """True when an unreliable view became exact again: the worker reset its cache.
 
-        A view marked unreliable may hold blocks the worker evicted and miss blocks it stored. Once
-        the worker has stored as many GPU blocks as it has capacity (or its cache was reset), every
-        block it held at the mark has most likely been evicted or announced again: reliable again.
-        (A block hit all along without being announced again can outlive that; it is one block the
-        view misses, not a phantom.) Without a known capacity only a reset or a restart ends it.
+        A view marked unreliable may miss blocks the lost batches stored and hold blocks they
+        removed. No number of later stores confirms it: a hot block, hit all along and never
+        announced again, outlives any turnover, so counting stores would clear the mark while
+        such blocks are still missing. Only what empties the worker's cache (an
+        ``AllBlocksCleared``, or a restart) or a complete rebuild (:meth:`view_repaired`) makes
+        the view known exactly.
         """
         since = self._unreliable.get(worker)
         if since is None:
             return False
-        since += stored
-        cap = self.pool.worker_capacity(worker)
-        if cleared or (cap and since >= cap):
+        if cleared:
             del self._unreliable[worker]
             return True
-        self._unreliable[worker] = since
+        self._unreliable[worker] = since + stored
         return False
 
     def _drift(self, worker: str, w: WorkerInfo | None = None) -> str | None:
@@ -414,7 +414,8 @@ class KvAccounting:
             self._rebuilding.add(worker)
 
     def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
-        """Count one repair; ``reliable`` False leaves the view marked until its cache turns over."""
+        """Count one repair; ``reliable`` False leaves the view marked until a complete rebuild, a
+        cache reset or a restart."""
         with self.lock:
             self._rebuilding.discard(worker)
             self._repaired_at[worker] = self.time.now

@@ -159,7 +159,7 @@ class ClusterState:
         self.kv.reset_view(worker)
 
     def view_repaired(self, worker: str, reason: str, reliable: bool) -> None:
-        """Count one repair; ``reliable`` False leaves the view marked until its cache turns over."""
+        """Count one repair; ``reliable`` False leaves the view marked until a complete rebuild, a cache reset or a restart."""
         self.kv.view_repaired(worker, reason, reliable)
 
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:

@@ -23,7 +23,8 @@ Sequence tracking, per worker, in this order:
   (``kv_event_lost_batches``): the view is rebuilt — the replay is asked again from seq 0,
   the view is cleared and refilled from what the worker's buffer still holds — and the sink is
   told (``sink.view_repaired``, counted as a repair) whether the rebuild was complete (the
-  buffer went back to seq 0) or the view stays unreliable until the cache turns over. Without a
+  buffer went back to seq 0) or the view stays unreliable (until a complete rebuild, a cache
+  reset or a restart: no count of later stores confirms blocks the lost batches cached). Without a
   replay endpoint nothing can be rebuilt: the view is kept and marked unreliable;
 * a seq of 0 after others, or any seq below the expected one, means the worker restarted
   (vLLM's counter starts at 0 per process and PUB never reorders): its view is cleared through
@@ -520,7 +521,7 @@ class KvEventSubscriber:
                 complete = [seq for seq, _ in got] == list(range(pending.end))
                 if not complete:
                     log.warning("worker %s: rebuild from the replay got %d of %d batches: view unreliable until "
-                                "its cache turns over", worker, len(got), pending.end)
+                                "a complete rebuild, a cache reset or a restart", worker, len(got), pending.end)
                 self._safely(worker, lambda w=worker, r=pending.reason, c=complete: self.sink.view_repaired(w, r, c))
             if pending.then is not None:
                 self._decode_and_apply(worker, *pending.then)

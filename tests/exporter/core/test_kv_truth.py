@@ -3,7 +3,8 @@ publisher over real ZMQ on 127.0.0.1, worker /metrics text, the exporter's check
 
 - a full cache is normal; pressure is thrash on a full cache;
 - a gap the replay healed is counted and is not a step-0 failure; a loss nothing healed is, and
-  the view is repaired (counted) and marked unreliable until the cache turns over;
+  the view is repaired (counted) and marked unreliable until a complete rebuild, a cache reset or
+  a restart confirms it (a burst past the replay buffer ends exact or flagged);
 - every stream's gap series exist at 0;
 - a worker page with families but no samples yet is up with missing values.
 """
@@ -27,7 +28,7 @@ from exporter.model import BlockRemoved, BlockStored, RebuildRequests
 from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
 from exporter.sources.scrape import Scraper, ScrapeTarget
 from exporter.web.collector import PrefixscopeCollector
-from fleet.cache import Removed, Stored
+from fleet.cache import Cleared, Removed, Stored
 from fleet.kv_publisher import KvEventPublisher
 from prefixscope.thresholds import load_thresholds
 from tests.support import free_port, wait_for
@@ -225,17 +226,55 @@ def test_unhealed_loss_fails_step_0_and_the_view_is_repaired() -> None:
         assert c["prefixscope_kv_event_lost_batches"] == {("w0",): 3.0}  # 2, 3, 4
         assert c["prefixscope_kv_event_replays"][("w0", "partial")] == 1.0
         # rebuilt from what the buffer still had (seq 5, 6 — seq 0 is long gone): the view holds
-        # those blocks only and is unreliable until the cache turns over
+        # those blocks only and is unreliable until something confirms it
         assert {h for h in (1000, 1001, 2002, 2003, 3000) if f.state.index.holds("w0", h)} == {2003, 3000}
         assert f.health.gauges["prefixscope_kv_view_unreliable"][("w0",)] == 1.0
         ev = evaluate(f.state)
         assert ev.results["kv_event_gaps"].status == "firing"
         assert ev.verdict is not None and ev.verdict["step"] == 0
-        # the cache turns over (as many blocks stored as its capacity): reliable again
+        # the cache turns over (as many blocks stored as its capacity): that confirms nothing
         f.scrape(_vllm_page(num_gpu_blocks=8))
         _fill(f, 8, start=5000)
-        f.settle()
+        wait_for(lambda: f.state.index.holds("w0", 5007), "the last block")  # (settle counts replayed batches too)
+        assert f.health.gauges["prefixscope_kv_view_unreliable"][("w0",)] == 1.0
+        f.send([Cleared(), Stored((6000,), None, (), 16)])  # the worker resets its cache: known exactly
+        wait_for(lambda: f.state.index.holds("w0", 6000), "the reset")
         assert f.health.gauges["prefixscope_kv_view_unreliable"][("w0",)] == 0.0
+    finally:
+        f.close()
+
+
+def test_a_burst_past_the_replay_buffer_ends_exact_or_flagged() -> None:
+    # Hot blocks cached early and hit all along are never announced again; a burst of more
+    # batches than the worker's replay buffer holds is lost on the wire. The rebuild can only
+    # refill from what the buffer still holds, so the hot blocks are missing from the view —
+    # and however many blocks the worker stores afterwards, the view must stay flagged until
+    # something confirms it (a complete rebuild, a cache reset, a restart).
+    f = Fleet(buffer_steps=8)
+    try:
+        f.scrape(_vllm_page(num_gpu_blocks=16))
+        hot = tuple(range(100, 104))
+        f.send([Stored(hot, None, (), 16)])
+        f.settle()
+        for i in range(12):  # the burst: more batches than the buffer holds, all lost on the wire
+            f.send([Stored((2000 + i,), 103, (), 16), Removed((2000 + i,))], dropped=True)
+        f.send([Stored((3000,), 103, (), 16), Removed((3000,))])  # reveals the gap
+        wait_for(lambda: f.health.counter_value("prefixscope_kv_index_repairs", ("w0", "lost_batches")) == 1,
+                 "the repair")
+        f.settle()
+        assert f.health.counter_value("prefixscope_kv_event_lost_batches", ("w0",)) > 0
+        # the cache turns over many times (cold prompts stored and evicted; the hot ones stay resident)
+        for i in range(48):
+            f.send([Stored((5000 + i,), 103, (), 16), Removed((5000 + i,))])
+        f.send([Stored((6000,), 103, (), 16)])
+        wait_for(lambda: f.state.index.holds("w0", 6000), "the last block")  # (settle counts replayed batches too)
+        missing = [h for h in hot if not f.state.index.holds("w0", h)]
+        assert not missing or 'prefixscope_kv_view_unreliable{worker="w0"} 1.0' in _exposition(f.state), missing
+        # a reset of the worker's cache empties it: the view is exact again
+        f.send([Cleared(), Stored((7000,), None, (), 16)])
+        wait_for(lambda: f.state.index.holds("w0", 7000), "the reset")
+        assert 'prefixscope_kv_view_unreliable{worker="w0"} 0.0' in _exposition(f.state)
+        assert {h for h in (*hot, 7000) if f.state.index.holds("w0", h)} == {7000}
     finally:
         f.close()
 

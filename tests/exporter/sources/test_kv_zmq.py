@@ -267,7 +267,7 @@ def test_partial_and_failed_replays(ctx: zmq.Context) -> None:
         pub.close()
         silent.close()
     # w0: the gap's replay gave seq 2 but not 1; the view is rebuilt from what the buffer holds
-    # (seq 0 and 2), which is not everything: unreliable until its cache turns over
+    # (seq 0 and 2), which is not everything: it stays unreliable
     assert sink.seqs("w0") == [0, 0, 2, 3]
     assert sink.resident["w0"] == {1, 3, 4}  # block 2 is lost for good, and counted
     assert sink.seqs("w1")[0] == 0 and sink.seqs("w1")[-1] == 2  # its replay socket never answers
