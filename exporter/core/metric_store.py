@@ -200,6 +200,16 @@ class MetricStore:
                 dropped += len(gone)
         return dropped
 
+    def drop_series(self, metric: str, labels: LabelValues) -> bool:
+        """Forget one cumulative series (one a source stopped reporting); False if it was not
+        held. Its window empties itself as it expires."""
+        self.flush()
+        for kind in (self.cum.counters, self.cum.histograms):
+            series = kind.get(metric)
+            if series is not None and series.pop(labels, None) is not None:
+                return True
+        return False
+
     def series_count(self) -> int:
         """Cumulative series held (what /metrics renders of the store)."""
         return sum(map(len, self.cum.counters.values())) + sum(map(len, self.cum.histograms.values()))

@@ -3,7 +3,10 @@ connector, cache tiers) scrape over scrape, a router's histograms, and the readi
 worker's counters (its hit ratio and hit tokens in the window, its effective cache value).
 
 A counter that went down was reset (an engine restart): its new value is the increase. The first
-scrape of a router is its baseline: what it counted before is not in the window.
+scrape of a router is its baseline: what it counted before is not in the window. A series whose
+label values the worker's page stopped reporting (a model it no longer serves, a tier it no
+longer counts) is dropped once that worker's scrapes have left it out for ``idle_s``; a worker
+that is not scraped at all keeps its series (missing signal is not a value gone).
 
 The parts are handed in, as for ``exporter.core.record_accounting``; not thread-safe on its own:
 ``ClusterState`` calls it under its lock.
@@ -11,6 +14,7 @@ The parts are handed in, as for ``exporter.core.record_accounting``; not thread-
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from exporter.core.index.prefix_index import PrefixIndex
@@ -50,9 +54,11 @@ class ScrapeAccounting:
     """Applies worker and router scrapes to the metric store and the worker pool."""
 
     def __init__(self, store: MetricStore, pool: WorkerPool, index: PrefixIndex,
-                 field_seen: dict[str, float]) -> None:
+                 field_seen: dict[str, float], idle_s: float = math.inf) -> None:
         """``field_seen``: signal -> newest input that carried it (the record accounting's, which
-        a router's histograms also instrument)."""
+        a router's histograms also instrument); ``idle_s``: how long a worker's scrapes may leave
+        out one of its series before it is dropped (``limits.label_idle``, never under the window)."""
+        self.idle_s = idle_s
         self.store = store
         self.pool = pool
         self.index = index
@@ -71,9 +77,11 @@ class ScrapeAccounting:
                     for fld, metric in SNAPSHOT_COUNTERS.items()]
         counters += [(f"tier:{tier}", TIER_HITS, (snapshot.worker, model, tier), value)
                      for tier, value in (snapshot.tier_hit_tokens or {}).items()]
+        reported = w.reported
         for fld, metric, labels, value in counters:
             if value is None:
                 continue
+            reported[(metric, labels)] = scraped_at
             if fld.startswith("spec_"):
                 self.spec_seen = True
             prev = w.last_counters.get(fld)
@@ -83,6 +91,11 @@ class ScrapeAccounting:
             self.store.set_total(metric, labels, value, (scraped_at, delta) if prev is not None else None)
             if prev is not None:
                 self.store.add_own(scraped_at, ("worker_delta", fld, snapshot.worker), delta)
+        # (a walk over this worker's few series: a model, the counters, its tiers)
+        gone = [key for key, ts in reported.items() if scraped_at - ts >= self.idle_s]
+        for key in gone:
+            del reported[key]
+            self.store.drop_series(*key)
         return prev_queries
 
     def router(self, snap: RouterSnapshot, ts: float) -> None:

@@ -100,6 +100,7 @@ def build_parts(health: Health, thresholds: Thresholds, topology: Topology | Non
     return StateParts(health=health, thresholds=thresholds, topology=topology, window_s=window_s, clock=clock,
                       top_k=top_k, lock=lock, time=now, index=index, sessions=sessions, store=store,
                       worker_pool=pool, hotspots=hotspots, accounting=accounting, attribution=attribution, kv=kv,
-                      scrapes=ScrapeAccounting(store, pool, index, accounting.field_seen),
+                      scrapes=ScrapeAccounting(store, pool, index, accounting.field_seen,
+                                               max(float(limits.label_idle), window_s)),
                       health_increases=HealthIncreases(health, now, window_s, (KV_MISSED, KV_REPAIRS, _INGEST_ERRORS)),
                       run_window=run_window, shard=shard)

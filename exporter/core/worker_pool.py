@@ -46,6 +46,8 @@ class WorkerInfo:
     scraped_at: float | None = None
     block_size: int | None = None
     last_counters: dict[str, float] = field(default_factory=dict)
+    # (metric, labels) of each series its scrapes reported -> the newest scrape that did
+    reported: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)
 
 
 @dataclass
