@@ -32,6 +32,8 @@ class Health:
         self._checked: set[tuple[str, int]] = set()  # (metric, label count) pairs already validated
         self._totals: dict[str, float] = {}  # counter -> sum over its label sets (read per KV batch)
         self._gauge_writes: dict[str, int] = {}  # gauge -> sets and removes so far (a change marker)
+        # gauge -> the change sets of its followers (see :meth:`follow`); most gauges have none
+        self._followers: dict[str, list[set[LabelValues]]] = {}
 
     def _check(self, metric: str, labels: LabelValues) -> None:
         key = (metric, len(labels))
@@ -51,7 +53,29 @@ class Health:
         series = self.gauges[metric]
         if series.get(labels, _ABSENT) != value:  # the same value again is no change
             series[labels] = value
-            self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+            self._changed(metric, labels)
+
+    def _changed(self, metric: str, labels: LabelValues) -> None:  # caller holds the lock
+        self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+        for changes in self._followers.get(metric, ()):
+            changes.add(labels)
+
+    def follow(self, metric: str) -> set[LabelValues]:
+        """A set that collects the label values of each series of gauge ``metric`` that changes from
+        now on (set to a new value, or removed), its present series included: a reader that keeps
+        something derived from the gauge applies what changed (:meth:`take`) instead of reading
+        every series again. It holds each series once, however often it changed."""
+        with self._lock:
+            changes = set(self.gauges.get(metric, ()))
+            self._followers.setdefault(metric, []).append(changes)
+        return changes
+
+    def take(self, changes: set[LabelValues]) -> list[LabelValues]:
+        """Empty a set :meth:`follow` returned; what it held (the series to read again)."""
+        with self._lock:
+            out = list(changes)
+            changes.clear()
+        return out
 
     def update(self, incs: Iterable[tuple[str, LabelValues, float]] = (),
                sets: Iterable[tuple[str, LabelValues, float]] = ()) -> None:
@@ -74,11 +98,15 @@ class Health:
                 totals[metric] = totals.get(metric, 0.0) + n
             if sets:
                 gauges, writes = self.gauges, self._gauge_writes
+                followers = self._followers
                 for metric, labels, value in sets:
                     series = gauges[metric]
                     if series.get(labels, _ABSENT) != value:
                         series[labels] = value
                         writes[metric] = writes.get(metric, 0) + 1
+                        if metric in followers:
+                            for changes in followers[metric]:
+                                changes.add(labels)
         finally:
             lock.release()
 
@@ -95,7 +123,7 @@ class Health:
     def remove(self, metric: str, labels: LabelValues) -> None:
         with self._lock:
             if self.gauges.get(metric, {}).pop(labels, None) is not None:
-                self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+                self._changed(metric, labels)
 
     def drop_worker(self, name: str, counters: bool = True) -> None:
         """Remove every series whose ``worker`` (or, for worker targets, ``target``) is ``name``:
@@ -118,8 +146,8 @@ class Health:
                         value = series.pop(lv)
                         if kind is self.counters:
                             self._totals[metric] = self._totals.get(metric, 0.0) - value
-                    if gone and kind is self.gauges:
-                        self._gauge_writes[metric] = self._gauge_writes.get(metric, 0) + 1
+                        else:
+                            self._changed(metric, lv)
 
     def total(self, metric: str) -> float | None:
         """Σ of a counter over its label sets; None while it has no series (nothing on /metrics)."""

@@ -291,13 +291,12 @@ class KvAccounting:
 
     def _placement_pool(self) -> None:
         """Tell the index which workers left the pool: their blocks are no placement's prefix, as
-        for records (``RecordAccounting._prefix``). Usually none, so this is one empty-dict test."""
-        pool = self.pool
-        out = frozenset(t for t, kind in pool.left_pool_targets() if kind == "worker") if pool.down_since \
-            else frozenset()
-        if out != self._placement_out:
+        for records (``RecordAccounting._prefix``). Usually the same set as before: one identity test."""
+        out = self.pool.left_workers()  # kept by the pool between changes: usually the same set
+        if out is not self._placement_out:
+            if out != self._placement_out:
+                self.index.set_placement_excluded(out)
             self._placement_out = out
-            self.index.set_placement_excluded(out)
 
     def _placement_incs(self, w: WorkerInfo, placements: int, hits: int) -> Incs:
         """A batch's placements judged from its GPU stores, under the worker's model (its scrape's,

@@ -57,8 +57,7 @@ class Membership:
         for name, left_at in list(pool.departed.items()):
             if now - left_at < labels.worker.idle_s:
                 continue
-            del pool.departed[name]
-            pool.workers.pop(name, None)
+            pool.retire(name)
             self.store.drop_label_value("worker", name)
             self.health.drop_worker(name)
             labels.worker.pinned = labels.worker.pinned - {name}

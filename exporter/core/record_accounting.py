@@ -263,14 +263,8 @@ class RecordAccounting:
         prompt = rec.prompt_tokens
         cached_blocks = blocks_of(cached, prompt, len(hashes), bs) if cached is not None else None
         own = v.hit_on_worker if cached_blocks is None else cached_blocks
-        pool = self.pool
-        others_out: set[str] | tuple[str]
-        if pool.down_since:
-            others_out = {t for t, kind in pool.left_pool_targets() if kind == "worker"}
-            others_out.add(worker)  # the chosen worker counts with ``own``
-        else:
-            others_out = (worker,)
-        best = max(own, match.best_depth(others_out))
+        left = self.pool.left_workers()  # kept by the pool between changes (no walk per record)
+        best = max(own, match.best_depth_besides(worker, left))  # the chosen worker counts with ``own``
         # what the engine reused was available, whatever the block rounding: achieved ≤ available
         available = max(tokens_of(best, prompt, bs), min(cached or 0, prompt))
         v.available_blocks = best
@@ -279,7 +273,7 @@ class RecordAccounting:
             store.inc(ts, _PLACEMENT_DECISIONS, ml)
             store.zero(_PLACEMENT_DOMAIN_HITS, ml)
             if own == best or any(match.depth_on(x) == best for x in self._domain_workers[topo.domain_of(worker)]
-                                  if x not in others_out):
+                                  if x != worker and x not in left):
                 store.inc(ts, _PLACEMENT_DOMAIN_HITS, ml)
         hit_blocks = own  # the blocks the engine reused (its own report, else the worker's view)
         if hit_blocks:

@@ -145,8 +145,8 @@ class ClusterState:
         with self.lock:
             self.time.advance(received_at)
             applied = self.kv.apply(batch, received_at)
-            if not self.worker_pool.unchanged_for(batch.worker):
-                self._update_pool(received_at)
+            if not self.worker_pool.unchanged_for(batch.worker) and self.worker_pool.note(batch.worker, received_at):
+                self.store.inc(received_at, _POOL_CHANGES, ())
             self._expire()
         self.kv.settle(applied, stream)
 
@@ -204,11 +204,12 @@ class ClusterState:
         with self.lock:
             self.time.advance(received_at)
             folded = labels.folded()
-            update_pool = False
             account, attribute, now = self.accounting.account, self.attribution.records.account, self.time.now
-            # Workers whose records cannot change the pool: the pool, the input time and the
-            # scrape targets' up states stay as they are until the loop ends.
+            # Workers whose records cannot change the pool (the pool, the input time and the
+            # scrape targets' up states stay as they are until the loop ends), and the others:
+            # the pool judges those alone once the records are in (no walk over the workers).
             unchanged: set[str] = set()
+            judge: set[str] = set()
             with self.store.batch():  # counter writes once per key and slot, at the end
                 for rec in records:
                     try:
@@ -224,13 +225,10 @@ class ClusterState:
                         detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
                         self.health.error("records", "unprocessable", f"{detail} in record {rid!r}")
                         continue
-                    # Only a worker outside the pool (or an aged pool) can change it: no walk per record.
-                    if not update_pool and worker not in unchanged:
-                        update_pool = self.worker_pool.needs_update(worker)
-                        if not update_pool:
-                            unchanged.add(worker)
-            if update_pool:
-                self._update_pool(self.time.now)
+                    if worker not in unchanged:
+                        (unchanged if self.worker_pool.unchanged_for(worker) else judge).add(worker)
+            if judge and self.worker_pool.note_all(judge, now):
+                self.store.inc(now, _POOL_CHANGES, ())
             self._expire()
             folded = labels.folded() - folded
         if folded:

@@ -15,13 +15,22 @@ deployment), a scaled-away worker would otherwise count as blind for ever.
 :meth:`WorkerPool.liveness` puts each worker in one of three states — up, down, left — the
 states the console's Workers page shows.
 
-Not thread-safe on its own: ``ClusterState`` calls it under its lock.
+Nothing here walks the workers per input. Which targets are down is kept as the up gauges and
+the routers' health change (:meth:`Health.follow` hands the pool the series written since it last
+looked), which down workers left the pool is kept until something it depends on changes, and
+:meth:`WorkerPool.note` judges only the workers whose evidence or down state changed; the full
+:meth:`WorkerPool.update` runs when a member can have aged out (about once per health recency),
+on a router's scrape and when discovery drops workers.
+
+Not thread-safe on its own: ``ClusterState`` calls it under its lock (:meth:`WorkerPool.is_healthy`
+only reads, and may be called without it).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -70,7 +79,7 @@ class WorkerPool:
     def __init__(self, health: Health, time: InputTime, health_recency_s: float,
                  topology: Topology | None = None, down_grace_s: float = math.inf) -> None:
         self.health = health
-        self.down_grace_s = down_grace_s  # a worker target down this long has left (never blind)
+        self._down_grace_s = down_grace_s  # a worker target down this long has left (never blind)
         self.departed: dict[str, float] = {}  # workers discovery dropped -> input time they left
         # Workers whose coming or going service discovery announced: their entering or leaving the
         # pool is a change even while the exporter is still finding its workers by evidence.
@@ -84,10 +93,40 @@ class WorkerPool:
         self.pool: frozenset[str] = frozenset()
         self.epoch = 0
         self.changes: deque[PoolChange] = deque(maxlen=MAX_POOL_CHANGES)
-        self.records_seen = False  # a record source exists: it tells which workers serve traffic
+        self._records_seen = False  # a record source exists: it tells which workers serve traffic
         self._stable_until = -math.inf  # input time until which no pool member can age out
-        self._up_writes = -1  # Health's write count of the up gauges at the last pool update
-        self._down: set[str] = set()  # explicitly down at the last full update (up gauges, routers)
+        # Explicitly down, kept on change: the up series written since the pool last looked, the
+        # targets' up series at 0, each router's unhealthy workers, and per name how many of
+        # those say it is down.
+        self._up_changes = health.follow(UP)
+        self._zero: set[tuple[str, ...]] = set()
+        self._router_down: dict[str, frozenset[str]] = {}
+        self._down_refs: dict[str, int] = {}
+        self._pending: set[str] = set()  # names whose down state changed since the pool was judged
+        # The worker targets that left the pool (``left_pool``), kept until something they depend
+        # on changes (None: to be found again) or a down worker's grace runs out.
+        self._left: list[tuple[str, ...]] | None = None
+        self._left_workers: frozenset[str] = frozenset()
+        self._left_until = math.inf
+
+    @property
+    def records_seen(self) -> bool:
+        return self._records_seen
+
+    @records_seen.setter
+    def records_seen(self, seen: bool) -> None:
+        if seen != self._records_seen:
+            self._records_seen = seen
+            self._left = None
+
+    @property
+    def down_grace_s(self) -> float:
+        return self._down_grace_s
+
+    @down_grace_s.setter
+    def down_grace_s(self, grace: float) -> None:
+        self._down_grace_s = grace
+        self._left = None
 
     # ---- evidence ------------------------------------------------------------------------------
     def worker(self, name: str, ts: float | None = None) -> WorkerInfo:
@@ -101,10 +140,21 @@ class WorkerPool:
 
     def served(self, name: str, ts: float) -> WorkerInfo:
         """A request record says ``name`` served a request at ``ts``."""
-        self.records_seen = True
+        if not self._records_seen:
+            self.records_seen = True
         w = self.worker(name, ts)
-        w.last_served = max(w.last_served, ts)
+        if ts > w.last_served:
+            self._traffic(name, w, ts)
         return w
+
+    def _traffic(self, name: str, w: WorkerInfo, ts: float) -> None:
+        """``w`` served at ``ts``, later than it last did: a down worker's first traffic since it went
+        down turns it from left to blind."""
+        if self.down_since:
+            since = self.down_since.get((name, "worker"))
+            if since is not None and w.last_served <= since < ts:
+                self._left = None
+        w.last_served = ts
 
     def forget(self, name: str) -> None:
         """Drop a worker only records named, once they stopped naming it (``exporter.core.cardinality``).
@@ -112,18 +162,38 @@ class WorkerPool:
         w = self.workers.get(name)
         if w is not None and w.snapshot is None and w.last_seen <= w.last_served:
             del self.workers[name]
-
-    def needs_update(self, worker: str) -> bool:
-        """Whether a record served by ``worker`` may change the pool (else :meth:`update` is skipped)."""
-        return not self.unchanged_for(worker)
+            self._left = None
+            self._pending.add(name)
 
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         """A router scrape: a worker whose decision count rose since the last one served traffic."""
         prev = self.routers.get(snapshot.router)
         for worker, n in snapshot.decisions.items():
             if prev is not None and n > prev.decisions.get(worker, 0.0) and worker in self.workers:
-                self.workers[worker].last_served = max(self.workers[worker].last_served, scraped_at)
+                w = self.workers[worker]
+                if scraped_at > w.last_served:
+                    self._traffic(worker, w, scraped_at)
+        if prev is None:
+            self._left = None  # a traffic source: a down worker without traffic has left
         self.routers[snapshot.router] = snapshot
+        down = frozenset(w for w, v in snapshot.healthy.items() if v == 0)
+        before = self._router_down.get(snapshot.router, frozenset())
+        if down != before:
+            self._router_down[snapshot.router] = down
+            for name in down - before:
+                self._refer(name, 1)
+            for name in before - down:
+                self._refer(name, -1)
+
+    def _refer(self, name: str, n: int) -> None:
+        """One more (``n`` 1) or one fewer (-1) up series or router saying ``name`` is down."""
+        refs = self._down_refs
+        count = refs.get(name, 0) + n
+        if count:
+            refs[name] = count
+        else:
+            del refs[name]
+        self._pending.add(name)
 
     # ---- what a worker is: its scrape, else its topology entry -------------------------------------
     def topo_of(self, worker: str) -> WorkerTopo | None:
@@ -166,44 +236,75 @@ class WorkerPool:
 
     # ---- health --------------------------------------------------------------------------------
     def explicitly_down(self) -> set[str]:
-        down = {t for (t, _kind), v in dict(self.health.gauges.get(UP, {})).items() if v == 0}
-        for snap in self.routers.values():
-            down.update(w for w, v in snap.healthy.items() if v == 0)
-        return down
+        """Targets a scrape says are down (up = 0), and workers a router says are unhealthy."""
+        if self._up_changes:  # up series written since the pool last looked: read them as they are
+            down = {t for (t, _kind), v in dict(self.health.gauges.get(UP, {})).items() if v == 0}
+            for names in self._router_down.values():
+                down.update(names)
+            return down
+        return set(self._down_refs)
+
+    def _is_down(self, name: str) -> bool:
+        """``name in explicitly_down()``, without building the set."""
+        if not self._up_changes:
+            return name in self._down_refs
+        up = self.health.gauges.get(UP, {})
+        return up.get((name, "worker")) == 0 or up.get((name, "router")) == 0 \
+            or any(name in names for names in self._router_down.values())
 
     def depart(self, name: str, ts: float) -> None:
         """Service discovery (or a reload) dropped the worker: it is out of the pool from now on,
         and no failing scrape of it is blindness."""
         self.departed.setdefault(name, ts)
         self.announced.add(name)
-        for key in [k for k in self.down_since if k[0] == name and k[1] == "worker"]:
-            del self.down_since[key]
+        self.down_since.pop((name, "worker"), None)
+        self._left = None
 
     def rejoin(self, name: str, announced: bool = True) -> None:
         """The worker is a target (again): service discovery found it. ``announced``: its entering the
         pool will be a pool change (not for the workers found at start)."""
-        self.departed.pop(name, None)
+        if self.departed.pop(name, None) is not None:
+            self._left = None
+            self._pending.add(name)
+            if self.health.gauges.get(UP, {}).get((name, "worker")) == 0:
+                self._up_changes.add((name, "worker"))  # a target again: its failing scrape counts from now
         if announced:
             self.announced.add(name)
+
+    def retire(self, name: str) -> None:
+        """Forget a departed worker altogether (its series retired)."""
+        self.departed.pop(name, None)
+        self.workers.pop(name, None)
+        self._left = None
 
     def is_healthy(self, worker: str, down: set[str] | None = None) -> bool:
         """Seen alive recently (record, scrape or KV batch) and not reported down by a scrape or router."""
         w = self.workers.get(worker)
         if w is None or self.time.now - w.last_seen > self.health_recency_s or worker in self.departed:
             return False
-        return worker not in (down if down is not None else self.explicitly_down())
+        return not self._is_down(worker) if down is None else worker not in down
 
     def track_down_targets(self) -> None:
-        """Remember since when each scrape target has been failing (cleared when it answers again)."""
+        """Remember since when each scrape target has been failing (cleared when it answers again,
+        or when it is no longer a target): the up series written since the last call, no others."""
+        if not self._up_changes:
+            return
         now = self.time.now
-        up = dict(self.health.gauges.get(UP, {}))
-        for key, v in up.items():
-            if v == 0:
-                self.down_since.setdefault(key, now)
+        up = self.health.gauges.get(UP, {})
+        zero, down_since = self._zero, self.down_since
+        for key in self.health.take(self._up_changes):
+            if up.get(key) == 0:
+                if key[1] != "worker" or key[0] not in self.departed:  # a departed worker is no target
+                    down_since.setdefault(key, now)
+                if key not in zero:
+                    zero.add(key)
+                    self._refer(key[0], 1)
             else:
-                self.down_since.pop(key, None)
-        for key in [k for k in self.down_since if k not in up]:  # no longer a target
-            del self.down_since[key]
+                down_since.pop(key, None)
+                if key in zero:
+                    zero.discard(key)
+                    self._refer(key[0], -1)
+        self._left = None
 
     def blind_targets(self) -> int:
         """Targets that fail their scrape while traffic still reaches them.
@@ -253,42 +354,75 @@ class WorkerPool:
         return "left"
 
     def left_pool_targets(self) -> list[tuple[str, ...]]:
-        return [key for key in self.down_since if self.left_pool(*key)]
+        """The down worker targets that left the pool (:meth:`left_pool`), in the order they went
+        down. Kept between changes: found again only when a target's up state, a departure, a down
+        worker's first traffic or the traffic sources changed, or a down worker's grace ran out."""
+        self.track_down_targets()
+        if self._left is None or self.time.now >= self._left_until:
+            self._find_left()
+        assert self._left is not None
+        return self._left
+
+    def left_workers(self) -> frozenset[str]:
+        """The names of :meth:`left_pool_targets` (the same set object while they stay the same)."""
+        self.left_pool_targets()
+        return self._left_workers
+
+    def _find_left(self) -> None:
+        left = [key for key in self.down_since if self.left_pool(*key)]
+        names = frozenset(t for t, _kind in left)
+        if names != self._left_workers:
+            self._left_workers = names
+        self._left = left
+        grace = self.down_grace_s
+        self._left_until = min((since + grace for (t, kind), since in self.down_since.items()
+                                if kind == "worker" and t not in names), default=math.inf)
 
     # ---- the pool ------------------------------------------------------------------------------
     def unchanged_for(self, worker: str) -> bool:
-        """True when new evidence from ``worker`` cannot change the pool (so :meth:`update` may be
-        skipped): it is in the pool, no member can have aged out yet, and no scrape target changed
-        its up state since the last full update (routers change the pool only via observe_router)."""
+        """True when new evidence from ``worker`` cannot change the pool (so :meth:`note` may be
+        skipped): it is in the pool, no member can have aged out yet, and no target's up state or
+        router's health changed since the pool was last judged."""
         return (worker in self.pool and self.time.now <= self._stable_until
-                and self.health.gauge_writes(UP) == self._up_writes)
+                and not self._up_changes and not self._pending)
 
     def note(self, worker: str, ts: float) -> bool:
         """Bring the pool up to date after new evidence from ``worker`` (already recorded at
-        ``ts``); True when that is a pool change (counted by the caller).
+        ``ts``); True when that is a pool change (counted by the caller)."""
+        return self.note_all((worker,), ts)
 
-        Work that does not grow with the pool: while no member can have aged out and no up
-        gauge or router changed since the last full update (:meth:`unchanged_for`'s conditions),
-        only this worker can have changed — it joins the pool if it is healthy. Otherwise, a
-        full :meth:`update`, which happens about once per health recency as members age.
+    def note_all(self, workers: Iterable[str], ts: float) -> bool:
+        """:meth:`note` for several workers' evidence at once: one pool change at most.
+
+        Work that does not grow with the pool: while no member can have aged out, only these
+        workers and those whose down state changed since the pool was last judged can have
+        changed, and each is judged alone. Otherwise, a full :meth:`update`, which happens about
+        once per health recency as members age.
         """
-        if self.unchanged_for(worker):
-            return False
-        if worker in self.pool or self.time.now > self._stable_until \
-                or self.health.gauge_writes(UP) != self._up_writes:
+        if self.time.now > self._stable_until:
             return self.update(ts)
-        w = self.workers.get(worker)
-        if w is None or self.time.now - w.last_seen > self.health_recency_s or worker in self._down:
-            return False  # not healthy: the full update would leave the pool as it is
-        self._stable_until = min(self._stable_until, w.last_seen + self.health_recency_s)
-        return self._set_pool(self.pool | {worker}, ts)
+        self.track_down_targets()
+        changed, self._pending = self._pending, set()
+        pool, recency = self.pool, self.health_recency_s
+        joined: list[str] = []
+        gone: list[str] = []
+        for group in (changed, workers):
+            for name in group:
+                if self.is_healthy(name):
+                    if name not in pool:
+                        joined.append(name)
+                        self._stable_until = min(self._stable_until, self.workers[name].last_seen + recency)
+                elif name in pool:
+                    gone.append(name)
+        if not joined and not gone:
+            return False
+        return self._set_pool((pool - frozenset(gone)) | frozenset(joined), ts)
 
     def update(self, ts: float) -> bool:
         """Recompute the healthy set; True when that is a pool change (counted by the caller)."""
-        self._up_writes = self.health.gauge_writes(UP)
         self.track_down_targets()
-        down = self._down = self.explicitly_down()
-        pool = frozenset(w for w in self.workers if self.is_healthy(w, down))
+        self._pending.clear()
+        pool = frozenset(w for w in self.workers if self.is_healthy(w))
         # Members only get fresher, so until then none of them can age out of the pool.
         self._stable_until = min((self.workers[w].last_seen for w in pool), default=-math.inf) \
             + self.health_recency_s

@@ -43,6 +43,19 @@ class CompiledMatch:
             return self.blocks
         return _best_excluding(self._pairs, array("I", ids))
 
+    def best_depth_besides(self, worker, excluded=frozenset()):
+        """``best_depth`` excluding ``worker`` and the workers in ``excluded``: the deepest group
+        with a member that is neither. A frozenset ``excluded`` has its worker ids looked up once
+        while it stays the caller's set (the pool hands out the same set between changes), so a
+        record pays nothing per excluded worker."""
+        cdef uint32_t own
+        wid = self._wid
+        x = wid.get(worker)
+        own = 0xFFFFFFFF if x is None else <uint32_t>x
+        if not excluded:
+            return self.blocks if x is None else _best_excluding_one(self._pairs, own)
+        return _best_besides(self._pairs, own, _excluded_ids(excluded, wid))
+
     @property
     def per_worker(self):
         if self._dict is None:
@@ -100,6 +113,48 @@ cdef uint32_t _best_excluding(carray.array pairs, carray.array excluded) noexcep
             break
         depth = g[i]
         i += 2 + g[i + 1]
+    return depth
+
+
+cdef object _ex_set = None  # the last frozenset ``best_depth_besides`` was given, and its sorted ids
+cdef object _ex_wid = None
+cdef Py_ssize_t _ex_n = -1
+cdef object _ex_ids = None
+
+
+cdef object _excluded_ids(object excluded, dict wid):
+    """The sorted ids of the known workers in ``excluded``; kept for a frozenset while it is the one
+    asked about and the index has the same workers (ids are never reused)."""
+    global _ex_set, _ex_wid, _ex_n, _ex_ids
+    if excluded is _ex_set and wid is _ex_wid and len(wid) == _ex_n:
+        return _ex_ids
+    ids = array("I", sorted(wid[w] for w in excluded if w in wid))
+    if type(excluded) is frozenset:
+        _ex_set, _ex_wid, _ex_n, _ex_ids = excluded, wid, len(wid), ids
+    return ids
+
+
+cdef uint32_t _best_besides(carray.array pairs, uint32_t own, carray.array excluded) noexcept:
+    """The depth of the deepest group with a member that is neither ``own`` nor in ``excluded``
+    (sorted): each group is read until its first such member, so a few excluded workers in a
+    group cost a few binary searches."""
+    cdef const uint32_t* g = pairs.data.as_uints
+    cdef const uint32_t* x = excluded.data.as_uints
+    cdef Py_ssize_t i = 0, n = len(pairs), k
+    cdef uint32_t depth = 0, count, m, nx = <uint32_t>len(excluded)
+    cdef bint found
+    while i < n:
+        count = g[i + 1]
+        found = False
+        for k in range(count):
+            m = g[i + 2 + k]
+            if m != own and not _in_sorted(x, nx, m):
+                found = True
+                break
+        if not found:  # every worker this deep is excluded, and so are the deeper groups' workers
+            break
+        depth = g[i]
+        i += 2 + count
     return depth
 
 

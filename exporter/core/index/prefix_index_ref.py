@@ -202,6 +202,11 @@ class Match:
             return self.blocks
         return max((n for w, n in self.per_worker.items() if w not in excluding), default=0)
 
+    def best_depth_besides(self, worker: str, excluded: Collection[str] = frozenset()) -> int:
+        """``best_depth`` excluding ``worker`` and the workers in ``excluded`` (the record path's
+        question: every worker but the serving one and those that left the pool)."""
+        return max((n for w, n in self.per_worker.items() if w != worker and w not in excluded), default=0)
+
 
 def _bits(mask: int) -> Iterable[int]:
     """Indexes of the set bits of a worker mask."""

@@ -169,3 +169,75 @@ def test_noting_one_workers_evidence_keeps_the_pool_a_full_update_would() -> Non
         assert (changed_a, a.pool, a.epoch) == (changed_b, b.pool, b.epoch), step
         assert a.down_since == b.down_since
     assert full_updates < 3000 / 3  # most scrapes changed nothing the worker itself did not
+
+
+def test_the_down_and_left_sets_kept_on_change_are_the_ones_found_from_scratch() -> None:
+    """The pool keeps which targets are down, since when, and which down workers left the pool as
+    their inputs change, and judges only the workers whose evidence or state changed. Over random
+    scrape failures and recoveries, router health, records, silences, departures and returns, each
+    is what a walk over every gauge, router and worker finds at that moment."""
+    import random
+
+    from exporter.model import RouterSnapshot
+
+    rng = random.Random(11)
+    p, t, h = pool()
+    p.down_grace_s = 40.0
+    names = [f"w{i}" for i in range(25)]
+    routers = ("r0", "r1")
+    decisions = {r: dict.fromkeys(names, 0.0) for r in routers}
+    since: dict[tuple[str, str], float] = {}  # the reference's own record of failing targets
+    ts = 1000.0
+    for step in range(4000):
+        ts += rng.choice((0.0, 0.1, 1.0, 2.0, 5.0)) if rng.random() < 0.99 else 70.0  # now and then all age
+        t.advance(ts)
+        name = rng.choice(names)
+        roll = rng.random()
+        if roll < 0.15:  # a scrape fails or recovers, or a target goes away
+            key = (name, "worker") if rng.random() < 0.8 else (rng.choice(routers), "router")
+            if rng.random() < 0.1:
+                h.remove(UP, key)
+            else:
+                h.set(UP, key, rng.choice((0.0, 1.0, 1.0)))
+        elif roll < 0.2:  # a router's scrape: its health gauges and decision counts
+            r = rng.choice(routers)
+            for w in rng.sample(names, 3):
+                decisions[r][w] += rng.choice((0.0, 1.0))
+            healthy = {w: float(rng.random() > 0.1) for w in names}
+            p.observe_router(RouterSnapshot(r, "sglang-router", dict(decisions[r]), healthy), ts)
+            p.update(ts)
+        elif roll < 0.23:
+            p.depart(name, ts)
+            p.update(ts)
+        elif roll < 0.26:  # discovery finds it again: judged with its next evidence
+            p.rejoin(name)
+        elif roll < 0.6:  # records served by a few workers, judged together
+            served = rng.sample(names, 3)
+            for w in served:
+                p.served(w, ts)
+            p.note_all([w for w in served if not p.unchanged_for(w)], ts)
+        else:  # a scrape or a KV batch
+            p.worker(name, ts)
+            if not p.unchanged_for(name):
+                p.note(name, ts)
+        # the reference, from scratch: every up gauge, every router, every worker
+        up = dict(h.gauges.get(UP, {}))
+        for key, v in up.items():
+            if v == 0 and not (key[1] == "worker" and key[0] in p.departed):
+                since.setdefault(key, ts)
+            elif v != 0:
+                since.pop(key, None)
+        for key in [k for k in since if k not in up or (k[1] == "worker" and k[0] in p.departed)]:
+            del since[key]
+        down = {k[0] for k, v in up.items() if v == 0}
+        for snap in p.routers.values():
+            down.update(w for w, v in snap.healthy.items() if v == 0)
+        assert p.explicitly_down() == down, step
+        assert all(p.is_healthy(w) == p.is_healthy(w, down) for w in names), step
+        if roll >= 0.26 or 0.15 <= roll < 0.23:  # after an input, the pool is judged
+            healthy = {w for w in p.workers if p.is_healthy(w, down)}
+            assert p.pool == healthy, step
+        left = p.left_pool_targets()
+        assert p.down_since == since, step
+        assert sorted(left) == sorted(k for k in since if p.left_pool(*k)), step
+        assert p.left_workers() == {k[0] for k in left}, step

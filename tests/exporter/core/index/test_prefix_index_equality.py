@@ -196,6 +196,13 @@ def test_match_accessors_agree_with_the_per_worker_depths(cls) -> None:
     assert m.best_depth({"w0"}) == 3 and m.best_depth({"w0", "w2"}) == 2 and m.best_depth({"w0", "w1", "w2"}) == 0
     assert m.best_depth({"w1", "nobody"}) == 4
     assert idx.longest_match([9]).best_depth({"w0"}) == 0
+    left = frozenset({"w2", "w5"})
+    assert m.best_depth_besides("w0", left) == 2 and m.best_depth_besides("w1", left) == 4
+    assert m.best_depth_besides("nobody", left) == 4 and m.best_depth_besides("w0") == 3
+    # A worker that left the pool and reaches the index later is excluded with the same set.
+    idx.apply("w5", [BlockStored((1, 2, 3, 4, 5), None, 16)])
+    m = idx.longest_match([1, 2, 3, 4, 5])
+    assert m.best_depth_besides("w0", left) == 2 and m.best_depth_besides("w0", frozenset({"w2"})) == 5
 
 
 @pytest.mark.parametrize("cls", [ReferencePrefixIndex, CompiledPrefixIndex])
@@ -350,6 +357,13 @@ def test_the_lookup_rule_holds_against_the_reference(data: st.DataObject) -> Non
             assert r.best_depth({w}) == m.best_depth({w}) == max(
                 (d for x, d in r.per_worker.items() if x != w), default=0)
         assert r.best_depth(set(sample)) == m.best_depth(set(sample))
+        # the record path's form: the serving worker and a kept set of workers that left the pool
+        left = frozenset(sample[1:])
+        for w in (*sample, workers[0]):
+            want = r.best_depth({w, *left})
+            assert r.best_depth_besides(w, left) == want
+            assert m.best_depth_besides(w, left) == m.best_depth_besides(w, left) == want  # kept ids reused
+            assert m.best_depth_besides(w, set(left)) == want  # a plain set: its ids looked up each time
 
 
 def test_events_longer_than_the_stack_buffer_apply_alike() -> None:
