@@ -62,6 +62,14 @@ and its sequence state dropped, and a new one is subscribed and, with a replay e
 its buffer from seq 0 at once (as at start: what it already caches is known without waiting for
 its next batch; live messages that raced the replay are recognised as duplicates).
 
+What waits to be applied is bounded, so a subscriber that falls behind (a burst larger than one
+core follows, a stalled state) holds a bounded backlog, never gigabytes: each SUB socket's receive
+queue holds at most ``queue_messages`` ÷ workers messages (``RCVHWM``, between ``MIN_QUEUE`` and
+ZMQ's default 1,000), and a worker's live messages waiting behind its replay at most as many. Past
+that, ZMQ stops reading the connection, the worker's PUB socket drops what it cannot send, and
+the messages that wait behind a replay are dropped here: each is a gap in the sequence, counted
+as missed batches when the next message arrives and healed by the replay like any other.
+
 BlockStored is idempotent in the state, so a replayed block that was also seen is harmless.
 Per-batch stream health and restarts are counted by the sink (``ClusterState``); this adapter
 counts gaps, missed batches, replays and frame/decode errors.
@@ -98,6 +106,11 @@ MIN_MAX_SOCKETS = 2048  # room for workers that join later (the limit is fixed o
 # Payload digests kept per worker to recognise live duplicates of the startup replay: racing
 # messages are the newest ones, queued in the SUB socket (receive HWM 1000 by default).
 STARTUP_DEDUP = 2048
+# Messages all the workers' receive queues may hold together (a vLLM batch is a few KB, so about
+# 256 MB at most); each worker's queue between MIN_QUEUE and ZMQ's default HWM.
+QUEUE_MESSAGES = 65_536
+MIN_QUEUE = 16
+MAX_QUEUE = 1000
 MAX_SEQ_JUMP = 1 << 40  # a forward jump this large is a corrupt seq, not a gap (see above)
 REPLAY_TOTAL_TIMEOUTS = 10  # a replay ends after this many replay_timeouts in all, however it drips
 _STOP_CHECK_S = 0.1  # how often a waiting replay thread looks at the stop flag
@@ -135,10 +148,12 @@ class KvEventSubscriber:
                  replay_timeout: float = 2.0, poll_interval: float = 0.1,
                  clock: Callable[[], float] = time.time, token_ids: bool = False,
                  attribution: bool = False, duties: DutyClock | None = None,
-                 rebuilds: RebuildRequests | None = None) -> None:
+                 rebuilds: RebuildRequests | None = None, queue_messages: int = QUEUE_MESSAGES) -> None:
         """``rebuilds``: where the state asks for views to be rebuilt (made by the composition root
-        and handed to the state too); without one, only :meth:`request_rebuild` asks."""
+        and handed to the state too); without one, only :meth:`request_rebuild` asks.
+        ``queue_messages``: the messages all receive queues may hold together (see above)."""
         self.endpoints = dict(endpoints)
+        self.queue_messages = queue_messages
         self.duties = duties or DutyClock()  # each poll round with work is one batch of kv_ingest
         self.sink = sink
         self.token_ids = token_ids  # decode the stored blocks' token ids (prefix text reads them)
@@ -230,9 +245,14 @@ class KvEventSubscriber:
         self.close()
 
     # ---- the loop -------------------------------------------------------------------------
+    def queue_limit(self) -> int:
+        """Messages one worker's receive queue (and its messages waiting behind a replay) may hold."""
+        return max(MIN_QUEUE, min(MAX_QUEUE, self.queue_messages // max(1, len(self.endpoints))))
+
     def _subscribe(self, worker: str, ep: KvEndpoint) -> None:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self.queue_limit())  # before connecting: the pipe takes it then
         sock.setsockopt(zmq.SUBSCRIBE, ep.topic.encode())
         sock.connect(ep.pub)
         self._subs[worker], self._sockets[sock] = sock, worker
@@ -317,7 +337,9 @@ class KvEventSubscriber:
         """Check, sequence, decode and apply one live message (called on the subscriber thread)."""
         pending = self._replays.get(worker)
         if pending is not None:  # its replay is out: keep the worker's order
-            pending.waiting.append((frames, received_at))
+            if len(pending.waiting) < self.queue_limit():
+                pending.waiting.append((frames, received_at))
+            # else dropped: a gap after the waiting ones, counted and replayed when the next arrives
             return
         if len(frames) != 3 or len(frames[1]) != 8:
             self.health.error(SOURCE, "frame", f"worker {worker}: expected [topic, seq8, payload], got "

@@ -670,3 +670,118 @@ def test_startup_replays_beyond_the_concurrent_limit_are_all_taken(ctx: zmq.Cont
     assert {w: sink.seqs(w) for w in pubs} == {w: [0, 1] for w in pubs}
     assert all(p.replay_requests == [0] for p in pubs.values())
     assert sub.replayed_at_start == {w: 1 for w in pubs}
+
+
+# A worker in a process of its own (so its send queue is not this process's memory): vLLM's framing
+# on an XPUB, a ROUTER replay answering from a buffer it rebuilds per seq (large batches, nothing
+# held). A line "publish N" on stdin publishes N batches (dropped past its send queue, as a PUB
+# does) and answers how many it has published; EOF ends it.
+_PUBLISHER = r"""
+import sys, threading, msgpack, zmq
+ctx = zmq.Context()
+pub, replay = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
+pub.setsockopt(zmq.SNDHWM, 200)  # the worker's own send queue: past it, its PUB drops
+for s in (pub, replay):
+    s.setsockopt(zmq.LINGER, 0)
+    s.bind("tcp://127.0.0.1:0")
+TOPIC, BLOCKS = b"kv@w@m", int(sys.argv[1])
+def payload(seq):
+    hashes = [(seq << 20) + i for i in range(BLOCKS)]
+    return msgpack.packb([1.8e9 + seq, [{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
+        "token_ids": [seq % 100] * (16 * BLOCKS), "block_size": 16, "lora_id": None, "medium": "GPU"}], 0])
+sent = 0
+lock = threading.Lock()
+def serve():
+    while True:
+        ident, _, start8 = replay.recv_multipart()
+        with lock:
+            last = sent
+        for seq in range(int.from_bytes(start8, "big"), last):
+            replay.send_multipart([ident, b"", TOPIC, seq.to_bytes(8, "big"), payload(seq)])
+        replay.send_multipart([ident, b"", b"", b"\xff" * 8, b""])
+print(pub.getsockopt_string(zmq.LAST_ENDPOINT), replay.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+pub.recv()  # the subscription
+threading.Thread(target=serve, daemon=True).start()
+for line in sys.stdin:
+    for _ in range(int(line.split()[1])):
+        with lock:
+            seq = sent
+            sent += 1
+        pub.send_multipart([TOPIC, seq.to_bytes(8, "big"), payload(seq)])
+    print(sent, flush=True)
+"""
+
+
+def _peak_rss_reset() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
+        return True
+    except OSError:
+        return False
+
+
+def _rss(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def test_a_subscriber_that_falls_behind_holds_a_bounded_backlog_and_the_replay_heals_the_gap() -> None:
+    """The state stalls while a worker publishes ~120 MB of batches. What the subscriber holds meanwhile
+    is its bounded receive queue (a few of them), not the backlog; the rest is a gap, counted as
+    missed batches and healed by the worker's replay as soon as the next batch shows it."""
+    import subprocess
+    import sys
+
+    blocks, published = 4096, 1200  # ~100 KB a batch (hashes and token ids, as vLLM sends them)
+    proc = subprocess.Popen([sys.executable, "-c", _PUBLISHER, str(blocks)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    gate = threading.Event()
+
+    class StalledSink(RecordingSink):
+        def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+            gate.wait(60)  # the state is stalled (a long lock hold, a core too busy) until released
+            super().apply_kv_batch(batch, received_at)
+
+    sink, health = StalledSink(), Health()
+    pub_ep, replay_ep = proc.stdout.readline().split()
+    sub = KvEventSubscriber({"w0": KvEndpoint(pub_ep, replay_ep, "kv@w@m")}, sink, health,
+                            replay_timeout=5.0, poll_interval=0.02, queue_messages=16)
+    try:
+        sub.start()
+        assert sub.wait_connected() and sub.wait_started()
+        import gc
+        gc.collect()
+        measured = _peak_rss_reset()
+        before = _rss("VmRSS")
+        proc.stdin.write(f"publish {published}\n")
+        proc.stdin.flush()
+        assert int(proc.stdout.readline()) == published
+        time.sleep(1.0)  # what is in flight arrives (no budget: the bound is on memory, not time)
+        grown = _rss("VmHWM" if measured else "VmRSS") - before
+        gate.set()
+
+        def next_batch_shows_the_gap() -> bool:  # (a batch sent while the worker's queue is full is dropped too)
+            nonlocal published
+            proc.stdin.write("publish 1\n")
+            proc.stdin.flush()
+            published = int(proc.stdout.readline())
+            return bool(health.counters.get("prefixscope_kv_event_sequence_gaps", {}).get(("w0",)))
+
+        wait_for(next_batch_shows_the_gap, every=0.2, timeout=120)
+        wait_for(lambda: len(sink.seqs("w0")) == published, timeout=120)
+    finally:
+        gate.set()
+        sub.close()
+        proc.kill()
+        proc.wait()
+    # ~120 MB published; ZMQ's default queue (1,000 messages) would have held ~100 MB of it.
+    assert grown < 32 * 1024 * 1024, f"the subscriber grew by {grown / 1e6:.0f} MB while stalled"
+    assert sink.seqs("w0") == list(range(published))  # every batch applied once, in order
+    c = _counters(health)
+    missed = c["prefixscope_kv_event_missed_batches"][("w0",)]
+    assert missed >= 1200 - 300, c  # most of the backlog became a gap ...
+    assert c["prefixscope_kv_event_replays"] == {("w0", "recovered"): c["prefixscope_kv_event_sequence_gaps"][("w0",)]}
+    assert "prefixscope_kv_event_lost_batches" not in c  # ... and the replay healed all of it
