@@ -490,3 +490,83 @@ def lines(Layout layout, dict values, Lines prev=None):
         PyMem_Free(lens)
         PyMem_Free(texts)
     return out
+
+
+cdef class HistogramLayout:
+    """A histogram family's series in the order they are written (sorted label sets), and for each
+    its ``buckets`` bucket-line prefixes, then its ``_count`` and ``_sum`` prefixes (each
+    ``name{labels} ``, UTF-8), joined into one buffer."""
+
+    cdef readonly tuple keys
+    cdef readonly Py_ssize_t n
+    cdef readonly Py_ssize_t buckets
+    cdef bytes blob
+    cdef Py_ssize_t* ends  # ends[i * (buckets + 2) + j]: where prefix j of series i ends in blob
+
+    def __cinit__(self, tuple keys, list prefixes, Py_ssize_t buckets):
+        cdef Py_ssize_t i, at = 0, per = buckets + 2
+        if len(prefixes) != len(keys) * per:
+            raise ValueError("buckets + 2 prefixes per series")
+        self.keys = keys
+        self.n = len(keys)
+        self.buckets = buckets
+        encoded = [p.encode("utf-8") for p in prefixes]
+        self.blob = b"".join(encoded)
+        self.ends = <Py_ssize_t*>PyMem_Malloc((self.n * per + 1) * sizeof(Py_ssize_t))
+        if self.ends == NULL:
+            raise MemoryError()
+        for i in range(self.n * per):
+            at += PyBytes_GET_SIZE(encoded[i])
+            self.ends[i] = at
+
+    def __dealloc__(self):
+        PyMem_Free(self.ends)
+
+
+def histogram_lines(HistogramLayout layout, dict rows):
+    """The family's sample lines: per series (``layout``'s order) each bucket's cumulative count,
+    then ``_count`` (the last cumulative count) and ``_sum`` — the lines
+    ``exporter.web.exposition._histogram_lines`` writes, the counts summed in the same order.
+
+    ``rows``: label values → the per-bucket counts followed by the sum. None when ``rows`` does not
+    hold exactly the layout's series, or a row is not a list of ``buckets + 1`` values (the caller
+    makes a new layout, or writes the family in Python)."""
+    cdef Py_ssize_t n = layout.n, nb = layout.buckets, per = nb + 2, i, j, at = 0, start = 0, end, cap
+    cdef PyObject* item
+    cdef double cum, value
+    cdef char* buf
+    cdef const char* blob = PyBytes_AS_STRING(layout.blob)
+    cdef list row
+    if len(rows) != n:
+        return None
+    cap = PyBytes_GET_SIZE(layout.blob) + n * per * (VALUE_MAX + 1)
+    buf = <char*>PyMem_Malloc(cap + 1)
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            item = PyDict_GetItem(rows, layout.keys[i])
+            if item == NULL or type(<object>item) is not list:
+                return None
+            row = <list>item
+            if len(row) != nb + 1:
+                return None
+            cum = 0.0
+            for j in range(per):
+                end = layout.ends[i * per + j]
+                memcpy(buf + at, blob + start, end - start)
+                at += end - start
+                start = end
+                if j < nb:
+                    cum += <double>row[j]
+                    value = cum
+                elif j == nb:
+                    value = cum
+                else:
+                    value = <double>row[nb]
+                at += format_into(value, buf + at)
+                buf[at] = c'\n'
+                at += 1
+        return PyBytes_FromStringAndSize(buf, at)
+    finally:
+        PyMem_Free(buf)

@@ -17,8 +17,10 @@ packs them into a double array and compares its bytes with the last scrape's —
 ``-0.0`` against ``0.0`` or a NaN counts as a change. An unchanged family reuses its text; in a
 changed one only the values whose bytes differ are formatted again, and the lines are joined.
 So a scrape costs a few C-level operations per sample, plus formatting per changed value, plus
-a sort and escaping per family whose label sets changed; histograms (few series) are formatted
-every time. Nothing depends on history or age: the cache holds one entry per family, replaced
+a sort and escaping per family whose label sets changed. Histograms change at most scrapes
+(every worker's eviction ages): their lines are written every time, from bucket, ``_count`` and
+``_sum`` prefixes kept per family while its series stay the same (in C, one pass that sums the
+bucket counts and formats each). Nothing depends on history or age: the cache holds one entry per family, replaced
 whole (threads rendering at once each see a complete entry), sized by the number of series,
 which the exporter's cardinality limits bound. What the series themselves cost to gather is
 ``exporter.core.series_view``'s (hot branches: ``exporter.core.hotspots``).
@@ -210,7 +212,10 @@ class Renderer:
             raise RuntimeError("exporter.web._render_core is not built")
         self._families: dict[str, _Family] = {}
         self._compiled: dict[str, _render_core.Lines] = {}
-        self._lines = self._compiled_lines if _render_core is not None and compiled is not False else self._reference_lines
+        self._histogram_layouts: dict[str, _render_core.HistogramLayout] = {}
+        use = _render_core is not None and compiled is not False
+        self._lines = self._compiled_lines if use else self._reference_lines
+        self._histogram = self._compiled_histogram if use else self._reference_histogram
 
     def _compiled_lines(self, t: _Template, values: dict[LabelValues, float]) -> bytes:
         name = t.metric.sample_name
@@ -225,6 +230,35 @@ class Renderer:
         if lines is not last:
             self._compiled[name] = lines
         return lines.text
+
+    def _reference_histogram(self, t: _Template, rows: dict[LabelValues, list[float]]) -> bytes:
+        text: list[str] = []
+        name, bounds = t.metric.name, _BOUNDS[t.metric.name]
+        for lv, row in sorted(rows.items()):
+            _histogram_lines(text, name, bounds, t.bucket_labels(lv), t.labels(lv), row[:-1], row[-1],
+                             "_count", "_sum")
+        return "".join(text).encode("utf-8")
+
+    def _compiled_histogram(self, t: _Template, rows: dict[LabelValues, list[float]]) -> bytes:
+        """The family's lines written in C from a layout kept while its series stay the same."""
+        name = t.metric.name
+        if type(rows) is not dict:
+            rows = dict(rows)
+        layout = self._histogram_layouts.get(name)
+        text = None if layout is None else _render_core.histogram_lines(layout, rows)
+        if text is None:
+            bounds = _BOUNDS[name]
+            keys = tuple(sorted(rows))
+            prefixes: list[str] = []
+            for lv in keys:
+                bucket, plain = t.bucket_labels(lv), t.labels(lv)
+                prefixes += [f"{name}_bucket{bucket(le)} " for le in bounds]
+                prefixes += [f"{name}_count{plain} ", f"{name}_sum{plain} "]
+            layout = self._histogram_layouts[name] = _render_core.HistogramLayout(keys, prefixes, len(bounds))
+            text = _render_core.histogram_lines(layout, rows)
+            if text is None:  # a row of another length than the buckets: as the reference writes it
+                return self._reference_histogram(t, rows)
+        return text
 
     def _reference_lines(self, t: _Template, values: dict[LabelValues, float]) -> bytes:
         name = t.metric.sample_name
@@ -268,23 +302,21 @@ class Renderer:
                 values = series.counters if m.type == "counter" else series.gauges
                 out.append(self._lines(t, values.get(m.name, {})))
                 continue
-            text: list[str] = []
             if m.type == "histogram":
-                bounds = _BOUNDS[m.name]
-                for lv, row in sorted(series.histograms.get(m.name, {}).items()):
-                    _histogram_lines(text, m.name, bounds, t.bucket_labels(lv), t.labels(lv), row[:-1], row[-1],
-                                     "_count", "_sum")
-            else:  # gauge histogram: _bucket here, then the _gcount and _gsum gauges as families of their own
-                obs = series.gaugehistograms.get(m.name)
-                if obs is None:
-                    continue
-                counts, total = bucket_counts(m.buckets or (), obs)
-                tail: list[str] = []
-                _histogram_lines(text, m.name, _BOUNDS[m.name], t.bucket_labels(()), "", counts, total,
-                                 "_gcount", "_gsum", tail)
-                for suffix, line in zip(("_gcount", "_gsum"), tail, strict=True):
-                    text.append(_header(m.name + suffix, m.help, "gauge"))
-                    text.append(line)
+                out.append(self._histogram(t, series.histograms.get(m.name, {})))
+                continue
+            # a gauge histogram: _bucket here, then the _gcount and _gsum gauges as families of their own
+            obs = series.gaugehistograms.get(m.name)
+            if obs is None:
+                continue
+            counts, total = bucket_counts(m.buckets or (), obs)
+            text: list[str] = []
+            tail: list[str] = []
+            _histogram_lines(text, m.name, _BOUNDS[m.name], t.bucket_labels(()), "", counts, total,
+                             "_gcount", "_gsum", tail)
+            for suffix, line in zip(("_gcount", "_gsum"), tail, strict=True):
+                text.append(_header(m.name + suffix, m.help, "gauge"))
+                text.append(line)
             out.append("".join(text).encode("utf-8"))
         return b"".join(out)
 

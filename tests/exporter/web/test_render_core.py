@@ -140,3 +140,33 @@ def test_values_are_read_whatever_the_order_of_the_dict() -> None:
     assert core.lines(layout, moved, core.lines(layout, walked)).text == _expected(moved)
     with pytest.raises(ValueError):
         core.Layout(keys, prefixes, (*keys[:-1], ("other",)))
+
+
+HISTOGRAM = next(t for t in TEMPLATES if t.metric.name == "prefixscope_kv_block_eviction_age_seconds")
+BUCKETS = len(HISTOGRAM.metric.buckets or ()) + 1  # and +Inf
+counts = st.one_of(st.integers(0, 10**6).map(float), st.floats(0, 1e12), st.integers(0, 2**60))
+rows = st.lists(counts, min_size=BUCKETS + 1, max_size=BUCKETS + 1)  # per-bucket counts, then the sum
+histogram_scrapes = st.lists(st.dictionaries(st.tuples(st.sampled_from(WORKERS), st.sampled_from(("true", "false"))),
+                                             rows, max_size=len(WORKERS)), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histogram_scrapes)
+def test_a_histogram_family_scrape_after_scrape_equals_the_reference(seq: list[dict]) -> None:
+    """Bucket lines (cumulative), ``_count`` and ``_sum`` per series, in sorted order, as the Python
+    reference writes them; series that come and go between scrapes build a new layout."""
+    compiled, reference = Renderer(compiled=True), Renderer(compiled=False)
+    for scrape in seq:
+        assert compiled._histogram(HISTOGRAM, scrape) == reference._histogram(HISTOGRAM, scrape)
+
+
+def test_a_histogram_row_of_another_length_is_written_as_the_reference_writes_it() -> None:
+    compiled, reference = Renderer(compiled=True), Renderer(compiled=False)
+    good = {("w0", "true"): [1.0] * (BUCKETS + 1)}
+    odd = {("w0", "true"): [1.0] * (BUCKETS + 1), ("w1", "false"): [2.0, 3.0]}
+    for scrape in (good, odd, good):
+        assert compiled._histogram(HISTOGRAM, scrape) == reference._histogram(HISTOGRAM, scrape)
+    layout = core.HistogramLayout((("a",),), ["a "] * 2 + ["c ", "s "], 2)
+    assert core.histogram_lines(layout, {("a",): [1.0, 2.0, 5.5]}) == b"a 1.0\na 3.0\nc 3.0\ns 5.5\n"
+    assert core.histogram_lines(layout, {("b",): [1.0, 2.0, 5.5]}) is None
+    assert core.histogram_lines(layout, {("a",): (1.0, 2.0, 5.5)}) is None  # not a list
