@@ -250,10 +250,16 @@ def test_requests_beyond_the_pool_get_503_scrapes_do_not_and_the_exporter_recove
         s.sendall(b"POST /api/v1/records HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
         stalled.append(s)
     try:
-        time.sleep(0.3)  # let the server take them
-        with socket.create_connection((host, port), timeout=10) as s:
-            s.sendall(b"GET /api/v1/catalog HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert read_all(s).startswith(b"HTTP/1.1 503")
+        # Once the server has taken the stalled heads (on a busy machine that takes a moment), a
+        # request beyond the pool is refused.
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.create_connection((host, port), timeout=10) as s:
+                s.sendall(b"GET /api/v1/catalog HTTP/1.1\r\nHost: x\r\n\r\n")
+                if read_all(s).startswith(b"HTTP/1.1 503"):
+                    break
+            assert time.monotonic() < deadline, "no request was refused with the pool full"
+            time.sleep(0.1)
         for path in ("/healthz", "/metrics"):  # scrapes have threads of their own
             assert requests.get(exporter.url + path, timeout=5).status_code == 200
     finally:
