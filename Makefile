@@ -8,6 +8,9 @@ ROUTERS     ?= .routers
 PEERS       ?= .peers
 # The peers' own runtimes the tests publish with: Dynamo's current release and its 1.0 line.
 DYNAMO_VERSIONS ?= 1.6.1 1.0.2
+# The SGLang model gateway whose policy branches and KV-event health the tests read (its own venv:
+# its `smg` command would shadow sglang-router's in .routers).
+SMG_VERSION ?= 1.13.0
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
 SUDO        := $(shell [ "$$(id -u)" = 0 ] && echo "" || echo "sudo -n")
@@ -68,7 +71,13 @@ $(PEERS)/dynamo-%/.installed:
 	$(PEERS)/dynamo-$*/bin/pip install --quiet 'ai-dynamo-runtime==$*'
 	touch $@
 
-peers: $(foreach v,$(DYNAMO_VERSIONS),$(PEERS)/dynamo-$(v)/.installed)
+$(PEERS)/smg-%/.installed:
+	$(PYTHON) -m venv $(PEERS)/smg-$*
+	$(PEERS)/smg-$*/bin/pip install --quiet --upgrade pip
+	$(PEERS)/smg-$*/bin/pip install --quiet 'smg==$*'
+	touch $@
+
+peers: $(foreach v,$(DYNAMO_VERSIONS),$(PEERS)/dynamo-$(v)/.installed) $(PEERS)/smg-$(SMG_VERSION)/.installed
 
 setup: $(VENV)/.installed system-packages routers peers
 

@@ -192,6 +192,15 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         den_rate = 600.0
         return Synth([_series(num, _labels_for(num), _counter(den_rate * hint, n)),
                       _series(den, _labels_for(den), _counter(den_rate, n))], hint)
+    if m := re.fullmatch(r"sum \(rate\((\w+)\{(\w+)=\"([^\"]*)\"\}\[\w+\]\)\) / sum \(rate\((\w+)\[\w+\]\)\)", expr):
+        # a share of one counter family: its selected part against all of it (the rest another value)
+        name, label, value, den = m.groups()
+        if den != name:
+            raise UnsupportedShape(f"a selected share of another counter: {expr}")
+        den_rate = 600.0
+        return Synth([_series(name, _labels_for(name, {label: value}), _counter(den_rate * hint, n)),
+                      _series(name, _labels_for(name, {label: f"not-{value}"}), _counter(den_rate * (1 - hint), n))],
+                     hint)
     if m := re.fullmatch(r"histogram_quantile\(([\d.]+), sum by \(le\) \(rate\((\w+)(\{[^}]*\})?\[\w+\]\)\)\)", expr):
         return _histogram(m.group(2), _selector(m.group(3) or ""), float(m.group(1)), True, want, hint, n)
     if m := re.fullmatch(r"histogram_quantile\(([\d.]+), sum by \(le\) \((\w+)\)\)", expr):

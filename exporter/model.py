@@ -191,6 +191,14 @@ class RouterSnapshot:
     prefix_outcomes: dict[str, float] = field(default_factory=dict)  # "hit"/"miss" -> cumulative count
     lookup_seconds: CumulativeHistogram | None = None  # the router's prefix-index lookup latency
     predicted_hit_ratio: CumulativeHistogram | None = None  # per request: predicted cached share of the prompt
+    # (policy, outcome) -> cumulative keyed follow-ups: kept, collision, migration (the router's policy branches)
+    sticky_followups: dict[tuple[str, str], float] = field(default_factory=dict)
+    # kind -> cumulative faults of the router's own KV-event-fed index (apply_failed, gap_unrecovered, stream_resync)
+    index_faults: dict[str, float] = field(default_factory=dict)
+    kv_event_lag_seconds: CumulativeHistogram | None = None  # publisher stamp to apply, all workers
+    regret_selections: float | None = None  # picks with less cached overlap than the best eligible worker
+    regret_blocks: float | None = None  # cached blocks those picks gave up (summed)
+    routed_requests: float | None = None  # the router's own request count
 
 
 def unlabelled_events(batch: KvBatch) -> tuple[KvEvent, ...]:

@@ -45,6 +45,10 @@ WALK_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2, 2.5e-2
 # Wall time of one batch of the exporter's own work (a KV drain takes sub-milliseconds, a scrape
 # round of a large fleet or a statistics reading of a large tree seconds).
 DUTY_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Time to first token per worker (records and OTLP spans): from a warm short prompt to a cold long one.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 4.0, 6.0, 10.0, 20.0, 40.0, 80.0)
+# A router's KV-event lag, publisher stamp to apply (smg): sub-millisecond when healthy, seconds when behind.
+LAG_BUCKETS = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # The exporter's duties, the bounded values of the ``duty`` label of its self-measurement series
 # (``exporter.loops.duty_clock``): KV-event ingest, worker/router scrapes, request records over HTTP,
@@ -313,6 +317,10 @@ SIGNALS: dict[str, str] = {
     "router_predicted_reuse": "the router exports the reuse it predicted per request (match ratio)",
     "otlp_spans": "request spans received over OTLP (vLLM's llm_request)",
     "attribution": "records or spans name the LoRA adapter or tenant (lora_name, tenant)",
+    "affinity_outcomes": "what became of follow-ups' affinity: records or spans with session keys, or the router's "
+                         "own sticky and prefix-hash policy branches (SGLang gateway)",
+    "router_index_health": "the router reports its own prefix index's KV-event health (Dynamo's applied events by "
+                           "status, the SGLang gateway's unrecovered gaps and stream resyncs)",
 }
 
 # Where each signal can come from, in the words of the table in README.md and docs/routers.md.
@@ -347,6 +355,8 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "router_predicted_reuse": ("router_metrics",),
     "otlp_spans": ("otlp_spans",),
     "attribution": ("records", "otlp_spans"),
+    "affinity_outcomes": ("records", "otlp_spans", "router_metrics"),
+    "router_index_health": ("router_metrics",),
 }
 # What each router's own /metrics feeds (exporter/codecs/routers/ implements it; docs/routers.md is generated
 # from it): prefixscope series -> router kind -> the router's series, or None when it exports none.
@@ -374,6 +384,28 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
         "vllm-router": None,
         "dynamo": "`dynamo_router_overhead_indexer_find_matches_ms` (ms → s)",
         "llm-d": "`llm_d_epp_kv_cache_index_lookup_latency_seconds`"},
+    f"{NAMESPACE}_router_sticky_followups": {
+        "sglang-router": "`smg_manual_policy_branch_total` (`occupied_hit` kept, `occupied_miss` migration, "
+                         "`cap_respill` collision) and `smg_prefix_hash_policy_branch_total` (`ring_hit` kept, "
+                         "`load_balance_walk` collision), smg ≥ 1.13",
+        "vllm-router": None, "dynamo": None, "llm-d": None},
+    f"{NAMESPACE}_router_regret_selections": {
+        "sglang-router": None, "vllm-router": None,
+        "dynamo": "`dynamo_component_router_non_max_overlap_selections_total` Σ labels (prefill picks)", "llm-d": None},
+    f"{NAMESPACE}_router_regret_blocks": {
+        "sglang-router": None, "vllm-router": None,
+        "dynamo": "`dynamo_component_router_overlap_blocks_lost_sum` Σ labels", "llm-d": None},
+    f"{NAMESPACE}_router_routed_requests": {
+        "sglang-router": None, "vllm-router": None,
+        "dynamo": "`dynamo_component_router_requests_total`", "llm-d": None},
+    f"{NAMESPACE}_router_kv_index_faults": {
+        "sglang-router": "`smg_kv_event_gaps_total{outcome=~\"unrecovered_.*\"}` (`gap_unrecovered`), "
+                         "`smg_kv_event_resyncs_total{reason=~\"out_of_range|data_loss\"}` (`stream_resync`), smg ≥ 1.13",
+        "vllm-router": None,
+        "dynamo": "`dynamo_component_kv_cache_events_applied{status!=\"ok\"}` (`apply_failed`)", "llm-d": None},
+    f"{NAMESPACE}_router_kv_event_lag_seconds": {
+        "sglang-router": "`smg_kv_event_lag_seconds` Σ worker (smg ≥ 1.13)", "vllm-router": None, "dynamo": None,
+        "llm-d": None},
 }
 # How to turn each signal on, shown next to "not instrumented" in the console.
 SIGNAL_ENABLE: dict[str, str] = {
@@ -411,6 +443,10 @@ SIGNAL_ENABLE: dict[str, str] = {
     "attribution": "records: add lora_name and/or tenant (e.g. the request's cache_salt); spans: set "
                    "otlp.adapter_attributes (gen_ai.request.model names a LoRA request's adapter) or "
                    "otlp.tenant_attributes",
+    "affinity_outcomes": "records or spans with session keys (see session_key); or scrape an SGLang gateway (smg ≥ 1.13) "
+                         "routing with --policy manual (X-SMG-Routing-Key) or --policy prefix_hash",
+    "router_index_health": "scrape the router that keeps a KV-event-fed prefix index: Dynamo's frontend or standalone "
+                           "router, or the SGLang gateway (smg ≥ 1.13) with cache-aware routing fed by KV events",
 }
 
 STEPS: tuple[Step, ...] = (
@@ -631,6 +667,33 @@ METRICS: tuple[Metric, ...] = (
             source="router_metrics", buckets=RATIO_BUCKETS,
             help="Per request, the share of the prompt the router predicted cached on its pick (SGLang gateway "
                  "match ratio, Dynamo kv_hit_rate); each router bucket's requests placed inside it by the bucket's sum."),
+    # ---- the routers' own signals: what each router says of its decisions and its index -------
+    _metric(name="router_sticky_followups", type="counter", unit="", labels=("router", "policy", "outcome"), group=2,
+            source="router_metrics",
+            help="Requests whose routing key already had a worker (SGLang gateway: a session key under --policy "
+                 "manual, the prompt's head under prefix_hash), by what the router did: kept (sent to that worker), "
+                 "collision (sent elsewhere though it was healthy: a load walk off the hash ring, a sticky "
+                 "respill at the key cap), migration (sent elsewhere because it was unhealthy or gone)."),
+    _metric(name="router_regret_selections", type="counter", unit="", labels=("router",), group=4,
+            source="router_metrics",
+            help="Routing regret: picks the router made with less cached overlap than the best eligible worker "
+                 "(Dynamo's non-max-overlap selections; observed for prefill picks)."),
+    _metric(name="router_regret_blocks", type="counter", unit="blocks", labels=("router",), group=4,
+            source="router_metrics",
+            help="Cached blocks those picks gave up: the best eligible worker's overlap minus the chosen one's, summed."),
+    _metric(name="router_routed_requests", type="counter", unit="", labels=("router",), group=4,
+            source="router_metrics",
+            help="Requests the router routed, by its own count (the denominator of routing regret)."),
+    _metric(name="router_kv_index_faults", type="counter", unit="", labels=("router", "kind"), group=0,
+            source="router_metrics",
+            help="Faults of the router's own KV-event-fed prefix index, by kind: apply_failed (an event the index "
+                 "could not apply: parent or block not found, invalid block), gap_unrecovered (events lost for "
+                 "good, the worker's view kept or cleared), stream_resync (the stream was reset and the worker's "
+                 "view rebuilt: out of range, data loss)."),
+    _metric(name="router_kv_event_lag_seconds", type="histogram", unit="seconds", labels=("router",), group=0,
+            source="router_metrics", buckets=LAG_BUCKETS,
+            help="Time from a KV-event batch's publisher stamp to the router applying it (SGLang gateway), all "
+                 "workers; each router bucket's batches placed inside it by the bucket's sum."),
     # ---- group 5: coupled optimisations --------------------------------------------------
     _metric(name="moe_prefix_hits", type="counter", unit="", labels=(M,), group=5, source="records",
             help="Requests with a prefix hit that carry an expert signature."),
@@ -647,6 +710,11 @@ METRICS: tuple[Metric, ...] = (
     # ---- beyond the checklist -------------------------------------------------------------
     _metric(name="requests", type="counter", unit="", labels=(M,), group=None, source="records",
             help="Recorded requests."),
+    _metric(name="worker_requests", type="counter", unit="", labels=(W,), group=None, source="records",
+            help="Requests per worker as request records or OTLP request spans reported them (a span is a record)."),
+    _metric(name="worker_ttft_seconds", type="histogram", unit="seconds", labels=(W,), group=None, source="records",
+            buckets=TTFT_BUCKETS,
+            help="Time to first token per worker, from records' ttft_s or spans' gen_ai.latency.time_to_first_token."),
     _metric(name="request_prompt_tokens", type="counter", unit="tokens", labels=(M,), group=None, source="records",
             help="Prompt tokens of recorded requests."),
     _metric(name="reuse_available_tokens", type="counter", unit="tokens", labels=(M,), group=None, source="records",
@@ -718,6 +786,8 @@ def _baseline_quantile(q: float, metric: str, by: str) -> str:
     never compared with itself."""
     return _quantile(q, metric, by, DEFAULT_BASELINE_WINDOW, DEFAULT_WINDOW)
 CLASS_BY = "model, prompt_class"
+# The router's sticky and prefix-hash keys it moved off a still-healthy worker (sticky collisions).
+ROUTER_COLLISIONS = f'{P}_router_sticky_followups_total{{outcome="collision"}}'
 
 SLO_SESSION_HIT_RATE = Slo(good=f"{P}_session_followup_cached_tokens_total",
                            total=f"{P}_session_followup_prompt_tokens_total",
@@ -801,9 +871,23 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr=(f'sum({P}_session_hit_ratio_bucket{{le="{SESSION_HIT_LINE:g}"}}) / '
                         f'sum({P}_session_hit_ratio_bucket{{le="+Inf"}})'),
                   group=2, help="Share of sessions active in the window whose follow-up hit ratio is at most 80%."),
+    # Records' (or spans') per-session judgement where session keys feed it (a window without
+    # follow-ups reads NaN, dropped by ``>= 0``), else the router's own count of the keys it moved
+    # off a healthy worker (the SGLang gateway's sticky and prefix-hash branches).
     RecordingRule(record="cluster:prefixscope_sticky_collisions_per_followup_requests:ratio_rate5m",
-                  expr=_ratio(f"{P}_sticky_collisions_total", f"{P}_followup_requests_total", ""),
-                  group=2, help="Share of follow-ups served away from their session's still-healthy worker."),
+                  expr=f"({_ratio(f'{P}_sticky_collisions_total', f'{P}_followup_requests_total', '')} >= 0) "
+                       f"or ({_ratio(ROUTER_COLLISIONS, f'{P}_router_sticky_followups_total', '')})",
+                  group=2, help="Share of follow-ups served away from their session's (or prefix's) still-healthy "
+                                "worker (request records or spans, else the router's policy branches)."),
+    RecordingRule(record="policy:prefixscope_router_sticky_collisions_per_followups:ratio_rate5m",
+                  expr=_ratio(ROUTER_COLLISIONS, f"{P}_router_sticky_followups_total", "router, policy"),
+                  group=2, help="Share of the keyed follow-ups the router sent off their key's healthy worker, per "
+                                "router and policy (SGLang gateway: sticky respills, walks off the hash ring)."),
+    RecordingRule(record="policy:prefixscope_router_sticky_migrations_per_followups:ratio_rate5m",
+                  expr=_ratio(f'{P}_router_sticky_followups_total{{outcome="migration"}}',
+                              f"{P}_router_sticky_followups_total", "router, policy"),
+                  group=2, help="Share of the keyed follow-ups the router moved because their key's worker was "
+                                "unhealthy or gone, per router and policy."),
     RecordingRule(record="cluster:prefixscope_warm_pool_utilization_ratio:avg",
                   expr=f"avg({P}_warm_pool_utilization_ratio)",
                   group=2, help="Average utilisation of the warm pool."),
@@ -860,6 +944,13 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr=f"({_ratio(f'{P}_placement_domain_hits_total', f'{P}_placement_decisions_total', '')} >= 0) "
                        f"or ({_ratio(f'{P}_kv_placement_domain_hits_total', f'{P}_kv_placement_decisions_total', '')})",
                   group=4, help="Topology-aware placement hit ratio (request records, else KV events)."),
+    RecordingRule(record="router:prefixscope_router_regret_selections_per_routed_requests:ratio_rate5m",
+                  expr=_ratio(f"{P}_router_regret_selections_total", f"{P}_router_routed_requests_total", "router"),
+                  group=4, help="Routing regret per router: share of its routed requests sent to a worker with less "
+                                "cached overlap than the best eligible one."),
+    RecordingRule(record="router:prefixscope_router_regret_blocks_per_routed_requests:ratio_rate5m",
+                  expr=_ratio(f"{P}_router_regret_blocks_total", f"{P}_router_routed_requests_total", "router"),
+                  group=4, help="Cached blocks given up by the router's picks, per routed request."),
     RecordingRule(record="cluster:prefixscope_cross_node_migrations:rate5m_per_minute",
                   expr=f"sum(rate({P}_cross_node_migrations_total[5m])) * 60",
                   group=4, help="Cross-node migrations per minute."),
@@ -891,6 +982,9 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                        f"count({P}_kv_event_last_timestamp_seconds)",
                   group=0, help="Share of the workers streaming KV events whose stream is silent past the staleness "
                                 "threshold."),
+    RecordingRule(record="router:prefixscope_router_kv_event_lag_seconds:p99_5m",
+                  expr=_quantile(0.99, f"{P}_router_kv_event_lag_seconds", "router"),
+                  group=0, help="p99 of the router's own KV-event lag (publisher stamp to apply), per router."),
     RecordingRule(record="cluster:prefixscope_index_staleness_tokens_per_prompt_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_index_staleness_tokens_total", f"{P}_request_prompt_tokens_total", ""),
                   group=0, help="Share of prompt tokens predicted cached but not achieved (stale index)."),
@@ -976,6 +1070,15 @@ CHECKS: tuple[Check, ...] = (
           op=">", threshold="index_staleness", unit="ratio", signals=("predicted_cached_tokens", "cached_tokens"),
           meaning="The router believes blocks are cached that the engines do not have.",
           summary="The router's prefix index predicts cache hits the engines do not deliver."),
+    Check(key="router_kv_index_faults", group=0, kind="health", title="Router's prefix index faults",
+          alert="PrefixTelemetryRouterIndexFaults",
+          value=f"sum(increase({P}_router_kv_index_faults_total[5m]))",
+          op=">", threshold="router_kv_index_faults", unit="events", signals=("router_index_health",),
+          meaning="KV events the router's own prefix index failed to apply (Dynamo: parent or block not found, "
+                  "invalid block) or lost for good (the SGLang gateway: unrecovered gaps, stream resyncs) in the "
+                  "last 5 minutes: the router routes on a view of the caches that is wrong until they turn over.",
+          summary="The router's own prefix index lost or failed to apply KV events: its routing works from a "
+                  "wrong view of the caches."),
     Check(key="ingest_errors", group=0, kind="health", title="Ingest errors", alert="PrefixTelemetryIngestErrors",
           value=f"sum(rate({P}_ingest_errors_total[5m]))",
           op=">", threshold="ingest_errors", unit="per_second", signals=(),
@@ -1021,8 +1124,10 @@ CHECKS: tuple[Check, ...] = (
           summary="Follow-up turns of multi-turn sessions hit the prefix cache less than {threshold} of the time."),
     Check(key="sticky_session_collision_rate", group=2, title="Sticky-session collisions", alert="PrefixStickyCollisionsHigh",
           value="cluster:prefixscope_sticky_collisions_per_followup_requests:ratio_rate5m",
-          op=">", threshold="sticky_session_collision_rate", unit="ratio", signals=("session_key",),
-          meaning="Share of follow-ups whose session was last served by a different, still-healthy worker.",
+          op=">", threshold="sticky_session_collision_rate", unit="ratio", signals=("affinity_outcomes",),
+          meaning="Share of follow-ups whose session was last served by a different, still-healthy worker (from "
+                  "records or spans with session keys; else the router's own count of the keys it moved off a "
+                  "healthy worker: the SGLang gateway's sticky respills and walks off the hash ring).",
           summary="More than {threshold} of follow-up requests leave their session's healthy worker."),
     Check(key="warm_pool_utilization", group=2, title="Warm-pool utilisation", alert="PrefixWarmPoolSaturated",
           value="cluster:prefixscope_warm_pool_utilization_ratio:avg",

@@ -111,6 +111,7 @@ _FORMATS: dict[str, tuple[Callable[[float], str], Callable[[float], str]]] = {
     "blocks": (lambda v: f"{exact_number(v)} blocks", lambda v: _counted(v, "blocks")),
     "batches": (lambda v: f"{exact_number(v)} batches", lambda v: _counted(v, "batches")),
     "repairs": (lambda v: f"{exact_number(v)} repairs", lambda v: _counted(v, "repairs")),
+    "events": (lambda v: f"{exact_number(v)} events", lambda v: _counted(v, "events")),
     "targets": (lambda v: f"{exact_number(v)} targets", lambda v: _counted(v, "targets")),
     "sessions": (lambda v: f"{exact_number(v)} sessions", lambda v: _counted(v, "sessions")),
     "workers": (lambda v: f"{exact_number(v)} workers", lambda v: _counted(v, "workers")),

@@ -21,7 +21,7 @@ from prefixscope.diagnosis import Status
 from prefixscope.durations import parse_duration
 from prefixscope.thresholds import threshold_value
 
-_RATIO = re.compile(r"^sum \(rate\((\w+)_total\[\w+\]\)\) / sum \(rate\((\w+)_total\[\w+\]\)\)$")
+_RATIO = re.compile(r"^sum \(rate\((\w+)_total(\{[^}]*\})?\[\w+\]\)\) / sum \(rate\((\w+)_total(\{[^}]*\})?\[\w+\]\)\)$")
 _RATE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \(rate\((\w+)_bucket(\{[^}]*\})?\[(\w+)\]\)\)\)$")
 _GAUGE_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le\) \((\w+)_bucket\)\)$")
 _PER_MINUTE = re.compile(r"^sum\(rate\((\w+)_total\[\w+\]\)\) \* 60$")
@@ -84,7 +84,8 @@ class _Evaluator:
             first = self.value(m[1])
             return first if first is not None and first >= 0 else self.value(m[2])
         if m := _RATIO.match(expr):
-            num, den = st.store.window_counter(m[1]), st.store.window_counter(m[2])
+            num = st.store.window_counter(m[1], _label_filter(m[1], m[2]) if m[2] else None)
+            den = st.store.window_counter(m[3], _label_filter(m[3], m[4]) if m[4] else None)
             return (num or 0.0) / den if den else None
         if m := _RATE_QUANTILE.match(expr):
             window = parse_duration(m[4])
@@ -104,7 +105,9 @@ class _Evaluator:
                 total = 0.0  # the counter is exported and did not move: Prometheus reads a rate of 0
             return None if total is None else total / st.window_s * 60.0
         if m := _INCREASE.match(expr):
-            return st.health_increases.increase(m[1])
+            if m[1] in st.health_increases.names:  # the exporter's own health counters
+                return st.health_increases.increase(m[1])
+            return st.store.window_counter(m[1])  # a counter the state keeps in its windows
         if m := _RATE.match(expr):
             inc = st.health_increases.increase(m[1])
             return None if inc is None else inc / st.window_s

@@ -47,7 +47,32 @@ def _m(name: str) -> str:
 ROUTER_HISTOGRAMS: tuple[tuple[str, str, str, Callable[[RouterSnapshot], tuple[str, ...]]], ...] = (
     ("lookup_seconds", _m("router_tree_walk_seconds"), "walk_latency", lambda _snap: ()),
     ("predicted_hit_ratio", _m("router_predicted_hit_ratio"), "router_predicted_reuse", lambda snap: (snap.router,)),
+    ("kv_event_lag_seconds", _m("router_kv_event_lag_seconds"), "router_index_health", lambda snap: (snap.router,)),
 )
+_STICKY_FOLLOWUPS = _m("router_sticky_followups")
+_INDEX_FAULTS = _m("router_kv_index_faults")
+# RouterSnapshot running total -> the catalogue counter it is exported as (label: router)
+ROUTER_TOTALS: dict[str, str] = {
+    "regret_selections": _m("router_regret_selections"),
+    "regret_blocks": _m("router_regret_blocks"),
+    "routed_requests": _m("router_routed_requests"),
+}
+
+
+def router_counters(snap: RouterSnapshot) -> dict[tuple[str, tuple[str, ...]], tuple[float, str | None]]:
+    """The router's running totals as catalogue counters: (metric, labels) -> (total, the signal it
+    instruments, if any)."""
+    r = snap.router
+    out: dict[tuple[str, tuple[str, ...]], tuple[float, str | None]] = {}
+    for (policy, outcome), v in snap.sticky_followups.items():
+        out[(_STICKY_FOLLOWUPS, (r, policy, outcome))] = (v, "affinity_outcomes")
+    for kind, v in snap.index_faults.items():
+        out[(_INDEX_FAULTS, (r, kind))] = (v, "router_index_health")
+    for fld, metric in ROUTER_TOTALS.items():
+        v = getattr(snap, fld)
+        if v is not None:
+            out[(metric, (r,))] = (v, None)
+    return out
 
 
 class ScrapeAccounting:
@@ -103,6 +128,14 @@ class ScrapeAccounting:
         catalogue's histogram, each placed inside its router bucket (``windows.increase``), and the signal is
         instrumented), then the pool's evidence (decisions, health)."""
         prev = self.pool.routers.get(snap.router)
+        before = router_counters(prev) if prev is not None else {}
+        for (metric, lab), (value, signal) in router_counters(snap).items():
+            if signal is not None:
+                self.field_seen[signal] = ts
+            old = before.get((metric, lab))
+            # The first scrape is the baseline; a total that went down was reset (a router restart).
+            delta = None if old is None else (value if value < old[0] else value - old[0])
+            self.store.set_total(metric, lab, value, (ts, delta) if delta is not None else None)
         for fld, metric, signal, labels in ROUTER_HISTOGRAMS:
             new = getattr(snap, fld)
             if new is None:

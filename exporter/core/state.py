@@ -262,6 +262,8 @@ class ClusterState:
         out["topology"] = self.topology is not None
         out["placements"] = out["block_hashes"] or (self.kv.seen and self.topology is not None)
         out["warm_pool"] = self.topology is not None and bool(self.topology.warm_pool)
+        # session keys (records, spans) say it per session; the router's policy branches, per key
+        out["affinity_outcomes"] = out["affinity_outcomes"] or out["session_key"]
         return out
 
     def tree_stats(self) -> TreeStats | None:

@@ -18,13 +18,14 @@ from fleet.engine import WorkerSpec
 from fleet.worker_http import RequestCallback
 from fleet.workers import FleetOptions, WorkerFleet
 from prefixscope import catalog
-from tests.e2e.routers import RouterProcess, start_router
-from tests.support import require_routers_bin, wait_for
+from tests.e2e.routers import SMG, RouterProcess, start_router
+from tests.support import require_peer_python, require_routers_bin, wait_for
 
 P = catalog.NAMESPACE
 MODEL = "sim-model"
 TOKEN = "e2e-token"
 CAPACITY_BLOCKS = 4096
+SMG_VERSION = "1.13.0"  # the Makefile's SMG_VERSION
 # exporter counter (without prefix and _total) → the simulated engine's own counter
 COUNTERS = {"prefix_cache_hit_tokens": "prefix_hits", "prefix_cache_queried_tokens": "prefix_queries",
             "spec_decode_draft_tokens": "spec_draft_tokens", "spec_decode_accepted_tokens": "spec_accepted_tokens"}
@@ -81,6 +82,7 @@ class StackOptions:
     window: float | None = None
     on_request: RequestCallback | None = None
     router_args: tuple[str, ...] = ()  # appended to the router's command line
+    policy: str = "cache_aware"
     track_placement: bool = False  # the fleet keeps where each request's longest prefix lived (fleet.workers.Placement)
 
 
@@ -93,15 +95,17 @@ def worker_specs(n: int) -> Sequence[WorkerSpec]:
 def open_stack(kind: str, log_dir: Path, options: StackOptions = StackOptions()) -> Iterator[Stack]:
     """Workers, the router ``kind`` in front of them (fast health checks) and the exporter, with
     a first scrape of every target taken before any traffic."""
-    bin_dir = require_routers_bin()
+    bin_dir = require_peer_python(f"smg-{SMG_VERSION}").parent if kind == SMG else require_routers_bin()
+    adapter = "sglang-router" if kind == SMG else kind  # smg speaks the sglang-router adapter's names
     fleet = WorkerFleet(worker_specs(options.workers), options=FleetOptions(delay_scale=1.0),
                         on_request=options.on_request, track_placement=options.track_placement).start()
     router = runtime = None
     try:
-        router = start_router(kind, bin_dir, fleet.urls, log_dir, health_interval_s=1, extra_args=options.router_args)
+        router = start_router(kind, bin_dir, fleet.urls, log_dir, policy=options.policy, health_interval_s=1,
+                              extra_args=options.router_args)
         workers = tuple(WorkerTarget(e["name"], e["url"] + "/metrics", e["kv_endpoint"], e["replay_endpoint"],
                                      e["topic"]) for e in fleet.endpoints())
-        cfg = Config(source="e2e", workers=workers, routers=(RouterTarget(kind, router.metrics_url, kind),),
+        cfg = Config(source="e2e", workers=workers, routers=(RouterTarget(kind, router.metrics_url, adapter),),
                      scrape_interval=0.5, scrape_timeout=0.5, listen_address="127.0.0.1:0",
                      http_records=HttpRecords(bearer_token=TOKEN), otlp=options.otlp,
                      topology=options.topology, window=options.window)

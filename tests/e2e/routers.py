@@ -1,4 +1,5 @@
-"""Start and stop the real sglang-router and vllm-router (from the `.routers` venv) on 127.0.0.1.
+"""Start and stop the real sglang-router and vllm-router (from the `.routers` venv), and the SGLang
+model gateway (smg, from its `.peers` venv), on 127.0.0.1.
 
 Both routers are unmodified PyPI wheels. Each gets its own main and metrics port (both default
 to 29000 for metrics, and sglang-router binds 0.0.0.0 unless told otherwise). sglang-router
@@ -24,6 +25,7 @@ from fleet.worker_http import WORKER_HEADER
 from tests.support import free_port
 
 KINDS = ("sglang-router", "vllm-router")
+SMG = "smg"  # the SGLang model gateway 1.13 (its own venv, .peers/smg-VERSION); read by the sglang-router adapter
 # The endpoint each router is driven through: vllm-router's prefix matching needs the worker's
 # render endpoint, which the simulated workers answer for chat.
 ENDPOINT = {"sglang-router": "completions", "vllm-router": "chat"}
@@ -55,7 +57,7 @@ class RouterProcess:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(10)  # smg drains for a few seconds after SIGTERM
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
@@ -78,11 +80,13 @@ def router_command(kind: str, bin_dir: Path, worker_urls: Sequence[str], port: i
     if kind == "vllm-router":
         return [str(bin_dir / "vllm-router"), *common, "--worker-startup-check-interval", "1", "--log-level", "warning",
                 *extra_args]
+    if kind == SMG:
+        return [str(bin_dir / "smg"), "launch", *common, "--log-level", "warn", *extra_args]
     raise ValueError(f"unknown router kind {kind!r}; choose one of {', '.join(KINDS)}")
 
 
 def _ready(kind: str, workers: int) -> Callable[[requests.Response], bool]:
-    if kind == "sglang-router":  # the port opens before the workers are registered
+    if kind in ("sglang-router", SMG):  # the port opens before the workers are registered
         return lambda r: r.status_code == 200 and r.json().get("healthy_workers") == workers
     return lambda r: r.status_code == 200
 

@@ -21,6 +21,20 @@ sgl-router/src/metrics.rs (≤ 0.2.4) and experimental/sgl-router/src/server/met
   hashes, observed when cache-aware routing is fed by the workers' KV events (gRPC workers); the
   HTTP tree mode times nothing.
 - health: ``smg_worker_health{worker}``.
+- affinity (smg ≥ 1.13, the wheel's own HELP texts): ``smg_manual_policy_branch_total{branch}`` of
+  sticky routing by key (``occupied_hit``: the key's worker got it — kept; ``occupied_miss``: none
+  of the key's workers was healthy, a new one was picked — a migration; ``cap_respill``: the key's
+  worker was at its key cap, sent elsewhere while healthy — a collision; ``vacant``, ``no_routing_id``
+  and ``no_healthy_workers`` are no follow-up) and ``smg_prefix_hash_policy_branch_total{branch}``
+  (``ring_hit``: the prompt head's ring worker — kept; ``load_balance_walk``: moved off an overloaded
+  ring worker — a collision). A policy whose family is on the page reports all three outcomes, 0
+  until counted.
+- index health (smg ≥ 1.13, KV-event-fed cache-aware routing over gRPC workers):
+  ``smg_kv_event_gaps_total{worker,outcome}`` (``unrecovered_kept``/``unrecovered_cleared``: lost for
+  good; ``replay_requested`` is not a fault), ``smg_kv_event_resyncs_total{worker,reason}``
+  (``out_of_range``/``data_loss``: the stream was reset; ``publisher_restart``, ``gap_cleared`` —
+  already an unrecovered gap — and ``snapshot`` are not counted again), and
+  ``smg_kv_event_lag_seconds{worker}`` (histogram, seconds, summed over workers).
 """
 
 from __future__ import annotations
@@ -46,6 +60,22 @@ SGL_CACHE_DECISIONS = "sgl_router_cache_aware_decisions_total"
 BRANCH_OUTCOMES = {"tree_match": "hit", "spill": "miss", "expected_wait_fallback": "miss",
                    "first_healthy_fallback": "miss"}
 DECISION_OUTCOMES = {"cache_hit": "hit", "cache_miss": "miss"}
+SMG_MANUAL = "smg_manual_policy_branch_total"
+SMG_PREFIX_HASH = "smg_prefix_hash_policy_branch_total"
+SMG_KV_GAPS = "smg_kv_event_gaps_total"
+SMG_KV_RESYNCS = "smg_kv_event_resyncs_total"
+SMG_KV_LAG = "smg_kv_event_lag_seconds"
+# policy family -> (policy label, branch -> follow-up outcome); other branches are no follow-up
+STICKY_BRANCHES: dict[str, tuple[str, dict[str, str]]] = {
+    SMG_MANUAL: ("manual", {"occupied_hit": "kept", "occupied_miss": "migration", "cap_respill": "collision"}),
+    SMG_PREFIX_HASH: ("prefix_hash", {"ring_hit": "kept", "load_balance_walk": "collision"}),
+}
+STICKY_OUTCOMES = ("kept", "collision", "migration")
+# index-health family -> (label, its values that are faults, the fault kind)
+INDEX_FAULTS: dict[str, tuple[str, frozenset[str], str]] = {
+    SMG_KV_GAPS: ("outcome", frozenset({"unrecovered_kept", "unrecovered_cleared"}), "gap_unrecovered"),
+    SMG_KV_RESYNCS: ("reason", frozenset({"out_of_range", "data_loss"}), "stream_resync"),
+}
 
 
 def _outcomes(p: ParseResult) -> dict[str, float]:
@@ -59,6 +89,30 @@ def _outcomes(p: ParseResult) -> dict[str, float]:
     if hits is None and misses is None:
         return {}
     return {"hit": hits or 0.0, "miss": misses or 0.0}
+
+
+def _sticky(p: ParseResult) -> dict[tuple[str, str], float]:
+    """(policy, outcome) -> keyed follow-ups, for each sticky or prefix-hash policy on the page."""
+    out: dict[tuple[str, str], float] = {}
+    for family, (policy, outcomes) in STICKY_BRANCHES.items():
+        got = p.samples.get(family)
+        if not got:
+            continue
+        for o in STICKY_OUTCOMES:
+            out[(policy, o)] = 0.0
+        for branch, v in by_label(got, "branch").items():
+            if branch in outcomes:
+                out[(policy, outcomes[branch])] += v
+    return out
+
+
+def _index_faults(p: ParseResult) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family, (label, faults, kind) in INDEX_FAULTS.items():
+        got = p.samples.get(family)
+        if got:
+            out[kind] = sum(s.value for s in got if s.labels.get(label) in faults)
+    return out
 
 
 def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> RouterSnapshot:
@@ -78,12 +132,16 @@ def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> Route
         prefix_outcomes=_outcomes(p),
         predicted_hit_ratio=histogram(p, SMG_MATCH_RATIO),
         lookup_seconds=histogram(p, SMG_LOOKUP),
+        sticky_followups=_sticky(p),
+        index_faults=_index_faults(p),
+        kv_event_lag_seconds=histogram(p, SMG_KV_LAG),
     )
 
 
 _COUNTS = frozenset({SMG_SENDS, SMG_DECISIONS, SMG_BRANCH, SGL_DECISIONS, SGL_WORKER_REQUESTS, SGL_HITS, SGL_MISSES,
                      SGL_CACHE_DECISIONS, *histogram_names(SMG_MATCH_RATIO),
-                     *histogram_names(SMG_LOOKUP)})
+                     *histogram_names(SMG_LOOKUP), SMG_MANUAL, SMG_PREFIX_HASH, SMG_KV_GAPS, SMG_KV_RESYNCS,
+                     *histogram_names(SMG_KV_LAG)})
 ADAPTER = RouterAdapter(
     kind="sglang-router", prefixes=("smg_", "sgl_router_"),
     names=_COUNTS | {SMG_HEALTH}, counts=_COUNTS, ratios=frozenset({SMG_HEALTH}), build=build,
