@@ -35,7 +35,7 @@ COUNTERS = {"prefix_cache_hit_tokens": "prefix_hits", "prefix_cache_queried_toke
 FED_WITHOUT_RECORDS = frozenset({"worker_metrics", "kv_events", "kv_token_ids", "spec_decode", "router_metrics"})
 FED_BY_SPANS_AND_TOPOLOGY = FED_WITHOUT_RECORDS | {"otlp_spans", "records", "session_key", "cached_tokens",
                                                    "prefill_timing", "migrations", "topology", "warm_pool",
-                                                   "placements"}
+                                                   "placements", "affinity_outcomes"}
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -124,13 +124,103 @@ def test_router_lookup_latency_feeds_the_walk_check() -> None:
 def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
     """ROUTER_FEEDS (docs/routers.md) against what each adapter fills in from a page it reads."""
     pages = {kind: [page] for kind, page in PAGES.items()}
-    pages["sglang-router"] = [FIXTURES / "routers" / n for n in ("smg_1_11.txt", "smg_1_13_kv_index.txt")]
+    pages["sglang-router"] = [FIXTURES / "routers" / n for n in ("smg_1_11.txt", "smg_1_13_kv_index.txt",
+                                                                  "smg_1_13_manual.txt", "smg_1_13_kv_events.txt")]
+    pages["dynamo"].append(FIXTURES / "routers" / "dynamo_router_regret.txt")
     field_of = {"router_decisions": "decisions", "router_prefix_outcomes": "prefix_outcomes",
                 "router_worker_healthy": "healthy", "router_predicted_hit_ratio": "predicted_hit_ratio",
-                "router_tree_walk_seconds": "lookup_seconds"}
+                "router_tree_walk_seconds": "lookup_seconds", "router_sticky_followups": "sticky_followups",
+                "router_regret_selections": "regret_selections", "router_regret_blocks": "regret_blocks",
+                "router_routed_requests": "routed_requests", "router_kv_index_faults": "index_faults",
+                "router_kv_event_lag_seconds": "kv_event_lag_seconds"}
     assert routers.KINDS[1:] == catalog.ROUTER_KINDS
     for series, feeds in catalog.ROUTER_FEEDS.items():
         fld = field_of[series.removeprefix(f"{catalog.NAMESPACE}_")]
         for kind, source in feeds.items():
             fed = [bool(getattr(normalize.parse_router("r", page.read_text(), kind)[0], fld)) for page in pages[kind]]
             assert any(fed) == (source is not None), (series, kind)
+
+
+# ---- the routers' own signals: affinity branches, regret, index health ---------------------------
+def test_the_real_smg_1_13_manual_policy_sessions_kept_and_migrated() -> None:
+    """occupied_hit kept its worker; occupied_miss found none of its key's workers healthy (a
+    migration); vacant is a session's first request, not a follow-up."""
+    snap, errors = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_manual.txt").read_text())
+    assert errors == [] and snap.kind == "sglang-router"
+    assert snap.sticky_followups == {("manual", "kept"): 10.0, ("manual", "collision"): 0.0,
+                                     ("manual", "migration"): 2.0}
+    assert snap.healthy["http://10.0.0.6:8000"] == 0.0
+    assert snap.index_faults == {} and snap.kv_event_lag_seconds is None  # HTTP workers: no KV events
+
+
+def test_the_real_smg_1_13_prefix_hash_ring_hits_are_kept() -> None:
+    snap, _ = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_prefix_hash.txt").read_text())
+    assert snap.sticky_followups == {("prefix_hash", "kept"): 18.0, ("prefix_hash", "collision"): 0.0,
+                                     ("prefix_hash", "migration"): 0.0}
+
+
+def test_smg_kv_event_health_faults_and_lag() -> None:
+    """Unrecovered gaps and stream resets are faults; a replayed gap, a publisher restart, a snapshot
+    and gap_cleared (the unrecovered gap again) are not counted."""
+    snap, errors = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_kv_events.txt").read_text())
+    assert errors == [] and snap.kind == "sglang-router"
+    assert snap.index_faults == {"gap_unrecovered": 3.0, "stream_resync": 1.0}
+    lag = snap.kv_event_lag_seconds
+    assert lag is not None and lag.count == 15 and lag.sum == pytest.approx(10.061)
+    assert lag.counts[lag.bounds.index(0.0025)] == 2 and lag.counts[lag.bounds.index(1.0)] == 10  # summed over workers
+    # walks off the hash ring are collisions; fallback_least_load is no follow-up of a ring worker
+    assert snap.sticky_followups[("prefix_hash", "collision")] == 10.0
+    assert snap.sticky_followups[("prefix_hash", "kept")] == 30.0
+
+
+def test_dynamo_regret_and_apply_failures() -> None:
+    snap, errors = normalize.parse_router("d", (FIXTURES / "routers" / "dynamo_router_regret.txt").read_text())
+    assert errors == [] and snap.kind == "dynamo"
+    assert (snap.regret_selections, snap.regret_blocks, snap.routed_requests) == (12.0, 96.0, 200.0)
+    assert snap.index_faults == {"apply_failed": 9.0}  # every status but ok, over every event type
+    # the older page has none of them: missing, never 0
+    old, _ = normalize.parse_router("d", PAGES["dynamo"].read_text())
+    assert old.regret_selections is None and old.index_faults == {} and old.routed_requests == 10.0
+
+
+def _scrape_twice(st: ClusterState, first: str, second: str) -> None:
+    snap, _ = normalize.parse_router("r", first)
+    st.observe_router(snap, 1000.0)  # the baseline
+    snap, _ = normalize.parse_router("r", second)
+    st.observe_router(snap, 1005.0)
+
+
+def test_router_signals_enter_the_windows_and_light_their_checks() -> None:
+    """Scrape over scrape: the router's totals are exported as they are and their increases enter
+    the windows; the step-0 fault check and the step-2 collision check read them without records."""
+    from exporter.core.checks import evaluate
+    th = load_thresholds()
+    st = ClusterState.build(Health(), th, window_s=300.0, clock=lambda: 1000.0)
+    text = (FIXTURES / "routers" / "smg_1_13_kv_events.txt").read_text()
+    more = (text.replace('outcome="unrecovered_kept"} 1', 'outcome="unrecovered_kept"} 3')
+            .replace('branch="ring_hit"} 30', 'branch="ring_hit"} 45')
+            .replace('branch="load_balance_walk"} 10', 'branch="load_balance_walk"} 15'))
+    _scrape_twice(st, text, more)
+    P = catalog.NAMESPACE
+    assert st.store.window_counter(f"{P}_router_kv_index_faults") == 2.0
+    assert st.store.window_counter(f"{P}_router_sticky_followups") == 20.0
+    assert st.store.cum.counters[f"{P}_router_sticky_followups"][("r", "prefix_hash", "collision")] == 15.0
+    ev = evaluate(st, 1005.0)
+    faults = ev.results["router_kv_index_faults"]
+    assert faults.value == 2.0 and faults.status == "firing"
+    sticky = ev.results["sticky_session_collision_rate"]
+    assert sticky.value == pytest.approx(5 / 20) and sticky.missing_signals == []
+    assert ev.signals["affinity_outcomes"] and ev.signals["router_index_health"] and not ev.signals["session_key"]
+
+
+def test_a_router_restart_counts_its_new_totals() -> None:
+    th = load_thresholds()
+    st = ClusterState.build(Health(), th, window_s=300.0, clock=lambda: 1000.0)
+    text = (FIXTURES / "routers" / "dynamo_router_regret.txt").read_text()
+    restarted = (text.replace('worker_type="prefill"} 12', 'worker_type="prefill"} 3')
+                 .replace("router_requests_total{dynamo_namespace=\"ns\",dynamo_component=\"router\",router_id=\"7587889431\"} 200",
+                          "router_requests_total{dynamo_namespace=\"ns\",dynamo_component=\"router\",router_id=\"7587889431\"} 30"))
+    _scrape_twice(st, text, restarted)
+    P = catalog.NAMESPACE
+    assert st.store.window_counter(f"{P}_router_regret_selections") == 3.0
+    assert st.store.window_counter(f"{P}_router_routed_requests") == 30.0
