@@ -10,6 +10,8 @@ from prefixscope.catalog import (
     SIGNAL_SOURCES,
     SOURCE_NAMES,
     check_sources,
+    lit_without_records,
+    router_signals,
 )
 
 ROUTERS_BEGIN = "<!-- BEGIN GENERATED: router matrix (prefixscope generate) -->"
@@ -50,7 +52,36 @@ def check_sources_table() -> str:
         rows.append(f"| {c.group} | `{c.key}` | {', '.join(c.signals)} | " + " | ".join(marks) + " |")
     legend = ("● the only source of one of the check's signals (required); ○ one of the sources that can feed "
               "a signal. A check lights up when each of its signals has a source.")
-    return "\n".join(rows) + "\n\n" + legend
+    return "\n".join(rows) + "\n\n" + legend + "\n\n" + behind_routers_table()
+
+
+ROUTER_NAMES = {"sglang-router": "SGLang gateway (smg) / sglang-router", "vllm-router": "vllm-router",
+                "dynamo": "NVIDIA Dynamo", "llm-d": "llm-d"}
+
+
+def behind_routers_table() -> str:
+    """How many checks light behind each router with no record and no span (engine /metrics, KV events,
+    the router's own /metrics), from the catalogue: each check's signals against what the router feeds."""
+    checklist = [c for c in CHECKS if c.kind == "checklist"]
+    health = [c for c in CHECKS if c.kind == "health"]
+    base = {c.key for c in lit_without_records("")}
+    rows = ["| router | checklist checks lit, no records | with a topology file | step-0 health checks lit | "
+            "what the router's own /metrics adds |", "|---|---|---|---|---|"]
+    for kind in ROUTER_KINDS:
+        lit = lit_without_records(kind)
+        with_topology = lit_without_records(kind, topology=True)
+        added = sorted(c.key for c in lit if c.key not in base)
+        signals = ", ".join(sorted(router_signals(kind) - {"router_predicted_reuse"})) or "—"
+        rows.append(f"| {ROUTER_NAMES[kind]} | {sum(c.kind == 'checklist' for c in lit)} of {len(checklist)} | "
+                    f"{sum(c.kind == 'checklist' for c in with_topology)} of {len(checklist)} | "
+                    f"{sum(c.kind == 'health' for c in lit)} of {len(health)} | "
+                    + (", ".join(f"`{k}`" for k in added) + f" ({signals})" if added else "—") + " |")
+    note = ("Behind a router, with no records: the engines' /metrics and KV events (speculative decoding counted "
+            "where it is on) and the router's own /metrics, no OTLP span and no request record. The SGLang "
+            "gateway's sticky and prefix-hash branches need `--policy manual` or `prefix_hash` (smg ≥ 1.13), its "
+            "index health KV-event-fed cache-aware routing over gRPC workers; Dynamo's regret is counted for "
+            "prefill picks.")
+    return "\n".join(rows) + "\n\n" + note
 
 
 def splice(text: str, begin: str, end: str, body: str) -> str:

@@ -77,6 +77,10 @@ class Reuse:
     predicted: float | None
     achieved: float | None
     staleness: float | None = None  # predicted − achieved, floored per request
+    # what the router says of itself: its predicted share of the prompt (median over its picks) and
+    # its regret (share of its picks below the best eligible overlap); None where it exports neither
+    router_predicted: float | None = None
+    router_regret: float | None = None
 
     @property
     def routing_regret(self) -> float | None:
@@ -269,8 +273,10 @@ def chain_from_exporter(groups: Mapping, where: str = "the exporter") -> Chain:
         v = _float(r.get(key))
         return v / prompt if v is not None and prompt else None
 
+    selections, routed = _float(r.get("router_regret_selections")), _float(r.get("router_routed_requests"))
     reuse = Reuse(share("available_tokens"), share("predicted_tokens"), share("achieved_tokens"),
-                  share("index_staleness_tokens"))
+                  share("index_staleness_tokens"), _float(r.get("router_predicted_hit_ratio_p50")),
+                  selections / routed if selections is not None and routed else None)
     return replace(_chain("exporter", states, reuse, limits), shard=_shard(groups.get("shard")))
 
 

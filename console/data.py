@@ -62,6 +62,8 @@ _REUSE_RULES = {
     "available": "cluster:prefixscope_reuse_available_tokens_per_prompt_tokens:ratio_rate5m",
     "predicted": "cluster:prefixscope_reuse_predicted_tokens_per_prompt_tokens:ratio_rate5m",
     "achieved": "cluster:prefixscope_reuse_achieved_tokens_per_prompt_tokens:ratio_rate5m",
+    "router_predicted": "cluster:prefixscope_router_predicted_hit_ratio:p50_5m",
+    "router_regret": "cluster:prefixscope_router_regret_selections_per_routed_requests:ratio_rate5m",
     "staleness": "cluster:prefixscope_index_staleness_tokens_per_prompt_tokens:ratio_rate5m",
 }
 

@@ -16,6 +16,13 @@ def _step_extras(step: int, drawing: Drawing) -> list:
                  description="1 = the input has a source; 0 = not instrumented (its checks show no data, not OK)."),
             timeseries("KV-event lag", [target(q.series("kv_event_lag_seconds"), "{{worker}}")], unit="seconds",
                        description="Receive time minus batch timestamp of each worker's last KV-event batch."),
+            timeseries("Router's own index: faults and lag", [
+                target(q.router_index_faults(), "{{router}} {{kind}} /s"),
+                target(q.rule("router:prefixscope_router_kv_event_lag_seconds:p99_5m"), "{{router}} lag p99 (s)"),
+            ], description=(
+                "The index the router routes on: KV events it failed to apply or lost for good, per second by kind "
+                "(Dynamo's apply statuses, the SGLang gateway's unrecovered gaps and stream resyncs), and how far "
+                "behind the gateway applies events (p99, seconds).")),
         ]
     if step == 1:
         return [
@@ -42,6 +49,13 @@ def _step_extras(step: int, drawing: Drawing) -> list:
                 "(no session label anywhere): the pooled rate can hide a minority of sessions that never "
                 "stick, the median and the share below the line cannot.")),
             slo_burn_panel(CHECKS_BY_KEY["slo_session_hit_rate"], drawing),
+            timeseries("Router's keyed follow-ups", [
+                target(q.router_followups_by_outcome(), "{{router}} {{policy}} {{outcome}}")],
+                unit="per_second", stack=True, description=(
+                    "What the router did with requests whose key (a session under sticky routing, the prompt's head "
+                    "under prefix hashing) already had a worker: kept it, moved it off a healthy worker (collision: "
+                    "a load walk off the ring, a sticky respill) or off an unhealthy one (migration). The sticky "
+                    "check reads the collision share when no record or span names sessions.")),
         ]
     if step == 3:
         return [
@@ -64,6 +78,25 @@ def _step_extras(step: int, drawing: Drawing) -> list:
             ], unit="seconds", description="T_prefill + T_queue + T_migrate of requests that missed part of "
                                            "their available prefix (migrations included)."),
             slo_burn_panel(CHECKS_BY_KEY["slo_prefix_miss_cost"], drawing),
+        ]
+    if step == 4:
+        return [
+            timeseries("Router: predicted reuse and regret", [
+                target(q.router_predicted_hit_ratio_mean(drawing.window), "{{router}} predicted hit ratio"),
+                target(q.rule("router:prefixscope_router_regret_selections_per_routed_requests:ratio_rate5m"),
+                       "{{router}} regret (picks below the best overlap)"),
+                target(q.rule("cluster:prefixscope_reuse_achieved_tokens_per_prompt_tokens:ratio_rate5m"),
+                       "achieved (engines)"),
+            ], unit="ratio", description=(
+                "The router's belief against what happened: the mean share of the prompt it predicted cached on "
+                "its picks (SGLang gateway match ratio, Dynamo kv_hit_rate), the share of its picks that went to a "
+                "worker with less cached overlap than the best eligible one (Dynamo's non-max-overlap selections), "
+                "and the share the engines reported cached. A high prediction over a low achieved share localises "
+                "the fault to the router's index; regret says the router chose to give reuse up (load).")),
+            timeseries("Router: cached blocks given up per request", [
+                target(q.rule("router:prefixscope_router_regret_blocks_per_routed_requests:ratio_rate5m"),
+                       "{{router}}")], unit="blocks", description=(
+                "Cached blocks the router's picks gave up (best eligible overlap − chosen), per routed request.")),
         ]
     return []
 

@@ -80,3 +80,21 @@ def offload_resident_blocks(by: str = "") -> str:
 def signal_available(signals: tuple[str, ...]) -> str:
     names = "|".join(signals)
     return f'{metric("signal_available")}{{signal=~"{names}"}}'
+
+
+# ---- what the router says of its own decisions and index ----------------------------------------
+def router_predicted_hit_ratio_mean(over: str) -> str:
+    """Per router, the mean share of the prompt it predicted cached on its picks (its histogram's
+    sum ÷ count): the router's belief, to read against the engines' achieved hit rate."""
+    name = metric("router_predicted_hit_ratio")
+    return f"sum by (router) (rate({name}_sum[{over}])) / sum by (router) (rate({name}_count[{over}]))"
+
+
+def router_followups_by_outcome() -> str:
+    """Keyed follow-ups per second the router kept, moved off a healthy worker (collision) or off an
+    unhealthy one (migration), by router and policy."""
+    return f"sum by (router, policy, outcome) ({rate('router_sticky_followups')})"
+
+
+def router_index_faults() -> str:
+    return f"sum by (router, kind) ({rate('router_kv_index_faults')})"

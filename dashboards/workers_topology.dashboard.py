@@ -82,6 +82,13 @@ def build(drawing: Drawing) -> Drawn:
             timeseries("Router decisions per worker", [
                 target(f"sum by (worker) ({q.rate('router_decisions')})", "{{worker}}")], unit="per_second", stack=True),
             timeseries("Workers healthy (router)", [target(q.series("router_worker_healthy"), "{{router}} {{worker}}")]),
+            timeseries("Requests per worker (records and spans)", [
+                target(f"sum by (worker) ({q.rate('worker_requests')})", "{{worker}}")], unit="per_second", stack=True,
+                description="What the request records and OTLP spans carried, per worker: against the router's "
+                            "decisions, a worker whose spans do not arrive."),
+            timeseries("Time to first token p95 per worker", [
+                target(q.quantile(0.95, "worker_ttft_seconds", "worker", over=drawing.window), "{{worker}}")],
+                unit="seconds", description="From records' ttft_s or spans' gen_ai.latency.time_to_first_token."),
             timeseries("Fallback ladder in use", [target(q.series("fallback_active"), "{{tier}}")],
                        description="1 while a fallback tier (re-sticky, warm pool, model downgrade, async prefill) "
                                    "is active and its exit condition is not met."),

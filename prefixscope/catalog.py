@@ -407,6 +407,34 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
         "sglang-router": "`smg_kv_event_lag_seconds` Σ worker (smg ≥ 1.13)", "vllm-router": None, "dynamo": None,
         "llm-d": None},
 }
+# The signal each router series instruments (a router that feeds the series feeds the signal).
+ROUTER_SERIES_SIGNALS: dict[str, str] = {
+    f"{NAMESPACE}_router_tree_walk_seconds": "walk_latency",
+    f"{NAMESPACE}_router_predicted_hit_ratio": "router_predicted_reuse",
+    f"{NAMESPACE}_router_sticky_followups": "affinity_outcomes",
+    f"{NAMESPACE}_router_kv_index_faults": "router_index_health",
+    f"{NAMESPACE}_router_kv_event_lag_seconds": "router_index_health",
+}
+# What a deployment behind a router feeds with no request record and no span: the engines' pages, their
+# KV events (with token ids, as vLLM sends them), speculative decoding where it is on, the router's page.
+NO_RECORDS_SIGNALS: frozenset[str] = frozenset({"worker_metrics", "kv_events", "kv_token_ids", "spec_decode",
+                                                "router_metrics"})
+
+
+def router_signals(kind: str) -> frozenset[str]:
+    """The signals router ``kind``'s own /metrics feeds (beyond router_metrics itself)."""
+    return frozenset(sig for series, sig in ROUTER_SERIES_SIGNALS.items() if ROUTER_FEEDS[series].get(kind))
+
+
+def lit_without_records(kind: str, topology: bool = False) -> list[Check]:
+    """The checks whose every signal has a source behind router ``kind`` with no record and no span
+    (``topology``: with a topology file that names the warm pool, so placement is judged from KV events)."""
+    fed = NO_RECORDS_SIGNALS | router_signals(kind)
+    if topology:
+        fed |= {"topology", "warm_pool", "placements"}
+    return [c for c in CHECKS if set(c.signals) <= fed]
+
+
 # How to turn each signal on, shown next to "not instrumented" in the console.
 SIGNAL_ENABLE: dict[str, str] = {
     "worker_metrics": "list each worker's metrics_url under workers: in the exporter config",
@@ -948,6 +976,13 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr=_ratio(f"{P}_router_regret_selections_total", f"{P}_router_routed_requests_total", "router"),
                   group=4, help="Routing regret per router: share of its routed requests sent to a worker with less "
                                 "cached overlap than the best eligible one."),
+    RecordingRule(record="cluster:prefixscope_router_regret_selections_per_routed_requests:ratio_rate5m",
+                  expr=_ratio(f"{P}_router_regret_selections_total", f"{P}_router_routed_requests_total", ""),
+                  group=4, help="Routing regret over every router: share of routed requests sent to a worker with "
+                                "less cached overlap than the best eligible one."),
+    RecordingRule(record="cluster:prefixscope_router_predicted_hit_ratio:p50_5m",
+                  expr=_quantile(0.5, f"{P}_router_predicted_hit_ratio"),
+                  group=4, help="Median share of the prompt the routers predicted cached on their picks (their belief)."),
     RecordingRule(record="router:prefixscope_router_regret_blocks_per_routed_requests:ratio_rate5m",
                   expr=_ratio(f"{P}_router_regret_blocks_total", f"{P}_router_routed_requests_total", "router"),
                   group=4, help="Cached blocks given up by the router's picks, per routed request."),
@@ -1279,6 +1314,8 @@ __all__ = [
     "RECORDING_RULES",
     "ROUTER_FEEDS",
     "ROUTER_KINDS",
+    "ROUTER_SERIES_SIGNALS",
+    "NO_RECORDS_SIGNALS",
     "RULES_BY_NAME",
     "SCOPE_MEMORY",
     "SESSION_HIT_LINE",
@@ -1300,6 +1337,8 @@ __all__ = [
     "as_dict", "burn_window_ranges",
     "check_sources",
     "checks_for_step",
+    "lit_without_records",
+    "router_signals",
     "configure",
     "pools_exported",
     "prompt_class",

@@ -94,6 +94,13 @@ cols[1].metric("Predicted", ui.fmt(r.predicted, "ratio"), help="What the router 
 cols[2].metric("Achieved", ui.fmt(r.achieved, "ratio"), help="What the engines reported cached.")
 cols[3].metric("Routing regret", ui.fmt(r.routing_regret, "ratio"), help="Available − achieved.")
 cols[4].metric("Index staleness", ui.fmt(r.index_staleness, "ratio"), help="Predicted − achieved.")
+router_cols = st.columns(5)
+router_cols[0].metric("Router's prediction (p50)", ui.fmt(r.router_predicted, "ratio"),
+                      help="The router's own belief: median share of the prompt it predicted cached on its picks "
+                           "(SGLang gateway match ratio, Dynamo kv_hit_rate), from its /metrics.")
+router_cols[1].metric("Router's own regret", ui.fmt(r.router_regret, "ratio"),
+                      help="Share of the router's picks that went to a worker with less cached overlap than the best "
+                           "eligible one (Dynamo's non-max-overlap selections), from its /metrics.")
 if chain.limits is not None:
     st.info(reuse_reading(r, chain.limits))
 

@@ -239,7 +239,17 @@ def _reuse(state: ClusterState) -> dict[str, float | None]:
         "achieved_tokens": ach,
         "routing_regret_tokens": max(0.0, avail - ach) if avail is not None and ach is not None else None,
         "index_staleness_tokens": w("index_staleness_tokens"),
+        # what the routers say of themselves: their predicted share (median over their picks) and
+        # their regret (picks below the best overlap) against the requests they routed
+        "router_predicted_hit_ratio_p50": _window_quantile(state, f"{p}_router_predicted_hit_ratio", 0.5),
+        "router_regret_selections": w("router_regret_selections"),
+        "router_routed_requests": w("router_routed_requests"),
     }
+
+
+def _window_quantile(state: ClusterState, metric: str, q: float) -> float | None:
+    got = state.store.window_buckets(metric)
+    return histogram_quantile(q, got[0], got[1]) if got else None
 
 
 # ---- the short window: has a check settled? ----------------------------------------------------
@@ -261,6 +271,7 @@ class _RecentState:
 class _RecentIncreases:
     def __init__(self, state: ClusterState, since: float) -> None:
         self._increases, self._since = state.health_increases, since
+        self.names = state.health_increases.names  # which counters are the exporter's own health ones
 
     def increase(self, name: str) -> float | None:
         return self._increases.increase_since(name, self._since)

@@ -102,6 +102,8 @@ _SESSION_FOLLOWUP_PROMPT_TOKENS = _m("session_followup_prompt_tokens")
 _SESSION_MIGRATIONS = _m("session_migrations")
 _SESSION_REKEYS = _m("session_rekeys")
 _STICKY_COLLISIONS = _m("sticky_collisions")
+_WORKER_REQUESTS = _m("worker_requests")
+_WORKER_TTFT_SECONDS = _m("worker_ttft_seconds")
 
 
 def _cold_labels(model: str, wt: WorkerTopo | None, rec: RequestRecord) -> tuple[str, str, str]:
@@ -237,6 +239,11 @@ class RecordAccounting:
         ts, prompt, cached, predicted = rec.ts, rec.prompt_tokens, rec.cached_tokens, rec.predicted_cached_tokens
         store.inc(ts, _REQUESTS, ml)
         store.inc(ts, _REQUEST_PROMPT_TOKENS, ml, prompt)
+        # per worker: what the records (and the spans that became records) carried
+        wl = (rec.worker,)
+        store.inc(ts, _WORKER_REQUESTS, wl)
+        if rec.ttft_s is not None:
+            store.observe(ts, _WORKER_TTFT_SECONDS, wl, rec.ttft_s)
         if cached is not None:
             store.inc(ts, _REUSE_ACHIEVED_TOKENS, ml, cached)
             store.add_own(ts, ("record_cached", rec.worker), cached)

@@ -27,6 +27,16 @@ NOT_SIMULATED: dict[str, str] = {
     vllm_router.VR_MISSES: "as above",
     **{n: "Dynamo's name before the dynamo_router_ prefix; the latency is simulated under the current name"
        for n in (f"{dynamo.FIND_MATCHES_MS_OLD}{s}" for s in ("_bucket", "_sum", "_count"))},
+    sglang.SMG_MANUAL: "smg's sticky policy; the real smg 1.13.0 drives it (tests/e2e/test_smg_policies.py)",
+    sglang.SMG_PREFIX_HASH: "smg's prefix-hash policy; the real smg 1.13.0 drives it (tests/e2e/test_smg_policies.py)",
+    sglang.SMG_KV_GAPS: "smg's KV-event health, kept only with KV-event-fed routing (gRPC workers); the simulated "
+                        "router is smg in front of HTTP workers",
+    sglang.SMG_KV_RESYNCS: "as above",
+    **{f"{sglang.SMG_KV_LAG}{s}": "as above" for s in ("_bucket", "_sum", "_count")},
+    dynamo.NON_MAX_OVERLAP: "Dynamo's routing regret (prefill picks); the simulated router routes aggregated",
+    **{f"{dynamo.BLOCKS_LOST}{s}": "as above" for s in ("_bucket", "_sum", "_count")},
+    dynamo.REQUESTS: "Dynamo's request count, read as regret's denominator; regret is not simulated",
+    dynamo.EVENTS_APPLIED: "Dynamo's index apply statuses; the simulated router keeps no KV-event-fed index",
 }
 
 # RouterSnapshot field -> the catalogue series it feeds (the matrix in docs/routers.md).

@@ -52,10 +52,12 @@ RULES = REPO / "alerts" / "generated" / "prefixscope.rules.yaml"
 P = catalog.NAMESPACE
 GROUPS, PER_GROUP = 4, 5
 
-# Signals only request records can feed: with routers and workers alone they must be missing.
+# Signals only request records can feed behind these two routers routing cache_aware: with routers and
+# workers alone they must be missing (affinity outcomes and index health come from other routers' own
+# series: the SGLang gateway's sticky branches, Dynamo's and the gateway's KV-event-fed index).
 RECORD_SIGNALS = ("records", "session_key", "block_hashes", "cached_tokens", "predicted_cached_tokens",
                   "prefill_timing", "async_prefill", "walk_latency", "migrations", "expert_signature",
-                  "affinity_admission")
+                  "affinity_admission", "affinity_outcomes", "router_index_health")
 # Checks of those signals (sessions, collisions, migrations, cold prefill, walk latency,
 # placement, MoE, affinity) and of the topology that no file provides here.
 UNFED_CHECKS = tuple(c.key for c in catalog.CHECKS

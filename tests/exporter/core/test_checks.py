@@ -20,7 +20,7 @@ def test_missing_signals_are_not_instrumented_never_zero():
     ev = evaluate(make())
     assert ev.verdict is None
     r = ev.results["sticky_session_collision_rate"]
-    assert r.status == "not_instrumented" and r.value is None and r.missing_signals == ["session_key"]
+    assert r.status == "not_instrumented" and r.value is None and r.missing_signals == ["affinity_outcomes"]
 
 
 def test_healthy_window_has_no_verdict():

@@ -107,6 +107,30 @@ def test_vllm_spans_over_grpc_reach_the_state_exactly_as_over_http(monkeypatch: 
         assert requests.post(f"{over_grpc.url}/v1/traces", data=b"", timeout=5).status_code == 404
 
 
+def test_what_the_spans_carried_per_worker_requests_and_ttft() -> None:
+    """Each worker's requests and its time-to-first-token histogram, from its own spans, over either
+    receiver: the counts and sums are the engines' own, each TTFT in the catalogue bucket holding it."""
+    from prefixscope.catalog import METRICS_BY_NAME
+    from tests.e2e.router_stack import exported
+    served = results(time.time())
+    buckets = METRICS_BY_NAME["prefixscope_worker_ttft_seconds"].buckets
+    assert buckets is not None
+    with running(OtlpTraces(session_wait=0.0, grpc_listen_address="127.0.0.1:0")) as rt:
+        assert rt.grpc is not None
+        send("http/protobuf", f"{rt.url}/v1/traces", served[:3])
+        send("grpc", f"http://{rt.grpc.address}", served[3:])
+        got = exported(rt.url)
+    for w in ("w0", "w1"):
+        mine = [r.ttft_s for r in served if r.worker == w]
+        assert got[("prefixscope_worker_requests_total", (("worker", w),))] == len(mine)
+        assert got[("prefixscope_worker_ttft_seconds_count", (("worker", w),))] == len(mine)
+        assert got[("prefixscope_worker_ttft_seconds_sum", (("worker", w),))] == pytest.approx(sum(mine))
+        for le in buckets:
+            key = ("prefixscope_worker_ttft_seconds_bucket", (("le", f"{le:g}" if le != int(le) else f"{le:.1f}"),
+                                                              ("worker", w)))
+            assert got[key] == sum(t <= le for t in mine), (w, le)
+
+
 def _span(attrs: dict[str, int | str], worker: str = "w0") -> trace_service_pb2.ExportTraceServiceRequest:
     now = time.time_ns()
     span = trace_pb2.Span(trace_id=bytes(range(16)), span_id=bytes(range(8)), name="llm_request",
