@@ -85,14 +85,18 @@ def full_state() -> ClusterState:
                                          offload_usage_ratio={"CPU": 0.5}), t)
     for t, n in ((105, 1), (110, 3)):  # a router's predicted match ratio: a baseline, then two more requests
         ratio = CumulativeHistogram((0.5, 1.0, math.inf), (0, n, n), 0.9 * n, n)
+        lag = CumulativeHistogram((0.01, math.inf), (n, n), 0.005 * n, n)
         st.observe_router(RouterSnapshot("r", "sglang-router", {"w0": 3}, {"w0": 1}, {"hit": 2, "miss": 1},
-                                         predicted_hit_ratio=ratio), t)
+                                         predicted_hit_ratio=ratio, kv_event_lag_seconds=lag,
+                                         sticky_followups={("manual", "kept"): n, ("manual", "collision"): 0.0},
+                                         index_faults={"gap_unrecovered": n}, regret_selections=n,
+                                         regret_blocks=4.0 * n, routed_requests=10.0 * n), t)
     base = {"model": "m", "block_hashes": [1, 2, 3, 9], "cached_tokens": 0, "predicted_cached_tokens": 32,
             "prefill_s": 0.5, "queue_s": 0.1, "walk_s": 0.001, "async_wait_s": 1.0, "expert_signature": "e1",
             "admitted_by_affinity": True, "fallback_tier": "warm_pool", "segment": "web", "session_key": "s",
             "lora_name": "sql", "tenant": "acme"}
     st.ingest_records([
-        {**base, "ts": 111, "request_id": "1", "worker": "w0", "prompt_tokens": 64},
+        {**base, "ts": 111, "request_id": "1", "worker": "w0", "prompt_tokens": 64, "ttft_s": 0.6},
         {**base, "ts": 112, "request_id": "2", "worker": "w1", "prompt_tokens": 64, "cached_tokens": 48,
          "migrated_from": "w0", "migration_kind": "soft"},
         {**base, "ts": 113, "request_id": "3", "worker": "w0", "prompt_tokens": 64, "cached_tokens": 32},
