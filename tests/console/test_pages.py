@@ -82,9 +82,10 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     assert "Charts over time need Prometheus" in body
     # Reuse of 1280 prompt tokens, judged by what the router faced: each first turn could have
     # reused w1's 2 blocks (10 × 32), each follow-up the whole chain (10 × 64) → 960 available;
-    # 544 achieved; no router prediction.
+    # 544 achieved; no router prediction, and no router saying anything of itself (missing, not 0).
     assert metrics(at) == {"Available": "75.0%", "Predicted": "—", "Achieved": "42.5%",
-                           "Routing regret": "32.5%", "Index staleness": "—"}
+                           "Routing regret": "32.5%", "Index staleness": "—",
+                           "Router's prediction (p50)": "—", "Router's own regret": "—"}
     assert at.info[0].value.startswith("Routing: 75% was reusable somewhere")
 
 

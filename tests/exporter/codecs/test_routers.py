@@ -224,3 +224,29 @@ def test_a_router_restart_counts_its_new_totals() -> None:
     P = catalog.NAMESPACE
     assert st.store.window_counter(f"{P}_router_regret_selections") == 3.0
     assert st.store.window_counter(f"{P}_router_routed_requests") == 30.0
+
+
+def test_the_routers_belief_and_regret_reach_the_reuse_decomposition() -> None:
+    """/api/v1/groups' reuse carries what the router says of itself: its predicted share (median of
+    its picks in the window) and its regret picks against the requests it routed."""
+    from exporter.core.checks import evaluate
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300.0, clock=lambda: 1000.0)
+    text = (FIXTURES / "routers" / "dynamo_router_regret.txt").read_text()
+    rid = 'router_id="7587889431"'
+    more = (text.replace('worker_type="prefill"} 12', 'worker_type="prefill"} 18')
+            .replace(f'requests_total{{dynamo_namespace="ns",dynamo_component="router",{rid}}} 200',
+                     f'requests_total{{dynamo_namespace="ns",dynamo_component="router",{rid}}} 300')
+            .replace(f'kv_hit_rate_bucket{{dynamo_namespace="ns",dynamo_component="router",{rid},le="1"}} 200',
+                     f'kv_hit_rate_bucket{{dynamo_namespace="ns",dynamo_component="router",{rid},le="1"}} 300')
+            .replace(f'kv_hit_rate_bucket{{dynamo_namespace="ns",dynamo_component="router",{rid},le="+Inf"}} 200',
+                     f'kv_hit_rate_bucket{{dynamo_namespace="ns",dynamo_component="router",{rid},le="+Inf"}} 300')
+            .replace(f'kv_hit_rate_sum{{dynamo_namespace="ns",dynamo_component="router",{rid}}} 142',
+                     f'kv_hit_rate_sum{{dynamo_namespace="ns",dynamo_component="router",{rid}}} 222')
+            .replace(f'kv_hit_rate_count{{dynamo_namespace="ns",dynamo_component="router",{rid}}} 200',
+                     f'kv_hit_rate_count{{dynamo_namespace="ns",dynamo_component="router",{rid}}} 300'))
+    _scrape_twice(st, text, more)
+    reuse = evaluate(st, 1005.0).reuse
+    assert (reuse["router_regret_selections"], reuse["router_routed_requests"]) == (6.0, 100.0)
+    # 100 new picks in Dynamo's (0.5, 1], their sum 80: each placed at 0.8 inside that bucket, so they
+    # fall in the catalogue's (0.7, 0.8] and the median reads inside it (as histogram_quantile would)
+    assert 0.7 < reuse["router_predicted_hit_ratio_p50"] <= 0.8
