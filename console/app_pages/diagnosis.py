@@ -88,19 +88,18 @@ if chain.symptom is not None:
 
 st.subheader("Reuse decomposition")
 r = chain.reuse
-cols = st.columns(5)
+cols = st.columns(7)  # the decomposition, then what the router says of itself
 cols[0].metric("Available", ui.fmt(r.available, "ratio"), help="Longest cached match on any worker (index).")
 cols[1].metric("Predicted", ui.fmt(r.predicted, "ratio"), help="What the router believed cached on its choice.")
 cols[2].metric("Achieved", ui.fmt(r.achieved, "ratio"), help="What the engines reported cached.")
 cols[3].metric("Routing regret", ui.fmt(r.routing_regret, "ratio"), help="Available − achieved.")
 cols[4].metric("Index staleness", ui.fmt(r.index_staleness, "ratio"), help="Predicted − achieved.")
-router_cols = st.columns(5)
-router_cols[0].metric("Router's prediction (p50)", ui.fmt(r.router_predicted, "ratio"),
-                      help="The router's own belief: median share of the prompt it predicted cached on its picks "
-                           "(SGLang gateway match ratio, Dynamo kv_hit_rate), from its /metrics.")
-router_cols[1].metric("Router's own regret", ui.fmt(r.router_regret, "ratio"),
-                      help="Share of the router's picks that went to a worker with less cached overlap than the best "
-                           "eligible one (Dynamo's non-max-overlap selections), from its /metrics.")
+cols[5].metric("Router predicted", ui.fmt(r.router_predicted, "ratio"),
+               help="The router's own belief: median share of the prompt it predicted cached on its picks "
+                    "(SGLang gateway match ratio, Dynamo kv_hit_rate), from its /metrics.")
+cols[6].metric("Router regret", ui.fmt(r.router_regret, "ratio"),
+               help="Share of the router's picks that went to a worker with less cached overlap than the best "
+                    "eligible one (Dynamo's non-max-overlap selections), from its /metrics.")
 if chain.limits is not None:
     st.info(reuse_reading(r, chain.limits))
 

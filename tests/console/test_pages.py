@@ -85,7 +85,7 @@ def test_diagnosis_names_step_2_not_the_falling_hit_rate(exporter_only: str) -> 
     # 544 achieved; no router prediction, and no router saying anything of itself (missing, not 0).
     assert metrics(at) == {"Available": "75.0%", "Predicted": "—", "Achieved": "42.5%",
                            "Routing regret": "32.5%", "Index staleness": "—",
-                           "Router's prediction (p50)": "—", "Router's own regret": "—"}
+                           "Router predicted": "—", "Router regret": "—"}
     assert at.info[0].value.startswith("Routing: 75% was reusable somewhere")
 
 
