@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from streamlit.testing.v1 import AppTest
 
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
-from exporter.core.health import Health
+from exporter.bootstrap import bootstrap
 from exporter.core.state import ClusterState
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
 from exporter.web.api import ApiBuilders
@@ -61,7 +61,7 @@ CHAIN = [*SHARED, 0x1000_0000 + 1, 0x1000_0000 + 2]
 def build_state(now: float) -> ClusterState:
     """Eight workers with a shared system prompt and their own branches; keyed sessions whose
     follow-ups come back on another worker one time in five (step 2 fires)."""
-    state = ClusterState.build(Health(), load_thresholds(), clock=time.time)
+    state = bootstrap(thresholds=load_thresholds(), clock=time.time).state
     for i, w in enumerate(NAMES):
         own = [0x1000_0000 * (i + 1) + j for j in range(64)]
         state.apply_kv_batch(KvBatch(w, 0, now - 60, (BlockStored(tuple(SHARED + own), None, 16),)), now - 60)
