@@ -275,17 +275,19 @@ class _Feed:
         self.follow(sim.listed)
 
     # ---- service discovery ----------------------------------------------------------------------
-    def _refresh_discovery(self) -> None:
+    def _refresh_discovery(self, listed: Sequence[str]) -> None:
+        """Write the discovery file (again: a forked run that finished before this one removed its
+        directory), then let the exporter's discovery read it."""
+        self.sd_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.sd_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps([sd_target(w) for w in listed]), encoding="utf-8")
+        os.replace(tmp, self.sd_file)
         self.discovery.refresh_once(force=True)
         self.sd_refreshed_at = self.clock.now()
 
     def follow(self, listed: Sequence[str]) -> None:
-        """The fleet lists ``listed`` now: write the discovery file, let the exporter's discovery read it."""
-        self.sd_dir.mkdir(parents=True, exist_ok=True)  # (a forked run before this one may have removed it)
-        tmp = self.sd_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps([sd_target(w) for w in listed]), encoding="utf-8")
-        os.replace(tmp, self.sd_file)
-        self._refresh_discovery()
+        """The fleet lists ``listed`` now: the exporter's discovery reads it from the file."""
+        self._refresh_discovery(listed)
         self.subscriber.follow_now()
         now = self.clock.now()
         for worker in list(self.unfollowed):
@@ -351,7 +353,7 @@ class _Feed:
     def scrape(self) -> None:
         # file_sd reads its file every refresh_interval besides on a change (the virtual clock's)
         if self.clock.now() - self.sd_refreshed_at >= self.cfg.discovery[0].refresh_interval:
-            self._refresh_discovery()
+            self._refresh_discovery(self.sim.listed)
         self.flush_records()
         self.scraper.scrape_once()  # one scrape thread: targets in order, the run stays deterministic
         t = round(self.clock.now() - self.start, 6)
