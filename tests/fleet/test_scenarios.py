@@ -173,7 +173,8 @@ def _bad(tmp_path: Path, changes: dict) -> Path:
     ({"workload": {"rekey_prob": 1.5}}, "bad.yaml: workload.rekey_prob: expected a number between 0 and 1, got 1.5"),
     ({"fault_router": {"placement": "random"}}, 'bad.yaml: fault_router.placement: expected one of aware, blind, got "random"'),
     ({"actions": [{"at": 300, "action": "explode", "workers": ["w1"]}]},
-     'bad.yaml: actions[0].action: expected one of set_knob, reset_cache, fail, drain, add_worker, got "explode"'),
+     'bad.yaml: actions[0].action: expected one of set_knob, reset_cache, fail, drain, add_worker, remove_worker, '
+     'restart_worker, got "explode"'),
     ({"actions": [{"at": 300, "action": "set_knob", "workers": ["w1"], "knob": "turbo", "value": 1}]},
      'bad.yaml: actions[0].knob: expected one of prefill_slowdown, spec_acceptance, expert_misalignment, affinity_admission, drop_kv_events, healthy, got "turbo"'),
     ({"actions": [{"at": 300, "action": "fail"}]}, "bad.yaml: actions[0].workers: name the workers (or a node) the action applies to"),
