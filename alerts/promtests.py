@@ -213,9 +213,15 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         # increase over the window of a counter moving hint / window_min per minute: hint
         return Synth([_series(m.group(1), _labels_for(m.group(1)), _counter(hint / window_min, n))], hint)
     if m := re.fullmatch(r"max\(time\(\) - (\w+)\)", expr):
-        # Last batch at t=0 (value grows with time) or a batch every interval (value stays 0).
+        # Last batch at t=0 (value grows with time) or a batch every interval (value stays 0). A long
+        # threshold is crossed late: evaluate once `for` has elapsed after the crossing.
         if want(float(eval_s)):
-            return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0x{n}")], float(eval_s))
+            crossed = next(i for i in range(n) if want(i * 60.0))
+            at_min = max(eval_s // 60, crossed + for_min + 1)
+            if at_min >= n:
+                raise UnsupportedShape(f"the threshold is crossed too late for the case's {n} minutes: {expr}")
+            return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0x{n}")], float(at_min * 60),
+                         eval_min=at_min if at_min * 60 != eval_s else None)
         return Synth([_series(m.group(1), _labels_for(m.group(1)), f"0+{INTERVAL_S}x{n}")], 0.0)
     if m := re.fullmatch(r"sum\(\(time\(\) - (\w+)\) > bool threshold\(\w+\)\) / count\((\w+)\)", expr):
         # four workers, k of them silent since the start (their age grows), the others fresh

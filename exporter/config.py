@@ -9,6 +9,7 @@ reading code. Loading never raises anything but :class:`ConfigError`.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from exporter.codecs import routers
-from exporter.codecs.discovery import relabel
+from exporter.codecs.discovery import pods, relabel
 from exporter.model import Limits
 from prefixscope.durations import DurationError, seconds
 from prefixscope.records import DEFAULT_TS_TOLERANCE_S
@@ -109,8 +110,9 @@ class NatsKv:
     dynamo_block_size: int = 16
 
 
-SD_MECHANISMS = ("file_sd", "http_sd", "prometheus", "router", "etcd")
-SD_REFRESH = {"file_sd": 300.0, "http_sd": 60.0, "prometheus": 30.0, "router": 15.0, "etcd": 15.0}
+SD_MECHANISMS = ("file_sd", "http_sd", "prometheus", "router", "etcd", "kubernetes")
+SD_REFRESH = {"file_sd": 300.0, "http_sd": 60.0, "prometheus": 30.0, "router": 15.0, "etcd": 15.0,
+              "kubernetes": 60.0}
 
 
 @dataclass(frozen=True)
@@ -122,12 +124,16 @@ class SdProvider:
     refresh_interval: float
     relabel: tuple[relabel.Rule, ...] = ()
     files: tuple[str, ...] = ()  # file_sd: absolute paths (a glob in the file name allowed)
-    url: str | None = None  # http_sd, prometheus, router
+    url: str | None = None  # http_sd, prometheus, router; kubernetes: its api_server
     job: str | None = None  # prometheus: the scrape pool
     endpoints: tuple[str, ...] = ()  # etcd
     prefix: str = "instances/"  # etcd
     timeout: float = 10.0
     bearer_token: str | None = None
+    namespaces: tuple[str, ...] = ()  # kubernetes (empty: the exporter's own)
+    label_selector: str | None = None  # kubernetes
+    ready_only: bool = True  # kubernetes: only pods that can serve
+    kubeconfig: str | None = None  # kubernetes (none: in-cluster, or api_server)
 
 
 @dataclass(frozen=True)
@@ -391,7 +397,10 @@ def _discovery(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple
             if name in names:
                 problems.add(f"{where}.name", f'duplicate discovery name "{name}"')
             names.add(name)
-            rules: list[relabel.Rule] = []
+            # the pod annotations' default reading comes first: the config's own rules can override it
+            rules = [relabel.rule(r) for r in pods.DEFAULT_RELABEL] if mechanism == "kubernetes" else []
+            if mechanism == "kubernetes" and importlib.util.find_spec("kubernetes") is None:
+                problems.add(where, "needs the kubernetes package (pip install 'prefixscope[kubernetes]')")
             for j, r in enumerate(e.get("relabel_configs") or []):
                 if isinstance(r, Mapping) and not problems.has(f"{where}.relabel_configs[{j}]"):
                     try:
@@ -413,9 +422,13 @@ def _discovery(problems: Problems, files: _Files, d: Mapping[str, Any]) -> tuple
 
             refresh = duration("refresh_interval", SD_REFRESH[mechanism])
             out.append(SdProvider(mechanism=mechanism, name=name, refresh_interval=refresh, relabel=tuple(rules),
-                                  files=paths, url=e.get("url"), job=e.get("job"),
+                                  files=paths, url=e.get("url") or e.get("api_server"), job=e.get("job"),
                                   endpoints=tuple(e.get("endpoints") or ()), prefix=e.get("prefix", "instances/"),
-                                  timeout=duration("timeout", 10.0), bearer_token=token))
+                                  timeout=duration("timeout", 10.0), bearer_token=token,
+                                  namespaces=tuple(e.get("namespaces") or ()), label_selector=e.get("label_selector"),
+                                  ready_only=e.get("ready_only") is not False,
+                                  kubeconfig=(str(k) if (k := files.path(e.get("kubeconfig"), f"{where}.kubeconfig"))
+                                              else None)))
     return tuple(out)
 
 

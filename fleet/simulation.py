@@ -2,7 +2,7 @@
 
 On a :class:`~fleet.clock.VirtualClock` the driver jumps from one request arrival to the next,
 so ten simulated minutes take seconds; fleet actions (knobs, cache resets, failures, drains,
-scale-out) fire at their scenario times, and every ``sample_every_s`` the engines' gauges and
+scale-out, scale-in, rolling restarts) fire at their scenario times, and every ``sample_every_s`` the engines' gauges and
 counters are sampled (what a scrape of their /metrics would read). :func:`signals` turns a run
 into the raw value behind each checklist item of ``prefixscope/catalog.py`` for a time window.
 """
@@ -118,6 +118,10 @@ class Simulation:
             for w in topology.workers:
                 self._adopt(w.name)
         initial = topology.names[: scenario.initial_workers] if scenario.initial_workers else topology.names
+        # The workers service discovery lists (a pod that exists and is ready): the initial pool,
+        # those that join, less those scaled in or restarting. A failed or drained worker stays
+        # listed (its pod is still there). :meth:`_listing_changed` says when it changes.
+        self.listed: list[str] = list(initial)
         cfg = RouterConfig(policy=policy or scenario.policy)
         if cold_share is not None:  # the threshold file's, from whoever composes the run
             cfg = replace(cfg, cold_share=cold_share)
@@ -267,7 +271,12 @@ class Simulation:
         elif a.action == "reset_cache":
             push(t, lambda: self.engines[w].reset_cache(), f"{w}: cache reset")
         elif a.action == "add_worker":
-            push(t, lambda: router.add_worker(w), f"{w}: joins the pool")
+            push(t, lambda: self.add_worker(w), f"{w}: joins the pool")
+        elif a.action == "remove_worker":
+            push(t, lambda: self.remove_worker(w), f"{w}: scaled in")
+        elif a.action == "restart_worker":
+            push(t, lambda: self.stop_for_restart(w), f"{w}: stopped for a rolling restart")
+            push(t + (a.restore_after or 0.0), lambda: self.back_from_restart(w), f"{w}: back from its restart")
         elif a.action == "fail":
             push(t, lambda: self.fail_worker(w), f"{w}: fails")
             if a.restore_after:
@@ -276,6 +285,54 @@ class Simulation:
             push(t, lambda: router.drain_worker(w), f"{w}: drains")
             if a.restore_after:
                 push(t + a.restore_after, lambda: router.restore_worker(w, restarted=False), f"{w}: back in the pool")
+
+    # -- the fleet as service discovery lists it ----------------------------------------------
+    def _list(self, w: str, listed: bool) -> None:
+        if listed == (w in self.listed):
+            return
+        if listed:
+            self.listed.append(w)
+        else:
+            self.listed.remove(w)
+        self._listing_changed()
+
+    def _listing_changed(self) -> None:
+        """The listed workers changed (a subclass follows them: ``lab.harness`` writes a discovery file)."""
+
+    def add_worker(self, w: str) -> None:
+        """Scale-out: the worker joins the pool and is listed; one that was stopped starts as a new
+        process (empty, then pre-warmed)."""
+        if not self.engines[w].knobs.healthy:
+            self._start_again(w)
+        self.router.add_worker(w)
+        self._list(w, True)
+
+    def remove_worker(self, w: str) -> None:
+        """Scale-in: the worker leaves the pool on purpose (its sessions move soft), is no longer
+        listed, and its process stops."""
+        self.router.drain_worker(w)
+        self._list(w, False)
+        self.engines[w].knobs.healthy = False
+        if self.fleet is not None:
+            self.fleet.kill(w)
+
+    def stop_for_restart(self, w: str) -> None:
+        """A rolling restart's first half: drained and unlisted (as a pod that terminates), then stopped."""
+        self.remove_worker(w)
+
+    def back_from_restart(self, w: str) -> None:
+        """... and its second half: a new process (empty, then pre-warmed) back in the pool and listed."""
+        self.restart_worker(w)
+        self._list(w, True)
+
+    def _start_again(self, w: str) -> None:
+        if self.fleet is not None:
+            self.fleet.restart(w)
+            self._adopt(w)
+        else:
+            eng = self.engines[w]
+            eng.reset_cache()  # a restarted engine comes back empty
+            eng.knobs.healthy = True
 
     def fail_worker(self, w: str) -> None:
         """The worker dies: the router takes it out of the pool (its sessions migrate), the process goes."""
@@ -286,13 +343,7 @@ class Simulation:
 
     def restart_worker(self, w: str) -> None:
         """The worker comes back as a fresh process (empty cache, KV-event sequence 0) and rejoins."""
-        if self.fleet is not None:
-            self.fleet.restart(w)
-            self._adopt(w)
-        else:
-            eng = self.engines[w]
-            eng.reset_cache()  # a restarted engine comes back empty
-            eng.knobs.healthy = True
+        self._start_again(w)
         self.router.restore_worker(w, restarted=True)
         self._warm(w)
 

@@ -45,7 +45,8 @@ def compress(sc: Scenario, warmup_s: float, fault_s: float) -> Scenario:
         if start > duration:
             continue
         actions.append(replace(a, at=start, until=None if a.until is None else min(duration, at(a.until))))
-    return replace(sc, fault_at_s=warmup_s, duration_s=duration, actions=tuple(actions))
+    later = tuple((at(t), params) for t, params in sc.later_workloads if at(t) < duration)
+    return replace(sc, fault_at_s=warmup_s, duration_s=duration, actions=tuple(actions), later_workloads=later)
 
 
 def full() -> list[Scenario]:

@@ -15,6 +15,16 @@ exporter is fed:
 - Worker /metrics pages are rendered (``render_metrics``) and scraped by the real
   :class:`~exporter.sources.scrape.Scraper` every ``scrape_every_s``; a failed worker's scrape
   fails (``up`` = 0, a ``connect`` ingest error).
+- Which workers the exporter follows comes from service discovery, as in production: the
+  harness writes the workers the fleet lists (:attr:`fleet.simulation.Simulation.listed`: the
+  pool, less those scaled in or restarting) to a ``file_sd`` file whenever that changes, and the
+  exporter's own discovery (``exporter.sources.discovery``, relabelling included) reads it and
+  its :class:`~exporter.follow.FleetFollower` applies it — scrape targets, KV-event endpoints,
+  the state's membership. A worker's batches published while it is not followed (a standby
+  worker pre-warmed before it joins, a restarted one before it is listed again) are handed over
+  when it is, as the KV-event replay a new endpoint is asked for would; those of a worker that
+  was followed, left and comes back without restarting are not (the simulated fleet stops a
+  worker it scales in).
 - Request records are serialised to NDJSON and go through the record intake's parser and
   ``deliver`` about once a second, as a gateway pushes them.
 
@@ -32,21 +42,28 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.bootstrap import bootstrap
 from exporter.codecs import promtext
+from exporter.config import parse_config
 from exporter.core.checks import Evaluation, evaluate
 from exporter.core.health import Health
 from exporter.core.state import ClusterState
-from exporter.sources.kv_zmq import KvEndpoint, KvEventSubscriber
+from exporter.follow import FleetFollower
+from exporter.sources.discovery.manager import Discovery
+from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.records import deliver, parse_lines
-from exporter.sources.scrape import ScrapeFailed, Scraper, ScrapeTarget
+from exporter.sources.scrape import ScrapeFailed, Scraper
 from exporter.web import api
 from exporter.web.collector import PrefixscopeCollector
 from fleet.clock import VirtualClock
@@ -61,7 +78,8 @@ from prefixscope.thresholds import Thresholds, load_thresholds, window_seconds
 
 SCRAPE_EVERY_S = 15.0  # Prometheus's usual scrape interval
 RECORD_FLUSH_S = 1.0  # how often the simulated gateway pushes its buffered records
-SIM_URL = "sim://"  # scrape targets of simulated workers: rendered in-process, not fetched
+SIM_DOMAIN = ".fleet.sim"  # host of a simulated worker's /metrics: rendered in-process, not fetched
+SD_PROVIDER = "fleet"  # the file_sd provider's name (prefixscope_discovery_targets{provider})
 
 
 def series_key(name: str, labels: dict[str, str]) -> str:
@@ -169,6 +187,34 @@ class _SimScraper(Scraper):
         return self._render(url)
 
 
+class _SimSubscriber(KvEventSubscriber):
+    """The exporter's KV-event subscriber without sockets: the harness hands it each message, and
+    applies the endpoint changes discovery asks for at once (it runs no thread of its own)."""
+
+    def _subscribe(self, worker: str, ep: Any) -> None:
+        pass
+
+    def _unsubscribe(self, worker: str) -> None:
+        pass
+
+    def follow_now(self) -> None:
+        self._apply_changes()
+
+
+def sd_target(worker: str) -> dict[str, Any]:
+    """A simulated worker as a ``file_sd`` target group: its metrics address and KV-event endpoint,
+    named by a label the discovery config relabels into ``worker``."""
+    return {"targets": [f"{worker}{SIM_DOMAIN}:8000"],
+            "labels": {"__meta_sim_worker": worker, "kv_events": f"inproc://{worker}"}}
+
+
+# Relabelling as a deployment would write it: keep the fleet's pods, name each worker by its label.
+SD_RELABEL = [
+    {"source_labels": ["__address__"], "regex": rf".*{SIM_DOMAIN.replace('.', '[.]')}:\d+", "action": "keep"},
+    {"source_labels": ["__meta_sim_worker"], "target_label": "worker"},
+]
+
+
 @dataclass
 class ScenarioRun:
     """A finished run: the simulation's result, the exporter state it fed, and the scrape history."""
@@ -214,13 +260,40 @@ class _Feed:
         self.dead: set[str] = set()
         self.pending: list[bytes] = []
         self.pending_since: float | None = None
-        names = list(sim.engines)
-        # The subscriber is used without its thread: its sockets are never opened.
-        self.subscriber = KvEventSubscriber({w: KvEndpoint(pub="inproc://unused") for w in names}, state, health,
-                                            clock=clock.now)
-        targets = [ScrapeTarget(w, SIM_URL + w, "worker") for w in names]
-        self.scraper = _SimScraper(self._render, targets, state, health, clock=clock.now,
-                                   max_workers=1)
+        # batches of workers not followed (yet), since their process started: handed over on joining
+        self.unfollowed: dict[str, list[list[bytes]]] = {}
+        # The subscriber and the scraper start with no worker: discovery gives them theirs.
+        self.subscriber = _SimSubscriber({}, state, health, clock=clock.now)
+        self.scraper = _SimScraper(self._render, [], state, health, clock=clock.now, max_workers=1)
+        self.sd_dir = Path(tempfile.mkdtemp(prefix="prefixscope-sd-"))
+        self.sd_file = self.sd_dir / "workers.json"
+        self.cfg = parse_config({"discovery": {"file_sd": [{"name": SD_PROVIDER, "files": [str(self.sd_file)],
+                                                            "relabel_configs": SD_RELABEL}]}}, "<harness>")
+        self.follower = FleetFollower(self.cfg, (), state, health, self.scraper, self.subscriber, clock=clock.now)
+        self.discovery = Discovery(self.cfg.discovery, (), self.follower.apply, health, clock=clock.now)
+        self.sd_refreshed_at = clock.now()
+        self.follow(sim.listed)
+
+    # ---- service discovery ----------------------------------------------------------------------
+    def _refresh_discovery(self, listed: Sequence[str]) -> None:
+        """Write the discovery file (again: a forked run that finished before this one removed its
+        directory), then let the exporter's discovery read it."""
+        self.sd_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.sd_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps([sd_target(w) for w in listed]), encoding="utf-8")
+        os.replace(tmp, self.sd_file)
+        self.discovery.refresh_once(force=True)
+        self.sd_refreshed_at = self.clock.now()
+
+    def follow(self, listed: Sequence[str]) -> None:
+        """The fleet lists ``listed`` now: the exporter's discovery reads it from the file."""
+        self._refresh_discovery(listed)
+        self.subscriber.follow_now()
+        now = self.clock.now()
+        for worker in list(self.unfollowed):
+            if worker in self.subscriber.endpoints:  # what a replay would fetch now
+                for frames in self.unfollowed.pop(worker):
+                    self.subscriber.handle_message(worker, frames, now)
 
     # ---- KV events --------------------------------------------------------------------------
     def on_kv_events(self, worker: str, events: list, ts: float, routed: bool = False) -> None:
@@ -236,6 +309,7 @@ class _Feed:
         if worker in self.dead:
             self.dead.discard(worker)
             self.seq[worker] = 0  # a restarted vLLM process numbers its batches from 0 again
+            self.unfollowed.pop(worker, None)  # what its last process published is gone with it
         seq = self.seq.get(worker, 0)
         self.seq[worker] = seq + 1
         self.sent[worker] = self.sent.get(worker, 0) + 1
@@ -245,6 +319,9 @@ class _Feed:
             self.lost[worker] = self.lost.get(worker, 0) + 1
             return  # numbered by the publisher, never delivered
         frames = [b"", seq.to_bytes(8, "big"), encode_batch(events, ts)]
+        if worker not in self.subscriber.endpoints:  # not followed (yet): its replay buffer keeps it
+            self.unfollowed.setdefault(worker, []).append(frames)
+            return
         self.subscriber.handle_message(worker, frames, max(ts, self.clock.now()))
 
     # ---- records ------------------------------------------------------------------------------
@@ -267,13 +344,16 @@ class _Feed:
 
     # ---- scrapes ------------------------------------------------------------------------------
     def _render(self, url: str) -> str:
-        worker = url.removeprefix(SIM_URL)
+        worker = (urlsplit(url).hostname or "").removesuffix(SIM_DOMAIN)
         engine = self.sim.engines[worker]
         if not engine.knobs.healthy:
             raise ScrapeFailed("connect", "connection refused (worker is down)")
         return render_metrics(engine, self.flavour).decode()
 
     def scrape(self) -> None:
+        # file_sd reads its file every refresh_interval besides on a change (the virtual clock's)
+        if self.clock.now() - self.sd_refreshed_at >= self.cfg.discovery[0].refresh_interval:
+            self._refresh_discovery(self.sim.listed)
         self.flush_records()
         self.scraper.scrape_once()  # one scrape thread: targets in order, the run stays deterministic
         t = round(self.clock.now() - self.start, 6)
@@ -289,6 +369,7 @@ class _Feed:
     def close(self) -> None:
         self.scraper.close()
         self.subscriber.close()
+        shutil.rmtree(self.sd_dir, ignore_errors=True)
 
 
 class _ScrapingSimulation(Simulation):
@@ -322,6 +403,10 @@ class _ScrapingSimulation(Simulation):
         super()._sample()
         if self.feed is not None:
             self.feed.scrape()
+
+    def _listing_changed(self) -> None:
+        if self.feed is not None:
+            self.feed.follow(self.listed)
 
 
 def duration_seconds(text: str) -> float:
@@ -411,8 +496,9 @@ class Replay:
 
 def fired_during_expr(seconds: float) -> str:
     """PromQL naming, once with its step, every alert that was firing at some evaluation in the last ``seconds``
-    (but the Watchdog, which always fires: it watches the alerting path, not the fleet)."""
-    return (f'count by (alertname, step) (max_over_time(ALERTS{{alertstate="firing", '
+    (but the Watchdog, which always fires: it watches the alerting path, not the fleet). ``group``, not
+    ``count``: an alert with several series (an SLO's burn-rate pairs) is still named once, with 1."""
+    return (f'group by (alertname, step) (max_over_time(ALERTS{{alertstate="firing", '
             f'alertname!="{catalog.WATCHDOG_ALERT}"}}[{int(seconds)}s]))')
 
 

@@ -51,7 +51,9 @@ def with_warmup(scenario: Scenario, warmup_s: float, scrape_every_s: float = SCR
         raise ValueError(f"warm-up must be ≥ 0, got {warmup_s:g}")
     w = math.ceil(warmup_s / scrape_every_s) * scrape_every_s
     actions = tuple(replace(a, at=a.at + w, until=None if a.until is None else a.until + w) for a in scenario.actions)
-    return replace(scenario, fault_at_s=scenario.fault_at_s + w, duration_s=scenario.duration_s + w, actions=actions)
+    later = tuple((at + w, params) for at, params in scenario.later_workloads)
+    return replace(scenario, fault_at_s=scenario.fault_at_s + w, duration_s=scenario.duration_s + w, actions=actions,
+                   later_workloads=later)
 
 
 def phase(ev: Evaluation) -> dict[str, Any]:

@@ -1119,6 +1119,17 @@ CHECKS: tuple[Check, ...] = (
           op=">", threshold="ingest_errors", unit="per_second", signals=(),
           meaning="prefixscope is rejecting malformed input from a source.",
           summary="prefixscope is rejecting more than {threshold} of its input."),
+    # Per provider, so it inhibits nothing (one provider's stale list is not cluster-wide blindness);
+    # a deployment without discovery has no such series: no data, never firing.
+    Check(key="discovery_freshness", group=0, kind="health", title="Service discovery current",
+          alert="PrefixTelemetryDiscoveryFailing",
+          value=f"max(time() - {P}_discovery_last_success_timestamp_seconds)",
+          op=">", threshold="discovery_staleness", unit="seconds", signals=(), per=("provider",),
+          meaning="Seconds since a service-discovery provider last answered in full. A provider that fails keeps its "
+                  "last good workers: the exporter goes on following a fleet that is getting older — workers that "
+                  "joined since are neither scraped nor indexed, workers that left since are still targets.",
+          summary="A service-discovery provider has not answered in full for more than {threshold}: the fleet "
+                  "prefixscope follows is out of date."),
     # ---- step 1 -----------------------------------------------------------------------------
     Check(key="prefix_hit_rate_total", group=1, title="Prefix hit rate (cluster)", alert="PrefixHitRateLow",
           value="cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m",

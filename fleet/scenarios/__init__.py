@@ -1,8 +1,9 @@
 """Fault scenarios: named presets (``fleet/scenarios/*.yaml``) and their validation.
 
 A scenario runs a healthy warm-up, then injects its fault at ``fault_at_s``: a change of the
-workload (``fault_workload``), of the router (``fault_router``) and/or timed fleet ``actions``
-(engine knobs, cache resets, failures, drains, scale-out). Each preset states which diagnosis
+workload (``fault_workload``, and ``later_workloads`` after it), of the router (``fault_router``)
+and/or timed fleet ``actions`` (engine knobs, cache resets, failures, drains, scale-out, scale-in,
+rolling restarts). Each preset states which diagnosis
 step (0–5) it must trip and which alerts of ``prefixscope/catalog.py`` (``expected_step``,
 ``expected_alerts``); the format is documented in docs/scenarios.md.
 
@@ -29,7 +30,7 @@ SCHEMA = "prefixscope.scenario/v1"
 SCHEMA_FILE = "scenario.v1.json"
 PRESET_DIR = Path(__file__).resolve().parent
 
-ACTIONS = ("set_knob", "reset_cache", "fail", "drain", "add_worker")
+ACTIONS = ("set_knob", "reset_cache", "fail", "drain", "add_worker", "remove_worker", "restart_worker")
 KNOBS = tuple(f.name for f in fields(Knobs))
 ROUTER_FIELDS = ("walk_delay_s", "placement", "class_routing", "async_slots", "async_share")
 
@@ -49,7 +50,7 @@ class Action:
     every: float | None = None  # repeat every this many seconds ...
     until: float | None = None  # ... until this time (default: the end of the run)
     rotate: bool = False  # each repetition takes the next worker of ``workers``
-    restore_after: float | None = None  # fail/drain: the worker comes back after this long
+    restore_after: float | None = None  # fail/drain/restart_worker: the worker comes back after this long
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Scenario:
     initial_workers: int | None = None  # active at start (the rest join through add_worker)
     workload: WorkloadParams = field(default_factory=WorkloadParams)
     fault_workload: WorkloadParams | None = None
+    # (at, workload) after the fault's: each on top of the one before (a load that ends, say)
+    later_workloads: tuple[tuple[float, WorkloadParams], ...] = ()
     router: Mapping[str, Any] = field(default_factory=dict)
     fault_router: Mapping[str, Any] = field(default_factory=dict)
     actions: tuple[Action, ...] = ()
@@ -75,9 +78,10 @@ class Scenario:
     source: str = "<scenario>"
 
     def phases(self) -> list[tuple[float, WorkloadParams]]:
-        if self.fault_workload is None:
-            return [(0.0, self.workload)]
-        return [(0.0, self.workload), (self.fault_at_s, self.fault_workload)]
+        out = [(0.0, self.workload)]
+        if self.fault_workload is not None:
+            out.append((self.fault_at_s, self.fault_workload))
+        return out + list(self.later_workloads)
 
 
 _WORKLOAD_DEFAULTS = {f.name: f.default for f in fields(WorkloadParams)}
@@ -197,12 +201,28 @@ def parse_scenario(data: Mapping[str, Any], source: str = "<scenario>") -> Scena
     fault_workload = None
     if data.get("fault_workload") is not None:
         fault_workload = _workload(problems, "fault_workload", data.get("fault_workload"), workload)
+    later: list[tuple[float, WorkloadParams]] = []
+    previous = fault_workload or workload
+    for i, entry in enumerate(data.get("later_workloads") or []):
+        where = f"later_workloads[{i}]"
+        if not isinstance(entry, Mapping) or problems.has(where):
+            continue
+        at = _time(entry["at"])
+        after = later[-1][0] if later else fault_at
+        if after is not None and at <= after:
+            problems.add(f"{where}.at", f"must come after {'the previous phase' if later else 'fault_at_s'} "
+                         f"({after:g}), got {show(entry['at'])}")
+        if duration is not None and at >= duration:
+            problems.add(f"{where}.at", f"must be before duration_s ({duration:g}), got {show(entry['at'])}")
+        previous = _workload(problems, f"{where}.workload", entry.get("workload"), previous)
+        later.append((at, previous))
     actions = _actions(problems, data.get("actions"), duration)
     problems.raise_if_any(ScenarioError)
     return Scenario(name=data["name"], description=data["description"], fault=data.get("fault", "none"),
                     fault_at_s=fault_at, duration_s=duration, expected_step=step, expected_alerts=alerts,
                     side_effects=side, policy=data.get("policy", "topology-aware"),
                     initial_workers=_int_or_none(data.get("initial_workers")), workload=workload, fault_workload=fault_workload,
+                    later_workloads=tuple(later),
                     router=_router(data.get("router")), fault_router=_router(data.get("fault_router")),
                     actions=actions, seed=int(data.get("seed", 0)), source=source)
 

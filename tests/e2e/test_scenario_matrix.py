@@ -34,6 +34,7 @@ SPEC_MATRIX: dict[str, int | None] = {
     "cache-pressure": 1,
     "timestamp-in-system-prompt": 1,
     "hash-mod-reshuffle": 2,
+    "autoscaling": 2,
     "session-key-churn": 2,
     "warm-pool-saturation": 2,
     "worker-failures": 2,
@@ -142,7 +143,7 @@ def _steady_params() -> list:
             if n in KNOWN_WRONG_STEADY else n for n in SCENARIOS]
 
 
-@pytest.mark.slow  # 16 presets after 15 simulated minutes each: ~4 minutes of CPU on two worker processes
+@pytest.mark.slow  # 17 presets after 15 simulated minutes each: ~4 minutes of CPU on two worker processes
 @pytest.mark.timeout(3600)  # the first test waits for every row: no wall-clock budget a loaded box misses
 @pytest.mark.parametrize("scenario", _steady_params())
 def test_steady_state_all_clear_before_the_fault_and_the_expected_step_during_it(scenario: str,
@@ -232,10 +233,10 @@ def test_durations_and_settled_run_length() -> None:
 
 def test_promtool_failure_report_is_read_per_window() -> None:
     output = """  FAILED:
-    expr: "count by (alertname, step) (max_over_time(ALERTS{alertstate=\\"firing\\", alertname!=\\"PrefixWatchdog\\"}[300s]))", time: 5m,
+    expr: "group by (alertname, step) (max_over_time(ALERTS{alertstate=\\"firing\\", alertname!=\\"PrefixWatchdog\\"}[300s]))", time: 5m,
         exp: nil
         got: {alertname="PrefixHitRateLow", step="1"} 1E+00
-    expr: "count by (alertname, step) (max_over_time(ALERTS{alertstate=\\"firing\\", alertname!=\\"PrefixWatchdog\\"}[930s]))", time: 20m30s,
+    expr: "group by (alertname, step) (max_over_time(ALERTS{alertstate=\\"firing\\", alertname!=\\"PrefixWatchdog\\"}[930s]))", time: 20m30s,
         exp: nil
         got: {alertname="A", step="2"} 1E+00, {alertname="B", step="0"} 1E+00
 """

@@ -41,8 +41,11 @@ SPEC_MATRIX = {  # SPEC.md's acceptance matrix: scenario -> diagnosis step (None
     "session-key-churn": 2, "warm-pool-saturation": 2, "worker-failures": 2, "slow-gpu-long-prompts": 3,
     "async-prefill-backlog": 3, "slow-tree-walk": 4, "topology-blind-placement": 4,
     "cross-node-migration-storm": 4, "spec-decode-drift": 5, "moe-expert-misalignment": 5,
-    "affinity-blind-batching": 5, "dropped-kv-events": 0,
+    "affinity-blind-batching": 5, "dropped-kv-events": 0, "autoscaling": 2,
 }
+# Presets whose expected alerts take turns instead of holding together: each must cross in one of
+# the two windows read, the verdict in each must still be the expected step.
+TAKE_TURNS = {"autoscaling": "the surge saturates the warm pool before the scale-out; the reshuffles follow it"}
 SYMPTOM = "PrefixHitRateLow"  # starts the walk, never the verdict
 TH = load_thresholds()
 _RUNS: dict[str, SimResult] = {}
@@ -91,13 +94,17 @@ def test_scenario_trips_its_own_checks_and_nothing_earlier(name: str) -> None:
     warm = _crossed(signals(result, 0.0, sc.fault_at_s, TH))
     assert warm == set(), f"the healthy warm-up already crosses {warm}"
     # the first five minutes of the fault, and the last five of the run: the fault holds
+    crossed: set[str] = set()
     for lo, hi in ((sc.fault_at_s, sc.fault_at_s + 300), (end - 300, end)):
         fault = _crossed(signals(result, lo, hi, TH))
-        assert set(sc.expected_alerts) <= fault, (lo, hi, fault)
+        crossed |= fault
+        if name not in TAKE_TURNS:
+            assert set(sc.expected_alerts) <= fault, (lo, hi, fault)
         assert fault <= set(sc.expected_alerts) | set(sc.side_effects) | {SYMPTOM}, (lo, hi, fault)
         if sc.expected_step is not None:
             verdict = min(CHECKS_BY_ALERT[a].group for a in fault if a != SYMPTOM)
             assert verdict == sc.expected_step
+    assert set(sc.expected_alerts) <= crossed, crossed
 
 
 def test_healthy_has_every_signal_it_can_measure() -> None:
@@ -166,7 +173,8 @@ def _bad(tmp_path: Path, changes: dict) -> Path:
     ({"workload": {"rekey_prob": 1.5}}, "bad.yaml: workload.rekey_prob: expected a number between 0 and 1, got 1.5"),
     ({"fault_router": {"placement": "random"}}, 'bad.yaml: fault_router.placement: expected one of aware, blind, got "random"'),
     ({"actions": [{"at": 300, "action": "explode", "workers": ["w1"]}]},
-     'bad.yaml: actions[0].action: expected one of set_knob, reset_cache, fail, drain, add_worker, got "explode"'),
+     'bad.yaml: actions[0].action: expected one of set_knob, reset_cache, fail, drain, add_worker, remove_worker, '
+     'restart_worker, got "explode"'),
     ({"actions": [{"at": 300, "action": "set_knob", "workers": ["w1"], "knob": "turbo", "value": 1}]},
      'bad.yaml: actions[0].knob: expected one of prefill_slowdown, spec_acceptance, expert_misalignment, affinity_admission, drop_kv_events, healthy, got "turbo"'),
     ({"actions": [{"at": 300, "action": "fail"}]}, "bad.yaml: actions[0].workers: name the workers (or a node) the action applies to"),

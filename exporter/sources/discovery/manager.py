@@ -75,6 +75,8 @@ class Discovery:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        for p in self.providers:
+            p.close()
 
     def forget_series(self) -> None:
         """Drop this manager's per-provider series (a reload replaced it; the new one sets its own)."""

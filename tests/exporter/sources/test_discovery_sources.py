@@ -1,7 +1,8 @@
 """Each discovery mechanism against the real thing on 127.0.0.1: an http_sd server, a Prometheus
 server's targets API (Debian's prometheus, its own file_sd with meta labels), the worker lists of
-the real sglang-router and vllm-router in front of simulated workers, and Dynamo's instance
-registry in a real etcd (Debian's etcd-server). Each is read through :class:`Discovery`, so the
+the real sglang-router and vllm-router in front of simulated workers, Dynamo's instance
+registry in a real etcd (Debian's etcd-server), and Kubernetes pods through the official client
+against recorded API responses (no kube-apiserver runs here: see that section). Each is read through :class:`Discovery`, so the
 relabelling, the worker set handed on, the failure accounting and the kept last-good set are what
 is checked.
 """
@@ -9,6 +10,7 @@ is checked.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import subprocess
 import threading
@@ -16,14 +18,14 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
 import yaml
 
 from exporter.codecs.discovery import relabel
-from exporter.config import SdProvider, WorkerTarget
+from exporter.config import SdProvider, WorkerTarget, parse_config
 from exporter.core.health import Health
 from exporter.sources.discovery.manager import Discovery
 from fleet.engine import WorkerSpec
@@ -221,3 +223,147 @@ def test_dynamo_workers_come_and_go_in_etcd(etcd: str) -> None:
     assert d.refresh_once(force=True) is True
     assert [w.name for w in seen[-1]] == ["7587888160958628001"]
     assert health.counters["prefixscope_discovery_refresh_failures"][("dynamo",)] == 0
+
+
+# ---- Kubernetes pods -----------------------------------------------------------------------
+# There is no kube-apiserver on this machine. The official `kubernetes` client is run against a
+# real HTTP server on 127.0.0.1 that serves *recorded* responses: the pod list and the watch
+# events of tests/fixtures/kubernetes/pods.json (shaped after the API reference, validated
+# against the API's schema in tests/exporter/codecs/test_discovery_pods.py), a watch streamed as
+# the API server streams it (chunked, one JSON event a line), an expired resourceVersion as its
+# ERROR event (410), a refusal as a v1.Status of 403. It checks the client's requests and what the
+# provider makes of the answers, not an API server's behaviour.
+K8S = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "kubernetes" / "pods.json").read_text())
+
+
+class _ApiServer(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    pod_list: ClassVar[dict] = {}
+    status = 200
+    events: ClassVar[list] = []  # queue.Queue of watch events (None ends the stream)
+    requests_seen: ClassVar[list] = []
+
+    def do_GET(self) -> None:
+        type(self).requests_seen.append(self.path)
+        query = dict(p.split("=", 1) for p in urlsplit(self.path).query.split("&") if "=" in p)
+        if query.get("watch", "").lower() == "true" and self.status == 200:
+            self._watch()
+            return
+        body = json.dumps(self.pod_list if self.status == 200 else {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden",
+            "message": 'pods is forbidden: User "system:serviceaccount:monitoring:prefixscope" cannot list '
+                       'resource "pods" in API group "" in the namespace "llm"', "code": 403}).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _watch(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        events = type(self).events[0]
+        while True:
+            event = events.get()
+            if event is None:
+                break
+            line = json.dumps(event).encode() + b"\n"
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            self.wfile.flush()
+            if event["type"] == "ERROR":
+                break  # the API server ends a watch after its error event
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def api_server() -> Iterator[tuple[str, type[_ApiServer]]]:
+    import queue
+
+    handler = type("Handler", (_ApiServer,), {"pod_list": copy.deepcopy(K8S["list"]), "events": [queue.Queue()],
+                                              "requests_seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        for _ in range(4):
+            handler.events[0].put(None)  # end the watches still open
+        server.shutdown()
+        server.server_close()
+
+
+def test_kubernetes_pods_listed_then_watched_through_the_official_client(
+        api_server: tuple[str, type[_ApiServer]]) -> None:
+    pytest.importorskip("kubernetes")
+    url, server = api_server
+    cfg = parse_config({"discovery": {"kubernetes": [{"name": "pods", "api_server": url, "namespaces": ["llm"],
+                                                      "label_selector": "app.kubernetes.io/name=vllm"}]}})
+    d, seen, health = follow(*cfg.discovery)
+    provider = d.providers[0]
+    try:
+        assert d.refresh_once(force=True)
+        names = [w.name for w in seen[-1]]
+        assert names == ["vllm-7d9f8c6b5-2xkqp", "vllm-7d9f8c6b5-9mz4w", "sidecar-less-0"]  # the ready ones
+        first = seen[-1][0]
+        assert (first.metrics_url, first.kv_events, first.replay) == (
+            "http://10.244.3.17:8000/metrics", "tcp://10.244.3.17:5557", "tcp://10.244.3.17:5558")
+        listed = urlsplit(server.requests_seen[0])
+        assert listed.path == "/api/v1/namespaces/llm/pods"
+        assert parse_qs(listed.query)["labelSelector"] == ["app.kubernetes.io/name=vllm"]
+        wait_for(lambda: any("watch=true" in r.lower() for r in server.requests_seen), what="the watch")
+        watched = parse_qs(urlsplit(next(r for r in server.requests_seen if "watch=true" in r.lower())).query)
+        assert watched["resourceVersion"] == ["48301"] and watched["allowWatchBookmarks"][0].lower() == "true"
+
+        # The watch: the pod that was not ready becomes ready, one pod terminates and goes.
+        events = server.events[0]
+        events.put(K8S["watch"][0])
+        wait_for(provider.changed, what="the pod turning ready reported")
+        d.refresh_once()
+        assert "vllm-7d9f8c6b5-tq8rd" in [w.name for w in seen[-1]]
+        for e in K8S["watch"][1:]:  # terminating (out at once), deleted, a bookmark
+            events.put(e)
+        wait_for(lambda: (provider.changed() and d.refresh_once()) or
+                 "vllm-7d9f8c6b5-2xkqp" not in [w.name for w in seen[-1]], what="the terminating pod out")
+        assert [w.name for w in seen[-1]] == ["vllm-7d9f8c6b5-9mz4w", "vllm-7d9f8c6b5-tq8rd", "sidecar-less-0"]
+        assert health.counters["prefixscope_discovery_refresh_failures"][("pods",)] == 0
+
+        # The resourceVersion expires (410): listed again, from the list's new state; no failure.
+        lists = sum(1 for r in server.requests_seen if "watch" not in r.lower())
+        server.pod_list = {**K8S["list"], "metadata": {"resourceVersion": "48400"},
+                           "items": [p for p in K8S["list"]["items"] if p["metadata"]["name"] == "sidecar-less-0"]}
+        events.put(K8S["expired"])
+        wait_for(lambda: (provider.changed() and d.refresh_once()) or [w.name for w in seen[-1]] == ["sidecar-less-0"],
+                 what="listed again after the expired watch")
+        assert sum(1 for r in server.requests_seen if "watch" not in r.lower()) == lists + 1
+        assert health.counters["prefixscope_discovery_refresh_failures"][("pods",)] == 0
+
+        # Refused (the Role lost its verbs): counted, the last good pods stay.
+        server.status = 403
+        events.put(None)  # the watch ends; watching again is refused too
+        wait_for(provider.changed, what="the refused watch reported")
+        assert d.refresh_once() is False
+        assert health.counters["prefixscope_discovery_refresh_failures"][("pods",)] == 1
+        assert health.counters["prefixscope_ingest_errors"][("discovery", "http_status")] == 1
+        assert [w.name for w in seen[-1]] == ["sidecar-less-0"]
+    finally:
+        d.close()
+
+
+def test_kubernetes_api_unreachable_is_a_connect_failure() -> None:
+    pytest.importorskip("kubernetes")
+    cfg = parse_config({"discovery": {"kubernetes": [{"name": "pods", "api_server": f"http://127.0.0.1:{free_port()}",
+                                                      "namespaces": ["llm"], "timeout": "2s"}]}})
+    d, seen, health = follow(*cfg.discovery)
+    try:
+        d.refresh_once(force=True)
+        assert [w.name for w in seen[-1]] == []
+        assert health.counters["prefixscope_ingest_errors"][("discovery", "connect")] == 1
+    finally:
+        d.close()
