@@ -530,7 +530,7 @@ PAGES = ("diagnosis", "tree", "workers", "alerts", "runbook")
 # What only a crash or Streamlit's magic output (a bare expression documented on the page) shows.
 FORBIDDEN = ("Streamlit's API", "st.write(", "DeltaGenerator", "Traceback (most recent call last)",
              "Page not found")
-MAX_SCREENSHOT_BYTES = 200_000
+MAX_SCREENSHOT_BYTES = 300_000  # the Diagnosis page, every step open, is the largest
 
 
 def _settled(page) -> None:
