@@ -813,9 +813,28 @@ def _baseline_quantile(q: float, metric: str, by: str) -> str:
     """The baseline: the long window that ends where the current window begins, so a fault is
     never compared with itself."""
     return _quantile(q, metric, by, DEFAULT_BASELINE_WINDOW, DEFAULT_WINDOW)
+
+
 CLASS_BY = "model, prompt_class"
 # The router's sticky and prefix-hash keys it moved off a still-healthy worker (sticky collisions).
 ROUTER_COLLISIONS = f'{P}_router_sticky_followups_total{{outcome="collision"}}'
+
+
+# The cold-prefill bucket rates of the windows in which no cold-prefill check breached (neither
+# PrefixColdPrefillSlow nor the absolute budget), per model and prompt class.
+COLD_HEALTHY_RATE = "prompt_class:prefixscope_cold_prefill_seconds_bucket:rate5m_healthy"
+
+
+def _healthy_baseline_quantile(q: float) -> str:
+    """The cold-prefill baseline that does not absorb incidents: the quantile of the bucket rates
+    averaged over the baseline window's healthy windows only (a window in which a cold-prefill
+    check breached is left out), so a slowdown that lasts hours is still compared with the fleet
+    before it. Where the baseline window holds no healthy window at all (the exporter's first
+    window, or a change that has breached for a whole baseline window and so is the new normal),
+    the plain baseline over every window stands in."""
+    healthy = (f"histogram_quantile({q}, sum by (le, {CLASS_BY}) "
+               f"(avg_over_time({COLD_HEALTHY_RATE}[{DEFAULT_BASELINE_WINDOW}] offset {DEFAULT_WINDOW})))")
+    return f"{healthy} or {_baseline_quantile(q, f'{P}_cold_prefill_seconds', CLASS_BY)}"
 
 SLO_SESSION_HIT_RATE = Slo(good=f"{P}_session_followup_cached_tokens_total",
                            total=f"{P}_session_followup_prompt_tokens_total",
@@ -936,17 +955,35 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr=_quantile(0.99, f"{P}_cold_prefill_seconds", CLASS_BY),
                   group=3, help="Cold prefill p99 per model and prompt-length class."),
     RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds:p99_baseline",
-                  expr=_baseline_quantile(0.99, f"{P}_cold_prefill_seconds", CLASS_BY),
-                  group=3, help="Cold-prefill baseline: p99 per model and prompt-length class over the baseline window "
-                                "ending one window ago."),
+                  expr=_healthy_baseline_quantile(0.99),
+                  group=3, help="Cold-prefill baseline: p99 per model and prompt-length class over the healthy windows "
+                                "of the baseline window ending one window ago."),
     RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds:p95_baseline",
-                  expr=_baseline_quantile(0.95, f"{P}_cold_prefill_seconds", CLASS_BY),
+                  expr=_healthy_baseline_quantile(0.95),
                   group=3, help="Cold-prefill baseline of the miss-cost SLO: p95 per model and prompt-length class over "
-                                "the baseline window ending one window ago."),
+                                "the healthy windows of the baseline window ending one window ago."),
     RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline",
                   expr="prompt_class:prefixscope_cold_prefill_seconds:p99_5m / "
                        "prompt_class:prefixscope_cold_prefill_seconds:p99_baseline",
                   group=3, help="Cold prefill p99 of the window against its baseline, per model and prompt-length class."),
+    # The absolute budget backs the relative check: a baseline learnt from a fleet that was slow
+    # all along, or a slowdown in a class without a baseline yet, still has a line to cross.
+    RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget",
+                  expr="per_prompt_class_budget(prompt_class:prefixscope_cold_prefill_seconds:p99_5m, "
+                       "cold_prefill_seconds_budget)",
+                  group=3, help="Cold prefill p99 of the window against the absolute budget of its prompt-length class "
+                                "(alerts/thresholds.yaml), per model and prompt-length class."),
+    # Read one window later by the baselines above (the offset): the windows in which neither
+    # cold-prefill check breached. Evaluated after the ratios, so it reads this evaluation's.
+    RecordingRule(record=COLD_HEALTHY_RATE,
+                  expr=f"sum by (le, {CLASS_BY}) (rate({P}_cold_prefill_seconds_bucket[5m])) "
+                       f"unless on ({CLASS_BY}) "
+                       "(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline > threshold(cold_prefill_time_p99) "
+                       "or prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget > "
+                       "threshold(cold_prefill_seconds_budget))",
+                  group=3, help="Cold-prefill bucket rates of the window, per model and prompt-length class, kept only "
+                                "while no cold-prefill check breaches (relative to the baseline or over the budget): "
+                                "what the baselines average."),
     RecordingRule(record="cluster:prefixscope_cold_prefill_cost_usd_per_cold_request:ratio_rate5m",
                   expr=_ratio(f"{P}_cold_prefill_cost_usd_total", f"{P}_cold_requests_total", ""),
                   group=3, help="Cold prefill cost per cold request."),
@@ -1051,8 +1088,25 @@ def rule_threshold_refs() -> dict[str, str]:
     return out
 
 
-def render_expr(expr: str, values: Mapping[str, float]) -> str:
-    """``expr`` with every ``threshold(key)`` replaced by the value of that threshold."""
+# ``per_prompt_class_budget(rule, key)``: a per-prompt-class rule divided by the budget of its class
+# (the ``budgets`` of the threshold entry ``key``), filled in when the rule file is generated, so the
+# budgets too live in the threshold file only.
+BUDGET_REF = re.compile(r"per_prompt_class_budget\(([\w:]+), (\w+)\)")
+
+
+def budget_expr(rule: str, budgets: Mapping[str, float]) -> str:
+    """``rule`` per prompt class divided by that class's budget (classes without one are left out):
+    the budgets as one constant series per class, matched on the class alone (many to one)."""
+    consts = " or ".join(f'label_replace(vector({budgets[label]:g}), "prompt_class", "{label}", "", "")'
+                         for _bound, label in PROMPT_CLASSES if label in budgets)
+    return f"{rule} / on (prompt_class) group_left () ({consts})"
+
+
+def render_expr(expr: str, values: Mapping[str, float],
+                budgets: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """``expr`` with every ``threshold(key)`` replaced by the value of that threshold, and every
+    ``per_prompt_class_budget(rule, key)`` by the rule over the entry's per-class budgets."""
+    expr = BUDGET_REF.sub(lambda m: budget_expr(m[1], (budgets or {})[m[2]]), expr)
     return THRESHOLD_REF.sub(lambda m: f"{values[m[1]]:g}", expr)
 
 CHECKS: tuple[Check, ...] = (
@@ -1192,6 +1246,14 @@ CHECKS: tuple[Check, ...] = (
           meaning="Cold prefill p99 of the window against the cold p99 of the baseline window that ends where "
                   "this one begins, for the same model and prompt-length class (the worst class).",
           summary="Cold prefill p99 exceeds {threshold} its long-window baseline for comparable prompt lengths."),
+    Check(key="cold_prefill_budget", group=3, title="Cold prefill p99 vs its absolute budget",
+          alert="PrefixColdPrefillOverBudget",
+          value="max(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget)",
+          op=">", threshold="cold_prefill_seconds_budget", unit="ratio_to_budget", signals=("prefill_timing",),
+          meaning="Cold prefill p99 of the window against the absolute budget of its prompt-length class "
+                  "(seconds, from the threshold file), for the worst model and class: a line that does not move "
+                  "with the fleet's own history.",
+          summary="Cold prefill p99 exceeds the absolute budget of its prompt-length class."),
     Check(key="cold_prefill_cost_per_request", group=3, title="Cold prefill cost per request", alert="PrefixColdPrefillCostHigh",
           value="cluster:prefixscope_cold_prefill_cost_usd_per_cold_request:ratio_rate5m",
           op=">", threshold="cold_prefill_cost_per_request", unit="usd", signals=("prefill_timing", "topology"),
@@ -1310,10 +1372,12 @@ def to_table() -> str:
 
 
 __all__ = [
+    "BUDGET_REF",
     "BURN_WINDOWS",
     "CHECKS",
     "CHECKS_BY_ALERT",
     "CHECKS_BY_KEY",
+    "COLD_HEALTHY_RATE",
     "DEFAULT_BASELINE_WINDOW",
     "DEFAULT_WINDOW",
     "DUTY_BUCKETS",
@@ -1346,6 +1410,7 @@ __all__ = [
     "Slo",
     "Step",
     "as_dict",
+    "budget_expr",
     "burn_window_ranges",
     "check_sources",
     "checks_for_step",

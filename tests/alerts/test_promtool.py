@@ -192,6 +192,39 @@ def test_a_shard_never_seen_alerts_for_its_scope_and_a_plan_scaled_in_misses_nob
             _samples(HIT_RULE, "15m", (f'{HIT_RULE}{{cluster="b"}}', 0.5)),
             _firing("PrefixExporterShardDown", "15m", {"cluster": "a", "severity": "warning", "step": "0"}),
         ],
+
+
+def _cold_prefill(cluster: str, phases: list[tuple[int, float]]) -> list[dict]:
+    """Cold-prefill bucket counters of one model and prompt class: 10 requests a minute, each
+    phase (minutes, prefill seconds) landing in the bucket of its prefill time."""
+    from prefixscope.catalog import PREFILL_BUCKETS
+    out = []
+    for le in [*PREFILL_BUCKETS, float("inf")]:
+        total, parts = 0, []
+        for minutes, seconds in phases:
+            step = 10 if seconds <= le else 0
+            parts.append(f"{total}+{step}x{minutes}")
+            total += step * minutes + step  # the next phase starts one step on
+        bound = "+Inf" if le == float("inf") else f"{le:g}"
+        out.append({"series": "prefixscope_cold_prefill_seconds_bucket{" + f'cluster="{cluster}", gpu_class="g", '
+                    f'le="{bound}", model="m", prompt_class="1k-4k"' + "}", "values": " ".join(parts)})
+    return out
+
+
+def test_a_two_hour_cold_prefill_slowdown_still_alerts_after_one_and_two_hours(tmp_path: Path) -> None:
+    """The baseline leaves out the windows in which the check breached: a 5 × slowdown lasting two
+    hours (0.45 s → 2.25 s, under the class's 2.5 s budget) is still compared with the fleet before
+    it at +1 h and +2 h, where a plain day-long p99 had absorbed it within half an hour. The
+    healthy cluster beside it stays quiet."""
+    labels = {"cluster": "a", "severity": "warning", "step": "3"}
+    case = {
+        "interval": "1m",
+        "input_series": _cold_prefill("a", [(180, 0.45), (120, 2.25)]) + _cold_prefill("b", [(300, 0.45)]),
+        "promql_expr_test": [_firing("PrefixColdPrefillSlow", "170m", {}),
+                             _firing("PrefixColdPrefillSlow", "190m", labels),
+                             _firing("PrefixColdPrefillSlow", "240m", labels),
+                             _firing("PrefixColdPrefillSlow", "299m", labels),
+                             _firing("PrefixColdPrefillOverBudget", "299m", {})],
     }
     done = _run_case(tmp_path, case)
     assert done.returncode == 0, done.stdout + done.stderr
