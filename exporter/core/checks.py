@@ -37,6 +37,8 @@ _PER_WORKER_RATE_RATIO = re.compile(r"^sum by \(worker\) \(rate\((\w+)_total\[\w
 # a per-worker series kept only where another one is past a threshold (0 elsewhere)
 _GATED = re.compile(r"^([\w:]+) \* on \(worker\) \(([\w:]+) > bool threshold\((\w+)\)\)$")
 _MATCHER = re.compile(r'(\w+)="([^"]*)"')
+# the share of a gauge's series (one per worker) whose age is past a threshold
+_STALE_SHARE = re.compile(r"^sum\(\(time\(\) - (\w+)\) > bool threshold\((\w+)\)\) / count\((\w+)\)$")
 _ABSENT = re.compile(r"^absent\((\w+)\) or vector\(0\)$")
 # Quantiles kept per label set: over the window ([5m]) or over the baseline ([1d] offset 5m, the
 # long window ending one window ago) — the catalogue's default ranges stand for the configured ones.
@@ -164,6 +166,10 @@ class _Evaluator:
             return {k: v / den[k] for k, v in num.items() if den.get(k)}
         if rule is not None and (m := _QUANTILE_BY.match(rule.expr)):
             return self._quantiles_by(float(m[1]), [b.strip() for b in m[2].split(",")], m[3], baseline=bool(m[5]))
+        if rule is not None and (m := _STALE_SHARE.match(rule.expr)) and m[1] == m[3]:
+            stamps = self.series.gauges.get(m[1], {}).values()
+            limit = self.state.thresholds.checks[m[2]].value
+            return {(): sum(self.now - v > limit for v in stamps) / len(stamps)} if stamps else {}
         if rule is not None and (m := _HEALTHY_QUANTILE_OR.match(rule.expr)):
             return self._healthy_quantiles(float(m[1]), [b.strip() for b in m[2].split(",")], m[3], m[4])
         if rule is not None and (m := catalog.BUDGET_REF.fullmatch(rule.expr)):

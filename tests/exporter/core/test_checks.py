@@ -70,3 +70,18 @@ def test_the_shard_plan_is_exported_and_judged_only_where_every_shard_is_seen():
     assert (r.value, r.status) == (0.0, "ok")
     r = evaluate(ShardsAsOne(shards[:2])).results["exporter_shards"]  # type: ignore[arg-type]
     assert (r.value, r.status) == (1.0, "firing")
+
+
+def test_the_share_of_silent_kv_streams_is_evaluated_as_the_rule_has_it():
+    """PrefixTelemetryFleetBlind: the share of streamed workers silent past the staleness threshold
+    (120 s), not "no data"."""
+    from exporter.model import BlockStored, KvBatch
+    now = [1000.0]
+    st = ClusterState(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
+    for i, t in enumerate((700.0, 990.0, 995.0, 999.0)):  # w0 silent for 300 s, the others fresh
+        st.apply_kv_batch(KvBatch(f"w{i}", 0, t, (BlockStored((i + 1,), None, 16),)), t)
+    r = evaluate(st).results["kv_event_blind_share"]
+    assert r.value == 0.25 and r.status == "ok"  # alerts above a quarter
+    now[0] = 1200.0  # all four silent past 120 s
+    r = evaluate(st).results["kv_event_blind_share"]
+    assert r.value == 1.0 and r.status == "firing"
