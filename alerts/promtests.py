@@ -162,6 +162,27 @@ def _baseline_ratio(num: str, den: str, want: Callable[[float], bool], window_mi
     return Synth(series, value, eval_min=start + window_min + 1)
 
 
+_PEER_MEDIAN = re.compile(r"\(([\w:]+) / on \(\) group_left \(\) quantile\(0\.5, \1\)\) and on \(worker\) "
+                          r"\(([\w:]+) >= on \(\) group_left \(\) \(threshold\(\w+\) \* quantile\(0\.5, \2\)\)\)")
+
+
+def _peer_outlier(ratio_rule: str, want: Callable[[float], bool], hint: float, n: int) -> Synth:
+    """One worker (``worker-a``, the one the case expects) and three peers at a hit ratio of 0.9, all
+    with the same traffic: the median is 0.9 whatever the first one's ratio below it."""
+    m = re.fullmatch(r"sum by \(worker\) \(rate\((\w+)\[\w+\]\)\) / sum by \(worker\) \(rate\((\w+)\[\w+\]\)\)",
+                     RULES_BY_NAME[ratio_rule].expr)
+    if m is None:
+        raise UnsupportedShape(f"not a per-worker counter ratio: {ratio_rule}")
+    hits, queried = m.groups()
+    peer = 0.9
+    ratio = hint if want(hint) and hint * peer < peer else next(v for v in (0.25, 0.75, 1.0) if want(v))
+    series = []
+    for worker, r in (("worker-a", ratio * peer), ("w1", peer), ("w2", peer), ("w3", peer)):
+        series += [_series(hits, _labels_for(hits, {"worker": worker}), _counter(600 * r, n)),
+                   _series(queried, _labels_for(queried, {"worker": worker}), _counter(600, n))]
+    return Synth(series, ratio)
+
+
 def _over_budget(quantile: str, budgets: dict[str, float], want: Callable[[float], bool], hint: float,
                  n: int) -> Synth:
     """A per-class window quantile over its class's budget: observations of the first class only."""
@@ -203,6 +224,8 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         # the first value, else the second: with no input for the first, the second decides (the
         # first's precedence and its NaN fallback are in tests/alerts/handwritten.test.yaml)
         return synthesise(m.group(2), want, hint, n, eval_s, window_min, for_min)
+    if m := _PEER_MEDIAN.fullmatch(expr):
+        return _peer_outlier(m[1], want, hint, n)
     if m := BUDGET_REF.fullmatch(expr):
         # the first prompt class, its p99 over its budget
         return _over_budget(RULES_BY_NAME[m[1]].expr, budgets[m[2]], want, hint, n)

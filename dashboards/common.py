@@ -29,7 +29,7 @@ OK, BAD = "green", "red"
 
 # Grafana units per catalogue unit.
 UNITS = {"ratio": "percentunit", "seconds": "s", "usd": "currencyUSD", "per_minute": "none",
-         "per_second": "reqps", "ratio_to_baseline": "x", "blocks": "none", "tokens": "none",
+         "per_second": "reqps", "ratio_to_baseline": "x", "ratio_to_budget": "x", "ratio_to_peers": "x", "blocks": "none", "tokens": "none",
          "depth": "none", "batches": "none", "": "none"}
 
 def target(expr: str, legend: str = "", instant: bool = False, table: bool = False) -> g.Target:

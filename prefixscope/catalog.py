@@ -881,6 +881,20 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_prefix_cache_hit_tokens_total", f"{P}_prefix_cache_queried_tokens_total", "worker"),
                   group=1, help="Prefix-cache hit ratio per worker."),
+    RecordingRule(record="worker:prefixscope_prefix_cache_queried_tokens:rate5m",
+                  expr=f"sum by (worker) (rate({P}_prefix_cache_queried_tokens_total[5m]))",
+                  group=1, help="Prompt tokens looked up in each worker's prefix cache per second (its traffic)."),
+    # One broken cache among healthy ones barely moves the cluster's ratio (one worker in eight at
+    # 0.13 among 0.94: 0.87): each worker against the median worker of its cluster, on comparable
+    # traffic (at least threshold(worker_peer_traffic) of the median worker's lookups: a worker
+    # that barely serves, or is draining, has a hit ratio of its own).
+    RecordingRule(record="worker:prefixscope_prefix_cache_hit_ratio_per_peer_median:ratio",
+                  expr="(worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m / on () group_left () "
+                       "quantile(0.5, worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m)) "
+                       "and on (worker) (worker:prefixscope_prefix_cache_queried_tokens:rate5m >= on () group_left () "
+                       "(threshold(worker_peer_traffic) * quantile(0.5, worker:prefixscope_prefix_cache_queried_tokens:rate5m)))",
+                  group=1, help="Each worker's prefix-cache hit ratio against the median worker's of its cluster, "
+                                "for workers whose traffic is comparable (absent for the others)."),
     RecordingRule(record="worker:prefixscope_worker_resident_blocks_per_capacity:ratio",
                   # summed by worker: each family shard exports its part of a worker's blocks
                   expr=f"sum by (worker) ({P}_worker_resident_blocks) / on (worker) max by (worker) ({P}_worker_capacity_blocks)",
@@ -1190,6 +1204,15 @@ CHECKS: tuple[Check, ...] = (
           op="<", threshold="prefix_hit_rate_total", unit="ratio", signals=("worker_metrics",),
           meaning="Σ hit tokens / Σ queried tokens across the cluster.",
           summary="Cluster prefix-cache hit rate is below {threshold}."),
+    Check(key="prefix_hit_rate_worker_outlier", group=1, title="Worker hit rate against its peers' median",
+          alert="PrefixWorkerHitRateOutlier",
+          value="min(worker:prefixscope_prefix_cache_hit_ratio_per_peer_median:ratio)",
+          op="<", threshold="prefix_hit_rate_worker_outlier", unit="ratio_to_peers", signals=("worker_metrics",), per=(W,),
+          meaning="A worker's prefix-cache hit ratio (engine counters) as a multiple of the median worker's of its "
+                  "cluster, among workers whose traffic is comparable: one worker whose cache is wiped or "
+                  "misconfigured stands out here while the cluster's ratio barely moves.",
+          summary="A worker's prefix-cache hit rate is below {threshold} the median of its peers': its cache, not "
+                  "the workload, is failing."),
     Check(key="prefix_block_count_per_worker", group=1, title="Cache pressure (full and thrashing)", alert="PrefixCacheNearCapacity",
           value="max(worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m)",
           op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",), per=(W,),

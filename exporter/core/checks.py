@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.core import worker_outliers
 from exporter.core.metric_store import CLASS_LABELS, HEALTHY_HISTOGRAM
 from exporter.core.state import ClusterState, Series
 from exporter.core.windows import bucket_counts, histogram_quantile
@@ -166,6 +167,8 @@ class _Evaluator:
             return {k: v / den[k] for k, v in num.items() if den.get(k)}
         if rule is not None and (m := _QUANTILE_BY.match(rule.expr)):
             return self._quantiles_by(float(m[1]), [b.strip() for b in m[2].split(",")], m[3], baseline=bool(m[5]))
+        if name == worker_outliers.RULE:
+            return {(w,): v for w, v in worker_outliers.peer_ratios(self.state.store, self.state.thresholds).items()}
         if rule is not None and (m := _STALE_SHARE.match(rule.expr)) and m[1] == m[3]:
             stamps = self.series.gauges.get(m[1], {}).values()
             limit = self.state.thresholds.checks[m[2]].value

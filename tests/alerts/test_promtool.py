@@ -228,3 +228,29 @@ def test_a_two_hour_cold_prefill_slowdown_still_alerts_after_one_and_two_hours(t
     }
     done = _run_case(tmp_path, case)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_one_wiped_worker_among_healthy_ones_is_named_in_step_1(tmp_path: Path) -> None:
+    """Twelve workers with the same traffic, eleven at a 0.94 hit ratio and one whose cache is wiped
+    (0.13): the cluster reads 0.8725, above PrefixHitRateLow's line, and PrefixWorkerHitRateOutlier
+    names step 1 and that worker (0.13 / 0.94 of its peers' median) in its cluster only."""
+    def worker(cluster: str, name: str, hit: float) -> list[dict]:
+        sel = f'cluster="{cluster}", model="m", worker="{name}"'
+        return [{"series": f"prefixscope_prefix_cache_hit_tokens_total{{{sel}}}", "values": f"0+{600 * hit:g}x30"},
+                {"series": f"prefixscope_prefix_cache_queried_tokens_total{{{sel}}}", "values": "0+600x30"}]
+    series = [s for i in range(12) for s in worker("a", f"w{i}", 0.13 if i == 11 else 0.94)]
+    series += [s for i in range(12) for s in worker("b", f"w{i}", 0.94)]
+    cluster = "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m"
+    case = {
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": f'{cluster}{{cluster="a"}}', "eval_time": "20m",
+             "exp_samples": [{"labels": f'{cluster}{{cluster="a"}}', "value": 0.8725000000000002}]},  # (0.13 + 11 × 0.94) / 12
+            _firing("PrefixHitRateLow", "20m", {}),
+            _firing("PrefixWorkerHitRateOutlier", "20m",
+                    {"cluster": "a", "severity": "warning", "step": "1", "worker": "w11"}),
+        ],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr
