@@ -9,15 +9,10 @@ several clusters shows the chosen ones apart.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from prefixscope.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check, configure, scope_expr
+from prefixscope.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check, add_matchers, configure, scope_expr
 from prefixscope.thresholds import Thresholds
-
-# A catalogue series or recording rule in PromQL text (not inside a string), with its matchers' brace.
-_SERIES = re.compile(rf'(?<![\w:"])((?:[a-z_]+:)?{NAMESPACE}_[A-Za-z0-9_]+(?::[A-Za-z0-9_]+)?)(?![\w:])(\{{)?')
-
 
 def scope_selector(labels: Sequence[str]) -> str:
     """The matchers of the scope labels' dashboard variables: ``cluster=~"$cluster"``."""
@@ -26,10 +21,7 @@ def scope_selector(labels: Sequence[str]) -> str:
 
 def select_scope(expr: str, labels: Sequence[str]) -> str:
     """Every series and recording rule in ``expr`` narrowed to the scope variables' values."""
-    if not labels:
-        return expr
-    sel = scope_selector(labels)
-    return _SERIES.sub(lambda m: f"{m[1]}{{{sel}, " if m[2] else f"{m[1]}{{{sel}}}", expr)
+    return add_matchers(expr, scope_selector(labels))
 
 
 def scoped(expr: str, labels: Sequence[str]) -> str:

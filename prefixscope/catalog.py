@@ -194,6 +194,18 @@ def scope_expr(expr: str, labels: Sequence[str]) -> str:
     return "".join(parts)
 
 
+# A catalogue series or recording rule in PromQL text (not inside a string), and its matchers' brace.
+_SERIES_REF = re.compile(r'(?<![\w:"])((?:[a-z_]+:)?prefixscope_[A-Za-z0-9_]+(?::[A-Za-z0-9_]+)?)(?![\w:])(\{)?')
+
+
+def add_matchers(expr: str, matchers: str) -> str:
+    """``expr`` with ``matchers`` (PromQL label matchers, e.g. ``cluster="a"``) added to every
+    prefixscope series and recording rule it reads: a query narrowed to one scope."""
+    if not matchers:
+        return expr
+    return _SERIES_REF.sub(lambda m: f"{m[1]}{{{matchers}, " if m[2] else f"{m[1]}{{{matchers}}}", expr)
+
+
 def _scope_plain(expr: str, labels: Sequence[str]) -> str:
     expr = _BY_AGG.sub(lambda m: f"{m[1]} by ({_with(labels, m[2])})", expr)
     expr = _BARE_AGG.sub(lambda m: f"{m[1]} by ({_with(labels)}) (", expr)
