@@ -11,8 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prefixscope.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check, add_matchers, configure, scope_expr
+from prefixscope.catalog import (
+    METRICS_BY_NAME,
+    NAMESPACE,
+    RULES_BY_NAME,
+    Check,
+    add_matchers,
+    configure,
+    scope_expr,
+)
 from prefixscope.thresholds import Thresholds
+
 
 def scope_selector(labels: Sequence[str]) -> str:
     """The matchers of the scope labels' dashboard variables: ``cluster=~"$cluster"``."""
