@@ -899,7 +899,7 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     # One broken cache among healthy ones barely moves the cluster's ratio (one worker in eight at
     # 0.13 among 0.94: 0.87): each worker against the median worker of its cluster, on comparable
     # traffic (at least threshold(worker_peer_traffic) of the median worker's lookups: a worker
-    # that barely serves, or is draining, has a hit ratio of its own).
+    # that barely serves, is draining or gets a spill of new prompts has a hit ratio of its own).
     RecordingRule(record="worker:prefixscope_prefix_cache_hit_ratio_per_peer_median:ratio",
                   expr="(worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m / on () group_left () "
                        "quantile(0.5, worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m)) "
