@@ -81,7 +81,7 @@ def test_the_share_of_silent_kv_streams_is_evaluated_as_the_rule_has_it():
     (120 s), not "no data"."""
     from exporter.model import BlockStored, KvBatch
     now = [1000.0]
-    st = ClusterState(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
     for i, t in enumerate((700.0, 990.0, 995.0, 999.0)):  # w0 silent for 300 s, the others fresh
         st.apply_kv_batch(KvBatch(f"w{i}", 0, t, (BlockStored((i + 1,), None, 16),)), t)
     r = evaluate(st).results["kv_event_blind_share"]
@@ -97,7 +97,7 @@ def test_one_wiped_worker_among_healthy_ones_names_step_1_and_that_worker():
     peers' median, the verdict is step 1 and the culprit that worker."""
     from exporter.core.culprits import Culprits
     now = [0.0]
-    st = ClusterState(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
     for minute in range(11):
         now[0] = 60.0 * minute
         for i in range(12):

@@ -112,7 +112,7 @@ def test_a_two_hour_slowdown_is_never_its_own_baseline():
     keeps judging the slow misses against the healthy p95, where a plain day-long baseline had
     absorbed the slowdown within the half hour."""
     now = [0.0]
-    st = ClusterState(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
     _cold_minutes(st, 0, 180, 0.45)
     now[0] = 180 * 60.0
     before = evaluate(st).results["cold_prefill_time_p99"]
