@@ -192,6 +192,9 @@ def test_a_shard_never_seen_alerts_for_its_scope_and_a_plan_scaled_in_misses_nob
             _samples(HIT_RULE, "15m", (f'{HIT_RULE}{{cluster="b"}}', 0.5)),
             _firing("PrefixExporterShardDown", "15m", {"cluster": "a", "severity": "warning", "step": "0"}),
         ],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _cold_prefill(cluster: str, phases: list[tuple[int, float]]) -> list[dict]:
