@@ -361,3 +361,6 @@ class RecentStore:
 
     def baseline_rows(self, metric: str) -> dict[LabelValues, list[int]]:
         return self._store.baseline_rows(metric)
+
+    def healthy_baseline_rows(self, metric: str) -> dict[tuple[str, ...], list[int]] | None:
+        return self._store.healthy_baseline_rows(metric)
