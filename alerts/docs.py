@@ -44,7 +44,7 @@ def metrics_md(th: Thresholds) -> str:
     out += ["", "## Recording rules", "", "| rule | group | meaning | expression |", "|---|---|---|---|"]
     for r in RECORDING_RULES:
         group = r.group if r.group is not None else "+"
-        expr = render_expr(r.expr if r.fixed_windows else windowed(r.expr, th), th.values())
+        expr = render_expr(r.expr if r.fixed_windows else windowed(r.expr, th), th.values(), th.budgets())
         out.append(f"| `{r.record}` | {group} | {_cell(r.help)} | `{_cell(expr)}` |")
     out += ["", "## Checks and alerts", "",
             "Each check is one line of the seed's checklist, an SLO or a telemetry-health check. "

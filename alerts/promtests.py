@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 from alerts.rules import WATCHDOG, alert_rules, watchdog_rule
 from prefixscope.catalog import (
+    BUDGET_REF,
     BURN_WINDOWS,
     CHECKS,
     METRICS_BY_NAME,
+    PROMPT_CLASSES,
     RULES_BY_NAME,
     SHARDS_MISSING_BY_SHARD,
     Check,
@@ -123,7 +125,10 @@ def _baseline_ratio(num: str, den: str, want: Callable[[float], bool], window_mi
     only the low ones, so the ratio is exact (rate's range edges and extrapolation do not move it);
     it has held since S + 2, so a `for` shorter than the window has elapsed.
     """
-    a, b = _QUANTILE_BY.fullmatch(num), _QUANTILE_BY.fullmatch(den)
+    # A healthy-window baseline falls back on the plain one: before the fault every window is
+    # healthy, so both read the low observations (and once the fault breaches, the healthy one
+    # keeps reading them).
+    a, b = _QUANTILE_BY.fullmatch(num), _QUANTILE_BY.fullmatch(den.rsplit(" or ", 1)[-1])
     if a is None or b is None or a[3] != b[3] or a[1] != b[1] or a[5] or not b[5]:
         raise UnsupportedShape(f"not a window quantile over its baseline quantile: {num} / {den}")
     if for_min >= window_min:
@@ -157,16 +162,51 @@ def _baseline_ratio(num: str, den: str, want: Callable[[float], bool], window_mi
     return Synth(series, value, eval_min=start + window_min + 1)
 
 
+_PEER_MEDIAN = re.compile(r"\(([\w:]+) / on \(\) group_left \(\) quantile\(0\.5, \1\)\) and on \(worker\) "
+                          r"\(([\w:]+) >= on \(\) group_left \(\) \(threshold\(\w+\) \* quantile\(0\.5, \2\)\)\)")
+
+
+def _peer_outlier(ratio_rule: str, want: Callable[[float], bool], hint: float, n: int) -> Synth:
+    """One worker (``worker-a``, the one the case expects) and three peers at a hit ratio of 0.9, all
+    with the same traffic: the median is 0.9 whatever the first one's ratio below it."""
+    m = re.fullmatch(r"sum by \(worker\) \(rate\((\w+)\[\w+\]\)\) / sum by \(worker\) \(rate\((\w+)\[\w+\]\)\)",
+                     RULES_BY_NAME[ratio_rule].expr)
+    if m is None:
+        raise UnsupportedShape(f"not a per-worker counter ratio: {ratio_rule}")
+    hits, queried = m.groups()
+    peer = 0.9
+    ratio = hint if want(hint) and hint * peer < peer else next(v for v in (0.25, 0.75, 1.0) if want(v))
+    series = []
+    for worker, r in (("worker-a", ratio * peer), ("w1", peer), ("w2", peer), ("w3", peer)):
+        series += [_series(hits, _labels_for(hits, {"worker": worker}), _counter(600 * r, n)),
+                   _series(queried, _labels_for(queried, {"worker": worker}), _counter(600, n))]
+    return Synth(series, ratio)
+
+
+def _over_budget(quantile: str, budgets: dict[str, float], want: Callable[[float], bool], hint: float,
+                 n: int) -> Synth:
+    """A per-class window quantile over its class's budget: observations of the first class only."""
+    m = _QUANTILE_BY.fullmatch(quantile)
+    if m is None or m[5] or "prompt_class" not in m[2]:
+        raise UnsupportedShape(f"not a window quantile per prompt class: {quantile}")
+    label = next(c for _b, c in PROMPT_CLASSES if c in budgets)
+    budget = budgets[label]
+    got = _histogram(m[3] + "_bucket", {"prompt_class": label}, float(m[1]), True, lambda v: want(v / budget),
+                     hint * budget, n)
+    return Synth(got.series, got.value / budget)
+
+
 def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, eval_s: int,
-               window_min: int = 5, for_min: int = 0) -> Synth:
+               window_min: int = 5, for_min: int = 0, budgets: dict[str, dict[str, float]] | None = None) -> Synth:
     """Input series making ``expr`` evaluate to a value satisfying ``want`` (near ``hint``)."""
     expr = expr.strip()
+    budgets = budgets or {}
     if expr in RULES_BY_NAME:
-        return synthesise(RULES_BY_NAME[expr].expr, want, hint, n, eval_s, window_min, for_min)
+        return synthesise(RULES_BY_NAME[expr].expr, want, hint, n, eval_s, window_min, for_min, budgets)
     if m := re.fullmatch(r"(max|min|avg)\((\S+)\)", expr):
         inner = m.group(2)
         if inner in RULES_BY_NAME:
-            return synthesise(inner, want, hint, n, eval_s, window_min, for_min)
+            return synthesise(inner, want, hint, n, eval_s, window_min, for_min, budgets)
         return Synth([_series(inner, _labels_for(inner), f"{hint:g}x{n}")], hint)
     if m := re.fullmatch(r"(\S+) \* on \(worker\) \((\S+) > bool threshold\(\w+\)\)", expr):
         # the worker's value, kept where the gate series is past its threshold (a share: 1 is past any)
@@ -184,6 +224,11 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         # the first value, else the second: with no input for the first, the second decides (the
         # first's precedence and its NaN fallback are in tests/alerts/handwritten.test.yaml)
         return synthesise(m.group(2), want, hint, n, eval_s, window_min, for_min)
+    if m := _PEER_MEDIAN.fullmatch(expr):
+        return _peer_outlier(m[1], want, hint, n)
+    if m := BUDGET_REF.fullmatch(expr):
+        # the first prompt class, its p99 over its budget
+        return _over_budget(RULES_BY_NAME[m[1]].expr, budgets[m[2]], want, hint, n)
     if (m := re.fullmatch(r"([\w:]+) / ([\w:]+)", expr)) and m[1] in RULES_BY_NAME and m[2] in RULES_BY_NAME:
         return _baseline_ratio(RULES_BY_NAME[m[1]].expr, RULES_BY_NAME[m[2]].expr, want, window_min, for_min, n)
     if m := re.fullmatch(r"sum (?:by \(worker\) )?\(rate\((\w+)\[\w+\]\)\) / "
@@ -308,7 +353,7 @@ def _case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dic
             series = base.series + main.series
         else:
             want, hint = _hints(check, entry.value, firing)
-            main = synthesise(check.value, want, hint, n, eval_s, window_min, for_min)
+            main = synthesise(check.value, want, hint, n, eval_s, window_min, for_min, th.budgets())
             series = main.series
     except UnsupportedShape as exc:
         raise UnsupportedShape(f"{check.alert}: {exc}") from exc

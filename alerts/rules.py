@@ -98,7 +98,7 @@ def recording_rule(rule: RecordingRule, th: Thresholds) -> dict:
     guarded = pools_exported(rule.expr) and rule.record not in SLO_ERROR_RATIO_RULES
     expr = shard_guarded(rule.expr) if guarded else rule.expr
     expr = scope_expr(expr, th.scope_labels) if rule.fixed_windows else scoped(expr, th)
-    return {"record": rule.record, "expr": render_expr(expr, th.values())}
+    return {"record": rule.record, "expr": render_expr(expr, th.values(), th.budgets())}
 
 
 def alert_expr(check: Check, threshold: float, th: Thresholds | None = None) -> str:

@@ -37,6 +37,8 @@ class Axis:
 AXES: dict[str, Axis] = {
     "ratio": Axis("percent", tickformat=".0%"),
     "ratio_to_baseline": Axis("× baseline", tickformat=".2f", ticksuffix="×"),
+    "ratio_to_budget": Axis("× budget", tickformat=".2f", ticksuffix="×"),
+    "ratio_to_peers": Axis("× peers' median", tickformat=".2f", ticksuffix="×"),
     "seconds": Axis("seconds", tickformat=",.3~g", ticksuffix=" s"),
     "usd": Axis("USD", tickformat=",.4~f", tickprefix="$"),
     "tokens": Axis("tokens", tickformat=",.3~s"),

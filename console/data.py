@@ -50,6 +50,7 @@ from console.settings import (
     EXPORTER_ENV,
     PROMETHEUS_ENV,
     THRESHOLDS_ENV,
+    scope_setting,
     thresholds_path,
 )
 from prefixscope import thresholds as threshold_file
@@ -82,7 +83,9 @@ def sources() -> Sources:
 
 @st.cache_resource
 def prometheus(url: str) -> PrometheusClient:
-    return PrometheusClient(url)
+    """The client, its queries narrowed to the configured cluster (``--cluster``; default the only one)."""
+    wanted = scope_setting()
+    return PrometheusClient(url, scope=promql.Scope(wanted.label, wanted.value))
 
 
 @st.cache_resource
@@ -216,6 +219,8 @@ def chain(src: Sources) -> tuple[Chain, list[str]]:
                     found = found.with_culprits(culprits(src.exporter_url, keys))
                 except SourceUnavailable as exc:
                     notes.append(f"{exc} — no culprits.")
+            if (note := prometheus(src.prometheus_url).scope_note) is not None:
+                notes.append(note)
             return found, notes
     else:
         notes.append(f"Prometheus is not configured (set {PROMETHEUS_ENV} or --prometheus-url): statuses "
@@ -250,8 +255,11 @@ def alert_states(url: str, alert: str, range_s: int) -> list[tuple[str, list[flo
     check = CHECKS_BY_ALERT[alert]
     expr = f'ALERTS{{alertname="{promql.escape_label_value(check.alert)}"}}'
     end = time.time()
-    series = prometheus(url).query_range(expr, end - range_s, end, range_step_s(range_s))
-    return [(labels.get("alertstate", "firing"), [t for t, v in points if v]) for labels, points in series]
+    client = prometheus(url)
+    series = client.query_range(expr, end - range_s, end, range_step_s(range_s))
+    scope = client.scope  # ALERTS keeps the scope labels of its rule: the chosen cluster's only
+    return [(labels.get("alertstate", "firing"), [t for t, v in points if v]) for labels, points in series
+            if scope is None or scope.matches(labels)]
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -11,11 +11,14 @@ from pathlib import Path
 from console.settings import (
     ALERTMANAGER_ENV,
     ANNOUNCE_ENV,
+    CLUSTER_ENV,
     DEFAULT_EXPORTER_URL,
+    DEFAULT_SCOPE_LABEL,
     EXPORTER_ENV,
     GRAFANA_ENV,
     PROMETHEUS_ENV,
     RUNBOOK_BASE_ENV,
+    SCOPE_LABEL_ENV,
     THRESHOLDS_ENV,
     TIMEZONE_ENV,
 )
@@ -53,6 +56,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--announcements", default=os.environ.get(ANNOUNCE_ENV),
                    help=f"a running fleet's announcements file (prefixscope sim --announce; env {ANNOUNCE_ENV}): "
                         "its newest line is shown as a banner on every page")
+    p.add_argument("--cluster", default=os.environ.get(CLUSTER_ENV),
+                   help=f"the cluster to show when one Prometheus watches several (the value of the scope label; "
+                        f"env {CLUSTER_ENV}; default: the only one Prometheus has)")
+    p.add_argument("--scope-label", default=os.environ.get(SCOPE_LABEL_ENV),
+                   help=f"the label that tells the clusters apart (env {SCOPE_LABEL_ENV}; default "
+                        f"{DEFAULT_SCOPE_LABEL}, the threshold file's scope_labels)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8501, help="port to listen on; 0 picks a free one (default %(default)s)")
     return p.parse_args(argv)
@@ -72,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in ((PROMETHEUS_ENV, args.prometheus_url), (ALERTMANAGER_ENV, args.alertmanager_url),
                         (GRAFANA_ENV, args.grafana_url),
                         (RUNBOOK_BASE_ENV, args.runbook_url_base), (TIMEZONE_ENV, args.timezone),
-                        (THRESHOLDS_ENV, args.thresholds), (ANNOUNCE_ENV, args.announcements)):
+                        (THRESHOLDS_ENV, args.thresholds), (ANNOUNCE_ENV, args.announcements),
+                        (CLUSTER_ENV, args.cluster), (SCOPE_LABEL_ENV, args.scope_label)):
         if value:
             env[name] = value
         else:

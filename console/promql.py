@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prefixscope.catalog import (
     CHECKS_BY_KEY,
@@ -18,7 +19,9 @@ from prefixscope.catalog import (
     RULES_BY_NAME,
     THRESHOLD_REF,
     Check,
+    add_matchers,
     render_expr,
+    scope_expr,
 )
 from prefixscope.diagnosis import SETTLE_S, SETTLE_WINDOW
 
@@ -89,6 +92,45 @@ def check_baseline(key: str) -> str | None:
 
 def signal_available() -> str:
     return selector("prefixscope_signal_available")
+
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The one cluster (or router domain) the console shows: its scope label and value.
+    ``value`` None: no such label on the series (a Prometheus watching one cluster)."""
+
+    label: str = "cluster"
+    value: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _LABEL_NAME.match(self.label):
+            raise UnsafeQuery(f"{self.label!r} is not a label name")
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether a series or alert with ``labels`` belongs to this scope."""
+        return self.value is None or labels.get(self.label, "") == self.value
+
+
+def scoped(expr: str, scope: Scope | None) -> str:
+    """``expr`` as the console runs it against a Prometheus watching several clusters: every
+    aggregation keeps the scope label (as the rules do) and every prefixscope series and rule
+    selects the chosen value, escaped (a value never changes the query's shape)."""
+    if scope is None:
+        return expr
+    expr = scope_expr(expr, (scope.label,))
+    if scope.value is None:
+        return expr
+    return add_matchers(expr, f'{scope.label}="{escape_label_value(scope.value)}"')
+
+
+def scope_values(label: str) -> str:
+    """The values of a scope label among the exporters Prometheus scrapes."""
+    if not _LABEL_NAME.match(label):
+        raise UnsafeQuery(f"{label!r} is not a label name")
+    return f"count by ({label}) ({selector('prefixscope_exporter_build_info')})"
 
 
 def _check(key: str) -> Check:

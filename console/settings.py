@@ -23,7 +23,25 @@ RUNBOOK_BASE_ENV = "PREFIXSCOPE_RUNBOOK_URL_BASE"
 TIMEZONE_ENV = "PREFIXSCOPE_CONSOLE_TZ"
 THRESHOLDS_ENV = "PREFIXSCOPE_THRESHOLDS"
 ANNOUNCE_ENV = "PREFIXSCOPE_CONSOLE_ANNOUNCE"  # a fleet's announcements file (the demo's storyline)
+CLUSTER_ENV = "PREFIXSCOPE_CONSOLE_CLUSTER"
+SCOPE_LABEL_ENV = "PREFIXSCOPE_CONSOLE_SCOPE_LABEL"
 DEFAULT_EXPORTER_URL = "http://127.0.0.1:9400"
+DEFAULT_SCOPE_LABEL = "cluster"  # the threshold file's default scope label (scope_labels)
+
+
+@dataclass(frozen=True)
+class ScopeSetting:
+    """Which cluster the console shows when one Prometheus watches several: the scope label and its
+    value (None: the only value Prometheus has)."""
+
+    label: str
+    value: str | None
+
+
+def scope_setting(env: Mapping[str, str] | None = None) -> ScopeSetting:
+    env = os.environ if env is None else env
+    label = (env.get(SCOPE_LABEL_ENV) or "").strip() or DEFAULT_SCOPE_LABEL
+    return ScopeSetting(label, (env.get(CLUSTER_ENV) or "").strip() or None)
 
 
 @dataclass(frozen=True)

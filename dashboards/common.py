@@ -9,6 +9,7 @@ no legacy Heatmap, and every panel and target names its datasource explicitly.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import attr
@@ -29,7 +30,7 @@ OK, BAD = "green", "red"
 
 # Grafana units per catalogue unit.
 UNITS = {"ratio": "percentunit", "seconds": "s", "usd": "currencyUSD", "per_minute": "none",
-         "per_second": "reqps", "ratio_to_baseline": "x", "blocks": "none", "tokens": "none",
+         "per_second": "reqps", "ratio_to_baseline": "x", "ratio_to_budget": "x", "ratio_to_peers": "x", "blocks": "none", "tokens": "none",
          "depth": "none", "batches": "none", "": "none"}
 
 def target(expr: str, legend: str = "", instant: bool = False, table: bool = False) -> g.Target:
@@ -143,22 +144,38 @@ def slo_burn_panel(check: Check, drawing: Drawing) -> g.TimeSeries:
     return drawing.shows(panel, check.alert)
 
 
-def _variables() -> g.Templating:
+def _variables(scope: Sequence[str]) -> g.Templating:
     info = q.metric("worker_info")
     models = q.metric("prefix_cache_queried_tokens")
+    build = q.metric("exporter_build_info")
+    by_node = '{node=~"$node"}'
 
     def query_var(name: str, label: str, query: str) -> g.Template:
         return g.Template(name=name, label=label, query=query, dataSource=DATASOURCE, type="query",
                           includeAll=True, multi=True, allValue=".*", default="$__all",
                           refresh=g.REFRESH_ON_TIME_RANGE_CHANGE)
 
+    # One variable per scope label (the clusters one Prometheus watches), each narrowed by the ones
+    # before it, from the series every exporter exports; "All" also matches series without the label.
+    scopes = [query_var(label, label.replace("_", " ").capitalize(),
+                        f"label_values({q.select_scope(build, scope[:i])}, {label})")
+              for i, label in enumerate(scope)]
     return g.Templating(list=[
         g.Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="Prometheus"),
-        query_var("model", "Model", f"label_values({models}, model)"),
-        query_var("node", "Node", f"label_values({info}, node)"),
+        *scopes,
+        query_var("model", "Model", f"label_values({q.select_scope(models, scope)}, model)"),
+        query_var("node", "Node", f"label_values({q.select_scope(info, scope)}, node)"),
         # Workers come from the topology; with no topology loaded "All" still matches every worker.
-        query_var("worker", "Worker", f'label_values({info}{{node=~"$node"}}, worker)'),
+        query_var("worker", "Worker", f"label_values({q.select_scope(info + by_node, scope)}, worker)"),
     ])
+
+
+def _scoped(panel: g.Panel, scope: Sequence[str]) -> g.Panel:
+    """The panel with every query narrowed to the scope variables and kept apart by scope."""
+    targets = getattr(panel, "targets", None)
+    if not targets or not scope:
+        return panel
+    return attr.evolve(panel, targets=[attr.evolve(t, expr=q.scoped(t.expr, scope)) for t in targets])
 
 
 def row(title: str, panels: list[g.Panel]) -> list[g.Panel]:
@@ -196,10 +213,11 @@ def finalize(title: str, source_file: str, panels: list[g.Panel], description: s
     """Stable uid from the file name, tags, links, variables, layout and panel ids; the panel of
     each alert the panels show."""
     uid = "prefixscope-" + Path(source_file).name.removesuffix(".dashboard.py").replace("_", "-")
+    scope = drawing.thresholds.scope_labels
     dashboard = g.Dashboard(
         title=title, uid=uid, description=description, tags=[TAG], timezone="browser",
         schemaVersion=SCHEMA_VERSION, refresh="30s", time=g.Time("now-1h", "now"),
-        templating=_variables(), panels=_layout(panels), editable=False,
+        templating=_variables(scope), panels=_layout([_scoped(p, scope) for p in panels]), editable=False,
         links=[g.DashboardLink(type="dashboards", tags=[TAG], asDropdown=True, title="prefixscope",
                                includeVars=True, keepTime=True),
                g.DashboardLink(type="link", title="Runbooks", icon="doc", targetBlank=True,

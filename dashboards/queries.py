@@ -1,13 +1,42 @@
 """Named PromQL for the dashboards, built from catalogue names (never spelled out by hand).
 
 Selectors use the dashboard variables: ``$model`` on model-labelled series, ``$worker`` on
-worker-labelled ones (the ``$node`` variable narrows ``$worker`` through the topology).
+worker-labelled ones (the ``$node`` variable narrows ``$worker`` through the topology). Every
+query is finally :func:`scoped`: each series and recording rule selects the scope labels'
+variables (``$cluster``) and each aggregation keeps the scope labels, so one Prometheus watching
+several clusters shows the chosen ones apart.
 """
 
 from __future__ import annotations
 
-from prefixscope.catalog import METRICS_BY_NAME, NAMESPACE, RULES_BY_NAME, Check, configure
+from collections.abc import Sequence
+
+from prefixscope.catalog import (
+    METRICS_BY_NAME,
+    NAMESPACE,
+    RULES_BY_NAME,
+    Check,
+    add_matchers,
+    configure,
+    scope_expr,
+)
 from prefixscope.thresholds import Thresholds
+
+
+def scope_selector(labels: Sequence[str]) -> str:
+    """The matchers of the scope labels' dashboard variables: ``cluster=~"$cluster"``."""
+    return ", ".join(f'{label}=~"${label}"' for label in labels)
+
+
+def select_scope(expr: str, labels: Sequence[str]) -> str:
+    """Every series and recording rule in ``expr`` narrowed to the scope variables' values."""
+    return add_matchers(expr, scope_selector(labels))
+
+
+def scoped(expr: str, labels: Sequence[str]) -> str:
+    """A panel's query as the dashboard runs it: narrowed to the scope variables, every aggregation
+    keeping the scope labels (``sum by (cluster, …)``: one line per cluster when several are chosen)."""
+    return select_scope(scope_expr(expr, labels), labels)
 
 
 def windowed(expr: str, th: Thresholds) -> str:

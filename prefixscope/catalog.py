@@ -194,6 +194,18 @@ def scope_expr(expr: str, labels: Sequence[str]) -> str:
     return "".join(parts)
 
 
+# A catalogue series or recording rule in PromQL text (not inside a string), and its matchers' brace.
+_SERIES_REF = re.compile(r'(?<![\w:"])((?:[a-z_]+:)?prefixscope_[A-Za-z0-9_]+(?::[A-Za-z0-9_]+)?)(?![\w:])(\{)?')
+
+
+def add_matchers(expr: str, matchers: str) -> str:
+    """``expr`` with ``matchers`` (PromQL label matchers, e.g. ``cluster="a"``) added to every
+    prefixscope series and recording rule it reads: a query narrowed to one scope."""
+    if not matchers:
+        return expr
+    return _SERIES_REF.sub(lambda m: f"{m[1]}{{{matchers}, " if m[2] else f"{m[1]}{{{matchers}}}", expr)
+
+
 def _scope_plain(expr: str, labels: Sequence[str]) -> str:
     expr = _BY_AGG.sub(lambda m: f"{m[1]} by ({_with(labels, m[2])})", expr)
     expr = _BARE_AGG.sub(lambda m: f"{m[1]} by ({_with(labels)}) (", expr)
@@ -813,9 +825,28 @@ def _baseline_quantile(q: float, metric: str, by: str) -> str:
     """The baseline: the long window that ends where the current window begins, so a fault is
     never compared with itself."""
     return _quantile(q, metric, by, DEFAULT_BASELINE_WINDOW, DEFAULT_WINDOW)
+
+
 CLASS_BY = "model, prompt_class"
 # The router's sticky and prefix-hash keys it moved off a still-healthy worker (sticky collisions).
 ROUTER_COLLISIONS = f'{P}_router_sticky_followups_total{{outcome="collision"}}'
+
+
+# The cold-prefill bucket rates of the windows in which no cold-prefill check breached (neither
+# PrefixColdPrefillSlow nor the absolute budget), per model and prompt class.
+COLD_HEALTHY_RATE = "prompt_class:prefixscope_cold_prefill_seconds_bucket:rate5m_healthy"
+
+
+def _healthy_baseline_quantile(q: float) -> str:
+    """The cold-prefill baseline that does not absorb incidents: the quantile of the bucket rates
+    averaged over the baseline window's healthy windows only (a window in which a cold-prefill
+    check breached is left out), so a slowdown that lasts hours is still compared with the fleet
+    before it. Where the baseline window holds no healthy window at all (the exporter's first
+    window, or a change that has breached for a whole baseline window and so is the new normal),
+    the plain baseline over every window stands in."""
+    healthy = (f"histogram_quantile({q}, sum by (le, {CLASS_BY}) "
+               f"(avg_over_time({COLD_HEALTHY_RATE}[{DEFAULT_BASELINE_WINDOW}] offset {DEFAULT_WINDOW})))")
+    return f"{healthy} or {_baseline_quantile(q, f'{P}_cold_prefill_seconds', CLASS_BY)}"
 
 SLO_SESSION_HIT_RATE = Slo(good=f"{P}_session_followup_cached_tokens_total",
                            total=f"{P}_session_followup_prompt_tokens_total",
@@ -862,6 +893,20 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_prefix_cache_hit_tokens_total", f"{P}_prefix_cache_queried_tokens_total", "worker"),
                   group=1, help="Prefix-cache hit ratio per worker."),
+    RecordingRule(record="worker:prefixscope_prefix_cache_queried_tokens:rate5m",
+                  expr=f"sum by (worker) (rate({P}_prefix_cache_queried_tokens_total[5m]))",
+                  group=1, help="Prompt tokens looked up in each worker's prefix cache per second (its traffic)."),
+    # One broken cache among healthy ones barely moves the cluster's ratio (one worker in eight at
+    # 0.13 among 0.94: 0.87): each worker against the median worker of its cluster, on comparable
+    # traffic (at least threshold(worker_peer_traffic) of the median worker's lookups: a worker
+    # that barely serves, is draining or gets a spill of new prompts has a hit ratio of its own).
+    RecordingRule(record="worker:prefixscope_prefix_cache_hit_ratio_per_peer_median:ratio",
+                  expr="(worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m / on () group_left () "
+                       "quantile(0.5, worker:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m)) "
+                       "and on (worker) (worker:prefixscope_prefix_cache_queried_tokens:rate5m >= on () group_left () "
+                       "(threshold(worker_peer_traffic) * quantile(0.5, worker:prefixscope_prefix_cache_queried_tokens:rate5m)))",
+                  group=1, help="Each worker's prefix-cache hit ratio against the median worker's of its cluster, "
+                                "for workers whose traffic is comparable (absent for the others)."),
     RecordingRule(record="worker:prefixscope_worker_resident_blocks_per_capacity:ratio",
                   # summed by worker: each family shard exports its part of a worker's blocks
                   expr=f"sum by (worker) ({P}_worker_resident_blocks) / on (worker) max by (worker) ({P}_worker_capacity_blocks)",
@@ -936,17 +981,35 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr=_quantile(0.99, f"{P}_cold_prefill_seconds", CLASS_BY),
                   group=3, help="Cold prefill p99 per model and prompt-length class."),
     RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds:p99_baseline",
-                  expr=_baseline_quantile(0.99, f"{P}_cold_prefill_seconds", CLASS_BY),
-                  group=3, help="Cold-prefill baseline: p99 per model and prompt-length class over the baseline window "
-                                "ending one window ago."),
+                  expr=_healthy_baseline_quantile(0.99),
+                  group=3, help="Cold-prefill baseline: p99 per model and prompt-length class over the healthy windows "
+                                "of the baseline window ending one window ago."),
     RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds:p95_baseline",
-                  expr=_baseline_quantile(0.95, f"{P}_cold_prefill_seconds", CLASS_BY),
+                  expr=_healthy_baseline_quantile(0.95),
                   group=3, help="Cold-prefill baseline of the miss-cost SLO: p95 per model and prompt-length class over "
-                                "the baseline window ending one window ago."),
+                                "the healthy windows of the baseline window ending one window ago."),
     RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline",
                   expr="prompt_class:prefixscope_cold_prefill_seconds:p99_5m / "
                        "prompt_class:prefixscope_cold_prefill_seconds:p99_baseline",
                   group=3, help="Cold prefill p99 of the window against its baseline, per model and prompt-length class."),
+    # The absolute budget backs the relative check: a baseline learnt from a fleet that was slow
+    # all along, or a slowdown in a class without a baseline yet, still has a line to cross.
+    RecordingRule(record="prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget",
+                  expr="per_prompt_class_budget(prompt_class:prefixscope_cold_prefill_seconds:p99_5m, "
+                       "cold_prefill_seconds_budget)",
+                  group=3, help="Cold prefill p99 of the window against the absolute budget of its prompt-length class "
+                                "(alerts/thresholds.yaml), per model and prompt-length class."),
+    # Read one window later by the baselines above (the offset): the windows in which neither
+    # cold-prefill check breached. Evaluated after the ratios, so it reads this evaluation's.
+    RecordingRule(record=COLD_HEALTHY_RATE,
+                  expr=f"sum by (le, {CLASS_BY}) (rate({P}_cold_prefill_seconds_bucket[5m])) "
+                       f"unless on ({CLASS_BY}) "
+                       "(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline > threshold(cold_prefill_time_p99) "
+                       "or prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget > "
+                       "threshold(cold_prefill_seconds_budget))",
+                  group=3, help="Cold-prefill bucket rates of the window, per model and prompt-length class, kept only "
+                                "while no cold-prefill check breaches (relative to the baseline or over the budget): "
+                                "what the baselines average."),
     RecordingRule(record="cluster:prefixscope_cold_prefill_cost_usd_per_cold_request:ratio_rate5m",
                   expr=_ratio(f"{P}_cold_prefill_cost_usd_total", f"{P}_cold_requests_total", ""),
                   group=3, help="Cold prefill cost per cold request."),
@@ -1051,8 +1114,25 @@ def rule_threshold_refs() -> dict[str, str]:
     return out
 
 
-def render_expr(expr: str, values: Mapping[str, float]) -> str:
-    """``expr`` with every ``threshold(key)`` replaced by the value of that threshold."""
+# ``per_prompt_class_budget(rule, key)``: a per-prompt-class rule divided by the budget of its class
+# (the ``budgets`` of the threshold entry ``key``), filled in when the rule file is generated, so the
+# budgets too live in the threshold file only.
+BUDGET_REF = re.compile(r"per_prompt_class_budget\(([\w:]+), (\w+)\)")
+
+
+def budget_expr(rule: str, budgets: Mapping[str, float]) -> str:
+    """``rule`` per prompt class divided by that class's budget (classes without one are left out):
+    the budgets as one constant series per class, matched on the class alone (many to one)."""
+    consts = " or ".join(f'label_replace(vector({budgets[label]:g}), "prompt_class", "{label}", "", "")'
+                         for _bound, label in PROMPT_CLASSES if label in budgets)
+    return f"{rule} / on (prompt_class) group_left () ({consts})"
+
+
+def render_expr(expr: str, values: Mapping[str, float],
+                budgets: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """``expr`` with every ``threshold(key)`` replaced by the value of that threshold, and every
+    ``per_prompt_class_budget(rule, key)`` by the rule over the entry's per-class budgets."""
+    expr = BUDGET_REF.sub(lambda m: budget_expr(m[1], (budgets or {})[m[2]]), expr)
     return THRESHOLD_REF.sub(lambda m: f"{values[m[1]]:g}", expr)
 
 CHECKS: tuple[Check, ...] = (
@@ -1136,6 +1216,15 @@ CHECKS: tuple[Check, ...] = (
           op="<", threshold="prefix_hit_rate_total", unit="ratio", signals=("worker_metrics",),
           meaning="Σ hit tokens / Σ queried tokens across the cluster.",
           summary="Cluster prefix-cache hit rate is below {threshold}."),
+    Check(key="prefix_hit_rate_worker_outlier", group=1, title="Worker hit rate against its peers' median",
+          alert="PrefixWorkerHitRateOutlier",
+          value="min(worker:prefixscope_prefix_cache_hit_ratio_per_peer_median:ratio)",
+          op="<", threshold="prefix_hit_rate_worker_outlier", unit="ratio_to_peers", signals=("worker_metrics",), per=(W,),
+          meaning="A worker's prefix-cache hit ratio (engine counters) as a multiple of the median worker's of its "
+                  "cluster, among workers whose traffic is comparable: one worker whose cache is wiped or "
+                  "misconfigured stands out here while the cluster's ratio barely moves.",
+          summary="A worker's prefix-cache hit rate is below {threshold} the median of its peers': its cache, not "
+                  "the workload, is failing."),
     Check(key="prefix_block_count_per_worker", group=1, title="Cache pressure (full and thrashing)", alert="PrefixCacheNearCapacity",
           value="max(worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m)",
           op=">", threshold="prefix_cache_thrash", unit="ratio", signals=("kv_events",), per=(W,),
@@ -1192,6 +1281,14 @@ CHECKS: tuple[Check, ...] = (
           meaning="Cold prefill p99 of the window against the cold p99 of the baseline window that ends where "
                   "this one begins, for the same model and prompt-length class (the worst class).",
           summary="Cold prefill p99 exceeds {threshold} its long-window baseline for comparable prompt lengths."),
+    Check(key="cold_prefill_budget", group=3, title="Cold prefill p99 vs its absolute budget",
+          alert="PrefixColdPrefillOverBudget",
+          value="max(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget)",
+          op=">", threshold="cold_prefill_seconds_budget", unit="ratio_to_budget", signals=("prefill_timing",),
+          meaning="Cold prefill p99 of the window against the absolute budget of its prompt-length class "
+                  "(seconds, from the threshold file), for the worst model and class: a line that does not move "
+                  "with the fleet's own history.",
+          summary="Cold prefill p99 exceeds the absolute budget of its prompt-length class."),
     Check(key="cold_prefill_cost_per_request", group=3, title="Cold prefill cost per request", alert="PrefixColdPrefillCostHigh",
           value="cluster:prefixscope_cold_prefill_cost_usd_per_cold_request:ratio_rate5m",
           op=">", threshold="cold_prefill_cost_per_request", unit="usd", signals=("prefill_timing", "topology"),
@@ -1310,10 +1407,12 @@ def to_table() -> str:
 
 
 __all__ = [
+    "BUDGET_REF",
     "BURN_WINDOWS",
     "CHECKS",
     "CHECKS_BY_ALERT",
     "CHECKS_BY_KEY",
+    "COLD_HEALTHY_RATE",
     "DEFAULT_BASELINE_WINDOW",
     "DEFAULT_WINDOW",
     "DUTY_BUCKETS",
@@ -1346,6 +1445,7 @@ __all__ = [
     "Slo",
     "Step",
     "as_dict",
+    "budget_expr",
     "burn_window_ranges",
     "check_sources",
     "checks_for_step",

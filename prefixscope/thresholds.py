@@ -14,7 +14,16 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from prefixscope.catalog import BURN_WINDOWS, CHECKS, DEFAULT_BASELINE_WINDOW, Check, rule_threshold_refs
+from prefixscope.catalog import (
+    BUDGET_REF,
+    BURN_WINDOWS,
+    CHECKS,
+    DEFAULT_BASELINE_WINDOW,
+    PROMPT_CLASSES,
+    RECORDING_RULES,
+    Check,
+    rule_threshold_refs,
+)
 from prefixscope.durations import format_duration, is_duration, parse_duration
 from prefixscope.validation import InvalidFile, Problems, read_yaml
 
@@ -47,6 +56,8 @@ class CheckThreshold:
     baseline_factor: float | None = None
     # Hysteresis: a firing alert keeps firing this long after its condition clears (None: not at all).
     keep_firing_for: str | None = None
+    # Entries a rule reads per prompt class (catalog.BUDGET_REF): prompt class -> budget.
+    budgets: dict[str, float] | None = None
 
     def burn_limit(self, pair: str) -> float:
         """The error ratio a burn-rate pair fires above: factor × the error budget (1 − objective)."""
@@ -84,6 +95,10 @@ class Thresholds:
     def values(self) -> dict[str, float]:
         """Every threshold value by key (what ``catalog.render_expr`` fills in)."""
         return {key: entry.value for key, entry in self.checks.items()}
+
+    def budgets(self) -> dict[str, dict[str, float]]:
+        """The per-prompt-class budgets by threshold key (what ``catalog.render_expr`` fills in)."""
+        return {key: dict(entry.budgets) for key, entry in self.checks.items() if entry.budgets}
 
     def for_s(self, check: Check) -> float:
         return parse_duration(self.checks[check.threshold].for_)
@@ -136,10 +151,24 @@ def parse(data: Any, source: str = "alerts/thresholds.yaml", runbooks_dir: Path 
             problems.add(where, f"missing: the catalogue check {check.key} ({check.alert}) needs it")
         if runbooks_dir is not None and not (runbooks_dir / f"{check.alert}.md").is_file():
             problems.add(where, f"runbook {_display(runbooks_dir / (check.alert + '.md'))} for {check.alert} is missing")
+    budget_keys = {m[2] for r in RECORDING_RULES for m in BUDGET_REF.finditer(r.expr)}
+    classes = {label for _bound, label in PROMPT_CLASSES}
+    for key, entry in raw_checks.items():
+        if not isinstance(entry, dict):
+            continue
+        if key in budget_keys and "budgets" not in entry:
+            problems.add(f"checks.{key}.budgets", "missing: a budget per prompt class (" + ", ".join(sorted(classes)) + ")")
+        elif key not in budget_keys and "budgets" in entry:
+            problems.add(f"checks.{key}.budgets", "unknown key: no recording rule reads budgets of this entry")
+        elif isinstance(entry.get("budgets"), dict):
+            for label in sorted(set(entry["budgets"]) ^ classes):
+                what = "missing" if label in classes else "unknown prompt class"
+                problems.add(f"checks.{key}.budgets.{label}", what)
     problems.raise_if_any(ConfigError)
     checks = {key: CheckThreshold(float(e["value"]), e["for"], e["severity"], burn.get(key),
                                   float(e["baseline_factor"]) if e.get("baseline_factor") is not None else None,
-                                  e.get("keep_firing_for"))
+                                  e.get("keep_firing_for"),
+                                  {k: float(v) for k, v in e["budgets"].items()} if e.get("budgets") else None)
               for key, e in raw_checks.items()}
     scope = tuple(d["scope_labels"]) if "scope_labels" in d else DEFAULT_SCOPE_LABELS
     return Thresholds(window, float(d["cold_reuse_share"]), d["runbook_url_base"], d["dashboard_url_base"],

@@ -103,6 +103,8 @@ def _usd(v: float) -> str:
 _FORMATS: dict[str, tuple[Callable[[float], str], Callable[[float], str]]] = {
     "ratio": (lambda v: f"{exact_number(round(v * 100, 9))}%", _percent),
     "ratio_to_baseline": (lambda v: f"{exact_number(v)} ×", lambda v: f"{significant(v)}× baseline"),
+    "ratio_to_budget": (lambda v: f"{exact_number(v)} ×", lambda v: f"{significant(v)}× budget"),
+    "ratio_to_peers": (lambda v: f"{exact_number(v)} ×", lambda v: f"{significant(v)}×"),
     "seconds": (_seconds_setting, _seconds_reading),
     "usd": (lambda v: f"{exact_number(v)} USD", _usd),
     "per_minute": (lambda v: f"{exact_number(v)} per minute", lambda v: f"{format_number(v)}/min"),

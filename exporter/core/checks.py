@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.core import worker_outliers
+from exporter.core.metric_store import CLASS_LABELS, HEALTHY_HISTOGRAM
 from exporter.core.state import ClusterState, Series
 from exporter.core.windows import bucket_counts, histogram_quantile
 from prefixscope import catalog, diagnosis
@@ -36,11 +38,17 @@ _PER_WORKER_RATE_RATIO = re.compile(r"^sum by \(worker\) \(rate\((\w+)_total\[\w
 # a per-worker series kept only where another one is past a threshold (0 elsewhere)
 _GATED = re.compile(r"^([\w:]+) \* on \(worker\) \(([\w:]+) > bool threshold\((\w+)\)\)$")
 _MATCHER = re.compile(r'(\w+)="([^"]*)"')
+# the share of a gauge's series (one per worker) whose age is past a threshold
+_STALE_SHARE = re.compile(r"^sum\(\(time\(\) - (\w+)\) > bool threshold\((\w+)\)\) / count\((\w+)\)$")
 _ABSENT = re.compile(r"^absent\((\w+)\) or vector\(0\)$")
 # Quantiles kept per label set: over the window ([5m]) or over the baseline ([1d] offset 5m, the
 # long window ending one window ago) — the catalogue's default ranges stand for the configured ones.
 _QUANTILE_BY = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le, ([\w, ]+)\) \(rate\((\w+)_bucket"
                           r"\[(\w+)\]( offset \w+)?\)\)\)$")
+# The healthy-window baseline: the quantile of a recorded rate averaged over the baseline window
+# (the windows no check breached), or where a class has none, the plain baseline (a _QUANTILE_BY).
+_HEALTHY_QUANTILE_OR = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le, ([\w, ]+)\) \(avg_over_time\("
+                                  r"([\w:]+)\[\w+\] offset \w+\)\)\) or (.+)$")
 _RULE_RATIO = re.compile(r"^([\w:]+) / ([\w:]+)$")
 # the first value where it exists and is not NaN (``>= 0`` drops a 0/0 ratio), else the second
 _FIRST_OR = re.compile(r"^\((.+) >= 0\) or \((.+)\)$")
@@ -159,7 +167,44 @@ class _Evaluator:
             return {k: v / den[k] for k, v in num.items() if den.get(k)}
         if rule is not None and (m := _QUANTILE_BY.match(rule.expr)):
             return self._quantiles_by(float(m[1]), [b.strip() for b in m[2].split(",")], m[3], baseline=bool(m[5]))
+        if name == worker_outliers.RULE:
+            return {(w,): v for w, v in worker_outliers.peer_ratios(self.state.store, self.state.thresholds).items()}
+        if rule is not None and (m := _STALE_SHARE.match(rule.expr)) and m[1] == m[3]:
+            stamps = self.series.gauges.get(m[1], {}).values()
+            limit = self.state.thresholds.checks[m[2]].value
+            return {(): sum(self.now - v > limit for v in stamps) / len(stamps)} if stamps else {}
+        if rule is not None and (m := _HEALTHY_QUANTILE_OR.match(rule.expr)):
+            return self._healthy_quantiles(float(m[1]), [b.strip() for b in m[2].split(",")], m[3], m[4])
+        if rule is not None and (m := catalog.BUDGET_REF.fullmatch(rule.expr)):
+            return self._over_budget(m[1], m[2])
         return self.series.gauges.get(name, {})
+
+    def _healthy_quantiles(self, q: float, by: list[str], healthy_rule: str, plain: str) -> dict[tuple, float]:
+        """The healthy-window baseline per class, the plain one (``plain``) for the classes without."""
+        fallback = _QUANTILE_BY.match(plain)
+        metric = HEALTHY_HISTOGRAM
+        if fallback is None or f"{metric}_bucket" not in catalog.RULES_BY_NAME[healthy_rule].expr \
+                or tuple(by) != CLASS_LABELS:
+            raise ValueError(f"the exporter cannot evaluate the baseline over {healthy_rule}: extend exporter/core/checks.py")
+        out = self._quantiles_by(float(fallback[1]), [b.strip() for b in fallback[2].split(",")], fallback[3],
+                                 baseline=True)
+        rows = self.state.store.healthy_baseline_rows(metric)
+        meta = catalog.METRICS_BY_NAME[metric]
+        for key, counts in (rows or {}).items():  # without thresholds the store keeps no healthy windows
+            value = histogram_quantile(q, meta.buckets or (), counts)
+            if value is not None:
+                out[key] = value
+        return out
+
+    def _over_budget(self, rule_name: str, key: str) -> dict[tuple, float]:
+        """A per-prompt-class rule over the budget of each class (the threshold entry ``key``)."""
+        budgets = self.state.thresholds.checks[key].budgets or {}
+        m = _QUANTILE_BY.match(catalog.RULES_BY_NAME[rule_name].expr)
+        by = [b.strip() for b in m[2].split(",")] if m else []
+        if "prompt_class" not in by:
+            raise ValueError(f"the exporter cannot evaluate budgets of {rule_name}: extend exporter/core/checks.py")
+        at = by.index("prompt_class")
+        return {k: v / budgets[k[at]] for k, v in self._vector(rule_name).items() if budgets.get(k[at])}
 
     def _quantiles_by(self, q: float, by: list[str], metric: str, baseline: bool) -> dict[tuple, float]:
         """histogram_quantile(q, sum by (le, <by>) (rate(metric_bucket[range]))) per label set."""

@@ -6,7 +6,7 @@ entity is listed only when its own value for the check departs from its peers', 
 
 - *workers*: only for checks with a per-worker series (:data:`WORKER_SERIES`: KV-event silence,
   view repairs, resident blocks per capacity, warm-pool use, workers down, the hit ratio behind
-  the hit-rate checks). A worker is listed when its value is past the check's limit (where the
+  the hit-rate checks, each worker's hit ratio against the median worker's). A worker is listed when its value is past the check's limit (where the
   series is the check's own number per worker) or departs from the median of the others by more
   than the series' margin, in the bad direction; most departed first. Checks without such a
   series list none: naming the lowest-hit workers would blame healthy ones.
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from exporter.core import worker_outliers
 from exporter.core.hotspots import branch_label
 from exporter.core.index.prefix_index import TreeStats
 from exporter.core.index.tiers import GPU
@@ -41,6 +42,7 @@ TOP = 3
 P = catalog.NAMESPACE
 _KV_LAST_TS = f"{P}_kv_event_last_timestamp_seconds"
 _KV_REPAIRS = f"{P}_kv_index_repairs"
+OUTLIER_KEY = "prefix_hit_rate_worker_outlier"
 LOST_SHARE = 0.2  # a branch is a culprit once it lost this share of its previous window's hits
 SESSION_MARGIN = 0.25  # a session reusing this much less than the others' median is a culprit
 
@@ -93,6 +95,9 @@ def _series(st: ClusterState, check: catalog.Check) -> WorkerSeries | None:
     if key == "targets_up":
         return WorkerSeries("down while traffic reaches it", "", {w: 0.0 if st.worker_pool.is_healthy(w) else 1.0
                                                                   for w in st.workers_seen()}, True, 1.0)
+    if key == OUTLIER_KEY:  # the check's own number per worker: its hit ratio over the median worker's
+        return WorkerSeries("its peers' median hit ratio", "ratio_to_peers",
+                            worker_outliers.peer_ratios(st.store, st.thresholds), False, 0.15, own_limit=True)
     if key in HIT_RATE_CHECKS:
         ratios = {w: r for w in st.workers_seen() if (r := st.scrapes.worker_hit_ratio(w)) is not None}
         return WorkerSeries("prefix-cache hit ratio", "ratio", ratios, False, 0.15)

@@ -242,6 +242,7 @@ class KvAccounting:
         worker = batch.worker
         self.seen = True
         w = self.pool.worker(worker, received_at)
+        self.evictions.size_for(worker, self.pool.worker_capacity(worker, w))  # thrash reaches past its cache
         if self.topology is not None:
             self._placement_pool()
             self.index.set_placement_clock(batch.ts)

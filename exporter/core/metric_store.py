@@ -4,7 +4,8 @@ Cumulative (``cum``) for /metrics, and in sliding windows keyed by input timesta
 exporter's own check evaluation: counters in one ``WindowedSum`` keyed ``(metric, labels)``,
 histograms in one ``WindowedBuckets`` per metric (plus, for every histogram a recording rule reads
 as a baseline — ``[1d] offset 5m`` in the catalogue — a ``LaggedBuckets`` over the configured
-baseline window ending one window ago). A separate window (``own``) holds the sums the state keeps
+baseline window ending one window ago; for the cold-prefill histogram a ``HealthyBaseline``, which
+also keeps the healthy windows apart). A separate window (``own``) holds the sums the state keeps
 for itself under keys that are not catalogue series (e.g. ``("record_prompt", worker)``), so a
 catalogue read never sees them.
 
@@ -17,13 +18,32 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
-from exporter.core.baseline_window import LaggedBuckets
+from exporter.core.baseline_window import HealthyBaseline, LaggedBuckets, breach_judge
 from exporter.core.windows import Cumulative, LabelValues, PendingSums, WindowedBuckets, WindowedSum
 from prefixscope import catalog
+from prefixscope.thresholds import Thresholds
 
 DEFAULT_BASELINE_S = 86400.0
 BASELINE_RANGE = f"[{catalog.DEFAULT_BASELINE_WINDOW}] offset {catalog.DEFAULT_WINDOW}"
 LabelFilter = Callable[[LabelValues], bool]
+
+
+# The histogram whose healthy windows the baselines average (the rule catalog.COLD_HEALTHY_RATE),
+# judged by the two cold-prefill checks that rule leaves out; its classes are catalog.CLASS_BY.
+_HEALTHY_RULE = catalog.RULES_BY_NAME[catalog.COLD_HEALTHY_RATE]
+HEALTHY_HISTOGRAM = next(m.name for m in catalog.METRICS if m.buckets and f"{m.name}_bucket" in _HEALTHY_RULE.expr)
+CLASS_LABELS = tuple(x.strip() for x in catalog.CLASS_BY.split(","))
+_RELATIVE_CHECK, _BUDGET_CHECK = "cold_prefill_time_p99", "cold_prefill_budget"
+
+
+def _healthy_baseline(metric: catalog.Metric, span_s: float, lag_s: float, thresholds: Thresholds) -> HealthyBaseline:
+    assert metric.buckets is not None
+    at = [metric.labels.index(x) for x in CLASS_LABELS]
+    relative, budget = catalog.CHECKS_BY_KEY[_RELATIVE_CHECK], catalog.CHECKS_BY_KEY[_BUDGET_CHECK]
+    budget_entry = thresholds.checks[budget.threshold]
+    judge = breach_judge(0.99, metric.buckets, thresholds.value(relative), budget_entry.budgets or {},
+                         budget_entry.value, CLASS_LABELS.index("prompt_class"))
+    return HealthyBaseline(span_s, lag_s, metric.buckets, lambda labels: tuple(labels[i] for i in at), judge)
 
 
 def baseline_histograms() -> list[catalog.Metric]:
@@ -38,15 +58,20 @@ def baseline_histograms() -> list[catalog.Metric]:
 class MetricStore:
     """Cumulative and windowed catalogue counters and histograms."""
 
-    def __init__(self, window_s: float, baseline_s: float = DEFAULT_BASELINE_S) -> None:
+    def __init__(self, window_s: float, baseline_s: float = DEFAULT_BASELINE_S,
+                 thresholds: Thresholds | None = None) -> None:
         self.window_s = float(window_s)
         self.baseline_s = float(baseline_s)
         self.cum = Cumulative()
         self.win = WindowedSum(self.window_s)  # key (metric, labels)
         self.own = WindowedSum(self.window_s)  # the state's own sums, keyed as it likes
         self.hwin: dict[str, WindowedBuckets] = {}
+        # With the thresholds, the cold-prefill baseline keeps its healthy windows apart (the checks
+        # that judge them need the thresholds); without, every window counts.
         self.baselines: dict[str, LaggedBuckets] = {
-            m.name: LaggedBuckets(self.baseline_s, self.window_s, m.buckets)
+            m.name: _healthy_baseline(m, self.baseline_s, self.window_s, thresholds)
+            if thresholds is not None and m.name == HEALTHY_HISTOGRAM
+            else LaggedBuckets(self.baseline_s, self.window_s, m.buckets)
             for m in baseline_histograms() if m.buckets}
         # Inside :meth:`batch`: counter adds held back, written at its end (one write per key)
         self._pending: PendingSums | None = None
@@ -276,6 +301,12 @@ class MetricStore:
         hw = self.hwin.get(metric)
         return dict(hw.counts) if hw is not None else {}  # type: ignore[arg-type]
 
+    def healthy_baseline_rows(self, metric: str) -> dict[tuple[str, ...], list[int]] | None:
+        """Per class (``CLASS_LABELS``), a histogram's counts over the healthy windows of the baseline
+        window, or every window's where a class has no healthy one; None when not kept."""
+        lw = self.baselines.get(metric)
+        return lw.baselines() if isinstance(lw, HealthyBaseline) else None  # type: ignore[return-value]
+
     def baseline_rows(self, metric: str) -> dict[LabelValues, list[int]]:
         """Per label set, a histogram's bucket counts over the baseline window (ending one window ago)."""
         lw = self.baselines.get(metric)
@@ -330,3 +361,6 @@ class RecentStore:
 
     def baseline_rows(self, metric: str) -> dict[LabelValues, list[int]]:
         return self._store.baseline_rows(metric)
+
+    def healthy_baseline_rows(self, metric: str) -> dict[tuple[str, ...], list[int]] | None:
+        return self._store.healthy_baseline_rows(metric)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.core.baseline_window import HealthyBaseline
 from exporter.core.block_tokens import blocks_of, tokens_of
 from exporter.core.cardinality import RecordLabels
 from exporter.core.hotspots import Hotspots
@@ -410,7 +411,8 @@ class RecordAccounting:
         lagged.observe(rec.ts, _cold_labels(rec.model or UNKNOWN, self.topo(rec.worker), rec), rec.prefill_s)
 
     def cold_baseline(self, ts: float, model: str, prompt_class: str) -> float | None:
-        """The long-window cold-prefill p95 of a model and prompt-length class, ending one window ago."""
+        """The long-window cold-prefill p95 of a model and prompt-length class, ending one window ago
+        (over its healthy windows: a slowdown does not become the baseline it is judged against)."""
         lagged = self.store.baselines.get(_COLD_PREFILL)
         if lagged is None:
             return None
@@ -423,9 +425,12 @@ class RecordAccounting:
         key = (model, prompt_class)
         if key in cache:
             return cache[key]
-        m, c = _COLD_MODEL_AT, _COLD_CLASS_AT
-        counts = lagged.merged(lambda labels: labels[m] == model and labels[c] == prompt_class)  # type: ignore[index]
-        value = cache[key] = histogram_quantile(MISS_COST_BASELINE_Q, lagged.bounds, counts)
+        if isinstance(lagged, HealthyBaseline):  # the healthy windows only (or every one, where none is)
+            counts: list[int] = lagged.baseline_of(key) or []
+        else:
+            m, c = _COLD_MODEL_AT, _COLD_CLASS_AT
+            counts = lagged.merged(lambda labels: labels[m] == model and labels[c] == prompt_class)  # type: ignore[index]
+        value = cache[key] = histogram_quantile(MISS_COST_BASELINE_Q, lagged.bounds, counts) if counts else None
         return value
 
     def _router_timings(self, v: RecordView) -> None:

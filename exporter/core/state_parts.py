@@ -84,7 +84,8 @@ def build_parts(health: Health, thresholds: Thresholds, topology: Topology | Non
     lock, now = threading.Lock(), InputTime()
     index = PrefixIndex()
     sessions = SessionTable(max_sessions=max_sessions or limits.sessions)
-    store = MetricStore(window_s, getattr(thresholds, "baseline_window_s", 86400.0))
+    store = MetricStore(window_s, getattr(thresholds, "baseline_window_s", 86400.0),
+                        thresholds if isinstance(thresholds, Thresholds) else None)  # the healthy baseline's judge
     pool = WorkerPool(health, now, health_recency_s, topology, down_grace_s)
     hotspots = Hotspots(index, limits.hit_history)
     labels = RecordLabels(limits, window_s)

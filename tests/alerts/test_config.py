@@ -68,7 +68,7 @@ def test_unknown_keys_at_every_level() -> None:
     assert problems[0].startswith("alerts/thresholds.yaml: thresholds_extra: unknown field (allowed: schema, window, ")
     assert any("checks.not_a_check: unknown key: no check or recording rule in prefixscope/catalog.py" in p
                for p in problems)
-    assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity, burn_rates, baseline_factor, keep_firing_for)" in problems
+    assert "alerts/thresholds.yaml: checks.targets_up.labels: unknown field (allowed: value, for, severity, burn_rates, baseline_factor, keep_firing_for, budgets)" in problems
 
 
 def test_missing_entry_names_the_check_and_alert() -> None:

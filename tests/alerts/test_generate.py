@@ -116,10 +116,25 @@ def test_alert_expressions() -> None:
         "max by (cluster, worker) (time() - prefixscope_kv_event_last_timestamp_seconds) > 120")
     assert by_name["PrefixCacheNearCapacity"]["expr"].startswith("max by (cluster, worker) (")
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
-    # the baseline is the long window ending where the current window begins, per prompt class
+    # the baseline is the long window ending where the current window begins, per prompt class, over
+    # its healthy windows only (the plain one where none is left)
     assert records["prompt_class:prefixscope_cold_prefill_seconds:p99_baseline"] == (
         "(histogram_quantile(0.99, sum by (cluster, le, model, prompt_class) "
+        "(avg_over_time(prompt_class:prefixscope_cold_prefill_seconds_bucket:rate5m_healthy[1d] offset 5m))) or "
+        "histogram_quantile(0.99, sum by (cluster, le, model, prompt_class) "
         "(rate(prefixscope_cold_prefill_seconds_bucket[1d] offset 5m))))" + SHARD_GUARD)
+    assert records["prompt_class:prefixscope_cold_prefill_seconds_bucket:rate5m_healthy"] == (
+        "(sum by (cluster, le, model, prompt_class) (rate(prefixscope_cold_prefill_seconds_bucket[5m])) "
+        "unless on (cluster, model, prompt_class) "
+        "(prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_baseline > 3 "
+        "or prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget > 1))" + SHARD_GUARD)
+    # the absolute budgets come from the threshold file, one constant per prompt class
+    assert records["prompt_class:prefixscope_cold_prefill_seconds_p99:ratio_budget"] == (
+        "prompt_class:prefixscope_cold_prefill_seconds:p99_5m / on (prompt_class) group_left () ("
+        'label_replace(vector(1), "prompt_class", "0-1k", "", "") or '
+        'label_replace(vector(2.5), "prompt_class", "1k-4k", "", "") or '
+        'label_replace(vector(10), "prompt_class", "4k-16k", "", "") or '
+        'label_replace(vector(40), "prompt_class", "16k+", "", ""))')
     assert records["cluster:prefixscope_session_hit_ratio_below_0_8:share"] == (
         '(sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="0.8"}) / '
         'sum by (cluster) (prefixscope_session_hit_ratio_bucket{le="+Inf"}))' + SHARD_GUARD)

@@ -195,3 +195,65 @@ def test_a_shard_never_seen_alerts_for_its_scope_and_a_plan_scaled_in_misses_nob
     }
     done = _run_case(tmp_path, case)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _cold_prefill(cluster: str, phases: list[tuple[int, float]]) -> list[dict]:
+    """Cold-prefill bucket counters of one model and prompt class: 10 requests a minute, each
+    phase (minutes, prefill seconds) landing in the bucket of its prefill time."""
+    from prefixscope.catalog import PREFILL_BUCKETS
+    out = []
+    for le in [*PREFILL_BUCKETS, float("inf")]:
+        total, parts = 0, []
+        for minutes, seconds in phases:
+            step = 10 if seconds <= le else 0
+            parts.append(f"{total}+{step}x{minutes}")
+            total += step * minutes + step  # the next phase starts one step on
+        bound = "+Inf" if le == float("inf") else f"{le:g}"
+        out.append({"series": "prefixscope_cold_prefill_seconds_bucket{" + f'cluster="{cluster}", gpu_class="g", '
+                    f'le="{bound}", model="m", prompt_class="1k-4k"' + "}", "values": " ".join(parts)})
+    return out
+
+
+def test_a_two_hour_cold_prefill_slowdown_still_alerts_after_one_and_two_hours(tmp_path: Path) -> None:
+    """The baseline leaves out the windows in which the check breached: a 5 × slowdown lasting two
+    hours (0.45 s → 2.25 s, under the class's 2.5 s budget) is still compared with the fleet before
+    it at +1 h and +2 h, where a plain day-long p99 had absorbed it within half an hour. The
+    healthy cluster beside it stays quiet."""
+    labels = {"cluster": "a", "severity": "warning", "step": "3"}
+    case = {
+        "interval": "1m",
+        "input_series": _cold_prefill("a", [(180, 0.45), (120, 2.25)]) + _cold_prefill("b", [(300, 0.45)]),
+        "promql_expr_test": [_firing("PrefixColdPrefillSlow", "170m", {}),
+                             _firing("PrefixColdPrefillSlow", "190m", labels),
+                             _firing("PrefixColdPrefillSlow", "240m", labels),
+                             _firing("PrefixColdPrefillSlow", "299m", labels),
+                             _firing("PrefixColdPrefillOverBudget", "299m", {})],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_one_wiped_worker_among_healthy_ones_is_named_in_step_1(tmp_path: Path) -> None:
+    """Twelve workers with the same traffic, eleven at a 0.94 hit ratio and one whose cache is wiped
+    (0.13): the cluster reads 0.8725, above PrefixHitRateLow's line, and PrefixWorkerHitRateOutlier
+    names step 1 and that worker (0.13 / 0.94 of its peers' median) in its cluster only."""
+    def worker(cluster: str, name: str, hit: float) -> list[dict]:
+        sel = f'cluster="{cluster}", model="m", worker="{name}"'
+        return [{"series": f"prefixscope_prefix_cache_hit_tokens_total{{{sel}}}", "values": f"0+{600 * hit:g}x30"},
+                {"series": f"prefixscope_prefix_cache_queried_tokens_total{{{sel}}}", "values": "0+600x30"}]
+    series = [s for i in range(12) for s in worker("a", f"w{i}", 0.13 if i == 11 else 0.94)]
+    series += [s for i in range(12) for s in worker("b", f"w{i}", 0.94)]
+    cluster = "cluster:prefixscope_prefix_cache_hit_tokens_per_queried_tokens:ratio_rate5m"
+    case = {
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": f'{cluster}{{cluster="a"}}', "eval_time": "20m",
+             "exp_samples": [{"labels": f'{cluster}{{cluster="a"}}', "value": 0.8725000000000002}]},  # (0.13 + 11 × 0.94) / 12
+            _firing("PrefixHitRateLow", "20m", {}),
+            _firing("PrefixWorkerHitRateOutlier", "20m",
+                    {"cluster": "a", "severity": "warning", "step": "1", "worker": "w11"}),
+        ],
+    }
+    done = _run_case(tmp_path, case)
+    assert done.returncode == 0, done.stdout + done.stderr

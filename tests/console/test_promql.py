@@ -69,3 +69,16 @@ def test_check_queries_come_from_the_catalogue() -> None:
     assert promql.check_baseline("cold_prefill_time_p99") is None  # the ratio rule divides by the baseline
     with pytest.raises(UnsafeQuery):
         promql.check_value("vector(1)")
+
+
+def test_a_scope_narrows_every_series_and_keeps_every_aggregation_apart() -> None:
+    scope = promql.Scope("cluster", 'a"} or vector(1) #')
+    got = promql.scoped("max(worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m)", scope)
+    assert got == ('max by (cluster) (worker:prefixscope_kv_thrash_of_full_cache:ratio_rate5m'
+                   '{cluster="a\\"} or vector(1) #"})')
+    # no value (a Prometheus without the label): aggregations keep it, nothing is selected
+    assert promql.scoped("sum(rate(prefixscope_requests_total[5m]))", promql.Scope()) == (
+        "sum by (cluster) (rate(prefixscope_requests_total[5m]))")
+    assert promql.scoped("sum(rate(prefixscope_requests_total[5m]))", None) == "sum(rate(prefixscope_requests_total[5m]))"
+    with pytest.raises(promql.UnsafeQuery):
+        promql.Scope("cluster) or vector(1", "a")

@@ -82,7 +82,7 @@ def test_house_style(path: Path) -> None:
     assert doc["uid"] == "prefixscope-" + path.stem.replace("_", "-")
     assert doc["schemaVersion"] == SCHEMA_VERSION >= 39
     names = [v["name"] for v in doc["templating"]["list"]]
-    assert names == ["datasource", "model", "node", "worker"]
+    assert names == ["datasource", "cluster", "model", "node", "worker"]  # the scope label (thresholds: scope_labels) first
     for panel in doc["panels"]:
         assert "gridPos" in panel and panel["id"]
         if panel["type"] == "row":

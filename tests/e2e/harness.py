@@ -281,15 +281,41 @@ def expanded(expr: str) -> str:
     """A check's expression with recording-rule names replaced by their expressions.
 
     A Prometheus serving backfilled blocks evaluates rules only from now on, so the history is
-    queried with the rules' own expressions instead.
+    queried with the rules' own expressions instead. A rule read over a range (a baseline
+    averaging a recorded rate) becomes a subquery of its expression; a rule read over a range
+    from inside its own expression (its own past: the healthy-window baseline) reads nothing, so
+    the expression's fallback stands in at that depth.
     """
+    return _render(_expand(expr, ()))
+
+
+def _render(expr: str) -> str:
+    """As the generated rule file has them: threshold(key) and budgets filled in from the threshold file."""
+    th = load_thresholds()
+    return catalog.render_expr(expr, th.values(), th.budgets())
+
+
+_RULE_READ = re.compile(r"(?<![\w:])([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)(?![\w:])(\[\w+\])?")
+SUBQUERY_STEP = "1m"
+
+
+def _expand(expr: str, stack: tuple[str, ...], past: frozenset[str] = frozenset()) -> str:
+    """``stack``: the rules being expanded at this instant (a cycle among them is an error);
+    ``past``: the rules read over a range on the way here (read again over a range: nothing)."""
     rule = catalog.RULES_BY_NAME.get(expr)
     if rule is not None:
-        expr = rule.expr
-    while True:  # rules may read rules (a ratio of two quantile rules)
-        before = expr
-        for name, rule in catalog.RULES_BY_NAME.items():
-            expr = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", f"({rule.expr})", expr)
-        if expr == before:
-            # as the generated rule file has them: threshold(key) filled in from the threshold file
-            return catalog.render_expr(expr, load_thresholds().values())
+        return _expand(rule.expr, (*stack, expr), past)
+    expr = _render(expr)  # budgets name a rule inside a placeholder: rendered before it is expanded
+
+    def sub(m: re.Match[str]) -> str:
+        name, rng = m[1], m[2]
+        rule = catalog.RULES_BY_NAME.get(name)
+        if rule is None:
+            return m[0]
+        if rng is None:
+            if name in stack:
+                raise ValueError(f"recording rules read each other in a cycle through {name}")
+            return f"({_expand(rule.expr, (*stack, name), past)})"
+        inner = "absent(vector(1))" if name in past else _expand(rule.expr, (name,), past | {name})
+        return f"({inner})[{rng[1:-1]}:{SUBQUERY_STEP}]"
+    return _RULE_READ.sub(sub, expr)

@@ -41,8 +41,11 @@ def recording_rules(rule_file: Path) -> list[dict]:
 def rule_levels(rules: list[dict]) -> list[list[dict]]:
     """The rules grouped so that every rule reads only raw series and rules of earlier groups."""
     names = {r["record"] for r in rules}
+    # a rule read over a range with an offset is read in the past (a baseline averaging a recorded
+    # rate): no dependency within one evaluation, and backfilled before it its past reads nothing
     reads = {r["record"]: {n for n in names if n != r["record"]
-                           and re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", str(r["expr"]))} for r in rules}
+                           and re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])(?!\[\w+\] offset)", str(r["expr"]))}
+             for r in rules}
     level: dict[str, int] = {}
 
     def of(name: str, seen: frozenset[str] = frozenset()) -> int:

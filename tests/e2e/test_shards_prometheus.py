@@ -151,10 +151,11 @@ def proms(run: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
             p.stop()
 
 
-def _reads(expr: str) -> str:
-    """A rule's expression with the rules it reads written out (their windows and quantiles)."""
-    return expr + "".join(_reads(r.expr) for n, r in catalog.RULES_BY_NAME.items()
-                          if re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", expr))
+def _reads(expr: str, seen: frozenset[str] = frozenset()) -> str:
+    """A rule's expression with the rules it reads written out (their windows and quantiles), each
+    once on a path (the healthy-window baseline reads its own past)."""
+    return expr + "".join(_reads(r.expr, seen | {n}) for n, r in catalog.RULES_BY_NAME.items()
+                          if n not in seen and re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", expr))
 
 
 def tolerance(expr: str) -> float:

@@ -114,6 +114,11 @@ class _Store:
     def baseline_rows(self, metric: str) -> dict:
         return _rows([s.baseline_rows(metric) for s in self.stores])
 
+    def healthy_baseline_rows(self, metric: str) -> dict | None:
+        # every shard keeps the cluster's baseline (it sees every record's cold prefill): summed, as above
+        parts = [s.healthy_baseline_rows(metric) for s in self.stores]
+        return None if any(p is None for p in parts) else _rows(parts)  # type: ignore[arg-type]
+
     def window_counter(self, metric: str, where=None) -> float | None:
         got = [v for s in self.stores if (v := s.window_counter(metric, where)) is not None]
         return sum(got) if got else None

@@ -166,12 +166,16 @@ cdef class _EvictionWorker:
     cdef OrderedTable sampled
     cdef OrderedTable live
     cdef int64_t carry  # estimated restores not yet counted (a batch counts at most its stored blocks)
+    cdef uint64_t far_mask  # the sampled ring keeps the evictions whose hash & far_mask is 0
+    cdef int64_t capacity  # the capacity the far sample was sized for (-1: none yet, 0: unknown)
 
     def __cinit__(self):
         _ot_init(&self.recent)
         _ot_init(&self.sampled)
         _ot_init(&self.live)
         self.carry = 0
+        self.far_mask = 0
+        self.capacity = -1
 
     def __dealloc__(self):
         _ot_free(&self.recent)
@@ -214,10 +218,31 @@ cdef class CompiledEvictionTracker:
         self.mask = <uint64_t>(sample_every - 1)
 
     cdef _EvictionWorker _worker(self, str worker):
+        cdef _EvictionWorker e
         w = self._workers.get(worker)
         if w is None:
-            w = self._workers[worker] = _EvictionWorker()
+            e = _EvictionWorker()
+            e.far_mask = self.mask
+            w = self._workers[worker] = e
         return <_EvictionWorker>w
+
+    def size_for(self, str worker, capacity):
+        """Size the worker's sampled eviction ring for its capacity (``eviction.EvictionTracker.size_for``)."""
+        cdef _EvictionWorker w = self._worker(worker)
+        cdef int64_t cap = capacity if capacity is not None and capacity > 0 else 0
+        cdef uint64_t every
+        if cap == w.capacity:
+            return
+        w.capacity = cap
+        every = <uint64_t>far_sample(cap or None, self.memory, <object>(self.mask + 1))
+        if every - 1 != w.far_mask:
+            w.far_mask = every - 1
+            _ot_clear(&w.sampled)
+
+    def far_every(self, str worker):
+        """The worker's far sample (``sample_every`` until it is sized)."""
+        cdef _EvictionWorker w = self._workers.get(worker)
+        return <object>((self.mask if w is None else w.far_mask) + 1)
 
     cdef Py_ssize_t _load(self, object hs) except -1:
         """The event's hashes into ``buf`` (ints folded to 64 bits, as the index reads them)."""
@@ -303,12 +328,12 @@ cdef class CompiledEvictionTracker:
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:
         cdef Py_ssize_t i
-        cdef uint64_t mask = self.mask, p = parent
+        cdef uint64_t mask = self.mask, p = parent, far_mask = w.far_mask
         cdef uint32_t limit = <uint32_t>self.memory
         cdef int32_t k
         cdef bint have_parent = has_parent, back
         cdef int64_t again = 0, counted
-        cdef int64_t every = <int64_t>(mask + 1)
+        cdef int64_t every = <int64_t>(far_mask + 1)
         cdef OrderedTable* recent = &w.recent
         cdef OrderedTable* sampled = &w.sampled
         cdef OrderedTable* live = &w.live
@@ -325,7 +350,7 @@ cdef class CompiledEvictionTracker:
                         if ts - recent.e[k].t <= self.window_s:
                             again += 1
                         _ot_unlink(recent, k)
-                if sampled.n and not hs[i] & mask:
+                if sampled.n and not hs[i] & far_mask:
                     k = _ot_find(sampled, hs[i])
                     if k >= 0:
                         if not back and ts - sampled.e[k].t <= self.window_s:
@@ -358,7 +383,7 @@ cdef class CompiledEvictionTracker:
     cdef int64_t _removed(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, double ts,
                           list ages) except -1:
         cdef Py_ssize_t i
-        cdef uint64_t mask = self.mask
+        cdef uint64_t mask = self.mask, far_mask = w.far_mask
         cdef uint32_t limit = <uint32_t>self.memory
         cdef int32_t k
         cdef double age
@@ -372,7 +397,7 @@ cdef class CompiledEvictionTracker:
                 _ot_to_end(recent, k)
             else:
                 _ot_add(recent, hs[i], ts, limit)
-            if not hs[i] & mask:
+            if not hs[i] & far_mask:
                 k = _ot_find(sampled, hs[i])
                 if k >= 0:
                     sampled.e[k].t = ts

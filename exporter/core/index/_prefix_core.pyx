@@ -50,7 +50,7 @@ from cpython.object cimport PyObject_GenericSetAttr, PyTypeObject
 from cpython.ref cimport PyObject
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 
-from exporter.core.index.eviction import DEFAULT_MEMORY as DEFAULT_EVICTION_MEMORY, DEFAULT_SAMPLE_EVERY, BatchEvictions
+from exporter.core.index.eviction import DEFAULT_MEMORY as DEFAULT_EVICTION_MEMORY, DEFAULT_SAMPLE_EVERY, BatchEvictions, far_sample
 from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
 from exporter.core.index.prefix_index_ref import DEFAULT_MEDIUM, MAX_MEDIA, ROOT, ApplyResult, ChainTails, TreeStats
 

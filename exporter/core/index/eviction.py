@@ -23,12 +23,20 @@ for a uniform sample of blocks (hash mod ``sample_every`` = 0; block hashes are 
 distributed), at most ``memory`` of them. Eviction age and reuse are measured on that sample.
 
 Thrash is exact for blocks stored again within the last ``memory`` evictions. A worker whose
-working set is larger than its cache stores blocks again long after that: a full 64k-block
-cache turns over 16 times further back than a ring of 4096 reaches. So a second ring keeps the
-sampled evictions (the same 1 in ``sample_every``) for as far again, ``memory`` × ``sample_every``
-evictions (the window still bounds both): a sampled block stored again from beyond the exact
-ring stands for ``sample_every`` blocks of its age. What that estimate adds beyond a batch's
-stored blocks is carried to the worker's next stores, so restored never exceeds stored.
+working set is larger than its cache stores blocks again long after that: a 100k-block cache
+over a 170k-block working set stores each block again about 70k evictions after it evicted it,
+17 times further back than a ring of 4096 reaches. So a second ring keeps a sample of the
+evictions, 1 in the worker's *far sample* (a power of two), reaching ``memory`` × far sample
+evictions back (the window still bounds both): a sampled block stored again from beyond the exact
+ring stands for far-sample blocks of its age. The far sample is sized from the worker's capacity
+(``size_for``: its ``num_gpu_blocks``) so that the ring reaches ``REACH_TURNOVERS`` cache-fulls of
+evictions back — every re-store of a working set up to three times the cache is seen — and is
+never below ``sample_every``; without a known capacity it is ``sample_every``. Its accuracy: the
+estimate counts n = thrash × stored / far sample sampled re-stores in a window, so its relative
+standard error is about 1/√n (block hashes are uniform): a 100k-block worker (far sample 64) that
+stores 100k blocks in a window and thrashes at the 10 % line reads 0.10 ± 0.008. What the estimate
+adds beyond a batch's stored blocks is carried to the worker's next stores, so restored never
+exceeds stored.
 
 Only GPU events count (``medium`` "GPU" or missing): offload tiers (CPU, disk) are other caches
 whose stores and removals are copies, not evictions of the GPU cache.
@@ -50,7 +58,18 @@ from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 DEFAULT_MEMORY = 4096  # recent evictions (and sampled resident blocks) kept per worker
 DEFAULT_SAMPLE_EVERY = 16  # store times kept for one block in this many (a power of two)
+REACH_TURNOVERS = 2  # the sampled eviction ring reaches this many cache-fulls of evictions back
 GPU = "GPU"
+
+
+def far_sample(capacity: int | None, memory: int, sample_every: int) -> int:
+    """The 1-in-n sample of a worker's eviction ring that reaches ``REACH_TURNOVERS`` cache-fulls
+    back with ``memory`` entries: a power of two, at least ``sample_every``."""
+    every = sample_every
+    if capacity and capacity > 0:
+        while every * memory < REACH_TURNOVERS * capacity:
+            every *= 2
+    return every
 
 
 def is_gpu(medium: str | None) -> bool:
@@ -70,9 +89,12 @@ class BatchEvictions:
 
 
 class _Worker:
-    __slots__ = ("carry", "live", "recent", "sampled")
+    __slots__ = ("capacity", "carry", "far_every", "far_mask", "live", "recent", "sampled")
 
-    def __init__(self) -> None:
+    def __init__(self, far_every: int) -> None:
+        self.capacity: int | None = None  # the capacity the far sample was sized for
+        self.far_every = far_every  # the sampled ring keeps 1 eviction in this many (a power of two)
+        self.far_mask = far_every - 1
         self.carry = 0  # estimated restores not yet counted (a batch counts at most its stored blocks)
         self.recent: OrderedDict[int, float] = OrderedDict()  # evicted hash -> time, oldest first
         self.sampled: OrderedDict[int, float] = OrderedDict()  # the same for sampled hashes, reaching further
@@ -98,8 +120,25 @@ class EvictionTracker:
     def _worker(self, worker: str) -> _Worker:
         w = self._workers.get(worker)
         if w is None:
-            w = self._workers[worker] = _Worker()
+            w = self._workers[worker] = _Worker(self.sample_every)
         return w
+
+    def size_for(self, worker: str, capacity: int | None) -> None:
+        """Size the worker's sampled eviction ring for its capacity (``num_gpu_blocks``; None:
+        unknown). A new size starts the ring afresh (its entries were sampled the old way)."""
+        w = self._worker(worker)
+        if capacity == w.capacity:
+            return
+        w.capacity = capacity
+        every = far_sample(capacity, self.memory, self.sample_every)
+        if every != w.far_every:
+            w.far_every, w.far_mask = every, every - 1
+            w.sampled.clear()
+
+    def far_every(self, worker: str) -> int:
+        """The worker's far sample (``sample_every`` until it is sized)."""
+        w = self._workers.get(worker)
+        return self.sample_every if w is None else w.far_every
 
     def apply(self, worker: str, events: Iterable[KvEvent], ts: float) -> BatchEvictions:
         w = self._worker(worker)
@@ -138,11 +177,12 @@ class EvictionTracker:
                     restored += 1
         mask = self._sample_mask
         picked = [h for h in hs if not h & mask]
-        if sampled and picked:
-            for h in sampled.keys() & picked:
+        far = picked if w.far_mask == mask else [h for h in picked if not h & w.far_mask]
+        if sampled and far:
+            for h in sampled.keys() & far:
                 at = sampled.pop(h)
                 if ts - at <= self.window_s and h not in back:  # beyond the exact ring
-                    restored += self.sample_every
+                    restored += w.far_every
         restored += w.carry
         counted = min(restored, len(hs))
         w.carry = restored - counted
@@ -171,11 +211,11 @@ class EvictionTracker:
     def _removed(self, w: _Worker, hashes: Sequence[int], ts: float, out: BatchEvictions) -> None:
         out.evicted += len(hashes)
         recent, sampled, live = w.recent, w.sampled, w.live
-        mask = self._sample_mask
+        far_mask = w.far_mask
         for h in hashes:
             recent[h] = ts
             recent.move_to_end(h)
-            if not h & mask:
+            if not h & far_mask:
                 sampled[h] = ts
                 sampled.move_to_end(h)
             rec = live.pop(h, None) if live else None

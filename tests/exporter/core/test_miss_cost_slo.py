@@ -1,6 +1,8 @@
 """Miss cost of every request that missed part of its available prefix, the SLO's judgement of
 it against the long-window cold-prefill baseline, and the cold-prefill check against that baseline."""
 
+import pytest
+
 from exporter.core.checks import evaluate
 from exporter.core.health import Health
 from exporter.core.state import ClusterState
@@ -94,3 +96,32 @@ def test_severity_is_on_every_check_result_and_the_exporter_sees_itself_up():
     assert ev.results["prefix_tree_depth_p99"].severity == "info"
     up = ev.results["exporter_up"]
     assert up.value == 0.0 and up.status == "ok"
+
+
+def _cold_minutes(st: ClusterState, start_min: int, minutes: int, prefill_s: float) -> None:
+    """Ten cold 1k-4k requests a minute, each taking ``prefill_s``, received as they happen."""
+    for minute in range(start_min, start_min + minutes):
+        t = minute * 60.0
+        st.ingest_records([rec(t + 6 * i, f"r{minute}-{i}", "w0", 2000, cached_tokens=0, prefill_s=prefill_s)
+                           for i in range(10)], t + 59)
+
+
+def test_a_two_hour_slowdown_is_never_its_own_baseline():
+    """As the rule (tests/alerts/test_promtool.py, same input): a 5 × slowdown (0.45 s → 2.25 s)
+    after three healthy hours still reads 2.49 s / 0.598 s at +1 h and +2 h, and the miss-cost SLO
+    keeps judging the slow misses against the healthy p95, where a plain day-long baseline had
+    absorbed the slowdown within the half hour."""
+    now = [0.0]
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300, clock=lambda: now[0])
+    _cold_minutes(st, 0, 180, 0.45)
+    now[0] = 180 * 60.0
+    before = evaluate(st).results["cold_prefill_time_p99"]
+    assert before.value == 1.0 and before.status == "ok"
+    for hours in (1, 2):
+        _cold_minutes(st, 180 + (hours - 1) * 60, 60, 2.25)
+        now[0] = (180 + hours * 60) * 60.0
+        ev = evaluate(st)
+        slow = ev.results["cold_prefill_time_p99"]
+        assert slow.value == pytest.approx((1.5 + 0.99) / (0.4 + 0.2 * 0.99)) and slow.status == "firing", hours
+        assert ev.results["cold_prefill_budget"].status == "ok"  # 2.49 s is under the class's 2.5 s
+        assert ev.results["slo_prefix_miss_cost"].value == 0.0, hours  # every slow miss is over 1.5 × 0.59 s

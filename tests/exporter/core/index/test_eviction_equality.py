@@ -3,8 +3,9 @@
 Streams run on a small universe of block hashes (some above 2^63), so the same blocks are stored,
 evicted and stored again: stored chains under known, sampled or unknown parents, removals of held
 and never-stored blocks, repeated hashes, clears, restarts, request-record hits, time steps inside
-and beyond the window (and the odd step back), three workers and every medium spelling. Memory is
-small so that the bounded tables drop their oldest entries, and sampling keeps 1, 2 or 4 in 4.
+and beyond the window (and the odd step back), three workers and every medium spelling, and far
+samples sized from capacities that arrive and change mid-stream. Memory is small so that the
+bounded tables drop their oldest entries, and sampling keeps 1, 2 or 4 in 4.
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> 
     scanned = CompiledEvictionTracker(ref.window_s, ref.memory, ref.sample_every)  # fed the compiled reader's scans
     arrays = data.draw(st.booleans())
     for worker, batch, ts, restart, hit in data.draw(streams()):
+        if data.draw(st.integers(0, 4)) == 0:  # the worker's capacity arrives or changes: its far sample
+            capacity = data.draw(st.sampled_from((None, 0, 1, 7, 50, 400)))
+            for t in (ref, comp, scanned):
+                t.size_for(worker, capacity)
+            assert ref.far_every(worker) == comp.far_every(worker) == scanned.far_every(worker)
         want = ref.apply(worker, batch, ts)
         assert comp.apply(worker, batch, ts) == want
         scan = compiled.scan_kv_batch(payload(batch, arrays))
