@@ -133,6 +133,7 @@ class _Store:
 class _HealthIncreases:
     def __init__(self, parts: Sequence) -> None:
         self.parts = parts
+        self.names = frozenset().union(*(p.names for p in parts))  # the exporter's own health counters
 
     def increase(self, name: str) -> float | None:
         got = [v for p in self.parts if (v := p.increase(name)) is not None]
