@@ -103,7 +103,7 @@ def test_the_loop_thread_records_on_the_exporters_clock_and_stops() -> None:
     finally:
         loop.close(timeout=5)
     assert not loop.running
-    assert first == parts.breaches.since() == {KEY: 1_130.0}  # the start stays the first breaching evaluation's
+    assert first == parts.breaches.since() == BREACHED  # the start stays the first breaching evaluation's
     with pytest.raises(ValueError):
         BreachLoop(parts.state, parts.breaches, interval=0)
 
