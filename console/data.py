@@ -176,7 +176,8 @@ def chain_from_prom(url: str, limits: Limits) -> Chain:
     args = (values, baselines, signals_available(got["signals"]), got["alerts"], limits, reuse, got["for"])
     now = time.time()
     found = chain_from_prometheus(*args, now)  # type: ignore[arg-type]
-    breaching = [k for k, c in found.checks().items() if c.status == "firing" or c.pending]
+    # (a missing shard is a count of shards, not a windowed value: it never settles while it lasts)
+    breaching = [k for k, c in found.checks().items() if (c.status == "firing" or c.pending) and k != SHARDS_KEY]
     if breaching:
         refs = {CHECKS_BY_KEY[k].threshold: t for k, lim in limits.by_check if (t := lim.threshold) is not None}
         extremes = _parallel({k: partial(_scalar, client, promql.settle_extreme(k, refs)) for k in breaching})
