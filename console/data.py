@@ -41,7 +41,7 @@ from console.culprits import Culprits, parse_culprits
 from console.exporter_api import ExporterClient
 from console.http_json import SourceUnavailable
 from console.limits import Limits, limits_from_file, limits_from_groups
-from console.liveness import PoolView, pool_view_from_text
+from console.liveness import PoolView, largest_sample, pool_view_from_text
 from console.prom import PrometheusClient, Sample
 from console.runbook_steps import Evidence, pool_changes
 from console.settings import (
@@ -54,9 +54,10 @@ from console.settings import (
     thresholds_path,
 )
 from prefixscope import thresholds as threshold_file
-from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
+from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY, NAMESPACE
 
 TTL_S = 15
+ROUTER_TREE_FILL = f"{NAMESPACE}_router_tree_fill_ratio"
 RANGES_S = {"15 minutes": 900, "1 hour": 3600, "6 hours": 21600, "24 hours": 86400}
 
 _REUSE_RULES = {
@@ -306,6 +307,13 @@ def pool_view(url: str) -> PoolView:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
+def router_tree_fill(url: str) -> float | None:
+    """The fullest router prefix tree against its bound, from the exporter's /metrics (None: no router
+    reports its tree)."""
+    return largest_sample(exporter(url).metrics_text(), ROUTER_TREE_FILL)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
 def alertmanager_alerts(url: str) -> list[PageAlert]:
     return fetch_alerts(url)
 
@@ -348,7 +356,11 @@ def evidence(src: Sources, found: Chain) -> Evidence:
     rekeys = None if ch is None else sum(int(r.get("rekeys") or 0) for r in ch.get("rekeyed_segments") or [])
     culprit_workers = max((len(c.culprits.workers) for c in checks.values() if c.culprits is not None), default=0)
     target = found.limits.threshold("prefix_hit_rate_total") if found.limits is not None else None
-    return Evidence(signals=signals, breaching=breaching,
+    try:
+        tree_fill = router_tree_fill(src.exporter_url) if "prefix_tree_walk_latency" in breaching else None
+    except SourceUnavailable:
+        tree_fill = None
+    return Evidence(signals=signals, breaching=breaching, router_tree_fill=tree_fill,
                     pool_changes=None if ch is None else pool_changes(ch.get("pool_changes") or []),
                     rekeys=rekeys, available=found.reuse.available, achieved=found.reuse.achieved,
                     hit_target=target, culprit_workers=culprit_workers)

@@ -81,6 +81,13 @@ def pool_view_from_text(text: str) -> PoolView:
     return PoolView(up, router, frozenset(fresh), blind, pool)
 
 
+def largest_sample(text: str, name: str) -> float | None:
+    """The largest value of one family's samples in a text exposition (None: it has none)."""
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith((name + "{", name + " ")))
+    values = [s.value for family in text_string_to_metric_families(wanted + "\n") for s in family.samples]
+    return max(values) if values else None
+
+
 def classify(workers: Iterable[str], view: PoolView, served: Iterable[str] = ()) -> dict[str, Liveness]:
     """Each worker's liveness, by the rules in the module docstring."""
     names = list(workers)

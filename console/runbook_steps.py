@@ -87,6 +87,7 @@ class Evidence:
     hit_target: float | None = None  # the cluster hit-rate limit
     culprit_workers: int = 0  # workers named as culprits of the check
     offload_tiers: bool | None = None  # some worker holds blocks off the GPU
+    router_tree_fill: float | None = None  # the fullest router prefix tree against its --max-tree-size
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,18 @@ def _no_offload(e: Evidence) -> Checked:
     return Checked(True, "no worker offloads KV blocks yet")
 
 
+# A tree past half its bound is worth trimming: walks grow with it, and eviction already cuts live prefixes.
+TREE_FILL_LARGE = 0.5
+
+
+def _router_tree_large(e: Evidence) -> Checked:
+    if e.router_tree_fill is None:
+        return Checked(True, "the router's tree size unknown (no router reports it: the SGLang gateway ≥ 1.10.1 "
+                             "does after its first eviction pass)")
+    said = f"the router's largest prefix tree is at {format_reading(e.router_tree_fill, 'ratio')} of its --max-tree-size"
+    return Checked(e.router_tree_fill >= TREE_FILL_LARGE, said)
+
+
 # alert -> step number (1-based, as the runbook numbers them) -> its condition
 RULES: Mapping[str, Mapping[int, Condition]] = {
     "PrefixStickyCollisionsHigh": {1: _pool_reshuffle, 2: _rekeys},
@@ -179,7 +192,7 @@ RULES: Mapping[str, Mapping[int, Condition]] = {
     "PrefixCacheNearCapacity": {1: _one_worker_stands_out},
     "PrefixTelemetryIndexStale": {1: lambda e: Checked(not _stream_healthy(e).holds, _stream_healthy(e).said),
                                   2: _stream_healthy},
-    "PrefixRouterTreeWalkSlow": {2: _breaching("prefix_tree_depth_p99", "tree depth")},
+    "PrefixRouterTreeWalkSlow": {1: _router_tree_large, 2: _breaching("prefix_tree_depth_p99", "tree depth")},
 }
 
 

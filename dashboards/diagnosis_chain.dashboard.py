@@ -97,6 +97,12 @@ def _step_extras(step: int, drawing: Drawing) -> list:
                 target(q.rule("router:prefixscope_router_regret_blocks_per_routed_requests:ratio_rate5m"),
                        "{{router}}")], unit="blocks", description=(
                 "Cached blocks the router's picks gave up (best eligible overlap − chosen), per routed request.")),
+            timeseries("Router: prefix tree against its bound", [
+                target(q.router_tree_fill(), "{{router}}")], unit="ratio", description=(
+                "The router's largest prefix tree (characters of an HTTP tree, tokens of a gRPC one) against "
+                "its --max-tree-size, set at each eviction pass (SGLang gateway ≥ 1.10.1). Near 1 with a slow "
+                "tree walk: the tree is as large as the router allows, so lower the bound or evict more often; "
+                "low: the walk is slow for another reason (depth, CPU).")),
         ]
     return []
 

@@ -125,5 +125,10 @@ def router_followups_by_outcome() -> str:
     return f"sum by (router, policy, outcome) ({rate('router_sticky_followups')})"
 
 
+def router_tree_fill() -> str:
+    """Per router, its largest prefix tree against the bound its eviction keeps each tree under."""
+    return f"max by (router) ({series('router_tree_fill_ratio')})"
+
+
 def router_index_faults() -> str:
     return f"sum by (router, kind) ({rate('router_kv_index_faults')})"

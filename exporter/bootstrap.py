@@ -190,7 +190,7 @@ def scrape_targets(cfg: Config, workers: tuple[WorkerTarget, ...]) -> list[Scrap
     targets = [ScrapeTarget(w.name, w.metrics_url, "worker") for w in _home(cfg, workers) if w.metrics_url]
     names = tuple(worker_names_by_url((w.name, w.metrics_url) for w in workers if w.metrics_url).items())
     if cfg.shard.index == 0:
-        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names) for r in cfg.routers]
+        targets += [ScrapeTarget(r.name, r.metrics_url, "router", r.kind, names, r.max_tree_size) for r in cfg.routers]
     return targets
 
 

@@ -52,6 +52,7 @@ class RouterTarget:
     name: str
     metrics_url: str
     kind: str = "auto"
+    max_tree_size: int | None = None  # the router's --max-tree-size, when not its default
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,8 @@ def _workers(problems: Problems, d: Mapping[str, Any]) -> tuple[WorkerTarget, ..
 
 
 def _routers(d: Mapping[str, Any]) -> tuple[RouterTarget, ...]:
-    return tuple(RouterTarget(name=r.get("name"), metrics_url=r.get("metrics_url"), kind=r.get("kind", "auto"))
+    return tuple(RouterTarget(name=r.get("name"), metrics_url=r.get("metrics_url"), kind=r.get("kind", "auto"),
+                              max_tree_size=r.get("max_tree_size"))
                  for _, r in _entries(d, "routers"))
 
 

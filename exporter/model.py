@@ -199,6 +199,10 @@ class RouterSnapshot:
     regret_selections: float | None = None  # picks with less cached overlap than the best eligible worker
     regret_blocks: float | None = None  # cached blocks those picks gave up (summed)
     routed_requests: float | None = None  # the router's own request count
+    # The router's largest prefix tree, in the router's own unit (characters of an HTTP tree, tokens
+    # of a gRPC one), and the bound each tree is evicted down to (its --max-tree-size).
+    largest_tree: float | None = None
+    tree_bound: float | None = None
 
 
 def unlabelled_events(batch: KvBatch) -> tuple[KvEvent, ...]:

@@ -418,6 +418,11 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
     f"{NAMESPACE}_router_kv_event_lag_seconds": {
         "sglang-router": "`smg_kv_event_lag_seconds` Σ worker (smg ≥ 1.13)", "vllm-router": None, "dynamo": None,
         "llm-d": None},
+    f"{NAMESPACE}_router_tree_fill_ratio": {
+        "sglang-router": "the largest of `smg_cache_tree_chars` / `smg_cache_tree_tokens` (smg ≥ 1.10.1; "
+                         "≤ 0.2.4: `sgl_router_tree_size`) ÷ `--max-tree-size`",
+        "vllm-router": None,  # src/metrics.rs has vllm_router_tree_size (read if set); the 0.1.17 wheel never sets it
+        "dynamo": None, "llm-d": None},
 }
 # The signal each router series instruments (a router that feeds the series feeds the signal).
 ROUTER_SERIES_SIGNALS: dict[str, str] = {
@@ -721,6 +726,11 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="router_regret_blocks", type="counter", unit="blocks", labels=("router",), group=4,
             source="router_metrics",
             help="Cached blocks those picks gave up: the best eligible worker's overlap minus the chosen one's, summed."),
+    _metric(name="router_tree_fill_ratio", type="gauge", unit="ratio", labels=("router",), group=4,
+            source="router_metrics",
+            help="The router's largest prefix tree against the bound its eviction keeps each tree under "
+                 "(--max-tree-size: characters for HTTP routing, tokens for gRPC); near 1 the walks are as long "
+                 "as the router allows and eviction is trimming live prefixes."),
     _metric(name="router_routed_requests", type="counter", unit="", labels=("router",), group=4,
             source="router_metrics",
             help="Requests the router routed, by its own count (the denominator of routing regret)."),

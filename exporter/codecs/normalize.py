@@ -295,23 +295,29 @@ def worker_names_by_url(workers: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 def router_from_parsed(router: str, parsed: ParseResult, kind: str = "auto",
-                       worker_names: Mapping[str, str] | None = None) -> RouterSnapshot:
+                       worker_names: Mapping[str, str] | None = None,
+                       max_tree_size: int | None = None) -> RouterSnapshot:
     """``kind`` "auto" detects the router from the names present (``exporter.codecs.routers``);
     otherwise that router's adapter is used as given.
 
-    ``worker_names`` is :func:`worker_names_by_url` of the configured workers.
+    ``worker_names`` is :func:`worker_names_by_url` of the configured workers; ``max_tree_size``
+    the router's ``--max-tree-size`` when it is not the router's default.
     """
     adapter = routers.adapter_for(kind, [*parsed.samples, *parsed.other_names])
-    return adapter.build(router, parsed, worker_names)
+    snap = adapter.build(router, parsed, worker_names)
+    if snap.largest_tree is not None:
+        snap.tree_bound = max_tree_size or adapter.tree_bound
+    return snap
 
 
 def parse_router(router: str, text: str, kind: str = "auto", worker_names: Mapping[str, str] | None = None,
-                 deadline: float | None = None) -> tuple[RouterSnapshot, list[ParseError]]:
+                 deadline: float | None = None,
+                 max_tree_size: int | None = None) -> tuple[RouterSnapshot, list[ParseError]]:
     """Router /metrics text → snapshot and rejected lines and values; raises UnrecognisedMetrics."""
     parsed, rejected = check_values(promtext.parse(text, ROUTER_NAMES, deadline))
     if kind != "auto" and not parsed.samples and not parsed.other_names:
         raise UnrecognisedMetrics(f"no metric at all among {parsed.lines} sample lines")
-    snap = router_from_parsed(router, parsed, kind, worker_names)
+    snap = router_from_parsed(router, parsed, kind, worker_names, max_tree_size)
     for values in (snap.decisions, snap.healthy, snap.prefix_outcomes):
         for key in [k for k, v in values.items() if not math.isfinite(v)]:  # sums past the float range
             rejected.append(ParseError(0, f"{key} {values.pop(key)!r}", "the samples' sum is not a finite number",

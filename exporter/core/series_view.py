@@ -220,3 +220,5 @@ def _routers(st: ClusterState, out: Series) -> None:
                                    (f"{P}_router_worker_healthy", g, snap.healthy)):
             if values:
                 into.setdefault(name, {}).update({(r, k): v for k, v in values.items()})
+        if snap.largest_tree is not None and snap.tree_bound:
+            g.setdefault(f"{P}_router_tree_fill_ratio", {})[(r,)] = snap.largest_tree / snap.tree_bound

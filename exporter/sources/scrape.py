@@ -42,6 +42,7 @@ class ScrapeTarget:
     router_kind: str = "auto"  # for routers: auto, sglang-router, vllm-router
     # for routers: (worker base URL, worker name) pairs, so router series carry the worker's name
     worker_names: tuple[tuple[str, str], ...] = ()
+    max_tree_size: int | None = None  # for routers: its --max-tree-size, when not the router's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +179,8 @@ class Scraper:
                     worker, errors = normalize.parse_worker(target.name, page, deadline)
                 else:
                     router, errors = normalize.parse_router(target.name, page, target.router_kind,
-                                                            dict(target.worker_names), deadline)
+                                                            dict(target.worker_names), deadline,
+                                                            target.max_tree_size)
             except normalize.UnrecognisedMetrics as exc:
                 raise ScrapeFailed("garbage", str(exc)) from None
             except promtext.ParseTimeout as exc:

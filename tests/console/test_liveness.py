@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from console.liveness import LEFT, PoolView, classify, pool_view_from_text
+from console.liveness import LEFT, PoolView, classify, largest_sample, pool_view_from_text
 from console.tree_view import hot_branch_rows, removal_ranking
 
 METRICS = """# HELP prefixscope_up 1 if the last scrape of the target succeeded, 0 if it failed.
@@ -46,3 +46,10 @@ def test_workers_that_left_are_neither_ranked_nor_holders() -> None:
     assert [(r["worker"], r["removal_rank"]) for r in ranked] == [("w0", 1), ("w2", 2)]
     rows = hot_branch_rows([{"branch": "b", "workers": ["w0", "w1", "w2"]}], live)
     assert [(r["branch"], r["prefix"], r["workers"]) for r in rows] == [("b", "—", "w0, w2")]
+
+
+def test_the_largest_sample_of_one_family() -> None:
+    text = ('# TYPE prefixscope_router_tree_fill_ratio gauge\nprefixscope_router_tree_fill_ratio{router="a"} 0.25\n'
+            'prefixscope_router_tree_fill_ratio{router="b"} 0.75\nprefixscope_router_tree_fill_ratio_other 9\n')
+    assert largest_sample(text, "prefixscope_router_tree_fill_ratio") == 0.75
+    assert largest_sample(text, "prefixscope_up") is None

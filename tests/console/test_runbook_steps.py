@@ -8,6 +8,7 @@ from console.runbook_steps import Evidence, PoolChange, first_fitting, mitigatio
 
 RUNBOOKS = Path(__file__).resolve().parents[2] / "runbooks"
 STICKY = (RUNBOOKS / "PrefixStickyCollisionsHigh.md").read_text(encoding="utf-8")
+WALK = (RUNBOOKS / "PrefixRouterTreeWalkSlow.md").read_text(encoding="utf-8")
 
 
 def test_re_keyed_sessions_behind_a_consistent_hash_router_skip_the_hash_mod_step() -> None:
@@ -40,3 +41,17 @@ def test_steps_join_their_wrapped_lines_and_stop_at_the_next_heading() -> None:
     md = "# X\n## Mitigation\n1. Roll back\n   the change.\n2. Wait.\n\nA closing note.\n## Next\n1. no\n"
     assert mitigation_steps(md) == ["Roll back the change.", "Wait."]
     assert mitigation_steps("# X\n## Mitigation\nDo this first.\nAnd this.\n\nLater.\n") == ["Do this first. And this."]
+
+
+def test_a_small_router_tree_is_not_the_slow_walks_cause() -> None:
+    advice = first_fitting("PrefixRouterTreeWalkSlow", WALK,
+                           Evidence(router_tree_fill=0.02, breaching=frozenset({"prefix_tree_depth_p99"})))
+    assert advice is not None and advice.number == 2 and advice.text.startswith("Tree too deep")
+    assert advice.skipped == ("the router's largest prefix tree is at 2.0% of its --max-tree-size, so not step 1",)
+
+
+def test_a_router_tree_near_its_bound_is_step_one_and_an_unreported_one_keeps_the_order() -> None:
+    full = first_fitting("PrefixRouterTreeWalkSlow", WALK, Evidence(router_tree_fill=0.93))
+    assert full is not None and full.number == 1 and "93.0% of its --max-tree-size" in full.reason()
+    unknown = first_fitting("PrefixRouterTreeWalkSlow", WALK, Evidence())
+    assert unknown is not None and unknown.number == 1 and "tree size unknown" in unknown.reason()

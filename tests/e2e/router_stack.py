@@ -83,6 +83,7 @@ class StackOptions:
     on_request: RequestCallback | None = None
     router_args: tuple[str, ...] = ()  # appended to the router's command line
     policy: str = "cache_aware"
+    max_tree_size: int | None = None  # the router's --max-tree-size as the exporter's config states it
     track_placement: bool = False  # the fleet keeps where each request's longest prefix lived (fleet.workers.Placement)
 
 
@@ -105,7 +106,7 @@ def open_stack(kind: str, log_dir: Path, options: StackOptions = StackOptions())
                               extra_args=options.router_args)
         workers = tuple(WorkerTarget(e["name"], e["url"] + "/metrics", e["kv_endpoint"], e["replay_endpoint"],
                                      e["topic"]) for e in fleet.endpoints())
-        cfg = Config(source="e2e", workers=workers, routers=(RouterTarget(kind, router.metrics_url, adapter),),
+        cfg = Config(source="e2e", workers=workers, routers=(RouterTarget(kind, router.metrics_url, adapter, options.max_tree_size),),
                      scrape_interval=0.5, scrape_timeout=0.5, listen_address="127.0.0.1:0",
                      http_records=HttpRecords(bearer_token=TOKEN), otlp=options.otlp,
                      topology=options.topology, window=options.window)

@@ -107,3 +107,21 @@ def test_prefix_hash_walks_off_a_busy_ring_worker_are_collisions(tmp_path: Path)
         assert collisions is not None and followups and 0 < collisions <= truth["collision"]
         sticky = s.checks()["sticky_session_collision_rate"]
         assert sticky["value"] == collisions / followups and sticky["status"] == "firing", sticky
+
+
+def test_the_gateways_tree_is_read_against_its_bound(tmp_path: Path) -> None:
+    """Cache-aware routing keeps one string tree per model; each eviction pass sets its size, which
+    the exporter reads against --max-tree-size (the one given here, not the gateway's default)."""
+    bound = 100_000
+    args = ("--eviction-interval-secs", "1", "--max-tree-size", str(bound))
+    with open_stack(SMG, tmp_path, StackOptions(router_args=args, max_tree_size=bound)) as s:
+        for i in range(6):
+            complete(s, f"You are an expert assistant on topic {i % 2}. " * 10 + f"question {i}")
+
+        def own_chars() -> float:
+            lines = requests.get(s.router.metrics_url, timeout=5).text.splitlines()
+            return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith("smg_cache_tree_chars{"))
+
+        wait_for(lambda: own_chars() > 0, "an eviction pass to set the gateway's tree size")
+        wait_for(lambda: s.value(f"{P}_router_tree_fill_ratio", router=SMG) == own_chars() / bound,
+                 "the exporter's fill ratio to be the gateway's own tree over its bound")

@@ -39,6 +39,7 @@ routers:
   - name: gw
     metrics_url: http://127.0.0.1:29000/metrics
     kind: sglang-router
+    max_tree_size: 1048576
 records:
   http: {enabled: true, bearer_token_file: token.txt, max_body_bytes: 1024}
   file: {paths: [records.ndjson]}
@@ -57,7 +58,7 @@ def test_full_config_is_parsed_into_frozen_values(tmp_path: Path) -> None:
     w0 = cfg.workers[0]
     assert (w0.kv_events, w0.replay, w0.topic, w0.optional) == ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558", "kv", False)
     assert cfg.workers[1].optional is True and cfg.workers[1].kv_events is None
-    assert cfg.routers[0].kind == "sglang-router"
+    assert (cfg.routers[0].kind, cfg.routers[0].max_tree_size) == ("sglang-router", 1048576)
     assert cfg.http_records.bearer_token == "s3cret"  # read from the file, newline stripped
     assert cfg.http_records.max_body_bytes == 1024
     assert cfg.file_records.paths == (tmp_path / "records.ndjson",)  # relative to the config file
@@ -93,6 +94,8 @@ def test_defaults_and_flag_overrides(tmp_path: Path) -> None:
      "exporter.yaml: workers[0].colour: unknown field (allowed: name, metrics_url, "),
     ("routers:\n  - {name: r, metrics_url: http://h/m, kind: nginx}\n",
      'exporter.yaml: routers[0].kind: expected one of auto, sglang-router, vllm-router, dynamo, llm-d, got "nginx"'),
+    ("routers:\n  - {name: r, metrics_url: http://h/m, max_tree_size: 0}\n",
+     "exporter.yaml: routers[0].max_tree_size: "),
     ("scrape_interval: soon\n", 'exporter.yaml: scrape_interval: expected a positive number of seconds or a duration like 500ms, 5m or 1h30m, got "soon"'),
     ("scrape_interval: 1s\nscrape_timeout: 2s\n", "exporter.yaml: scrape_timeout: 2s exceeds scrape_interval 1s"),
     ("tree_stats_interval: 0\n", "exporter.yaml: tree_stats_interval: expected a positive number of seconds or a duration like 500ms, 5m or 1h30m, got 0"),

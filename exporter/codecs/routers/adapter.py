@@ -28,6 +28,9 @@ class RouterAdapter:
     ratios: frozenset[str]
     build: Build
     source: str  # where the names and label sets come from (for docs)
+    # The router's default --max-tree-size (each prefix tree's bound), when it has a tree; the
+    # config's ``routers[].max_tree_size`` overrides it.
+    tree_bound: int | None = None
 
     def matches(self, names: Iterable[str]) -> bool:
         return any(n.startswith(self.prefixes) for n in names)

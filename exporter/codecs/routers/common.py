@@ -54,6 +54,12 @@ def total(parsed: ParseResult, name: str) -> float | None:
     return sum(s.value for s in got) if got else None
 
 
+def largest(parsed: ParseResult, names: Iterable[str]) -> float | None:
+    """The largest sample of these families (each sample one tree); None when none was reported."""
+    values = [s.value for n in names for s in parsed.samples.get(n, ())]
+    return max(values) if values else None
+
+
 def histogram_names(family: str) -> tuple[str, str, str]:
     return f"{family}_bucket", f"{family}_sum", f"{family}_count"
 

@@ -35,6 +35,11 @@ sgl-router/src/metrics.rs (≤ 0.2.4) and experimental/sgl-router/src/server/met
   (``out_of_range``/``data_loss``: the stream was reset; ``publisher_restart``, ``gap_cleared`` —
   already an unrecovered gap — and ``snapshot`` are not counted again), and
   ``smg_kv_event_lag_seconds{worker}`` (histogram, seconds, summed over workers).
+- tree size: ``smg_cache_tree_chars{model}`` / ``smg_cache_tree_tokens{model}`` (smg ≥ 1.10.1: each
+  model's string tree of HTTP routing in characters, token tree of gRPC routing in tokens, summed
+  over its workers; set at each eviction pass, every ``--eviction-interval-secs``), bounded per tree
+  by ``--max-tree-size`` (67,108,864 by default); ``sgl_router_tree_size{worker}`` (≤ 0.2.4: each
+  worker's tree, characters). The largest tree is read.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from collections.abc import Mapping
 
 from exporter.codecs.promtext import ParseResult
 from exporter.codecs.routers.adapter import RouterAdapter
-from exporter.codecs.routers.common import by_label, histogram, histogram_names, named, total
+from exporter.codecs.routers.common import by_label, histogram, histogram_names, largest, named, total
 from exporter.model import RouterSnapshot
 
 SMG_SENDS = "smg_worker_requests_total"
@@ -65,6 +70,8 @@ SMG_PREFIX_HASH = "smg_prefix_hash_policy_branch_total"
 SMG_KV_GAPS = "smg_kv_event_gaps_total"
 SMG_KV_RESYNCS = "smg_kv_event_resyncs_total"
 SMG_KV_LAG = "smg_kv_event_lag_seconds"
+TREE_SIZES = ("smg_cache_tree_chars", "smg_cache_tree_tokens", "sgl_router_tree_size")
+DEFAULT_MAX_TREE_SIZE = 67_108_864  # smg launch / sglang_router.launch_router --max-tree-size
 # policy family -> (policy label, branch -> follow-up outcome); other branches are no follow-up
 STICKY_BRANCHES: dict[str, tuple[str, dict[str, str]]] = {
     SMG_MANUAL: ("manual", {"occupied_hit": "kept", "occupied_miss": "migration", "cap_respill": "collision"}),
@@ -135,6 +142,7 @@ def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> Route
         sticky_followups=_sticky(p),
         index_faults=_index_faults(p),
         kv_event_lag_seconds=histogram(p, SMG_KV_LAG),
+        largest_tree=largest(p, TREE_SIZES),
     )
 
 
@@ -144,7 +152,8 @@ _COUNTS = frozenset({SMG_SENDS, SMG_DECISIONS, SMG_BRANCH, SGL_DECISIONS, SGL_WO
                      *histogram_names(SMG_KV_LAG)})
 ADAPTER = RouterAdapter(
     kind="sglang-router", prefixes=("smg_", "sgl_router_"),
-    names=_COUNTS | {SMG_HEALTH}, counts=_COUNTS, ratios=frozenset({SMG_HEALTH}), build=build,
+    names=_COUNTS | {SMG_HEALTH, *TREE_SIZES}, counts=_COUNTS | set(TREE_SIZES), ratios=frozenset({SMG_HEALTH}),
+    build=build, tree_bound=DEFAULT_MAX_TREE_SIZE,
     source="sglang-router 0.3.2 wheel; smg 1.13.0 wheel; smg-project/smg observability/metrics.rs; "
            "sgl-project/sglang sgl-router",
 )

@@ -8,6 +8,9 @@ vllm-project/router src/metrics.rs.
   (``prefix_hit``/``prefix_miss``, 0.1.17); else the unlabelled ``vllm_router_cache_hits_total`` /
   ``vllm_router_cache_misses_total`` of the cache-aware policy (src/metrics.rs).
 - health: ``vllm_router_worker_health{worker}``.
+- tree size: ``vllm_router_tree_size{worker}`` (src/metrics.rs: each worker's tree, characters,
+  bounded by ``--max-tree-size``, 33,554,432 by default; the 0.1.17 wheel registers the name but
+  was not seen to set it). The largest tree is read.
 vllm-router exports no lookup latency and no predicted match ratio.
 """
 
@@ -17,7 +20,7 @@ from collections.abc import Mapping
 
 from exporter.codecs.promtext import ParseResult
 from exporter.codecs.routers.adapter import RouterAdapter
-from exporter.codecs.routers.common import by_label, named, total
+from exporter.codecs.routers.common import by_label, largest, named, total
 from exporter.model import RouterSnapshot
 
 VR_DECISIONS = "vllm_router_policy_decisions_total"
@@ -26,6 +29,8 @@ VR_HEALTH = "vllm_router_worker_health"
 VR_HITS = "vllm_router_cache_hits_total"
 VR_MISSES = "vllm_router_cache_misses_total"
 VR_OUTCOMES = {"prefix_hit": "hit", "prefix_miss": "miss"}
+VR_TREE_SIZE = "vllm_router_tree_size"
+DEFAULT_MAX_TREE_SIZE = 33_554_432  # vllm-router --max-tree-size ("per-worker character budget")
 
 
 def _outcomes(p: ParseResult) -> dict[str, float]:
@@ -44,12 +49,13 @@ def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> Route
         decisions=named(by_label(got.get(VR_DECISIONS, ()), "worker"), names),
         healthy=named(by_label(got.get(VR_HEALTH, ()), "worker"), names),
         prefix_outcomes=_outcomes(p),
+        largest_tree=largest(p, (VR_TREE_SIZE,)),
     )
 
 
 _COUNTS = frozenset({VR_DECISIONS, VR_PREFIX, VR_HITS, VR_MISSES})
 ADAPTER = RouterAdapter(
-    kind="vllm-router", prefixes=("vllm_router_",), names=_COUNTS | {VR_HEALTH}, counts=_COUNTS,
-    ratios=frozenset({VR_HEALTH}), build=build,
+    kind="vllm-router", prefixes=("vllm_router_",), names=_COUNTS | {VR_HEALTH, VR_TREE_SIZE},
+    counts=_COUNTS | {VR_TREE_SIZE}, ratios=frozenset({VR_HEALTH}), build=build, tree_bound=DEFAULT_MAX_TREE_SIZE,
     source="vllm-router 0.1.17 wheel; vllm-project/router src/metrics.rs",
 )

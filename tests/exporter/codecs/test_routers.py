@@ -70,6 +70,31 @@ def test_the_real_smg_1_13_in_front_of_http_workers() -> None:
     assert snap.lookup_seconds is None
 
 
+def test_the_router_tree_is_read_against_its_bound() -> None:
+    """smg sets its tree gauges at each eviction pass: the largest model tree (characters of its HTTP
+    string tree here, its token tree empty) against --max-tree-size, the default or the configured one."""
+    page = (FIXTURES / "routers" / "smg_1_13_tree.txt").read_text()
+    snap, errors = normalize.parse_router("s", page)
+    assert errors == [] and (snap.largest_tree, snap.tree_bound) == (2088.0, 67_108_864)
+    snap, _ = normalize.parse_router("s", page, max_tree_size=4096)
+    assert snap.tree_bound == 4096
+    # before the first eviction pass (and in sglang-router 0.3.x) there is no tree gauge: missing, not 0
+    snap, _ = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_http.txt").read_text(), max_tree_size=4096)
+    assert (snap.largest_tree, snap.tree_bound) == (None, None)
+    text = ('vllm_router_tree_size{worker="http://a"} 700\nvllm_router_tree_size{worker="http://b"} 1500\n'
+            'vllm_router_worker_health{worker="http://a"} 1\n')
+    snap, _ = normalize.parse_router("v", text)
+    assert snap.kind == "vllm-router" and (snap.largest_tree, snap.tree_bound) == (1500.0, 33_554_432)
+
+
+def test_the_tree_fill_is_exported_per_router() -> None:
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300.0, clock=lambda: 1000.0)
+    snap, _ = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_tree.txt").read_text(), max_tree_size=4176)
+    st.observe_router(snap, 1000.0)
+    got = st.series().gauges[f"{catalog.NAMESPACE}_router_tree_fill_ratio"]
+    assert got == {("s",): pytest.approx(0.5)}
+
+
 def test_smg_1_13_kv_index_lookup_feeds_the_walk_latency() -> None:
     snap, _ = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_kv_index.txt").read_text())
     assert snap.kind == "sglang-router" and snap.decisions == {"http://10.0.0.5:8000": 4.0, "http://10.0.0.6:8000": 0.0}
@@ -125,14 +150,15 @@ def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
     """ROUTER_FEEDS (docs/routers.md) against what each adapter fills in from a page it reads."""
     pages = {kind: [page] for kind, page in PAGES.items()}
     pages["sglang-router"] = [FIXTURES / "routers" / n for n in ("smg_1_11.txt", "smg_1_13_kv_index.txt",
-                                                                  "smg_1_13_manual.txt", "smg_1_13_kv_events.txt")]
+                                                                  "smg_1_13_manual.txt", "smg_1_13_kv_events.txt",
+                                                                  "smg_1_13_tree.txt")]
     pages["dynamo"].append(FIXTURES / "routers" / "dynamo_router_regret.txt")
     field_of = {"router_decisions": "decisions", "router_prefix_outcomes": "prefix_outcomes",
                 "router_worker_healthy": "healthy", "router_predicted_hit_ratio": "predicted_hit_ratio",
                 "router_tree_walk_seconds": "lookup_seconds", "router_sticky_followups": "sticky_followups",
                 "router_regret_selections": "regret_selections", "router_regret_blocks": "regret_blocks",
                 "router_routed_requests": "routed_requests", "router_kv_index_faults": "index_faults",
-                "router_kv_event_lag_seconds": "kv_event_lag_seconds"}
+                "router_kv_event_lag_seconds": "kv_event_lag_seconds", "router_tree_fill_ratio": "largest_tree"}
     assert routers.KINDS[1:] == catalog.ROUTER_KINDS
     for series, feeds in catalog.ROUTER_FEEDS.items():
         fld = field_of[series.removeprefix(f"{catalog.NAMESPACE}_")]
