@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Literal
 
 from console.culprits import Culprits, parse_culprits
@@ -19,6 +18,7 @@ from console.limits import Limit, Limits, limits_from_groups
 from prefixscope import diagnosis
 from prefixscope.catalog import CHECKS, STEPS, Check
 from prefixscope.diagnosis import STATUSES, AlertState, Headline, Status, is_cause
+from prefixscope.units import parse_timestamp
 
 SYMPTOM_KEY = diagnosis.SYMPTOM
 NO_DATA = "no data"
@@ -205,7 +205,7 @@ def chain_from_prometheus(values: Mapping[str, float | None], baselines: Mapping
         state_of.setdefault(str(a.get("labels", {}).get("alertname")), str(a.get("state")))
     active_at: dict[str, float] = {}
     for a in alerts:
-        name, started = str(a.get("labels", {}).get("alertname")), _rfc3339(a.get("activeAt"))
+        name, started = str(a.get("labels", {}).get("alertname")), parse_timestamp(a.get("activeAt"))
         if a.get("state") == "pending" and started is not None:
             active_at[name] = min(started, active_at.get(name, started))
     states: dict[str, CheckState] = {}
@@ -326,21 +326,6 @@ def reuse_reading(reuse: Reuse, limits: Limits) -> str:
         return (f"Routing: {reuse.available:.0%} was reusable somewhere but only {reuse.achieved:.0%} "
                 f"was achieved (regret {reuse.routing_regret:.0%}).")
     return f"Reuse is healthy: {reuse.achieved:.0%} achieved of {reuse.available:.0%} available."
-
-
-def _rfc3339(text: object) -> float | None:
-    """Prometheus's ``activeAt`` (``2024-05-01T10:00:00.123456789Z``) as Unix seconds."""
-    if not isinstance(text, str) or not text:
-        return None
-    stamp = text.replace("Z", "+00:00")
-    head, dot, rest = stamp.partition(".")
-    if dot:  # Python reads at most microseconds
-        digits = "".join(ch for ch in rest if ch.isdigit())
-        stamp = f"{head}.{digits[:6]}{rest[len(digits):]}"
-    try:
-        return datetime.fromisoformat(stamp).timestamp()
-    except ValueError:
-        return None
 
 
 def _float(v: object) -> float | None:

@@ -15,14 +15,14 @@ from exporter.core.breaches import BreachClock
 from exporter.core.checks import evaluate, recent_statuses
 from exporter.core.state import ClusterState
 from exporter.loops.duty_clock import DutyClock
-from exporter.loops.periodic import Periodic
+from exporter.loops.periodic import Periodic, PeriodicJob
 
 log = logging.getLogger("prefixscope.breaches")
 
 DEFAULT_INTERVAL_S = 5.0
 
 
-class BreachLoop:
+class BreachLoop(PeriodicJob):
     """``start()`` runs the loop (one evaluation right away); ``close()`` stops it.
     ``evaluate_once()`` is one step, for callers that drive time themselves (tests, replays)."""
 
@@ -47,11 +47,3 @@ class BreachLoop:
         log.info("checks evaluated every %gs for pending and firing alerts", self.interval)
         self._loop.start()
         return self
-
-    @property
-    def running(self) -> bool:
-        return self._loop.running
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread; an evaluation in progress finishes first (bounded by ``timeout``)."""
-        self._loop.close(timeout)

@@ -54,3 +54,18 @@ class Periodic:
                 failed = True
             if self._stop.wait(self.interval):
                 return
+
+
+class PeriodicJob:
+    """A part that runs its work on a :class:`Periodic` (``self._loop``): whether it runs, and its
+    stop, said once for every such part."""
+
+    _loop: Periodic
+
+    @property
+    def running(self) -> bool:
+        return self._loop.running
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread; a step in progress finishes first (bounded by ``timeout``)."""
+        self._loop.close(timeout)

@@ -15,14 +15,14 @@ import logging
 from exporter.core.index.prefix_index import CORE, PrefixIndex
 from exporter.core.state import ClusterState
 from exporter.loops.duty_clock import DutyClock
-from exporter.loops.periodic import Periodic
+from exporter.loops.periodic import Periodic, PeriodicJob
 
 log = logging.getLogger("prefixscope.tree_stats")
 
 DEFAULT_INTERVAL_S = 1.0
 
 
-class TreeStatsRefresher:
+class TreeStatsRefresher(PeriodicJob):
     """``start()`` runs the refresher thread (one pass right away); ``close()`` stops it."""
 
     def __init__(self, state: ClusterState, interval: float = DEFAULT_INTERVAL_S,
@@ -39,11 +39,3 @@ class TreeStatsRefresher:
                  CORE, PrefixIndex.__name__, self.interval)
         self._loop.start()
         return self
-
-    @property
-    def running(self) -> bool:
-        return self._loop.running
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread; a pass in progress finishes first (bounded by ``timeout``)."""
-        self._loop.close(timeout)
