@@ -37,6 +37,9 @@ NOT_SIMULATED: dict[str, str] = {
     **{f"{dynamo.BLOCKS_LOST}{s}": "as above" for s in ("_bucket", "_sum", "_count")},
     dynamo.REQUESTS: "Dynamo's request count, read as regret's denominator; regret is not simulated",
     dynamo.EVENTS_APPLIED: "Dynamo's index apply statuses; the simulated router keeps no KV-event-fed index",
+    **{n: "the router's tree size, set at its eviction passes; the real smg 1.13.0 drives it "
+          "(tests/e2e/test_smg_policies.py)" for n in sglang.TREE_SIZES},
+    vllm_router.VR_TREE_SIZE: "vllm-router's tree size: named in its source, never set by the 0.1.17 wheel",
 }
 
 # RouterSnapshot field -> the catalogue series it feeds (the matrix in docs/routers.md).
