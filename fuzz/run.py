@@ -64,6 +64,12 @@ MASK64 = (1 << 64) - 1
 KEEP_CRASHES = 20
 
 # ---- checks ----------------------------------------------------------------------------------
+def _same_parse(a: promtext.ParseResult, b: promtext.ParseResult) -> bool:
+    def norm(r: promtext.ParseResult) -> tuple:
+        return ([(n, [(s.labels, repr(s.value), s.timestamp) for s in ss]) for n, ss in r.samples.items()],
+                r.errors, r.lines, r.other_names, r.families)
+    return norm(a) == norm(b)
+
 
 
 def check_kv(payload: bytes) -> None:
@@ -89,6 +95,13 @@ def check_kv(payload: bytes) -> None:
 
 def check_text(text: str) -> None:
     result = promtext.parse(text)
+    if promtext.CORE == "compiled":  # the compiled scanner reads what the reference reads
+        cache = promtext.SeriesCache()
+        for wanted in (None, normalize.WORKER_NAMES):
+            want = promtext.parse_reference(text, wanted)
+            for got in (promtext.parse(text, wanted), promtext.parse(text, wanted, cache=cache),
+                        promtext.parse(text, wanted, cache=cache)):
+                assert _same_parse(got, want), (got, want)
     for samples in result.samples.values():
         for s in samples:
             assert all(valid_label_value(v) for v in s.labels.values()), s

@@ -263,12 +263,14 @@ def worker_from_parsed(worker: str, parsed: ParseResult) -> WorkerSnapshot:
     raise UnrecognisedMetrics(f"no vLLM or SGLang metric among {parsed.lines} sample lines")
 
 
-def parse_worker(worker: str, text: str, deadline: float | None = None) -> tuple[WorkerSnapshot, list[ParseError]]:
+def parse_worker(worker: str, text: str, deadline: float | None = None,
+                 cache: promtext.SeriesCache | None = None) -> tuple[WorkerSnapshot, list[ParseError]]:
     """Worker /metrics text → snapshot and rejected lines and values; raises UnrecognisedMetrics.
 
-    ``deadline`` (``time.monotonic()``) bounds the parse (``promtext.ParseTimeout``).
+    ``deadline`` (``time.monotonic()``) bounds the parse (``promtext.ParseTimeout``); ``cache``
+    keeps parsed label sets for the next page (``promtext.SeriesCache``).
     """
-    parsed, rejected = check_values(promtext.parse(text, WORKER_NAMES, deadline))
+    parsed, rejected = check_values(promtext.parse(text, WORKER_NAMES, deadline, cache))
     snap = worker_from_parsed(worker, parsed)
     for name in snap.__slots__:  # finite samples can still sum past the float range
         value = getattr(snap, name)
@@ -312,9 +314,10 @@ def router_from_parsed(router: str, parsed: ParseResult, kind: str = "auto",
 
 def parse_router(router: str, text: str, kind: str = "auto", worker_names: Mapping[str, str] | None = None,
                  deadline: float | None = None,
-                 max_tree_size: int | None = None) -> tuple[RouterSnapshot, list[ParseError]]:
+                 max_tree_size: int | None = None,
+                 cache: promtext.SeriesCache | None = None) -> tuple[RouterSnapshot, list[ParseError]]:
     """Router /metrics text → snapshot and rejected lines and values; raises UnrecognisedMetrics."""
-    parsed, rejected = check_values(promtext.parse(text, ROUTER_NAMES, deadline))
+    parsed, rejected = check_values(promtext.parse(text, ROUTER_NAMES, deadline, cache))
     if kind != "auto" and not parsed.samples and not parsed.other_names:
         raise UnrecognisedMetrics(f"no metric at all among {parsed.lines} sample lines")
     snap = router_from_parsed(router, parsed, kind, worker_names, max_tree_size)

@@ -13,10 +13,17 @@ backtracks: quadratic time on a long unterminated value). Label values must pass
 ``exporter.core.labels`` (bounded length, valid UTF-8); a line with one that does not is rejected
 with the kind ``label_value``. Lines end at ``\n`` only (a ``\r`` before it is dropped), as the
 format says: a label value may hold other Unicode line separators.
+
+``parse`` runs the compiled scanner (``exporter.codecs._promtext_core``) on ASCII pages when the
+extension is built, else this module's ``parse_reference``, which defines the result: the two
+return equal ``ParseResult`` objects for every text (:data:`CORE` says which one runs). Given a
+:class:`SeriesCache`, the scanner parses each distinct series' label block once and later pages
+(the same target's next scrape, or another worker's page with the same series) look it up.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Collection
@@ -34,6 +41,10 @@ _UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
 DEADLINE_EVERY = 2048  # lines between two looks at the clock when parsing against a deadline
 
 EXCERPT_CHARS = 80
+# A series cache keeps label blocks of series texts up to this long, at most this many (then it
+# starts afresh): a few MB at most, however many or hostile the pages.
+CACHE_KEY_CHARS = 256
+CACHE_SERIES = 20_000
 
 
 class Sample(NamedTuple):
@@ -125,7 +136,22 @@ def _excerpt(line: str) -> str:
     return line if len(line) <= EXCERPT_CHARS else line[:EXCERPT_CHARS] + "…"
 
 
-def parse(text: str, wanted: Collection[str] | None = None, deadline: float | None = None) -> ParseResult:
+# Parsed label sets by series text (the sample line up to its last ``}``), kept by a scraper from
+# one page to the next (``SeriesCache()`` is a plain dict); bounded by CACHE_SERIES and
+# CACHE_KEY_CHARS. Its label dicts are shared by every sample carrying them: read, never changed.
+SeriesCache = dict[str, dict[str, str]]
+
+
+def parse(text: str, wanted: Collection[str] | None = None, deadline: float | None = None,
+          cache: SeriesCache | None = None) -> ParseResult:
+    """:func:`parse_reference`'s result, from the compiled scanner when it is built and ``text``
+    is ASCII (``cache``, optional, keeps the label sets it parsed for the next call)."""
+    if _promtext_core is not None and text.isascii():
+        return _promtext_core.parse(text, wanted, deadline, cache)
+    return parse_reference(text, wanted, deadline)
+
+
+def parse_reference(text: str, wanted: Collection[str] | None = None, deadline: float | None = None) -> ParseResult:
     """Parse ``text``; keep samples whose sample name is in ``wanted`` (all when ``None``).
 
     Names are sample names as written on the line (``vllm:prefix_cache_queries_total``,
@@ -198,3 +224,14 @@ def parse(text: str, wanted: Collection[str] | None = None, deadline: float | No
             bucket.append(Sample(labels, value, ts))
     result.lines = n_lines
     return result
+
+
+try:
+    from exporter.codecs import _promtext_core
+except ImportError as exc:  # not built: the Python reference parses
+    _promtext_core = None  # type: ignore[assignment]
+    logging.getLogger(__name__).warning("/metrics parser: the Python reference (compiled core not used: %s)", exc)
+else:
+    _promtext_core.bind(ParseResult, ParseError, Sample, parse_labels, parse_reference, ParseTimeout, time.monotonic,
+                        DEADLINE_EVERY, CACHE_KEY_CHARS, CACHE_SERIES)
+CORE = "reference" if _promtext_core is None else "compiled"

@@ -79,6 +79,9 @@ class Scraper:
         self.duties = duties or DutyClock()  # each round is one batch of the scrape duty
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Label sets parsed from the pages, by series text: the next round's pages (and other
+        # workers' pages with the same series) look them up instead of parsing them again.
+        self._series = promtext.SeriesCache()
         self._lock = threading.Lock()
         self._connections = http_get.ConnectionPool()  # kept-alive connections between rounds
         self.last: dict[str, ScrapeOutcome] = {}
@@ -176,11 +179,11 @@ class Scraper:
                 raise page
             try:
                 if target.kind == "worker":
-                    worker, errors = normalize.parse_worker(target.name, page, deadline)
+                    worker, errors = normalize.parse_worker(target.name, page, deadline, self._series)
                 else:
                     router, errors = normalize.parse_router(target.name, page, target.router_kind,
                                                             dict(target.worker_names), deadline,
-                                                            target.max_tree_size)
+                                                            target.max_tree_size, self._series)
             except normalize.UnrecognisedMetrics as exc:
                 raise ScrapeFailed("garbage", str(exc)) from None
             except promtext.ParseTimeout as exc:
