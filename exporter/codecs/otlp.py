@@ -32,6 +32,7 @@ like any span that is not a request (docs/routers.md, tests/fixtures/sglang_rout
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -179,6 +180,15 @@ _TABLES = _message_tables()
 _REQUEST = trace_service_pb2.ExportTraceServiceRequest.DESCRIPTOR.full_name
 _SPAN = "opentelemetry.proto.trace.v1.Span"
 
+try:
+    from exporter.codecs import _otlp_core
+except ImportError as exc:  # not built: the Python reference walks
+    _WALKER = None
+    logging.getLogger(__name__).warning("OTLP wire walk: the Python reference (compiled core not used: %s)", exc)
+else:
+    _WALKER = _otlp_core.Walker(_TABLES, _REQUEST, _SPAN, MAX_DEPTH, OtlpDecodeError)
+CORE = "reference" if _WALKER is None else "compiled"
+
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     result = shift = 0
@@ -195,6 +205,13 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
 
 
 def count_protobuf(body: bytes, budget: Budget) -> tuple[int, int]:
+    """:func:`count_protobuf_reference`'s answer, from the compiled walk when it is built."""
+    if _WALKER is not None:
+        return _WALKER.count(body, budget)  # type: ignore[no-any-return]
+    return count_protobuf_reference(body, budget)
+
+
+def count_protobuf_reference(body: bytes, budget: Budget) -> tuple[int, int]:
     """(spans, elements) of a protobuf ExportTraceServiceRequest, read off its wire format without
     building it; BudgetExceeded as soon as either passes the budget, OtlpDecodeError where the
     wire format breaks (the parser that follows decides everything else)."""
@@ -273,9 +290,10 @@ def _pb_id(raw: bytes, size: int, what: str) -> str:
     return raw.hex()
 
 
-def decode_protobuf(body: bytes, budget: Budget | None = None) -> list[Span]:
+def decode_protobuf(body: bytes, budget: Budget | None = None, *, counted: bool = False) -> list[Span]:
+    """``counted``: :func:`elements` has walked the body already (with the same budget)."""
     budget = budget or Budget()
-    if len(body) > WALK_ABOVE:
+    if len(body) > WALK_ABOVE and not counted:
         count_protobuf(body, budget)
     try:
         req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
@@ -367,17 +385,19 @@ def _media(content_type: str | None) -> str:
     return (content_type or PROTOBUF).split(";")[0].strip().lower()
 
 
-def decode(body: bytes, content_type: str | None, budget: Budget | None = None) -> list[Span]:
+def decode(body: bytes, content_type: str | None, budget: Budget | None = None, *,
+           counted: bool = False) -> list[Span]:
     """Spans of one export request; ``content_type`` picks the encoding (protobuf by default).
 
     OtlpDecodeError when the body is not a request in that encoding, BudgetExceeded (one of them)
-    when it holds more than ``budget`` allows — found before the request is built.
+    when it holds more than ``budget`` allows — found before the request is built. ``counted``:
+    :func:`elements` has checked the body against ``budget`` already (it is not walked again).
     """
     media = _media(content_type)
     if media == JSON:
         return decode_json(body, budget)
     if media in (PROTOBUF, "application/protobuf", "application/octet-stream"):
-        return decode_protobuf(body, budget)
+        return decode_protobuf(body, budget, counted=counted)
     raise OtlpDecodeError(f"unsupported Content-Type {content_type!r}: send {PROTOBUF} or {JSON}")
 
 

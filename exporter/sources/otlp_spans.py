@@ -224,7 +224,7 @@ class SpanIntake:
             with self.limiter.hold(len(body) if body is not raw else 0):
                 items = otlp.elements(body, content_type, self.budget)
                 with self.limiter.hold(DECODED_PER_BYTE * len(body) + ITEM_BYTES * items):
-                    return otlp.decode(body, content_type, self.budget)
+                    return otlp.decode(body, content_type, self.budget, counted=True)
         except (otlp.OtlpDecodeError, BodyTooLarge) as exc:
             kind = "too_large" if isinstance(exc, BodyTooLarge) else exc.kind
             self.health.error(SOURCE, kind, str(exc))
