@@ -45,6 +45,12 @@ class WorkerTarget:
     replay: str | None = None  # ZMQ endpoint of the worker's ROUTER replay socket
     topic: str = ""
     optional: bool = False  # an optional worker being down is not a telemetry failure
+    # (field, value) of the topology labels discovery found on it (``prefixscope.topology.with_discovered``)
+    topology: tuple[tuple[str, str], ...] = ()
+
+    def endpoints(self) -> WorkerTarget:
+        """The worker without its topology labels: what, changed, makes it a new worker."""
+        return replace(self, topology=()) if self.topology else self
 
 
 @dataclass(frozen=True)
