@@ -45,6 +45,12 @@ class WorkerTarget:
     replay: str | None = None  # ZMQ endpoint of the worker's ROUTER replay socket
     topic: str = ""
     optional: bool = False  # an optional worker being down is not a telemetry failure
+    # (field, value) of the topology labels discovery found on it (``prefixscope.topology.with_discovered``)
+    topology: tuple[tuple[str, str], ...] = ()
+
+    def endpoints(self) -> WorkerTarget:
+        """The worker without its topology labels: what, changed, makes it a new worker."""
+        return replace(self, topology=()) if self.topology else self
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,12 @@ class HttpRecords:
 
 @dataclass(frozen=True)
 class Web:
-    """The HTTP edge: connections served at once, and the time a client has to send a request."""
+    """The HTTP edge: connections served at once, the time a client has to send a request, and
+    whether ``POST /-/reload`` is served (a writer: it changes what the exporter follows)."""
 
     max_connections: int = 64
     read_timeout: float = 10.0
+    reload: bool = True
 
 
 @dataclass(frozen=True)
@@ -207,12 +215,14 @@ def http_writers(cfg: Config) -> list[str]:
         writers.append("POST /api/v1/records (records.http.enabled)")
     if cfg.otlp.enabled:
         writers.append("POST /v1/traces (otlp.enabled)")
+    if cfg.web.reload:
+        writers.append("POST /-/reload (web.reload)")
     return writers
 
 
 def check_intake_auth(cfg: Config) -> None:
-    """Every listener that accepts writes — records and OTLP over HTTP, OTLP over gRPC — needs a
-    bearer token beyond loopback: refuse to start without one, whichever writers are on. The
+    """Every listener that accepts writes — records and OTLP over HTTP, the config reload, OTLP over
+    gRPC — needs a bearer token beyond loopback: refuse to start without one, whichever writers are on. The
     gRPC receiver needs a port of its own (checked after the flags' overrides)."""
     host, port = parse_listen_address(cfg.listen_address)
     writers = http_writers(cfg)
@@ -462,8 +472,9 @@ def _limits(problems: Problems, d: Mapping[str, Any]) -> Limits:
 def _web(problems: Problems, d: Mapping[str, Any]) -> Web:
     s, default = _section(d, "web"), Web()
     timeout = None if problems.has("web") else _seconds(problems, s, "read_timeout", default.read_timeout, "web")
+    reload = s.get("reload")
     return Web(max_connections=s.get("max_connections") or default.max_connections,
-               read_timeout=timeout or default.read_timeout)
+               read_timeout=timeout or default.read_timeout, reload=default.reload if reload is None else reload)
 
 
 def parse_config(raw: Any, file: str = "<config>", base_dir: Path | None = None) -> Config:

@@ -2,15 +2,18 @@
 
 :class:`FleetFollower` applies a set of workers to the running parts: the scraper's targets, the
 KV-event subscriber's endpoints, the state (a worker that went leaves the pool and the index at
-once and is never a blind target; a new one keeps its own series). Service discovery
+once and is never a blind target; a new one keeps its own series), and the topology placement
+is judged by: the topology file's workers plus those whose discovered labels place them
+(``prefixscope.topology.with_discovered``: the file's entry wins for a worker it names), so a
+worker that leaves leaves the topology too. Service discovery
 (``exporter.sources.discovery``) calls it whenever the fleet changes; so does a reload.
 
 :class:`ConfigReloader` reloads the config file (SIGHUP, ``POST /-/reload``, a watched change):
 a file that does not validate keeps the running configuration and says why
 (``prefixscope_config_last_reload_successful`` 0). What a reload applies: the workers, the fleet
 manifest, the routers, service discovery, the scrape interval and timeout, and
-``worker_down_grace``. Everything else (the listen address, thresholds, topology, windows, limits,
-transports, shard) is read at start: a change is logged as needing a restart and the running
+``worker_down_grace`` (and, with the workers, the placement their discovered labels give). Everything
+else (the listen address, thresholds, the topology file, windows, limits, transports, shard) is read at start: a change is logged as needing a restart and the running
 value stays. The prefix index, the windows and the breach records are never rebuilt: they live in
 the state, which a reload does not touch.
 """
@@ -30,9 +33,10 @@ from exporter.core.prefix_text import PrefixNames, TokenTee
 from exporter.core.state import ClusterState
 from exporter.loops.duty_clock import DutyClock
 from exporter.model import RebuildRequests, StateSink
-from exporter.sources.discovery.manager import Discovery
+from exporter.sources.discovery.manager import SOURCE, Discovery
 from exporter.sources.kv_zmq import KvEventSubscriber
 from exporter.sources.scrape import Scraper
+from prefixscope.topology import with_discovered
 
 log = logging.getLogger("prefixscope.reload")
 
@@ -61,14 +65,15 @@ class FleetFollower:
         self.lock = threading.RLock()
         self.started_subscriber: KvEventSubscriber | None = None  # one this follower had to start
         self.applied = False  # the first set applied is the fleet at start: its workers join unannounced
+        self.file_topology = state.topology  # the topology file's (read at start, never reloaded)
 
     def apply(self, workers: tuple[WorkerTarget, ...], cfg: Config | None = None) -> tuple[list[str], list[str]]:
         """Follow ``workers`` from now on; returns (joined, left). A worker whose endpoints changed
         under the same name left and joined again (a restart elsewhere: its cache is new)."""
         with self.lock:
             cfg = cfg or self.cfg
-            old = {w.name: w for w in self.workers}
-            new = {w.name: w for w in workers}
+            old = {w.name: w.endpoints() for w in self.workers}
+            new = {w.name: w.endpoints() for w in workers}  # a topology label changing is no new worker
             left = [n for n, w in old.items() if new.get(n) != w]
             joined = [n for n, w in new.items() if old.get(n) != w]
             self.scraper.set_targets(scrape_targets(cfg, workers))
@@ -78,6 +83,8 @@ class FleetFollower:
             if self.subscriber is not None:
                 self.subscriber.update_endpoints(endpoints)
             self.state.membership.left(left)
+            before = set(self.workers)
+            self._place(workers, changed={w.name for w in workers if w not in before})
             self.state.membership.joined(joined, announced=self.applied)
             self.applied = True
             if self.names is not None:
@@ -88,6 +95,15 @@ class FleetFollower:
             log.info("fleet: %d worker(s)%s%s", len(workers), f", joined {', '.join(sorted(joined))}" if joined else "",
                      f", left {', '.join(sorted(left))}" if left else "")
         return joined, left
+
+    def _place(self, workers: tuple[WorkerTarget, ...], changed: set[str]) -> None:
+        """The topology file's workers and those the discovered labels place; a worker whose labels
+        cannot place it (``changed``: found or relabelled now) is counted once and left unplaced."""
+        topology, problems = with_discovered(self.file_topology, {w.name: dict(w.topology) for w in workers})
+        for name, problem in problems.items():
+            if name in changed:
+                self.health.error(SOURCE, "topology", f"worker {name}: {problem}")
+        self.state.set_topology(topology)
 
     def _start_subscriber(self, cfg: Config) -> KvEventSubscriber:
         """A KV-event subscriber for an exporter that started without one (no worker published)."""

@@ -192,7 +192,7 @@ class Runtime:
             healthz=healthz,
             render_text=lambda: render_state(state) + own.render_text(),
             ingest_traces=otlp_http.handler(spans, endpoints_auth) if cfg.otlp.enabled else None,
-            reload=lambda: runtime.reload(),
+            reload=(lambda: runtime.reload()) if cfg.web.reload else None,
             max_connections=cfg.web.max_connections,
             read_timeout=cfg.web.read_timeout,
             duties=duties,

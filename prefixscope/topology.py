@@ -13,6 +13,11 @@ Validation (``prefixscope/schemas/topology.v1.json``, then the checks that span 
 names, an NVLink domain within one node, GPU classes defined) collects every problem and raises
 :class:`TopologyError` whose message names the file, the field and the problem, e.g.
 ``default.yaml: workers[3].prefill_tps: expected a positive number, got "fast"``.
+
+Service discovery places workers too: a discovered worker's labels (``node``, ``nvlink_domain``,
+``gpu_class``, ``gpus``, ``warm_pool``) make it an entry of the topology the exporter judges
+placement by (:func:`with_discovered`). A worker the file names keeps the file's entry whole; the
+labels place the workers the file does not name.
 """
 
 from __future__ import annotations
@@ -67,9 +72,16 @@ class Topology:
     kv_bytes_per_token: int = 131072  # KV size of one token (moves during soft migration)
     source: str = "<topology>"
     router_metrics: str | None = None  # simulator only: the reference router's /metrics flavour
+    # GPU class -> its capabilities as the file defines them ((field, value) pairs): what a worker
+    # that only discovery places inherits from the class its labels name
+    gpu_classes: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {w.name: w for w in self.workers})
+
+    def class_capabilities(self, gpu_class: str) -> dict[str, float]:
+        """The capabilities the file's ``gpu_classes`` give ``gpu_class`` (none for a class it lacks)."""
+        return next((dict(caps) for name, caps in self.gpu_classes if name == gpu_class), {})
 
     def worker(self, name: str) -> WorkerTopo:
         return self._by_name[name]  # type: ignore[attr-defined]
@@ -173,10 +185,7 @@ def _placement_problems(problems: Problems, data: Mapping[str, Any]) -> None:
 
 def _worker(w: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> WorkerTopo:
     """A validated worker entry, its missing capabilities taken from its GPU class."""
-    inherited = classes.get(w["gpu_class"], {})
-    caps = {f: w.get(f, inherited.get(f)) for f in CAPABILITY_FIELDS if f in w or f in inherited}
-    for f in caps:
-        caps[f] = int(caps[f]) if f in INTEGER_FIELDS else float(caps[f])
+    caps = _capabilities({**classes.get(w["gpu_class"], {}), **w})
     return WorkerTopo(name=w["name"], node=w["node"], nvlink_domain=w["nvlink_domain"], gpu_class=w["gpu_class"],
                       gpus=int(w.get("gpus", 1)), warm_pool=w.get("warm_pool", False), **caps)
 
@@ -193,7 +202,81 @@ def parse_topology(data: Mapping[str, Any], source: str = "<topology>") -> Topol
                     workers=tuple(_worker(w, classes) for w in data["workers"]),
                     downgrade_model=data.get("downgrade_model"),
                     kv_bytes_per_token=int(data.get("kv_bytes_per_token", 131072)), source=source,
-                    router_metrics=data.get("router_metrics"))
+                    router_metrics=data.get("router_metrics"),
+                    gpu_classes=tuple((name, tuple(_capabilities(caps).items())) for name, caps in classes.items()))
+
+
+def _capabilities(fields: Mapping[str, Any]) -> dict[str, float]:
+    return {f: int(fields[f]) if f in INTEGER_FIELDS else float(fields[f]) for f in CAPABILITY_FIELDS if f in fields}
+
+
+# --------------------------------------------------------------------------------------
+# Workers that service discovery places
+# --------------------------------------------------------------------------------------
+# The target labels that place a discovered worker (docs/operating.md, "Following a fleet that scales").
+DISCOVERED_FIELDS = ("node", "nvlink_domain", "gpu_class", "gpus", "warm_pool")
+DISCOVERED_SOURCE = "discovery"  # the topology's source when no file is loaded
+UNKNOWN_CLASS = "unknown"
+
+
+def _discovered_worker(name: str, labels: Mapping[str, str], base: Topology | None) -> WorkerTopo:
+    """A worker placed by its labels; a label that cannot be a topology field raises ValueError."""
+    node = labels.get("node")
+    if not node:
+        raise ValueError("no node label (the other topology labels place a worker only with its node)")
+    gpus = labels.get("gpus", "1")
+    if not gpus.isdigit() or int(gpus) < 1:
+        raise ValueError(f"gpus {show(gpus)} is not a positive integer")
+    warm = labels.get("warm_pool", "false").lower()
+    if warm not in ("true", "false"):
+        raise ValueError(f"warm_pool {show(labels['warm_pool'])} is not true or false")
+    gpu_class = labels.get("gpu_class") or UNKNOWN_CLASS
+    caps = base.class_capabilities(gpu_class) if base is not None else {}
+    return WorkerTopo(name=name, node=node, nvlink_domain=labels.get("nvlink_domain") or node, gpu_class=gpu_class,
+                      gpus=int(gpus), warm_pool=warm == "true", **caps)  # type: ignore[arg-type]
+
+
+def with_discovered(base: Topology | None, labels: Mapping[str, Mapping[str, str]]
+                    ) -> tuple[Topology | None, dict[str, str]]:
+    """The topology placement is judged by: the file's (``base``; None without one) and the
+    discovered workers its labels place (``labels``: worker -> its topology labels, in discovery
+    order), and per worker whose labels could not be used, why.
+
+    Precedence: a worker the file names keeps its file entry whole (the file is the operator's
+    word, as a ``workers:`` entry wins a name clash in discovery); the labels place only the
+    workers the file does not name. Without ``nvlink_domain`` a worker's domain is its node;
+    without ``gpu_class`` its class is ``unknown``; ``gpus`` defaults to 1 and ``warm_pool`` to
+    false. A label worker inherits the capabilities of the file's ``gpu_classes`` entry its class
+    names. A worker without a ``node`` label, with a malformed ``gpus`` or ``warm_pool``, or in a
+    domain the file or an earlier worker puts on another node is left out (and named).
+    Returns ``base`` itself when no label places a worker.
+    """
+    workers = list(base.workers) if base is not None else []
+    named = {w.name for w in workers}
+    domain_node = {w.nvlink_domain: w.node for w in workers}
+    problems: dict[str, str] = {}
+    for name, fields in labels.items():
+        if name in named or not any(fields.get(f) for f in DISCOVERED_FIELDS):
+            continue
+        try:
+            w = _discovered_worker(name, fields, base)
+        except ValueError as exc:
+            problems[name] = str(exc)
+            continue
+        on = domain_node.setdefault(w.nvlink_domain, w.node)
+        if on != w.node:
+            problems[name] = (f"nvlink_domain {show(w.nvlink_domain)} is on node {show(on)}, not {show(w.node)}; "
+                              "an NVLink domain cannot span nodes")
+            continue
+        workers.append(w)
+        named.add(name)
+    if base is not None and len(workers) == len(base.workers):
+        return base, problems
+    if not workers:
+        return None, problems
+    if base is None:  # no file: what only a file says (model, block size) is unknown
+        return Topology(model="", block_size=0, workers=tuple(workers), source=DISCOVERED_SOURCE), problems
+    return replace(base, workers=tuple(workers)), problems
 
 
 def load_topology(path: str | Path) -> Topology:

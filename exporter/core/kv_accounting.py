@@ -228,7 +228,14 @@ class KvAccounting:
         # Placement judged from KV events (exporter.core.index.prefix_index_ref's docstring), only with a topology.
         self._placement_out: frozenset[str] = frozenset()  # workers that left the pool, as the index has them
         if topology is not None:
-            index.set_placement_domains({w.name: w.nvlink_domain for w in topology.workers})
+            self.set_topology(topology)
+
+    def set_topology(self, topology: Topology | None) -> None:
+        """Judge placement from the GPU stores by ``topology`` from now on; None: stop (the caller
+        holds the state lock)."""
+        self.topology = topology
+        self.index.set_placement_domains({w.name: w.nvlink_domain for w in topology.workers}
+                                         if topology is not None else None)
 
     def labels(self, worker: str) -> _KvLabels:
         kl = self._labels.get(worker)

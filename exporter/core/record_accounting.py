@@ -151,11 +151,10 @@ class RecordAccounting:
         self.index = index
         self.sessions = sessions
         self.hotspots = hotspots
-        self.topology = topology
-        self.cold_reuse_share = cold_reuse_share
+        self.topology: Topology | None = None
         self._domain_workers: dict[str, list[str]] = {}  # NVLink domain -> its workers (placement)
-        for t in topology.workers if topology is not None else ():
-            self._domain_workers.setdefault(t.nvlink_domain, []).append(t.name)
+        self.set_topology(topology)
+        self.cold_reuse_share = cold_reuse_share
         # model, segment and worker values are bounded before any step sees them
         self.labels = labels if labels is not None else RecordLabels(Limits(), store.window_s)
         self.miss_cost_factor = miss_cost_factor
@@ -196,6 +195,13 @@ class RecordAccounting:
             if len(self._plans) < 1024:
                 self._plans[carried] = plan
         return plan
+
+    def set_topology(self, topology: Topology | None) -> None:
+        """Judge placement by ``topology`` from now on (the caller holds the state lock)."""
+        domains: dict[str, list[str]] = {}
+        for t in topology.workers if topology is not None else ():
+            domains.setdefault(t.nvlink_domain, []).append(t.name)
+        self.topology, self._domain_workers = topology, domains
 
     def topo(self, worker: str) -> WorkerTopo | None:
         topo = self.topology

@@ -137,7 +137,7 @@ def _worker_gauges(st: ClusterState, out: Series) -> None:
             capacity[lab] = float(cap)
         if info is not None and info.block_size:
             block_size[lab] = float(info.block_size)
-        elif topology is not None:
+        elif topology is not None and topology.block_size:  # (one only discovery placed has none)
             block_size[lab] = default_block_size
         if offload:
             for m, c in medium_capacity(cap, offload, media.get(w)).items():

@@ -114,6 +114,19 @@ class ClusterState:
         """A state with parts of its own (``exporter.core.state_parts.build_parts``' arguments)."""
         return cls(build_parts(health, thresholds, topology, **options))
 
+    def set_topology(self, topology: Topology | None) -> None:
+        """Place the workers by ``topology`` from now on: the topology file's workers and the ones
+        discovery placed (``prefixscope.topology.with_discovered``). Every part that reads a
+        worker's node, domain, class or warm-pool membership reads the new one; what was counted
+        stays counted."""
+        with self.lock:
+            if topology == self.topology:
+                return
+            self.topology = topology
+            self.worker_pool.topology = topology
+            self.accounting.set_topology(topology)
+            self.kv.set_topology(topology)
+
     @property
     def window_s(self) -> float:
         """The window the reads cover: the configured one, or (a replay's) the whole run so far."""

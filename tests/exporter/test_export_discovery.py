@@ -66,17 +66,17 @@ class Exporter:
         w.publisher.flush(2.0)
 
 
-def target(fleet: WorkerFleet, name: str) -> dict:
-    """A file_sd target group for one simulated worker, its endpoints as labels."""
+def target(fleet: WorkerFleet, name: str, labels: dict[str, str] | None = None) -> dict:
+    """A file_sd target group for one simulated worker, its endpoints (and ``labels``) as labels."""
     e = next(e for e in fleet.endpoints() if e["name"] == name)
     return {"targets": [urlsplit(e["url"]).netloc],
             "labels": {"worker": name, "kv_events": e["kv_endpoint"], "replay": e["replay_endpoint"],
-                       "topic": e["topic"], "__meta_pool": "gpu"}}
+                       "topic": e["topic"], "__meta_pool": "gpu", **(labels or {})}}
 
 
-def write_sd(path: Path, fleet: WorkerFleet, names: list[str]) -> None:
+def write_sd(path: Path, fleet: WorkerFleet, names: list[str], labels: dict[str, dict[str, str]] | None = None) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([target(fleet, n) for n in names]))
+    tmp.write_text(json.dumps([target(fleet, n, (labels or {}).get(n)) for n in names]))
     os.replace(tmp, path)  # what a script should do: the exporter never reads half a file
 
 
@@ -89,13 +89,15 @@ def write_config(path: Path, sd_file: Path, scrape_interval: str = "200ms", extr
 
 
 @contextmanager
-def running(tmp_path: Path, workers: list[str], listed: list[str]) -> Iterator[Exporter]:
-    """Simulated ``workers``, and the exporter process started on a file_sd file listing ``listed``."""
+def running(tmp_path: Path, workers: list[str], listed: list[str], labels: dict[str, dict[str, str]] | None = None,
+            extra: dict | None = None) -> Iterator[Exporter]:
+    """Simulated ``workers``, and the exporter process started on a file_sd file listing ``listed``
+    (with their ``labels``), its config with ``extra``."""
     specs = [WorkerSpec(n, block_size=BLOCK, num_gpu_blocks=64, max_running=4) for n in workers]
     fleet = WorkerFleet(specs, options=FleetOptions(delay_scale=0.0)).start()
     sd_file, config = tmp_path / "workers.json", tmp_path / "exporter.yaml"
-    write_sd(sd_file, fleet, listed)
-    write_config(config, sd_file)
+    write_sd(sd_file, fleet, listed, labels)
+    write_config(config, sd_file, extra=extra)
     proc = subprocess.Popen([sys.executable, "-m", "prefixscope", "export", "--config.file", str(config),
                              "--web.listen-address", "127.0.0.1:0", "--log.level", "info"],
                             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE, text=True)
@@ -244,3 +246,72 @@ def test_a_fleet_that_scales_out_scales_in_and_restarts_in_turn(tmp_path: Path) 
         assert e.value("prefixscope_telemetry_blind_targets") == 0
         assert verdict_step(e) != 0
         assert e.value('prefixscope_discovery_refresh_failures_total{provider="fleet"}') == 0
+
+
+def worker_info(e: Exporter) -> dict[str, tuple[str, str, str, str]]:
+    """worker -> (node, nvlink_domain, gpu_class, warm_pool) of the exported ``prefixscope_worker_info``."""
+    out = {}
+    for series in e.metrics():
+        if series.startswith("prefixscope_worker_info{"):
+            labels = dict(kv.split("=", 1) for kv in series[len("prefixscope_worker_info{"):-1].split(","))
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            out[labels["worker"]] = (labels["node"], labels["nvlink_domain"], labels["gpu_class"], labels["warm_pool"])
+    return out
+
+
+def test_discovered_topology_labels_place_the_workers_beside_the_topology_file(tmp_path: Path) -> None:
+    """The file_sd labels node / nvlink_domain / gpu_class / warm_pool place each worker: exported as
+    its worker_info, shown by /api/v1/workers and read by the placement judgement from KV events. The
+    topology file's entry wins for a worker it names; a worker that leaves the file leaves the
+    topology; a reload keeps the placement; labels that cannot place a worker are counted."""
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(yaml.safe_dump({
+        "schema": "prefixscope.topology/v1", "model": MODEL, "block_size": BLOCK,
+        "gpu_classes": {"H100": {"kv_blocks": 64}},
+        "workers": [{"name": "w0", "node": "node-f", "nvlink_domain": "node-f/nvl0", "gpu_class": "H100"}]}))
+    labels = {"w0": {"node": "node-elsewhere"},  # the file names w0: its entry wins
+              "w1": {"node": "node-b", "nvlink_domain": "node-b/nvl0", "gpu_class": "H100", "warm_pool": "true"},
+              "w2": {"node": "node-b", "nvlink_domain": "node-b/nvl0", "gpus": "2"},
+              "w3": {"node": "node-c", "nvlink_domain": "node-f/nvl0"}}  # a domain on another node: not placed
+    with running(tmp_path, ["w0", "w1", "w2", "w3"], ["w0", "w1", "w2", "w3"], labels,
+                 extra={"topology": str(topology)}) as e:
+        wait_for(lambda: all(e.value(up(n)) == 1 for n in ("w0", "w1", "w2", "w3")), what="all scraped", timeout=20)
+        placed = {"w0": ("node-f", "node-f/nvl0", "H100", "false"),
+                  "w1": ("node-b", "node-b/nvl0", "H100", "true"),
+                  "w2": ("node-b", "node-b/nvl0", "unknown", "false")}
+        wait_for(lambda: worker_info(e) == placed, what="the workers placed", timeout=20)
+        rows = e.workers()
+        assert {w: (rows[w]["node"], rows[w]["warm_pool"]) for w in ("w0", "w1", "w2", "w3")} == {
+            "w0": ("node-f", False), "w1": ("node-b", True), "w2": ("node-b", False), "w3": (None, None)}
+        assert e.value('prefixscope_ingest_errors_total{kind="topology",source="discovery"}') == 1
+        assert rows["w1"]["capacity_blocks"] == 64
+
+        # Placement judged from KV events by the discovered domains: w2 computes what w1 holds, in
+        # w1's NVLink domain (a domain hit); then w0, in a domain of its own (no hit).
+        prompt = "[shared] " + "lorem ipsum dolor sit amet " * 20
+        for n in ("w1", "w2", "w0"):
+            e.ask(n, prompt)
+            wait_for(lambda n=n: (resident(e, n) or 0) > 0, what=f"{n}'s blocks indexed")
+        decisions = f'prefixscope_kv_placement_decisions_total{{model="{MODEL}"}}'
+        hits = f'prefixscope_kv_placement_domain_hits_total{{model="{MODEL}"}}'
+        wait_for(lambda: e.value(decisions) == 2, what="two placements judged")
+        assert e.value(hits) == 1
+
+        # w2 leaves the file: it leaves the topology as it leaves the pool.
+        write_sd(e.sd_file, e.fleet, ["w0", "w1", "w3"], labels)
+        wait_for(lambda: "w2" not in worker_info(e), what="w2 out of the topology", timeout=20)
+        assert e.workers()["w2"]["node"] is None
+
+        # A relabelled topology field is no new worker: w1's warm-pool label changes, its cache stays.
+        w1_blocks = resident(e, "w1")
+        write_sd(e.sd_file, e.fleet, ["w0", "w1", "w3"], {**labels, "w1": {**labels["w1"], "warm_pool": "false"}})
+        wait_for(lambda: worker_info(e).get("w1", ("",) * 4)[3] == "false", what="w1 out of the warm pool", timeout=20)
+        assert resident(e, "w1") == w1_blocks
+
+        # A reload keeps the placement.
+        loaded = e.value("prefixscope_config_last_reload_success_timestamp_seconds") or 0
+        e.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: (e.value("prefixscope_config_last_reload_success_timestamp_seconds") or 0) > loaded,
+                 what="reloaded on SIGHUP")
+        assert worker_info(e) == {"w0": placed["w0"], "w1": ("node-b", "node-b/nvl0", "H100", "false")}
+        assert e.value(hits) == 1 and e.value(decisions) == 2

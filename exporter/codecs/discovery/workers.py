@@ -13,7 +13,8 @@ there to be relabelled from):
 ``topic``            its KV-event topic (default empty)
 ``optional``         ``true``: its being down is not a telemetry failure
 ``node``, ``nvlink_domain``, ``gpu_class``, ``gpus``, ``warm_pool``
-                     topology fields, kept with the worker
+                     topology fields, kept with the worker: they place it
+                     (``prefixscope.topology.with_discovered``)
 ==================== =====================================================================
 
 A target with neither an address nor a KV stream still names a worker (Dynamo's registry): it is
@@ -26,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-TOPOLOGY_LABELS = ("node", "nvlink_domain", "gpu_class", "gpus", "warm_pool")
+from prefixscope.topology import DISCOVERED_FIELDS
+
+TOPOLOGY_LABELS = DISCOVERED_FIELDS
 _KV_SCHEMES = ("tcp://", "ipc://", "inproc://", "nats://", "tls://")
 
 

@@ -40,7 +40,7 @@ OnChange = Callable[[tuple[WorkerTarget, ...]], None]
 
 def as_target(w: DiscoveredWorker) -> WorkerTarget:
     return WorkerTarget(name=w.name, metrics_url=w.metrics_url, kv_events=w.kv_events, replay=w.replay,
-                        topic=w.topic, optional=w.optional)
+                        topic=w.topic, optional=w.optional, topology=w.topology)
 
 
 class Discovery:

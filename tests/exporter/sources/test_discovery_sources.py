@@ -30,6 +30,7 @@ from exporter.core.health import Health
 from exporter.sources.discovery.manager import Discovery
 from fleet.engine import WorkerSpec
 from fleet.workers import FleetOptions, WorkerFleet
+from prefixscope.topology import with_discovered
 from tests.e2e.routers import start_router
 from tests.support import free_port, require_routers_bin, require_tool, wait_for
 
@@ -314,6 +315,14 @@ def test_kubernetes_pods_listed_then_watched_through_the_official_client(
         first = seen[-1][0]
         assert (first.metrics_url, first.kv_events, first.replay) == (
             "http://10.244.3.17:8000/metrics", "tcp://10.244.3.17:5557", "tcp://10.244.3.17:5558")
+        # The pod's node (spec.nodeName) and its topology annotations place it; the pod without
+        # annotations is placed on its node alone (its domain: the node).
+        topo, problems = with_discovered(None, {w.name: dict(w.topology) for w in seen[-1]})
+        assert problems == {} and topo is not None
+        placed = topo.worker("vllm-7d9f8c6b5-2xkqp")
+        assert (placed.node, placed.nvlink_domain, placed.gpu_class, placed.warm_pool) == (
+            "gpu-node-07", "gpu-node-07/nvl0", "H100", True)
+        assert (topo.node_of("sidecar-less-0"), topo.domain_of("sidecar-less-0")) == ("cpu-node-01", "cpu-node-01")
         listed = urlsplit(server.requests_seen[0])
         assert listed.path == "/api/v1/namespaces/llm/pods"
         assert parse_qs(listed.query)["labelSelector"] == ["app.kubernetes.io/name=vllm"]

@@ -300,12 +300,27 @@ def test_intake_beyond_loopback_needs_a_bearer_token(tmp_path: Path) -> None:
     cfg.write_text("records: {http: {enabled: false}}\n")  # OTLP over HTTP is still a writer
     out = run_export("--config.file", str(cfg), "--web.listen-address", "0.0.0.0:0")
     assert out.returncode == 2 and "POST /v1/traces" in out.stderr and "bearer_token" in out.stderr
-    cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false, grpc_listen_address: 0.0.0.0:0}\n")
+    cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false, grpc_listen_address: 0.0.0.0:0}\n"
+                   "web: {reload: false}\n")
     out = run_export("--config.file", str(cfg), "--web.listen-address", "0.0.0.0:0")
     assert out.returncode == 2 and "grpc_listen_address" in out.stderr and "bearer_token" in out.stderr
     cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false}\n")
+    out = run_export("--config.file", str(cfg), "--web.listen-address", "0.0.0.0:0")  # POST /-/reload is a writer
+    assert out.returncode == 2 and "POST /-/reload (web.reload)" in out.stderr and "bearer_token" in out.stderr
+    assert "/v1/traces" not in out.stderr and "/api/v1/records" not in out.stderr
+    cfg.write_text("records: {http: {enabled: false}}\notlp: {enabled: false}\nweb: {reload: false}\n")
     rt = Runtime.build(load_config(cfg).with_overrides(listen_address="0.0.0.0:0"))  # no writer: no token needed
     rt.server.httpd.server_close()
+    cfg.write_text("records: {http: {enabled: false, bearer_token: t}}\notlp: {enabled: false}\n")
+    rt = Runtime.build(load_config(cfg).with_overrides(listen_address="0.0.0.0:0"))  # the reload with its token
+    rt.server.httpd.server_close()
+
+
+def test_the_reload_endpoint_can_be_turned_off(make: Callable[[str], Runtime]) -> None:
+    on, off = make(""), make("web: {reload: false}\n")
+    assert requests.post(on.url + "/-/reload", timeout=10).status_code == 200  # from this machine
+    assert requests.post(off.url + "/-/reload", timeout=10).status_code == 404
+    assert off.reload()[0]  # SIGHUP's path still reloads
 
 
 # ---- /healthz ---------------------------------------------------------------------------------------------
