@@ -560,10 +560,9 @@ def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None 
     append = events.append
     new_stored, new_removed, plain = _new_stored, _new_removed, _plain
     for ev in obj[1]:
-        if type(ev) is dict or type(ev) is tuple:
-            # the newer fields: a remote block's tier, a store's session (rare: one test per event)
-            if _careful_newer(ev, events, sessions):
-                continue
+        # the newer fields: a remote block's tier, a store's session (rare: one test per event)
+        if (type(ev) is dict or type(ev) is tuple) and _careful_newer(ev, events, sessions):
+            continue
         # Fast path for the well-formed common shapes (int hashes, positive int block size),
         # inline so a typical event costs a few dict/tuple reads; anything unusual (bytes or
         # negative hashes, missing fields, unknown types) falls through to the careful readers,
