@@ -211,6 +211,8 @@ class RouterSnapshot:
     # of a gRPC one), and the bound each tree is evicted down to (its --max-tree-size).
     largest_tree: float | None = None
     tree_bound: float | None = None
+    # routing phase -> the router's own time per request in it (Dynamo's overhead histograms, in seconds)
+    overhead_seconds: dict[str, CumulativeHistogram] = field(default_factory=dict)
 
 
 def unlabelled_events(batch: KvBatch) -> tuple[KvEvent, ...]:

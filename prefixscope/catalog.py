@@ -48,6 +48,9 @@ DUTY_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 # Time to first token per worker (records and OTLP spans): from a warm short prompt to a cold long one.
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 4.0, 6.0, 10.0, 20.0, 40.0, 80.0)
 # A router's KV-event lag, publisher stamp to apply (smg): sub-millisecond when healthy, seconds when behind.
+# The router's own time per routing phase: microseconds of hashing up to the scheduler's queueing.
+OVERHEAD_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                    5e-2, 0.1, 0.25, 0.5, 1.0)
 LAG_BUCKETS = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # The exporter's duties, the bounded values of the ``duty`` label of its self-measurement series
@@ -410,6 +413,11 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
     f"{NAMESPACE}_router_regret_blocks": {
         "sglang-router": None, "vllm-router": None,
         "dynamo": "`dynamo_component_router_overlap_blocks_lost_sum` Σ labels", "llm-d": None},
+    f"{NAMESPACE}_router_overhead_seconds": {
+        "sglang-router": None, "vllm-router": None,
+        "dynamo": "`dynamo_router_overhead_{block_hashing,seq_hashing,indexer_find_matches,scheduling,total,"
+                  "shared_cache_query}_ms` (ms → s; before: `dynamo_routing_overhead_*_ms`), `phase` the name's",
+        "llm-d": None},
     f"{NAMESPACE}_router_routed_requests": {
         "sglang-router": None, "vllm-router": None,
         "dynamo": "`dynamo_component_router_requests_total`", "llm-d": None},
@@ -740,6 +748,11 @@ METRICS: tuple[Metric, ...] = (
             help="The router's largest prefix tree against the bound its eviction keeps each tree under "
                  "(--max-tree-size: characters for HTTP routing, tokens for gRPC); near 1 the walks are as long "
                  "as the router allows and eviction is trimming live prefixes."),
+    _metric(name="router_overhead_seconds", type="histogram", unit="seconds", labels=("router", "phase"), group=4,
+            source="router_metrics", buckets=OVERHEAD_BUCKETS,
+            help="The router's own time per request by routing phase (Dynamo: block_hashing, seq_hashing, "
+                 "indexer_find_matches — the prefix-index lookup, also the tree-walk latency —, scheduling, "
+                 "shared_cache_query, total); each router bucket's requests placed inside it by the bucket's sum."),
     _metric(name="router_routed_requests", type="counter", unit="", labels=("router",), group=4,
             source="router_metrics",
             help="Requests the router routed, by its own count (the denominator of routing regret)."),
