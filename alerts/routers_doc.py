@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prefixscope.catalog import (
     CHECKS,
+    KV_SESSION_SIGNALS,
+    NO_RECORDS_SIGNALS,
     ROUTER_FEEDS,
     ROUTER_KINDS,
     SIGNAL_SOURCES,
@@ -81,6 +83,12 @@ def behind_routers_table() -> str:
             "gateway's sticky and prefix-hash branches need `--policy manual` or `prefix_hash` (smg ≥ 1.13), its "
             "index health KV-event-fed cache-aware routing over gRPC workers; Dynamo's regret is counted for "
             "prefill picks.")
+    fed = NO_RECORDS_SIGNALS | KV_SESSION_SIGNALS
+    sessions = [c.key for c in checklist if set(c.signals) <= fed and c.key not in base]
+    if sessions:
+        note += (f" Where the requests carry a `session_id` (vLLM ≥ 0.30 copies it into its KV events), "
+                 f"{len(sessions)} more checklist checks light behind any router: "
+                 + ", ".join(f"`{k}`" for k in sessions) + ".")
     return "\n".join(rows) + "\n\n" + note
 
 

@@ -103,6 +103,13 @@ def _step_extras(step: int, drawing: Drawing) -> list:
                 "its --max-tree-size, set at each eviction pass (SGLang gateway ≥ 1.10.1). Near 1 with a slow "
                 "tree walk: the tree is as large as the router allows, so lower the bound or evict more often; "
                 "low: the walk is slow for another reason (depth, CPU).")),
+            timeseries("Router: time per routing phase (p99)", [
+                target(q.quantile(0.99, "router_overhead_seconds", "router,phase", over=drawing.window),
+                       "{{router}} {{phase}}")], unit="seconds", description=(
+                "The router's own time per request in each routing phase (Dynamo's frontend: block and "
+                "sequence hashing, the prefix-index lookup indexer_find_matches — the tree walk of "
+                "prefix_tree_walk_latency —, scheduling, a shared cache's query, and their total). A slow "
+                "lookup localises the step-4 drag to the index; a slow scheduling phase to the queue.")),
         ]
     return []
 

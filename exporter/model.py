@@ -107,6 +107,11 @@ class StoredLabels:
 LabelEvent = StoredLabels | BlockRemoved | AllBlocksCleared
 
 
+# One store that names its session: (session id, parent, the store's last block or None, medium).
+# A plain tuple: the compiled reader builds it in C, and the typed and careful paths compare equal.
+SessionStore = tuple[str, int | None, int | None, str | None]
+
+
 @dataclass(frozen=True, slots=True)
 class KvBatch:
     """One decoded KV-event batch of one worker (one ZMQ message)."""
@@ -119,6 +124,9 @@ class KvBatch:
     # The events with the labels the model's events leave out (LoRA adapter, cache salt), for
     # ``exporter.core.attribution``; set only when the decoder was asked for them.
     label_events: tuple[LabelEvent, ...] | None = None
+    # The stores that name their request's session (vLLM >= 0.30 ``BlockStored.session_id``), in
+    # order, for the session table; None when no store of the batch names one (the common case).
+    sessions: tuple[SessionStore, ...] | None = None
     # The compiled reader's arrays (``_prefix_core.KvScan``) when it read the batch, which the
     # index applies without event objects; opaque here, None for a batch of plain events.
     scan: ClassVar[object | None] = None
@@ -203,6 +211,8 @@ class RouterSnapshot:
     # of a gRPC one), and the bound each tree is evicted down to (its --max-tree-size).
     largest_tree: float | None = None
     tree_bound: float | None = None
+    # routing phase -> the router's own time per request in it (Dynamo's overhead histograms, in seconds)
+    overhead_seconds: dict[str, CumulativeHistogram] = field(default_factory=dict)
 
 
 def unlabelled_events(batch: KvBatch) -> tuple[KvEvent, ...]:

@@ -48,6 +48,9 @@ DUTY_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 # Time to first token per worker (records and OTLP spans): from a warm short prompt to a cold long one.
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 4.0, 6.0, 10.0, 20.0, 40.0, 80.0)
 # A router's KV-event lag, publisher stamp to apply (smg): sub-millisecond when healthy, seconds when behind.
+# The router's own time per routing phase: microseconds of hashing up to the scheduler's queueing.
+OVERHEAD_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                    5e-2, 0.1, 0.25, 0.5, 1.0)
 LAG_BUCKETS = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # The exporter's duties, the bounded values of the ``duty`` label of its self-measurement series
@@ -70,7 +73,8 @@ PROMPT_CLASSES: tuple[tuple[float, str], ...] = (
 # must be a bound of RATIO_BUCKETS: a gauge-histogram share is read off one bucket.
 # A KV-event store whose parent ended one of the same worker's stores this recently continues that
 # request (chunked prefill; decode blocks fill every 16 tokens, well under this even at 100 ms a
-# token): placement is judged at a request's first store only (exporter.core.index.prefix_index_ref).
+# token): placement is judged at a request's first store only (exporter.core.index.prefix_index_ref),
+# and a store naming a session is a turn of it only there (exporter.core.record_accounting.kv_sessions).
 PLACEMENT_CONTINUATION_S = 2.0
 SESSION_HIT_LINE = 0.8
 
@@ -311,7 +315,8 @@ SIGNALS: dict[str, str] = {
     "kv_events": "vLLM KV-cache events over ZMQ",
     "kv_token_ids": "KV events carry the stored blocks' token_ids",
     "records": "request records (prefixscope.request/v1)",
-    "session_key": "records carry session_key",
+    "session_key": "records carry session_key, or vLLM's KV events name the request's session (BlockStored.session_id, "
+                   "vLLM ≥ 0.30)",
     "block_hashes": "records carry block_hashes",
     "placements": "placements are judged: records carry block_hashes, or KV events arrive with a topology loaded",
     "cached_tokens": "records carry engine-reported cached_tokens",
@@ -321,7 +326,8 @@ SIGNALS: dict[str, str] = {
     "walk_latency": "records carry walk_s (router tree-walk latency)",
     "topology": "a topology file is loaded",
     "warm_pool": "the topology names warm-pool workers",
-    "migrations": "records carry migrated_from / migration_kind",
+    "migrations": "records carry migrated_from / migration_kind; or sessions from spans or KV events (a follow-up "
+                  "that left an unhealthy worker)",
     "expert_signature": "records carry expert_signature",
     "spec_decode": "workers export speculative-decoding counters",
     "affinity_admission": "records carry admitted_by_affinity",
@@ -329,8 +335,8 @@ SIGNALS: dict[str, str] = {
     "router_predicted_reuse": "the router exports the reuse it predicted per request (match ratio)",
     "otlp_spans": "request spans received over OTLP (vLLM's llm_request)",
     "attribution": "records or spans name the LoRA adapter or tenant (lora_name, tenant)",
-    "affinity_outcomes": "what became of follow-ups' affinity: records or spans with session keys, or the router's "
-                         "own sticky and prefix-hash policy branches (SGLang gateway)",
+    "affinity_outcomes": "what became of follow-ups' affinity: records, spans or KV events with session keys, or the "
+                         "router's own sticky and prefix-hash policy branches (SGLang gateway)",
     "router_index_health": "the router reports its own prefix index's KV-event health (Dynamo's applied events by "
                            "status, the SGLang gateway's unrecovered gaps and stream resyncs)",
 }
@@ -349,7 +355,7 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "kv_events": ("kv_events",),
     "kv_token_ids": ("kv_events",),
     "records": ("records", "otlp_spans"),
-    "session_key": ("records", "otlp_spans"),
+    "session_key": ("records", "otlp_spans", "kv_events"),
     "block_hashes": ("records",),
     "placements": ("records", "kv_events"),
     "cached_tokens": ("records", "otlp_spans"),
@@ -359,7 +365,7 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "walk_latency": ("records", "router_metrics"),
     "topology": ("topology",),
     "warm_pool": ("topology",),
-    "migrations": ("records", "otlp_spans"),
+    "migrations": ("records", "otlp_spans", "kv_events"),
     "expert_signature": ("records",),
     "spec_decode": ("engine_metrics",),
     "affinity_admission": ("records",),
@@ -367,7 +373,7 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "router_predicted_reuse": ("router_metrics",),
     "otlp_spans": ("otlp_spans",),
     "attribution": ("records", "otlp_spans"),
-    "affinity_outcomes": ("records", "otlp_spans", "router_metrics"),
+    "affinity_outcomes": ("records", "otlp_spans", "kv_events", "router_metrics"),
     "router_index_health": ("router_metrics",),
 }
 # What each router's own /metrics feeds (exporter/codecs/routers/ implements it; docs/routers.md is generated
@@ -407,6 +413,11 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
     f"{NAMESPACE}_router_regret_blocks": {
         "sglang-router": None, "vllm-router": None,
         "dynamo": "`dynamo_component_router_overlap_blocks_lost_sum` Σ labels", "llm-d": None},
+    f"{NAMESPACE}_router_overhead_seconds": {
+        "sglang-router": None, "vllm-router": None,
+        "dynamo": "`dynamo_router_overhead_{block_hashing,seq_hashing,indexer_find_matches,scheduling,total,"
+                  "shared_cache_query}_ms` (ms → s; before: `dynamo_routing_overhead_*_ms`), `phase` the name's",
+        "llm-d": None},
     f"{NAMESPACE}_router_routed_requests": {
         "sglang-router": None, "vllm-router": None,
         "dynamo": "`dynamo_component_router_requests_total`", "llm-d": None},
@@ -438,6 +449,11 @@ NO_RECORDS_SIGNALS: frozenset[str] = frozenset({"worker_metrics", "kv_events", "
                                                 "router_metrics"})
 
 
+# What vLLM's KV events add when the requests carry a ``session_id`` (vLLM ≥ 0.30 copies it into every
+# ``BlockStored``): sessions, and what becomes of their follow-ups (collisions, migrations).
+KV_SESSION_SIGNALS: frozenset[str] = frozenset({"session_key", "affinity_outcomes", "migrations"})
+
+
 def router_signals(kind: str) -> frozenset[str]:
     """The signals router ``kind``'s own /metrics feeds (beyond router_metrics itself)."""
     return frozenset(sig for series, sig in ROUTER_SERIES_SIGNALS.items() if ROUTER_FEEDS[series].get(kind))
@@ -461,7 +477,8 @@ SIGNAL_ENABLE: dict[str, str] = {
     "records": "POST prefixscope.request/v1 NDJSON to /api/v1/records, tail a file, or export vLLM's "
                "OTLP spans to /v1/traces",
     "session_key": "records: add session_key; spans: set otlp.session_attributes to the attribute that "
-                   "holds the session (e.g. gen_ai.conversation.id on the client's span)",
+                   "holds the session (e.g. gen_ai.conversation.id on the client's span); or send vLLM ≥ 0.30 the "
+                   "request's session_id, which its KV events carry",
     "block_hashes": "records: add block_hashes (the router's chained block hashes)",
     "placements": "records: add block_hashes (exact, per request); or subscribe to the workers' KV events "
                   "(vLLM --kv-events-config) with a topology file loaded (judged at each request's first block store)",
@@ -476,8 +493,8 @@ SIGNAL_ENABLE: dict[str, str] = {
                     "kvBlockIndexConfig.enableMetrics)",
     "topology": "set topology: to a topology file in the exporter config",
     "warm_pool": "mark warm-pool workers (warm_pool: true) in the topology file",
-    "migrations": "records: migrated_from / migration_kind; spans: a session attribute (migrations are "
-                  "follow-ups that left an unhealthy worker)",
+    "migrations": "records: migrated_from / migration_kind; spans: a session attribute, or vLLM ≥ 0.30 KV events "
+                  "with the request's session_id (migrations are follow-ups that left an unhealthy worker)",
     "expert_signature": "records: expert_signature from the MoE engine",
     "spec_decode": "run vLLM with speculative decoding (--speculative-config)",
     "affinity_admission": "records: admitted_by_affinity from the scheduler",
@@ -488,7 +505,7 @@ SIGNAL_ENABLE: dict[str, str] = {
     "attribution": "records: add lora_name and/or tenant (e.g. the request's cache_salt); spans: set "
                    "otlp.adapter_attributes (gen_ai.request.model names a LoRA request's adapter) or "
                    "otlp.tenant_attributes",
-    "affinity_outcomes": "records or spans with session keys (see session_key); or scrape an SGLang gateway (smg ≥ 1.13) "
+    "affinity_outcomes": "records, spans or KV events with session keys (see session_key); or scrape an SGLang gateway (smg ≥ 1.13) "
                          "routing with --policy manual (X-SMG-Routing-Key) or --policy prefix_hash",
     "router_index_health": "scrape the router that keeps a KV-event-fed prefix index: Dynamo's frontend or standalone "
                            "router, or the SGLang gateway (smg ≥ 1.13) with cache-aware routing fed by KV events",
@@ -731,6 +748,11 @@ METRICS: tuple[Metric, ...] = (
             help="The router's largest prefix tree against the bound its eviction keeps each tree under "
                  "(--max-tree-size: characters for HTTP routing, tokens for gRPC); near 1 the walks are as long "
                  "as the router allows and eviction is trimming live prefixes."),
+    _metric(name="router_overhead_seconds", type="histogram", unit="seconds", labels=("router", "phase"), group=4,
+            source="router_metrics", buckets=OVERHEAD_BUCKETS,
+            help="The router's own time per request by routing phase (Dynamo: block_hashing, seq_hashing, "
+                 "indexer_find_matches — the prefix-index lookup, also the tree-walk latency —, scheduling, "
+                 "shared_cache_query, total); each router bucket's requests placed inside it by the bucket's sum."),
     _metric(name="router_routed_requests", type="counter", unit="", labels=("router",), group=4,
             source="router_metrics",
             help="Requests the router routed, by its own count (the denominator of routing regret)."),
@@ -1427,6 +1449,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "DUTY_BUCKETS",
     "DUTY_NAMES",
+    "KV_SESSION_SIGNALS",
     "METRICS",
     "METRICS_BY_NAME",
     "NAMESPACE",

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import msgpack
 import msgspec
 
+from exporter.core.index.tiers import EXTERNAL
 from exporter.model import CLEARED, BlockRemoved, LabelEvent, StoredLabels
 
 MASK64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -119,9 +120,10 @@ def _plain(ev: object) -> LabelEvent | None:
                 parent = ev.get("parent_block_hash")
                 salt = salt_of(_first_entry(ev.get("extra_keys")), lora) if parent is None else None
                 return StoredLabels(_hash_list(ev.get("block_hashes")), None if parent is None else _u64(parent),
-                                    _medium(ev.get("medium", DEFAULT_MEDIUM)), lora, salt)
+                                    _local(_medium(ev.get("medium", DEFAULT_MEDIUM)), ev.get("locality")), lora, salt)
             if tag == "BlockRemoved":
-                return BlockRemoved(_hash_list(ev.get("block_hashes")), _medium(ev.get("medium", DEFAULT_MEDIUM)))
+                return BlockRemoved(_hash_list(ev.get("block_hashes")),
+                                    _local(_medium(ev.get("medium", DEFAULT_MEDIUM)), ev.get("locality")))
             return CLEARED if tag == "AllBlocksCleared" else None
         if type(ev) is tuple and ev:
             tag, n = ev[0], len(ev)
@@ -130,19 +132,26 @@ def _plain(ev: object) -> LabelEvent | None:
                 parent = ev[2]
                 salt = salt_of(_first_entry(ev[8] if n > 8 else None), lora) if parent is None else None
                 return StoredLabels(_hash_list(ev[1]), None if parent is None else _u64(parent),
-                                    _medium(ev[6] if n > 6 else DEFAULT_MEDIUM), lora, salt)
+                                    _local(_medium(ev[6] if n > 6 else DEFAULT_MEDIUM), ev[12] if n > 12 else None),
+                                    lora, salt)
             if tag == "BlockRemoved" and n >= 2:
-                return BlockRemoved(_hash_list(ev[1]), _medium(ev[2] if n > 2 else DEFAULT_MEDIUM))
+                return BlockRemoved(_hash_list(ev[1]), _local(_medium(ev[2] if n > 2 else DEFAULT_MEDIUM),
+                                                              ev[4] if n > 4 else None))
             return CLEARED if tag == "AllBlocksCleared" else None
     except Exception:
         return None
     return None
 
 
+def _local(medium: str, locality: object) -> str:
+    """A block vLLM marks ``locality: REMOTE`` is held outside the worker: the ``EXTERNAL`` tier."""
+    return EXTERNAL if locality == "REMOTE" else medium
+
+
 def _stored_struct(ev: object) -> StoredLabels:
     """A typed stored struct's labels; the adapter and salt are read only when they can name one."""
     parent = ev.parent_block_hash  # type: ignore[attr-defined]
-    medium = ev.medium or DEFAULT_MEDIUM  # type: ignore[attr-defined]
+    medium = _local(ev.medium or DEFAULT_MEDIUM, ev.locality)  # type: ignore[attr-defined]
     raw_lora, extra = ev.lora_name, ev.extra_keys  # type: ignore[attr-defined]
     if raw_lora == _NIL and (parent is not None or _no_salt(extra)):
         return StoredLabels(ev.block_hashes, parent, medium, None, None)  # type: ignore[attr-defined]
@@ -164,7 +173,7 @@ def struct_reader(stored: tuple[type, ...], removed: tuple[type, ...],
             if kind in stored:
                 append(_stored_struct(ev))
             elif kind in removed:
-                append(BlockRemoved(ev.block_hashes, ev.medium or DEFAULT_MEDIUM))  # type: ignore[attr-defined]
+                append(BlockRemoved(ev.block_hashes, _local(ev.medium or DEFAULT_MEDIUM, ev.locality)))  # type: ignore[attr-defined]
             elif kind in cleared:
                 append(CLEARED)
             else:

@@ -26,6 +26,16 @@ fields the exporter never reads (``lora_name``, ``extra_keys``, …) are skipped
 typed path, so garbage inside them (invalid UTF-8, a malformed msgpack timestamp) no longer
 rejects a batch whose blocks are well formed.
 
+Newer fields (vLLM 0.26–0.33, ``vllm/distributed/kv_events.py``): ``locality`` (``LOCAL``/``REMOTE``)
+on stores and removals, and ``session_id`` on stores (array positions 12 and 14 of a stored event,
+4 of a removal; map keys otherwise). A ``REMOTE`` block is held outside the worker, whatever its
+``medium`` names: it is read as the ``EXTERNAL`` tier (where Dynamo's publisher puts vLLM's remote
+blocks too), so it never counts as the worker's GPU residency. A store's ``session_id`` joins the
+batch's ``sessions`` (``(session, parent, last block, medium)`` per store, None when no store names
+one), which the session table reads. ``ownership`` and ``lookahead_token_ids`` are not read. A
+``locality`` or ``session_id`` that is not a string is ignored by the careful path (the typed path
+and the compiled reader leave such a batch to it).
+
 Attribution (``attribution=True``): the stored structs also keep ``lora_name`` and ``extra_keys``
 as raw msgpack (unparsed, so they still cannot reject a batch), read into the model's label
 events (``exporter.codecs.kv_labels``) that the batch carries as ``KvBatch.label_events`` for
@@ -42,19 +52,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Annotated, Any
+from operator import attrgetter
+from typing import Annotated, Any, ClassVar
 
 import msgpack
 import msgspec
 
 from exporter.codecs.kv_labels import struct_reader
 from exporter.core.health import Health
+from exporter.core.index.tiers import EXTERNAL
 from exporter.model import (
     CLEARED,
     BlockRemoved,
     BlockStored,
     KvBatch,
     KvEvent,
+    SessionStore,
     new_removed,
     new_stored,
 )
@@ -128,6 +141,27 @@ def _token_ids(tokens: object) -> tuple[int, ...]:
     return tokens if type(tokens) is tuple else tuple(tokens) if isinstance(tokens, list) else ()
 
 
+REMOTE = "REMOTE"  # vLLM's locality of a block held outside the worker (its other value: LOCAL)
+
+
+def _local_medium(medium: str | None, locality: object) -> str | None:
+    """The tier a block is counted in: a ``REMOTE`` block's is ``EXTERNAL`` (not the worker's own)."""
+    return EXTERNAL if locality == REMOTE else medium
+
+
+def _session_of(ev: object) -> object:
+    """A raw stored event's ``session_id`` (map key, or array position 14), None when absent."""
+    if type(ev) is dict:
+        return ev.get("session_id")
+    return ev[14] if type(ev) is tuple and len(ev) > 14 else None
+
+
+def _session_store(session: object, stored: BlockStored) -> SessionStore | None:
+    if type(session) is not str or not session:
+        return None
+    return (session, stored.parent, stored.hashes[-1] if stored.hashes else None, stored.medium)
+
+
 def _block_size(bs: object) -> int:
     if type(bs) is int and bs > 0:
         return bs
@@ -141,11 +175,12 @@ def _from_array(ev: tuple) -> KvEvent:
         if n < 5:
             raise BadEvent(f"BlockStored with {n - 1} fields")
         return BlockStored(_hashes(ev[1]), _parent(ev[2]), _block_size(ev[4]), _token_count(ev[3]),
-                           _medium(ev[6] if n > 6 else "GPU"), _token_ids(ev[3]))
+                           _local_medium(_medium(ev[6] if n > 6 else "GPU"), ev[12] if n > 12 else None),
+                           _token_ids(ev[3]))
     if tag == "BlockRemoved":
         if n < 2:
             raise BadEvent("BlockRemoved without block_hashes")
-        return BlockRemoved(_hashes(ev[1]), _medium(ev[2] if n > 2 else "GPU"))
+        return BlockRemoved(_hashes(ev[1]), _local_medium(_medium(ev[2] if n > 2 else "GPU"), ev[4] if n > 4 else None))
     if tag == "AllBlocksCleared":
         return _CLEARED
     raise KeyError(tag)
@@ -159,12 +194,13 @@ def _from_map(ev: dict) -> KvEvent:
         except KeyError as missing:
             raise BadEvent(f"BlockStored without {missing}") from None
         return BlockStored(_hashes(hashes), _parent(ev.get("parent_block_hash")), _block_size(size),
-                           _token_count(ev.get("token_ids")), _medium(ev.get("medium", "GPU")),
+                           _token_count(ev.get("token_ids")),
+                           _local_medium(_medium(ev.get("medium", "GPU")), ev.get("locality")),
                            _token_ids(ev.get("token_ids")))
     if tag == "BlockRemoved":
         if "block_hashes" not in ev:
             raise BadEvent("BlockRemoved without block_hashes")
-        return BlockRemoved(_hashes(ev["block_hashes"]), _medium(ev.get("medium", "GPU")))
+        return BlockRemoved(_hashes(ev["block_hashes"]), _local_medium(_medium(ev.get("medium", "GPU")), ev.get("locality")))
     if tag == "AllBlocksCleared":
         return _CLEARED
     raise KeyError(tag)
@@ -191,15 +227,22 @@ class _MapStored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
     parent_block_hash: _U64 | None = None
     token_ids: msgspec.Raw = _NIL
     medium: str | None = "GPU"
+    locality: str | None = None  # vLLM >= 0.26
+    session_id: str | None = None  # vLLM >= 0.30
 
 
+# Removals and clears name no session: ``session_id`` as a class constant lets one C-level pass
+# (``_ANY_SESSION``) tell a batch without sessions from one with, whatever its events.
 class _MapRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
     block_hashes: tuple[_U64, ...]
     medium: str | None = "GPU"
+    locality: str | None = None
+    session_id: ClassVar[None] = None
 
 
 class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type", gc=False):
-    pass
+    session_id: ClassVar[None] = None
+    locality: ClassVar[None] = None
 
 
 class _ArrayStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
@@ -209,15 +252,27 @@ class _ArrayStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False)
     block_size: _SIZE
     lora_id: msgspec.Raw = _NIL
     medium: str | None = "GPU"
+    lora_name: msgspec.Raw = _NIL  # field 7 (read raw by attribution, skipped otherwise)
+    extra_keys: msgspec.Raw = _NIL  # field 8
+    group_idx: msgspec.Raw = _NIL
+    kv_cache_spec_kind: msgspec.Raw = _NIL
+    kv_cache_spec_sliding_window: msgspec.Raw = _NIL
+    locality: str | None = None  # field 12 (vLLM >= 0.26)
+    ownership: msgspec.Raw = _NIL
+    session_id: str | None = None  # field 14 (vLLM >= 0.30); lookahead_token_ids (15) and later: ignored
 
 
 class _ArrayRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
     block_hashes: tuple[_U64, ...]
     medium: str | None = "GPU"
+    group_idx: msgspec.Raw = _NIL
+    locality: str | None = None  # field 4 (vLLM >= 0.26)
+    session_id: ClassVar[None] = None
 
 
 class _ArrayCleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False):
-    pass
+    session_id: ClassVar[None] = None
+    locality: ClassVar[None] = None
 
 
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):  # vLLM ≥ 0.24
@@ -240,8 +295,7 @@ class _MapStoredLabelled(_MapStored, tag="BlockStored", tag_field="type", gc=Fal
 
 
 class _ArrayStoredLabelled(_ArrayStored, tag="BlockStored", array_like=True, gc=False):
-    lora_name: msgspec.Raw = _NIL  # field 7, after medium
-    extra_keys: msgspec.Raw = _NIL  # field 8
+    """The array-encoded store keeps ``lora_name`` and ``extra_keys`` (fields 7, 8) raw already."""
 
 
 class _MapBatchLabelled(msgspec.Struct, array_like=True, gc=False):
@@ -293,11 +347,12 @@ def _build_events_py(structs: tuple, token_ids: bool, stored: tuple[type, ...] =
     for ev in structs:
         kind = type(ev)
         if kind in removed:
-            append(new_removed(ev.block_hashes, ev.medium))
+            append(new_removed(ev.block_hashes, ev.medium if ev.locality != REMOTE else EXTERNAL))
         elif kind in stored:
             raw = ev.token_ids
             parent = ev.parent_block_hash
-            append(new_stored(ev.block_hashes, parent, ev.block_size, count(raw), ev.medium,
+            append(new_stored(ev.block_hashes, parent, ev.block_size, count(raw),
+                              ev.medium if ev.locality != REMOTE else EXTERNAL,
                               _tokens(raw) if token_ids or parent is None else ()))
         else:
             append(_CLEARED)
@@ -313,11 +368,23 @@ def _event_builder(stored: tuple[type, ...] = _STORED) -> Callable[[tuple, bool]
         return lambda structs, token_ids: _build_events_py(structs, token_ids, stored)
     from exporter.core.index._prefix_core import EventBuilder
 
-    return EventBuilder(BlockStored, BlockRemoved, _CLEARED, stored, _REMOVED, _tokens).build
+    return EventBuilder(BlockStored, BlockRemoved, _CLEARED, stored, _REMOVED, _tokens, REMOTE, EXTERNAL).build
 
 
 _build_events = _event_builder()
 _build_events_labelled = _event_builder(_STORED_LABELLED)
+_SESSION_IDS = attrgetter("session_id")
+_STORED_ANY = frozenset((*_STORED, *_STORED_LABELLED))
+
+
+def _sessions(structs: tuple) -> tuple[SessionStore, ...] | None:
+    """The stores that name a session, as the batch's ``sessions``; None when none does (one
+    C-level pass over the events: the common batch costs no Python step per event)."""
+    if not any(map(_SESSION_IDS, structs)):
+        return None
+    return tuple([(ev.session_id, ev.parent_block_hash, ev.block_hashes[-1] if ev.block_hashes else None,
+                   ev.medium if ev.locality != REMOTE else EXTERNAL)
+                  for ev in structs if type(ev) in _STORED_ANY and ev.session_id])
 
 
 def _typed(payload: bytes, worker: str, seq: int, token_ids: bool, attribution: bool = False) -> KvBatch | None:
@@ -337,7 +404,7 @@ def _typed(payload: bytes, worker: str, seq: int, token_ids: bool, attribution: 
     except Exception:  # token ids msgpack cannot read: the careful path rejects the payload, as before
         return None
     return KvBatch(worker=worker, seq=seq, ts=obj.ts, events=events, dp_rank=obj.dp_rank,
-                   label_events=_labels(obj.events) if attribution else None)
+                   label_events=_labels(obj.events) if attribution else None, sessions=_sessions(obj.events))
 
 
 # ---- the scanned path (compiled) ------------------------------------------------------------------
@@ -366,6 +433,7 @@ class ScannedBatch(KvBatch):
         _set_scan(b, scan)
         _set_events(b, None)
         _set_label_events(b, None)
+        _set_sessions(b, scan.sessions)
         _set_attributed(b, False)
         return b
 
@@ -385,12 +453,13 @@ class ScannedBatch(KvBatch):
         _set(self, "scan", None)
 
     def _fields(self) -> tuple[object, ...]:
-        return (self.worker, self.seq, self.ts, self.events, self.dp_rank, self.label_events)
+        return (self.worker, self.seq, self.ts, self.events, self.dp_rank, self.label_events, self.sessions)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KvBatch):
             return NotImplemented
-        return self._fields() == (other.worker, other.seq, other.ts, other.events, other.dp_rank, other.label_events)
+        return self._fields() == (other.worker, other.seq, other.ts, other.events, other.dp_rank, other.label_events,
+                                  other.sessions)
 
     def __hash__(self) -> int:
         return hash(self._fields())
@@ -401,8 +470,8 @@ class ScannedBatch(KvBatch):
 
 _new = object.__new__
 _set = object.__setattr__
-_set_worker, _set_seq, _set_ts, _set_dp_rank, _set_label_events = (
-    getattr(KvBatch, n).__set__ for n in ("worker", "seq", "ts", "dp_rank", "label_events"))
+_set_worker, _set_seq, _set_ts, _set_dp_rank, _set_label_events, _set_sessions = (
+    getattr(KvBatch, n).__set__ for n in ("worker", "seq", "ts", "dp_rank", "label_events", "sessions"))
 _set_scan, _set_events = ScannedBatch.scan.__set__, ScannedBatch._events.__set__
 # ``attributed``: decoded for tenant/adapter attribution (its stores carry no label: a labelled
 # batch takes the typed path), so the state follows removals of labelled blocks through it
@@ -446,6 +515,31 @@ def decode_batch(payload: bytes, worker: str, seq: int, health: Health | None = 
     return batch if batch is not None else decode_careful(payload, worker, seq, health, attribution=attribution)
 
 
+def _careful_newer(ev: dict | tuple, events: list[KvEvent], sessions: list[SessionStore]) -> bool:
+    """An event that carries ``locality`` or ``session_id``, read here (True: appended, with its
+    session); False for every other event, which the careful loop reads as before. Errors are
+    the loop's: this reads only events whose known fields the careful readers accept."""
+    if type(ev) is dict:
+        if "locality" not in ev and "session_id" not in ev:
+            return False
+        reader = _from_map
+    else:
+        n = len(ev)
+        if not ((n > 12 and ev[0] == "BlockStored") or (n > 4 and ev[0] == "BlockRemoved")):
+            return False
+        reader = _from_array
+    try:
+        event = reader(ev)
+    except Exception:  # the loop reads it again and words the error
+        return False
+    events.append(event)
+    if type(event) is BlockStored:
+        store = _session_store(_session_of(ev), event)
+        if store is not None:
+            sessions.append(store)
+    return True
+
+
 def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None = None, *,
                    attribution: bool = False) -> KvBatch | None:
     """The careful path of :func:`decode_batch` on its own (every shape, every error worded)."""
@@ -462,9 +556,13 @@ def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None 
         return None
     dp_rank = obj[2] if len(obj) > 2 and type(obj[2]) is int else None
     events: list[KvEvent] = []
+    sessions: list[SessionStore] = []
     append = events.append
     new_stored, new_removed, plain = _new_stored, _new_removed, _plain
     for ev in obj[1]:
+        # the newer fields: a remote block's tier, a store's session (rare: one test per event)
+        if (type(ev) is dict or type(ev) is tuple) and _careful_newer(ev, events, sessions):
+            continue
         # Fast path for the well-formed common shapes (int hashes, positive int block size),
         # inline so a typical event costs a few dict/tuple reads; anything unusual (bytes or
         # negative hashes, missing fields, unknown types) falls through to the careful readers,
@@ -520,7 +618,7 @@ def decode_careful(payload: bytes, worker: str, seq: int, health: Health | None 
             if health is not None:
                 health.error(SOURCE, "bad_event", f"worker {worker} seq {seq}: {exc}: {excerpt(ev)}")
     return KvBatch(worker=worker, seq=seq, ts=float(obj[0]), events=tuple(events), dp_rank=dp_rank,
-                   label_events=_labels(obj[1]) if attribution else None)
+                   label_events=_labels(obj[1]) if attribution else None, sessions=tuple(sessions) or None)
 
 
 def event_name(event: KvEvent) -> str:

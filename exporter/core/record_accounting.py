@@ -22,13 +22,14 @@ from exporter.core.block_tokens import blocks_of, tokens_of
 from exporter.core.cardinality import RecordLabels
 from exporter.core.hotspots import Hotspots
 from exporter.core.index.prefix_index import PrefixIndex
+from exporter.core.index.tiers import GPU
 from exporter.core.input_time import InputTime
 from exporter.core.metric_store import MetricStore
 from exporter.core.moe_alignment import ExpertSignatures
 from exporter.core.sessions import SessionTable
 from exporter.core.windows import LabelValues, histogram_quantile
 from exporter.core.worker_pool import DEFAULT_BLOCK_SIZE, WorkerPool
-from exporter.model import Limits
+from exporter.model import Limits, SessionStore
 from prefixscope import catalog
 from prefixscope.records import RequestRecord
 from prefixscope.thresholds import Thresholds
@@ -36,7 +37,10 @@ from prefixscope.topology import Topology, WorkerTopo
 
 P = catalog.NAMESPACE
 UNKNOWN = "unknown"
-_MODEL_LABELS_KEPT = 1024  # model values are bounded (limits.models) before they get here
+_MODEL_LABELS_KEPT = 1024
+# A KV store naming a session goes on with one of its requests when its parent ended one of the
+# session's stores this recently: the rule placement uses for a request's first store.
+KV_TURN_CONTINUATION_S = catalog.PLACEMENT_CONTINUATION_S  # model values are bounded (limits.models) before they get here
 
 # Record field -> the signal it feeds (catalog.SIGNALS); a field counts once any record carried it.
 RECORD_FIELD_SIGNALS: dict[str, str] = {
@@ -159,6 +163,7 @@ class RecordAccounting:
         self.labels = labels if labels is not None else RecordLabels(Limits(), store.window_s)
         self.miss_cost_factor = miss_cost_factor
         self.field_seen: dict[str, float] = {}  # signal -> newest record that carried it
+        self.keyed_record_ts = float("-inf")  # newest record (or span) with a session key
         self.fallback_last: dict[str, float] = {}  # fallback tier -> newest record that used it
         self.moe_signatures = ExpertSignatures()  # first block -> its recent expert signatures
         self._reshuffle_counted: dict[str, int] = {}  # session key -> pool epoch it was counted for
@@ -228,11 +233,7 @@ class RecordAccounting:
             seen["records"] = ts
         w = self.pool.served(rec.worker, ts)
         model = rec.model or UNKNOWN
-        ml = self._model_labels.get(model)
-        if ml is None:  # the same tuple for every record of a model: the store's lookups find it by identity
-            if len(self._model_labels) >= _MODEL_LABELS_KEPT:
-                self._model_labels.clear()
-            ml = self._model_labels[model] = (model,)
+        ml = self._model_labels.get(model) or self._model_label(model)
         view = RecordView(rec, model, int(rec.block_size or w.block_size or DEFAULT_BLOCK_SIZE),
                           rec.block_hashes or None, ml)
         for step in plan.steps:
@@ -297,14 +298,60 @@ class RecordAccounting:
 
     def _session(self, v: RecordView) -> None:
         """Follow-ups, sticky collisions, re-keys, and sessions reshuffled by a pool change."""
-        rec, store, ml = v.rec, self.store, v.ml
+        rec = v.rec
         key = rec.session_key
         if not key:
             return
-        ts, worker, cached = rec.ts, rec.worker, rec.cached_tokens
-        segment = rec.segment or UNKNOWN
+        if rec.ts > self.keyed_record_ts:
+            self.keyed_record_ts = rec.ts
+        self._session_turn(key, rec.ts, rec.worker, v.hashes, rec.segment or UNKNOWN, v.ml, rec.cached_tokens,
+                           rec.prompt_tokens, rec.migrated_from)
+
+    def kv_sessions(self, worker: str, stores: tuple[SessionStore, ...], ts: float) -> None:
+        """KV stores that name their session (vLLM >= 0.30): a request's first local GPU store is one
+        turn of its session on ``worker`` — the follow-ups, sticky collisions, migrations and
+        reshuffles records count, with no record at all. Stores that go on with one of the
+        session's requests (their parent ended one of its stores on the worker within
+        ``PLACEMENT_CONTINUATION_S``) are the same turn; offload and remote stores are no turn.
+        While records or spans carry session keys (within the window) they alone count turns: they
+        are per request, and counted once. What the events cannot say stays missing: cached tokens
+        (the per-session hit rate), segments (``unknown``), re-keys (no prompt chain)."""
+        if ts - self.keyed_record_ts <= self.store.window_s:
+            return
+        sessions, pool = self.sessions, self.pool
+        ml: LabelValues | None = None
+        for key, parent, last, medium in stores:
+            if medium is not None and medium != GPU:
+                continue
+            if sessions.kv_continues(key, worker, parent, ts, KV_TURN_CONTINUATION_S):
+                sessions.kv_stored(key, worker, last, ts)
+                continue
+            if ml is None:
+                ml = self._model_label(self.pool.model_of(worker) or UNKNOWN)
+            prev = sessions.get(key)
+            before = prev.worker if prev is not None else None
+            moved = before if before is not None and before != worker and not pool.is_healthy(before) else None
+            seen = self.field_seen
+            for signal in ("session_key", "migrations"):
+                if ts > seen.get(signal, -1.0):
+                    seen[signal] = ts
+            self._session_turn(key, ts, worker, None, UNKNOWN, ml, None, 0, moved)
+            self._migrated(ts, worker, moved, "hard", True)
+            sessions.kv_stored(key, worker, last, ts)
+
+    def _model_label(self, model: str) -> LabelValues:
+        ml = self._model_labels.get(model)
+        if ml is None:  # the same tuple for every record of a model: the store's lookups find it by identity
+            if len(self._model_labels) >= _MODEL_LABELS_KEPT:
+                self._model_labels.clear()
+            ml = self._model_labels[model] = (model,)
+        return ml
+
+    def _session_turn(self, key: str, ts: float, worker: str, hashes: tuple[int, ...] | None, segment: str,
+                      ml: LabelValues, cached: float | None, prompt: float, migrated_from: str | None) -> None:
+        store = self.store
         pool = self.pool
-        turn = self.sessions.observe(key, ts, worker, v.hashes, segment, pool.epoch)
+        turn = self.sessions.observe(key, ts, worker, hashes, segment, pool.epoch)
         prev = turn.previous_worker
         if turn.turn == 1:
             self.hotspots.new_session(ts, segment, turn.rekey_of is not None)
@@ -318,12 +365,12 @@ class RecordAccounting:
             prev = continued.worker if continued is not None else None
         store.inc(ts, _FOLLOWUP_REQUESTS, ml)
         store.zero(_STICKY_COLLISIONS, ml)
-        if prev is not None and prev != worker and not rec.migrated_from and pool.is_healthy(prev):
+        if prev is not None and prev != worker and not migrated_from and pool.is_healthy(prev):
             store.inc(ts, _STICKY_COLLISIONS, ml)
         if cached is not None:
-            store.inc(ts, _SESSION_FOLLOWUP_PROMPT_TOKENS, ml, rec.prompt_tokens)
+            store.inc(ts, _SESSION_FOLLOWUP_PROMPT_TOKENS, ml, prompt)
             store.inc(ts, _SESSION_FOLLOWUP_CACHED_TOKENS, ml, cached)
-            turn.session.followup_prompt += rec.prompt_tokens
+            turn.session.followup_prompt += prompt
             turn.session.followup_cached += cached
         # Reshuffle: sessions served before the last pool change and again after it.
         if pool.changes and turn.previous_epoch is not None and turn.previous_epoch < pool.epoch:
@@ -336,25 +383,27 @@ class RecordAccounting:
                     self._reshuffle_counted.clear()
 
     def _migration(self, v: RecordView) -> None:
-        rec, store = v.rec, self.store
-        if rec.reports("migrated_from"):
+        rec = v.rec
+        self._migrated(rec.ts, rec.worker, rec.migrated_from, rec.migration_kind or "hard", rec.reports("migrated_from"))
+
+    def _migrated(self, ts: float, worker: str, src: str | None, kind: str, reports: bool) -> None:
+        store = self.store
+        if reports:
             # A producer that reports migrations (even "none this time") gets both kinds at 0, so
             # the per-minute rates read 0 rather than "no data" until the first migration.
             for k in MIGRATION_KINDS:
                 store.zero(_SESSION_MIGRATIONS, (k,))
                 if self.topology is not None:
                     store.zero(_CROSS_NODE_MIGRATIONS, (k,))
-        src = rec.migrated_from
         if not src:
             return
-        kind = rec.migration_kind or "hard"
-        store.inc(rec.ts, _SESSION_MIGRATIONS, (kind,))
-        store.add_own(rec.ts, ("migrated_away", src, kind), 1.0)  # /api/v1/workers: whose sessions moved
-        a, b = self.topo(src), self.topo(rec.worker)
+        store.inc(ts, _SESSION_MIGRATIONS, (kind,))
+        store.add_own(ts, ("migrated_away", src, kind), 1.0)  # /api/v1/workers: whose sessions moved
+        a, b = self.topo(src), self.topo(worker)
         if a is not None and b is not None:
             store.zero(_CROSS_NODE_MIGRATIONS, (kind,))
             if a.node != b.node:
-                store.inc(rec.ts, _CROSS_NODE_MIGRATIONS, (kind,))
+                store.inc(ts, _CROSS_NODE_MIGRATIONS, (kind,))
 
     def is_cold(self, rec: RequestRecord) -> bool:
         return rec.cached_tokens is not None and rec.cached_tokens <= self.cold_reuse_share * rec.prompt_tokens

@@ -49,6 +49,7 @@ ROUTER_HISTOGRAMS: tuple[tuple[str, str, str, Callable[[RouterSnapshot], tuple[s
     ("predicted_hit_ratio", _m("router_predicted_hit_ratio"), "router_predicted_reuse", lambda snap: (snap.router,)),
     ("kv_event_lag_seconds", _m("router_kv_event_lag_seconds"), "router_index_health", lambda snap: (snap.router,)),
 )
+_OVERHEAD = _m("router_overhead_seconds")  # labels router, phase
 _STICKY_FOLLOWUPS = _m("router_sticky_followups")
 _INDEX_FAULTS = _m("router_kv_index_faults")
 # RouterSnapshot running total -> the catalogue counter it is exported as (label: router)
@@ -147,6 +148,15 @@ class ScrapeAccounting:
             for value, n in increase(new, getattr(prev, fld)):
                 for _ in range(round(n)):
                     self.store.observe(ts, metric, lab, value)
+        if snap.overhead_seconds and prev is not None:  # the router's time per phase, scrape over scrape
+            for phase, new in snap.overhead_seconds.items():
+                old = prev.overhead_seconds.get(phase)
+                if old is None:  # a phase's first scrape is its baseline
+                    continue
+                lab = (snap.router, phase)
+                for value, n in increase(new, old):
+                    for _ in range(round(n)):
+                        self.store.observe(ts, _OVERHEAD, lab, value)
         self.pool.observe_router(snap, ts)
 
     # ---- readings ------------------------------------------------------------------------------

@@ -74,6 +74,10 @@ class Session:
     chain_len: int = 0  # blocks of the latest registered chain
     anchors: tuple[int, ...] = ()  # the registered blocks of that chain (see the module doc)
     pool_epoch: int = 0  # pool-change epoch in which the session was last served
+    # KV events that name the session (vLLM >= 0.30 ``BlockStored.session_id``): the last blocks of
+    # its latest stores on its worker and when, so a store that goes on with one of its requests
+    # (chunked prefill, decode blocks) is told from the next turn; None until a store names it
+    kv_tails: dict[int, float] | None = None
 
 
 class Turn(NamedTuple):
@@ -85,6 +89,9 @@ class Turn(NamedTuple):
     previous_ts: float | None
     previous_epoch: int | None
     rekey_of: str | None  # on a first turn: the session this key continues, if re-keyed
+
+
+KV_TAILS_KEPT = 4  # a session's requests in flight at once whose stores are told apart (parallel tool calls)
 
 
 class SessionTable:
@@ -151,6 +158,8 @@ class SessionTable:
         self._sessions.move_to_end(key)
         prev_worker, prev_ts, prev_epoch = s.worker, s.last_ts, s.pool_epoch
         s.turn += 1
+        if worker != s.worker:
+            s.kv_tails = None  # its stores on the worker it left continue nothing here
         s.worker, s.last_ts, s.pool_epoch = worker, max(s.last_ts, ts), epoch
         self._served(s)
         if segment:
@@ -158,6 +167,29 @@ class SessionTable:
         if chain_t:
             self._register(s, chain_t)
         return Turn(s, s.turn, prev_worker, prev_ts, prev_epoch, None)
+
+    def kv_continues(self, key: str, worker: str, parent: int | None, ts: float, window: float) -> bool:
+        """Whether a KV store naming session ``key`` on ``worker`` goes on with one of its requests:
+        its parent ended one of the session's stores on that worker within ``window`` seconds (the
+        rule placement judges a request's first store by, ``prefix_index_ref.ChainTails``)."""
+        s = self._sessions.get(key)
+        if s is None or parent is None or s.worker != worker or not s.kv_tails:
+            return False
+        at = s.kv_tails.get(parent)
+        return at is not None and ts - at <= window
+
+    def kv_stored(self, key: str, worker: str, last: int | None, ts: float) -> None:
+        """The store's last block becomes one of the session's tails (after its turn was observed)."""
+        s = self._sessions.get(key)
+        if s is None or last is None or s.worker != worker:
+            return
+        tails = s.kv_tails
+        if tails is None:
+            tails = s.kv_tails = {}
+        tails.pop(last, None)
+        tails[last] = ts
+        if len(tails) > KV_TAILS_KEPT:
+            del tails[next(iter(tails))]  # the oldest (insertion order: each tail is re-inserted when stored)
 
     def _rekey_source(self, key: str, chain: Sequence[int], ts: float) -> str | None:
         held = self._held

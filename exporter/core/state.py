@@ -158,6 +158,8 @@ class ClusterState:
         with self.lock:
             self.time.advance(received_at)
             applied = self.kv.apply(batch, received_at)
+            if batch.sessions is not None and stream:  # stores that name their session (vLLM >= 0.30)
+                self.accounting.kv_sessions(batch.worker, batch.sessions, received_at)
             if not self.worker_pool.unchanged_for(batch.worker) and self.worker_pool.note(batch.worker, received_at):
                 self.store.inc(received_at, _POOL_CHANGES, ())
             self._expire()

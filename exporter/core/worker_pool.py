@@ -128,6 +128,12 @@ class WorkerPool:
         self._down_grace_s = grace
         self._left = None
 
+    def model_of(self, name: str) -> str | None:
+        """The model the worker's latest scrape names (None: not scraped, or no model named)."""
+        w = self.workers.get(name)
+        snap = w.snapshot if w is not None else None
+        return snap.model if snap is not None else None
+
     # ---- evidence ------------------------------------------------------------------------------
     def worker(self, name: str, ts: float | None = None) -> WorkerInfo:
         """The worker's entry (created on first sight); ``ts`` is evidence it is alive."""

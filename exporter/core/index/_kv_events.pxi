@@ -93,12 +93,15 @@ cdef class EventBuilder:
     The event classes must be slotted with the fields ``kvcodec`` names (it checks before use)."""
 
     cdef type stored_cls, removed_cls
-    cdef object cleared, tokens
+    cdef object cleared, tokens, remote, external
     cdef tuple stored_kinds, removed_kinds
 
-    def __init__(self, type stored_cls, type removed_cls, cleared, tuple stored_kinds, tuple removed_kinds, tokens):
+    def __init__(self, type stored_cls, type removed_cls, cleared, tuple stored_kinds, tuple removed_kinds, tokens,
+                 remote, external):
+        """``remote``: the locality of a block held outside the worker, read as the ``external`` medium."""
         self.stored_cls, self.removed_cls, self.cleared = stored_cls, removed_cls, cleared
         self.stored_kinds, self.removed_kinds, self.tokens = stored_kinds, removed_kinds, tokens
+        self.remote, self.external = remote, external
 
     def build(self, tuple structs, bint token_ids):
         cdef Py_ssize_t i, n = PyTuple_GET_SIZE(structs)
@@ -110,7 +113,7 @@ cdef class EventBuilder:
             if kind is self.removed_kinds[0] or kind is self.removed_kinds[1]:
                 o = _new_slotted(self.removed_cls)
                 PyObject_GenericSetAttr(o, "hashes", ev.block_hashes)
-                PyObject_GenericSetAttr(o, "medium", ev.medium)
+                PyObject_GenericSetAttr(o, "medium", ev.medium if ev.locality != self.remote else self.external)
             elif kind is self.stored_kinds[0] or kind is self.stored_kinds[1]:
                 raw = ev.token_ids
                 o = _new_slotted(self.stored_cls)
@@ -118,7 +121,7 @@ cdef class EventBuilder:
                 PyObject_GenericSetAttr(o, "parent", ev.parent_block_hash)
                 PyObject_GenericSetAttr(o, "block_size", ev.block_size)
                 PyObject_GenericSetAttr(o, "token_count", _raw_array_len(raw))
-                PyObject_GenericSetAttr(o, "medium", ev.medium)
+                PyObject_GenericSetAttr(o, "medium", ev.medium if ev.locality != self.remote else self.external)
                 # a root store's tokens always (prefix instability compares openings)
                 PyObject_GenericSetAttr(o, "token_ids", self.tokens(raw)
                                         if token_ids or ev.parent_block_hash is None else ())

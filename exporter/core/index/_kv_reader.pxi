@@ -245,28 +245,38 @@ cdef int _hashes_into(KvScan s, Reader* r, ScanEvent* e) except -2:
 
 
 cdef object _GPU = "GPU"
+cdef object _EXTERNAL = "EXTERNAL"  # the tier of a block vLLM marks ``locality: REMOTE`` (tiers.EXTERNAL)
+cdef object _BAD = object()  # what the value readers below return for a value they do not accept
 
 
-cdef int _medium(KvScan s, Reader* r, ScanEvent* e) except -2:
-    """A str or nil medium into the scan's media; -1 for anything else (or a ninth medium)."""
+cdef object _text_or_nil(Reader* r):
+    """A nil (None) or a UTF-8 string (str, "GPU" interned); ``_BAD`` for anything else."""
     cdef const uint8_t* txt
     cdef uint64_t n
-    cdef object m
-    cdef Py_ssize_t i
     if r.p < r.end and r.p[0] == 0xc0:
         r.p += 1
-        m = None
-    else:
-        if _str(r, &txt, &n) < 0:
-            return -1
-        if _is(txt, n, b"GPU", 3):
-            m = _GPU
-        else:
-            try:
-                m = (<const char*>txt)[:n].decode("utf-8")
-            except UnicodeDecodeError:
-                return -1
-    return _medium_id(s, m, e)
+        return None
+    if _str(r, &txt, &n) < 0:
+        return _BAD
+    if _is(txt, n, b"GPU", 3):
+        return _GPU
+    try:
+        return (<const char*>txt)[:n].decode("utf-8")
+    except UnicodeDecodeError:
+        return _BAD
+
+
+cdef int _newer(KvScan s, ScanEvent* e, object medium, object locality, object session) except -2:
+    """The event's tier (a ``REMOTE`` block's is ``EXTERNAL``: held outside the worker) and, for a
+    store that names a session, its entry in the scan's sessions."""
+    if _medium_id(s, _EXTERNAL if locality == "REMOTE" else medium, e) < 0:
+        return -1
+    if session is not None and e.kind == SCAN_STORED and len(<str>session):
+        if s.sessions is None:
+            s.sessions = []
+        s.sessions.append((session, e.parent if e.has_parent else None,
+                           s.hashes[e.hoff + e.hn - 1] if e.hn else None, s.media[e.medium]))
+    return 0
 
 
 cdef int _medium_id(KvScan s, object m, ScanEvent* e) except -2:
@@ -334,6 +344,8 @@ DEF F_SIZE = 2
 DEF F_PARENT = 4
 DEF F_TOKENS = 8
 DEF F_MEDIUM = 16
+DEF F_LOCALITY = 32
+DEF F_SESSION = 64
 
 
 cdef int _label(KvScan s, Reader* r, bint entries) noexcept:
@@ -366,6 +378,7 @@ cdef int _map_event(KvScan s, Reader* r, const uint8_t* base, ScanEvent* e) exce
     cdef uint64_t keys, k, n
     cdef const uint8_t* txt
     cdef int seen = 0, f
+    cdef object medium = _GPU, locality = None, session = None
     if _map(r, &keys) < 0 or keys == 0:
         return -1
     if _str(r, &txt, &n) < 0 or not _is(txt, n, b"type", 4) or _str(r, &txt, &n) < 0:
@@ -387,6 +400,10 @@ cdef int _map_event(KvScan s, Reader* r, const uint8_t* base, ScanEvent* e) exce
                 f = F_HASHES
             elif _is(txt, n, b"medium", 6):
                 f = F_MEDIUM
+            elif _is(txt, n, b"locality", 8):
+                f = F_LOCALITY
+            elif e.kind == SCAN_STORED and _is(txt, n, b"session_id", 10):
+                f = F_SESSION
             elif e.kind == SCAN_STORED:
                 if _is(txt, n, b"block_size", 10):
                     f = F_SIZE
@@ -401,7 +418,16 @@ cdef int _map_event(KvScan s, Reader* r, const uint8_t* base, ScanEvent* e) exce
             if _hashes_into(s, r, e) < 0:
                 return -1
         elif f == F_MEDIUM:
-            if _medium(s, r, e) < 0:
+            medium = _text_or_nil(r)
+            if medium is _BAD:
+                return -1
+        elif f == F_LOCALITY:
+            locality = _text_or_nil(r)
+            if locality is _BAD:
+                return -1
+        elif f == F_SESSION:
+            session = _text_or_nil(r)
+            if session is _BAD:
                 return -1
         elif f == F_SIZE:
             if _block_size(r, e) < 0:
@@ -424,9 +450,7 @@ cdef int _map_event(KvScan s, Reader* r, const uint8_t* base, ScanEvent* e) exce
         return 0
     if not seen & F_HASHES or (e.kind == SCAN_STORED and not seen & F_SIZE):
         return -1
-    if not seen & F_MEDIUM and _medium_id(s, _GPU, e) < 0:
-        return -1
-    return 0
+    return _newer(s, e, medium, locality, session)
 
 
 # Array-encoded events name their fields by position; later vLLM releases append fields (up to 15
@@ -445,32 +469,54 @@ cdef int _skip_n(Reader* r, uint64_t n) noexcept:
 cdef int _array_event(KvScan s, Reader* r, const uint8_t* base, ScanEvent* e) except -2:
     cdef uint64_t fields, n
     cdef const uint8_t* txt
+    cdef object medium = _GPU, locality = None, session = None
     if _array(r, &fields) < 0 or fields == 0 or _str(r, &txt, &n) < 0:
         return -1
     if _is(txt, n, b"BlockStored", 11):
         # [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id?, medium?,
-        #  lora_name?, extra_keys?, then fields the exporter does not read (group_idx, …)]
+        #  lora_name?, extra_keys?, group_idx?, kv_cache_spec_kind?, kv_cache_spec_sliding_window?,
+        #  locality? (12), ownership? (13), session_id? (14), then fields the exporter does not read]
         e.kind = SCAN_STORED
         if fields < 5 or fields > MAX_ARRAY_FIELDS or _hashes_into(s, r, e) < 0 \
                 or _nil_or_u64(r, &e.parent, &e.has_parent) < 0 or _raw_tokens(r, base, e) < 0 or _block_size(r, e) < 0:
             return -1
         if fields > 5 and _skip(r) < 0:
             return -1
-        if (_medium(s, r, e) if fields > 6 else _medium_id(s, _GPU, e)) < 0:
-            return -1
+        if fields > 6:
+            medium = _text_or_nil(r)
+            if medium is _BAD:
+                return -1
         if fields > 7 and _label(s, r, False) < 0:
             return -1
         if fields > 8 and _label(s, r, True) < 0:
             return -1
-        return _skip_n(r, fields - 9) if fields > 9 else 0
+        if fields > 9 and _skip_n(r, (fields if fields < 12 else 12) - 9) < 0:
+            return -1
+        if fields > 12:
+            locality = _text_or_nil(r)
+            if locality is _BAD or _skip_n(r, 1 if fields > 13 else 0) < 0:
+                return -1
+        if fields > 14:
+            session = _text_or_nil(r)
+            if session is _BAD or _skip_n(r, fields - 15) < 0:
+                return -1
+        return _newer(s, e, medium, locality, session)
     if _is(txt, n, b"BlockRemoved", 12):
-        # [tag, block_hashes, medium?, then fields the exporter does not read (group_idx, …)]
+        # [tag, block_hashes, medium?, group_idx?, locality? (4), then fields the exporter does not read]
         e.kind = SCAN_REMOVED
         if fields > MAX_ARRAY_FIELDS or _hashes_into(s, r, e) < 0:
             return -1
-        if (_medium(s, r, e) if fields > 2 else _medium_id(s, _GPU, e)) < 0:
+        if fields > 2:
+            medium = _text_or_nil(r)
+            if medium is _BAD:
+                return -1
+        if fields > 3 and _skip(r) < 0:
             return -1
-        return _skip_n(r, fields - 3) if fields > 3 else 0
+        if fields > 4:
+            locality = _text_or_nil(r)
+            if locality is _BAD or _skip_n(r, fields - 5) < 0:
+                return -1
+        return _newer(s, e, medium, locality, None)
     if _is(txt, n, b"AllBlocksCleared", 16):
         e.kind = SCAN_CLEARED
         return 0 if fields == 1 else -1
@@ -541,6 +587,8 @@ def scan_kv_batch(bytes payload, batch_cls=None, worker=None, seq=None):
             return None
     if r.p != r.end:
         return None
+    if s.sessions is not None:
+        s.sessions = tuple(s.sessions)
     s.payload = payload
     if batch_cls is None:
         return s
@@ -552,6 +600,7 @@ def scan_kv_batch(bytes payload, batch_cls=None, worker=None, seq=None):
     PyObject_GenericSetAttr(o, "scan", s)
     PyObject_GenericSetAttr(o, "_events", None)
     PyObject_GenericSetAttr(o, "label_events", None)
+    PyObject_GenericSetAttr(o, "sessions", s.sessions)
     PyObject_GenericSetAttr(o, "attributed", False)
     return o
 

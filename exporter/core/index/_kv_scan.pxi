@@ -42,6 +42,9 @@ cdef class KvScan:
     # a stored event names a LoRA adapter or carries extra keys (a cache salt, multimodal ids):
     # tenant/adapter attribution reads such a batch through the decoder's typed path
     cdef readonly bint labelled
+    # the stores that name their session (vLLM >= 0.30 ``session_id``), as ``KvBatch.sessions``
+    # (session, parent, last block, medium) in order; None when none does
+    cdef readonly object sessions
 
     def __cinit__(self):
         self.ev, self.n, self.cap = NULL, 0, 0
@@ -49,6 +52,7 @@ cdef class KvScan:
         self.media = []
         self.roots = 0
         self.labelled = False
+        self.sessions = None
 
     def __dealloc__(self):
         free(self.ev)

@@ -37,8 +37,11 @@ good_hash = st.one_of(st.integers(0, 40), st.integers(2**63, MASK64))
 good_hashes = st.lists(good_hash, max_size=4)
 good_medium = st.sampled_from(["GPU", "CPU", "disk", None])
 good_tokens = st.lists(st.integers(0, 128000), max_size=40)
-extra = st.dictionaries(st.sampled_from(["lora_id", "lora_name", "extra_keys", "group_idx", "locality", "x"]),
-                        hostile, max_size=3)
+extra = st.dictionaries(st.sampled_from(["lora_id", "lora_name", "extra_keys", "group_idx", "locality", "session_id",
+                                         "ownership", "x"]), hostile, max_size=3)
+# vLLM >= 0.26 / 0.30: a block's locality and a store's session (the newer fields the decoder reads)
+good_locality = st.sampled_from(["LOCAL", "REMOTE", None])
+good_session = st.sampled_from(["chat-1", "chat-2", "", None])
 KINDS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
@@ -49,13 +52,14 @@ def map_event(draw: st.DrawFn) -> dict:
     if kind == "BlockStored":
         ev |= {"block_hashes": draw(good_hashes), "block_size": 16}
         for key, value in (("parent_block_hash", st.none() | good_hash), ("token_ids", good_tokens),
-                           ("medium", good_medium)):
+                           ("medium", good_medium), ("locality", good_locality), ("session_id", good_session)):
             if draw(st.booleans()):
                 ev[key] = draw(value)
     elif kind == "BlockRemoved":
         ev["block_hashes"] = draw(good_hashes)
-        if draw(st.booleans()):
-            ev["medium"] = draw(good_medium)
+        for key, value in (("medium", good_medium), ("locality", good_locality)):
+            if draw(st.booleans()):
+                ev[key] = draw(value)
     return ev
 
 
@@ -65,9 +69,14 @@ def array_event(draw: st.DrawFn) -> list:
     if kind == "BlockStored":
         fields = [kind, draw(good_hashes), draw(st.none() | good_hash), draw(good_tokens), 16, draw(hostile),
                   draw(good_medium), *draw(st.lists(hostile, max_size=4))]
+        if len(fields) == 11 and draw(st.booleans()):  # vLLM 0.33's whole array: locality 12, session 14
+            fields += [None, draw(good_locality), draw(hostile), draw(good_session),
+                       *draw(st.lists(hostile, max_size=2))]
         return fields[:draw(st.integers(5, len(fields)))]
     if kind == "BlockRemoved":
         fields = [kind, draw(good_hashes), draw(good_medium), *draw(st.lists(hostile, max_size=3))]
+        if len(fields) == 4 and draw(st.booleans()):
+            fields += [draw(good_locality), *draw(st.lists(hostile, max_size=2))]
         return fields[:draw(st.integers(2, len(fields)))]
     return [kind, *draw(st.lists(hostile, max_size=2))]
 
@@ -93,7 +102,8 @@ def batch(draw: st.DrawFn) -> list:
         events[where] = draw(array_event() if isinstance(ev, dict) else map_event()) if draw(st.booleans()) \
             else draw(hostile)
     elif isinstance(ev, dict):
-        key = draw(st.sampled_from(["type", "block_hashes", "block_size", "parent_block_hash", "token_ids", "medium"]))
+        key = draw(st.sampled_from(["type", "block_hashes", "block_size", "parent_block_hash", "token_ids", "medium",
+                                    "locality", "session_id"]))
         if change == 1:
             ev.pop(key, None)
         elif change == 2 and key == "block_hashes":
@@ -206,6 +216,7 @@ def _scanned_agrees(payload: bytes) -> bool:
     assert typed is not None  # a strict subset of what the typed path reads
     assert (scan.ts, scan.dp_rank) == (typed.ts, typed.dp_rank)
     assert scan.events(BlockStored, BlockRemoved, AllBlocksCleared()) == typed.events
+    assert scan.sessions == typed.sessions
     assert [e.token_count for e in scan.events(BlockStored, BlockRemoved, AllBlocksCleared()) if type(e) is BlockStored] \
         == [e.token_count for e in typed.events if type(e) is BlockStored]
     roots = [e for e in typed.events if type(e) is BlockStored and e.parent is None]

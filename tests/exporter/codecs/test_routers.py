@@ -152,13 +152,14 @@ def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
     pages["sglang-router"] = [FIXTURES / "routers" / n for n in ("smg_1_11.txt", "smg_1_13_kv_index.txt",
                                                                   "smg_1_13_manual.txt", "smg_1_13_kv_events.txt",
                                                                   "smg_1_13_tree.txt")]
-    pages["dynamo"].append(FIXTURES / "routers" / "dynamo_router_regret.txt")
+    pages["dynamo"] += [FIXTURES / "routers" / "dynamo_router_regret.txt", FIXTURES / "routers" / "dynamo_router_overhead.txt"]
     field_of = {"router_decisions": "decisions", "router_prefix_outcomes": "prefix_outcomes",
                 "router_worker_healthy": "healthy", "router_predicted_hit_ratio": "predicted_hit_ratio",
                 "router_tree_walk_seconds": "lookup_seconds", "router_sticky_followups": "sticky_followups",
                 "router_regret_selections": "regret_selections", "router_regret_blocks": "regret_blocks",
                 "router_routed_requests": "routed_requests", "router_kv_index_faults": "index_faults",
-                "router_kv_event_lag_seconds": "kv_event_lag_seconds", "router_tree_fill_ratio": "largest_tree"}
+                "router_kv_event_lag_seconds": "kv_event_lag_seconds", "router_tree_fill_ratio": "largest_tree",
+                "router_overhead_seconds": "overhead_seconds"}
     assert routers.KINDS[1:] == catalog.ROUTER_KINDS
     for series, feeds in catalog.ROUTER_FEEDS.items():
         fld = field_of[series.removeprefix(f"{catalog.NAMESPACE}_")]
