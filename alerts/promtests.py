@@ -250,6 +250,9 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         return _histogram(m.group(2), _selector(m.group(3) or ""), float(m.group(1)), True, want, hint, n)
     if m := re.fullmatch(r"histogram_quantile\(([\d.]+), sum by \(le\) \((\w+)\)\)", expr):
         return _histogram(m.group(2), {}, float(m.group(1)), False, want, hint, n)
+    if (m := _QUANTILE_BY.fullmatch(expr)) and not m[5]:
+        # per label set (a worker's): one label set, its quantile as above
+        return _histogram(f"{m[3]}_bucket", {}, float(m[1]), True, want, hint, n)
     if m := re.fullmatch(r"sum\(rate\((\w+)\[\w+\]\)\) \* 60", expr):
         return Synth([_series(m.group(1), _labels_for(m.group(1)), _counter(hint, n))], hint)
     if m := re.fullmatch(r"sum\(rate\((\w+)\[\w+\]\)\)", expr):

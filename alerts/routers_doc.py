@@ -78,8 +78,9 @@ def behind_routers_table() -> str:
                     f"{sum(c.kind == 'checklist' for c in with_topology)} of {len(checklist)} | "
                     f"{sum(c.kind == 'health' for c in lit)} of {len(health)} | "
                     + (", ".join(f"`{k}`" for k in added) + f" ({signals})" if added else "—") + " |")
-    note = ("Behind a router, with no records: the engines' /metrics and KV events (speculative decoding counted "
-            "where it is on) and the router's own /metrics, no OTLP span and no request record. The SGLang "
+    note = ("Behind a router, with no records: the engines' /metrics and KV events (speculative decoding and "
+            "vLLM's sampled block residency, `--kv-cache-metrics`, counted where they are on) and the router's own "
+            "/metrics, no OTLP span and no request record. The SGLang "
             "gateway's sticky and prefix-hash branches need `--policy manual` or `prefix_hash` (smg ≥ 1.13), its "
             "index health KV-event-fed cache-aware routing over gRPC workers; Dynamo's regret is counted for "
             "prefill picks.")

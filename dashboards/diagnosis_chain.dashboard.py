@@ -37,6 +37,18 @@ def _step_extras(step: int, drawing: Drawing) -> list:
             timeseries("Hit rate per worker", [
                 target(q.ratio_by("prefix_cache_hit_tokens", "prefix_cache_queried_tokens", "worker", drawing.window), "{{worker}}")],
                 unit="ratio", description="Σ hit / Σ queried tokens per worker: one bad worker or all of them?"),
+            timeseries("Block residency per worker (vLLM's samples)", [
+                target(q.quantile(0.5, "kv_block_idle_before_evict_seconds", "worker", over=drawing.window),
+                       "{{worker}} idle before eviction p50"),
+                target(q.quantile(0.5, "kv_block_lifetime_seconds", "worker", over=drawing.window),
+                       "{{worker}} lifetime p50"),
+                target(q.quantile(0.9, "kv_block_reuse_gap_seconds", "worker", over=drawing.window),
+                       "{{worker}} reuse gap p90"),
+            ], unit="seconds", description=(
+                "vLLM's own sampled residency (--kv-cache-metrics): how long an evicted block had sat untouched "
+                "(the cache's retention horizon), how long it lived, and how far apart a resident block's reuses "
+                "were. Reuse gaps reaching the horizon: the workload's reuses are at the edge of what the cache "
+                "holds. Without the flag: no data.")),
         ]
     if step == 2:
         return [

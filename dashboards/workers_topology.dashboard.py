@@ -61,6 +61,18 @@ def build(drawing: Drawing) -> Drawn:
                        "hit tokens/s per 1k offload blocks")], unit="per_second",
                 description="What the offload tiers serve against what they hold: near 0 while they hold many blocks "
                             "means the offload memory is not paying off."),
+            timeseries("LMCache: lookup hit ratio per worker", [
+                target(q.ratio_by("lmcache_lookup_hit_tokens", "lmcache_lookup_queried_tokens", "worker", drawing.window),
+                       "{{worker}}")], unit="ratio",
+                description="Tokens LMCache held of those it was asked to look up (lmcache:num_lookup_hits ÷ "
+                            "num_lookup_tokens). Without LMCache: no data."),
+            timeseries("LMCache: time per operation", [
+                target(q.quantile(0.5, "lmcache_operation_seconds", "operation", over=drawing.window),
+                       "{{operation}} p50"),
+                target(q.quantile(0.99, "lmcache_operation_seconds", "operation", over=drawing.window),
+                       "{{operation}} p99")], unit="seconds",
+                description="LMCache's retrieve (load into the GPU), store (save from it) and lookup times: a "
+                            "retrieve slower than the prefill it saves means the tier costs more than it serves."),
         ]),
         *row("Tenants and LoRA adapters", [
             timeseries("Resident blocks per tenant", [

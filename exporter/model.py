@@ -174,11 +174,18 @@ class WorkerSnapshot:
     external_hit_tokens: float | None = None
     tier_hit_tokens: dict[str, float] | None = None  # cached prompt tokens by the tier that served them
     offload_usage_ratio: dict[str, float] | None = None  # offload tier (KV-event medium) -> used share of it
+    # vLLM's sampled block residency (--kv-cache-metrics): "lifetime", "idle_before_evict", "reuse_gap"
+    # -> its histogram summed over engines; None without the flag
+    residency: dict[str, CumulativeHistogram] | None = None
+    # LMCache inside the engine: "retrieve", "store", "lookup" -> its time histogram; lookup tokens and hits
+    lmcache_seconds: dict[str, CumulativeHistogram] | None = None
+    lmcache_lookup_tokens: float | None = None
+    lmcache_lookup_hit_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CumulativeHistogram:
-    """A router histogram summed over its label sets: ``counts[i]`` observations ≤ ``bounds[i]``
+    """A source's histogram summed over its label sets: ``counts[i]`` observations ≤ ``bounds[i]``
     (cumulative, like ``_bucket``; the last bound is +Inf), in the catalogue's unit."""
 
     bounds: tuple[float, ...]

@@ -52,6 +52,15 @@ TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 4.0, 6.0, 10.0
 OVERHEAD_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
                     5e-2, 0.1, 0.25, 0.5, 1.0)
 LAG_BUCKETS = (5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# vLLM's sampled KV-block residency (--kv-cache-metrics): bounds its default kv_cache_residency buckets
+# also have, so "≤ bound" counts stay exact under vLLM's defaults, thinned below a tenth of a second
+# (a block that lives a millisecond says nothing a tenth of a second would not).
+RESIDENCY_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
+# LMCache's retrieve, store and lookup times: its retrieve/store bounds (1 ms to 10 s) and, below
+# them, the lookups' (a lookup in the local index takes microseconds, one over the network milliseconds).
+LMCACHE_BUCKETS = (1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.02, 0.04, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# The operations of LMCache's latency histograms, the bounded values of the ``operation`` label.
+LMCACHE_OPERATIONS = ("retrieve", "store", "lookup")
 
 # The exporter's duties, the bounded values of the ``duty`` label of its self-measurement series
 # (``exporter.loops.duty_clock``): KV-event ingest, worker/router scrapes, request records over HTTP,
@@ -339,6 +348,8 @@ SIGNALS: dict[str, str] = {
                          "router's own sticky and prefix-hash policy branches (SGLang gateway)",
     "router_index_health": "the router reports its own prefix index's KV-event health (Dynamo's applied events by "
                            "status, the SGLang gateway's unrecovered gaps and stream resyncs)",
+    "kv_residency": "workers export vLLM's sampled KV-block residency histograms (lifetime, idle before eviction, "
+                    "reuse gap)",
 }
 
 # Where each signal can come from, in the words of the table in README.md and docs/routers.md.
@@ -375,6 +386,7 @@ SIGNAL_SOURCES: dict[str, tuple[str, ...]] = {
     "attribution": ("records", "otlp_spans"),
     "affinity_outcomes": ("records", "otlp_spans", "kv_events", "router_metrics"),
     "router_index_health": ("router_metrics",),
+    "kv_residency": ("engine_metrics",),
 }
 # What each router's own /metrics feeds (exporter/codecs/routers/ implements it; docs/routers.md is generated
 # from it): prefixscope series -> router kind -> the router's series, or None when it exports none.
@@ -446,7 +458,7 @@ ROUTER_SERIES_SIGNALS: dict[str, str] = {
 # What a deployment behind a router feeds with no request record and no span: the engines' pages, their
 # KV events (with token ids, as vLLM sends them), speculative decoding where it is on, the router's page.
 NO_RECORDS_SIGNALS: frozenset[str] = frozenset({"worker_metrics", "kv_events", "kv_token_ids", "spec_decode",
-                                                "router_metrics"})
+                                                "kv_residency", "router_metrics"})
 
 
 # What vLLM's KV events add when the requests carry a ``session_id`` (vLLM ≥ 0.30 copies it into every
@@ -509,6 +521,8 @@ SIGNAL_ENABLE: dict[str, str] = {
                          "routing with --policy manual (X-SMG-Routing-Key) or --policy prefix_hash",
     "router_index_health": "scrape the router that keeps a KV-event-fed prefix index: Dynamo's frontend or standalone "
                            "router, or the SGLang gateway (smg ≥ 1.13) with cache-aware routing fed by KV events",
+    "kv_residency": "start vLLM (≥ 0.14) with --kv-cache-metrics; --kv-cache-metrics-sample sets the share of "
+                    "blocks sampled (default 0.01)",
 }
 
 STEPS: tuple[Step, ...] = (
@@ -611,6 +625,17 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="worker_offload_usage_ratio", type="gauge", unit="ratio", labels=(W, "medium"), group=None,
             source="worker_metrics",
             help="Share of the worker's offload tier in use (vLLM's kv_offload_cpu_cache_usage_perc: medium CPU)."),
+    _metric(name="lmcache_operation_seconds", type="histogram", unit="seconds", labels=(W, "operation"), group=None,
+            source="worker_metrics", buckets=LMCACHE_BUCKETS,
+            help="LMCache's time per operation on the worker: retrieve (load into the GPU), store (save from it), "
+                 "lookup (how much of a prompt it holds); lmcache:time_to_{retrieve,store,lookup} summed over its "
+                 "ranks and roles, each LMCache bucket's observations placed inside it by the bucket's sum."),
+    _metric(name="lmcache_lookup_queried_tokens", type="counter", unit="tokens", labels=(W, M), group=None,
+            source="worker_metrics",
+            help="Prompt tokens LMCache was asked to look up (lmcache:num_lookup_tokens); absent without LMCache."),
+    _metric(name="lmcache_lookup_hit_tokens", type="counter", unit="tokens", labels=(W, M), group=None,
+            source="worker_metrics",
+            help="Of those, tokens LMCache held (lmcache:num_lookup_hits): its lookup hit rate ÷ the queried tokens."),
     _metric(name="adapter_resident_blocks", type="gauge", unit="blocks", labels=("adapter", "medium"), group=None,
             source="kv_events",
             help="Resident blocks cluster-wide per LoRA adapter (BlockStored lora_name; none: the base model), "
@@ -649,6 +674,18 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="prefix_cache_tier_hit_tokens", type="counter", unit="tokens", labels=(W, M, "tier"), group=1, source="worker_metrics",
             help="Cached prompt tokens by the tier that served them (vLLM: device, host, p2p, disk, external_unspecified; "
                  "SGLang: its cache_source); absent when the engine does not export them."),
+    _metric(name="kv_block_lifetime_seconds", type="histogram", unit="seconds", labels=(W,), group=1,
+            source="worker_metrics", buckets=RESIDENCY_BUCKETS,
+            help="Lifetime of sampled evicted KV blocks, allocation to eviction (vLLM --kv-cache-metrics: "
+                 "vllm:kv_block_lifetime_seconds, summed over engines); absent without the flag."),
+    _metric(name="kv_block_idle_before_evict_seconds", type="histogram", unit="seconds", labels=(W,), group=1,
+            source="worker_metrics", buckets=RESIDENCY_BUCKETS,
+            help="How long sampled evicted KV blocks sat untouched before eviction, last access to eviction "
+                 "(vllm:kv_block_idle_before_evict_seconds): the cache's retention horizon; absent without the flag."),
+    _metric(name="kv_block_reuse_gap_seconds", type="histogram", unit="seconds", labels=(W,), group=1,
+            source="worker_metrics", buckets=RESIDENCY_BUCKETS,
+            help="Gaps between consecutive accesses of sampled KV blocks while resident, reported at eviction "
+                 "(vllm:kv_block_reuse_gap_seconds); absent without the flag."),
     _metric(name="worker_block_size_tokens", type="gauge", unit="tokens", labels=(W,), group=1, source="worker_metrics",
             help="The worker's KV block size in tokens."),
     _metric(name="prefix_tree_leaf_depth", type="gaugehistogram", unit="edges", labels=(), group=1, source="kv_events", buckets=DEPTH_BUCKETS,
@@ -959,6 +996,18 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
                   expr="worker:prefixscope_kv_thrash:ratio_rate5m * on (worker) "
                        "(worker:prefixscope_worker_resident_blocks_per_capacity:ratio > bool threshold(prefix_block_count_per_worker))",
                   group=1, help="Thrash of workers whose cache is full (0 for the others)."),
+    # vLLM's own residency samples (--kv-cache-metrics): how long an untouched block survives, how
+    # long blocks live, and how far apart a block's reuses are while it lives.
+    RecordingRule(record="worker:prefixscope_kv_block_idle_before_evict_seconds:p50_5m",
+                  expr=_quantile(0.5, f"{P}_kv_block_idle_before_evict_seconds", "worker"),
+                  group=1, help="Median time evicted blocks sat untouched before eviction, per worker (the cache's "
+                                "retention horizon)."),
+    RecordingRule(record="worker:prefixscope_kv_block_lifetime_seconds:p50_5m",
+                  expr=_quantile(0.5, f"{P}_kv_block_lifetime_seconds", "worker"),
+                  group=1, help="Median lifetime of evicted blocks, allocation to eviction, per worker (engine samples)."),
+    RecordingRule(record="worker:prefixscope_kv_block_reuse_gap_seconds:p90_5m",
+                  expr=_quantile(0.9, f"{P}_kv_block_reuse_gap_seconds", "worker"),
+                  group=1, help="p90 gap between a resident block's consecutive accesses, per worker."),
     RecordingRule(record="cluster:prefixscope_prefix_unstable_root_branches_per_requests:ratio_rate5m",
                   expr=_ratio(f"{P}_prefix_unstable_root_branches_total", f"{P}_requests_total", ""),
                   group=1, help="Prefix instability: new root branches that near-duplicate a recent root, per request."),
@@ -1104,6 +1153,17 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     RecordingRule(record="cluster:prefixscope_reuse_achieved_tokens_per_prompt_tokens:ratio_rate5m",
                   expr=_ratio(f"{P}_reuse_achieved_tokens_total", f"{P}_request_prompt_tokens_total", ""),
                   group=None, help="Share of prompt tokens the engines reported cached."),
+    # beyond: the KV connector's own view (LMCache)
+    RecordingRule(record="worker:prefixscope_lmcache_lookup_hit_tokens_per_queried_tokens:ratio_rate5m",
+                  expr=_ratio(f"{P}_lmcache_lookup_hit_tokens_total", f"{P}_lmcache_lookup_queried_tokens_total",
+                              "worker"),
+                  group=None, help="LMCache's lookup hit ratio per worker: tokens it held of those it was asked for."),
+    RecordingRule(record="cluster:prefixscope_lmcache_lookup_hit_tokens_per_queried_tokens:ratio_rate5m",
+                  expr=_ratio(f"{P}_lmcache_lookup_hit_tokens_total", f"{P}_lmcache_lookup_queried_tokens_total", ""),
+                  group=None, help="LMCache's lookup hit ratio over the cluster."),
+    RecordingRule(record="operation:prefixscope_lmcache_operation_seconds:p99_5m",
+                  expr=_quantile(0.99, f"{P}_lmcache_operation_seconds", "operation"),
+                  group=None, help="p99 of LMCache's retrieve, store and lookup times over the cluster, per operation."),
     # One worker's silent KV stream blinds the index for that worker only; the share of a cluster's
     # streamed workers that are silent says when the cluster's picture as a whole is untrustworthy
     # (PrefixTelemetryFleetBlind, the step-0 alert that holds the chain back).
@@ -1265,6 +1325,17 @@ CHECKS: tuple[Check, ...] = (
                   "itself evicted within the window. A full cache alone is normal (vLLM evicts only on demand).",
           summary="A worker's full KV cache evicts blocks it needs again: more than {threshold} of its stored blocks "
                   "were evicted and stored again within the window."),
+    Check(key="prefix_cache_retention", group=1, title="Cache retention (idle time before eviction, p50)",
+          alert="PrefixCacheRetentionShort",
+          value="min(worker:prefixscope_kv_block_idle_before_evict_seconds:p50_5m)",
+          op="<", threshold="prefix_cache_retention", unit="seconds", signals=("kv_residency",), per=(W,),
+          meaning="How long a block the engine evicted had sat untouched before it went, median over the window "
+                  "(vLLM's own sampled residency, --kv-cache-metrics): the cache's retention horizon. A prefix "
+                  "reused after a longer pause (a conversation's next turn, an agent's next step) is gone by then "
+                  "and prefilled again. vLLM evicts only on demand: a cache with room evicts nothing and reads no "
+                  "data.",
+          summary="A worker's KV cache keeps an untouched block for less than {threshold} before evicting it: "
+                  "prefixes reused after a longer pause are recomputed."),
     Check(key="prefix_tree_depth_p99", group=1, title="Prefix-tree depth p99", alert="PrefixTreeTooDeep",
           value="cluster:prefixscope_prefix_tree_leaf_depth:p99",
           op=">", threshold="prefix_tree_depth_p99", unit="depth", signals=("kv_events",),
@@ -1450,12 +1521,15 @@ __all__ = [
     "DUTY_BUCKETS",
     "DUTY_NAMES",
     "KV_SESSION_SIGNALS",
+    "LMCACHE_BUCKETS",
+    "LMCACHE_OPERATIONS",
     "METRICS",
     "METRICS_BY_NAME",
     "NAMESPACE",
     "NO_RECORDS_SIGNALS",
     "PROMPT_CLASSES",
     "RECORDING_RULES",
+    "RESIDENCY_BUCKETS",
     "ROUTER_FEEDS",
     "ROUTER_KINDS",
     "ROUTER_SERIES_SIGNALS",

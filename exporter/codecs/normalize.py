@@ -5,6 +5,11 @@ values, so the current name wins and nothing is counted twice) and SGLang's ``sg
 names. Series are summed over vLLM's ``engine`` label (data-parallel engines behind one API
 server). A signal the engine does not export stays ``None``.
 
+Histograms a worker page carries are kept as the engine reports them (cumulative counts on its own
+bounds, summed over engines, ranks and roles) and turned into observations by the state, scrape
+over scrape: vLLM's sampled KV-block residency (``--kv-cache-metrics``, vLLM ≥ 0.14) and LMCache's
+retrieve, store and lookup times.
+
 Routers: one adapter per router in ``exporter.codecs.routers`` (SGLang gateway / sglang-router,
 vllm-router, Dynamo's KV router, llm-d's scheduler), detected from the names present. Routers
 label a worker by the URL they route to; given the configured workers, that URL is mapped to the
@@ -26,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from exporter.codecs import promtext, routers
 from exporter.codecs.promtext import ParseError, ParseResult, Sample
-from exporter.codecs.routers.common import UnrecognisedMetrics, by_label, url_key
-from exporter.model import RouterSnapshot, WorkerSnapshot
+from exporter.codecs.routers.common import UnrecognisedMetrics, by_label, histogram, histogram_names, url_key
+from exporter.model import CumulativeHistogram, RouterSnapshot, WorkerSnapshot
 
 # ---- vLLM -----------------------------------------------------------------------------
 V_QUERIES = "vllm:prefix_cache_queries_total"
@@ -49,9 +54,23 @@ V_EXT_HITS = "vllm:external_prefix_cache_hits_total"
 V_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 # The OffloadingConnector's CPU tier: the share of it in use (vLLM ≥ 0.33); its KV events say "CPU"
 V_OFFLOAD_CPU_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+# Sampled KV-block residency (vLLM ≥ 0.14 with --kv-cache-metrics; v1/metrics/loggers.py): histograms
+# with labels model_name, engine, on the kv_cache_residency bucket family
+V_RESIDENCY = {"lifetime": "vllm:kv_block_lifetime_seconds",
+               "idle_before_evict": "vllm:kv_block_idle_before_evict_seconds",
+               "reuse_gap": "vllm:kv_block_reuse_gap_seconds"}
 # LMCache (a KV connector inside vLLM): its hits count as external hits where vLLM's own are absent
 L_REQUESTED = "lmcache:num_requested_tokens_total"
 L_HITS = "lmcache:num_hit_tokens_total"
+# What its lookups found (lmcache/observability.py): tokens asked for and tokens it held
+L_LOOKUP_TOKENS = "lmcache:num_lookup_tokens_total"
+L_LOOKUP_HITS = "lmcache:num_lookup_hits_total"
+# Its time per operation, in seconds (labels model_name, worker_id, and in newer releases role and
+# served_model_name): summed over every label set
+L_SECONDS = {"retrieve": "lmcache:time_to_retrieve", "store": "lmcache:time_to_store",
+             "lookup": "lmcache:time_to_lookup"}
+WORKER_HISTOGRAM_NAMES = frozenset(n for fam in (*V_RESIDENCY.values(), *L_SECONDS.values())
+                                   for n in histogram_names(fam))
 # ---- SGLang ----------------------------------------------------------------------------
 S_PROMPT = "sglang:prompt_tokens_total"
 S_CACHED = "sglang:cached_tokens_total"
@@ -63,7 +82,8 @@ S_HIT_RATE = "sglang:cache_hit_rate"  # a windowed gauge: used for detection onl
 
 VLLM_NAMES = frozenset({V_QUERIES, V_HITS, V_USAGE, V_QUERIES_OLD, V_HITS_OLD, V_USAGE_OLD, V_CACHE_CONFIG,
                         V_RUNNING, V_WAITING, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
-                        V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE, V_OFFLOAD_CPU_USAGE, L_REQUESTED, L_HITS})
+                        V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE, V_OFFLOAD_CPU_USAGE, L_REQUESTED, L_HITS,
+                        L_LOOKUP_TOKENS, L_LOOKUP_HITS}) | WORKER_HISTOGRAM_NAMES
 SGLANG_NAMES = frozenset({S_PROMPT, S_CACHED, S_USAGE, S_RUNNING, S_QUEUE, S_REQUESTS, S_HIT_RATE})
 WORKER_NAMES = VLLM_NAMES | SGLANG_NAMES
 
@@ -84,8 +104,9 @@ COUNT: ValueRule = ("a finite number ≥ 0", _count)
 RATIO: ValueRule = ("a ratio in [0, 1]", _ratio)
 VALUE_RULES: dict[str, ValueRule] = {
     **dict.fromkeys((V_QUERIES, V_HITS, V_QUERIES_OLD, V_HITS_OLD, V_PROMPT, V_SUCCESS, V_DRAFT, V_ACCEPTED,
-                     V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE, L_REQUESTED, L_HITS,
-                     V_RUNNING, V_WAITING, S_PROMPT, S_CACHED, S_REQUESTS, S_RUNNING, S_QUEUE), COUNT),
+                     V_EXT_QUERIES, V_EXT_HITS, V_CACHED_BY_SOURCE, L_REQUESTED, L_HITS, L_LOOKUP_TOKENS,
+                     L_LOOKUP_HITS, V_RUNNING, V_WAITING, S_PROMPT, S_CACHED, S_REQUESTS, S_RUNNING, S_QUEUE,
+                     *WORKER_HISTOGRAM_NAMES), COUNT),
     **dict.fromkeys((V_USAGE, V_USAGE_OLD, S_USAGE, S_HIT_RATE, V_OFFLOAD_CPU_USAGE), RATIO),
     **{name: COUNT for a in routers.ADAPTERS for name in a.counts},
     **{name: RATIO for a in routers.ADAPTERS for name in a.ratios},
@@ -212,8 +233,19 @@ def _vllm(worker: str, p: ParseResult) -> WorkerSnapshot:
     if offload:  # a share of each engine's own tier: their mean is the worker's
         snap.offload_usage_ratio = {"CPU": sum(s.value for s in offload) / len(offload)}
     snap.tier_hit_tokens = by_label(p.samples.get(V_CACHED_BY_SOURCE, ()), "source") or None
+    snap.residency = _histograms(p, V_RESIDENCY)
+    snap.lmcache_seconds = _histograms(p, L_SECONDS)
+    snap.lmcache_lookup_tokens = _sum(p.samples.get(L_LOOKUP_TOKENS, ()))
+    snap.lmcache_lookup_hit_tokens = _sum(p.samples.get(L_LOOKUP_HITS, ()))
     snap.model = _model(queries, usage, p.samples.get(V_RUNNING), p.samples.get(V_PROMPT))
     return snap
+
+
+def _histograms(p: ParseResult, families: Mapping[str, str]) -> dict[str, CumulativeHistogram] | None:
+    """The families the page carries (each summed over its label sets), by key; None when it carries
+    none of them (the engine runs without the flag, or without the connector: missing, not empty)."""
+    out = {key: h for key, fam in families.items() if (h := histogram(p, fam)) is not None}
+    return out or None
 
 
 def _rank0(samples: list[Sample] | None) -> list[Sample]:

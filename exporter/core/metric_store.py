@@ -193,6 +193,38 @@ class MetricStore:
             for value in values:
                 lw.observe(ts, labels, value)
 
+    def observe_counts(self, ts: float, metric: str, labels: LabelValues,
+                       placed: Sequence[tuple[float, float]]) -> None:
+        """``n`` observations of ``value`` for each (value, n) — a source's histogram increase placed
+        inside its buckets (``windows.increase``) — without one call per observation (an engine's
+        page adds thousands between two scrapes). Not for a histogram a baseline reads."""
+        if not placed:
+            return
+        m = catalog.METRICS_BY_NAME[metric]
+        assert m.buckets is not None and metric not in self.baselines
+        hw = self.hwin.get(metric)
+        if hw is None:
+            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
+        rows = self.cum.histograms.setdefault(metric, {})
+        row = rows.get(labels)
+        if row is None:
+            row = rows[labels] = [0.0] * (len(m.buckets) + 2)
+        for value, n in placed:
+            count = round(n)
+            if count <= 0:
+                continue
+            i = bisect_left(hw.bounds, value)
+            row[i] += count
+            row[-1] += value * count
+            hw.observe_in(ts, labels, i, count)
+
+    def ensure_histogram(self, metric: str, labels: LabelValues) -> None:
+        """Create a histogram series with no observation (a source that reports its histogram, still
+        empty): exported at zero, as the source says, rather than absent."""
+        m = catalog.METRICS_BY_NAME[metric]
+        assert m.buckets is not None
+        self.cum.histograms.setdefault(metric, {}).setdefault(labels, [0.0] * (len(m.buckets) + 2))
+
     def set_total(self, metric: str, labels: LabelValues, total: float,
                   increase: tuple[float, float] | None = None) -> None:
         """Mirror a counter a source reports as a running total (engine counters from a scrape);

@@ -1,6 +1,7 @@
 """What one scrape adds: a worker's engine counters (prefix cache, speculative decoding, KV
-connector, cache tiers) scrape over scrape, a router's histograms, and the readings built on a
-worker's counters (its hit ratio and hit tokens in the window, its effective cache value).
+connector, cache tiers) and histograms (vLLM's sampled block residency, LMCache's times) scrape over
+scrape, a router's histograms, and the readings built on a worker's counters (its hit ratio and hit
+tokens in the window, its effective cache value).
 
 A counter that went down was reset (an engine restart): its new value is the increase. The first
 scrape of a router is its baseline: what it counted before is not in the window. A series whose
@@ -35,6 +36,8 @@ SNAPSHOT_COUNTERS: dict[str, str] = {
     "spec_accepted_tokens": f"{P}_spec_decode_accepted_tokens",
     "external_queried_tokens": f"{P}_external_prefix_cache_queried_tokens",
     "external_hit_tokens": f"{P}_external_prefix_cache_hit_tokens",
+    "lmcache_lookup_tokens": f"{P}_lmcache_lookup_queried_tokens",
+    "lmcache_lookup_hit_tokens": f"{P}_lmcache_lookup_hit_tokens",
 }
 TIER_HITS = f"{P}_prefix_cache_tier_hit_tokens"  # labels worker, model, tier
 
@@ -50,6 +53,14 @@ ROUTER_HISTOGRAMS: tuple[tuple[str, str, str, Callable[[RouterSnapshot], tuple[s
     ("kv_event_lag_seconds", _m("router_kv_event_lag_seconds"), "router_index_health", lambda snap: (snap.router,)),
 )
 _OVERHEAD = _m("router_overhead_seconds")  # labels router, phase
+# WorkerSnapshot histograms -> (key -> the catalogue histogram it feeds), the signal it instruments
+# (None: no check reads it), and whether the key is the series' label beside the worker.
+WORKER_HISTOGRAMS: tuple[tuple[str, dict[str, str], str | None, bool], ...] = (
+    ("residency", {"lifetime": _m("kv_block_lifetime_seconds"),
+                   "idle_before_evict": _m("kv_block_idle_before_evict_seconds"),
+                   "reuse_gap": _m("kv_block_reuse_gap_seconds")}, "kv_residency", False),
+    ("lmcache_seconds", dict.fromkeys(catalog.LMCACHE_OPERATIONS, _m("lmcache_operation_seconds")), None, True),
+)
 _STICKY_FOLLOWUPS = _m("router_sticky_followups")
 _INDEX_FAULTS = _m("router_kv_index_faults")
 # RouterSnapshot running total -> the catalogue counter it is exported as (label: router)
@@ -94,6 +105,7 @@ class ScrapeAccounting:
     def worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> float | None:
         """A worker's scrape; returns its previous prefix-cache query count (None on its first)."""
         w = self.pool.worker(snapshot.worker, scraped_at)
+        previous = w.snapshot
         w.snapshot, w.scraped_at = snapshot, scraped_at
         if snapshot.block_size:
             w.block_size = snapshot.block_size
@@ -117,12 +129,36 @@ class ScrapeAccounting:
             self.store.set_total(metric, labels, value, (scraped_at, delta) if prev is not None else None)
             if prev is not None:
                 self.store.add_own(scraped_at, ("worker_delta", fld, snapshot.worker), delta)
-        # (a walk over this worker's few series: a model, the counters, its tiers)
+        self._worker_histograms(snapshot, previous, scraped_at, reported)
+        # (a walk over this worker's few series: a model, the counters, its tiers, its histograms)
         gone = [key for key, ts in reported.items() if scraped_at - ts >= self.idle_s]
         for key in gone:
             del reported[key]
             self.store.drop_series(*key)
         return prev_queries
+
+    def _worker_histograms(self, snap: WorkerSnapshot, previous: WorkerSnapshot | None, ts: float,
+                           reported: dict) -> None:
+        """The engine's histograms, scrape over scrape: each scrape's new observations placed inside
+        the engine's buckets (``windows.increase``); the first scrape is the baseline, its series
+        exported empty (the engine reports the histogram; what it counted before is not in the window)."""
+        for fld, metrics, signal, keyed in WORKER_HISTOGRAMS:
+            new = getattr(snap, fld)
+            if not new:
+                continue
+            if signal is not None:
+                self.field_seen[signal] = ts
+            old = getattr(previous, fld, None) or {}
+            for key, hist in new.items():
+                metric = metrics.get(key)
+                if metric is None:
+                    continue
+                labels = (snap.worker, key) if keyed else (snap.worker,)
+                reported[(metric, labels)] = ts
+                self.store.ensure_histogram(metric, labels)
+                before = old.get(key)
+                if before is not None:
+                    self.store.observe_counts(ts, metric, labels, increase(hist, before))
 
     def router(self, snap: RouterSnapshot, ts: float) -> None:
         """A router's scrape: its histograms, scrape over scrape (the new observations go into the
@@ -189,6 +225,23 @@ class ScrapeAccounting:
             if key[0] == TIER_HITS and len(key) == 2 and key[1] and key[1][0] == name:
                 tier = key[1][-1]
                 out[tier] = out.get(tier, 0.0) + v
+        return out or None
+
+    def worker_histogram_quantiles(self, name: str, fld: str, q: float) -> dict[str, float] | None:
+        """The worker's engine histograms of one kind (``residency``, ``lmcache_seconds``) read at
+        quantile ``q`` over the window, by key; a key without observations in the window is left out,
+        None when none has any (the engine does not report them, or nothing happened)."""
+        out: dict[str, float] = {}
+        for fld_name, metrics, _signal, keyed in WORKER_HISTOGRAMS:
+            if fld_name != fld:
+                continue
+            for key, metric in metrics.items():
+                hw = self.store.hwin.get(metric)
+                if hw is None:
+                    continue
+                value = hw.quantile(q, (name, key) if keyed else (name,))
+                if value is not None:
+                    out[key] = value
         return out or None
 
     def effective_cache_values(self) -> dict[str, float]:

@@ -278,17 +278,17 @@ class WindowedBuckets:
     def observe(self, ts: float, key: Hashable, value: float) -> None:
         self.observe_in(ts, key, bucket_index(self.bounds, value))
 
-    def observe_in(self, ts: float, key: Hashable, i: int) -> None:
-        """One observation in bucket ``i`` (the caller found it)."""
+    def observe_in(self, ts: float, key: Hashable, i: int, n: int = 1) -> None:
+        """``n`` observations in bucket ``i`` (the caller found it)."""
         rows = self._slots.slot_for(ts).rows
         slot_row = rows.get(key)
         if slot_row is None:
             slot_row = rows[key] = [0] * (len(self.bounds) + 1)
-        slot_row[i] += 1
+        slot_row[i] += n
         row = self.counts.get(key)
         if row is None:
             row = self.counts[key] = [0] * (len(self.bounds) + 1)
-        row[i] += 1
+        row[i] += n
 
     def observe_many(self, ts: float, key: Hashable, values: Sequence[float]) -> None:
         """``observe`` of each value at the same ``ts`` (the slot and rows looked up once)."""

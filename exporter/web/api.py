@@ -346,6 +346,13 @@ def _workers(st: ClusterState) -> dict[str, Any]:
             "hit_ratio": st.scrapes.worker_hit_ratio(w), "hit_tokens_by_tier": st.scrapes.worker_tier_hit_tokens(w),
             "external_queried_tokens": st.store.own_sum(("worker_delta", "external_queried_tokens", w)),
             "external_hit_tokens": st.store.own_sum(("worker_delta", "external_hit_tokens", w)),
+            # LMCache as the engine's KV connector, in the window: its lookups and its time per operation
+            "lmcache_lookup_queried_tokens": st.store.own_sum(("worker_delta", "lmcache_lookup_tokens", w)),
+            "lmcache_lookup_hit_tokens": st.store.own_sum(("worker_delta", "lmcache_lookup_hit_tokens", w)),
+            "lmcache_seconds_p50": st.scrapes.worker_histogram_quantiles(w, "lmcache_seconds", 0.5),
+            "lmcache_seconds_p99": st.scrapes.worker_histogram_quantiles(w, "lmcache_seconds", 0.99),
+            # vLLM's sampled block residency (--kv-cache-metrics), medians in the window
+            "residency_p50_s": st.scrapes.worker_histogram_quantiles(w, "residency", 0.5),
             "effective_cache_value_tokens": values.get(w), "removal_rank": ranks.get(w),
             "node": t.node if t else None, "nvlink_domain": t.nvlink_domain if t else None,
             "gpu_class": t.gpu_class if t else None, "warm_pool": t.warm_pool if t else None,
