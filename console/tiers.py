@@ -9,6 +9,10 @@ the judgement is tested directly.
 names tiers (vLLM ≥ 0.33, SGLang); else the KV connector's external hits (vLLM's
 external_prefix_cache_hits, LMCache's hit tokens). A worker that reports neither has hits that
 are unknown, never zero.
+
+LMCache, where it is the engine's KV connector, says more of itself: the share of the tokens it
+was asked to look up that it held, and how long its retrieves (loads into the GPU), stores and
+lookups take (``lmcache_*`` of the rows). A worker without LMCache has these missing, never zero.
 """
 
 from __future__ import annotations
@@ -53,11 +57,24 @@ def offload_row(w: Mapping[str, Any], window_s: float) -> dict[str, Any]:
         served, cached = ext_h, None
     share = served / cached if served is not None and cached else None
     per_1k = served / window_s / (held / 1000) if served is not None and held and window_s > 0 else None
+    lookups, held_tokens = _num(w.get("lmcache_lookup_queried_tokens")), _num(w.get("lmcache_lookup_hit_tokens"))
+    p50, p99 = _times(w.get("lmcache_seconds_p50")), _times(w.get("lmcache_seconds_p99"))
     return {"worker": w.get("worker"), "offload_blocks": held, "offload_capacity_blocks": capacity,
             "offload_fill": held / capacity if held is not None and capacity else None,
             "offload_hit_tokens": served, "offload_share_of_cached": share,
             "external_hit_ratio": ext_h / ext_q if ext_h is not None and ext_q else None,
-            "hit_tokens_per_s_per_1k_blocks": per_1k, "verdict": verdict(held, served, share).text}
+            "hit_tokens_per_s_per_1k_blocks": per_1k,
+            "lmcache_lookup_hit_ratio": held_tokens / lookups if held_tokens is not None and lookups else None,
+            "lmcache_retrieve_p50_s": p50.get("retrieve"), "lmcache_retrieve_p99_s": p99.get("retrieve"),
+            "lmcache_store_p99_s": p99.get("store"), "lmcache_lookup_p99_s": p99.get("lookup"),
+            "verdict": verdict(held, served, share).text}
+
+
+def _times(by_operation: Any) -> dict[str, float]:
+    """LMCache's time per operation (the exporter's ``lmcache_seconds_p50``/``_p99``), numbers only."""
+    if not isinstance(by_operation, Mapping):
+        return {}
+    return {op: v for op, raw in by_operation.items() if (v := _num(raw)) is not None}
 
 
 def verdict(held: float | None, served: float | None, share: float | None) -> Verdict:
@@ -79,7 +96,13 @@ def verdict(held: float | None, served: float | None, share: float | None) -> Ve
 def offload_rows(workers: Sequence[Mapping[str, Any]], window_s: float) -> list[dict[str, Any]]:
     """Rows for the workers that report anything about offloading (the rest are left out)."""
     rows = [offload_row(w, window_s) for w in workers]
-    return [r for r in rows if r["offload_blocks"] or r["offload_hit_tokens"] is not None]
+    return [r for r in rows if r["offload_blocks"] or r["offload_hit_tokens"] is not None
+            or any(r[k] is not None for k in LMCACHE_COLUMNS)]
+
+
+# The row's LMCache columns (None where the worker runs without LMCache)
+LMCACHE_COLUMNS = ("lmcache_lookup_hit_ratio", "lmcache_retrieve_p50_s", "lmcache_retrieve_p99_s",
+                   "lmcache_store_p99_s", "lmcache_lookup_p99_s")
 
 
 def cluster_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:

@@ -66,6 +66,11 @@ FIELDS: dict[str, Field] = {
     "offload_share_of_cached": Field("Offload share of cached", "ratio"),
     "external_hit_ratio": Field("External hit ratio", "ratio"),
     "hit_tokens_per_s_per_1k_blocks": Field("Cached tokens/s per 1 k blocks"),
+    "lmcache_lookup_hit_ratio": Field("LMCache lookup hit ratio", "ratio"),
+    "lmcache_retrieve_p50_s": Field("LMCache retrieve p50", "seconds"),
+    "lmcache_retrieve_p99_s": Field("LMCache retrieve p99", "seconds"),
+    "lmcache_store_p99_s": Field("LMCache store p99", "seconds"),
+    "lmcache_lookup_p99_s": Field("LMCache lookup p99", "seconds"),
     # alerts
     "alert": _text("Alert"), "step": _text("Step"), "state": _text("State"), "since": _text("Since"),
     "value": _text("Value"), "summary": _text("Summary"), "labels": _text("Labels"),

@@ -4,7 +4,7 @@ import streamlit as st
 
 from console import data, ui
 from console.http_json import SourceUnavailable
-from console.tiers import PAYING_SHARE, cluster_summary, offload_rows
+from console.tiers import LMCACHE_COLUMNS, PAYING_SHARE, cluster_summary, offload_rows
 from prefixscope.units import format_duration
 
 st.title("Cache tiers")
@@ -23,7 +23,7 @@ window_s = float(listing.get("window_s") or 0.0)
 rows = offload_rows(listing.get("workers") or [], window_s)
 if not rows:
     st.info("No worker reports an offload tier: no KV events with a medium other than GPU, no per-tier cached "
-            "tokens and no external prefix-cache counters.", icon=":material/info:")
+            "tokens, no external prefix-cache counters and no LMCache.", icon=":material/info:")
     st.stop()
 
 total = cluster_summary(rows)
@@ -33,7 +33,14 @@ m[1].metric("Cached tokens served from offload", ui.fmt(total["offload_hit_token
             help=f"In the last {format_duration(window_s)}.")
 m[2].metric("Workers paying off", f"{sum(1 for r in rows if r['verdict'].startswith('paying'))} of {len(rows)}",
             help=f"An offload tier pays off when it serves at least {PAYING_SHARE:.0%} of the cached tokens.")
-ui.table(rows, "offload")
+lmcache = [r for r in rows if any(r[k] is not None for k in LMCACHE_COLUMNS)]
+ui.table([{k: v for k, v in r.items() if k not in LMCACHE_COLUMNS} for r in rows], "offload")
 st.caption("Served from offload: cached tokens of every tier but the GPU (vLLM's prompt_tokens_cached_by_source, "
            "SGLang's cache_source), else the KV connector's external hits (vLLM, LMCache). Offload capacity is "
            "estimated from vLLM's offload usage; — is missing, never 0.")
+if lmcache:
+    st.subheader("LMCache")
+    ui.table(lmcache, "lmcache", columns=("worker", *LMCACHE_COLUMNS))
+    st.caption(f"LMCache's own view over the last {format_duration(window_s)}: the share of the tokens it was asked "
+               "to look up that it held, and how long its retrieves (loads into the GPU), stores and lookups take. "
+               "A retrieve slower than the prefill it saves costs more than it serves.")

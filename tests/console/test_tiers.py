@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from console.settings import EXPORTER_ENV, PROMETHEUS_ENV
-from console.tiers import cluster_summary, offload_row, offload_rows, verdict
+from console.tiers import LMCACHE_COLUMNS, cluster_summary, offload_row, offload_rows, verdict
 from exporter.core.health import Health
 from exporter.core.state import ClusterState
 from exporter.model import BlockStored, KvBatch, WorkerSnapshot
@@ -44,6 +44,21 @@ def test_verdicts_tell_idle_from_unknown_and_marginal() -> None:
     # a worker without any offload signal is left out
     assert offload_rows([{"worker": "w2", "resident_blocks_by_medium": {"GPU": 10}}], 60.0) == []
     assert cluster_summary([row]) == {"offload_blocks": None, "offload_hit_tokens": 25.0}
+
+
+def test_lmcache_says_its_lookup_hit_ratio_and_times_where_it_runs() -> None:
+    row = offload_row({"worker": "w0", "lmcache_lookup_queried_tokens": 1000.0, "lmcache_lookup_hit_tokens": 400.0,
+                       "lmcache_seconds_p50": {"retrieve": 0.012, "lookup": 2e-4},
+                       "lmcache_seconds_p99": {"retrieve": 0.2, "store": 0.05, "lookup": 0.004}}, 60.0)
+    assert row["lmcache_lookup_hit_ratio"] == 0.4
+    assert (row["lmcache_retrieve_p50_s"], row["lmcache_retrieve_p99_s"]) == (0.012, 0.2)
+    assert (row["lmcache_store_p99_s"], row["lmcache_lookup_p99_s"]) == (0.05, 0.004)
+    # a worker with LMCache alone (no offload tier in its KV events, no tier hits) is still shown
+    assert [r["worker"] for r in offload_rows([{"worker": "w0", "lmcache_lookup_queried_tokens": 10.0,
+                                                 "lmcache_lookup_hit_tokens": 0.0}], 60.0)] == ["w0"]
+    # without LMCache every LMCache column is missing, never zero
+    bare = offload_row({"worker": "w1", "external_queried_tokens": 100.0, "external_hit_tokens": 25.0}, 60.0)
+    assert all(bare[k] is None for k in LMCACHE_COLUMNS)
 
 
 def tiered_state() -> ClusterState:
