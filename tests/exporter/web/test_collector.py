@@ -77,12 +77,17 @@ def full_state() -> ClusterState:
          "block_size": 16, "medium": "CPU"}], 0]), "w0", 2,
         attribution=True), 100.6)
     for t, q, hits in ((100, 100, 50), (110, 300, 150)):
+        # the engine's histograms (vLLM's sampled residency, LMCache's times): one observation per scrape
+        seen = CumulativeHistogram((10.0, math.inf), (q // 100, q // 100), 5.0 * (q // 100), q // 100)
         st.observe_worker(WorkerSnapshot("w0", "vllm", model="m", prefix_queried_tokens=q, prefix_hit_tokens=hits,
                                          kv_usage_ratio=0.5, num_gpu_blocks=100, block_size=16, running=2,
                                          max_running=8, spec_draft_tokens=q, spec_accepted_tokens=hits,
                                          external_queried_tokens=q, external_hit_tokens=hits,
                                          tier_hit_tokens={"device": hits, "host": 0.0},
-                                         offload_usage_ratio={"CPU": 0.5}), t)
+                                         offload_usage_ratio={"CPU": 0.5},
+                                         residency={k: seen for k in ("lifetime", "idle_before_evict", "reuse_gap")},
+                                         lmcache_seconds={"retrieve": seen}, lmcache_lookup_tokens=q,
+                                         lmcache_lookup_hit_tokens=hits), t)
     for t, n in ((105, 1), (110, 3)):  # a router's predicted match ratio: a baseline, then two more requests
         ratio = CumulativeHistogram((0.5, 1.0, math.inf), (0, n, n), 0.9 * n, n)
         lag = CumulativeHistogram((0.01, math.inf), (n, n), 0.005 * n, n)
