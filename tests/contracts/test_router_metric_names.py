@@ -13,6 +13,7 @@ import pytest
 
 from exporter.codecs import normalize, routers
 from exporter.codecs.routers import dynamo, sglang, vllm_router
+from exporter.codecs.routers.common import histogram_names
 from fleet import router_metrics as rm
 from prefixscope import catalog
 
@@ -39,6 +40,10 @@ NOT_SIMULATED: dict[str, str] = {
     dynamo.EVENTS_APPLIED: "Dynamo's index apply statuses; the simulated router keeps no KV-event-fed index",
     **{n: "the router's tree size, set at its eviction passes; the real smg 1.13.0 drives it "
           "(tests/e2e/test_smg_policies.py)" for n in sglang.TREE_SIZES},
+    **{n: "Dynamo's routing phases besides the index lookup (and every phase's former name); the simulated "
+          "router times only the lookup (tests/fixtures/routers/dynamo_router_overhead.txt has them all)"
+       for phase, names in dynamo.PHASE_NAMES.items() for name in names for n in histogram_names(name)
+       if name != dynamo.FIND_MATCHES_MS and name != dynamo.FIND_MATCHES_MS_OLD},
     vllm_router.VR_TREE_SIZE: "vllm-router's tree size: named in its source, never set by the 0.1.17 wheel",
 }
 
