@@ -114,8 +114,10 @@ def test_healthy_has_every_signal_it_can_measure() -> None:
     checklist = {c.key for c in CHECKS if c.kind == "checklist"}
     # the radix depth needs the exporter's tree, which the records alone cannot give; the worker
     # outlier and the cold-prefill budget have no recount of their own yet (the exporter and the
-    # rules compute them: tests/alerts, tests/exporter/core)
-    assert checklist - measured == {"prefix_tree_depth_p99", "prefix_hit_rate_worker_outlier", "cold_prefill_budget"}
+    # rules compute them: tests/alerts, tests/exporter/core); the simulated engines export no
+    # block-residency histograms (vLLM's --kv-cache-metrics), so cache retention has no input here
+    assert checklist - measured == {"prefix_tree_depth_p99", "prefix_hit_rate_worker_outlier", "cold_prefill_budget",
+                                    "prefix_cache_retention"}
 
 
 def test_raw_signals_by_hand_for_two_faults() -> None:
