@@ -54,6 +54,19 @@ cdef class CompiledPrefixIndex:
     cdef dict st_deep          # entry -> (blocks, edges) for depths too large to pack
     cdef Vec st_stack          # u32: entries whose depths are to be settled
     cdef bint st_bulk          # a worker's clear: depths are rebuilt once at its end
+    # ``longest_match``'s binary search: the open blocks (FLAG_OPEN) are those with a child held by a
+    # worker that does not hold them (``_open``: entry -> such (worker, child) pairs) and the wide
+    # ones (``_wide``, FLAG_WIDE: too many children to count through); elsewhere a child's holders
+    # are a subset of its parent's, so along a chain they only shrink
+    cdef dict _open
+    cdef set _wide
+    cdef uint64_t ov           # bumped when the open set or an open block's fingerprint changes
+    cdef uint64_t ov_built     # ``ov`` the fingerprint table below was built at
+    cdef uint32_t* o_fp        # the open blocks' path fingerprints, sorted
+    cdef Py_ssize_t o_n
+    cdef uint64_t* o_bits      # 65,536-bit filter of ``o_fp`` by their low 16 bits
+    cdef int64_t pend_b        # a change to ``_open`` not made yet (-1: none): the removal of a
+    cdef int64_t pend_d        # chain from its root opens each block's pair, then closes it
 
     def __cinit__(self):
         self.capblocks = 1024
@@ -82,6 +95,12 @@ cdef class CompiledPrefixIndex:
         _vec_init(&self.st_gone, sizeof(uint32_t))
         _vec_init(&self.st_stack, sizeof(uint32_t))
         self.st_branch, self.st_cuts, self.st_deep = set(), set(), {}
+        self._open, self._wide = {}, set()
+        self.o_bits = <uint64_t*>calloc(1024, sizeof(uint64_t))
+        if not self.o_bits:
+            raise MemoryError()
+        self.ov = 1
+        self.pend_b = -1
 
     def __dealloc__(self):
         cdef uint32_t i
@@ -95,6 +114,8 @@ cdef class CompiledPrefixIndex:
         free(self.res)
         free(self.tres)
         free(self.scratch)
+        free(self.o_fp)
+        free(self.o_bits)
         _vec_free(&self.st_reps)
         _vec_free(&self.st_fan)
         _vec_free(&self.st_leaf_e)
@@ -133,6 +154,7 @@ cdef class CompiledPrefixIndex:
         self.ties[b].first = NONE
         self.ties[b].prev = NONE
         self.ties[b].dep = 0
+        self.ties[b].fp = 0
         if _tb_added(&self.tb, self.blocks, slot, <uint32_t>b):
             raise MemoryError()
         return b
@@ -160,6 +182,12 @@ cdef class CompiledPrefixIndex:
             self.blocks[b].capx = 0
         if self.blocks[b].flags & FLAG_GONE:
             self._gone_drop(<uint32_t>b)
+        if self.pend_b >= 0:
+            self._open_flush()
+        if self.blocks[b].flags & FLAG_OPEN:
+            self._open.pop(b, None)
+            self._wide.discard(b)
+            self.ov += 1
         self.blocks[b].flags = FLAG_FREE
         self.blocks[b].n = 0
         self.blocks[b].parent = <int32_t>self.free_head
@@ -509,19 +537,24 @@ cdef class CompiledPrefixIndex:
                     self.blocks[b].flags &= ~FLAG_NEW
                     self.blocks[b].parent = <int32_t>prev
                     _link_to(self.blocks, self.ties, &self.root_head, <uint32_t>b, prev)
-                elif p != prev:  # a departed block back under another parent
-                    _unlist_from(self.blocks, self.ties, &self.root_head, <uint32_t>b)
-                    self.blocks[b].parent = <int32_t>prev
-                    _link_to(self.blocks, self.ties, &self.root_head, <uint32_t>b, prev)
-                    if p >= 0:
-                        self._release(p)
+                    self.ties[b].fp = _fp_of(self.ties[prev].fp if prev >= 0 else FP_ROOT, blk.hash)
+                else:
+                    if p != prev:  # a departed block back under another parent
+                        _unlist_from(self.blocks, self.ties, &self.root_head, <uint32_t>b)
+                        self.blocks[b].parent = <int32_t>prev
+                        _link_to(self.blocks, self.ties, &self.root_head, <uint32_t>b, prev)
+                        if p >= 0:
+                            self._release(p)
+                    self._fp_set(<uint32_t>b)
                 self._st_enter(<uint32_t>b)  # statistics
+                self._now_holds(b, <uint32_t>wid)
             else:
                 pos = self._slot_of(blk, <uint32_t>wid)
                 if pos < 0:
                     self._insert(b, -pos - 1, (<uint32_t>wid << 8) | tbit)
                     self.res[wid] += 1
                     self.tres[wid * NMEDIA + t] += 1
+                    self._now_holds(b, <uint32_t>wid)
                 else:
                     e = _hold(blk)
                     if not e[pos] & tbit:
@@ -553,6 +586,7 @@ cdef class CompiledPrefixIndex:
             e[pos] &= ~tbit
             self.tres[wid * NMEDIA + t] -= 1
             if not e[pos] & 0xFF:
+                self._stops_holding(b, <uint32_t>wid)
                 self._erase(b, pos)
                 self.res[wid] -= 1
                 if self.blocks[b].n == 0:
@@ -578,6 +612,7 @@ cdef class CompiledPrefixIndex:
         finally:
             self.st_bulk = False
             self._st_rebuild()
+            self._open_rebuild()
         self.res[wid] = 0
         memset(self.tres + wid * NMEDIA, 0, NMEDIA * sizeof(int64_t))
         self.version += 1
@@ -701,7 +736,199 @@ cdef class CompiledPrefixIndex:
                 break
         return 0
 
+    # ---- open blocks and path fingerprints (``longest_match``'s binary search) -------------------
+    cdef int _fp_set(self, uint32_t b) except -1:
+        """Entry ``b``'s parent link was set: its fingerprint, and its descendants' if it changed
+        (through the child lists; a parent cycle ends the walk where it started)."""
+        cdef int64_t p = self.blocks[b].parent
+        cdef uint32_t f = _fp_of(self.ties[p].fp if p >= 0 else FP_ROOT, self.blocks[b].hash)
+        cdef uint32_t x, c
+        cdef Vec q
+        if f == self.ties[b].fp:
+            return 0
+        self.ties[b].fp = f
+        if self.blocks[b].flags & FLAG_OPEN:
+            self.ov += 1
+        if self.ties[b].first == NONE:
+            return 0
+        _vec_init(&q, sizeof(uint32_t))
+        try:
+            if _qpush(&q, b):
+                raise MemoryError()
+            while q.n:
+                q.n -= 1
+                x = (<uint32_t*>q.data)[q.n]
+                c = self.ties[x].first
+                while c != NONE:
+                    f = _fp_of(self.ties[x].fp, self.blocks[c].hash)
+                    if c != b and f != self.ties[c].fp:
+                        self.ties[c].fp = f
+                        if self.blocks[c].flags & FLAG_OPEN:
+                            self.ov += 1
+                        if self.ties[c].first != NONE and _qpush(&q, c):
+                            raise MemoryError()
+                    c = self.blocks[c].next
+        finally:
+            _vec_free(&q)
+        return 0
+
+    cdef inline int _open_add(self, int64_t p, int64_t d) except -1:
+        """``d`` more (worker, child) pairs of ``p`` whose worker does not hold ``p`` (``p`` not wide).
+        Changes to one block in a row are summed first: removing a chain from its root, each
+        block's pair with the next opens and closes again, with no dictionary work."""
+        if p == self.pend_b:
+            self.pend_d += d
+            return 0
+        if self.pend_b >= 0:
+            self._open_flush()
+        self.pend_b, self.pend_d = p, d
+        return 0
+
+    cdef int _open_flush(self) except -1:
+        """Make the pending change to ``_open``."""
+        cdef int64_t p = self.pend_b, d = self.pend_d, cnt
+        self.pend_b = -1
+        if p < 0 or d == 0:
+            return 0
+        cnt = self._open.get(p, 0) + d
+        if cnt > 0:
+            self._open[p] = cnt
+            if not self.blocks[p].flags & FLAG_OPEN:
+                self.blocks[p].flags |= FLAG_OPEN
+                self.ov += 1
+        else:
+            self._open.pop(p, None)
+            if self.blocks[p].flags & FLAG_OPEN:
+                self.blocks[p].flags &= ~FLAG_OPEN
+                self.ov += 1
+        return 0
+
+    cdef int64_t _kids_held(self, int64_t b, uint32_t wid) except -2:
+        """How many of ``b``'s children ``wid`` holds; -1 when ``b`` has too many to count (it
+        becomes wide: open for good, so no holder change of its children is counted again)."""
+        cdef uint32_t c = self.ties[b].first
+        cdef int64_t k = 0, steps = 0
+        while c != NONE:
+            steps += 1
+            if steps > WALK_KIDS:
+                if self.pend_b == b:
+                    self.pend_b = -1
+                self._open.pop(b, None)
+                self._wide.add(b)
+                self.blocks[b].flags |= FLAG_WIDE | FLAG_OPEN
+                self.ov += 1
+                return -1
+            if self.blocks[c].n and self._slot_of(&self.blocks[c], wid) >= 0:
+                k += 1
+            c = self.blocks[c].next
+        return k
+
+    cdef int _now_holds(self, int64_t b, uint32_t wid) except -1:
+        """``wid`` came to hold ``b`` (its parent link set): the pair is open when it lacks the
+        parent; its pairs with ``b``'s children stop being open."""
+        cdef int64_t p = self.blocks[b].parent, k
+        if p >= 0 and not self.blocks[p].flags & FLAG_WIDE and self._slot_of(&self.blocks[p], wid) < 0:
+            self._open_add(p, 1)
+        if self.ties[b].first != NONE and not self.blocks[b].flags & FLAG_WIDE:
+            k = self._kids_held(b, wid)
+            if k > 0:
+                self._open_add(b, -k)
+        return 0
+
+    cdef int _stops_holding(self, int64_t b, uint32_t wid) except -1:
+        """``wid`` is about to stop holding ``b``: the reverse of ``_now_holds``."""
+        cdef int64_t p = self.blocks[b].parent, k
+        if p >= 0 and not self.blocks[p].flags & FLAG_WIDE and self._slot_of(&self.blocks[p], wid) < 0:
+            self._open_add(p, -1)
+        if self.ties[b].first != NONE and not self.blocks[b].flags & FLAG_WIDE:
+            k = self._kids_held(b, wid)
+            if k > 0:
+                self._open_add(b, k)
+        return 0
+
+    cdef int _open_rebuild(self) except -1:
+        """Count the open pairs anew (after a worker's clear, which erases without counting)."""
+        cdef uint32_t c, j
+        cdef int64_t p
+        cdef uint32_t* e
+        cdef dict counts = {}
+        self.pend_b = -1
+        for c in range(self.nblocks):
+            if not self.blocks[c].flags & FLAG_WIDE:
+                self.blocks[c].flags &= ~FLAG_OPEN
+        for c in range(self.nblocks):
+            p = self.blocks[c].parent
+            if not self.blocks[c].n or p < 0 or self.blocks[p].flags & FLAG_WIDE:
+                continue
+            e = _hold(&self.blocks[c])
+            for j in range(self.blocks[c].n):
+                if self._slot_of(&self.blocks[p], e[j] >> 8) < 0:
+                    counts[p] = counts.get(p, 0) + 1
+        for p in counts:
+            self.blocks[p].flags |= FLAG_OPEN
+        self._open = counts
+        self.ov += 1
+        return 0
+
+    def _open_blocks(self):
+        """(tests) The open blocks' hashes -> their open pairs (-1: wide), as kept and as counted anew."""
+        self._open_flush()
+        kept = {self.blocks[p].hash: n for p, n in self._open.items()}
+        kept.update({self.blocks[p].hash: -1 for p in self._wide})
+        self._open_rebuild()
+        counted = {self.blocks[p].hash: n for p, n in self._open.items()}
+        counted.update({self.blocks[p].hash: -1 for p in self._wide})
+        return kept, counted
+
+    def _fingerprints_hold(self):
+        """(tests) Whether every entry's fingerprint follows from its parent's (cycles aside)."""
+        cdef uint32_t c
+        cdef int64_t p
+        for c in range(self.nblocks):
+            if self.blocks[c].flags & FLAG_FREE:
+                continue
+            p = self.blocks[c].parent
+            if self.ties[c].fp != _fp_of(self.ties[p].fp if p >= 0 else FP_ROOT, self.blocks[c].hash):
+                if not self._in_cycle(c):
+                    return False
+        return True
+
+    cdef bint _in_cycle(self, uint32_t c):
+        cdef int64_t p = self.blocks[c].parent
+        cdef uint32_t steps = 0
+        while p >= 0 and steps <= self.nblocks:
+            if p == c:
+                return True
+            p = self.blocks[p].parent
+            steps += 1
+        return False
+
+    cdef int _open_table(self) except -1:
+        """The sorted fingerprints of the open blocks and their filter, rebuilt when they changed."""
+        cdef Py_ssize_t n = len(self._open) + len(self._wide), i = 0
+        cdef uint32_t* fps
+        cdef uint32_t f
+        fps = <uint32_t*>realloc(self.o_fp, (n + 1) * sizeof(uint32_t))
+        if not fps:
+            raise MemoryError()
+        self.o_fp = fps
+        memset(self.o_bits, 0, 1024 * sizeof(uint64_t))
+        for src in (self._open, self._wide):
+            for p in src:
+                f = self.ties[<uint32_t>p].fp
+                fps[i] = f
+                self.o_bits[(f & 0xFFFF) >> 6] |= (<uint64_t>1) << (f & 63)
+                i += 1
+        qsort(fps, n, sizeof(uint32_t), _cmp_u32)
+        self.o_n = n
+        self.ov_built = self.ov
+        return 0
+
     # ---- lookups ------------------------------------------------------------------------------
+    cdef inline void _ahead(self, uint64_t h) noexcept:
+        """Start loading the table slot of ``h`` (a later probe's)."""
+        __builtin_prefetch(&self.tb.slots[_mix(h) & self.tb.mask])
+
     def longest_match(self, block_hashes):
         """Leading blocks of ``block_hashes`` each worker holds (on any tier), and the best of them.
 
@@ -724,37 +951,93 @@ cdef class CompiledPrefixIndex:
         holders and this block has the same holder entries (the usual case inside a shared
         prefix), one memcmp stands for the intersection. The walk ends at the first block no
         survivor holds.
+
+        Long chains (``set_binary_from``: 32 blocks and more) skip most of the walk by binary
+        search where that is exact. Exact means: along a stretch of the chain the survivors can
+        only shrink, so "block j holds every survivor" is true up to some block and false after
+        it. That holds from block a to block b when (1) the chain's blocks a..b are a path of the
+        index's tree — each one's parent link names the block before it, checked by the path
+        fingerprint each entry keeps (``_fp_of`` folded from the root, compared with the
+        chain's own fold: a 32-bit check, so an inconsistent path passes with odds of 2^-32)
+        — and (2) none of blocks a..b-1 is open: every holder of each one's children holds it
+        too (kept at apply time per block: ``_open``, or wide — more children than a holder
+        change counts through — which always counts as open). Engines that chain block hashes
+        and evict children first keep holdings prefix-closed, so in a healthy fleet the open
+        blocks are few: a run stored under a parent its worker lacks (a lost event), a block
+        evicted from the middle while the blocks below it stay, and the wide branching points
+        (a system prompt with many conversations below it). The walk steps block by block
+        through an open block's child (one intersection) and searches again after it; where
+        the fingerprint does not match (a chain that leaves the tree's paths, a run hanging off
+        the root after a lost parent, a parent cycle) it walks block by block to the end. A
+        search costs about two log2(length) probes per distinct survivor set, instead of a probe
+        per block; every chain still has each of its hashes read once to fold the fingerprints.
         """
         if type(block_hashes) is not tuple:
             block_hashes = tuple(block_hashes)
         cdef tuple hs = block_hashes
-        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(hs)
+        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(hs), lo, hi, mid_i, seg
         cdef uint32_t depth = 0
-        cdef int64_t b
+        cdef int64_t b, bm
         cdef uint32_t* e
         cdef uint32_t* prev_e = NULL
         cdef uint32_t* alive = self.scratch
         cdef uint32_t* nxt = self.scratch + self.capworkers
-        cdef int k, prev_k = 0, na = 0, nn, j, a, lo, hi, mid
-        cdef bint full = False
-        cdef uint32_t w
+        cdef uint32_t* tmp
+        cdef int k, prev_k = 0, na = 0, nn, j, a, lo2, hi2, mid
+        cdef bint full = False, binary = n >= _binary_from, ok, first
+        cdef uint32_t w, f, olo, ohi, omid
+        cdef Py_ssize_t o_n
+        cdef const uint64_t* o_bits
         cdef uint32_t head[2]
         cdef carray.array out = carray.clone(_GROUPS, 0, zero=False)
         # The chain's hashes are known up front, so their table slots and blocks are fetched
         # ahead of the walk: the lookups' cache misses overlap instead of queueing one by one.
         cdef uint64_t stackbuf[64]
+        cdef uint32_t fpbuf[64]
+        cdef uint8_t cutbuf[65]
         cdef uint64_t* h = stackbuf
+        cdef uint32_t* fp = fpbuf
+        cdef uint8_t* cut = cutbuf
         cdef uint32_t s
         if n > 64:
-            h = <uint64_t*>malloc(n * sizeof(uint64_t))
+            h = <uint64_t*>malloc(n * (sizeof(uint64_t) + sizeof(uint32_t) + 1) + 1)
             if not h:
                 raise MemoryError()
+            fp = <uint32_t*>(h + n)
+            cut = <uint8_t*>(fp + n)
         try:
+            if binary and self.pend_b >= 0:
+                self._open_flush()
+            if binary and self.ov != self.ov_built:
+                self._open_table()
+            f = FP_ROOT
+            o_n, o_bits = (self.o_n if binary else 0), self.o_bits
+            for i in range(min(n, INTS_AHEAD)):
+                __builtin_prefetch(<void*>PyTuple_GET_ITEM(hs, i))
             for i in range(n):
-                h[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
+                if i + INTS_AHEAD < n:  # the ints themselves: a record's may be anywhere in the heap
+                    __builtin_prefetch(<void*>PyTuple_GET_ITEM(hs, i + INTS_AHEAD))
+                if not _u64_digits(PyTuple_GET_ITEM(hs, i), &h[i]):
+                    h[i] = _u64(<object>PyTuple_GET_ITEM(hs, i))
+                if binary:
+                    # the path fingerprint of the chain's first i + 1 blocks, and whether an open
+                    # block could sit at i (then the walk steps through block i + 1)
+                    f = _fp_of(f, h[i])
+                    fp[i] = f
+                    cut[i + 1] = 0
+                    if o_n and o_bits[(f & 0xFFFF) >> 6] & ((<uint64_t>1) << (f & 63)):
+                        olo, ohi = 0, <uint32_t>o_n
+                        while olo < ohi:
+                            omid = (olo + ohi) >> 1
+                            if self.o_fp[omid] < f:
+                                olo = omid + 1
+                            else:
+                                ohi = omid
+                        cut[i + 1] = olo < o_n and self.o_fp[olo] == f
             for i in range(min(n, AHEAD)):
                 __builtin_prefetch(&self.tb.slots[_mix(h[i]) & self.tb.mask])
-            for i in range(n):
+            i = 0
+            while i < n:
                 if i + AHEAD < n:
                     __builtin_prefetch(&self.tb.slots[_mix(h[i + AHEAD]) & self.tb.mask])
                 if i + AHEAD // 2 < n:
@@ -776,27 +1059,27 @@ cdef class CompiledPrefixIndex:
                     if k * 16 < na:  # few holders: look each up among the survivors
                         for j in range(k):
                             w = e[j] >> 8
-                            lo, hi = 0, na
-                            while lo < hi:
-                                mid = (lo + hi) >> 1
+                            lo2, hi2 = 0, na
+                            while lo2 < hi2:
+                                mid = (lo2 + hi2) >> 1
                                 if alive[mid] < w:
-                                    lo = mid + 1
+                                    lo2 = mid + 1
                                 else:
-                                    hi = mid
-                            if lo < na and alive[lo] == w:
+                                    hi2 = mid
+                            if lo2 < na and alive[lo2] == w:
                                 nxt[nn] = w
                                 nn += 1
                     elif na * 16 < k:  # few survivors: look each up among the holders
                         for a in range(na):
                             w = alive[a]
-                            lo, hi = 0, k
-                            while lo < hi:
-                                mid = (lo + hi) >> 1
+                            lo2, hi2 = 0, k
+                            while lo2 < hi2:
+                                mid = (lo2 + hi2) >> 1
                                 if (e[mid] >> 8) < w:
-                                    lo = mid + 1
+                                    lo2 = mid + 1
                                 else:
-                                    hi = mid
-                            if lo < k and (e[lo] >> 8) == w:
+                                    hi2 = mid
+                            if lo2 < k and (e[lo2] >> 8) == w:
                                 nxt[nn] = w
                                 nn += 1
                     else:  # a merge of the two sorted lists
@@ -812,13 +1095,65 @@ cdef class CompiledPrefixIndex:
                         head[0], head[1] = depth, na
                         carray.extend_buffer(out, <char*>head, 2)
                         carray.extend_buffer(out, <char*>alive, na)
-                    alive, nxt = nxt, alive
+                    tmp = alive
+                    alive, nxt = nxt, tmp
                     na = nn
                     if not na:
                         break
                     full = na == k
                 prev_e, prev_k = e, k
                 depth += 1
+                i += 1
+                if not binary or self.ties[b].fp != fp[i - 1]:
+                    continue
+                # Block i - 1 is on its path from the root (its fingerprint is the chain's). Up to
+                # the next open block the chain follows parent links through blocks whose
+                # children's holders are subsets of theirs, so the survivors stay whole up to
+                # some block and shrink after it: find the last block that holds them all by
+                # binary search, and step from there.
+                seg = i
+                while seg < n and not cut[seg]:
+                    seg += 1
+                lo, hi = i - 1, seg  # block lo holds the survivors; none from hi on is looked at
+                bm = b
+                first = True
+                while hi - lo > 1:
+                    if first:  # the survivors mostly reach the stretch's end: one probe when they do
+                        mid_i = hi - 1
+                        first = False
+                    else:
+                        mid_i = (lo + hi) >> 1
+                        # the probes are dependent (each halves the range), so fetch the next two
+                        # levels' candidates while this one's table slot, block and fingerprint load
+                        self._ahead(h[(lo + mid_i) >> 1])
+                        self._ahead(h[(mid_i + hi) >> 1])
+                        self._ahead(h[(3 * lo + mid_i) >> 2])
+                        self._ahead(h[(lo + 3 * mid_i) >> 2])
+                        self._ahead(h[(3 * mid_i + hi) >> 2])
+                        self._ahead(h[(mid_i + 3 * hi) >> 2])
+                    s = ~self.tb.slots[_mix(h[mid_i]) & self.tb.mask]
+                    if s != EMPTY:
+                        __builtin_prefetch(&self.blocks[s])
+                        __builtin_prefetch(&self.ties[s])
+                    b = self._find(h[mid_i])
+                    ok = b >= 0 and self.ties[b].fp == fp[mid_i]
+                    if ok:
+                        if full:  # the survivors are block i - 1's holders: a subset of them as large
+                            ok = self.blocks[b].n == na
+                        else:
+                            for a in range(na):
+                                if self._slot_of(&self.blocks[b], alive[a]) < 0:
+                                    ok = False
+                                    break
+                    if ok:
+                        lo, bm = mid_i, b
+                    else:
+                        hi = mid_i
+                if lo >= i:
+                    prev_e, prev_k = _hold(&self.blocks[bm]), self.blocks[bm].n
+                    full = na == prev_k
+                    depth = <uint32_t>(lo + 1)
+                    i = lo + 1
         finally:
             if h != stackbuf:
                 free(h)
@@ -826,7 +1161,9 @@ cdef class CompiledPrefixIndex:
             head[0], head[1] = depth, na
             carray.extend_buffer(out, <char*>head, 2)
             carray.extend_buffer(out, <char*>alive, na)
-        return CompiledMatch(depth, self._workers, self._wid, out)
+        cdef CompiledMatch match = CompiledMatch.__new__(CompiledMatch)
+        match.blocks, match._names, match._wid, match._pairs = depth, self._workers, self._wid, out
+        return match
 
     def record_hits(self, block_hashes, hit_blocks, block_size):
         hits = self._hits

@@ -7,11 +7,16 @@
 # small C containers it is built from: growable arrays (``Vec``) and the child-list links.
 
 
-class CompiledMatch:
+cdef class CompiledMatch:
     """Longest cached prefix of a chain (see ``prefix_index_ref.Match``); ``per_worker`` is built
-    on first use, so a caller that needs only ``blocks`` or one worker's depth pays no dict."""
+    on first use, so a caller that needs only ``blocks`` or one worker's depth pays no dict. A C
+    type: made and asked once a record, its fields are read without attribute lookups."""
 
-    __slots__ = ("blocks", "_names", "_wid", "_pairs", "_dict")
+    cdef readonly object blocks
+    cdef list _names
+    cdef dict _wid
+    cdef carray.array _pairs
+    cdef object _dict
 
     def __init__(self, blocks, names, wid, pairs):
         self.blocks = blocks
@@ -342,6 +347,11 @@ cdef inline void _unlist_from(Block* blocks, Tie* ties, uint32_t* root_head, uin
         _list_head(ties, root_head, blocks[x].parent)[0] = nx
     if nx != NONE:
         ties[nx].prev = pv
+
+
+cdef int _cmp_u32(const void* a, const void* b) noexcept nogil:
+    cdef uint32_t x = (<const uint32_t*>a)[0], y = (<const uint32_t*>b)[0]
+    return (x > y) - (x < y)
 
 
 cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:

@@ -1,14 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled prefix index: the semantics of ``exporter.core.index.prefix_index_ref`` in flat C arrays.
 
-Layout (about 44 bytes per block, whatever the number of workers):
+Layout (about 48 bytes per block, whatever the number of workers):
 
 * ``blocks``: one 32-byte ``Block`` per block hash — the hash, the parent as an array index,
   its live children, the next entry of its parent's child list, and its holders: sorted
   ``wid << 8 | tiers`` entries (worker id, one bit per cache medium), two inline, more in a
   malloc'd array.
-* ``ties``: 12 bytes per entry beside it — the first entry of its child list, the previous one
-  in its parent's list, and its depths (see the statistics section of ``CompiledPrefixIndex``).
+* ``ties``: 16 bytes per entry beside it — the first entry of its child list, the previous one
+  in its parent's list, its depths (see the statistics section of ``CompiledPrefixIndex``) and
+  the fingerprint of its path from the root (``longest_match``'s binary search checks it).
 * ``slots``: an open-addressing (linear probing, backward-shift deletion) table of u32 block
   indexes keyed by the mixed 64-bit hash, at most 3/4 full.
 
@@ -73,6 +74,9 @@ DEF FLAG_HIT = 2
 DEF FLAG_NEW = 4     # made by ``_find_or_add``, in no child list yet
 DEF FLAG_GONE = 8    # holder-less, on the gone list (its ``dep`` is its place there)
 DEF FLAG_CUT = 16    # the smallest hash of a parent cycle: its depths start at the root
+DEF FLAG_OPEN = 32   # a child has a holder this block lacks, or it is wide: a chain's walk steps past it
+DEF FLAG_WIDE = 64   # too many children to count a worker's among them: always treated as open
+DEF WALK_KIDS = 64   # children a holder change counts through before the block is called wide
 DEF INLINE = 2
 DEF MAX_WORKERS = 65535
 DEF MAX_KEEP = 16  # radix edges of the tree's top a reading serves (the API's deepest request)
@@ -106,6 +110,7 @@ cdef struct Tie:     # per entry, beside its Block: the child lists and the dept
     uint32_t prev    # the previous entry of its parent's child list (NONE: the first)
     uint32_t dep     # in the tree: edges << DEP_BLOCKS | blocks (DEEP: in ``st_deep``);
                      # holder-less on the gone list: its place there
+    uint32_t fp      # fingerprint of its path through the parent links: ``_fp_of(parent's fp, hash)``
 
 
 cdef extern from *:
@@ -131,6 +136,18 @@ cdef void _scratch_unmap(void* p, size_t size) noexcept nogil:
         munmap(p, size)
 
 
+cdef Py_ssize_t _binary_from = 32  # chains this long (or longer) take longest_match's binary search
+
+
+def set_binary_from(Py_ssize_t blocks):
+    """(tests and the bench) The chain length from which ``longest_match`` searches by halves
+    where that is exact; 0 or 1: always, a huge number: never (the walk block by block)."""
+    global _binary_from
+    previous, _binary_from = _binary_from, blocks
+    return previous
+
+
+DEF INTS_AHEAD = 64  # longest_match reads a chain's int objects this far ahead of converting them
 DEF AHEAD = 16  # longest_match fetches the table slot this many blocks ahead, the block half as far
 
 
@@ -143,9 +160,48 @@ cdef inline uint64_t _mix(uint64_t x) nogil:
     return x
 
 
+DEF FP_ROOT = 0x2545F491  # the fingerprint a root-level block's path starts from
+
+
+cdef inline uint32_t _fp_of(uint32_t parent_fp, uint64_t h) nogil:
+    """The path fingerprint of a block under a parent with fingerprint ``parent_fp``: a polynomial
+    in the path's mixed hashes (order matters), so a chain's fingerprints cost one multiply-add
+    a block in sequence, the mixing of each hash running ahead of it."""
+    return parent_fp * <uint32_t>0x01000193 + <uint32_t>((h * <uint64_t>0x9E3779B97F4A7C15) >> 32)
+
+
+cdef extern from *:
+    """
+    /* A non-negative int of up to three digits read straight from its digits (CPython before
+       3.12, whose int layout this is); 0: take the C API's path. */
+    static inline int pfx_u64_digits(PyObject* o, uint64_t* out) {
+    #if !defined(PYPY_VERSION) && PY_VERSION_HEX < 0x030C0000
+        if (PyLong_CheckExact(o)) {
+            const digit* d = ((PyLongObject*)o)->ob_digit;
+            switch (Py_SIZE(o)) {
+            case 0: *out = 0; return 1;
+            case 1: *out = (uint64_t)d[0]; return 1;
+            case 2: *out = (uint64_t)d[0] | ((uint64_t)d[1] << PyLong_SHIFT); return 1;
+            case 3: *out = (uint64_t)d[0] | ((uint64_t)d[1] << PyLong_SHIFT)
+                           | ((uint64_t)d[2] << (2 * PyLong_SHIFT)); return 1;
+            }
+        }
+    #endif
+        (void)o; (void)out;
+        return 0;
+    }
+    """
+    bint _u64_digits "pfx_u64_digits"(PyObject* o, uint64_t* out) noexcept
+
+
 cdef inline uint64_t _u64(object h) except? 0xFFFFFFFFFFFFFFFF:
-    """A block hash as the decoder gives it: an int folded to 64 bits."""
-    cdef uint64_t v = PyLong_AsUnsignedLongLongMask(h)
+    """A block hash as the decoder gives it: an int folded to 64 bits (the low 64 bits of its
+    two's complement, as ``PyLong_AsUnsignedLongLongMask`` reads it; the common sizes read from
+    the int's digits, which is most of a long chain's lookup)."""
+    cdef uint64_t v
+    if _u64_digits(<PyObject*>h, &v):
+        return v
+    v = PyLong_AsUnsignedLongLongMask(h)
     if v == <uint64_t>0xFFFFFFFFFFFFFFFF and PyErr_Occurred():
         raise TypeError(f"block hash must be an int, got {type(h).__name__}")
     return v

@@ -22,6 +22,23 @@ from exporter.model import AllBlocksCleared, BlockRemoved, BlockStored
 compiled = pytest.importorskip("exporter.core.index._prefix_core")
 CompiledPrefixIndex = compiled.CompiledPrefixIndex
 
+
+@pytest.fixture(params=["walk", "halves"])  # a setting of the module, meant to last across a test's examples
+def lookup_mode(request: pytest.FixtureRequest):
+    """``longest_match`` block by block, or searching by halves wherever that is exact (every chain)."""
+    previous = compiled.set_binary_from(1 if request.param == "halves" else 1 << 30)
+    yield request.param
+    compiled.set_binary_from(previous)
+
+
+def open_blocks_hold(idx) -> None:
+    """The compiled index's open blocks as kept at apply time are those counted anew, and every
+    path fingerprint follows from its parent's."""
+    if isinstance(idx, CompiledPrefixIndex):
+        kept, counted = idx._open_blocks()
+        assert kept == counted
+        assert idx._fingerprints_hold()
+
 UNIVERSE = 40
 WORKERS = ("w0", "w1", "w2")
 MEDIA = (None, "GPU", "CPU", "disk")
@@ -109,9 +126,10 @@ def payload(events: list, arrays: bool) -> bytes:
     return msgpack.packb([1.5, out, None])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                    HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> None:
+def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject, lookup_mode: str) -> None:
     paths = data.draw(forests())
     ref, comp, scanned = ReferencePrefixIndex(), CompiledPrefixIndex(), CompiledPrefixIndex()
     arrays = data.draw(st.booleans())
@@ -129,6 +147,8 @@ def test_compiled_and_reference_agree_on_random_streams(data: st.DataObject) -> 
         for idx in (ref, comp, scanned):
             idx.record_hits(chain, m.blocks, 16)
         assert observe(ref, paths) == observe(comp, paths) == observe(scanned, paths)
+        open_blocks_hold(comp)
+        open_blocks_hold(scanned)
 
 
 def _pass_fields(s) -> tuple:
@@ -325,9 +345,10 @@ def test_a_reading_settles_the_queued_depths_in_steps_then_reads_in_one() -> Non
     assert steps > 1  # the split at block 1 shifted the 28 blocks below it
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                    HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_the_lookup_rule_holds_against_the_reference(data: st.DataObject) -> None:
+def test_the_lookup_rule_holds_against_the_reference(data: st.DataObject, lookup_mode: str) -> None:
     # The rule ``CompiledPrefixIndex.longest_match`` relies on (survivors shrink as subsets, so a
     # worker's depth is that of the deepest group naming it; a block with byte-identical holder
     # entries keeps the survivors): many workers, holders with gaps (a block held without its
@@ -405,9 +426,10 @@ def tangled_batches(draw: st.DrawFn) -> tuple[str, list]:
     return worker, events
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                    HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_depths_kept_at_apply_time_through_cycles_orphans_and_clears(data: st.DataObject) -> None:
+def test_depths_kept_at_apply_time_through_cycles_orphans_and_clears(data: st.DataObject, lookup_mode: str) -> None:
     # Parents are arbitrary here, so departed blocks come back under their own descendants
     # (parent cycles, cut above their smallest hash), blocks leave the middle of the tree
     # (orphans), a block's only child gets a sibling (a split) or loses it (a merge), and whole
@@ -430,6 +452,10 @@ def test_depths_kept_at_apply_time_through_cycles_orphans_and_clears(data: st.Da
         assert got == _pass_fields(ref.stats(keep))
         comp._rebuild_depths()
         assert _pass_fields(comp.stats(keep)) == got
+        open_blocks_hold(comp)
+        for chain in ([hash_of(x) for x in data.draw(st.lists(st.integers(0, SMALL), max_size=6))],):
+            r, m = ref.longest_match(chain), comp.longest_match(chain)
+            assert (r.blocks, r.per_worker) == (m.blocks, m.per_worker)
 
 
 @st.composite
@@ -511,3 +537,69 @@ def test_depths_past_the_packed_range_match_the_reference() -> None:
     comp.clear_worker("w1")  # nothing of w1: no rebuild
     comp._rebuild_depths()
     assert _pass_fields(comp.stats(2)) == _pass_fields(ref.stats(2))
+
+
+@st.composite
+def long_chain_batches(draw: st.DrawFn, chain: list[int], side: list[int], workers: list[str]) -> tuple[str, list]:
+    """What breaks the order a binary search over a chain relies on, and what restores it: prefixes
+    of one long chain, runs of it under a parent the worker lacks (or no parent at all), evictions
+    in its middle (the blocks below stay held) and their return, branches off it (a block with
+    more children than a holder change counts through becomes wide), clears."""
+    worker = draw(st.sampled_from(workers))
+    events: list = []
+    n = len(chain)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.integers(0, 9))
+        i = draw(st.integers(0, n - 1))
+        if kind <= 2:  # a prefix, or its continuation under its parent
+            j = draw(st.integers(i + 1, n))
+            events.append(BlockStored(tuple(chain[i:j]), chain[i - 1] if i else None, 16,
+                                      medium=draw(st.sampled_from(MEDIA[:3]))))
+        elif kind == 3:  # a run of the chain with no parent: it hangs off the root
+            events.append(BlockStored(tuple(chain[i:draw(st.integers(i + 1, n))]), None, 16))
+        elif kind <= 5:  # an eviction in the middle
+            events.append(BlockRemoved(tuple(chain[i:i + draw(st.integers(1, 3))]),
+                                       medium=draw(st.sampled_from(MEDIA[:3]))))
+        elif kind == 6:  # branches off the chain (many of them at one block: a wide block)
+            k = draw(st.integers(1, 90))
+            events.append(BlockStored((side[i],), chain[i], 16))
+            events += [BlockStored((hash_of(5000 + 97 * i + x),), chain[i], 16) for x in range(k)]
+        elif kind == 7:  # the branches go
+            events.append(BlockRemoved((side[i], *(hash_of(5000 + 97 * i + x) for x in range(90)))))
+        elif kind == 8:  # evicted from the tail up, as engines evict
+            events.append(BlockRemoved(tuple(reversed(chain[i:]))))
+        else:
+            events.append(AllBlocksCleared())
+    return worker, events
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_a_long_chain_searched_by_halves_matches_the_walk(data: st.DataObject) -> None:
+    # Holdings that stop being prefix-closed (middle evictions, runs under parents the worker
+    # lacks or hanging off the root) and that become closed again: after every batch the
+    # compiled lookup — by halves where the open blocks and fingerprints allow it, block by
+    # block elsewhere — gives the reference's per-worker depths, best depths and exclusions.
+    chain = [hash_of(i) for i in range(data.draw(st.sampled_from((40, 130))))]
+    side = [hash_of(1000 + i) for i in range(len(chain))]
+    workers = [f"w{i}" for i in range(data.draw(st.sampled_from((3, 12))))]
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    previous = compiled.set_binary_from(1)
+    try:
+        for w in workers:
+            upto = data.draw(st.integers(0, len(chain)))
+            for idx in (ref, comp):
+                idx.apply(w, [BlockStored(tuple(chain[:upto]), None, 16)] if upto else [])
+        for _ in range(data.draw(st.integers(1, 12))):
+            worker, events = data.draw(long_chain_batches(chain, side, workers))
+            assert ref.apply(worker, events) == comp.apply(worker, events)
+            open_blocks_hold(comp)
+            for c in (chain, chain[: len(chain) // 2], [*chain[:20], side[19]], chain[5:]):
+                r, m = ref.longest_match(c), comp.longest_match(c)
+                assert (r.blocks, r.per_worker) == (m.blocks, m.per_worker)
+                assert [r.depth_on(w) for w in workers] == [m.depth_on(w) for w in workers]
+                left = frozenset(workers[1:3])
+                for w in workers[:4]:
+                    assert m.best_depth_besides(w, left) == r.best_depth_besides(w, left)
+    finally:
+        compiled.set_binary_from(previous)
