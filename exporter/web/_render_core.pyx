@@ -323,7 +323,7 @@ def format_value(double d) -> str:
 
 cdef class Layout:
     """A family's label sets in the order they are written, and each one's ``name{labels} ``
-    prefix (UTF-8), joined into one buffer.
+    prefix (str, or bytes already UTF-8), joined into one buffer.
 
     ``order`` is the label sets in the order of the dict the layout was made for: the series
     view builds a family's dict in the same order scrape after scrape, so its values are read
@@ -344,7 +344,7 @@ cdef class Layout:
             raise ValueError("one prefix per label set")
         self.keys = keys
         self.n = len(keys)
-        encoded = [p.encode("utf-8") for p in prefixes]
+        encoded = [p if type(p) is bytes else p.encode("utf-8") for p in prefixes]  # bytes: kept encoded
         self.blob = b"".join(encoded)
         self.ends = <Py_ssize_t*>PyMem_Malloc((self.n + 1) * sizeof(Py_ssize_t))
         self.perm = <Py_ssize_t*>PyMem_Malloc((self.n + 1) * sizeof(Py_ssize_t))
@@ -495,7 +495,7 @@ def lines(Layout layout, dict values, Lines prev=None):
 cdef class HistogramLayout:
     """A histogram family's series in the order they are written (sorted label sets), and for each
     its ``buckets`` bucket-line prefixes, then its ``_count`` and ``_sum`` prefixes (each
-    ``name{labels} ``, UTF-8), joined into one buffer."""
+    ``name{labels} ``, str or bytes already UTF-8), joined into one buffer."""
 
     cdef readonly tuple keys
     cdef readonly Py_ssize_t n
@@ -510,7 +510,7 @@ cdef class HistogramLayout:
         self.keys = keys
         self.n = len(keys)
         self.buckets = buckets
-        encoded = [p.encode("utf-8") for p in prefixes]
+        encoded = [p if type(p) is bytes else p.encode("utf-8") for p in prefixes]  # bytes: kept encoded
         self.blob = b"".join(encoded)
         self.ends = <Py_ssize_t*>PyMem_Malloc((self.n * per + 1) * sizeof(Py_ssize_t))
         if self.ends == NULL:

@@ -122,3 +122,31 @@ def test_server_serves_the_direct_text_and_openmetrics_from_the_registry():
         assert om.text.endswith("# EOF\n") and "prefixscope_worker_resident_blocks" in om.text
     finally:
         srv.stop()
+
+
+def test_a_scrape_runs_with_automatic_collection_paused_and_restores_it():
+    # A scrape's objects all die with it: collections meanwhile would only promote them (and
+    # walk the whole heap every few scrapes), so the scrape pauses them and restores the setting.
+    import gc
+
+    from exporter.web.exposition import CollectorPause
+
+    st = busy_state()
+    seen: list[bool] = []
+    st.series = lambda real=st.series: (seen.append(gc.isenabled()), real())[1]  # type: ignore[method-assign]
+    assert gc.isenabled()
+    render_state(st)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # a process that turned collection off keeps it off
+    try:
+        render_state(st)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    pause = CollectorPause(max_s=0.0)
+    with pause:  # overlapping scrapes share one pause, which is not extended past max_s
+        assert not gc.isenabled()
+        with pause:
+            assert gc.isenabled()
+        assert gc.isenabled()
+    assert gc.isenabled()
