@@ -497,8 +497,8 @@ def test_a_killed_shard_fires_its_alert_within_its_for_and_the_pooled_rules_go_e
         assert alert["labels"]["severity"] == "warning"
         # pending from the first failed scrape (a second's scrape and a second's evaluation), so it
         # fired `for` later: within its `for` of the kill, give or take those two intervals
-        from console.chain import _rfc3339
-        active = _rfc3339(alert["activeAt"])
+        from prefixscope.units import parse_timestamp
+        active = parse_timestamp(alert["activeAt"])
         assert active is not None and killed_at - 1.0 <= active <= killed_at + 3.0, (active - killed_at)
 
         # the survivors alone, once the dead shard's samples have left the window: what the rule
