@@ -252,7 +252,7 @@ def count_protobuf_reference(body: bytes, budget: Budget) -> tuple[int, int]:
 def elements(body: bytes, content_type: str | None, budget: Budget) -> int:
     """How many elements the request may build: an upper bound (exact for a walked protobuf body),
     BudgetExceeded when it passes the budget (see :func:`count_protobuf`, :func:`count_json`)."""
-    if _media(content_type) == JSON:
+    if media_of(content_type) == JSON:
         return count_json(body, budget)
     if len(body) > WALK_ABOVE:
         return count_protobuf(body, budget)[1]
@@ -381,7 +381,8 @@ def decode_json(body: bytes, budget: Budget | None = None) -> list[Span]:
         raise OtlpDecodeError(f"not an OTLP JSON ExportTraceServiceRequest: {type(exc).__name__}: {exc}") from None
 
 
-def _media(content_type: str | None) -> str:
+def media_of(content_type: str | None) -> str:
+    """The media type a Content-Type names (protobuf when none is given), lower case, without parameters."""
     return (content_type or PROTOBUF).split(";")[0].strip().lower()
 
 
@@ -393,7 +394,7 @@ def decode(body: bytes, content_type: str | None, budget: Budget | None = None, 
     when it holds more than ``budget`` allows — found before the request is built. ``counted``:
     :func:`elements` has checked the body against ``budget`` already (it is not walked again).
     """
-    media = _media(content_type)
+    media = media_of(content_type)
     if media == JSON:
         return decode_json(body, budget)
     if media in (PROTOBUF, "application/protobuf", "application/octet-stream"):

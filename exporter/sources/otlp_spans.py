@@ -119,6 +119,19 @@ class SpanResult:
     errors: list[str]
 
 
+@dataclass(frozen=True)
+class ExportAnswer:
+    """What one export request is answered, whichever transport carried it: ``status`` is the
+    HTTP status (200; 400 a body that does not decode; 413 one over a limit; 429 the receivers
+    at their memory limit), ``body`` the ExportTraceServiceResponse in the request's encoding
+    (on 200), ``reason`` why it was refused (otherwise)."""
+
+    status: int
+    media: str
+    body: bytes = b""
+    reason: str = ""
+
+
 @dataclass
 class _Pending:
     span: otlp.Span
@@ -203,6 +216,22 @@ class SpanIntake:
             except Overloaded as exc:
                 self.health.error(SOURCE, "overloaded", str(exc))
                 raise
+
+    def export(self, raw: bytes, content_type: str | None, content_encoding: str | None = None, *,
+               admitted: bool = False) -> ExportAnswer:
+        """One export request answered: the one error boundary ``POST /v1/traces`` and gRPC
+        ``Export`` both call (each maps the answer onto its own status codes), so what is
+        refused, counted and answered is the same whichever door a request came through."""
+        media = otlp.JSON if otlp.media_of(content_type) == otlp.JSON else otlp.PROTOBUF
+        try:
+            result = self.ingest(raw, content_type, content_encoding, admitted=admitted)
+        except Overloaded as exc:
+            return ExportAnswer(Overloaded.status, media, reason=str(exc))
+        except (BodyTooLarge, otlp.BudgetExceeded) as exc:
+            return ExportAnswer(BodyTooLarge.status, media, reason=str(exc))
+        except otlp.OtlpDecodeError as exc:
+            return ExportAnswer(400, media, reason=str(exc))
+        return ExportAnswer(200, media, otlp.response_body(media, result.rejected, "; ".join(result.errors[:3])))
 
     @contextlib.contextmanager
     def admit(self, announced: int) -> Iterator[None]:

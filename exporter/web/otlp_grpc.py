@@ -57,6 +57,10 @@ MAX_CONCURRENT_RPCS = THREADS  # beyond this gRPC answers RESOURCE_EXHAUSTED at 
 MAX_STREAMS_PER_CONNECTION = 8  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: one client cannot take every thread
 IDLE_CONNECTION_S = 60.0  # a connection with no call for this long is closed
 DEFAULT_RECEIVE_TIMEOUT_S = 10.0  # seconds a call has to send its message once its headers are in
+# The intake's answer (an HTTP status) as gRPC says it: a refusal that resending cannot fix is
+# INVALID_ARGUMENT (not retried by exporters), the memory limit RESOURCE_EXHAUSTED (retried).
+STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, BodyTooLarge.status: grpc.StatusCode.INVALID_ARGUMENT,
+                Overloaded.status: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 def authorised(metadata: tuple[tuple[str, str | bytes], ...], token: str | None) -> bool:
@@ -138,10 +142,7 @@ class GrpcTraceReceiver:
             if context.is_active():
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Export takes exactly one request message")
             return b""  # the client cancelled: nobody to answer
-        try:
-            result = self.intake.ingest(request, otlp.PROTOBUF)
-        except Overloaded as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except (otlp.OtlpDecodeError, BodyTooLarge) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return otlp.response_body(otlp.PROTOBUF, result.rejected, "; ".join(result.errors[:3]))
+        answer = self.intake.export(request, otlp.PROTOBUF)  # the one error boundary, as over HTTP
+        if answer.status != 200:
+            context.abort(STATUS_CODES.get(answer.status, grpc.StatusCode.INVALID_ARGUMENT), answer.reason)
+        return answer.body

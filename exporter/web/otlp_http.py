@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from exporter.codecs import otlp
 from exporter.codecs.normalize import worker_names_by_url
 from exporter.config import OtlpTraces, WorkerTarget
-from exporter.sources.otlp_spans import BodyTooLarge, Overloaded, SpanIntake
+from exporter.sources.otlp_spans import ExportAnswer, Overloaded, SpanIntake
 from exporter.web.routes import HttpError, Request, Response
 
 PATH = "/v1/traces"
@@ -54,19 +54,15 @@ def handler(intake: SpanIntake, authorised: Callable[[Request], bool]) -> Callab
             raise HttpError("Content-Length is required", 411)
         if int(length) > intake.max_body_bytes:
             raise HttpError(f"body of {length} bytes exceeds the limit of {intake.max_body_bytes} bytes", 413)
-        ctype = req.header("Content-Type")
-        media = otlp.JSON if (ctype or "").split(";")[0].strip().lower() == otlp.JSON else otlp.PROTOBUF
         try:
             with intake.admit(int(length)):  # the body's memory is held before it is read
-                result = intake.ingest(req.read_body(int(length)), ctype, req.header("Content-Encoding"),
-                                       admitted=True)
+                answer = intake.export(req.read_body(int(length)), req.header("Content-Type"),
+                                       req.header("Content-Encoding"), admitted=True)
         except Overloaded as exc:
-            raise HttpError(str(exc), 429, {"Retry-After": str(RETRY_AFTER_S)}) from None
-        except (BodyTooLarge, otlp.BudgetExceeded) as exc:
-            raise HttpError(str(exc), 413) from None
-        except otlp.OtlpDecodeError as exc:
-            raise HttpError(str(exc), 400) from None
-        body = otlp.response_body(media, result.rejected, "; ".join(result.errors[:3]))
-        return Response(200, body, media)
+            answer = ExportAnswer(Overloaded.status, otlp.PROTOBUF, reason=str(exc))
+        if answer.status != 200:
+            headers = {"Retry-After": str(RETRY_AFTER_S)} if answer.status == Overloaded.status else None
+            raise HttpError(answer.reason, answer.status, headers)
+        return Response(200, answer.body, answer.media)
 
     return traces
