@@ -42,7 +42,9 @@ published). Every worker on those subjects is taken: Dynamo's worker ids are the
 (its discovery's instance ids), so the subjects select the deployment, not a worker list. Core
 NATS keeps nothing: a jump in an envelope's ``sequence`` per publisher (in ``event_id`` per worker
 and rank for a bare message) is counted as a gap and missed batches; a lower one is a restart.
-There is no replay to ask for.
+Those numbers are judged as the relay's are: one beyond 0..2^53, or more than ``MAX_JUMP``
+ahead unless the next message confirms it, is rejected and counted (``sequence``), its message
+(or batch) not applied. There is no replay to ask for.
 
 Batches are decoded by :mod:`exporter.codecs.kvcodec` (the relay sends vLLM's payload unchanged) and
 handed to the sink like the ZMQ subscriber does (``sink.apply_kv_batch``), so the state counts
@@ -122,6 +124,7 @@ class NatsKvSource:
         # Dynamo publisher (DynamoMessage.sequence_key) -> (next sequence, worker)
         self._dyn_publishers: dict[tuple[int, str | None], tuple[int, str | None]] = {}
         self._dyn_events: dict[str, int] = {}  # Dynamo worker (and rank) -> next event_id
+        self._dyn_jump: dict[object, int] = {}  # Dynamo publisher or worker -> a number too far ahead, awaiting confirmation
         self._dyn_seen: set[str] = set()  # Dynamo workers whose gap series exists (as many as its series)
         self._first_id: dict[str, str] = {}  # worker -> Nats-Msg-Id of the batch it started at (seq 0)
         self._jump: dict[str, int] = {}  # worker -> a seq too far ahead, awaiting the next to confirm it
@@ -369,11 +372,37 @@ class NatsKvSource:
         restarted: set[str] = set()
         key = msg.sequence_key()
         if key is not None and msg.sequence is not None:
+            known = self._dyn_publishers.get(key)
+            if not self._dyn_fits(key, msg.sequence, known[0] if known else None,
+                                  f"{subject}: publisher {key[0]}'s sequence"):
+                return  # judged, not trusted: nothing of it applied, nothing taken for a restart
             self._publisher_sequence(key, msg.sequence, msg.events[0].worker if msg.events else None, restarted)
         for batch in msg.batches(now):
             worker = batch.worker
+            if not self._dyn_fits(worker, batch.seq, self._dyn_events.get(worker),
+                                  f"{subject}: worker {worker}'s event_id"):
+                continue
             self._event_ids(worker, batch.seq, len(batch.events), msg.sequence is None, restarted)
             self._apply(lambda b=batch: self.sink.apply_kv_batch(b, self.clock()), worker)
+
+    def _dyn_fits(self, key: object, value: int, expected: int | None, what: str) -> bool:
+        """Whether a Dynamo sequence (a publisher's envelope ``sequence``, a worker's ``event_id``)
+        may be taken, by the relay's rules: within 0..MAX_SEQ, and no more than ``MAX_JUMP`` ahead
+        of the one expected unless the next message confirms it. A misfit is counted
+        (``sequence``) and its message or batch is not applied: an absurd number would count
+        billions of missed batches, and make the worker's next true message look like a restart."""
+        jump = self._dyn_jump.pop(key, None)
+        if not 0 <= value <= MAX_SEQ:
+            self.health.error(SOURCE, "sequence", f"{what} is {value}, beyond 0..2^53")
+            return False
+        if expected is not None and value - expected > MAX_JUMP and jump != value - 1:
+            self._dyn_jump[key] = value
+            if len(self._dyn_jump) > MAX_PUBLISHERS:
+                del self._dyn_jump[next(iter(self._dyn_jump))]
+            self.health.error(SOURCE, "sequence", f"{what} jumps from {expected - 1} to {value}; "
+                                                  f"taken only if the next message confirms it")
+            return False
+        return True
 
     def _publisher_sequence(self, publisher: tuple[int, str | None], seq: int, worker: str | None,
                             restarted: set[str]) -> None:

@@ -9,6 +9,8 @@ the relay writes them (subject, headers, msgpack payload) and the exporter's sou
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ from exporter.codecs.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_WORKER, 
 from exporter.core.health import Health
 from exporter.core.sharding import ShardSink, ShardSpec
 from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
-from tests.support import free_port, require_tool, wait_for
+from tests.support import REPO, free_port, require_tool, wait_for
 
 
 class Sink:
@@ -127,3 +129,54 @@ def test_a_jump_the_next_message_confirms_is_loss_not_junk() -> None:
     assert sink.batches == [("w0", 0), ("w0", 1), ("w0", 3_000_001)]
     assert health.snapshot()[0]["prefixscope_kv_event_missed_batches"][("w0",)] == 2_999_999
     assert sink.restarts == []
+
+
+DYNAMO_SUBJECT = "namespace.dynamo.component.backend.kv_events"
+DYNAMO = json.loads((REPO / "tests" / "fixtures" / "dynamo_router_events.json").read_text())
+
+
+def dynamo(name: str, event_id: int, sequence: int | None = None) -> bytes:
+    message = copy.deepcopy(DYNAMO[name])
+    event = message["payload"]["event"] if "payload" in message else message["event"]
+    event["event_id"] = event_id
+    if sequence is not None:
+        message["sequence"] = sequence
+    return json.dumps(message).encode()
+
+
+def test_absurd_dynamo_sequences_are_counted_and_wipe_nothing(nats_url: str) -> None:
+    """Dynamo's messages come on core NATS, where anyone on the subject may publish: an event_id or
+    envelope sequence beyond 2^53, or a jump no next message confirms, is rejected and counted —
+    not billions of missed batches, and not the reason the worker's next true message reads as a
+    restart."""
+    import nats
+
+    sink, health = Sink(), Health()
+    src = NatsKvSource(NatsKvSettings(url=nats_url, relay=False, dynamo_subjects=(DYNAMO_SUBJECT,)), sink, health)
+    src.start()
+    messages = [dynamo("old_bare_stored", 0),
+                dynamo("old_bare_stored", 2**63),  # absurd
+                dynamo("new_stored_child", 5_000_000),  # a jump no next message confirms
+                dynamo("new_stored_child", 1),
+                dynamo("enveloped", 4, sequence=5),
+                dynamo("enveloped", 5, sequence=2**60),  # an absurd envelope sequence
+                dynamo("enveloped", 6, sequence=6)]
+
+    async def run() -> None:
+        nc = await nats.connect(nats_url)
+        for data in messages:
+            await nc.publish(DYNAMO_SUBJECT, data)
+        await nc.flush()
+        await nc.close()
+
+    try:
+        assert src.wait_started(30)
+        asyncio.run(run())
+        wait_for(lambda: len(sink.batches) >= 4, what="the good messages")
+    finally:
+        src.close()
+    worker = str(DYNAMO["old_bare_stored"]["worker_id"])
+    assert sink.batches == [(worker, 0), (worker, 1), ("11", 4), ("11", 6)]
+    assert sink.restarts == []
+    assert health.snapshot()[0]["prefixscope_ingest_errors"][("kv_events", "sequence")] == 3
+    assert (health.total("prefixscope_kv_event_missed_batches") or 0) == 0
