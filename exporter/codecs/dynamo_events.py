@@ -170,9 +170,10 @@ def _unwrap(obj: Any) -> tuple[list[Any], bool, int | None, int | None, float | 
     published: float | None = None
     if isinstance(obj, Mapping) and "payload" in obj and ENVELOPE_KEYS & obj.keys():
         ns, ms = obj.get("published_at_ns"), obj.get("published_at")
-        if type(ns) is int and ns > 0:
+        # u64 in Dynamo's envelope: a number past that reads as no time (and never overflows a float)
+        if type(ns) is int and 0 < ns <= MASK64:
             published = ns / 1e9
-        elif type(ms) in (int, float) and math.isfinite(ms) and ms > 0:
+        elif (type(ms) is int and 0 < ms <= MASK64) or (type(ms) is float and math.isfinite(ms) and ms > 0):
             published = ms / 1e3
         pid, seq = obj.get("publisher_id"), obj.get("sequence")
         publisher = pid if type(pid) is int and 0 <= pid <= MASK64 else None

@@ -29,9 +29,11 @@ class Sink:
     def __init__(self) -> None:
         self.batches: list[tuple[str, int]] = []
         self.restarts: list[str] = []
+        self.times: list[float] = []
 
     def apply_kv_batch(self, batch, received_at) -> None:
         self.batches.append((batch.worker, batch.seq))
+        self.times.append(batch.ts)
 
     def worker_restarted(self, worker) -> None:
         self.restarts.append(worker)
@@ -180,3 +182,36 @@ def test_absurd_dynamo_sequences_are_counted_and_wipe_nothing(nats_url: str) -> 
     assert sink.restarts == []
     assert health.snapshot()[0]["prefixscope_ingest_errors"][("kv_events", "sequence")] == 3
     assert (health.total("prefixscope_kv_event_missed_batches") or 0) == 0
+
+
+def test_an_envelope_time_past_u64_reads_as_no_time_and_the_message_is_applied(nats_url: str) -> None:
+    """A publish time too large for a float (past Dynamo's u64) raised out of the decoder before:
+    the message was lost uncounted on the subscription's callback."""
+    import nats
+
+    sink, health = Sink(), Health()
+    src = NatsKvSource(NatsKvSettings(url=nats_url, relay=False, dynamo_subjects=(DYNAMO_SUBJECT,)), sink, health,
+                       clock=lambda: 1234.0)
+    src.start()
+    huge_ns = json.loads(dynamo("enveloped", 4, sequence=5))
+    huge_ns["published_at_ns"] = 10**400
+    huge_ms = json.loads(dynamo("enveloped", 5, sequence=6))
+    del huge_ms["published_at_ns"]
+    huge_ms["published_at"] = 10**400
+
+    async def run() -> None:
+        nc = await nats.connect(nats_url)
+        for message in (huge_ns, huge_ms):
+            await nc.publish(DYNAMO_SUBJECT, json.dumps(message).encode())
+        await nc.flush()
+        await nc.close()
+
+    try:
+        assert src.wait_started(30)
+        asyncio.run(run())
+        wait_for(lambda: len(sink.batches) >= 2, what="both messages")
+    finally:
+        src.close()
+    assert sink.batches == [("11", 4), ("11", 5)]
+    # the first falls back on its milliseconds; the second has no readable time: stamped when received
+    assert sink.times == [DYNAMO["enveloped"]["published_at"] / 1e3, 1234.0]
