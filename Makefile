@@ -114,8 +114,9 @@ check-generated: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) $(ROUTERS) $(PEERS) .pytest_cache
 
-# 1,000,000 generated inputs for each intake — KV-event decoder, text parser, OTLP protobuf, OTLP JSON,
-# request records (FUZZ_ARGS="--inputs N --targets a,b" for fewer); fails on any crash.
+# 1,000,000 generated inputs for each intake — KV-event decoder, text parser, router pages, OTLP
+# protobuf, OTLP JSON (one in 20 also through a running exporter's POST /v1/traces and gRPC Export),
+# request records, NATS messages (FUZZ_ARGS="--inputs N --targets a,b" for fewer); fails on any crash.
 fuzz: $(VENV)/.installed
 	nice $(PY) -m fuzz.run $(FUZZ_ARGS)
 
