@@ -94,6 +94,10 @@ def build(drawing: Drawing) -> Drawn:
             timeseries("Router decisions per worker", [
                 target(f"sum by (worker) ({q.rate('router_decisions')})", "{{worker}}")], unit="per_second", stack=True),
             timeseries("Workers healthy (router)", [target(q.series("router_worker_healthy"), "{{router}} {{worker}}")]),
+            timeseries("Engine hit ratio as the router polls it", [
+                target(q.series("router_engine_hit_ratio"), "{{router}} {{worker}}")], unit="ratio", description=(
+                "Each engine's own prefix-cache hit rate as the SGLang gateway last polled it (gRPC workers): the "
+                "per-worker hit rate where the engines' /metrics are not scraped.")),
             timeseries("Requests per worker (records and spans)", [
                 target(f"sum by (worker) ({q.rate('worker_requests')})", "{{worker}}")], unit="per_second", stack=True,
                 description="What the request records and OTLP spans carried, per worker: against the router's "

@@ -217,6 +217,8 @@ class RouterSnapshot:
     # The router's largest prefix tree, in the router's own unit (characters of an HTTP tree, tokens
     # of a gRPC one), and the bound each tree is evicted down to (its --max-tree-size).
     largest_tree: float | None = None
+    # worker URL -> the engine's prefix-cache hit ratio as the router polled it (SGLang gateway)
+    engine_hit_ratio: dict[str, float] = field(default_factory=dict)
     tree_bound: float | None = None
     # routing phase -> the router's own time per request in it (Dynamo's overhead histograms, in seconds)
     overhead_seconds: dict[str, CumulativeHistogram] = field(default_factory=dict)

@@ -441,6 +441,10 @@ ROUTER_FEEDS: dict[str, dict[str, str | None]] = {
     f"{NAMESPACE}_router_kv_event_lag_seconds": {
         "sglang-router": "`smg_kv_event_lag_seconds` Σ worker (smg ≥ 1.13)", "vllm-router": None, "dynamo": None,
         "llm-d": None},
+    f"{NAMESPACE}_router_engine_hit_ratio": {
+        "sglang-router": "`smg_engine_cache_hit_rate` mean over model, dp_rank (smg ≥ 1.10.1, engines the gateway "
+                         "polls for load; a removed worker's −1 dropped)",
+        "vllm-router": None, "dynamo": None, "llm-d": None},
     f"{NAMESPACE}_router_tree_fill_ratio": {
         "sglang-router": "the largest of `smg_cache_tree_chars` / `smg_cache_tree_tokens` (smg ≥ 1.10.1; "
                          "≤ 0.2.4: `sgl_router_tree_size`) ÷ `--max-tree-size`",
@@ -780,6 +784,11 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="router_regret_blocks", type="counter", unit="blocks", labels=("router",), group=4,
             source="router_metrics",
             help="Cached blocks those picks gave up: the best eligible worker's overlap minus the chosen one's, summed."),
+    _metric(name="router_engine_hit_ratio", type="gauge", unit="ratio", labels=("router", W), group=1,
+            source="router_metrics",
+            help="Each engine's prefix-cache hit ratio as the router last polled it (SGLang gateway: the engine's own "
+                 "figure, averaged over its models and DP ranks): the per-worker hit rate where the engines' own "
+                 "/metrics are not scraped."),
     _metric(name="router_tree_fill_ratio", type="gauge", unit="ratio", labels=("router",), group=4,
             source="router_metrics",
             help="The router's largest prefix tree against the bound its eviction keeps each tree under "

@@ -217,7 +217,8 @@ def _routers(st: ClusterState, out: Series) -> None:
         r = snap.router
         for name, into, values in ((f"{P}_router_decisions", c, snap.decisions),
                                    (f"{P}_router_prefix_outcomes", c, snap.prefix_outcomes),
-                                   (f"{P}_router_worker_healthy", g, snap.healthy)):
+                                   (f"{P}_router_worker_healthy", g, snap.healthy),
+                                   (f"{P}_router_engine_hit_ratio", g, snap.engine_hit_ratio)):
             if values:
                 into.setdefault(name, {}).update({(r, k): v for k, v in values.items()})
         if snap.largest_tree is not None and snap.tree_bound:

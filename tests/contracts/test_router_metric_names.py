@@ -44,6 +44,8 @@ NOT_SIMULATED: dict[str, str] = {
           "router times only the lookup (tests/fixtures/routers/dynamo_router_overhead.txt has them all)"
        for phase, names in dynamo.PHASE_NAMES.items() for name in names for n in histogram_names(name)
        if name != dynamo.FIND_MATCHES_MS and name != dynamo.FIND_MATCHES_MS_OLD},
+    sglang.SMG_ENGINE_HIT_RATE: "the engines' hit rate the gateway polls from gRPC SGLang workers; the simulated "
+                                "router is smg in front of HTTP workers",
     vllm_router.VR_TREE_SIZE: "vllm-router's tree size: named in its source, never set by the 0.1.17 wheel",
 }
 

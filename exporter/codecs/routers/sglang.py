@@ -40,6 +40,9 @@ sgl-router/src/metrics.rs (≤ 0.2.4) and experimental/sgl-router/src/server/met
   over its workers; set at each eviction pass, every ``--eviction-interval-secs``), bounded per tree
   by ``--max-tree-size`` (67,108,864 by default); ``sgl_router_tree_size{worker}`` (≤ 0.2.4: each
   worker's tree, characters). The largest tree is read.
+- engine hit ratio: ``smg_engine_cache_hit_rate{worker,model,dp_rank}`` (smg ≥ 1.10.1, observability/
+  metrics.rs: the hit rate each engine reports when the gateway polls its load; −1 once the worker
+  is removed): per worker, the mean over its models and DP ranks of the values in [0, 1].
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ SMG_PREFIX_HASH = "smg_prefix_hash_policy_branch_total"
 SMG_KV_GAPS = "smg_kv_event_gaps_total"
 SMG_KV_RESYNCS = "smg_kv_event_resyncs_total"
 SMG_KV_LAG = "smg_kv_event_lag_seconds"
+SMG_ENGINE_HIT_RATE = "smg_engine_cache_hit_rate"
 TREE_SIZES = ("smg_cache_tree_chars", "smg_cache_tree_tokens", "sgl_router_tree_size")
 DEFAULT_MAX_TREE_SIZE = 67_108_864  # smg launch / sglang_router.launch_router --max-tree-size
 # policy family -> (policy label, branch -> follow-up outcome); other branches are no follow-up
@@ -122,6 +126,17 @@ def _index_faults(p: ParseResult) -> dict[str, float]:
     return out
 
 
+def _engine_hit_ratio(p: ParseResult) -> dict[str, float]:
+    """Worker -> mean engine hit ratio over its models and DP ranks; a removed worker's −1 (and
+    anything else outside [0, 1]) is no reading."""
+    per: dict[str, list[float]] = {}
+    for s in p.samples.get(SMG_ENGINE_HIT_RATE, ()):
+        worker = s.labels.get("worker")
+        if worker is not None and 0.0 <= s.value <= 1.0:
+            per.setdefault(worker, []).append(s.value)
+    return {w: sum(v) / len(v) for w, v in per.items()}
+
+
 def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> RouterSnapshot:
     got = p.samples
     if SMG_SENDS in got:
@@ -143,6 +158,7 @@ def build(router: str, p: ParseResult, names: Mapping[str, str] | None) -> Route
         index_faults=_index_faults(p),
         kv_event_lag_seconds=histogram(p, SMG_KV_LAG),
         largest_tree=largest(p, TREE_SIZES),
+        engine_hit_ratio=named(_engine_hit_ratio(p), names),
     )
 
 
@@ -152,7 +168,7 @@ _COUNTS = frozenset({SMG_SENDS, SMG_DECISIONS, SMG_BRANCH, SGL_DECISIONS, SGL_WO
                      *histogram_names(SMG_KV_LAG)})
 ADAPTER = RouterAdapter(
     kind="sglang-router", prefixes=("smg_", "sgl_router_"),
-    names=_COUNTS | {SMG_HEALTH, *TREE_SIZES}, counts=_COUNTS | set(TREE_SIZES), ratios=frozenset({SMG_HEALTH}),
+    names=_COUNTS | {SMG_HEALTH, SMG_ENGINE_HIT_RATE, *TREE_SIZES}, counts=_COUNTS | set(TREE_SIZES), ratios=frozenset({SMG_HEALTH}),
     build=build, tree_bound=DEFAULT_MAX_TREE_SIZE,
     source="sglang-router 0.3.2 wheel; smg 1.13.0 wheel; smg-project/smg observability/metrics.rs; "
            "sgl-project/sglang sgl-router",

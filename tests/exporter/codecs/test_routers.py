@@ -87,6 +87,18 @@ def test_the_router_tree_is_read_against_its_bound() -> None:
     assert snap.kind == "vllm-router" and (snap.largest_tree, snap.tree_bound) == (1500.0, 33_554_432)
 
 
+def test_the_gateways_engine_hit_ratio_per_worker() -> None:
+    """The mean over a worker's DP ranks; a removed worker's -1 is no reading, not a zero."""
+    names = {"grpc://10.0.0.5:30000": "w0"}
+    snap, errors = normalize.parse_router("s", (FIXTURES / "routers" / "smg_engine_load.txt").read_text(), "auto", names)
+    assert errors == [] and snap.kind == "sglang-router"
+    assert snap.engine_hit_ratio == {"w0": pytest.approx(0.7), "grpc://10.0.0.7:30000": 0.25}
+    st = ClusterState.build(Health(), load_thresholds(), window_s=300.0, clock=lambda: 1000.0)
+    st.observe_router(snap, 1000.0)
+    got = st.series().gauges[f"{catalog.NAMESPACE}_router_engine_hit_ratio"]
+    assert got == {("s", "w0"): pytest.approx(0.7), ("s", "grpc://10.0.0.7:30000"): 0.25}
+
+
 def test_the_tree_fill_is_exported_per_router() -> None:
     st = ClusterState.build(Health(), load_thresholds(), window_s=300.0, clock=lambda: 1000.0)
     snap, _ = normalize.parse_router("s", (FIXTURES / "routers" / "smg_1_13_tree.txt").read_text(), max_tree_size=4176)
@@ -151,7 +163,7 @@ def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
     pages = {kind: [page] for kind, page in PAGES.items()}
     pages["sglang-router"] = [FIXTURES / "routers" / n for n in ("smg_1_11.txt", "smg_1_13_kv_index.txt",
                                                                   "smg_1_13_manual.txt", "smg_1_13_kv_events.txt",
-                                                                  "smg_1_13_tree.txt")]
+                                                                  "smg_1_13_tree.txt", "smg_engine_load.txt")]
     pages["dynamo"] += [FIXTURES / "routers" / "dynamo_router_regret.txt", FIXTURES / "routers" / "dynamo_router_overhead.txt"]
     field_of = {"router_decisions": "decisions", "router_prefix_outcomes": "prefix_outcomes",
                 "router_worker_healthy": "healthy", "router_predicted_hit_ratio": "predicted_hit_ratio",
@@ -159,7 +171,7 @@ def test_the_catalogue_matrix_says_what_the_adapters_feed() -> None:
                 "router_regret_selections": "regret_selections", "router_regret_blocks": "regret_blocks",
                 "router_routed_requests": "routed_requests", "router_kv_index_faults": "index_faults",
                 "router_kv_event_lag_seconds": "kv_event_lag_seconds", "router_tree_fill_ratio": "largest_tree",
-                "router_overhead_seconds": "overhead_seconds"}
+                "router_overhead_seconds": "overhead_seconds", "router_engine_hit_ratio": "engine_hit_ratio"}
     assert routers.KINDS[1:] == catalog.ROUTER_KINDS
     for series, feeds in catalog.ROUTER_FEEDS.items():
         fld = field_of[series.removeprefix(f"{catalog.NAMESPACE}_")]

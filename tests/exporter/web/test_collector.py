@@ -97,6 +97,7 @@ def full_state() -> ClusterState:
                                          index_faults={"gap_unrecovered": n}, regret_selections=n,
                                          regret_blocks=4.0 * n, routed_requests=10.0 * n,
                                          largest_tree=1024.0 * n, tree_bound=4096.0,
+                                         engine_hit_ratio={"w0": 0.5},
                                          overhead_seconds={"find_matches": lag}), t)
     base = {"model": "m", "block_hashes": [1, 2, 3, 9], "cached_tokens": 0, "predicted_cached_tokens": 32,
             "prefill_s": 0.5, "queue_s": 0.1, "walk_s": 0.001, "async_wait_s": 1.0, "expert_signature": "e1",
