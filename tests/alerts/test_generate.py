@@ -179,7 +179,7 @@ def test_slo_alerts_are_multiwindow_multi_burn_rate_tiers() -> None:
     miss = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixMissCostSloBurn"]
     assert [r["expr"].split(" and ")[0] for r in miss] == [
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h > 0.72",
-        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3",
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.2",
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1d > 0.15",
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate3d > 0.05"]
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
