@@ -374,14 +374,16 @@ def _case(check: Check, th: Thresholds, firing: bool, dashboard_url: str) -> dic
 
 
 BURN_HOURS = 8  # the slow burns run this long: past the 6h window of the ticket's short side
-FAST_BURN = 5.0  # a burn five times the budget's pace
+SLOW_BURN = 1.2  # a burn a little faster than the budget's pace: a ticket, never a page
+FAST_BURN = 5.0  # a burn five times the budget's pace (a 30-day budget gone in 6 days): a page
 
 
 def slo_cases(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
     """An SLO's burn-rate tiers: each tier fires (with the tiers below it) at an error ratio just
     above its limit, and nothing fires just below the lowest limit; then hours of input: an 8-hour
     burn at 1.2 × the budget's pace opens a ticket and pages nobody, and a 5 × burn (where the
-    budget allows one) fires every tier whose factor is below 5, in the sick cluster only.
+    budget allows one; else a burn between the 6h page's factor and the budget's ceiling) fires
+    every tier whose factor is below it, in the sick cluster only.
 
     Good and total events move at constant rates, so every window reads the same error ratio.
     """
@@ -400,9 +402,14 @@ def slo_cases(check: Check, th: Thresholds, dashboard_url: str) -> list[dict]:
         out.append(_slo_case(check, th, f"{check.alert} {what} at an error ratio of {round(error, 4):g}",
                              round(error, 4), eval_min, tiers))
     budget = 1.0 - entry.value
-    burns = [(1.2, "an 8-hour burn at 1.2 × opens a ticket and pages nobody")]
+    burns = [(SLOW_BURN, f"an 8-hour burn at {SLOW_BURN:g} × opens a ticket and pages nobody")]
     if FAST_BURN * budget < 1.0:
-        burns.append((FAST_BURN, "an 8-hour burn at 5 × fires every tier below 5 ×"))
+        burns.append((FAST_BURN, f"an 8-hour burn at {FAST_BURN:g} × fires every tier below {FAST_BURN:g} ×"))
+    else:  # no such burn: the error ratio would pass 1; its fastest burns between the 6h page and the ceiling
+        assert entry.burn_rates is not None
+        fast = round((entry.burn_rates["page_6h"] + 1.0 / budget) / 2, 2)
+        burns.append((fast, f"an 8-hour burn at {fast:g} × (its budget's ceiling is {1.0 / budget:.3g} ×, "
+                            f"under {FAST_BURN:g}) fires every tier below {fast:g} ×"))
     for factor, what in burns:
         out.append(_slo_case(check, th, f"{check.alert}: {what}", round(factor * budget, 6), BURN_HOURS * 60,
                              tiers, healthy=round(0.5 * budget, 6)))

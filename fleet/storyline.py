@@ -3,8 +3,9 @@
 ``full`` is every preset at its own length (healthy first, then the faults alphabetically: a
 bit over two and a half hours). ``short`` is a few faults along the diagnosis chain, each
 compressed to a two-minute healthy warm-up and three minutes of fault (a quarter of an hour in
-all); with the demo's threshold profile (alerts/profiles/demo.yaml) each fault's alerts fire
-within its three minutes.
+all); with the demo's threshold profile (alerts/profiles/demo.yaml) the exporter names each
+fault's step within its three minutes, while its windowed alerts can fire late in the fault (or
+just after it) and linger into the next one (docs/demo.md lists the measured times).
 
 Consecutive runs get consecutive seeds. Every preset seeds its workload with 0, and a new run's
 router remembers nothing of the last one: with one seed a session key (and a first prompt) of

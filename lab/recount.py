@@ -16,9 +16,12 @@ window) are handed in, never read from disk here.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
+from statistics import median
 
 from fleet.fallback import quantile
 from fleet.scenarios import Scenario
@@ -166,6 +169,62 @@ def prefix_block_count_per_worker(w: Window) -> float | None:
     return max(pressure) if pressure else None
 
 
+def prefix_hit_rate_worker_outlier(w: Window) -> float | None:
+    """The lowest hit ratio of a worker against the median worker's, among the workers in the pool
+    whose lookups are at least the ``worker_peer_traffic`` share of the median worker's (from each
+    engine's own counters: tokens found cached / tokens looked up over the window)."""
+    if len(w.samples) < 2:
+        return None
+    first, last = w.samples[0].workers, w.samples[-1].workers
+    looked: dict[str, float] = {}
+    found: dict[str, float] = {}
+    for worker, end in last.items():
+        if worker in first and end["in_pool"]:
+            looked[worker] = end["prefix_queries"] - first[worker]["prefix_queries"]
+            found[worker] = end["prefix_hits"] - first[worker]["prefix_hits"]
+    ratios = {worker: found[worker] / n for worker, n in looked.items() if n > 0}
+    if not ratios:
+        return None
+    peers = median(ratios.values())
+    floor = w.thresholds.checks["worker_peer_traffic"].value * median(looked.values())
+    comparable = [r / peers for worker, r in ratios.items() if looked[worker] >= floor]
+    return min(comparable) if peers > 0 and comparable else None
+
+
+def prefix_tree_depth_p99(w: Window) -> float | None:
+    """p99 radix depth of the leaves of the tree all workers' caches hold together (a run of blocks
+    without branching counts once; a block whose parent is not cached starts at the root).
+
+    The depth is a snapshot, and the run's only snapshot of every cache is its end: measured for a
+    window that ends with the run, None for others. A block's parent is the block before it in a
+    request's chain (every cached block was computed for some request; the pre-warmed system prompts
+    are requested too)."""
+    if not w.result.samples or w.until < w.result.samples[-1].t:
+        return None
+    cached: set[int] = set()
+    for engine in w.result.engines.values():
+        cached |= engine.cache.resident()
+    if not cached:
+        return None
+    parent_of: dict[int, int] = {}
+    for r in w.result.records:
+        chain = r.get("block_hashes") or ()
+        parent_of.update((h, p) for p, h in pairwise(chain) if h in cached)
+    parent = {h: p if (p := parent_of.get(h)) in cached else None for h in cached}
+    children = Counter(parent.values())
+    depth: dict[int | None, int] = {None: 0}
+    for leaf in cached:
+        path = []
+        h: int | None = leaf
+        while h not in depth:
+            path.append(h)
+            h = parent[h]
+        for h in reversed(path):
+            up = parent[h]  # type: ignore[index]
+            depth[h] = depth[up] + (up is None or children[up] > 1)
+    return float(quantile([depth[h] for h in cached if h not in children], 0.99) or 0)
+
+
 def prefix_root_instability(w: Window) -> float | None:
     return _ratio(unstable_roots(w.result, w.since, w.until), len(w.records)) if w.result.roots else None
 
@@ -194,6 +253,18 @@ def cross_node_migration_count_per_minute(w: Window) -> float | None:
 def cold_prefill_time_p99(w: Window) -> float | None:
     return cold_prefill_ratio(w.result, w.since, w.until, w.thresholds.cold_reuse_share,
                               w.thresholds.baseline_window_s)
+
+
+def cold_prefill_budget(w: Window) -> float | None:
+    """Cold prefill p99 in seconds over the absolute budget of its prompt-length class, per model
+    and class, the worst (the budgets of the threshold file's ``cold_prefill_seconds_budget``)."""
+    budgets = w.thresholds.checks["cold_prefill_seconds_budget"].budgets
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in w.records:
+        if is_cold(r, w.thresholds.cold_reuse_share):
+            times.setdefault((r["model"], prompt_class(r["prompt_tokens"])), []).append(r["prefill_s"])
+    return max(((quantile(v, 0.99) or 0.0) / budgets[cls] for (_, cls), v in times.items() if cls in budgets),
+               default=None)
 
 
 def cold_prefill_cost_per_request(w: Window) -> float | None:
@@ -266,9 +337,10 @@ def index_staleness(w: Window) -> float | None:
 # check key -> its recount, in the order the table prints them
 RECOUNTS: dict[str, Callable[[Window], float | None]] = {
     f.__name__: f for f in (
-        prefix_hit_rate_total, prefix_hit_rate_per_session, prefix_block_count_per_worker, prefix_root_instability,
+        prefix_hit_rate_total, prefix_hit_rate_worker_outlier, prefix_block_count_per_worker, prefix_tree_depth_p99,
+        prefix_root_instability, prefix_hit_rate_per_session,
         sticky_session_collision_rate, warm_pool_utilization, session_migration_count_per_minute,
-        cold_prefill_time_p99, cold_prefill_cost_per_request, async_prefill_wait_time_p99,
+        cold_prefill_time_p99, cold_prefill_budget, cold_prefill_cost_per_request, async_prefill_wait_time_p99,
         prefix_tree_walk_latency, topology_aware_placement_hit_rate, cross_node_migration_count_per_minute,
         speculative_decoding_acceptance_rate, moe_expert_alignment_rate,
         continuous_batching_affinity_admission_rate, kv_event_staleness, index_staleness)

@@ -249,13 +249,14 @@ def test_an_incident_pages_once_at_its_first_failing_step(running_alertmanager: 
 
 @pytest.mark.slow
 def test_one_workers_stale_stream_holds_back_no_page(running_alertmanager: str) -> None:
-    """One worker's KV stream silent leaves both SLO pages active, while an exporter-down still holds
-    a step-1 warning back in its own cluster and not in another."""
+    """One worker's KV stream silent leaves every SLO page active (the engines' hit rate too), while
+    an exporter-down still holds a step-1 warning back in its own cluster and not in another."""
     url = running_alertmanager
     page = {"severity": "critical", "burn_tier": "page_1h"}
     _post(url, [("PrefixTelemetryKvEventsStale", {"cluster": "a", "worker": "w3"}),
                 ("PrefixSessionHitRateSloBurn", {"cluster": "a", **page}),
                 ("PrefixMissCostSloBurn", {"cluster": "a", **page}),
+                ("PrefixHitRateSloBurn", {"cluster": "a", "severity": "critical", "burn_tier": "page_6h"}),
                 ("PrefixRootUnstable", {"cluster": "a"}),
                 ("PrefixExporterDown", {"cluster": "a"}),
                 ("PrefixTelemetryKvEventsStale", {"cluster": "b", "worker": "w1"}),
@@ -264,7 +265,7 @@ def test_one_workers_stale_stream_holds_back_no_page(running_alertmanager: str) 
     want = {
         ("PrefixTelemetryKvEventsStale", "a"): "active", ("PrefixExporterDown", "a"): "active",
         ("PrefixSessionHitRateSloBurn", "a"): "active", ("PrefixMissCostSloBurn", "a"): "active",
-        ("PrefixRootUnstable", "a"): "suppressed",
+        ("PrefixHitRateSloBurn", "a"): "active", ("PrefixRootUnstable", "a"): "suppressed",
         # b: the stale worker holds back nothing; the step-1 cause holds back the step-2 one
         ("PrefixTelemetryKvEventsStale", "b"): "active", ("PrefixRootUnstable", "b"): "active",
         ("PrefixStickyCollisionsHigh", "b"): "suppressed",
@@ -275,3 +276,5 @@ def test_one_workers_stale_stream_holds_back_no_page(running_alertmanager: str) 
     assert by["PrefixRootUnstable", "a"].inhibited_by == (by["PrefixExporterDown", "a"].fingerprint,)
     assert by["PrefixStickyCollisionsHigh", "b"].inhibited_by == (by["PrefixRootUnstable", "b"].fingerprint,)
     assert by["PrefixTelemetryKvEventsStale", "a"].labels["worker"] == "w3"
+    assert {a.name for a in pages(got) if a.labels["cluster"] == "a"} == SLOS | {
+        "PrefixTelemetryKvEventsStale", "PrefixExporterDown"}

@@ -9,10 +9,11 @@ import yaml
 
 from alerts import generate, promtests, rules
 from prefixscope import thresholds as config
-from prefixscope.catalog import BURN_WINDOWS, CHECKS, RECORDING_RULES
+from prefixscope.catalog import BURN_WINDOWS, CHECKS, CHECKS_BY_ALERT, RECORDING_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = ROOT / "alerts" / "generated"
+TH = config.load()
 
 
 def _rules() -> dict:
@@ -178,7 +179,7 @@ def test_slo_alerts_are_multiwindow_multi_burn_rate_tiers() -> None:
     miss = [r for g in _rules()["groups"][1:] for r in g["rules"] if r["alert"] == "PrefixMissCostSloBurn"]
     assert [r["expr"].split(" and ")[0] for r in miss] == [
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1h > 0.72",
-        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.3",
+        "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate6h > 0.2",
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate1d > 0.15",
         "cluster:prefixscope_slo_prefix_miss_cost_errors:ratio_rate3d > 0.05"]
     records = {r["record"]: r["expr"] for r in _rules()["groups"][0]["rules"]}
@@ -195,15 +196,24 @@ def test_slo_alerts_are_multiwindow_multi_burn_rate_tiers() -> None:
         "sum by (cluster) (rate(prefixscope_prefix_cache_queried_tokens_total[3d]))")
 
 
-def test_hours_of_burn_open_a_ticket_or_page_in_the_generated_promtool_cases() -> None:
+@pytest.mark.parametrize("alert", [c.alert for c in CHECKS if c.slo is not None])
+def test_hours_of_burn_open_a_ticket_or_page_in_the_generated_promtool_cases(alert: str) -> None:
+    """Every SLO: 8 hours at 1.2 × the budget's pace open a ticket and page nobody; a 5 × burn
+    pages (a budget of 20 % or more has no 5 × burn: its fastest burns page instead)."""
     tests = yaml.safe_load((GEN / "prefixscope.rules.test.yaml").read_text(encoding="utf-8"))["tests"]
-    by_name = {t["name"]: t["alert_rule_test"][0] for t in tests}
-    slow = by_name["PrefixSessionHitRateSloBurn: an 8-hour burn at 1.2 × opens a ticket and pages nobody"]
-    assert slow["eval_time"] == "480m"
-    assert [(a["exp_labels"]["burn_tier"], a["exp_labels"]["cluster"]) for a in slow["exp_alerts"]] == [
-        ("ticket_3d", "sick")]
-    fast = by_name["PrefixSessionHitRateSloBurn: an 8-hour burn at 5 × fires every tier below 5 ×"]
-    assert sorted(a["exp_labels"]["burn_tier"] for a in fast["exp_alerts"]) == ["page_6h", "ticket_1d", "ticket_3d"]
+    mine = [t["alert_rule_test"][0] | {"name": t["name"]} for t in tests if t["name"].startswith(f"{alert}: an 8-hour")]
+    slow, fast = mine
+    assert slow["name"] == f"{alert}: an 8-hour burn at 1.2 × opens a ticket and pages nobody"
+    assert slow["eval_time"] == fast["eval_time"] == "480m"
+    assert [(a["exp_labels"]["burn_tier"], a["exp_labels"]["severity"], a["exp_labels"]["cluster"])
+            for a in slow["exp_alerts"]] == [("ticket_3d", "warning", "sick")]
+    check = CHECKS_BY_ALERT[alert]
+    entry = TH.checks[check.threshold]
+    reachable = 5 * (1 - entry.value) < 1
+    assert fast["name"].startswith(f"{alert}: an 8-hour burn at 5 ×") == reachable
+    tiers = {a["exp_labels"]["burn_tier"]: a["exp_labels"]["severity"] for a in fast["exp_alerts"]}
+    assert tiers.get("page_6h") == "critical" and {"ticket_1d", "ticket_3d"} <= set(tiers), tiers
+    assert {a["exp_labels"]["cluster"] for a in fast["exp_alerts"]} == {"sick"}
 
 
 def test_configured_window_drives_every_generated_rule(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ PROMTOOL = shutil.which("promtool")
 # left out (the exporter interpolates in histogram buckets, as Prometheus does), and so are
 # gauges the fleet averages or maxes over the window where the exporter reads the current value.
 GROUND_TRUTH_KEYS = (
-    "prefix_hit_rate_total", "prefix_hit_rate_per_session", "sticky_session_collision_rate",
+    "prefix_hit_rate_total", "prefix_hit_rate_worker_outlier", "prefix_hit_rate_per_session", "sticky_session_collision_rate",
     "session_migration_count_per_minute", "cold_prefill_cost_per_request", "topology_aware_placement_hit_rate",
     "cross_node_migration_count_per_minute", "speculative_decoding_acceptance_rate",
     "continuous_batching_affinity_admission_rate", "moe_expert_alignment_rate", "index_staleness",

@@ -31,7 +31,7 @@ from fleet.simulation import SimResult, Simulation, run_scenario
 from fleet.topology import load_topology
 from fleet.workloads import WORKLOAD_FIELDS
 from lab.harness import settled_duration
-from lab.recount import cold_prefill_ratio, signals
+from lab.recount import Window, cold_prefill_budget, cold_prefill_ratio, signals
 from prefixscope import SCHEMAS_DIR
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT, CHECKS_BY_KEY
 from prefixscope.thresholds import load as load_thresholds
@@ -109,15 +109,47 @@ def test_scenario_trips_its_own_checks_and_nothing_earlier(name: str) -> None:
 
 def test_healthy_has_every_signal_it_can_measure() -> None:
     """A healthy run is not quiet because signals are missing: each one has a value."""
-    values = signals(_run("healthy"), 600, 900, TH)
+    result = _run("healthy")
+    end = result.samples[-1].t
+    values = signals(result, end - 300, end, TH)
     measured = {k for k, v in values.items() if v is not None}
     checklist = {c.key for c in CHECKS if c.kind == "checklist"}
-    # the radix depth needs the exporter's tree, which the records alone cannot give; the worker
-    # outlier and the cold-prefill budget have no recount of their own yet (the exporter and the
-    # rules compute them: tests/alerts, tests/exporter/core); the simulated engines export no
-    # block-residency histograms (vLLM's --kv-cache-metrics), so cache retention has no input here
-    assert checklist - measured == {"prefix_tree_depth_p99", "prefix_hit_rate_worker_outlier", "cold_prefill_budget",
-                                    "prefix_cache_retention"}
+    # the simulated engines export no block-residency histograms (vLLM's --kv-cache-metrics), so
+    # cache retention has no input here
+    assert checklist - measured == {"prefix_cache_retention"}
+    # the radix depth is a snapshot of every cache, which the run has at its end only
+    assert signals(result, end - 600, end - 300, TH)["prefix_tree_depth_p99"] is None
+
+
+def test_a_worker_whose_cache_is_wiped_stands_out_of_its_peers_in_the_recount() -> None:
+    """The worker outlier from the engines' own counters: behind a router that does not steer by
+    prefix (a prefix-aware one sends the wiped worker too little traffic to compare), a worker
+    wiped every two seconds reads a small fraction of the median worker's hit ratio, while the
+    cluster's ratio barely moves."""
+    data = yaml.safe_load((PRESET_DIR / "healthy.yaml").read_text())
+    sc = parse_scenario(data | {"policy": "round-robin",
+                                "actions": [{"at": 300, "action": "reset_cache", "workers": ["w2"], "every": 2}]},
+                        "wiped.yaml")
+    result = run_scenario(sc, load_topology(), duration_s=600)
+    values = signals(result, 300, 600, TH)
+    assert values["prefix_hit_rate_worker_outlier"] < TH.checks["prefix_hit_rate_worker_outlier"].value
+    assert values["prefix_hit_rate_total"] > TH.checks["prefix_hit_rate_total"].value
+    assert signals(result, 0, 300, TH)["prefix_hit_rate_worker_outlier"] > 0.8
+
+
+def test_cold_prefill_budget_is_the_worst_class_p99_over_its_own_budget() -> None:
+    """As the exporter's check: cold requests only, p99 seconds per model and prompt-length class
+    over that class's budget from the threshold file, the worst one."""
+    def rec(ts: float, prompt: int, prefill: float, cached: int = 0, model: str = "m") -> dict:
+        return {"ts": ts, "model": model, "prompt_tokens": prompt, "cached_tokens": cached, "prefill_s": prefill}
+    budgets = TH.checks["cold_prefill_seconds_budget"].budgets
+    records = [rec(10 + i, 500, 0.5 * budgets["0-1k"]) for i in range(50)]
+    records += [rec(70 + i, 2000, 1.5 * budgets["1k-4k"], model="n") for i in range(3)]
+    records += [rec(80, 500, 9 * budgets["0-1k"], cached=400)]  # warm: not cold, whatever it took
+    result = cast(SimResult, SimpleNamespace(start=0.0, records=records, samples=[]))
+    window = Window(result, 0, 300, TH)
+    assert cold_prefill_budget(window) == pytest.approx(1.5)
+    assert cold_prefill_budget(Window(result, 200, 300, TH)) is None  # no cold request
 
 
 def test_raw_signals_by_hand_for_two_faults() -> None:
