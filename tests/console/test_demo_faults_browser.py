@@ -4,7 +4,7 @@ lists as a culprit is one the fault touched, and the first step fits.
 Each fault of the short storyline (dropped KV events, step 0; session-key churn, step 2; a slow
 router tree walk, step 4) runs on the virtual clock through a real exporter state
 (``lab.harness.Replay``: the fleet's KV events, scrapes and records through the exporter's own
-adapters) with the demo's threshold profile, two minutes into its fault; the exporter's background
+adapters) with the demo's threshold profile, to a minute before its fault ends; the exporter's background
 evaluation (``BreachLoop``) runs every 5 s of it, so its alerts are pending, then firing, as they
 would be live. The real exporter HTTP server serves that state, ``prefixscope console`` reads it,
 and Chromium opens the Diagnosis page. Reduced screenshots of each fault's page (and of every page
@@ -39,14 +39,15 @@ from tests.e2e.test_demo import SCREENSHOTS, _reduced_screenshot
 from tests.support import require_tool
 
 pytestmark = pytest.mark.slow
-INTO_FAULT_S = 120.0
+BEFORE_END_S = 60.0  # read each fault a minute before it ends, as the demo's alerts have fired by then
 # What each fault touches (fleet/scenarios/*.yaml): the workers whose KV events it drops; none for
 # a fault of the sessions' keys or of the router.
 TOUCHED = {"dropped-kv-events": {"w1", "w2", "w3"}, "session-key-churn": set(), "slow-tree-walk": set()}
 # The runbook step the evidence fits, by its number and words it carries: a stream that stopped
 # (check the publisher); re-keys behind a consistent-hash router (step 2 — not step 1, replacing
-# hash-mod routing, since no pool change reshuffled sessions); a slow walk — the router's tree size
-# is not observed, so nothing rules out the runbook's step 1, and the console offers it.
+# hash-mod routing, since no pool change reshuffled sessions); a slow walk — the simulated router
+# reports no tree size (the SGLang gateway's smg_cache_tree_chars), so nothing rules out the
+# runbook's step 1, and the console offers it saying so.
 FIRST_STEP = {
     "dropped-kv-events": "step 1): Check the worker runs with KV events enabled",
     "session-key-churn": "step 2): Re-keys: fix the key derivation",
@@ -56,7 +57,7 @@ SCIENTIFIC = re.compile(r"\d\.?\d*e[-+]\d\d")
 
 
 def replayed(sc: Scenario, thresholds: Path) -> tuple[ClusterState, BreachClock, PrefixNames]:
-    end = sc.fault_at_s + INTO_FAULT_S
+    end = sc.duration_s - BEFORE_END_S
     # Prefix text on, as in the demo: the KV events' token ids are kept on their way in (from the
     # fleet's first, pre-warming batches on), and the workers' /detokenize (the simulated fleet's
     # tokenizer) names the branches.

@@ -512,12 +512,12 @@ def test_sigterm_stops_it_like_ctrl_c(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_the_short_storyline_names_each_fault_s_step_within_its_minutes(tmp_path: Path) -> None:
     """Each compressed preset on the virtual clock through the exporter, with the demo's profile:
-    quiet at the end of its warm-up, its step named a minute into its fault and still at the end
-    (Prometheus's `for` of 30 s then fires the alert well inside the three minutes)."""
+    quiet at the end of its warm-up, its step named a minute before its fault ends and still at the
+    end (Prometheus's `for` of 30 s then fires the alert inside the fault)."""
     _, thresholds = alerting_files("demo", tmp_path)
     topology = load_topology(None)
     for sc in short():
-        marks = [sc.fault_at_s - 15, sc.fault_at_s + 60, sc.duration_s - 15]
+        marks = [sc.fault_at_s - 15, sc.duration_s - 60, sc.duration_s - 15]
         run = run_through_exporter(sc, topology, thresholds_path=thresholds, checkpoints=marks)
         verdicts = {t: (ev.verdict or {}).get("step") for t, (ev, _) in run.checkpoints.items()}
         assert verdicts == {marks[0]: None, marks[1]: sc.expected_step, marks[2]: sc.expected_step}, sc.name
@@ -592,7 +592,7 @@ def test_a_fault_turns_the_headline_amber_then_red_with_its_culprits_in_chromium
     window, naming step 2, a culprit session with why it is listed and the runbook step the evidence
     fits (re-keys behind a consistent-hash router: step 2, not the hash-mod step 1); then every page
     renders without a traceback or magic output, and reduced full-height screenshots go to
-    docs/screenshots/. The preset's healthy warm-up is the short storyline's two minutes (its fault
+    docs/screenshots/. The preset's healthy warm-up is the short storyline's four minutes (its fault
     keeps its five), so the walk does not wait out five healthy minutes first."""
     chromium = support.require_tool(CHROMIUM)  # skips locally, fails under CI=true
     from playwright.sync_api import sync_playwright
