@@ -180,7 +180,7 @@ class ClusterState:
     def observe_worker(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         with self.lock:
             self.time.advance(scraped_at)
-            prev_queries = self.scrapes.worker(snapshot, scraped_at)
+            self.scrapes.worker(snapshot, scraped_at)
             # One worker's scrape: the pool is brought up to date for it alone (no walk over all
             # workers per scrape, which made a round O(W²)).
             if self.worker_pool.note(snapshot.worker, scraped_at):
@@ -189,13 +189,27 @@ class ClusterState:
             drift = self.kv.drift_after_scrape(snapshot.worker)
         if drift is not None:
             self.kv.repair(snapshot.worker, drift)
-        # An idle worker (nothing running, no prefix-cache query since the last scrape) has no KV
-        # events to send: its stream is current as of this scrape, not stale.
-        idle = (snapshot.running == 0 and prev_queries is not None
-                and snapshot.prefix_queried_tokens == prev_queries)
+        self._idle_is_fresh(snapshot, scraped_at)
+
+    def _idle_is_fresh(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
+        """An idle worker has no KV events to send: its stream is current as of this scrape, not
+        stale. Idle is nothing running and no prefix-cache query since the first scrape after its
+        last batch (or the last such refresh) — not merely since the previous scrape: a worker that
+        served between its last batch and now owes events, and a lull between two of its scrapes
+        must not pass a stream that dropped them for a fresh one."""
         last = self.health.gauges.get(KV_LAST_TS, {}).get((snapshot.worker,))
-        if idle and last is not None and last < scraped_at:
-            self.health.set(KV_LAST_TS, (snapshot.worker,), scraped_at)
+        queries = snapshot.prefix_queried_tokens
+        if last is None or queries is None:
+            return
+        with self.lock:
+            w = self.worker_pool.worker(snapshot.worker, scraped_at)
+            mark = w.quiet_mark
+            if mark is None or mark[0] != last:  # a batch since: this scrape's count is the baseline
+                w.quiet_mark = (last, queries)
+                return
+            if snapshot.running == 0 and queries == mark[1] and last < scraped_at:
+                self.health.set(KV_LAST_TS, (snapshot.worker,), scraped_at)
+                w.quiet_mark = (scraped_at, queries)
 
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         with self.lock:

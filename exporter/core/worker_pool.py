@@ -57,6 +57,9 @@ class WorkerInfo:
     last_counters: dict[str, float] = field(default_factory=dict)
     # (metric, labels) of each series its scrapes reported -> the newest scrape that did
     reported: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)
+    # (the KV freshness stamp, the prefix-cache query count at the first scrape after it): a worker
+    # is idle only while it has answered no query since then (exporter.core.state.observe_worker)
+    quiet_mark: tuple[float, float] | None = None
 
 
 @dataclass

@@ -33,7 +33,7 @@ def test_each_storyline_step_is_announced_and_logged_with_its_time(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     texts = [a["text"] for a in _read(news)]
     assert [t.split(":")[0] for t in texts] == ["step 1 of 3", "step 2 of 3", "step 3 of 3"]
-    assert texts[1].startswith("step 2 of 3: session-key-churn — healthy for 2 m, then the fault: ")
+    assert texts[1].startswith("step 2 of 3: session-key-churn — healthy for 4 m, then the fault: ")
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert lines and all(STAMPED.match(line) for line in lines), lines[:5]
 

@@ -204,3 +204,39 @@ def test_a_worker_that_left_the_pool_offers_no_reusable_tokens():
     st.ingest_records([rec(110, "r3", "w1", 64)], 110)
     st.ingest_records([rec(120, "r4", "w1", 64, block_hashes=[1, 2, 3, 4], block_size=16, cached_tokens=0)], 120)
     assert st.store.cum.counters[f"{P}_reuse_available_tokens"][("unknown",)] == 0
+
+
+def _scrape(st: ClusterState, worker: str, ts: float, queries: float, running: int = 0) -> None:
+    from exporter.model import WorkerSnapshot
+    st.observe_worker(WorkerSnapshot(worker, "vllm", model="m", prefix_queried_tokens=queries, prefix_hit_tokens=0.0,
+                                     running=running), ts)
+
+
+def _fresh_at(st: ClusterState, worker: str) -> float:
+    return st.series().gauges[f"{P}_kv_event_last_timestamp_seconds"][(worker,)]
+
+
+def test_an_idle_worker_s_stream_is_current_as_of_its_scrape():
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 100.0, (BlockStored((1,), None, 16),)), 100.0)
+    _scrape(st, "w0", 105.0, 64)  # the first scrape after the batch: the count the worker has answered
+    _scrape(st, "w0", 110.0, 64)  # no query since: nothing to send, so the stream is current
+    assert _fresh_at(st, "w0") == 110.0
+    _scrape(st, "w0", 115.0, 64)
+    assert _fresh_at(st, "w0") == 115.0
+
+
+def test_a_lull_between_scrapes_does_not_pass_a_stream_that_owes_events():
+    """A worker that served after its last batch owes the events of what it served: two scrapes with
+    no query between them (a lull in its traffic) do not make its silent stream current."""
+    st = make()
+    st.apply_kv_batch(KvBatch("w0", 0, 100.0, (BlockStored((1,), None, 16),)), 100.0)
+    _scrape(st, "w0", 105.0, 64)
+    _scrape(st, "w0", 110.0, 128, running=1)  # it served; its events never came
+    _scrape(st, "w0", 115.0, 128)  # a lull: nothing running, no query since the last scrape
+    _scrape(st, "w0", 120.0, 128)
+    assert _fresh_at(st, "w0") == 100.0
+    st.apply_kv_batch(KvBatch("w0", 1, 121.0, (BlockStored((2,), 1, 16),)), 121.0)  # the stream speaks again
+    _scrape(st, "w0", 125.0, 128)
+    _scrape(st, "w0", 130.0, 128)
+    assert _fresh_at(st, "w0") == 130.0
