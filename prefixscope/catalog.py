@@ -590,7 +590,8 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="kv_event_last_timestamp_seconds", type="gauge", unit="seconds", labels=(W,), group=0, source="kv_events",
             help="Wall-clock time the last KV-event batch from the worker was received (or of the last scrape that found the worker idle, with no events to send)."),
     _metric(name="kv_event_lag_seconds", type="gauge", unit="seconds", labels=(W,), group=0, source="kv_events",
-            help="Receive time minus the batch timestamp of the worker's last KV-event batch."),
+            help="Receive time minus the batch timestamp of the worker's last KV-event batch; a lag of a second or "
+                 "more reads 0 once nothing of the worker waits to be applied (ZMQ streams)."),
     _metric(name="kv_event_unknown_parent", type="counter", unit="", labels=(W,), group=0, source="kv_events",
             help="BlockStored events whose parent block is not in the worker's view."),
     _metric(name="kv_event_unknown_block_removals", type="counter", unit="", labels=(W,), group=0, source="kv_events",
@@ -1266,6 +1267,21 @@ CHECKS: tuple[Check, ...] = (
           op=">", threshold="kv_event_staleness", unit="seconds", signals=("kv_events",), per=(W,),
           meaning="A worker's KV-event stream has gone quiet while it serves traffic; the index is going stale.",
           summary="A worker's KV-event stream has been silent for more than {threshold}."),
+    # A stream can be fresh (batches keep arriving) while the exporter applies them ever later: the
+    # staleness above never fires then. Lag is receive time − the publisher's batch stamp, so a worker
+    # clock off by a little adds to it: the threshold is seconds (NTP keeps clocks within milliseconds)
+    # and the subscriber reads a worker's lag of a second or more as 0 once nothing of it waits.
+    Check(key="kv_ingest_lag", group=0, kind="health", title="KV-event ingest keeping up",
+          alert="PrefixTelemetryKvIngestLagging",
+          value=f"max({P}_kv_event_lag_seconds)",
+          op=">", threshold="kv_ingest_lag", unit="seconds", signals=("kv_events",), per=(W,),
+          meaning="Seconds between a worker's publishing of a KV-event batch and prefixscope reading it, for the "
+                  "worker's last batch (0 once nothing of the worker waits to be applied): the exporter falling "
+                  "behind the stream — more block events than its core applies — not the worker going quiet. "
+                  "Past its receive queues it sheds what it cannot hold into sequence gaps that the worker's "
+                  "replay heals.",
+          summary="prefixscope is more than {threshold} behind a worker's KV-event stream: its prefix index "
+                  "lags the worker's cache."),
     Check(key="kv_event_blind_share", group=0, kind="health", title="KV-event streams silent (share of the fleet)",
           alert="PrefixTelemetryFleetBlind",
           value="max(cluster:prefixscope_kv_event_stale_workers:ratio)",

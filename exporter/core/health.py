@@ -120,6 +120,12 @@ class Health:
         with self._lock:
             self._set(metric, labels, value)
 
+    def set_existing(self, metric: str, labels: LabelValues, value: float) -> None:
+        """Set a gauge's series only if it exists (a reader that must not create one)."""
+        with self._lock:
+            if labels in self.gauges.get(metric, {}):
+                self._set(metric, labels, value)
+
     def remove(self, metric: str, labels: LabelValues) -> None:
         with self._lock:
             if self.gauges.get(metric, {}).pop(labels, None) is not None:

@@ -70,6 +70,13 @@ that, ZMQ stops reading the connection, the worker's PUB socket drops what it ca
 the messages that wait behind a replay are dropped here: each is a gap in the sequence, counted
 as missed batches when the next message arrives and healed by the replay like any other.
 
+How far behind the subscriber is shows in the worker's ``kv_event_lag_seconds`` (set by the sink per
+batch: receive time − the batch's stamp), so a backlog is seen before it sheds. A lag of
+``LAG_FLOOR_S`` or more is set back to 0 once nothing of the worker waits (its receive queue read
+empty, no replay out): the gauge says how far behind the exporter is, not how late the worker's last
+batch was, so an idle worker after a burst, or one whose buffer a replay applied long after it was
+published, does not read as lagging. Lags under the floor (network, NTP-kept clock offsets) stay as read.
+
 BlockStored is idempotent in the state, so a replayed block that was also seen is harmless.
 Per-batch stream health and restarts are counted by the sink (``ClusterState``); this adapter
 counts gaps, missed batches, replays and frame/decode errors.
@@ -115,6 +122,8 @@ MAX_SEQ_JUMP = 1 << 40  # a forward jump this large is a corrupt seq, not a gap 
 REPLAY_TOTAL_TIMEOUTS = 10  # a replay ends after this many replay_timeouts in all, however it drips
 _STOP_CHECK_S = 0.1  # how often a waiting replay thread looks at the stop flag
 REPLAY_RESULTS = ("recovered", "partial", "failed")
+LAG = "prefixscope_kv_event_lag_seconds"
+LAG_FLOOR_S = 1.0  # a worker's lag from here up is cleared once nothing of it waits (see above)
 LOST_BATCHES = "lost_batches"  # the repair reason for a rebuild after lost batches
 
 
@@ -171,6 +180,7 @@ class KvEventSubscriber:
         self._startup_until = 0.0  # clock time after which no racing duplicate can still arrive
         self._topics = {w: ep.topic.encode() for w, ep in self.endpoints.items()}
         self._replays: dict[str, _Replay] = {}  # workers with a replay in flight
+        self._behind: set[str] = set()  # workers whose last applied batch lagged LAG_FLOOR_S or more
         self._replayed: queue.SimpleQueue[tuple[str, list[tuple[int, bytes]]]] = queue.SimpleQueue()
         self._replay_threads: dict[str, threading.Thread] = {}
         self.rebuilds = rebuilds if rebuilds is not None else RebuildRequests(
@@ -278,6 +288,7 @@ class KvEventSubscriber:
         for worker in [w for w, ep in self.endpoints.items() if desired.get(w) != ep]:
             self._unsubscribe(worker)
             del self.endpoints[worker]
+            self._behind.discard(worker)
             for per_worker in (self._next, self._topics, self.replayed_at_start, self._startup_mark, self._startup,
                                self._replays, self._replay_threads):
                 per_worker.pop(worker, None)  # (a replay still out is dropped when it comes back)
@@ -300,6 +311,8 @@ class KvEventSubscriber:
             self._connected.set()
             with self.duties.duty("kv_ingest"):
                 self._startup_replays()
+                for worker in list(self._behind):  # a buffer replayed at start is old, not a backlog
+                    self._caught_up(worker)
             self._started.set()
             while not self._stop.is_set():
                 if not self._changes.empty():
@@ -320,6 +333,8 @@ class KvEventSubscriber:
                             try:
                                 frames = sock.recv_multipart(zmq.NOBLOCK)
                             except zmq.Again:
+                                if worker in self._behind:
+                                    self._caught_up(worker, drained=True)
                                 break
                             self.handle_message(worker, frames, self.clock())
                     self.finish_replays()
@@ -410,7 +425,22 @@ class KvEventSubscriber:
             self._decode_and_apply(worker, seq, payload, received_at)
         return True
 
+    def _caught_up(self, worker: str, drained: bool = False) -> None:
+        """Clear the worker's lag if nothing of it waits: no replay out, its receive queue empty
+        (``drained``: just read empty). Only a series that exists is set: a family shard that is not
+        the worker's home keeps none."""
+        if worker in self._replays:
+            return
+        if not drained:
+            sock = self._subs.get(worker)
+            if sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return  # more waits: the next live message sets the lag it really has
+        self._behind.discard(worker)
+        self.health.set_existing(LAG, (worker,), 0.0)
+
     def _apply(self, batch: KvBatch, received_at: float) -> None:
+        if received_at - batch.ts >= LAG_FLOOR_S:
+            self._behind.add(batch.worker)
         # Per-batch stream health (batches, events applied, last timestamp, lag) and the restart
         # counter are the sink's to count (ClusterState does), so replays of a recorded stream that
         # bypass ZMQ count the same way; this adapter counts only what it alone sees: gaps and replays.
@@ -553,6 +583,8 @@ class KvEventSubscriber:
                 if later is not None:  # another replay went out: the rest waits behind it
                     later.waiting.extend(pending.waiting[i + 1:])
                     break
+            if worker in self._behind:
+                self._caught_up(worker)
 
     def _reply(self, worker: str, frames: list[bytes]) -> tuple[int, bytes] | None:
         """One replay reply as (seq, payload); seq -1 is the end marker; None (counted) if malformed.
