@@ -64,6 +64,20 @@ cdef inline int32_t _ot_find(const OrderedTable* t, uint64_t key) noexcept nogil
     return i
 
 
+cdef inline void _ot_prefetch_bucket(const OrderedTable* t, uint64_t key) noexcept nogil:
+    if t.n:
+        __builtin_prefetch(&t.buckets[_mix(key) & t.bmask])
+
+
+cdef inline void _ot_prefetch_entry(const OrderedTable* t, uint64_t key) noexcept nogil:
+    """The first entry of ``key``'s bucket chain (its bucket fetched ahead by ``_ot_prefetch_bucket``)."""
+    cdef int32_t i
+    if t.n:
+        i = t.buckets[_mix(key) & t.bmask]
+        if i >= 0:
+            __builtin_prefetch(&t.e[i])
+
+
 cdef void _ot_unlink(OrderedTable* t, int32_t i) noexcept nogil:
     """Take entry ``i`` out of its bucket chain and the order list, onto the free list."""
     cdef int32_t* link = &t.buckets[_mix(t.e[i].key) & t.bmask]
@@ -306,6 +320,11 @@ cdef class CompiledEvictionTracker:
         cdef ScanEvent* e
         for k in range(SCAN_MAX_MEDIA):
             gpu[k] = -1
+        # As the index does: the buckets, then the first entries, of every table a hash of the
+        # batch will be looked up in are fetched ahead, so the misses of a cluster's thousands of
+        # workers' tables overlap instead of queueing block by block.
+        self._prefetch(w, scan.hashes, scan.nh, False)
+        self._prefetch(w, scan.hashes, scan.nh, True)
         for i in range(scan.n):
             e = &scan.ev[i]
             if e.kind == SCAN_CLEARED:  # a reset, not eviction: nothing to learn from
@@ -324,6 +343,26 @@ cdef class CompiledEvictionTracker:
                 evicted += self._removed(w, scan.hashes + e.hoff, e.hn, now, ages)
         self._expire(w, now)
         return _batch_evictions(stored, restored, evicted, ages, other_media)
+
+    cdef void _prefetch(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint entries) noexcept:
+        """Fetch ahead the buckets (``entries`` False) or the first chained entries (True) of the
+        worker's tables for hashes ``hs``: recent evictions for every hash, the samples for theirs."""
+        cdef Py_ssize_t i
+        cdef uint64_t h, mask = self.mask, far_mask = w.far_mask
+        for i in range(n):
+            h = hs[i]
+            if entries:
+                _ot_prefetch_entry(&w.recent, h)
+                if not h & far_mask:
+                    _ot_prefetch_entry(&w.sampled, h)
+                if not h & mask:
+                    _ot_prefetch_entry(&w.live, h)
+            else:
+                _ot_prefetch_bucket(&w.recent, h)
+                if not h & far_mask:
+                    _ot_prefetch_bucket(&w.sampled, h)
+                if not h & mask:
+                    _ot_prefetch_bucket(&w.live, h)
 
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:

@@ -37,7 +37,8 @@ DEF DRAIN_PER_ADD = 4  # old-table slots moved per entry added (the drain ends a
 DEF DRAIN_SLICE = 256  # old-table slots moved per ``apply`` besides (drains while entries are only removed)
 DEF RETIRE_SLICE = 4 << 20  # bytes of a drained table unmapped per ``apply``
 DEF TOUCH_AHEAD = 256 << 10  # bytes of the next table touched per ``apply`` beyond its pace
-DEF HUGE = 2 << 20  # a huge page (ranges advised are whole ones)
+DEF HUGE = 2 << 20
+DEF RUN_AHEAD = 4  # entries of a hash's probe run fetched ahead of a batch's apply  # a huge page (ranges advised are whole ones)
 
 cdef extern from *:
     """
@@ -124,6 +125,21 @@ cdef inline int64_t _tb_probe(const Table* t, const Block* blocks, uint64_t h, u
         i = (i + 1) & t.mask
     empty[0] = i
     return -1 if t.old == NULL else _tb_find_old(t, blocks, h, m)
+
+
+cdef inline void _tb_prefetch_run(const Table* t, const Block* blocks, const Tie* ties, uint64_t h) noexcept nogil:
+    """Fetch ahead the entries (and their ties) of the current table's probe run from ``h``'s home
+    slot, up to ``RUN_AHEAD`` of them or the first empty slot."""
+    cdef uint64_t i = _mix(h) & t.mask
+    cdef uint32_t s
+    cdef int k
+    for k in range(RUN_AHEAD):
+        s = ~t.slots[i]
+        if s == EMPTY:
+            return
+        __builtin_prefetch(&blocks[s])
+        __builtin_prefetch(&ties[s])
+        i = (i + 1) & t.mask
 
 
 cdef void _tb_drain(Table* t, const Block* blocks, uint64_t n) noexcept nogil:
