@@ -38,7 +38,7 @@ DEF DRAIN_SLICE = 256  # old-table slots moved per ``apply`` besides (drains whi
 DEF RETIRE_SLICE = 4 << 20  # bytes of a drained table unmapped per ``apply``
 DEF TOUCH_AHEAD = 256 << 10  # bytes of the next table touched per ``apply`` beyond its pace
 DEF HUGE = 2 << 20
-DEF RUN_AHEAD = 4  # entries of a hash's probe run fetched ahead of a batch's apply  # a huge page (ranges advised are whole ones)
+DEF RUN_AHEAD = 8  # entries of a hash's probe run fetched ahead of a batch's apply  # a huge page (ranges advised are whole ones)
 
 cdef extern from *:
     """
