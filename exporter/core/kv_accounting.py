@@ -274,25 +274,30 @@ class KvAccounting:
         batch, received_at, res = applied.batch, applied.received_at, applied.result
         kl = self.labels(batch.worker)
         lab = kl.lab
-        incs: Incs = []
-        sets: Incs = []
         if stream:
-            incs.append(kl.batches)
-            sets += [(KV_LAST_TS, lab, received_at), (KV_LAG, lab, max(0.0, received_at - batch.ts))]
+            incs: Incs = [kl.batches]
+            lag = received_at - batch.ts
+            sets: Incs = [(KV_LAST_TS, lab, received_at), (KV_LAG, lab, lag if lag > 0.0 else 0.0)]
             if applied.first:  # these exist from a worker's first batch: a stream with no gap reads 0, not missing
                 incs += [(WORKER_RESTARTS, lab, 0), (KV_MISSED, lab, 0), (KV_LOST, lab, 0),
                          (KV_UNKNOWN_PARENT, lab, 0), (KV_UNKNOWN_REMOVALS, lab, 0),
                          *((KV_REPAIRS, (batch.worker, r), 0) for r in REPAIR_REASONS)]
                 sets.append((KV_UNRELIABLE, lab, 0.0))
+        else:
+            incs, sets = [], []
         if applied.reliable_again:
             sets.append((KV_UNRELIABLE, lab, 0.0))
-        for n, labels, metric in ((res.unknown_parent, lab, KV_UNKNOWN_PARENT),
-                                  (res.unknown_removals, lab, KV_UNKNOWN_REMOVALS),
-                                  (res.stored_events, kl.applied_stored, KV_APPLIED),
-                                  (res.removed_events, kl.applied_removed, KV_APPLIED),
-                                  (res.cleared, kl.applied_cleared, KV_APPLIED)):
-            if n:
-                incs.append((metric, labels, n))
+        # (each count tested in turn, no tuple of them built: this runs once per KV batch)
+        if n := res.unknown_parent:
+            incs.append((KV_UNKNOWN_PARENT, lab, n))
+        if n := res.unknown_removals:
+            incs.append((KV_UNKNOWN_REMOVALS, lab, n))
+        if n := res.stored_events:
+            incs.append((KV_APPLIED, kl.applied_stored, n))
+        if n := res.removed_events:
+            incs.append((KV_APPLIED, kl.applied_removed, n))
+        if n := res.cleared:
+            incs.append((KV_APPLIED, kl.applied_cleared, n))
         self.health.update(incs, sets)
         if applied.drift is not None:
             self.repair(batch.worker, applied.drift)
