@@ -8,7 +8,10 @@ from prefixscope.catalog import CHECKS, SIGNALS
 from prefixscope.thresholds import load_thresholds
 
 ALL_SIGNALS = dict.fromkeys(SIGNALS, True)
-HEALTHY = {c.key: (0.95 if c.op == "<" else 0.0) for c in CHECKS}
+# Healthy: a ratio well above its floor, anything else at 0; a floor in seconds (cache retention:
+# idle time before eviction) is met by minutes.
+HEALTHY = {c.key: (0.95 if c.op == "<" else 0.0) for c in CHECKS} | {
+    c.key: 600.0 for c in CHECKS if c.op == "<" and c.unit == "seconds"}
 TH = limits_from_file(load_thresholds())
 GOOD_REUSE = Reuse(0.9, 0.9, 0.9)
 
