@@ -47,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scenario", default="healthy", help="a preset name or a scenario file (default: %(default)s)")
     p.add_argument("--storyline", nargs="?", const="full", choices=STORYLINES, default=None,
                    help="run presets in turn: 'full' (every preset, healthy first; the default of a bare "
-                        "--storyline) or 'short' (three faults along the chain, eight to ten minutes each)")
+                        "--storyline) or 'short' (three faults along the chain, eight to eleven minutes each)")
     p.add_argument("--repeat", action="store_true",
                    help="real time: run the scenario (or storyline) again and again until stopped")
     p.add_argument("--trace", type=Path, default=None,

@@ -5,7 +5,7 @@ Starts, in order: the simulated fleet with the reference router (real time), the
 inhibition rules and Prometheus on 127.0.0.1 with rules generated from the demo's threshold
 profile (when Debian's ``prometheus-alertmanager`` and ``prometheus`` are installed; otherwise the
 demo runs without them and says so), and the console. It prints the URLs, runs the short
-storyline (three faults along the chain, eight to ten minutes each; ``--storyline full`` for every
+storyline (three faults along the chain, eight to eleven minutes each; ``--storyline full`` for every
 preset) over and over, or ``--scenario NAME`` (repeated), and keeps running through faults: a
 killed worker is a migration, a stopped Prometheus sends the console to the exporter, an
 exporter or console that exits is started again (bounded backoff). Only the fleet exiting ends
@@ -307,7 +307,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scenario", default=None,
                    help="run one fault scenario, repeated (see 'prefixscope sim --list-scenarios'); default: the storyline")
     p.add_argument("--storyline", choices=STORYLINES, default="short",
-                   help="without --scenario: 'short' (three faults, 27 minutes a pass) or 'full' (every preset, "
+                   help="without --scenario: 'short' (three faults, 29 minutes a pass) or 'full' (every preset, "
                         "~2.5 hours a pass); default %(default)s")
     p.add_argument("--profile", default="demo",
                    help=f"threshold profile of alerts/profiles/ the rules and the exporter use ('{NO_PROFILE}': "

@@ -28,7 +28,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.scenarios import Scenario, load_preset
-from fleet.storyline import SHORT_WARMUP_S, compress, short
+from fleet.storyline import SHORT_PHASES, compress, short
 from fleet.topology import load_topology
 from lab.demo import (
     ALERTMANAGER_ENV,
@@ -576,11 +576,12 @@ def _short_warmup(preset: str, where: Path) -> tuple[Path, Scenario]:
     sc = load_preset(preset)
     assert not sc.actions, "the file below moves only the fault: a preset with actions needs them moved too"
     data = yaml.safe_load((REPO / "fleet" / "scenarios" / f"{preset}.yaml").read_text(encoding="utf-8"))
-    data["fault_at_s"], data["duration_s"] = SHORT_WARMUP_S, SHORT_WARMUP_S + sc.duration_s - sc.fault_at_s
+    warmup = SHORT_PHASES[preset][0]
+    data["fault_at_s"], data["duration_s"] = warmup, warmup + sc.duration_s - sc.fault_at_s
     path = where / f"{preset}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     short = load_preset(str(path))
-    assert replace(short, source=sc.source) == compress(sc, SHORT_WARMUP_S, sc.duration_s - sc.fault_at_s)
+    assert replace(short, source=sc.source) == compress(sc, warmup, sc.duration_s - sc.fault_at_s)
     return path, short
 
 

@@ -65,8 +65,9 @@ CHECKLIST = tuple(c.key for c in catalog.CHECKS if c.kind == "checklist" and c.g
                   and c.key not in ("prefix_cache_thrash", "prefix_root_instability"))
 # What no source of this stack carries: the router's tree-walk time (sglang-router's own spans do
 # not time it either: the last test below), async KV-load waits, MoE expert routing and batch
-# admission reasons. (Placement has no prompt block hashes either: it is judged from KV events.)
-DARK = {"prefix_tree_walk_latency", "async_prefill_wait_time_p99",
+# admission reasons, and block residency (the simulated engines run without vLLM's
+# --kv-cache-metrics). (Placement has no prompt block hashes either: it is judged from KV events.)
+DARK = {"prefix_tree_walk_latency", "async_prefill_wait_time_p99", "prefix_cache_retention",
         "moe_expert_alignment_rate", "continuous_batching_affinity_admission_rate"}
 
 # The operator's topology: two nodes, w0 and w1 share node-a (w0 the warm pool), w2 is on node-b.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.scenarios import load_preset, preset_names
-from fleet.storyline import SHORT, SHORT_FAULT_S, SHORT_WARMUP_S, compress, full, runs, short, storyline
+from fleet.storyline import SHORT, SHORT_PHASES, compress, full, runs, short, storyline
 from fleet.workloads import WorkloadGenerator
 
 
@@ -18,8 +18,8 @@ def test_short_is_three_faults_along_the_chain_in_under_half_an_hour() -> None:
     scenarios = short()
     assert [s.name for s in scenarios] == list(SHORT)
     assert [s.expected_step for s in scenarios] == [0, 2, 4]
-    assert sum(s.duration_s for s in scenarios) == 3 * SHORT_WARMUP_S + sum(SHORT_FAULT_S.values()) == 1620
-    assert all(s.fault_at_s == SHORT_WARMUP_S for s in scenarios)
+    assert sum(s.duration_s for s in scenarios) == sum(w + f for w, f in SHORT_PHASES.values()) == 1740
+    assert [(s.fault_at_s, s.duration_s - s.fault_at_s) for s in scenarios] == list(SHORT_PHASES.values())
     with pytest.raises(ValueError, match="unknown storyline 'nope'"):
         storyline("nope")
 
