@@ -447,8 +447,9 @@ def test_sglang_router_spans_reach_the_grpc_receiver_and_time_no_worker_selectio
         intake = s.runtime.grpc.intake
         ingest = intake.ingest
 
-        def recording(raw: bytes, content_type: str | None, content_encoding: str | None = None) -> SpanResult:
-            result = ingest(raw, content_type, content_encoding)
+        def recording(raw: bytes, content_type: str | None, content_encoding: str | None = None,
+                      admitted: bool = False) -> SpanResult:
+            result = ingest(raw, content_type, content_encoding, admitted=admitted)
             received.append((otlp.decode(raw, content_type), result))
             return result
 
