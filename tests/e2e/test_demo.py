@@ -569,19 +569,19 @@ def _reduced_screenshot(page, path: Path) -> None:
 
 
 def _short_warmup(preset: str, where: Path) -> tuple[Path, Scenario]:
-    """``preset`` as a scenario file whose healthy warm-up is the short storyline's (its fault
-    phase keeps its own length), and the scenario it holds."""
+    """``preset`` as a scenario file with the short storyline's phases (its healthy warm-up and its
+    fault's length), and the scenario it holds."""
     import yaml
 
     sc = load_preset(preset)
     assert not sc.actions, "the file below moves only the fault: a preset with actions needs them moved too"
     data = yaml.safe_load((REPO / "fleet" / "scenarios" / f"{preset}.yaml").read_text(encoding="utf-8"))
-    warmup = SHORT_PHASES[preset][0]
-    data["fault_at_s"], data["duration_s"] = warmup, warmup + sc.duration_s - sc.fault_at_s
+    warmup, fault = SHORT_PHASES[preset]
+    data["fault_at_s"], data["duration_s"] = warmup, warmup + fault
     path = where / f"{preset}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     short = load_preset(str(path))
-    assert replace(short, source=sc.source) == compress(sc, warmup, sc.duration_s - sc.fault_at_s)
+    assert replace(short, source=sc.source) == compress(sc, warmup, fault)
     return path, short
 
 
@@ -593,8 +593,8 @@ def test_a_fault_turns_the_headline_amber_then_red_with_its_culprits_in_chromium
     window, naming step 2, a culprit session with why it is listed and the runbook step the evidence
     fits (re-keys behind a consistent-hash router: step 2, not the hash-mod step 1); then every page
     renders without a traceback or magic output, and reduced full-height screenshots go to
-    docs/screenshots/. The preset's healthy warm-up is the short storyline's four minutes (its fault
-    keeps its five), so the walk does not wait out five healthy minutes first."""
+    docs/screenshots/. The preset runs with the short storyline's phases (four minutes healthy, six of
+    fault), so the walk does not wait out five healthy minutes first."""
     chromium = support.require_tool(CHROMIUM)  # skips locally, fails under CI=true
     from playwright.sync_api import sync_playwright
 
