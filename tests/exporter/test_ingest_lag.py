@@ -26,6 +26,7 @@ import yaml
 from exporter.config import Config, WorkerTarget
 from exporter.main import Runtime
 from prefixscope import thresholds
+from tests.kv_publisher_process import script
 from tests.support import wait_for
 
 KEY = "kv_ingest_lag"
@@ -36,41 +37,17 @@ SLOW_APPLY_S = 0.005  # each apply while the exporter is "short of CPU": 200 bat
 # The worker: XPUB (to see the subscription) and ROUTER (the replay), as vLLM's publisher binds them.
 # ``burst N`` publishes N batches as fast as it can; each is stamped with its send time and stores the
 # same 64 families of 256 blocks again and again (so the index stays small while the bytes flow).
-_WORKER = r"""
-import sys, threading, time, msgpack, zmq
-ctx = zmq.Context()
-pub, replay = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
-pub.setsockopt(zmq.SNDHWM, 200)  # the worker's own send queue: past it, its PUB drops
-for s in (pub, replay):
-    s.setsockopt(zmq.LINGER, 0)
-    s.bind("tcp://127.0.0.1:0")
+_WORKER = script(r"""
 TOPIC, BLOCKS = sys.argv[1].encode(), 256
-sent, stamps, lock = 0, [], threading.Lock()
+stamps = []
+def numbered(seq):
+    stamps.append(time.time())
 def payload(seq):
     fam = seq % 64
     hashes = [(fam << 20) + i for i in range(BLOCKS)]
     return msgpack.packb([stamps[seq], [{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
         "token_ids": [fam] * (16 * BLOCKS), "block_size": 16, "lora_id": None, "medium": "GPU"}], 0])
-def serve():
-    while True:
-        ident, _, start8 = replay.recv_multipart()
-        with lock:
-            last = sent
-        for seq in range(int.from_bytes(start8, "big"), last):
-            replay.send_multipart([ident, b"", TOPIC, seq.to_bytes(8, "big"), payload(seq)])
-        replay.send_multipart([ident, b"", b"", b"\xff" * 8, b""])
-print(pub.getsockopt_string(zmq.LAST_ENDPOINT), replay.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
-pub.recv()  # the subscription
-threading.Thread(target=serve, daemon=True).start()
-for line in sys.stdin:
-    for _ in range(int(line.split()[1])):
-        with lock:
-            seq = sent
-            stamps.append(time.time())
-            sent += 1
-        pub.send_multipart([TOPIC, seq.to_bytes(8, "big"), payload(seq)])
-    print(sent, flush=True)
-"""
+""")
 
 
 def _thresholds(directory: Path) -> Path:

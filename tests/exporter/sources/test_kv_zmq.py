@@ -32,6 +32,7 @@ from exporter.sources.kv_zmq import END_SEQ, KvEndpoint, KvEventSubscriber
 from fleet.cache import Removed, Stored
 from fleet.kv_publisher import KvEventPublisher
 from prefixscope.thresholds import load_thresholds
+from tests.kv_publisher_process import script
 from tests.support import free_port, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -672,44 +673,16 @@ def test_startup_replays_beyond_the_concurrent_limit_are_all_taken(ctx: zmq.Cont
     assert sub.replayed_at_start == {w: 1 for w in pubs}
 
 
-# A worker in a process of its own (so its send queue is not this process's memory): vLLM's framing
-# on an XPUB, a ROUTER replay answering from a buffer it rebuilds per seq (large batches, nothing
-# held). A line "publish N" on stdin publishes N batches (dropped past its send queue, as a PUB
-# does) and answers how many it has published; EOF ends it.
-_PUBLISHER = r"""
-import sys, threading, msgpack, zmq
-ctx = zmq.Context()
-pub, replay = ctx.socket(zmq.XPUB), ctx.socket(zmq.ROUTER)
-pub.setsockopt(zmq.SNDHWM, 200)  # the worker's own send queue: past it, its PUB drops
-for s in (pub, replay):
-    s.setsockopt(zmq.LINGER, 0)
-    s.bind("tcp://127.0.0.1:0")
+# A worker in a process of its own (tests.kv_publisher_process): each batch stores BLOCKS new blocks.
+_PUBLISHER = script(r"""
 TOPIC, BLOCKS = b"kv@w@m", int(sys.argv[1])
+def numbered(seq):
+    pass
 def payload(seq):
     hashes = [(seq << 20) + i for i in range(BLOCKS)]
     return msgpack.packb([1.8e9 + seq, [{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
         "token_ids": [seq % 100] * (16 * BLOCKS), "block_size": 16, "lora_id": None, "medium": "GPU"}], 0])
-sent = 0
-lock = threading.Lock()
-def serve():
-    while True:
-        ident, _, start8 = replay.recv_multipart()
-        with lock:
-            last = sent
-        for seq in range(int.from_bytes(start8, "big"), last):
-            replay.send_multipart([ident, b"", TOPIC, seq.to_bytes(8, "big"), payload(seq)])
-        replay.send_multipart([ident, b"", b"", b"\xff" * 8, b""])
-print(pub.getsockopt_string(zmq.LAST_ENDPOINT), replay.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
-pub.recv()  # the subscription
-threading.Thread(target=serve, daemon=True).start()
-for line in sys.stdin:
-    for _ in range(int(line.split()[1])):
-        with lock:
-            seq = sent
-            sent += 1
-        pub.send_multipart([TOPIC, seq.to_bytes(8, "big"), payload(seq)])
-    print(sent, flush=True)
-"""
+""")
 
 
 def _peak_rss_reset() -> bool:
