@@ -186,30 +186,29 @@ class ClusterState:
             if self.worker_pool.note(snapshot.worker, scraped_at):
                 self.store.inc(scraped_at, _POOL_CHANGES, ())
             self._expire()
+            self._idle_is_fresh(snapshot, scraped_at)
             drift = self.kv.drift_after_scrape(snapshot.worker)
         if drift is not None:
             self.kv.repair(snapshot.worker, drift)
-        self._idle_is_fresh(snapshot, scraped_at)
 
     def _idle_is_fresh(self, snapshot: WorkerSnapshot, scraped_at: float) -> None:
         """An idle worker has no KV events to send: its stream is current as of this scrape, not
         stale. Idle is nothing running and no prefix-cache query since the first scrape after its
         last batch (or the last such refresh) — not merely since the previous scrape: a worker that
         served between its last batch and now owes events, and a lull between two of its scrapes
-        must not pass a stream that dropped them for a fresh one."""
+        must not pass a stream that dropped them for a fresh one. Under the state's lock."""
         last = self.health.gauges.get(KV_LAST_TS, {}).get((snapshot.worker,))
         queries = snapshot.prefix_queried_tokens
         if last is None or queries is None:
             return
-        with self.lock:
-            w = self.worker_pool.worker(snapshot.worker, scraped_at)
-            mark = w.quiet_mark
-            if mark is None or mark[0] != last:  # a batch since: this scrape's count is the baseline
-                w.quiet_mark = (last, queries)
-                return
-            if snapshot.running == 0 and queries == mark[1] and last < scraped_at:
-                self.health.set(KV_LAST_TS, (snapshot.worker,), scraped_at)
-                w.quiet_mark = (scraped_at, queries)
+        w = self.worker_pool.worker(snapshot.worker, scraped_at)
+        mark = w.quiet_mark
+        if mark is None or mark[0] != last:  # a batch since: this scrape's count is the baseline
+            w.quiet_mark = (last, queries)
+            return
+        if snapshot.running == 0 and queries == mark[1] and last < scraped_at:
+            self.health.set(KV_LAST_TS, (snapshot.worker,), scraped_at)
+            w.quiet_mark = (scraped_at, queries)
 
     def observe_router(self, snapshot: RouterSnapshot, scraped_at: float) -> None:
         with self.lock:
