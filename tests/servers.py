@@ -1,8 +1,8 @@
-"""Real Prometheus and console processes on 127.0.0.1, started and stopped by tests.
+"""Real Prometheus, Alertmanager and console processes on 127.0.0.1, started and stopped by tests.
 
-Prometheus is given a rule file (and, optionally, a backfilled history); the console is started as
-``prefixscope console`` is, against the URLs given. Each yields its URL once it answers and stops
-the process it started.
+Prometheus is given a rule file (and, optionally, a backfilled history); Alertmanager a
+configuration file; the console is started as ``prefixscope console`` is, against the URLs given.
+Each yields its URL once it answers and stops the process it started.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tests.support import free_port, require_tool, wait_for
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
+ALERTMANAGER = "prometheus-alertmanager"  # Debian's name for the binary
 
 
 def alerts_at_once(rules: dict) -> dict:
@@ -85,6 +86,31 @@ def prometheus(workdir: Path, rules: dict, history: str | None = None,
     try:
         wait_for(answers, f"Prometheus with its rules loaded and {sorted(ready)} firing", 120, every=0.3,
                  ignore=(requests.RequestException, ValueError, KeyError))
+        yield url
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def alertmanager(workdir: Path, config: Path) -> Iterator[str]:
+    """Alertmanager over ``config`` (a configuration file), alone (no cluster peers); yields its URL
+    once ``/-/ready`` answers."""
+    binary = require_tool(ALERTMANAGER)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = workdir / "alertmanager.log"
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.path={workdir / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"alertmanager exited: {log.read_text()[-2000:]}")
+        return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
+
+    try:
+        wait_for(ready, "Alertmanager to answer /-/ready", 60, every=0.2, ignore=(requests.RequestException,))
         yield url
     finally:
         _stop(proc)

@@ -33,6 +33,8 @@ INSTALL_HINTS = {
     "prometheus": "apt-get install prometheus",
     "chromium": "apt-get install chromium",
     "nats-server": "apt-get install nats-server",
+    "prometheus-alertmanager": "apt-get install prometheus-alertmanager",
+    "amtool": "apt-get install prometheus-alertmanager",
     "routers": "make routers",
     "peers": "make peers",
 }

@@ -9,10 +9,6 @@ these tests skip locally and fail under ``CI=true`` (CI installs them; a skip wo
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,24 +26,13 @@ from console.http_json import SourceUnavailable
 from prefixscope.catalog import CHECKS, CHECKS_BY_ALERT
 from prefixscope.diagnosis import context_checks, is_cause
 from prefixscope.thresholds import load_thresholds
+from tests import servers
+from tests.support import free_port, require_tool
 
 THRESHOLDS = load_thresholds()
 CONTEXT = context_checks(THRESHOLDS.severities)
 
 GENERATED = ROOT / "alerts" / "generated" / "alertmanager.yaml"
-AMTOOL = shutil.which("amtool")
-ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-
-
-def _need(binary: str | None, what: str) -> str:
-    if binary is None:
-        message = f"{what} is not installed (Debian package prometheus-alertmanager; `make system-packages`)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
-
-
 SLOS = {c.alert for c in CHECKS if c.kind == "slo"}
 
 
@@ -106,7 +91,7 @@ def test_no_alert_can_inhibit_itself_and_every_rule_keeps_to_its_cluster() -> No
 
 
 def test_amtool_accepts_the_generated_configuration() -> None:
-    amtool = _need(AMTOOL, "amtool")
+    amtool = require_tool("amtool")
     done = subprocess.run([amtool, "check-config", str(GENERATED)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{len(alertmanager.inhibit_rules(THRESHOLDS))} inhibit rules" in done.stdout
@@ -139,47 +124,16 @@ def test_parse_alerts_rejects_what_is_not_the_v2_shape(payload: object) -> None:
 
 
 def test_fetch_alerts_from_nothing_is_one_clear_error() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with pytest.raises(SourceUnavailable, match=r"Alertmanager at http://127.0.0.1:\d+ is unavailable"):
         fetch_alerts(f"http://127.0.0.1:{port}", timeout=2)
 
 
 # -- a real Alertmanager ---------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def running_alertmanager(tmp_path: Path) -> Iterator[str]:
-    binary = _need(ALERTMANAGER, "prometheus-alertmanager")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "alertmanager.log", "wb")  # noqa: SIM115 - closed below, after the process
-    proc = subprocess.Popen([binary, f"--config.file={GENERATED}", f"--storage.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Alertmanager did not start:\n{(tmp_path / 'alertmanager.log').read_text()}")
-            time.sleep(0.2)
+    with servers.alertmanager(tmp_path / "alertmanager", GENERATED) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _post(url: str, alerts: list[tuple[str, dict[str, str]]]) -> None:

@@ -7,18 +7,15 @@ function or compares; prose such as `prefixscope_kv_event_lag_seconds` alone is 
 
 from __future__ import annotations
 
-import contextlib
 import re
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
-from tests.support import require_tool
+from tests import servers
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "runbooks"
@@ -39,42 +36,11 @@ def _queries() -> list[tuple[str, str]]:
 QUERIES = _queries()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = require_tool("prometheus")
-    tmp = tmp_path_factory.mktemp("prometheus")
-    rules = ROOT / "alerts" / "generated" / "prefixscope.rules.yaml"
-    (tmp / "prometheus.yml").write_text(f"rule_files: [{rules}]\n", encoding="utf-8")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115 - closed below, after the process
-    proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Prometheus did not start:\n{(tmp / 'prometheus.log').read_text()}")
-            time.sleep(0.2)
+    rules = yaml.safe_load((ROOT / "alerts" / "generated" / "prefixscope.rules.yaml").read_text(encoding="utf-8"))
+    with servers.prometheus(tmp_path_factory.mktemp("prometheus"), rules) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_the_runbooks_show_promql() -> None:
