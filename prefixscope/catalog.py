@@ -591,7 +591,7 @@ METRICS: tuple[Metric, ...] = (
             help="Wall-clock time the last KV-event batch from the worker was received (or of the last scrape that found the worker idle, with no events to send)."),
     _metric(name="kv_event_lag_seconds", type="gauge", unit="seconds", labels=(W,), group=0, source="kv_events",
             help="Receive time minus the batch timestamp of the worker's last KV-event batch; a lag of a second or "
-                 "more reads 0 once nothing of the worker waits to be applied (ZMQ streams)."),
+                 "more reads 0 once nothing of the worker waits to be applied (ZMQ and NATS alike)."),
     _metric(name="kv_event_unknown_parent", type="counter", unit="", labels=(W,), group=0, source="kv_events",
             help="BlockStored events whose parent block is not in the worker's view."),
     _metric(name="kv_event_unknown_block_removals", type="counter", unit="", labels=(W,), group=0, source="kv_events",

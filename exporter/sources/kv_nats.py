@@ -50,6 +50,12 @@ Batches are decoded by :mod:`exporter.codecs.kvcodec` (the relay sends vLLM's pa
 handed to the sink like the ZMQ subscriber does (``sink.apply_kv_batch``), so the state counts
 batches, applied events, lag and restarts the same way; this adapter counts gaps, missed
 batches and decode errors. All sink calls come from this source's one thread.
+
+**Lag once caught up**, as on ZMQ: a worker's lag is its last applied batch's age when applied, so
+a worker that goes quiet after a backlog would read that backlog's lag for as long as it stays
+quiet. A lag of ``LAG_FLOOR_S`` or more is set back to 0 once nothing waits: on the stream, when a
+pull comes back short of a full fetch (or empty); on Dynamo's subjects, when no delivered message
+waits in any subscription's queue.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import nats
+from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
@@ -78,7 +85,8 @@ from exporter.codecs.kv_stream import (
 )
 from exporter.core.health import Health
 from exporter.loops.duty_clock import DutyClock
-from exporter.model import KvSink
+from exporter.model import KvBatch, KvSink
+from exporter.sources.kv_zmq import LAG, LAG_FLOOR_S
 
 log = logging.getLogger("prefixscope.kv_nats")
 
@@ -128,6 +136,8 @@ class NatsKvSource:
         self._dyn_seen: set[str] = set()  # Dynamo workers whose gap series exists (as many as its series)
         self._first_id: dict[str, str] = {}  # worker -> Nats-Msg-Id of the batch it started at (seq 0)
         self._jump: dict[str, int] = {}  # worker -> a seq too far ahead, awaiting the next to confirm it
+        self._behind: set[str] = set()  # workers whose last applied batch lagged LAG_FLOOR_S or more
+        self._dyn_subs: list[Subscription] = []  # Dynamo's subscriptions (their queues say whether messages wait)
         self._started = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -176,7 +186,7 @@ class NatsKvSource:
             return
         try:
             for subject in self.settings.dynamo_subjects:
-                await nc.subscribe(subject, cb=self._on_dynamo)
+                self._dyn_subs.append(await nc.subscribe(subject, cb=self._on_dynamo))
                 log.info("Dynamo KV events: subscribed to %s", subject)
             if self.settings.dynamo_subjects:
                 await nc.flush()  # the server has the subscriptions: core NATS keeps nothing sent before
@@ -215,6 +225,7 @@ class NatsKvSource:
             except (TimeoutError, nats.errors.TimeoutError):
                 if self.last_stream_seq >= target:
                     self._started.set()
+                self._caught_up()
                 continue
             except Exception as exc:
                 failures += 1
@@ -233,6 +244,8 @@ class NatsKvSource:
                 log.debug("ack failed: %s", exc)
             if self.last_stream_seq >= target:
                 self._started.set()
+            if len(msgs) < FETCH:  # the pull took what was there: nothing more waits
+                self._caught_up()
 
     async def _warn_if_shared(self, js: nats.js.JetStreamContext) -> None:
         """A durable someone is pulling from right now belongs to another live exporter (an HA twin or
@@ -307,7 +320,7 @@ class NatsKvSource:
             return
         batch = kvcodec.decode_batch(data, worker, seq, self.health, attribution=self.settings.attribution)
         if batch is not None:
-            self._apply(lambda: self.sink.apply_kv_batch(batch, self.clock()), worker)
+            self._apply_batch(batch)
 
     def _relay_sequence(self, worker: str, seq: int, headers: dict[str, str], stream_seq: int) -> bool:
         """Whether a relayed batch at ``seq`` is applied (the rules of the module docstring); a
@@ -346,6 +359,19 @@ class NatsKvSource:
         self._next[worker] = seq + 1
         return True
 
+    def _apply_batch(self, batch: KvBatch) -> None:
+        received_at = self.clock()
+        if received_at - batch.ts >= LAG_FLOOR_S:
+            self._behind.add(batch.worker)
+        self._apply(lambda: self.sink.apply_kv_batch(batch, received_at), batch.worker)
+
+    def _caught_up(self) -> None:
+        """Nothing waits: the lagging workers' lag reads 0 (only series that exist are set: a family
+        shard that is not a worker's home keeps none)."""
+        for worker in self._behind:
+            self.health.set_existing(LAG, (worker,), 0.0)
+        self._behind.clear()
+
     def _apply(self, call: Callable[[], None], worker: str) -> None:
         try:
             call()
@@ -358,6 +384,8 @@ class NatsKvSource:
     async def _on_dynamo(self, msg: nats.aio.msg.Msg) -> None:
         with self.duties.duty("kv_ingest"):
             self.handle_dynamo(msg.subject, msg.data)
+            if self._behind and not any(sub.pending_msgs for sub in self._dyn_subs):
+                self._caught_up()
 
     def handle_dynamo(self, subject: str, data: bytes) -> None:
         """One Dynamo KV-event message: sequenced by the envelope's ``sequence`` per publisher (by
@@ -383,7 +411,7 @@ class NatsKvSource:
                                   f"{subject}: worker {worker}'s event_id"):
                 continue
             self._event_ids(worker, batch.seq, len(batch.events), msg.sequence is None, restarted)
-            self._apply(lambda b=batch: self.sink.apply_kv_batch(b, self.clock()), worker)
+            self._apply_batch(batch)
 
     def _dyn_fits(self, key: object, value: int, expected: int | None, what: str) -> bool:
         """Whether a Dynamo sequence (a publisher's envelope ``sequence``, a worker's ``event_id``)
