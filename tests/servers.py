@@ -1,13 +1,15 @@
-"""Real Prometheus, Alertmanager and console processes on 127.0.0.1, started and stopped by tests.
+"""Real Prometheus, Alertmanager, nats-server and console processes on 127.0.0.1, started and
+stopped by tests.
 
 Prometheus is given a rule file (and, optionally, a backfilled history); Alertmanager a
-configuration file; the console is started as ``prefixscope console`` is, against the URLs given.
+configuration file; nats-server a JetStream store; the console is started as ``prefixscope console`` is, against the URLs given.
 Each yields its URL once it answers and stops the process it started.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -112,6 +114,26 @@ def alertmanager(workdir: Path, config: Path) -> Iterator[str]:
     try:
         wait_for(ready, "Alertmanager to answer /-/ready", 60, every=0.2, ignore=(requests.RequestException,))
         yield url
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def nats_server(store: Path) -> Iterator[str]:
+    """nats-server with JetStream kept in ``store``; yields its ``nats://`` URL once it listens."""
+    port = free_port()
+    proc = subprocess.Popen([require_tool("nats-server"), "-js", "-sd", str(store), "-p", str(port), "-a", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError("nats-server exited")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, "nats-server listening")
+        yield f"nats://127.0.0.1:{port}"
     finally:
         _stop(proc)
 

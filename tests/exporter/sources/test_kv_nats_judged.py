@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,8 @@ from exporter.codecs.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_WORKER, 
 from exporter.core.health import Health
 from exporter.core.sharding import ShardSink, ShardSpec
 from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
-from tests.support import REPO, free_port, require_tool, wait_for
+from tests import servers
+from tests.support import REPO, wait_for
 
 
 class Sink:
@@ -41,20 +41,8 @@ class Sink:
 
 @pytest.fixture
 def nats_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([require_tool("nats-server"), "-js", "-sd", str(tmp_path / "js"), "-p", str(port),
-                             "-a", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import socket
-
-        def up() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        wait_for(up, what="nats-server listening")
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait(10)
+    with servers.nats_server(tmp_path / "js") as url:
+        yield url
 
 
 def payload(ts: float, block: int) -> bytes:

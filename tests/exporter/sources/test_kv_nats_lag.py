@@ -11,18 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from exporter.core.health import Health
 from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
 from exporter.sources.kv_zmq import LAG
-from tests.exporter.sources.test_kv_nats_judged import (  # noqa: F401 - nats_url is a fixture
-    DYNAMO_SUBJECT,
-    dynamo,
-    nats_url,
-    payload,
-    publish,
-    relayed,
-)
+from tests import servers
+from tests.exporter.sources.test_kv_nats_judged import DYNAMO_SUBJECT, dynamo, payload, publish, relayed
 from tests.support import wait_for
 
 AGE_S = 30.0  # how old the backlog's batches are when the exporter reads them
@@ -42,6 +40,12 @@ class LagSink:
 
     def worker_restarted(self, worker) -> None:
         pass
+
+
+@pytest.fixture
+def nats_url(tmp_path: Path) -> Iterator[str]:
+    with servers.nats_server(tmp_path / "js") as url:
+        yield url
 
 
 def _lag(health: Health, worker: str) -> float | None:
