@@ -709,3 +709,62 @@ def apply_records(acc, attr, evictions, pool, health, records, now, set unchange
         if worker not in unchanged:
             (unchanged if pool.unchanged_for(worker) else judge).add(worker)
 
+
+# ---- a decoded record line into its value (exporter.sources.records' typed decoder) -------------
+from cpython.object cimport PyObject_GenericSetAttr
+
+
+cdef class RecordBuilder:
+    """The values of a decoded line, in the record's field order (``UNSET`` for an absent optional
+    field), into a :class:`RequestRecord` — what ``records._compile_typed``'s Python conversion
+    does: each slot set directly (the frozen dataclass's ``__init__`` less its call), absent and
+    null both ``None``, and the optional fields present as ``carried``. None when a block hash is
+    past ``hashes_max`` (the decoder cannot hold that bound)."""
+    cdef tuple names
+    cdef tuple optional
+    cdef object unset
+    cdef object cls
+    cdef object new
+    cdef Py_ssize_t n_required
+    cdef Py_ssize_t hashes_at
+    cdef object hashes_max
+    cdef object carried_name
+    cdef dict carried_of
+    cdef Py_ssize_t max_shapes
+
+    def __init__(self, cls, tuple names, Py_ssize_t n_required, unset, Py_ssize_t hashes_at, hashes_max,
+                 str carried_name, Py_ssize_t max_shapes):
+        if len(names) - n_required > 63:
+            raise ValueError("more optional fields than a shape's bit mask holds")
+        self.cls, self.names, self.n_required, self.unset = cls, names, n_required, unset
+        self.optional = names[n_required:]
+        self.hashes_at, self.hashes_max = hashes_at, hashes_max
+        self.carried_name, self.carried_of, self.max_shapes = carried_name, {}, max_shapes
+        self.new = object.__new__
+
+    def build(self, tuple values):
+        cdef Py_ssize_t i, n = len(self.names)
+        cdef unsigned long long mask = 0
+        if len(values) != n:
+            raise ValueError(f"{len(values)} values for {n} fields")
+        unset = self.unset
+        hashes = values[self.hashes_at]
+        if self.hashes_max is not None and hashes is not unset and hashes:
+            for h in <tuple>hashes:
+                if h > self.hashes_max:
+                    return None
+        for i in range(self.n_required, n):
+            if values[i] is unset:
+                mask |= 1ULL << (i - self.n_required)
+        key = mask
+        carried = self.carried_of.get(key)
+        if carried is None:
+            carried = frozenset([name for j, name in enumerate(self.optional) if not (mask >> j) & 1])
+            if len(self.carried_of) < self.max_shapes:
+                self.carried_of[key] = carried
+        o = self.new(self.cls)
+        for i in range(n):
+            v = values[i]
+            PyObject_GenericSetAttr(o, self.names[i], None if v is unset else v)
+        PyObject_GenericSetAttr(o, self.carried_name, carried)
+        return o
