@@ -768,3 +768,12 @@ cdef class RecordBuilder:
             PyObject_GenericSetAttr(o, self.names[i], None if v is unset else v)
         PyObject_GenericSetAttr(o, self.carried_name, carried)
         return o
+
+
+def ascii_only(record, tuple names):
+    """Whether each of the record's fields ``names`` is None or an ASCII string."""
+    for name in names:
+        v = getattr(record, name)
+        if v is not None and (type(v) is not str or not (<str>v).isascii()):
+            return False
+    return True

@@ -305,10 +305,13 @@ FAST_RECORD = _compile_fast_record(SCHEMA)
 
 
 # ---- the typed decoder: msgspec, before the fast path ---------------------------------------
+_ASCII_ONLY: Callable[[Any, tuple[str, ...]], bool]
 try:
     from exporter.core._records_core import RecordBuilder as _BUILDER
+    from exporter.core._records_core import ascii_only as _ASCII_ONLY
 except ImportError:  # not built: the conversion in Python below
     _BUILDER = None
+    _ASCII_ONLY = lambda record, names: _ascii_only_py(record, names)  # noqa: E731 - defined further down
 # The strict schema (``_strict_schema``) written as a msgspec struct: one C pass decodes, checks
 # and converts a line. It takes only lines the fast path would take with the same values — ASCII
 # lines without ``\u`` escapes (a label value's characters are the careful steps' to word),
@@ -318,8 +321,11 @@ except ImportError:  # not built: the conversion in Python below
 # word the error; so every answer, accepted or rejected, is theirs (tests/exporter/sources/
 # test_records_typed.py compares the two over randomized lines). An optional field's absence
 # is ``UNSET``, its null ``None``: what ``carried`` is made of.
-def _typed_field(name: str, spec: dict[str, Any], required: bool) -> tuple[str, Any, Any] | None:
-    """``(name, type, default)`` of one property for ``msgspec.defstruct``; None if it cannot say."""
+def _typed_field(name: str, spec: dict[str, Any], required: bool,
+                 none_is_absent: bool = False) -> tuple[str, Any, Any] | None:
+    """``(name, type, default)`` of one property for ``msgspec.defstruct``; None if it cannot say.
+    ``none_is_absent``: an optional field may be None whatever the schema says of null (a
+    record's None is a field it does not carry)."""
     types = _types(spec)
     nullable = "null" in types or None in spec.get("enum", ())
     kind = _kind(spec)
@@ -368,6 +374,8 @@ def _typed_field(name: str, spec: dict[str, Any], required: bool) -> tuple[str, 
         typ = typ | None
     if required:
         return (name, typ, msgspec.NODEFAULT)
+    if none_is_absent:
+        return (name, typ if nullable else typ | None, None)
     return (name, typ | msgspec.UnsetType, msgspec.UNSET)
 
 
@@ -433,8 +441,53 @@ def _compile_typed(schema: dict[str, Any], builder: Any = _BUILDER) -> Callable[
     return typed
 
 
+def _compile_record_check(schema: dict[str, Any]) -> Callable[[RequestRecord], bool] | None:
+    """Whether a record built by another intake passes the strict schema with the fields it has
+    (its None fields absent), at once: True when it does, False when the careful steps must say
+    (they decide and word it). None when the schema has something the struct cannot say."""
+    strict = _strict_schema(schema)
+    props: dict[str, dict[str, Any]] = strict.get("properties", {})
+    required = tuple(strict.get("required", ()))
+    if required != _RECORD_FIELDS[:4] or set(props) != set(_RECORD_FIELDS[:-1]):
+        return None
+    spec_fields = []
+    for name in _RECORD_FIELDS[:-1]:
+        got = _typed_field(name, props[name], name in required, none_is_absent=True)
+        if got is None:
+            return None
+        spec_fields.append(got)
+    fields_type = msgspec.defstruct("RecordFields", spec_fields, gc=False)
+    convert = msgspec.convert
+    failed = msgspec.ValidationError
+    hashes_max = props["block_hashes"].get("items", {}).get("maximum")
+    # label values: the struct bounds their length; a lone surrogate (JSON can spell one) is the careful steps' to find
+    strings = tuple(name for name in _RECORD_FIELDS[:-1] if _kind(props[name]) == _STR)
+    ascii_only = _ASCII_ONLY
+
+    def record_ok(record: RequestRecord) -> bool:
+        if not ascii_only(record, strings):  # first: the struct would choke on a lone surrogate
+            return False
+        try:
+            convert(record, fields_type, from_attributes=True)
+        except (failed, ValueError, TypeError):
+            return False
+        hashes = record.block_hashes
+        return not (hashes and hashes_max is not None and max(hashes) > hashes_max)
+
+    return record_ok
+
+
+def _ascii_only_py(record: Any, names: tuple[str, ...]) -> bool:
+    for name in names:
+        v = getattr(record, name)
+        if v is not None and (type(v) is not str or not v.isascii()):
+            return False
+    return True
+
+
 TYPED_RECORD = _compile_typed(SCHEMA)
 TYPED_CONVERSION = "reference" if _BUILDER is None else "compiled"
+RECORD_OK = _compile_record_check(SCHEMA)
 # The decoder of the fast path: the JSON scanner itself (``JSONDecoder.decode`` less its wrapper:
 # the caller checks that only JSON whitespace follows the value). Floats parse in C; one too large
 # for a float (inf) fails the fast checks, and the line is parsed again by the strict decoder,
@@ -548,7 +601,13 @@ _CHECKED_FIELDS = tuple(f.name for f in fields(RequestRecord) if f.name != "carr
 def record_problem(record: RequestRecord, now: float | None = None,
                    ts_tolerance_s: float = DEFAULT_TS_TOLERANCE_S) -> RecordError | None:
     """Why a record built by another intake (an OTLP span) could not have come in as a line, or
-    None: the same schema, value and timestamp checks, under the same error kinds (line 0)."""
+    None: the same schema, value and timestamp checks, under the same error kinds (line 0).
+    A record the strict schema's struct takes (``RECORD_OK``) has neither a schema nor a value
+    problem; any other is looked at by the careful steps, which find and word it."""
+    if RECORD_OK is not None and RECORD_OK(record):
+        if now is not None and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
+            return RecordError(0, "timestamp", why)
+        return None
     obj: dict[str, Any] = {}
     for name in _CHECKED_FIELDS:
         value = getattr(record, name)
