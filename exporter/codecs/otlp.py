@@ -510,6 +510,18 @@ def migration_source(previous: str | None, worker: str, previous_healthy: bool) 
     return previous
 
 
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+try:
+    from exporter.core._records_core import SlotSetter
+except ImportError:  # not built: the dataclass's own constructor
+    _MAKE_RECORD = None
+else:
+    _MAKE_RECORD = (SlotSetter(RequestRecord, _RECORD_FIELDS).make
+                    if _RECORD_FIELDS[:4] == ("ts", "request_id", "worker", "prompt_tokens") and _RECORD_FIELDS[-1] == "carried"
+                    and not hasattr(RequestRecord, "__post_init__") and getattr(RequestRecord, "__slots__", ()) == _RECORD_FIELDS
+                    else None)
+
+
 def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
               migrated_from: str | None = None, reports_migrations: bool = False,
               trace_cached: int | None = None) -> RequestRecord:
@@ -553,6 +565,9 @@ def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
     if reports_migrations:
         carried.add("migrated_from")
     request_id = _string(span.attributes.get(REQUEST_ID)) or span.span_id
+    if _MAKE_RECORD is not None:  # RequestRecord(...) less its __init__'s call: each slot set directly
+        return _MAKE_RECORD((span.end_ns / 1e9, request_id, mapping.worker(worker), int(prompt)), values,  # type: ignore[no-any-return]
+                            frozenset(carried))
     return RequestRecord(ts=span.end_ns / 1e9, request_id=request_id, worker=mapping.worker(worker),
                          prompt_tokens=int(prompt), carried=frozenset(carried), **values)
 

@@ -777,3 +777,26 @@ def ascii_only(record, tuple names):
         if v is not None and (type(v) is not str or not (<str>v).isascii()):
             return False
     return True
+
+
+cdef class SlotSetter:
+    """Builds a frozen slotted dataclass (``cls``, whose fields are ``names`` in order and whose
+    ``__init__`` only sets them) by setting each slot directly: the leading fields from a tuple,
+    the others from a mapping (None where it has none), the last one given on its own."""
+    cdef object cls
+    cdef tuple names
+    cdef object new
+
+    def __init__(self, cls, tuple names):
+        self.cls, self.names, self.new = cls, names, object.__new__
+
+    def make(self, tuple leading, dict rest, last):
+        cdef Py_ssize_t i, n = len(self.names) - 1, k = len(leading)
+        o = self.new(self.cls)
+        for i in range(k):
+            PyObject_GenericSetAttr(o, self.names[i], leading[i])
+        for i in range(k, n):
+            name = self.names[i]
+            PyObject_GenericSetAttr(o, name, rest.get(name))
+        PyObject_GenericSetAttr(o, self.names[n], last)
+        return o

@@ -120,3 +120,18 @@ def test_record_problem_equals_the_careful_steps(monkeypatch: pytest.MonkeyPatch
             assert got == want, rec
         taken += records.RECORD_OK(rec)  # type: ignore[misc]
     assert taken > 200
+
+
+@pytest.mark.skipif(otlp._MAKE_RECORD is None, reason="the compiled slot setter is not built")
+def test_span_records_built_by_slots_equal_the_constructor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.otlp import export_body
+
+    rng = random.Random(29)
+    spans = otlp.decode_protobuf(export_body(rng, "w0", 1.7e9))
+    mapping = otlp.SpanMapping(session_attributes=("session.id",), adapter_attributes=(otlp.REQUEST_MODEL,))
+    cases = [(s, kw) for s in spans[:64] for kw in ({}, {"session_key": "s1", "migrated_from": "w2",
+                                                          "reports_migrations": True, "trace_cached": 7})]
+    built = [otlp.record_of(s, mapping, **kw) for s, kw in cases]
+    monkeypatch.setattr(otlp, "_MAKE_RECORD", None)
+    constructed = [otlp.record_of(s, mapping, **kw) for s, kw in cases]
+    assert [(repr(r), r.carried) for r in built] == [(repr(r), r.carried) for r in constructed]
