@@ -59,7 +59,7 @@ __all__ = ["SCHEMA", "SCHEMA_PATH", "VALIDATOR", "BodyTooLarge", "RecordError", 
 STATUS_TOO_LARGE = 413
 STATUS_NOTHING_VALID = 400
 MAX_ERRORS_REPORTED = 50  # per body: a sender gets the first ones, all are counted
-SLICE_RECORDS = 200  # records applied per hold of the state lock (a few ms)
+SLICE_RECORDS = 500  # records applied per hold of the state lock (~5 ms of state work at ~10 µs a record)
 
 
 class BodyTooLarge(ValueError):
