@@ -1,11 +1,12 @@
 """Request records (``prefixscope.request/v1``): NDJSON parsing, validation and a file tailer.
 
 ``parse_ndjson`` is pure: bytes in, valid records and per-line errors out. The schema is
-compiled once, by fastjsonschema. Most records are valid, so each is first taken by a fast path
-(the schema narrowed to what the exporter holds, then one conversion pass); only a record the
-fast path does not accept takes the careful steps — the schema, the exporter's own value checks,
-the conversion — and a rejected one is worded by the full ``jsonschema`` validator. The fast
-path accepts only what the careful steps accept, so the answer is theirs either way. Each accepted object becomes
+compiled once, by fastjsonschema. Most records are valid, so a line is first offered to the typed
+decoder (a msgspec struct written from the strict schema: decode, check and convert in one C
+pass), then to a fast path (the schema narrowed to what the exporter holds, then one conversion
+pass); only a record neither accepts takes the careful steps — the schema, the exporter's own
+value checks, the conversion — and a rejected one is worded by the full ``jsonschema`` validator.
+Both accept only what the careful steps accept, so the answer is theirs either way. Each accepted object becomes
 a :class:`prefixscope.records.RequestRecord`; that typed value is what the sink receives.
 
 Records that cannot be true are rejected, each under its own error kind: a number JSON can
