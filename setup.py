@@ -1,6 +1,7 @@
 """Build the optional compiled cores: the prefix index (``exporter.core.index._prefix_core``), the /metrics
 family formatter (``exporter.web._render_core``), the worker page scanner
-(``exporter.codecs._promtext_core``) and the OTLP wire walk (``exporter.codecs._otlp_core``); metadata is in pyproject.toml.
+(``exporter.codecs._promtext_core``) and the OTLP wire walk (``exporter.codecs._otlp_core``) and the per-record work
+(``exporter.core._records_core``); metadata is in pyproject.toml.
 
 Without Cython or a C compiler the install still succeeds, with a warning, and the exporter runs
 on the Python references (``exporter.core.index.prefix_index.CORE`` and ``exporter.web.exposition.CORE`` read
@@ -55,7 +56,8 @@ def extensions() -> list:
         from Cython.Build import cythonize
 
         return cythonize([_extension(name) for name in ("exporter.core.index._prefix_core", "exporter.web._render_core",
-                                                         "exporter.codecs._promtext_core", "exporter.codecs._otlp_core")],
+                                                         "exporter.codecs._promtext_core", "exporter.codecs._otlp_core",
+                                                         "exporter.core._records_core")],
                          quiet=True)
     except Exception as exc:  # no Cython, or the translation failed
         _warn("the compiled cores were not translated", exc)

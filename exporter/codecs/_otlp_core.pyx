@@ -141,3 +141,49 @@ cdef Py_ssize_t _varint(const unsigned char* buf, Py_ssize_t pos, Py_ssize_t end
         if shift > 63:
             break
     raise error("not an OTLP protobuf ExportTraceServiceRequest: a truncated or overlong varint")
+
+
+# ---- the parsed request's spans (decode_protobuf's loop) -----------------------------------------
+from cpython.object cimport PyObject_GenericSetAttr
+
+
+cdef dict _attrs(attrs, value_of):
+    """``otlp._pb_attrs``: key -> value; arrays and key-value lists through ``value_of`` itself."""
+    cdef dict out = {}
+    for kv in attrs:
+        v = kv.value
+        kind = v.WhichOneof("value")
+        if kind is None:
+            value = None
+        elif kind == "array_value" or kind == "kvlist_value":
+            value = value_of(v)
+        else:
+            value = getattr(v, kind)
+        out[kv.key] = value
+    return out
+
+
+cdef inline object _id(raw, Py_ssize_t size, str what, id_of):
+    if raw and len(raw) != size:
+        return id_of(raw, size, what)  # raises, with the reference's message
+    return raw.hex()
+
+
+def spans_of(req, span_cls, tuple names, value_of, id_of):
+    """``otlp.decode_protobuf``'s spans of a parsed request, in its order and with its errors:
+    each span's slots (``names``, the dataclass's fields in order) set directly."""
+    cdef list out = []
+    cdef Py_ssize_t i
+    new = object.__new__
+    for rs in req.resource_spans:
+        resource = _attrs(rs.resource.attributes, value_of)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                values = (_id(s.trace_id, 16, "trace id", id_of), _id(s.span_id, 8, "span id", id_of), s.name,
+                          s.start_time_unix_nano, s.end_time_unix_nano, _attrs(s.attributes, value_of), resource,
+                          ss.scope.name, _id(s.parent_span_id, 8, "parent span id", id_of))
+                span = new(span_cls)
+                for i in range(9):
+                    PyObject_GenericSetAttr(span, names[i], values[i])
+                out.append(span)
+    return out

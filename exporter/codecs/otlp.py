@@ -35,7 +35,7 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -269,6 +269,12 @@ def count_json(body: bytes, budget: Budget) -> int:
 
 
 # ---- decoding ------------------------------------------------------------------------------
+# The compiled loop sets a Span's slots directly: only while the dataclass's __init__ does nothing more.
+_SPAN_FIELDS = tuple(f.name for f in fields(Span))
+_SPANS_OF = (_otlp_core.spans_of if _WALKER is not None and len(_SPAN_FIELDS) == 9
+             and not hasattr(Span, "__post_init__") and getattr(Span, "__slots__", ()) == _SPAN_FIELDS else None)
+
+
 def _pb_value(v: common_pb2.AnyValue) -> AttrValue:
     kind = v.WhichOneof("value")
     if kind is None:
@@ -300,6 +306,13 @@ def decode_protobuf(body: bytes, budget: Budget | None = None, *, counted: bool 
     except DecodeError as exc:
         raise OtlpDecodeError(f"not an OTLP protobuf ExportTraceServiceRequest: {exc}") from None
     budget.check(sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans), 0)
+    if _SPANS_OF is not None:  # the same loop compiled (exporter.codecs._otlp_core.spans_of)
+        return _SPANS_OF(req, Span, _SPAN_FIELDS, _pb_value, _pb_id)  # type: ignore[no-any-return]
+    return decode_spans_reference(req)
+
+
+def decode_spans_reference(req: trace_service_pb2.ExportTraceServiceRequest) -> list[Span]:
+    """The spans of a parsed request, in order (the definition the compiled loop follows)."""
     out: list[Span] = []
     for rs in req.resource_spans:
         resource = _pb_attrs(rs.resource.attributes)
@@ -497,6 +510,18 @@ def migration_source(previous: str | None, worker: str, previous_healthy: bool) 
     return previous
 
 
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+try:
+    from exporter.core._records_core import SlotSetter
+except ImportError:  # not built: the dataclass's own constructor
+    _MAKE_RECORD = None
+else:
+    _MAKE_RECORD = (SlotSetter(RequestRecord, _RECORD_FIELDS).make
+                    if _RECORD_FIELDS[:4] == ("ts", "request_id", "worker", "prompt_tokens") and _RECORD_FIELDS[-1] == "carried"
+                    and not hasattr(RequestRecord, "__post_init__") and getattr(RequestRecord, "__slots__", ()) == _RECORD_FIELDS
+                    else None)
+
+
 def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
               migrated_from: str | None = None, reports_migrations: bool = False,
               trace_cached: int | None = None) -> RequestRecord:
@@ -540,6 +565,9 @@ def record_of(span: Span, mapping: SpanMapping, session_key: str | None = None,
     if reports_migrations:
         carried.add("migrated_from")
     request_id = _string(span.attributes.get(REQUEST_ID)) or span.span_id
+    if _MAKE_RECORD is not None:  # RequestRecord(...) less its __init__'s call: each slot set directly
+        return _MAKE_RECORD((span.end_ns / 1e9, request_id, mapping.worker(worker), int(prompt)), values,  # type: ignore[no-any-return]
+                            frozenset(carried))
     return RequestRecord(ts=span.end_ns / 1e9, request_id=request_id, worker=mapping.worker(worker),
                          prompt_tokens=int(prompt), carried=frozenset(carried), **values)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,11 +42,12 @@ from exporter.core.hotspots import HISTORY_S, branch_label
 from exporter.core.index.prefix_index import TreeStats, compute_stats, pass_in_slices
 from exporter.core.kv_accounting import KV_LAST_TS
 from exporter.core.membership import Membership
+from exporter.core.record_slice import RecordInput, apply_records
 from exporter.core.series_view import Series, build_series
 from exporter.core.state_parts import StateParts, build_parts
 from exporter.model import KvBatch, RouterSnapshot, WorkerSnapshot
 from prefixscope import catalog
-from prefixscope.records import InvalidRecord, RequestRecord
+from prefixscope.records import RequestRecord
 from prefixscope.thresholds import Thresholds
 from prefixscope.topology import Topology
 
@@ -62,7 +63,6 @@ NO_TREE = TreeStats(version=-1)  # before the first pass: no branching known, ch
 _POOL_CHANGES = catalog.METRICS_BY_NAME[f"{P}_worker_pool_changes"].name
 
 T = TypeVar("T")
-RecordInput = RequestRecord | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -232,29 +232,15 @@ class ClusterState:
         with self.lock:
             self.time.advance(received_at)
             folded = labels.folded()
-            account, attribute, now = self.accounting.account, self.attribution.records.account, self.time.now
+            now = self.time.now
             # Workers whose records cannot change the pool (the pool, the input time and the
             # scrape targets' up states stay as they are until the loop ends), and the others:
             # the pool judges those alone once the records are in (no walk over the workers).
             unchanged: set[str] = set()
             judge: set[str] = set()
             with self.store.batch():  # counter writes once per key and slot, at the end
-                for rec in records:
-                    try:
-                        record = rec if isinstance(rec, RequestRecord) else RequestRecord.from_json(rec)
-                        worker = account(record)
-                        attribute(record, now)
-                        if record.block_hashes and record.cached_tokens:  # reuse seen on that worker
-                            hit = record.cached_tokens // self.worker_pool.worker_block_size(record.worker)
-                            self.kv.evictions.hits(record.worker, record.block_hashes[:hit])
-                    except (TypeError, ValueError, KeyError) as exc:  # InvalidRecord is a ValueError
-                        # Schema-valid records should not fail here; if one does, keep the rest.
-                        rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")
-                        detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
-                        self.health.error("records", "unprocessable", f"{detail} in record {rid!r}")
-                        continue
-                    if worker not in unchanged:
-                        (unchanged if self.worker_pool.unchanged_for(worker) else judge).add(worker)
+                apply_records(self.accounting, self.attribution.records, self.kv.evictions, self.worker_pool,
+                              self.health, records, now, unchanged, judge)
             if judge and self.worker_pool.note_all(judge, now):
                 self.store.inc(now, _POOL_CHANGES, ())
             self._expire()
