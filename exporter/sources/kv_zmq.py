@@ -65,10 +65,19 @@ its next batch; live messages that raced the replay are recognised as duplicates
 What waits to be applied is bounded, so a subscriber that falls behind (a burst larger than one
 core follows, a stalled state) holds a bounded backlog, never gigabytes: each SUB socket's receive
 queue holds at most ``queue_messages`` ÷ workers messages (``RCVHWM``, between ``MIN_QUEUE`` and
-ZMQ's default 1,000), and a worker's live messages waiting behind its replay at most as many. Past
+ZMQ's default 1,000), and a worker's live messages waiting behind its replay at most as many. The
+connection's kernel buffer holds at most ``RECV_BUFFER_BYTES`` besides (Linux would otherwise grow it
+to megabytes, where a backlog would wait unseen). Past
 that, ZMQ stops reading the connection, the worker's PUB socket drops what it cannot send, and
 the messages that wait behind a replay are dropped here: each is a gap in the sequence, counted
 as missed batches when the next message arrives and healed by the replay like any other.
+
+Each round polls every worker's socket once and reads each ready one until it is empty (at most
+``MAX_DRAIN`` messages, so one busy worker cannot starve the others), with one receive time for the
+whole drain. A poll costs about a microsecond per socket however few are ready, so rounds start at
+least ``ROUND_GAP_PER_SOCKET_S`` per socket apart (at most ``MAX_ROUND_GAP_S``, which is all this
+adds to the lag): at a thousand workers, a busy stream's messages are read tens at a time per
+poll rather than a poll for every few, and the polls stay a small share of the core.
 
 How far behind the subscriber is shows in the worker's ``kv_event_lag_seconds`` (set by the sink per
 batch: receive time − the batch's stamp), so a backlog is seen before it sheds. A lag of
@@ -103,6 +112,12 @@ log = logging.getLogger("prefixscope.kv_events")
 SOURCE = "kv_events"
 END_SEQ = b"\xff" * 8  # the replay's end marker: -1 as a signed 8-byte big-endian integer
 MAX_DRAIN = 256  # messages taken from one socket per poll round, so one busy worker cannot starve others
+# A poll costs about a microsecond per socket whether one or all of them are ready (the poll items are
+# built anew each call), so at a thousand workers a poll per few messages spent more of the core than
+# the messages did: rounds start at least this long apart per socket followed (capped at
+# MAX_ROUND_GAP_S), so a poll's cost stays a small share of a round's and each drain finds more.
+ROUND_GAP_PER_SOCKET_S = 1e-5
+MAX_ROUND_GAP_S = 0.01  # at most this much is added to the lag by waiting for the next round
 # Startup replays in flight at once: each holds a DEALER socket (a mailbox fd and a TCP connection
 # on top of the worker's SUB socket), so a thousand workers replayed at once would need thousands
 # of descriptors and more sockets than a ZMQ context allows by default (1,023).
@@ -118,6 +133,10 @@ STARTUP_DEDUP = 2048
 QUEUE_MESSAGES = 65_536
 MIN_QUEUE = 16
 MAX_QUEUE = 1000
+# The kernel's receive buffer of each SUB connection. Left to itself Linux grows a fast connection's
+# buffer up to net.ipv4.tcp_rmem's maximum (often 6–32 MB): a backlog would wait there, unseen by the
+# receive queue's bound, for tens of seconds per worker before anything is shed.
+RECV_BUFFER_BYTES = 256 * 1024
 MAX_SEQ_JUMP = 1 << 40  # a forward jump this large is a corrupt seq, not a gap (see above)
 REPLAY_TOTAL_TIMEOUTS = 10  # a replay ends after this many replay_timeouts in all, however it drips
 _STOP_CHECK_S = 0.1  # how often a waiting replay thread looks at the stop flag
@@ -170,6 +189,7 @@ class KvEventSubscriber:
         self.health = health
         self.replay_timeout = replay_timeout
         self.poll_ms = max(1, int(poll_interval * 1000))
+        self.round_gap_s = 0.0  # between two rounds' starts (set from the sockets followed, see MAX_ROUND_GAP_S)
         self.clock = clock
         self._next: dict[str, int] = {}
         # worker -> last seq its startup replay applied, until its first live message past it
@@ -263,10 +283,15 @@ class KvEventSubscriber:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, self.queue_limit())  # before connecting: the pipe takes it then
+        sock.setsockopt(zmq.RCVBUF, RECV_BUFFER_BYTES)  # (and the connection its buffer)
         sock.setsockopt(zmq.SUBSCRIBE, ep.topic.encode())
         sock.connect(ep.pub)
         self._subs[worker], self._sockets[sock] = sock, worker
         self._poller.register(sock, zmq.POLLIN)
+        self._set_round_gap()
+
+    def _set_round_gap(self) -> None:
+        self.round_gap_s = min(MAX_ROUND_GAP_S, ROUND_GAP_PER_SOCKET_S * len(self._sockets))
 
     def _unsubscribe(self, worker: str) -> None:
         sock = self._subs.pop(worker, None)
@@ -274,6 +299,7 @@ class KvEventSubscriber:
             self._poller.unregister(sock)
             self._sockets.pop(sock, None)
             sock.close(0)
+            self._set_round_gap()
 
     def _apply_changes(self) -> None:
         """Follow the latest endpoints asked for: leave the workers that went, join the new ones."""
@@ -314,10 +340,15 @@ class KvEventSubscriber:
                 for worker in list(self._behind):  # a buffer replayed at start is old, not a backlog
                     self._caught_up(worker)
             self._started.set()
+            round_at = 0.0
             while not self._stop.is_set():
                 if not self._changes.empty():
                     self._apply_changes()
                 if self._sockets:
+                    wait = round_at + self.round_gap_s - time.monotonic()
+                    if wait > 0:  # the last round was short: let more arrive before paying for a poll
+                        time.sleep(wait)
+                    round_at = time.monotonic()
                     ready = self._poller.poll(self.poll_ms)
                 else:  # no worker to follow (yet): wait for one without a poll over nothing
                     self._stop.wait(self.poll_ms / 1000)
@@ -327,16 +358,8 @@ class KvEventSubscriber:
                 with self.duties.duty("kv_ingest"):
                     for sock, _ in ready:
                         worker = self._sockets.get(sock)
-                        if worker is None:
-                            continue
-                        for _ in range(MAX_DRAIN):
-                            try:
-                                frames = sock.recv_multipart(zmq.NOBLOCK)
-                            except zmq.Again:
-                                if worker in self._behind:
-                                    self._caught_up(worker, drained=True)
-                                break
-                            self.handle_message(worker, frames, self.clock())
+                        if worker is not None:
+                            self._drain(sock, worker)
                     self.finish_replays()
         except Exception:  # the loop must not die silently: say why, then stop
             log.exception("KV-event subscriber stopped on an unexpected error")
@@ -346,6 +369,20 @@ class KvEventSubscriber:
             self._started.set()
             for sock in list(self._sockets):
                 sock.close(0)
+
+    def _drain(self, sock: zmq.Socket, worker: str) -> None:
+        """Handle what the worker's receive queue holds, until it reads empty (then the worker is
+        caught up) or ``MAX_DRAIN`` messages. One receive time serves the whole drain: every one
+        of these messages was in by then."""
+        recv, handle, received_at = sock.recv_multipart, self.handle_message, self.clock()
+        for _ in range(MAX_DRAIN):
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                if worker in self._behind:
+                    self._caught_up(worker, drained=True)
+                return
+            handle(worker, frames, received_at)
 
     # ---- one message ----------------------------------------------------------------------
     def handle_message(self, worker: str, frames: list[bytes], received_at: float) -> None:

@@ -758,3 +758,42 @@ def test_a_subscriber_that_falls_behind_holds_a_bounded_backlog_and_the_replay_h
     assert missed >= 1200 - 300, c  # most of the backlog became a gap ...
     assert c["prefixscope_kv_event_replays"] == {("w0", "recovered"): c["prefixscope_kv_event_sequence_gaps"][("w0",)]}
     assert "prefixscope_kv_event_lost_batches" not in c  # ... and the replay healed all of it
+
+
+def test_many_workers_bursts_are_drained_in_rounds_each_in_its_own_order(ctx: zmq.Context,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ready socket is read until empty in one round, so a burst over many workers costs a few
+    polls, not one per message; rounds are spaced by the sockets followed (a poll's cost), capped."""
+    import exporter.sources.kv_zmq as kv_zmq
+
+    pubs = {f"w{i}": VllmLikePublisher(ctx) for i in range(12)}
+    sink, health = RecordingSink(), Health()
+    sub = _start(pubs, sink, health)
+    rounds: list[int] = []
+    poll = sub._poller.poll
+
+    def counted(timeout: int) -> list:
+        ready = poll(timeout)
+        if ready:
+            rounds.append(len(ready))
+        return ready
+
+    monkeypatch.setattr(sub._poller, "poll", counted)
+    per_worker = 40
+    try:
+        assert sub.round_gap_s == pytest.approx(12 * kv_zmq.ROUND_GAP_PER_SOCKET_S)
+        for i in range(per_worker):
+            for w, pub in pubs.items():
+                pub.publish([("stored", [1000 * int(w[1:]) + i], None if i == 0 else 1000 * int(w[1:]) + i - 1)])
+        wait_for(lambda: all(len(sink.seqs(w)) == per_worker for w in pubs))
+    finally:
+        sub.close()
+        for pub in pubs.values():
+            pub.close()
+    assert {w: sink.seqs(w) for w in pubs} == {w: list(range(per_worker)) for w in pubs}
+    assert all(sink.resident[w] == pub.truth for w, pub in pubs.items())
+    assert len(rounds) < len(pubs) * per_worker  # several messages a round, not a poll each
+    assert _counters(health) == {}
+    monkeypatch.setattr(kv_zmq, "ROUND_GAP_PER_SOCKET_S", kv_zmq.MAX_ROUND_GAP_S)  # as if thousands were followed
+    sub._set_round_gap()
+    assert sub.round_gap_s == kv_zmq.MAX_ROUND_GAP_S  # capped: at most this much added to the lag
