@@ -69,8 +69,12 @@ def family_of(index: int, shape: Shape) -> int:
 
 
 def _hashes(key: bytes, n: int) -> list[int]:
-    """``n`` unsigned 64-bit hashes from one digest (a stand-in for vLLM's chained block hashes)."""
-    digest = blake2b(key, digest_size=8 * n).digest()
+    """``n`` unsigned 64-bit hashes (a stand-in for vLLM's chained block hashes): one digest for up
+    to eight, then one digest per further eight (a digest holds at most 64 bytes)."""
+    if n <= 8:
+        digest = blake2b(key, digest_size=8 * n).digest()
+    else:
+        digest = b"".join(blake2b(key + b"#%d" % part, digest_size=64).digest() for part in range((n + 7) // 8))
     return [int.from_bytes(digest[i:i + 8], "big") for i in range(0, 8 * n, 8)]
 
 

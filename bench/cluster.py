@@ -44,6 +44,7 @@ many CPU-seconds per second the load itself took.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import math
@@ -61,6 +62,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench._cluster_fleet import MODEL, SUBTICK_S, SUBTICKS, Shape
+from exporter.sources.kv_zmq import LAG_FLOOR_S
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -73,12 +75,13 @@ APPLIED = P + "kv_events_applied_total"
 BATCHES = P + "kv_event_batches_total"
 MISSED = P + "kv_event_missed_batches_total"
 LOST = P + "kv_event_lost_batches_total"
+REPLAYS = P + "kv_event_replays_total"
 RECORDS = P + "records_ingested_total"
 UP = P + "up"
 ERRORS = P + "ingest_errors_total"
 STARTUP_REPLAY_WAIT_S = 30.0  # after every worker is scraped up, how long the warm caches may take to arrive
 LOAD_SHORT = 0.9  # the load fell short when it published less than this share of the rate asked for
-READ = (LAG, LAST_TS, APPLIED, BATCHES, MISSED, LOST, RECORDS, UP, ERRORS)
+READ = (LAG, LAST_TS, APPLIED, BATCHES, MISSED, LOST, REPLAYS, RECORDS, UP, ERRORS)
 DUTY_CPU = P + "exporter_duty_cpu_seconds_total"  # the exporter's own CPU per duty (its thread CPU per batch)
 
 
@@ -199,15 +202,34 @@ class Scrape:
     missed: float = 0.0
     lost: float = 0.0
     records: float = 0.0
+    recovered: float = 0.0  # replays that healed a gap
+    unhealed: float = 0.0  # replays that did not (partial, failed)
+    lagging: int = 0  # workers whose lag is above the lag alert's threshold (its expression holds for them)
+    rss_mb: float | None = None  # the exporter's RSS when the page was read
 
 
-def scrape_of(text: str, at: float, mono: float, seconds: float, status: int) -> Scrape:
+def scrape_of(text: str, at: float, mono: float, seconds: float, status: int,
+              lag_threshold: float = float("inf")) -> Scrape:
     page = read_page(text)
     oldest = page.smallest(LAST_TS)
+    lags = page.values.get(LAG, {}).values()
     return Scrape(at=at, mono=mono, seconds=seconds, size=len(text), status=status, series=page.series,
                   lag_max=page.largest(LAG), stale_max=None if oldest is None else at - oldest,
                   applied=page.total(APPLIED), batches=page.total(BATCHES), missed=page.total(MISSED),
-                  lost=page.total(LOST), records=page.total(RECORDS))
+                  lost=page.total(LOST), records=page.total(RECORDS),
+                  recovered=page.labelled(REPLAYS, 'result="recovered"'),
+                  unhealed=page.total(REPLAYS) - page.labelled(REPLAYS, 'result="recovered"'),
+                  lagging=sum(1 for v in lags if v > lag_threshold))
+
+
+def lag_alert() -> tuple[float, float]:
+    """PrefixTelemetryKvIngestLagging's threshold and ``for`` in seconds, from the shipped thresholds
+    (its expression: ``max by (cluster, worker) (prefixscope_kv_event_lag_seconds) > threshold``)."""
+    from prefixscope.catalog import CHECKS_BY_KEY
+    from prefixscope.thresholds import load_thresholds
+
+    check, thresholds = CHECKS_BY_KEY["kv_ingest_lag"], load_thresholds()
+    return thresholds.value(check), thresholds.for_s(check)
 
 
 @dataclass
@@ -252,10 +274,11 @@ def follow_verdict(scrapes: list[Scrape], max_lag: float, batch_interval: float,
                    applied_per_s=applied, scrapes=len(scrapes), why="; ".join(why))
 
 
-def batch_interval(rate: float) -> float:
-    """Seconds between a worker's batches at ``rate`` events/s (two events a step, ≥ one tick)."""
+def batch_interval(rate: float, events_per_batch: int = 2) -> float:
+    """Seconds between a worker's batches at ``rate`` events/s (``events_per_batch`` a batch: two, a
+    store and an eviction, in the spliced fleet; ≥ one tick)."""
     tick = SUBTICKS * SUBTICK_S
-    return max(tick, 2.0 / rate) if rate > 0 else float("inf")
+    return max(tick, events_per_batch / rate) if rate > 0 else float("inf")
 
 
 # ---- processes ------------------------------------------------------------------------------------
@@ -359,10 +382,13 @@ class Controlled:
 class Scraper(threading.Thread):
     """GET /metrics every ``interval`` seconds over a kept-alive connection, like Prometheus."""
 
-    def __init__(self, port: int, interval: float) -> None:
+    def __init__(self, port: int, interval: float, pid: int | None = None,
+                 lag_threshold: float = float("inf")) -> None:
         super().__init__(name="bench-scraper", daemon=True)
         self.port = port
         self.interval = interval
+        self.pid = pid  # the exporter's: its RSS is read with each scrape
+        self.lag_threshold = lag_threshold
         self.scrapes: list[Scrape] = []
         self.on = threading.Event()
         self.stop = threading.Event()
@@ -376,7 +402,11 @@ class Scraper(threading.Thread):
             resp = conn.getresponse()
             body = resp.read()
             took = time.monotonic() - mono
-            return scrape_of(body.decode("utf-8", "replace"), at, mono, took, resp.status), conn
+            scrape = scrape_of(body.decode("utf-8", "replace"), at, mono, took, resp.status, self.lag_threshold)
+            if self.pid is not None:
+                with contextlib.suppress(OSError):  # the exporter is gone: the next scrape fails too
+                    scrape.rss_mb = status_kb(self.pid, "VmRSS") / 1024
+            return scrape, conn
         except (OSError, http.client.HTTPException):
             if conn is not None:
                 conn.close()
@@ -420,6 +450,19 @@ class Settings:
     max_n_limit: int = 5000
     shape: Shape = field(default_factory=Shape)
     keep: bool = False  # keep the run directory (logs) afterwards
+    # the high-rate fleet (bench._cluster_burst): messages encoded ahead, ``events_per_batch`` a message
+    high_rate: bool = False
+    events_per_batch: int = 1
+    overload: float = 0.0  # seconds held past the rate the ramp stopped following at (0: none)
+
+    @property
+    def per_batch(self) -> int:
+        """Events a worker's batch carries: the spliced fleet sends a store and an eviction a step."""
+        return self.events_per_batch if self.high_rate else 2
+
+
+HIGH_RATE_SHAPE = Shape(blocks_per_event=64, prefix_blocks=4, families=4, resident_chains=32, cycle_chains=64,
+                        capacity_blocks=4096)
 
 
 class Cluster:
@@ -446,7 +489,9 @@ class Cluster:
         manifest: list[dict[str, Any]] = []
         for first in range(0, self.n, per):
             count = min(per, self.n - first)
-            load = Controlled(["bench._cluster_fleet", "--first", str(first), "--count", str(count), "--shape", shape,
+            fleet = (["bench._cluster_burst", "--events-per-batch", str(s.events_per_batch)] if s.high_rate
+                     else ["bench._cluster_fleet"])
+            load = Controlled([*fleet, "--first", str(first), "--count", str(count), "--shape", shape,
                                "--page-refresh", str(max(s.worker_scrape_interval * 3, 5.0))],
                               self._logfile(f"fleet-{first}.log"))
             self.loads.append(load)
@@ -469,7 +514,7 @@ class Cluster:
             cwd=REPO, env=_env(), stdout=self._logfile("exporter.log"), stderr=subprocess.STDOUT)
         self.records = Controlled(["bench._cluster_records", "--url", f"http://{HOST}:{port}/api/v1/records",
                                    "--workers", str(self.n), "--shape", shape], self._logfile("records.log"))
-        self.scraper = Scraper(port, s.scrape_every)
+        self.scraper = Scraper(port, s.scrape_every, self.exporter.pid, lag_alert()[0])
         self.scraper.start()
         # Every worker scraped up and its warm cache (seq 0) applied from the exporter's startup
         # replay; a worker whose startup replay the exporter gave up on is learned from its first
@@ -610,14 +655,21 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
         steady = phases["render"]
         steady["requested_events_per_s"] = s.rate * n
         scrapes = cluster.scraper.between(steady["start"], steady["end"])
-        verdict = follow_verdict(scrapes, s.max_lag, batch_interval(s.rate), steady["load_stall_s"])
+        verdict = follow_verdict(scrapes, s.max_lag, batch_interval(s.rate, s.per_batch), steady["load_stall_s"])
         log(f"N={n}: base rate {s.rate:g} events/s per worker: "
             f"{'followed' if verdict.followed else 'NOT followed (' + verdict.why + ')'}")
         steps = _ramp(cluster, s, n, verdict.followed, roles, settle) if ramp and s.ramp > 0 else []
+        overload = None
+        if s.overload > 0 and ramp:  # past the rate not followed (or, if all were, past the last)
+            past = next((st["rate_per_worker"] for st in steps if not st["followed"]), steps[-1]["rate_per_worker"]
+                        if steps else s.rate)
+            overload = _overload(cluster, s, n, past * s.ramp_factor, roles)
         accounting = _drain(cluster)
         # the best rate followed, as published (the load may fall short of what was asked on a busy machine)
-        followed = [(s.rate, steady["events_per_s"])] if verdict.followed else []
-        followed += [(st["rate_per_worker"], st["events_per_s"]) for st in steps if st["followed"]]
+        followed = [(s.rate, steady["events_per_s"], steady["blocks_per_s"], steady["cpu"],
+                     _duties(steady, roles)["kv_ingest"])] if verdict.followed else []
+        followed += [(st["rate_per_worker"], st["events_per_s"], st["blocks_per_s"], st["cpu"],
+                      st["cpu_by_duty"]["kv_ingest"]) for st in steps if st["followed"]]
         best = max(followed) if followed else None
         render = [x.seconds for x in scrapes if x.status == 200]
         ok = [x for x in scrapes if x.status == 200]
@@ -644,8 +696,15 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
                    **_verdict_fields(verdict), **accounting},
             "followed": verdict.followed,
             "ramp": steps,
+            "overload": overload,
+            "blocks_per_event": s.shape.blocks_per_event, "events_per_batch": s.per_batch,
+            "fleet": "prebuilt (bench._cluster_burst)" if s.high_rate else "spliced (bench._cluster_fleet)",
             "max_followed_rate_per_worker": None if best is None else best[0],
             "max_followed_events_per_s": None if best is None else best[1],
+            "max_followed_blocks_per_s": None if best is None else best[2],
+            # at that rate: block events/s per core of the whole exporter process and of its KV ingest duty
+            "blocks_per_exporter_core": None if best is None or not best[3] else best[2] / best[3],
+            "blocks_per_kv_ingest_core": None if best is None or not best[4] else best[2] / best[4],
             "load_short": any(w["events_per_s"] < LOAD_SHORT * w["requested_events_per_s"]
                               for w in [steady, *steps]),
         }
@@ -699,19 +758,85 @@ def _ramp(cluster: Cluster, s: Settings, n: int, base_followed: bool, roles: dic
         rate *= factor
         cluster.set_rate(rate)
         w = cluster.window(s.step, min(settle, s.step / 3))
-        v = follow_verdict(cluster.scraper.between(w["start"], w["end"]), s.max_lag, batch_interval(rate),
-                           w["load_stall_s"])
+        scrapes = cluster.scraper.between(w["start"], w["end"])
+        v = follow_verdict(scrapes, s.max_lag, batch_interval(rate, s.per_batch), w["load_stall_s"])
         w["requested_events_per_s"] = rate * n
-        steps.append({"rate_per_worker": rate, "events_per_s": w["events_per_s"],
-                      "requested_events_per_s": rate * n, "cpu": w["cpu"], "cpu_by_duty": _duties(w, roles),
+        duties = _duties(w, roles)
+        steps.append({"rate_per_worker": rate, "events_per_s": w["events_per_s"], "blocks_per_s": w["blocks_per_s"],
+                      "requested_events_per_s": rate * n, "cpu": w["cpu"], "cpu_by_duty": duties,
                       "run_queue": w["run_queue"], "load_cpu": w["load_cpu"], "load_stall_s": w["load_stall_s"],
-                      **_verdict_fields(v)})
-        cluster.log(f"N={n}: ramp {rate:g} events/s per worker ({w['events_per_s']:.0f}/s): "
+                      "rss_mb": w["rss_mb"], **_shedding(scrapes), **_verdict_fields(v),
+                      # per scrape: (seconds into the step, largest lag, stalest stream)
+                      "scrape_series": [(round(x.mono - w["start"], 1), x.lag_max, x.stale_max)
+                                        for x in scrapes if x.status == 200]})
+        cluster.log(f"N={n}: ramp {rate:g} events/s per worker ({w['events_per_s']:.0f}/s, "
+            f"{w['blocks_per_s']:,.0f} block events/s): "
             f"{'followed' if v.followed else 'NOT followed (' + v.why + ')'}, lag max "
-            f"{_fmt_s(v.lag_max_s)}, exporter CPU {w['cpu']:.2f}, waiting for a CPU {w['run_queue']:.2f}")
+            f"{_fmt_s(v.lag_max_s)}, exporter CPU {w['cpu']:.2f} (KV ingest {duties['kv_ingest']:.2f}), "
+            f"waiting for a CPU {w['run_queue']:.2f}, load CPU {w['load_cpu']:.2f}, RSS {w['rss_mb']:.0f} MB")
         if v.followed != base_followed:
             break
     return steps
+
+
+def _shedding(scrapes: list[Scrape]) -> dict[str, Any]:
+    """What the exporter said about falling behind over these scrapes: the workers its lag alert's
+    expression held for, the gaps it shed into and the replays that healed them (or not), its RSS."""
+    ok = [x for x in scrapes if x.status == 200]
+    rss = [x.rss_mb for x in ok if x.rss_mb is not None]
+
+    def grew(name: str) -> float:
+        return getattr(ok[-1], name) - getattr(ok[0], name) if len(ok) > 1 else 0.0
+
+    return {"lagging_workers_max": max((x.lagging for x in ok), default=0),
+            "alert_expr_scrapes": sum(1 for x in ok if x.lagging), "scrapes_ok": len(ok),
+            "missed_batches_grew": grew("missed"), "replays_recovered": grew("recovered"),
+            "replays_unhealed": grew("unhealed"), "lost_grew": grew("lost"),
+            "rss_mb_first": rss[0] if rss else None, "rss_mb_max": max(rss) if rss else None,
+            "rss_mb_last": rss[-1] if rss else None}
+
+
+def _overload(cluster: Cluster, s: Settings, n: int, rate: float, roles: dict[int, str]) -> dict[str, Any]:
+    """Hold ``rate`` (past what is followed) for ``s.overload`` seconds: does the exporter say so
+    (its lag, the lag alert's expression) and shed into gaps and replays with a bounded RSS? Then
+    stop the load and see the lag go back to 0 once the backlog is applied."""
+    assert cluster.scraper is not None
+    threshold, for_s = lag_alert()
+    cluster.set_rate(rate)
+    w = cluster.window(s.overload, min(3.0, s.overload / 4))
+    scrapes = cluster.scraper.between(w["start"], w["end"])
+    v = follow_verdict(scrapes, s.max_lag, batch_interval(rate, s.per_batch), w["load_stall_s"])
+    held = [x for x in scrapes if x.status == 200]
+    firing_from = next((x.mono for x in held if x.lagging), None)
+    out = {"rate_per_worker": rate, "seconds": w["end"] - w["start"], "events_per_s": w["events_per_s"],
+           "blocks_per_s": w["blocks_per_s"], "cpu": w["cpu"], "cpu_by_duty": _duties(w, roles),
+           "run_queue": w["run_queue"], "load_cpu": w["load_cpu"], "rss_mb": w["rss_mb"],
+           "lag_alert_threshold_s": threshold, "lag_alert_for_s": for_s,
+           # the expression held on every scrape from its first one to the end: for this long (the alert
+           # fires once that passes its ``for``)
+           "alert_expr_held_s": (held[-1].mono - firing_from) if firing_from is not None
+           and all(x.lagging for x in held if x.mono >= firing_from) else 0.0,
+           "lag_series_s": [(round(x.mono - w["start"], 1), x.lag_max) for x in held],
+           "rss_series_mb": [(round(x.mono - w["start"], 1), x.rss_mb) for x in held],
+           **_shedding(scrapes), **_verdict_fields(v)}
+    cluster.set_rate(0)
+    after: list[Scrape] = []
+    for _ in range(30):  # the backlog applied and the replays back: lag read 0 again
+        time.sleep(1.0)
+        after.append(cluster.scraper.get(None)[0])
+        if after[-1].status == 200 and after[-1].lag_max is not None and after[-1].lag_max < LAG_FLOOR_S:
+            break
+    last = after[-1] if after else None
+    out["after_stop"] = {"seconds": len(after), "lag_max_s": None if last is None else last.lag_max,
+                         "lagging_workers": None if last is None else last.lagging}
+    cluster.log(f"N={n}: held {rate:g} events/s per worker ({w['blocks_per_s']:,.0f} block events/s) for "
+                f"{out['seconds']:.0f}s: lag max {_fmt_s(v.lag_max_s)}, the lag alert's expression (> {threshold:g}s) "
+                f"held for {out['alert_expr_held_s']:.0f}s on up to {out['lagging_workers_max']} workers, "
+                f"{out['missed_batches_grew']:.0f} batches shed, {out['replays_recovered']:.0f} replays healed, "
+                f"{out['replays_unhealed']:.0f} not; RSS {_fmt(out['rss_mb_first'], '.0f')} → "
+                f"max {_fmt(out['rss_mb_max'], '.0f')} MB; after the load stopped, lag max "
+                f"{_fmt_s(out['after_stop']['lag_max_s'])} in {out['after_stop']['seconds']}s")
+    return out
 
 
 def _assign(window: dict[str, Any], born: set[int], roles: dict[int, str], role: str) -> dict[int, str]:
@@ -816,6 +941,29 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+RAMP_COLUMNS = ("N", "step", "events/s a worker", "block ev/s", "followed", "lag max", "alert expr (workers)",
+                "CPU total", "kv", "CPU wait", "load CPU", "RSS MB", "batches shed", "replays healed / not")
+
+
+def ramp_table(results: list[dict[str, Any]]) -> str:
+    """Each size's ramp steps and its hold past capacity, one row each (the high-rate mode's view)."""
+    rows = [list(RAMP_COLUMNS)]
+    for r in results:
+        steps = [("ramp", st) for st in r["ramp"]] + ([("held", r["overload"])] if r.get("overload") else [])
+        for kind, st in steps:
+            rows.append([f"{r['workers']:,}", kind, f"{st['rate_per_worker']:.3g}", f"{st['blocks_per_s']:,.0f}",
+                         "yes" if st["followed"] else "NO", _fmt_s(st["lag_max_s"]),
+                         f"{st['alert_expr_scrapes']}/{st['scrapes_ok']} ({st['lagging_workers_max']})",
+                         _fmt(st["cpu"]), _fmt(st["cpu_by_duty"]["kv_ingest"]), _fmt(st["run_queue"]),
+                         _fmt(st["load_cpu"]), f"{st['rss_mb_max'] or st['rss_mb']:.0f}",
+                         f"{st['missed_batches_grew']:,.0f}",
+                         f"{st['replays_recovered']:,.0f} / {st['replays_unhealed']:,.0f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(RAMP_COLUMNS))]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
 def report(results: list[dict[str, Any]], s: Settings, machine: dict[str, Any]) -> dict[str, Any]:
     followed = [r["workers"] for r in results if r["followed"]]
     return {"machine": machine, "settings": {k: v for k, v in asdict(s).items() if k != "sizes"},
@@ -827,13 +975,22 @@ def machine() -> dict[str, Any]:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    if args.quick:
+    if args.high_rate and args.quick:  # the mechanics: a short ramp past a small fleet's rate, a short hold
+        s = Settings(sizes=[30], rate=20, records_per_worker=0.25, duration=10, phase=3, step=6, ramp=2,
+                     ramp_factor=4, scrape_every=2, worker_scrape_interval=2, workers_per_process=500,
+                     shape=HIGH_RATE_SHAPE, high_rate=True, overload=12)
+    elif args.high_rate:  # 1,000 busy workers, 64-block events one a message, the rate raised by √2 a step
+        s = Settings(sizes=[1000], rate=10, records_per_worker=0.25, duration=30, phase=10, step=20, ramp=8,
+                     ramp_factor=2 ** 0.5, workers_per_process=500, shape=HIGH_RATE_SHAPE, high_rate=True,
+                     overload=60)
+    elif args.quick:
         s = Settings(sizes=[10, 30], duration=12, phase=3, step=5, ramp=1, scrape_every=2,
                      worker_scrape_interval=2)
     else:
         s = Settings(sizes=[100, 300, 1000])
     for name in ("rate", "records_per_worker", "duration", "phase", "step", "ramp", "ramp_factor", "scrape_every",
-                 "worker_scrape_interval", "workers_per_process", "max_lag", "max_n_limit"):
+                 "worker_scrape_interval", "workers_per_process", "max_lag", "max_n_limit", "events_per_batch",
+                 "overload"):
         value = getattr(args, name)
         if value is not None:
             setattr(s, name, value)
@@ -864,6 +1021,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="after the list, keep multiplying N by 1.5 (base rate, no ramp) until it is not followed")
     p.add_argument("--max-n-limit", type=int, help="largest N --find-max-n tries (default 5000)")
     p.add_argument("--keep", action="store_true", help="keep each size's run directory (config, logs)")
+    p.add_argument("--high-rate", action="store_true",
+                   help="busy workers (bench._cluster_burst): 64-block events encoded ahead, one a message; "
+                        "N = 1,000 from 10 events/s each, ×√2 a step until not followed, then held past that "
+                        "(with --quick: N = 30, a short ramp and hold)")
+    p.add_argument("--events-per-batch", type=int, help="--high-rate: events a message carries (default 1)")
+    p.add_argument("--overload", type=float,
+                   help="seconds held past the rate the ramp stopped following (default 0; --high-rate 60)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (progress on stderr)")
     args = p.parse_args(argv)
     s = settings_from(args)
@@ -900,6 +1064,18 @@ def main(argv: list[str] | None = None) -> int:
               f"CPU wait is the time its threads were runnable but waiting for a core (a busy machine); "
               f"load CPU is the simulated fleet and record load on the same machine.\n"
               f"largest N followed at {s.rate:g} events/s per worker: {out['largest_n_followed'] or 'none'}")
+        if any(r["ramp"] or r.get("overload") for r in results):
+            threshold, for_s = lag_alert()
+            print(f"\n{ramp_table(results)}\n\nblock ev/s: published by the fleet; alert expr: the scrapes on which "
+                  f"PrefixTelemetryKvIngestLagging's expression (lag > {threshold:g} s) held for some worker (the "
+                  f"most workers at once; it fires after {for_s:g} s of that); RSS: the largest read with a scrape.")
+            for r in results:
+                if r["max_followed_blocks_per_s"] is not None:
+                    print(f"N = {r['workers']:,}: followed up to {r['max_followed_blocks_per_s']:,.0f} block events/s "
+                          f"({r['blocks_per_event']}-block events, {r['events_per_batch']} a batch): "
+                          f"{_fmt(r['blocks_per_exporter_core'], ',.0f')} per core of the exporter process, "
+                          f"{_fmt(r['blocks_per_kv_ingest_core'], ',.0f')} per core of its KV ingest duty "
+                          "(the fleet on the same cores)")
         short = [r["workers"] for r in results if r["load_short"]]
         if short:
             print(f"the load published under {LOAD_SHORT:.0%} of the asked rate at N = {', '.join(map(str, short))}: "

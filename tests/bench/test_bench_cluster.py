@@ -5,8 +5,12 @@ from __future__ import annotations
 import time
 
 import msgpack
+import pytest
+import zmq
 
+from bench._cluster_burst import TS_AT, BusyWorker, cycle_tails, stamp
 from bench._cluster_fleet import (
+    END_SEQ,
     Shape,
     WorkerStream,
     batch_payload,
@@ -165,3 +169,64 @@ def test_smallest_run_follows_three_workers_and_reports_every_figure() -> None:
     assert r["render"]["scrapes"] >= 2 and r["render"]["p50_s"] is not None and r["render"]["p99_s"] is not None
     assert r["followed"] and r["max_followed_rate_per_worker"] == 10 and r["max_followed_events_per_s"] > 0
     assert table([r]).splitlines()[2].replace(" ", "").startswith("|3|")
+
+
+HIGH = Shape(blocks_per_event=64, prefix_blocks=2, families=2, resident_chains=3, cycle_chains=6, capacity_blocks=512)
+
+
+def test_the_high_rate_fleets_prebuilt_messages_are_the_spliced_fleets_bytes() -> None:
+    """Every message a busy worker sends, built ahead without its timestamp, is the batch
+    ``bench._cluster_fleet`` would splice for the same events and time (one event a message)."""
+    ctx = zmq.Context()
+    try:
+        worker = BusyWorker(ctx, 4, HIGH, events_per_batch=1, buffer=8)
+        stream = WorkerStream(4, HIGH)
+        assert worker.warm[TS_AT + 8:] == batch_payload(0.0, stream.warm_events())[TS_AT + 8:]
+        events = stream.next_events(3 * HIGH.cycle_chains)  # three cycles: the prebuilt messages repeat
+        for seq in range(1, len(events) + 1):
+            assert worker.payload(seq, stamp(1234.5)) == batch_payload(1234.5, [events[seq - 1]])
+        worker.pub.close(0)
+        worker.router.close(0)
+    finally:
+        ctx.term()
+    with pytest.raises(ValueError):
+        cycle_tails(WorkerStream(4, HIGH), 5)  # a message's events must tile the cycle
+
+
+def test_the_high_rate_cycle_keeps_the_index_bounded_and_the_replay_resends_the_same_bytes() -> None:
+    ctx = zmq.Context()
+    try:
+        worker = BusyWorker(ctx, 2, HIGH, events_per_batch=2, buffer=5)
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(worker.pub.getsockopt_string(zmq.LAST_ENDPOINT))
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(worker.router.getsockopt_string(zmq.LAST_ENDPOINT))
+        time.sleep(0.3)  # the subscription reaches the PUB socket
+        worker.send_warm(HIGH)
+        sent = 23
+        for i in range(sent):
+            worker.send(1, stamp(100.0 + i), 100.0 + i, 2)
+        live = [sub.recv_multipart() for _ in range(sent + 1)]
+        resident: set[int] = set()
+        for _topic, _seq8, payload in live:
+            _apply(resident, payload)
+            assert len(resident) == HIGH.resident_blocks  # a store and an eviction a message
+        assert [int.from_bytes(f[1], "big") for f in live] == list(range(sent + 1))
+        assert worker.events == 1 + HIGH.resident_chains + 2 * sent and worker.batches == sent + 1
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])  # from 0: the warm cache, then what the buffer holds
+        assert worker.router.poll(5000)
+        worker.serve_replay()
+        replies = []
+        while True:
+            assert dealer.poll(5000)
+            frames = dealer.recv_multipart()
+            if frames[-2] == END_SEQ:
+                break
+            replies.append(frames[-2:])
+        assert [int.from_bytes(s, "big") for s, _ in replies] == [0, *range(sent + 1 - 5, sent + 1)]
+        assert [p for _, p in replies] == [live[0][2]] + [f[2] for f in live[-5:]]
+        for s in (sub, dealer, worker.pub, worker.router):
+            s.close(0)
+    finally:
+        ctx.term()
