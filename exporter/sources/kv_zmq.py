@@ -32,8 +32,11 @@ Sequence tracking, per worker, in this order:
 * the first batch seen from a worker (or after its restart) with seq > 0 is not a gap — we
   joined late — but the replay from 0 teaches us the blocks it already caches.
 
-Replays after start run on a thread of their own per worker (a fresh DEALER each), so a worker
-whose replay endpoint is slow or silent delays nobody else: while its replay is out, that
+Replays after start run on a thread of their own per worker (a fresh DEALER each), at most
+``MAX_REPLAYS`` fetching at once (the rest wait for a slot: what fetched replays hold until applied
+stays bounded when every worker has a gap at once; a silent endpoint holds its slot at most
+``REPLAY_TOTAL_TIMEOUTS`` × ``replay_timeout``), so a worker whose replay endpoint is slow or
+silent delays nobody else: while its replay is out, that
 worker's live messages wait in order in a per-worker queue and every other worker's messages
 are applied as they come. The subscriber thread applies the replayed batches, then the waiting
 ones, when the replay ends (its end marker, ``replay_timeout`` without a reply, or
@@ -122,8 +125,13 @@ MAX_ROUND_GAP_S = 0.01  # at most this much is added to the lag by waiting for t
 # on top of the worker's SUB socket), so a thousand workers replayed at once would need thousands
 # of descriptors and more sockets than a ZMQ context allows by default (1,023).
 MAX_STARTUP_REPLAYS = 64
+# Replays fetched at once after start (gaps, rebuilds, joins): each holds the batches it fetched until
+# the subscriber applies them (up to the worker's whole replay buffer), so when a subscriber that fell
+# behind sheds into gaps on every worker at once, what the replays hold together stays bounded; the
+# others wait for a slot (their live messages wait behind them, bounded as below).
+MAX_REPLAYS = 64
 # Sockets the context may hold beyond one SUB per worker: the startup replays and the rebuilds.
-SPARE_SOCKETS = MAX_STARTUP_REPLAYS + 64
+SPARE_SOCKETS = MAX_STARTUP_REPLAYS + MAX_REPLAYS
 MIN_MAX_SOCKETS = 2048  # room for workers that join later (the limit is fixed once a socket exists)
 # Payload digests kept per worker to recognise live duplicates of the startup replay: racing
 # messages are the newest ones, queued in the SUB socket (receive HWM 1000 by default).
@@ -201,7 +209,9 @@ class KvEventSubscriber:
         self._topics = {w: ep.topic.encode() for w, ep in self.endpoints.items()}
         self._replays: dict[str, _Replay] = {}  # workers with a replay in flight
         self._behind: set[str] = set()  # workers whose last applied batch lagged LAG_FLOOR_S or more
-        self._replayed: queue.SimpleQueue[tuple[str, list[tuple[int, bytes]]]] = queue.SimpleQueue()
+        # (worker, the batches fetched, whether the fetch held a slot of _replay_slots)
+        self._replayed: queue.SimpleQueue[tuple[str, list[tuple[int, bytes]], bool]] = queue.SimpleQueue()
+        self._replay_slots = threading.BoundedSemaphore(MAX_REPLAYS)
         self._replay_threads: dict[str, threading.Thread] = {}
         self.rebuilds = rebuilds if rebuilds is not None else RebuildRequests(
             w for w, ep in self.endpoints.items() if ep.replay is not None)
@@ -518,11 +528,15 @@ class KvEventSubscriber:
         replay by ``REPLAY_TOTAL_TIMEOUTS`` of them. Decoding and applying stay on the subscriber thread.
         """
         got: list[tuple[int, bytes]] = []
+        while not self._replay_slots.acquire(timeout=_STOP_CHECK_S):  # released once it is applied
+            if self._stop.is_set():
+                self._replayed.put((worker, got, False))
+                return
         try:
             sock = self._ctx.socket(zmq.DEALER)  # a fresh socket: no late reply of an earlier request
         except zmq.ZMQError as exc:  # the context is closing
             self.health.error(SOURCE, "replay", f"worker {worker}: replay from {endpoint} failed: {exc}")
-            self._replayed.put((worker, got))
+            self._replayed.put((worker, got, True))
             return
         sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -554,7 +568,7 @@ class KvEventSubscriber:
             self.health.error(SOURCE, "replay", f"worker {worker}: replay from {endpoint} failed: {exc}")
         finally:
             sock.close(0)
-            self._replayed.put((worker, got))
+            self._replayed.put((worker, got, True))
 
     def _start_rebuilds(self) -> None:
         """Start the rebuilds the state asked for (a worker with a replay out waits for the next round)."""
@@ -576,9 +590,11 @@ class KvEventSubscriber:
         self._start_rebuilds()
         while True:
             try:
-                worker, got = self._replayed.get_nowait()
+                worker, got, held = self._replayed.get_nowait()
             except queue.Empty:
                 return
+            if held:  # the next waiting fetch may start: these batches are applied now or dropped
+                self._replay_slots.release()
             pending = self._replays.pop(worker, None)
             if pending is None or worker not in self.endpoints:
                 continue  # the worker left while its replay was out

@@ -797,3 +797,36 @@ def test_many_workers_bursts_are_drained_in_rounds_each_in_its_own_order(ctx: zm
     monkeypatch.setattr(kv_zmq, "ROUND_GAP_PER_SOCKET_S", kv_zmq.MAX_ROUND_GAP_S)  # as if thousands were followed
     sub._set_round_gap()
     assert sub.round_gap_s == kv_zmq.MAX_ROUND_GAP_S  # capped: at most this much added to the lag
+
+
+def test_replays_after_start_fetch_a_bounded_number_at_once_and_the_rest_wait_their_turn(
+        ctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When every worker has a gap at once (a subscriber that fell behind sheds on all of them), the
+    replays' fetched batches are held a few workers at a time; each gap is still healed, in order."""
+    import exporter.sources.kv_zmq as kv_zmq
+
+    monkeypatch.setattr(kv_zmq, "MAX_REPLAYS", 1)
+    pubs = {f"w{i}": VllmLikePublisher(ctx) for i in range(3)}
+    sink, health = RecordingSink(), Health()
+    sub = _start(pubs, sink, health, timeout=5.0)
+    try:
+        for i, pub in enumerate(pubs.values()):
+            pub.publish([("stored", [10 * i])])
+        wait_for(lambda: all(len(sink.seqs(w)) == 1 for w in pubs))
+        pubs["w0"].answering.clear()  # w0's replay holds the only slot until it answers
+        for i, pub in enumerate(pubs.values()):
+            pub.publish([("stored", [10 * i + 1], 10 * i)], send=False)  # lost on the wire, kept for the replay
+            pub.publish([("stored", [10 * i + 2], 10 * i + 1)])
+        wait_for(lambda: pubs["w0"].replay_requests == [0, 1])
+        time.sleep(0.5)  # the others' fetches wait for the slot: nothing asked of their workers yet
+        assert [pubs[w].replay_requests for w in ("w1", "w2")] == [[0], [0]]
+        pubs["w0"].answering.set()
+        wait_for(lambda: all(len(sink.seqs(w)) == 3 for w in pubs))
+    finally:
+        pubs["w0"].answering.set()
+        sub.close()
+        for pub in pubs.values():
+            pub.close()
+    assert {w: sink.seqs(w) for w in pubs} == {w: [0, 1, 2] for w in pubs}
+    assert all(sink.resident[w] == pub.truth for w, pub in pubs.items())
+    assert _counters(health)["prefixscope_kv_event_replays"] == {(w, "recovered"): 1.0 for w in pubs}
