@@ -20,6 +20,11 @@ before the load starts, so a send is a timestamp, a join and a ``send_multipart`
 
 Control on stdin as ``bench._cluster_fleet``: ``rate <events/s per worker>``, ``stats``, ``quit``;
 the first stdout line is this process's part of the manifest.
+
+``--hwm`` and ``--sndbuf`` bound what a worker holds for a subscriber that falls behind (vLLM's
+``KVEventsConfig.hwm``; the kernel's send buffer): past them the PUB socket drops, and the
+subscriber sees a gap that the replay heals. vLLM's default ``hwm`` of 100,000 batches keeps a
+backlog in the worker for minutes before anything is dropped.
 """
 
 from __future__ import annotations
@@ -69,7 +74,8 @@ def cycle_tails(stream: WorkerStream, events_per_batch: int) -> list[bytes]:
 class BusyWorker:
     """One worker's sockets, sequence and replay buffer (timestamps only); what ``Pages`` reads."""
 
-    def __init__(self, ctx: zmq.Context, index: int, shape: Shape, events_per_batch: int, buffer: int) -> None:
+    def __init__(self, ctx: zmq.Context, index: int, shape: Shape, events_per_batch: int, buffer: int,
+                 hwm: int = 1000, sndbuf: int = 0) -> None:
         self.index = index
         self.name = worker_name(index)
         stream = WorkerStream(index, shape)
@@ -78,6 +84,9 @@ class BusyWorker:
         self.blocks_per_msg = events_per_batch * shape.blocks_per_event
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, hwm)  # vLLM's KVEventsConfig.hwm (its default: 100,000)
+        if sndbuf > 0:
+            self.pub.setsockopt(zmq.SNDBUF, sndbuf)
         self.pub.bind("tcp://127.0.0.1:0")
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
@@ -132,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, required=True, help="workers in this process")
     p.add_argument("--events-per-batch", type=int, default=1, help="events a message carries (divides 2C)")
     p.add_argument("--buffer", type=int, default=1000, help="batches each replay buffer holds besides seq 0")
+    p.add_argument("--hwm", type=int, default=1000, help="messages each PUB socket queues per subscriber")
+    p.add_argument("--sndbuf", type=int, default=0, help="each PUB connection's kernel send buffer (0: the kernel's)")
     p.add_argument("--page-refresh", type=float, default=15.0, help="seconds a rendered /metrics page is reused")
     p.add_argument("--shape", default="{}", help="JSON of Shape fields")
     args = p.parse_args(argv)
@@ -139,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     per_batch = args.events_per_batch
     ctx = zmq.Context(io_threads=1)
     ctx.set(zmq.MAX_SOCKETS, max(ctx.get(zmq.MAX_SOCKETS), 2 * args.count + 64))
-    workers = [BusyWorker(ctx, i, shape, per_batch, args.buffer) for i in range(args.first, args.first + args.count)]
+    workers = [BusyWorker(ctx, i, shape, per_batch, args.buffer, args.hwm, args.sndbuf)
+               for i in range(args.first, args.first + args.count)]
     rate = [0.0]
     port = start_http(Pages(workers, shape, args.page_refresh, rate))  # type: ignore[arg-type]
     for w in workers:  # seq 0 goes out before anyone listens (as a worker that started first): the replay has it

@@ -37,6 +37,16 @@ is needed because the lag gauge holds only each worker's last applied batch: mes
 behind a replay, or a stuck subscriber, do not show in it until they are applied. The largest N followed at the base rate is the
 largest N one exporter follows here (``--find-max-n`` keeps multiplying N by 1.5 past the list).
 
+``--high-rate`` makes the workers busy: ``bench._cluster_burst`` publishes 64-block events, one a
+message, each encoded before the load starts (a send costs the fleet a few microseconds, so it
+reaches millions of block events/s on the same cores), N = 1,000 from 10 events/s per worker
+raised by √2 a step. Each step reports the block events/s published, the exporter's CPU by duty,
+its RSS, the batches it shed (sequence gaps), the replays that healed them and on how many scrapes
+``PrefixTelemetryKvIngestLagging``'s expression held; past the first rate not followed, the rate is
+held for ``--overload`` seconds (that is where the lag alert and the bounded queues show), then the
+load stops and the lag must read 0 again. The report extrapolates the largest rate followed to block
+events/s per core of the exporter process and of its KV ingest duty.
+
 The machine matters: the load runs on the same cores as the exporter, and the report says how
 many CPU-seconds per second the load itself took.
 """
@@ -454,6 +464,9 @@ class Settings:
     high_rate: bool = False
     events_per_batch: int = 1
     overload: float = 0.0  # seconds held past the rate the ramp stopped following at (0: none)
+    # what each busy worker's PUB socket holds for a subscriber that falls behind: messages, kernel bytes
+    pub_hwm: int = 100
+    pub_sndbuf: int = 256 * 1024
 
     @property
     def per_batch(self) -> int:
@@ -489,8 +502,8 @@ class Cluster:
         manifest: list[dict[str, Any]] = []
         for first in range(0, self.n, per):
             count = min(per, self.n - first)
-            fleet = (["bench._cluster_burst", "--events-per-batch", str(s.events_per_batch)] if s.high_rate
-                     else ["bench._cluster_fleet"])
+            fleet = (["bench._cluster_burst", "--events-per-batch", str(s.events_per_batch), "--hwm", str(s.pub_hwm),
+                      "--sndbuf", str(s.pub_sndbuf)] if s.high_rate else ["bench._cluster_fleet"])
             load = Controlled([*fleet, "--first", str(first), "--count", str(count), "--shape", shape,
                                "--page-refresh", str(max(s.worker_scrape_interval * 3, 5.0))],
                               self._logfile(f"fleet-{first}.log"))
@@ -660,9 +673,10 @@ def run_size(n: int, s: Settings, log: Callable[[str], None] = print, ramp: bool
             f"{'followed' if verdict.followed else 'NOT followed (' + verdict.why + ')'}")
         steps = _ramp(cluster, s, n, verdict.followed, roles, settle) if ramp and s.ramp > 0 else []
         overload = None
-        if s.overload > 0 and ramp:  # past the rate not followed (or, if all were, past the last)
-            past = next((st["rate_per_worker"] for st in steps if not st["followed"]), steps[-1]["rate_per_worker"]
-                        if steps else s.rate)
+        if s.overload > 0 and ramp:  # a step past the lowest rate not followed (or past the last, if all were)
+            tried = [(s.rate, verdict.followed)] + [(st["rate_per_worker"], st["followed"]) for st in steps]
+            missed = [rate for rate, ok in tried if not ok]
+            past = min(missed) if missed else max(rate for rate, _ in tried)
             overload = _overload(cluster, s, n, past * s.ramp_factor, roles)
         accounting = _drain(cluster)
         # the best rate followed, as published (the load may fall short of what was asked on a busy machine)
@@ -990,7 +1004,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         s = Settings(sizes=[100, 300, 1000])
     for name in ("rate", "records_per_worker", "duration", "phase", "step", "ramp", "ramp_factor", "scrape_every",
                  "worker_scrape_interval", "workers_per_process", "max_lag", "max_n_limit", "events_per_batch",
-                 "overload"):
+                 "overload", "pub_hwm"):
         value = getattr(args, name)
         if value is not None:
             setattr(s, name, value)
@@ -1026,6 +1040,9 @@ def main(argv: list[str] | None = None) -> int:
                         "N = 1,000 from 10 events/s each, ×√2 a step until not followed, then held past that "
                         "(with --quick: N = 30, a short ramp and hold)")
     p.add_argument("--events-per-batch", type=int, help="--high-rate: events a message carries (default 1)")
+    p.add_argument("--pub-hwm", type=int,
+                   help="--high-rate: messages each worker's PUB socket holds for the exporter (default 100; with "
+                        "a 256 KiB socket buffer); past them it drops and the exporter replays the gap")
     p.add_argument("--overload", type=float,
                    help="seconds held past the rate the ramp stopped following (default 0; --high-rate 60)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (progress on stderr)")
