@@ -28,6 +28,7 @@ from bench.cluster import (
     by_exporter_duty,
     duty_cpu,
     follow_verdict,
+    ramp_table,
     read_page,
     run_size,
     table,
@@ -230,3 +231,26 @@ def test_the_high_rate_cycle_keeps_the_index_bounded_and_the_replay_resends_the_
             s.close(0)
     finally:
         ctx.term()
+
+
+def test_smallest_high_rate_run_ramps_holds_and_reports_what_it_shed() -> None:
+    """Three busy workers (prebuilt 64-block messages): a ramp step, a short hold, every figure reported."""
+    s = Settings(sizes=[3], rate=20, records_per_worker=0.5, duration=4, phase=1.5, step=3, ramp=1, ramp_factor=4,
+                 scrape_every=1, worker_scrape_interval=1, shape=HIGH, high_rate=True, overload=3)
+    r = run_size(3, s, log=lambda _msg: None)
+    assert r["fleet"].startswith("prebuilt") and r["blocks_per_event"] == 64 and r["events_per_batch"] == 1
+    assert len(r["ramp"]) == 1 and r["ramp"][0]["blocks_per_s"] > 0
+    held = r["overload"]
+    tried = [(20.0, r["followed"])] + [(st["rate_per_worker"], st["followed"]) for st in r["ramp"]]
+    missed = [rate for rate, ok in tried if not ok]
+    # a step past the lowest rate not followed, or past the highest when every one was
+    assert held is not None and held["rate_per_worker"] == (min(missed) if missed else max(tried)[0]) * 4
+    assert held["lag_alert_threshold_s"] > 0 and held["lag_alert_for_s"] > 0
+    assert held["rss_mb_max"] is not None and held["scrapes_ok"] >= 2
+    assert {"missed_batches_grew", "replays_recovered", "replays_unhealed", "alert_expr_scrapes"} <= set(held)
+    assert held["after_stop"]["lag_max_s"] is not None
+    kv = r["kv"]
+    assert kv["kv_ingest_errors"] == 0 and kv["applied_events"] > 0
+    if r["followed"] and r["ramp"][0]["followed"]:
+        assert r["max_followed_blocks_per_s"] > 0 and r["blocks_per_exporter_core"] > 0
+    assert "held" in ramp_table([r])
