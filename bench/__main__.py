@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ("name", "value", "baseline", "ratio", "target", "ok")
-# Modules with a command line of their own, not a ``run()`` of in-process rows (``make bench-cluster``).
-STANDALONE = frozenset({"cluster"})
+# Modules with a command line of their own, not a ``run()`` of in-process rows (``make bench-cluster``,
+# and the KV subscriber alone against the same busy fleet).
+STANDALONE = frozenset({"cluster", "cluster_subscriber"})
 
 
 def discover() -> list[str]:
