@@ -324,7 +324,9 @@ cdef class CompiledEvictionTracker:
         # batch will be looked up in are fetched ahead, so the misses of a cluster's thousands of
         # workers' tables overlap instead of queueing block by block.
         self._prefetch(w, scan.hashes, scan.nh, False)
+        self._prefetch_heads(w, scan.nh, False)
         self._prefetch(w, scan.hashes, scan.nh, True)
+        self._prefetch_heads(w, scan.nh, True)
         for i in range(scan.n):
             e = &scan.ev[i]
             if e.kind == SCAN_CLEARED:  # a reset, not eviction: nothing to learn from
@@ -363,6 +365,27 @@ cdef class CompiledEvictionTracker:
                     _ot_prefetch_bucket(&w.sampled, h)
                 if not h & mask:
                     _ot_prefetch_bucket(&w.live, h)
+
+    cdef void _prefetch_heads(self, _EvictionWorker w, Py_ssize_t n, bint entries) noexcept:
+        """Fetch ahead what taking the ``n`` oldest recent evictions out costs (a full ring drops
+        one per eviction added, ``_ot_unlink`` walking its bucket chain from the bucket): their
+        buckets (``entries`` False), then those buckets' first entries (True). The order list is
+        walked for it, mostly in pool order, which the hardware fetches ahead itself."""
+        cdef OrderedTable* t = &w.recent
+        cdef int32_t i
+        cdef uint32_t b
+        if t.n + n <= <uint32_t>self.memory:  # the ring has room: nothing old goes
+            return
+        i = t.head
+        while n > 0 and i >= 0:
+            b = _mix(t.e[i].key) & t.bmask
+            if entries:
+                if t.buckets[b] >= 0:
+                    __builtin_prefetch(&t.e[t.buckets[b]])
+            else:
+                __builtin_prefetch(&t.buckets[b])
+            i = t.e[i].next
+            n -= 1
 
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:

@@ -506,6 +506,80 @@ cdef class CompiledPrefixIndex:
         return _apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
                              removed_events, self.pl_decisions - pl0, self.pl_hits - ph0)
 
+    def apply_kv(self, str worker, KvScan scan, CompiledEvictionTracker evictions, ts):
+        """``(apply_scan(worker, scan), evictions.apply_scan(worker, scan, ts))`` in one pass: every
+        table either part will look a hash of the batch up in is fetched ahead together, and each
+        event goes to the eviction tracker right after the index, its hashes still in the cache.
+        One call per batch into C (the equality tests hold it to the two calls)."""
+        cdef int wid = self._worker_id(worker)
+        cdef _EvictionWorker ew = evictions._worker(worker)
+        cdef double now = ts
+        cdef int64_t stored = 0, removed = 0, cleared = 0, unknown_parent = 0, unknown_removals = 0
+        cdef int64_t stored_events = 0, removed_events = 0
+        cdef int64_t ev_stored = 0, ev_restored = 0, ev_evicted = 0
+        cdef bint other_media = False
+        cdef list ages = []
+        cdef int64_t pl0 = self.pl_decisions, ph0 = self.pl_hits
+        cdef uint64_t moved0 = self._moved()
+        cdef int tiers[SCAN_MAX_MEDIA]
+        cdef int8_t gpu[SCAN_MAX_MEDIA]
+        cdef int t, k
+        cdef Py_ssize_t i
+        cdef ScanEvent* e
+        for k in range(SCAN_MAX_MEDIA):
+            tiers[k] = -1
+            gpu[k] = -1
+        # (``apply_scan`` and ``CompiledEvictionTracker.apply_scan`` say why each fetch is made;
+        # the dependent ones — probe runs, first chained entries — come after every first one)
+        for i in range(scan.nh):
+            __builtin_prefetch(&self.tb.slots[_mix(scan.hashes[i]) & self.tb.mask])
+        evictions._prefetch(ew, scan.hashes, scan.nh, False)
+        evictions._prefetch_heads(ew, scan.nh, False)
+        for i in range(scan.nh):
+            _tb_prefetch_run(&self.tb, self.blocks, self.ties, scan.hashes[i])
+        evictions._prefetch(ew, scan.hashes, scan.nh, True)
+        evictions._prefetch_heads(ew, scan.nh, True)
+        for i in range(scan.n):
+            e = &scan.ev[i]
+            if e.kind == SCAN_CLEARED:
+                self._clear(wid)
+                cleared += 1
+                _ot_clear(&ew.recent)  # a reset, not eviction: nothing to learn from
+                _ot_clear(&ew.sampled)
+                _ot_clear(&ew.live)
+                ew.carry = 0
+                continue
+            t = tiers[e.medium]
+            if t < 0:  # tiers are made in the order the events first name them, as ``apply`` does
+                t = tiers[e.medium] = self._tier_id(scan.media[e.medium])
+            if gpu[e.medium] < 0:
+                gpu[e.medium] = _is_gpu(scan.media[e.medium])
+            if e.kind == SCAN_STORED:
+                stored_events += 1
+                stored += e.hn
+                unknown_parent += self._store(wid, t, scan.hashes + e.hoff, e.hn, e.has_parent, e.parent)
+                if gpu[e.medium]:
+                    evictions._stored(ew, scan.hashes + e.hoff, e.hn, e.has_parent, e.parent, now,
+                                      &ev_stored, &ev_restored)
+                else:
+                    other_media = True
+            else:
+                removed_events += 1
+                removed += e.hn
+                unknown_removals += self._remove(wid, t, scan.hashes + e.hoff, e.hn)
+                if gpu[e.medium]:
+                    ev_evicted += evictions._removed(ew, scan.hashes + e.hoff, e.hn, now, ages)
+                else:
+                    other_media = True
+        evictions._expire(ew, now)
+        if self.st_stack.n > SETTLE_AT:
+            self._st_settle(0)
+        self._applied(moved0)
+        self.version += 1
+        return (_apply_result(stored, removed, cleared, unknown_parent, unknown_removals, stored_events,
+                              removed_events, self.pl_decisions - pl0, self.pl_hits - ph0),
+                _batch_evictions(ev_stored, ev_restored, ev_evicted, ages, other_media))
+
     cdef int _store(self, int wid, int t, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                     uint64_t parent) except -1:
         """One BlockStored; returns 1 when the worker held its parent on no tier."""

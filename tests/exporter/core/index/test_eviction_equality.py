@@ -149,3 +149,31 @@ def test_the_compiled_tracker_checks_its_settings() -> None:
     for bad in ({"memory": 0}, {"sample_every": 3}, {"sample_every": 0}):
         with pytest.raises(ValueError):
             CompiledEvictionTracker(300.0, **bad)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_one_pass_of_index_and_tracker_equals_the_two_applies(data: st.DataObject) -> None:
+    # ``apply_kv`` applies a scanned batch to the index and the eviction tracker in one pass: the
+    # same results and the same state as the two ``apply_scan`` calls, whatever the stream.
+    ref, _ = _trackers(data.draw)
+    one_tracker = CompiledEvictionTracker(ref.window_s, ref.memory, ref.sample_every)
+    two_tracker = CompiledEvictionTracker(ref.window_s, ref.memory, ref.sample_every)
+    one_index, two_index = compiled.CompiledPrefixIndex(), compiled.CompiledPrefixIndex()
+    arrays = data.draw(st.booleans())
+    for worker, batch, ts, restart, hit in data.draw(streams()):
+        scan = compiled.scan_kv_batch(payload(batch, arrays))
+        assert scan is not None
+        got_index, got_evictions = one_index.apply_kv(worker, scan, one_tracker, ts)
+        assert got_index == two_index.apply_scan(worker, scan)
+        assert got_evictions == two_tracker.apply_scan(worker, scan, ts)
+        if hit:
+            one_tracker.hits(worker, hit)
+            two_tracker.hits(worker, hit)
+        if restart:
+            for part in (one_tracker, two_tracker, one_index, two_index):
+                part.clear_worker(worker)
+        assert [one_tracker.tracked(w) for w in WORKERS] == [two_tracker.tracked(w) for w in WORKERS]
+        assert one_index.resident_by_worker() == two_index.resident_by_worker()
+        assert len(one_index) == len(two_index)
+        assert all(one_index.longest_match((h,)).blocks == two_index.longest_match((h,)).blocks for h in UNIVERSE)
