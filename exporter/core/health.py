@@ -35,6 +35,11 @@ class Health:
         # gauge -> the change sets of its followers (see :meth:`follow`); most gauges have none
         self._followers: dict[str, list[set[LabelValues]]] = {}
 
+    def check(self, metric: str, labels: LabelValues) -> None:
+        """Validate a series against the catalogue now (KeyError if it is none), so writers that
+        checked their series up front can skip it per write (``update(checked=True)``)."""
+        self._check(metric, labels)
+
     def _check(self, metric: str, labels: LabelValues) -> None:
         key = (metric, len(labels))
         if key in self._checked:
@@ -78,16 +83,18 @@ class Health:
         return out
 
     def update(self, incs: Iterable[tuple[str, LabelValues, float]] = (),
-               sets: Iterable[tuple[str, LabelValues, float]] = ()) -> None:
-        """Several increments and gauge sets under one lock (per-batch accounting on hot paths)."""
+               sets: Iterable[tuple[str, LabelValues, float]] = (), checked: bool = False) -> None:
+        """Several increments and gauge sets under one lock (per-batch accounting on hot paths).
+        ``checked``: the caller validated every series it writes with :meth:`check` beforehand."""
         if type(incs) is not list:  # (a list is read twice as it is: no copy on the per-batch path)
             incs = list(incs)
         if type(sets) is not list:
             sets = list(sets)
-        checked = self._checked
-        for metric, labels, _v in incs + sets if sets else incs:
-            if (metric, len(labels)) not in checked:
-                self._check(metric, labels)
+        if not checked:
+            known = self._checked
+            for metric, labels, _v in incs + sets if sets else incs:
+                if (metric, len(labels)) not in known:
+                    self._check(metric, labels)
         lock = self._lock  # (acquire/release: a little cheaper than ``with`` once per KV batch)
         lock.acquire()
         try:

@@ -87,16 +87,23 @@ OVER_CAPACITY = "over_capacity"  # the view holds more GPU blocks than the worke
 REPAIR_REASONS = (LOST_BATCHES, OVER_CAPACITY)
 
 Incs = list[tuple[str, LabelValues, float]]
+# Every series :meth:`KvAccounting.settle` writes, with its label count (``Health.check``'s test).
+_SETTLE_SERIES = ((KV_BATCHES, ("",)), (KV_APPLIED, ("", "")), (KV_UNKNOWN_PARENT, ("",)),
+                  (KV_UNKNOWN_REMOVALS, ("",)), (KV_MISSED, ("",)), (KV_LOST, ("",)), (KV_REPAIRS, ("", "")),
+                  (KV_UNRELIABLE, ("",)), (KV_LAST_TS, ("",)), (KV_LAG, ("",)), (WORKER_RESTARTS, ("",)))
 
 
 class _KvLabels:
     """One worker's label tuples for its per-batch series, built once instead of per batch."""
 
-    __slots__ = ("applied_cleared", "applied_removed", "applied_stored", "batches", "lab", "reused_false",
-                 "reused_true")
+    __slots__ = ("applied_cleared", "applied_removed", "applied_stored", "batches", "evicted", "lab", "restored",
+                 "reused_false", "reused_true", "stored")
 
     def __init__(self, worker: str) -> None:
         self.lab = (worker,)
+        # the eviction counters' store keys, built once: the store's dicts find them by identity
+        self.stored, self.restored = (_BLOCKS_STORED, self.lab), (_BLOCKS_RESTORED, self.lab)
+        self.evicted = (_BLOCKS_EVICTED, self.lab)
         self.batches = (KV_BATCHES, self.lab, 1.0)
         self.applied_stored = (worker, _STORED)
         self.applied_removed = (worker, _REMOVED)
@@ -223,12 +230,16 @@ class KvAccounting:
         # complete rebuild that still shows the drift means the stream itself says so: no loop)
         self._repaired_at: dict[str, float] = {}
         self._other_media: set[str] = set()  # workers that sent CPU/disk events (the index counts every medium)
-        # Batches the compiled reader scanned are applied from its arrays when both parts are compiled.
+        # Batches the compiled reader scanned are applied from its arrays when both parts are compiled,
+        # the index and the eviction tracker in one pass of one call (``apply_kv``) when both are the core's.
         self._applies_scans = hasattr(index, "apply_scan") and hasattr(evictions, "apply_scan")
+        self._one_pass = self._applies_scans and hasattr(index, "apply_kv") and type(evictions) is EvictionTracker
         # Placement judged from KV events (exporter.core.index.prefix_index_ref's docstring), only with a topology.
         self._placement_out: frozenset[str] = frozenset()  # workers that left the pool, as the index has them
         if topology is not None:
             self.set_topology(topology)
+        for metric, labels in _SETTLE_SERIES:  # validated once here, so no batch's write checks them again
+            health.check(metric, labels)
 
     def set_topology(self, topology: Topology | None) -> None:
         """Judge placement from the GPU stores by ``topology`` from now on; None: stop (the caller
@@ -253,13 +264,22 @@ class KvAccounting:
         if self.topology is not None:
             self._placement_pool()
             self.index.set_placement_clock(batch.ts)
-        form = _Scanned(batch, batch.scan) if self._applies_scans and batch.scan is not None else _Events(batch)
-        res = form.index(self.index, worker)
-        form.attribute(self.attribution, worker)
-        ev = form.evictions(self.evictions, worker, received_at)
-        got = form.roots(self.roots, worker, received_at)
-        if not w.block_size:
-            w.block_size = form.block_size()
+        scan = batch.scan
+        if scan is not None and self._one_pass:  # the common batch: one call into C, no form object
+            res, ev = self.index.apply_kv(worker, scan, self.evictions, received_at)
+            if batch.attributed:  # type: ignore[attr-defined]
+                _Scanned(batch, scan).attribute(self.attribution, worker)
+            got = _Scanned(batch, scan).roots(self.roots, worker, received_at) if scan.roots else None
+            if not w.block_size:
+                w.block_size = scan.block_size
+        else:
+            form = _Scanned(batch, scan) if self._applies_scans and scan is not None else _Events(batch)
+            res = form.index(self.index, worker)
+            form.attribute(self.attribution, worker)
+            ev = form.evictions(self.evictions, worker, received_at)
+            got = form.roots(self.roots, worker, received_at)
+            if not w.block_size:
+                w.block_size = form.block_size()
         self.count_evictions(worker, ev, received_at, got,
                              self._placement_incs(w, res.placements, res.placement_hits) if res.placements else None)
         first = worker not in self._workers
@@ -298,7 +318,7 @@ class KvAccounting:
             incs.append((KV_APPLIED, kl.applied_removed, n))
         if n := res.cleared:
             incs.append((KV_APPLIED, kl.applied_cleared, n))
-        self.health.update(incs, sets)
+        self.health.update(incs, sets, checked=True)  # (its series checked in __init__)
         if applied.drift is not None:
             self.repair(batch.worker, applied.drift)
 
@@ -328,6 +348,19 @@ class KvAccounting:
         if ev.other_media:
             self._other_media.add(worker)
         stored, evicted, ages = ev.stored, ev.evicted, ev.ages
+        if roots is None and not more:  # the common batch: its counters in one keyed write
+            if not (stored or evicted or ages):
+                return
+            kl = self.labels(worker)
+            store = self.store
+            if stored:
+                store.inc_keyed(ts, ((kl.stored, stored), (kl.restored, ev.restored), (kl.evicted, evicted))
+                                if evicted else ((kl.stored, stored), (kl.restored, ev.restored)))
+            elif evicted:
+                store.inc_keyed(ts, ((kl.evicted, evicted),))
+            if ages:
+                self._observe_ages(store, kl, ts, ages)
+            return
         if roots is not None and roots.roots:
             incs: Incs = [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)]
         elif not (stored or evicted or ages or more):
@@ -345,16 +378,21 @@ class KvAccounting:
             incs.append((_BLOCKS_EVICTED, lab, evicted))
         if incs:
             store.inc_many(ts, incs)
-        if ages:  # each label's observations in event order, the label seen first first: as one at a time
-            reused_first, reused, fresh = split_ages(ages)
-            if reused_first:
-                store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
-                if fresh:
-                    store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
-            else:
+        if ages:
+            self._observe_ages(store, kl, ts, ages)
+
+    @staticmethod
+    def _observe_ages(store: MetricStore, kl: _KvLabels, ts: float, ages: list[tuple[float, bool]]) -> None:
+        """Each label's observations in event order, the label seen first first: as one at a time."""
+        reused_first, reused, fresh = split_ages(ages)
+        if reused_first:
+            store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
+            if fresh:
                 store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
-                if reused:
-                    store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
+        else:
+            store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
+            if reused:
+                store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:

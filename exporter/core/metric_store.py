@@ -146,6 +146,23 @@ class MetricStore:
             series[labels] = series.get(labels, 0.0) + value
         self.win.add_many(ts, [((metric, labels), value) for metric, labels, value in items])
 
+    def inc_keyed(self, ts: float, items: Sequence[tuple[tuple[str, LabelValues], float]]) -> None:
+        """:meth:`inc_many` of ``((metric, labels), value)`` items whose keys the caller built once
+        and reuses (one KV batch's counters per worker): the window takes them as they are, and the
+        dicts find a reused key by identity."""
+        if self._pending is not None:  # inside a batch: held back like every other write
+            for (metric, labels), value in items:
+                self.inc(ts, metric, labels, value)
+            return
+        counters = self.cum.counters
+        for key, value in items:
+            series = counters.get(key[0])
+            if series is None:
+                series = counters[key[0]] = {}
+            labels = key[1]
+            series[labels] = series.get(labels, 0.0) + value
+        self.win.add_many(ts, items)
+
     def zero(self, metric: str, labels: LabelValues) -> None:
         """Create a counter series at 0: a ratio's numerator exists whenever its denominator does."""
         counters = self.cum.counters
