@@ -1118,7 +1118,7 @@ cdef class CompiledPrefixIndex:
                 if i + AHEAD // 2 < n:
                     s = ~self.tb.slots[_mix(h[i + AHEAD // 2]) & self.tb.mask]
                     if s != EMPTY:
-                        __builtin_prefetch(&self.blocks[s])
+                        __builtin_prefetch(&self.blocks[s & SLOT_ENTRY])
                 b = self._find(h[i])
                 if b < 0 or self.blocks[b].n == 0:
                     break
@@ -1208,8 +1208,8 @@ cdef class CompiledPrefixIndex:
                         self._ahead(h[(mid_i + 3 * hi) >> 2])
                     s = ~self.tb.slots[_mix(h[mid_i]) & self.tb.mask]
                     if s != EMPTY:
-                        __builtin_prefetch(&self.blocks[s])
-                        __builtin_prefetch(&self.ties[s])
+                        __builtin_prefetch(&self.blocks[s & SLOT_ENTRY])
+                        __builtin_prefetch(&self.ties[s & SLOT_ENTRY])
                     b = self._find(h[mid_i])
                     ok = b >= 0 and self.ties[b].fp == fp[mid_i]
                     if ok:

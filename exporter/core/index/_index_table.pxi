@@ -31,14 +31,17 @@
 
 
 DEF RESERVE_AT = 1 << 16  # entries past which the entry arrays move into reserved address space
-DEF RESERVE_ENTRIES = 1 << 30  # entries that address space is reserved for (44 GiB: 32 B + 12 B each)
-DEF MAX_ENTRIES = 0xFFFFFFF0  # entry indexes are u32; the top values mark empty and deleted slots
+DEF RESERVE_ENTRIES = 1 << 27  # entries that address space is reserved for (6 GiB: 32 B + 16 B each)
+DEF MAX_ENTRIES = (1 << 27) - 16  # entry indexes take a slot's low 27 bits (the top values: empty, deleted)
+DEF SLOT_ENTRY = (1 << 27) - 1  # a slot's entry bits; above them, how far the entry sits from its home slot
+DEF SLOT_DIST_SHIFT = 27
+DEF SLOT_DIST_MAX = 31  # a distance this large (or larger) is read from the entry's hash instead
 DEF DRAIN_PER_ADD = 4  # old-table slots moved per entry added (the drain ends after a quarter of the old size)
 DEF DRAIN_SLICE = 256  # old-table slots moved per ``apply`` besides (drains while entries are only removed)
 DEF RETIRE_SLICE = 4 << 20  # bytes of a drained table unmapped per ``apply``
 DEF TOUCH_AHEAD = 256 << 10  # bytes of the next table touched per ``apply`` beyond its pace
-DEF HUGE = 2 << 20
-DEF RUN_AHEAD = 8  # entries of a hash's probe run fetched ahead of a batch's apply  # a huge page (ranges advised are whole ones)
+DEF HUGE = 2 << 20  # a huge page (ranges advised are whole ones)
+DEF RUN_AHEAD = 8  # entries of a hash's probe run fetched ahead of a batch's apply
 
 cdef extern from *:
     """
@@ -51,8 +54,15 @@ cdef extern from "sys/mman.h":
     int PROT_NONE, MAP_NORESERVE
 
 
+cdef inline uint32_t _slot(uint32_t b, uint64_t dist) noexcept nogil:
+    """What a slot holds for entry ``b`` placed ``dist`` slots past its home slot: ``~(dist << 27 | b)``
+    (0 reads as EMPTY; the distance saturates at ``SLOT_DIST_MAX``). A removal's backward shift
+    reads each following entry's home from its slot, not from the entry's hash: no cache miss."""
+    return ~((<uint32_t>(dist if dist < SLOT_DIST_MAX else SLOT_DIST_MAX) << SLOT_DIST_SHIFT) | b)
+
+
 cdef struct Table:
-    uint32_t* slots   # ``~entry`` per slot (0: EMPTY), linear probing, backward-shift deletion
+    uint32_t* slots   # ``_slot(entry, distance from home)`` per slot (0: EMPTY), linear probing, backward-shift deletion
     uint64_t mask     # slots - 1
     uint32_t* old     # the table before the last doubling while it drains (NULL: none)
     uint64_t omask
@@ -91,8 +101,8 @@ cdef int64_t _tb_find_old(const Table* t, const Block* blocks, uint64_t h, uint6
         s = ~t.old[i]
         if s == EMPTY:
             return -1
-        if s != TOMB and blocks[s].hash == h:
-            return s
+        if s != TOMB and blocks[s & SLOT_ENTRY].hash == h:
+            return s & SLOT_ENTRY
         i = (i + 1) & t.omask
 
 
@@ -105,8 +115,8 @@ cdef inline int64_t _tb_find(const Table* t, const Block* blocks, uint64_t h) no
         s = ~t.slots[i]
         if s == EMPTY:
             break
-        if blocks[s].hash == h:
-            return s
+        if blocks[s & SLOT_ENTRY].hash == h:
+            return s & SLOT_ENTRY
         i = (i + 1) & t.mask
     return -1 if t.old == NULL else _tb_find_old(t, blocks, h, m)
 
@@ -120,8 +130,8 @@ cdef inline int64_t _tb_probe(const Table* t, const Block* blocks, uint64_t h, u
         s = ~t.slots[i]
         if s == EMPTY:
             break
-        if blocks[s].hash == h:
-            return s
+        if blocks[s & SLOT_ENTRY].hash == h:
+            return s & SLOT_ENTRY
         i = (i + 1) & t.mask
     empty[0] = i
     return -1 if t.old == NULL else _tb_find_old(t, blocks, h, m)
@@ -137,6 +147,7 @@ cdef inline void _tb_prefetch_run(const Table* t, const Block* blocks, const Tie
         s = ~t.slots[i]
         if s == EMPTY:
             return
+        s &= SLOT_ENTRY
         __builtin_prefetch(&blocks[s])
         __builtin_prefetch(&ties[s])
         i = (i + 1) & t.mask
@@ -145,15 +156,17 @@ cdef inline void _tb_prefetch_run(const Table* t, const Block* blocks, const Tie
 cdef void _tb_drain(Table* t, const Block* blocks, uint64_t n) noexcept nogil:
     """Move up to ``n`` old slots' entries into the current table; drop the old one once empty."""
     cdef uint32_t s
-    cdef uint64_t i
+    cdef uint64_t i, home
     while n and t.old != NULL:
         n -= 1
         s = ~t.old[t.opos]
         if s != EMPTY and s != TOMB:
-            i = _mix(blocks[s].hash) & t.mask
+            s &= SLOT_ENTRY
+            home = _mix(blocks[s].hash) & t.mask
+            i = home
             while t.slots[i]:
                 i = (i + 1) & t.mask
-            t.slots[i] = ~s
+            t.slots[i] = _slot(s, (i - home) & t.mask)
             t.old[t.opos] = ~TOMB
             t.moved += 1
         t.opos += 1
@@ -202,7 +215,7 @@ cdef int _tb_added(Table* t, const Block* blocks, uint64_t slot, uint32_t b) noe
     """Put new entry ``b`` in the slot ``_tb_probe`` gave, drain a little; map the next table at
     5/8 full, double into it at 3/4 (-1: no memory for it; the entry is in all the same)."""
     cdef uint64_t size = (t.mask + 1) * 2
-    t.slots[slot] = ~b
+    t.slots[slot] = _slot(b, (slot - (_mix(blocks[b].hash) & t.mask)) & t.mask)
     t.used += 1
     if t.old != NULL:
         _tb_drain(t, blocks, DRAIN_PER_ADD)
@@ -227,29 +240,32 @@ cdef void _tb_remove(Table* t, const Block* blocks, uint32_t b) noexcept nogil:
     """Take entry ``b`` out of whichever table holds it."""
     cdef uint64_t m = _mix(blocks[b].hash)
     cdef uint64_t i = m & t.mask
-    cdef uint64_t j, k
+    cdef uint64_t j, k, d
     cdef uint32_t s
     while True:
         s = ~t.slots[i]
-        if s == b:
-            break
         if s == EMPTY:  # in the draining table: a tombstone keeps its probe chains whole
             i = m & t.omask
-            while ~t.old[i] != b:
+            while (~t.old[i]) == TOMB or ((~t.old[i]) & SLOT_ENTRY) != b:
                 i = (i + 1) & t.omask
             t.old[i] = ~TOMB
             t.used -= 1
             return
+        if (s & SLOT_ENTRY) == b:
+            break
         i = (i + 1) & t.mask
     j = i
     while True:
         j = (j + 1) & t.mask
         if not t.slots[j]:
             break
-        k = _mix(blocks[~t.slots[j]].hash) & t.mask
+        s = ~t.slots[j]
+        d = s >> SLOT_DIST_SHIFT
+        # its home: from the distance the slot keeps (the entry's hash only when that saturated)
+        k = ((j - d) & t.mask) if d < SLOT_DIST_MAX else (_mix(blocks[s & SLOT_ENTRY].hash) & t.mask)
         # move slot j back to the hole at i unless its home k lies cyclically in (i, j]
         if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
-            t.slots[i] = t.slots[j]
+            t.slots[i] = _slot(s & SLOT_ENTRY, (i - k) & t.mask)
             i = j
     t.slots[i] = 0
     t.used -= 1
@@ -290,7 +306,7 @@ cdef int64_t _grow_entries(Block** blocks, Tie** ties, uint32_t* capacity, uint6
     if grown > MAX_ENTRIES:
         grown = MAX_ENTRIES
     if grown <= cap:
-        raise MemoryError("prefix index: more than 2^32 blocks")
+        raise MemoryError("prefix index: more than 2^27 blocks")
     if grown <= span[0]:  # within the reserved address space: commit the next part, move nothing
         if mprotect(blocks[0], grown * sizeof(Block), PROT_READ | PROT_WRITE) \
                 or mprotect(ties[0], grown * sizeof(Tie), PROT_READ | PROT_WRITE):

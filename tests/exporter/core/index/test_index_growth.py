@@ -98,3 +98,45 @@ def test_lookups_and_removals_during_a_drain_agree_with_the_reference() -> None:
     got, want = comp.stats(), ref.stats()
     assert (got.blocks, got.nodes, got.root_fanout, dict(got.leaf_depths), dict(got.replicas)) == \
         (want.blocks, want.nodes, want.root_fanout, dict(want.leaf_depths), dict(want.replicas))
+
+
+def _unmix(m: int) -> int:
+    """The block hash whose mixed value (the index's table hash, a bijection) is ``m``."""
+    mask = (1 << 64) - 1
+    x = m
+    x ^= (x >> 31) ^ (x >> 62)
+    x = (x * pow(0x94D049BB133111EB, -1, 1 << 64)) & mask
+    x ^= (x >> 27) ^ (x >> 54)
+    x = (x * pow(0xBF58476D1CE4E5B9, -1, 1 << 64)) & mask
+    x ^= (x >> 30) ^ (x >> 60)
+    return x
+
+
+def test_long_probe_runs_shift_back_exactly_on_removal() -> None:
+    # Hashes whose home slots all fall in the first 16 of the table (for every table size), so
+    # their probe runs are hundreds of slots long: entries sit far past their home, further than a
+    # slot can say (its distance saturates), and each removal's backward shift moves many of them.
+    rng = random.Random(5)
+    ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
+    crowded = [_unmix((rng.getrandbits(44) << 20) | rng.randrange(16)) for _ in range(1_500)]
+    spread = [rng.getrandbits(64) for _ in range(1_500)]  # the rest of the table, so runs cross them
+    held: list[int] = []
+    for step in range(3_000):
+        events: list = []
+        if held and rng.random() < 0.45:
+            gone = rng.sample(held, min(len(held), rng.randint(1, 8)))
+            for h in gone:
+                held.remove(h)
+            events.append(BlockRemoved(tuple(gone)))
+        else:
+            pool = crowded if rng.random() < 0.7 else spread
+            new = [h for h in rng.sample(pool, 6) if h not in held]
+            held += new
+            events += [BlockStored((h,), None, 16) for h in new]
+        assert comp.apply("w0", events) == ref.apply("w0", events), step
+        if step % 50 == 0:
+            assert len(comp) == len(ref)
+            assert all(comp.longest_match((h,)).blocks == ref.longest_match((h,)).blocks for h in crowded[:400])
+    assert len(comp) == len(ref) == len(held)
+    assert all(comp.longest_match((h,)).blocks == 1 for h in held)
+    assert all(comp.longest_match((h,)).blocks == 0 for h in crowded + spread if h not in held)
