@@ -11,8 +11,8 @@
 #   touched): growing them is an ``mprotect`` of the next part, and no entry moves. Only the
 #   one move into the reservation copies (at most ``RESERVE_AT`` entries). Where the address space
 #   cannot be reserved (an RLIMIT_AS, say), each growth copies as before.
-# * The hash table doubles into a zeroed mapping (a slot holds ``~entry``, so zero reads as EMPTY
-#   and the new table needs no fill), and the old one drains into it incrementally:
+# * The hash table doubles into a zeroed mapping (a slot holds a complement, ``_slot``, so zero
+#   reads as EMPTY and the new table needs no fill), and the old one drains into it incrementally:
 #   ``DRAIN_PER_ADD`` old slots per entry added and ``DRAIN_SLICE`` per ``apply``, which empties
 #   it long before the new table is 3/4 full. Meanwhile every entry is in exactly one of the two:
 #   a lookup probes the new table, then the old; a moved or deleted old slot becomes a tombstone

@@ -10,8 +10,9 @@ Layout (about 48 bytes per block, whatever the number of workers):
 * ``ties``: 16 bytes per entry beside it — the first entry of its child list, the previous one
   in its parent's list, its depths (see the statistics section of ``CompiledPrefixIndex``) and
   the fingerprint of its path from the root (``longest_match``'s binary search checks it).
-* ``slots``: an open-addressing (linear probing, backward-shift deletion) table of u32 block
-  indexes keyed by the mixed 64-bit hash, at most 3/4 full.
+* ``slots``: an open-addressing (linear probing, backward-shift deletion) table keyed by the
+  mixed 64-bit hash, at most 3/4 full: per slot a u32 of a 27-bit block index and how far it sits
+  past its home slot (5 bits, saturating), so a removal's shift reads no entry.
 
 None of them grows in one step that costs time in proportion to its size (``_index_table.pxi``):
 the entry arrays grow inside address space reserved for them, and a doubled hash table is
