@@ -115,28 +115,35 @@ def _unmix(m: int) -> int:
 def test_long_probe_runs_shift_back_exactly_on_removal() -> None:
     # Hashes whose home slots all fall in the first 16 of the table (for every table size), so
     # their probe runs are hundreds of slots long: entries sit far past their home, further than a
-    # slot can say (its distance saturates), and each removal's backward shift moves many of them.
+    # slot can say (its distance saturates), and each removal's backward shift moves many of them,
+    # in a table that doubles and drains on the way.
     rng = random.Random(5)
     ref, comp = ReferencePrefixIndex(), CompiledPrefixIndex()
-    crowded = [_unmix((rng.getrandbits(44) << 20) | rng.randrange(16)) for _ in range(1_500)]
-    spread = [rng.getrandbits(64) for _ in range(1_500)]  # the rest of the table, so runs cross them
+    crowded = [_unmix((rng.getrandbits(44) << 20) | rng.randrange(16)) for _ in range(2_500)]
+    spread = [rng.getrandbits(64) for _ in range(2_500)]  # the rest of the table, so runs cross them
     held: list[int] = []
-    for step in range(3_000):
+    holding: set[int] = set()
+    slots_seen, drained_while_removing = set(), 0
+    for step in range(4_000):
         events: list = []
-        if held and rng.random() < 0.45:
+        if held and rng.random() < 0.35:
             gone = rng.sample(held, min(len(held), rng.randint(1, 8)))
-            for h in gone:
-                held.remove(h)
+            holding.difference_update(gone)
+            held = [h for h in held if h in holding]
             events.append(BlockRemoved(tuple(gone)))
+            drained_while_removing += comp._growth()["draining"]
         else:
             pool = crowded if rng.random() < 0.7 else spread
-            new = [h for h in rng.sample(pool, 6) if h not in held]
+            new = [h for h in rng.sample(pool, 6) if h not in holding]
             held += new
+            holding.update(new)
             events += [BlockStored((h,), None, 16) for h in new]
         assert comp.apply("w0", events) == ref.apply("w0", events), step
+        slots_seen.add(comp._growth()["slots"])
         if step % 50 == 0:
             assert len(comp) == len(ref)
             assert all(comp.longest_match((h,)).blocks == ref.longest_match((h,)).blocks for h in crowded[:400])
+    assert len(slots_seen) >= 2 and drained_while_removing, (slots_seen, drained_while_removing)
     assert len(comp) == len(ref) == len(held)
     assert all(comp.longest_match((h,)).blocks == 1 for h in held)
-    assert all(comp.longest_match((h,)).blocks == 0 for h in crowded + spread if h not in held)
+    assert all(comp.longest_match((h,)).blocks == 0 for h in crowded + spread if h not in holding)
