@@ -137,6 +137,7 @@ class NatsKvSource:
         self._first_id: dict[str, str] = {}  # worker -> Nats-Msg-Id of the batch it started at (seq 0)
         self._jump: dict[str, int] = {}  # worker -> a seq too far ahead, awaiting the next to confirm it
         self._behind: set[str] = set()  # workers whose last applied batch lagged LAG_FLOOR_S or more
+        self._apply_failures: set[type] = set()  # kinds of apply failure already logged with a traceback
         self._dyn_subs: list[Subscription] = []  # Dynamo's subscriptions (their queues say whether messages wait)
         self._started = threading.Event()
         self._stop = threading.Event()
@@ -377,7 +378,9 @@ class NatsKvSource:
             call()
             self.applied += 1
         except Exception as exc:  # a state bug on one batch must not stop the stream
-            log.exception("worker %s: applying KV events failed", worker)
+            if type(exc) not in self._apply_failures:  # one traceback per kind of failure, not one per batch
+                self._apply_failures.add(type(exc))
+                log.exception("worker %s: applying KV events failed", worker)
             self.health.error(SOURCE, "apply", f"worker {worker}: {type(exc).__name__}: {exc}")
 
     # ---- Dynamo ----------------------------------------------------------------------------

@@ -209,6 +209,7 @@ class KvEventSubscriber:
         self._topics = {w: ep.topic.encode() for w, ep in self.endpoints.items()}
         self._replays: dict[str, _Replay] = {}  # workers with a replay in flight
         self._behind: set[str] = set()  # workers whose last applied batch lagged LAG_FLOOR_S or more
+        self._apply_failures: set[type] = set()  # kinds of apply failure already logged with a traceback
         # (worker, the batches fetched, whether the fetch held a slot of _replay_slots)
         self._replayed: queue.SimpleQueue[tuple[str, list[tuple[int, bytes]], bool]] = queue.SimpleQueue()
         self._replay_slots = threading.BoundedSemaphore(MAX_REPLAYS)
@@ -497,7 +498,9 @@ class KvEventSubscriber:
         try:
             call()
         except Exception as exc:  # a state bug on one batch must not stop the stream
-            log.exception("worker %s: applying KV events failed", worker)
+            if type(exc) not in self._apply_failures:  # one traceback per kind of failure, not one per batch
+                self._apply_failures.add(type(exc))
+                log.exception("worker %s: applying KV events failed", worker)
             self.health.error(SOURCE, "apply", f"worker {worker}: {type(exc).__name__}: {exc}")
             return False
         return True

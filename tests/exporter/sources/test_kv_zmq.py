@@ -830,3 +830,28 @@ def test_replays_after_start_fetch_a_bounded_number_at_once_and_the_rest_wait_th
     assert {w: sink.seqs(w) for w in pubs} == {w: [0, 1, 2] for w in pubs}
     assert all(sink.resident[w] == pub.truth for w, pub in pubs.items())
     assert _counters(health)["prefixscope_kv_event_replays"] == {(w, "recovered"): 1.0 for w in pubs}
+
+
+class FullSink(RecordingSink):
+    """A sink whose index is full: every batch that stores a block fails, as past the index's capacity."""
+
+    def apply_kv_batch(self, batch: KvBatch, received_at: float) -> None:
+        if any(isinstance(ev, BlockStored) for ev in batch.events):
+            raise MemoryError("prefix index: more than 2^27 blocks")
+        super().apply_kv_batch(batch, received_at)
+
+
+def test_a_failing_apply_is_counted_every_time_and_logged_once(ctx: zmq.Context, caplog: pytest.LogCaptureFixture) -> None:
+    pub, sink, health = VllmLikePublisher(ctx), FullSink(), Health()
+    sub = _start({"w0": pub}, sink, health, replay=False)
+    try:
+        for i in range(5):
+            pub.publish([("stored", [i + 1])])
+        pub.publish([("removed", [1])])
+        wait_for(lambda: len(sink.seqs("w0")) == 1)
+    finally:
+        sub.close()
+        pub.close()
+    assert _counters(health)["prefixscope_ingest_errors"] == {("kv_events", "apply"): 5.0}
+    tracebacks = [r for r in caplog.records if r.getMessage().endswith("applying KV events failed") and r.exc_info]
+    assert len(tracebacks) == 1  # the stream goes on; the log is not flooded once per batch
