@@ -24,6 +24,7 @@ from typing import Any
 
 from exporter.core.attribution import RecordAttribution
 from exporter.core.health import Health
+from exporter.core.index.prefix_index import EvictionTracker
 from exporter.core.record_accounting import RecordAccounting
 from exporter.core.worker_pool import WorkerPool
 from prefixscope.records import InvalidRecord, RequestRecord
@@ -33,11 +34,11 @@ log = logging.getLogger("prefixscope.records")
 __all__ = ["CORE", "RecordInput", "apply_records", "reference_apply_records"]
 
 RecordInput = RequestRecord | Mapping[str, Any]
-ApplyRecords = Callable[[RecordAccounting, RecordAttribution, Any, WorkerPool, Health, Iterable[RecordInput],
+ApplyRecords = Callable[[RecordAccounting, RecordAttribution, EvictionTracker, WorkerPool, Health, Iterable[RecordInput],
                          float, set[str], set[str]], None]
 
 
-def reference_apply_records(accounting: RecordAccounting, attribution: RecordAttribution, evictions: Any,
+def reference_apply_records(accounting: RecordAccounting, attribution: RecordAttribution, evictions: EvictionTracker,
                             pool: WorkerPool, health: Health, records: Iterable[RecordInput], now: float,
                             unchanged: set[str], judge: set[str]) -> None:
     """Account each record (the caller holds the state lock and the store's batch) and sort the
