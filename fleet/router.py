@@ -148,10 +148,11 @@ def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int], tok
     they are known, and the LoRA adapter they were computed with).
     """
     with engine._lock:
+        now = engine.clock.now()
         _, events = engine.cache.store(request_id, hashes, token_ids, lora_id=lora_id, lora_name=lora_name,
-                                       cache_salt=cache_salt)
+                                       cache_salt=cache_salt, at=now)
         engine.cache.release(request_id)
-        engine._emit(events, engine.clock.now())
+        engine._emit(events, now)
 
 
 @dataclass(slots=True)

@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from fleet.histogram import Histogram
+
 NONE = "none"
 DEFAULT_FLAVOUR = "sglang"  # the demo's: decisions, outcomes, health and the match ratio
 
@@ -190,29 +192,6 @@ class Routed:
     worker: str
     accepted: bool  # the engine took the request (False: it refused it)
     lookup: Lookup | None  # None when the policy walked no index
-
-
-class Histogram:
-    """Cumulative-ready bucket counts on fixed bounds (``value <= bound``), sum and count."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last is above every bound (+Inf)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        self.counts[i] += 1
-        self.sum += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        out, run = [], 0
-        for bound, c in zip((*self.bounds, math.inf), self.counts, strict=True):
-            run += c
-            out.append((bound, run))
-        return out
 
 
 class RouterMetrics:

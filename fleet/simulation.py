@@ -35,13 +35,18 @@ ROOT_WINDOW_S = 300.0
 ROOT_OPENING_BLOCKS = 32
 SPEC_TOKENS = 3  # speculative decoding on, so its acceptance counters exist
 SPEC_ACCEPTANCE = 0.85  # per-position acceptance: ≈ 0.73 accepted/draft with 3 draft tokens
+# vLLM's --kv-cache-metrics on, so the sampled block residency histograms exist, at vLLM's default
+# --kv-cache-metrics-sample
+KV_CACHE_METRICS = True
+KV_CACHE_METRICS_SAMPLE = 0.01
 
 
 def worker_spec(topology: Topology, w: WorkerTopo, seed: int = 0) -> WorkerSpec:
     return WorkerSpec(name=w.name, model=topology.model, gpu_class=w.gpu_class, prefill_tps=w.prefill_tps,
                       decode_tps=w.decode_tps, num_gpu_blocks=w.kv_blocks, block_size=topology.block_size,
                       max_running=w.max_concurrency, gpus=w.gpus, spec_tokens=SPEC_TOKENS,
-                      spec_acceptance=SPEC_ACCEPTANCE, seed=seed)
+                      spec_acceptance=SPEC_ACCEPTANCE, kv_cache_metrics=KV_CACHE_METRICS,
+                      kv_cache_metrics_sample=KV_CACHE_METRICS_SAMPLE, seed=seed)
 
 
 def with_block_size(topology: Topology, block_size: int) -> Topology:
