@@ -494,8 +494,11 @@ class Router:
         if d.walk_s is None or d.predicted is None:
             return Routed(d.worker, accepted, None)
         ratio = min(1.0, d.predicted / max(1, d.req.prompt_tokens))
+        # the prompts are ASCII and the tokenizer byte-level: a token is a character of the text
         return Routed(d.worker, accepted, Lookup(d.walk_s, ratio, pick_matched=d.predicted > 0,
-                                                 any_matched=bool(d.best)))
+                                                 any_matched=bool(d.best),
+                                                 new_chars=max(0, d.req.prompt_tokens - d.predicted),
+                                                 model=d.model, at=d.now))
 
     def metrics_page(self, worker_label: Callable[[str], str] = str) -> str:
         """The router's /metrics in its flavour ('' when it keeps none); workers labelled by
