@@ -17,6 +17,7 @@ from exporter.codecs.normalize import V_RESIDENCY, parse_worker
 from exporter.config import Config, WorkerTarget
 from exporter.web.exposition import render_state
 from fleet.cache import PagedPrefixCache
+from fleet.cli import parse_args
 from fleet.clock import VirtualClock
 from fleet.engine import EngineRequest, SimEngine, WorkerSpec
 from fleet.metrics_text import render_metrics
@@ -143,10 +144,14 @@ def test_the_pre_0_9_2_names_never_carry_them() -> None:
     assert "kv_block_" not in render_metrics(eng, "vllm-legacy").decode()
 
 
-def test_the_simulated_fleet_runs_with_the_flag_at_vllms_default_sample() -> None:
+def test_the_flag_is_a_worker_option_at_vllms_default_sample() -> None:
+    """On where asked for (``prefixscope sim`` and the demo's fleet: tests/fleet/test_sim_cli.py), off
+    in the simulations that read the presets' verdicts (see KV_CACHE_METRICS)."""
     topology = load_topology()
-    spec = worker_spec(topology, topology.workers[0])
-    assert KV_CACHE_METRICS and spec.kv_cache_metrics and spec.kv_cache_metrics_sample == KV_CACHE_METRICS_SAMPLE == 0.01
+    assert not KV_CACHE_METRICS and not worker_spec(topology, topology.workers[0]).kv_cache_metrics
+    spec = worker_spec(topology, topology.workers[0], kv_cache_metrics=True)
+    assert spec.kv_cache_metrics and spec.kv_cache_metrics_sample == KV_CACHE_METRICS_SAMPLE == 0.01
+    assert parse_args([]).kv_cache_metrics and not parse_args(["--no-kv-cache-metrics"]).kv_cache_metrics
 
 
 def test_a_reset_cache_and_a_restarted_engine_start_their_samples_afresh() -> None:
@@ -161,7 +166,7 @@ def test_cache_pressure_evicts_with_a_retention_far_above_the_threshold() -> Non
     """The preset whose cache thrashes evicts enough for the 1 % sample to read its retention, and
     what it reads is minutes: PrefixCacheRetentionShort (30 s) is not this fault's alert."""
     sc = load_preset("cache-pressure")
-    sim = Simulation(sc, load_topology())
+    sim = Simulation(sc, load_topology(), kv_cache_metrics=True)
     sim.run()
     h = sim.engines["w0"].cache.residency.histograms.idle_before_evict
     assert h.count >= 100

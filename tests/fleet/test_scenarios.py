@@ -114,9 +114,8 @@ def test_healthy_has_every_signal_it_can_measure() -> None:
     values = signals(result, end - 300, end, TH)
     measured = {k for k, v in values.items() if v is not None}
     checklist = {c.key for c in CHECKS if c.kind == "checklist"}
-    # cache retention reads vLLM's sampled residency of evicted blocks (the engines export it, as
-    # with --kv-cache-metrics): ten healthy minutes fill no cache, so nothing is evicted and the
-    # recount has no value for it
+    # cache retention reads vLLM's sampled block residency (--kv-cache-metrics), which the engines of
+    # these simulations do not export (fleet.simulation.KV_CACHE_METRICS), so it has no input here
     assert checklist - measured == {"prefix_cache_retention"}
     # the radix depth is a snapshot of every cache, which the run has at its end only
     assert signals(result, end - 600, end - 300, TH)["prefix_tree_depth_p99"] is None
