@@ -10,6 +10,9 @@
   so requests in flight together cannot reuse each other's blocks.
 - Every change a consumer of vLLM's KV events would see is returned as :class:`Stored`,
   :class:`Removed` and :class:`Cleared` values, in order.
+- With a :class:`~fleet.residency.ResidencySampler` (vLLM's ``--kv-cache-metrics``), a sample of
+  the blocks is followed from allocation to eviction on the caller's clock: the ``at`` of
+  :meth:`acquire` (hits, evictions, the allocation of the blocks it will store) and nothing else.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from fleet.residency import ResidencySampler
 
 MEDIUM_GPU = "GPU"
 
@@ -68,6 +73,7 @@ class _Alloc:
     lora_id: int | None = None
     lora_name: str | None = None
     cache_salt: str | None = None
+    at: float = 0.0  # when it was admitted (its new blocks' allocation, for the residency sample)
     extra: dict = field(default_factory=dict)
 
 
@@ -76,11 +82,12 @@ class CapacityError(RuntimeError):
 
 
 class PagedPrefixCache:
-    def __init__(self, num_gpu_blocks: int, block_size: int) -> None:
+    def __init__(self, num_gpu_blocks: int, block_size: int, residency: ResidencySampler | None = None) -> None:
         if num_gpu_blocks <= 0 or block_size <= 0:
             raise ValueError("num_gpu_blocks and block_size must be positive")
         self.num_gpu_blocks = num_gpu_blocks
         self.block_size = block_size
+        self.residency = residency  # None: the engine runs without --kv-cache-metrics
         self._refs: dict[int, int] = {}  # resident hash -> reference count
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced resident, oldest first
         self._reserved = 0  # capacity held by pending and anonymous blocks
@@ -127,15 +134,17 @@ class PagedPrefixCache:
         return out
 
     # -- request lifecycle ----------------------------------------------------------------
-    def _make_room(self, n: int, events: list[CacheEvent]) -> int:
+    def _make_room(self, n: int, events: list[CacheEvent], at: float) -> int:
         """Evict unreferenced blocks until ``n`` blocks are free; returns how many are free (≤ n)."""
         free = self.num_gpu_blocks - len(self._refs) - self._reserved
-        lru, refs = self._lru, self._refs
+        lru, refs, sampler = self._lru, self._refs, self.residency
         while free < n and lru:
             h, _ = lru.popitem(last=False)
             del refs[h]
             self._labels.pop(h, None)
             events.append(Removed((h,)))  # vLLM emits one BlockRemoved per evicted block
+            if sampler is not None:
+                sampler.evicted(h, at)
             free += 1
         return min(free, n)
 
@@ -149,6 +158,7 @@ class PagedPrefixCache:
         lora_id: int | None = None,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        at: float = 0.0,
     ) -> tuple[int, list[CacheEvent]]:
         """Admit a request: reference its resident prefix, reserve room for the rest.
 
@@ -156,20 +166,24 @@ class PagedPrefixCache:
         last-token rule); resident blocks beyond the cap are still referenced, not recomputed
         into a second copy. When room runs out the remaining new blocks are not cached.
         ``token_ids`` (the prompt's, optional) are kept until :meth:`commit` publishes the new
-        blocks' tokens, and no longer: the cache itself keeps no tokens.
+        blocks' tokens, and no longer: the cache itself keeps no tokens. ``at``: the admission's
+        time on the caller's clock (read only by the residency sample).
         """
         if request_id in self._allocs:
             raise ValueError(f"request {request_id!r} already holds blocks")
         events: list[CacheEvent] = []
         m = self.match(block_hashes)
         held = list(block_hashes[:m])
+        sampler = self.residency
         for h in held:
             c = self._refs[h]
             if c == 0:
                 del self._lru[h]
             self._refs[h] = c + 1
+            if sampler is not None:
+                sampler.accessed(h, at)
         want_new = len(block_hashes) - m
-        got = self._make_room(want_new + max(0, extra_blocks), events)
+        got = self._make_room(want_new + max(0, extra_blocks), events, at)
         new = min(want_new, got)
         anon = min(max(0, extra_blocks), got - new)
         self._reserved += new + anon
@@ -187,6 +201,7 @@ class PagedPrefixCache:
             lora_id=lora_id,
             lora_name=lora_name,
             cache_salt=cache_salt,
+            at=at,
         )
         return hit, events
 
@@ -198,7 +213,7 @@ class PagedPrefixCache:
         a.committed = True
         events: list[CacheEvent] = []
         bs = self.block_size
-        refs, lru = self._refs, self._lru
+        refs, lru, sampler = self._refs, self._lru, self.residency
         run: list[int] = []
         run_parent: int | None = None
         run_start = 0
@@ -225,6 +240,8 @@ class PagedPrefixCache:
                 if not run:
                     run_parent, run_start = prev, a.first_new + i
                 refs[h] = 1
+                if sampler is not None:
+                    sampler.allocated(h, a.at)
                 if a.lora_name is not None or a.cache_salt is not None:
                     self._labels[h] = (a.lora_name, a.cache_salt)
                 run.append(h)
@@ -264,10 +281,11 @@ class PagedPrefixCache:
         lora_id: int | None = None,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        at: float = 0.0,
     ) -> tuple[int, list[CacheEvent]]:
         """acquire + commit in one step (the request is still referenced until release)."""
         hit, events = self.acquire(request_id, block_hashes, token_ids, extra_blocks, max_hit_blocks,
-                                   lora_id, lora_name, cache_salt)
+                                   lora_id, lora_name, cache_salt, at)
         events += self.commit(request_id)
         return hit, events
 
@@ -286,4 +304,6 @@ class PagedPrefixCache:
         self._refs.clear()
         self._lru.clear()
         self._labels.clear()
+        if self.residency is not None:
+            self.residency.reset()  # vLLM forgets its samples unobserved
         return [Cleared()]

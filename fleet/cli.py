@@ -60,6 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="bearer token for --records-url (default: $PREFIXSCOPE_RECORDS_TOKEN)")
     p.add_argument("--records-file", type=Path, default=None, help="append request records (NDJSON) to this file")
     p.add_argument("--metrics-flavour", choices=("vllm", "vllm-legacy", "sglang"), default="vllm")
+    p.add_argument("--kv-cache-metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="the workers run as vLLM with --kv-cache-metrics: sampled block residency histograms "
+                        "(vllm:kv_block_*_seconds, 1%% of blocks) on /metrics, absent with --no-kv-cache-metrics "
+                        "(default: on)")
     p.add_argument("--event-encoding", choices=("array", "map"), default="array",
                    help="KV-event encoding: array-tagged (vLLM ≤ 0.23) or maps (≥ 0.24)")
     p.add_argument("--speed", type=float, default=1.0, help="real-time clock multiplier (default: %(default)s)")
@@ -177,7 +181,7 @@ def _accelerated(args: argparse.Namespace, topology: Topology, scenarios: list[S
     for sc in scenarios:
         sim = Simulation(sc, topology, policy=args.policy, sink=sink, duration_s=args.duration, seed=args.seed,
                          requests=replay_requests(args.requests) if args.requests else None,
-                         cold_share=args.cold_share)
+                         cold_share=args.cold_share, kv_cache_metrics=args.kv_cache_metrics)
         result = sim.run()
         print(f"== {sc.name}: {len(result.records)} requests over {sim.duration_s:g} s simulated "
               f"in {result.wall_s:.2f} s; fault at {sc.fault_at_s:g} s — {sc.fault}")
@@ -195,7 +199,7 @@ def _real_time(args: argparse.Namespace, topology: Topology, scenarios: list[Sce
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     clock = StoppableClock(args.speed, stop)
-    specs = [worker_spec(topology, w) for w in topology.workers]
+    specs = [worker_spec(topology, w, kv_cache_metrics=args.kv_cache_metrics) for w in topology.workers]
     options = FleetOptions(flavour=args.metrics_flavour, encoding=args.event_encoding)
     with WorkerFleet(specs, clock=clock, options=options) as fleet:
         control = FleetControl(fleet, port=args.control_port).start()

@@ -40,6 +40,7 @@ from hashlib import blake2b
 from fleet.cache import CacheEvent, PagedPrefixCache
 from fleet.clock import Clock
 from fleet.hashing import chain_hashes
+from fleet.residency import DEFAULT_SAMPLE_RATE, Residency, ResidencySampler
 
 EventCallback = Callable[[list[CacheEvent], float], None]
 # Told at each admission, before the request takes its blocks: (request id, its full blocks'
@@ -71,6 +72,10 @@ class WorkerSpec:
     expert_signature_blocks: int = 2  # leading blocks that determine the MoE expert signature
     max_model_len: int = 131072
     engine_index: str = "0"  # vLLM's `engine` label (DP engine index)
+    # vLLM's --kv-cache-metrics (sampled block residency histograms on /metrics; absent when off)
+    # and --kv-cache-metrics-sample (the share of blocks followed)
+    kv_cache_metrics: bool = False
+    kv_cache_metrics_sample: float = DEFAULT_SAMPLE_RATE
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -85,6 +90,8 @@ class WorkerSpec:
             raise ValueError("spec_tokens must be ≥ 0")
         if self.admission_aging_s < 0:
             raise ValueError("admission_aging_s must be ≥ 0")
+        if self.kv_cache_metrics and not 0.0 < self.kv_cache_metrics_sample <= 1.0:
+            raise ValueError("kv_cache_metrics_sample must be in (0, 1]")
 
 
 @dataclass(slots=True)
@@ -245,6 +252,7 @@ class EngineSnapshot:
     kv_usage: float
     resident_blocks: int
     counters: EngineCounters
+    residency: Residency | None = None  # None: the engine runs without --kv-cache-metrics
 
 
 _OBSERVATIONS = ("ttft", "queue", "prefill", "decode", "inference", "e2e", "prompt_lengths", "generation_lengths")
@@ -274,7 +282,9 @@ class SimEngine:
         self.on_events = on_events
         self.on_admit: AdmitCallback | None = None
         self.knobs = Knobs(spec_acceptance=spec.spec_acceptance)
-        self.cache = PagedPrefixCache(spec.num_gpu_blocks, spec.block_size)
+        sampler = (ResidencySampler(spec.kv_cache_metrics_sample, seed=f"{spec.seed}:{spec.name}")
+                   if spec.kv_cache_metrics else None)
+        self.cache = PagedPrefixCache(spec.num_gpu_blocks, spec.block_size, residency=sampler)
         self.counters = EngineCounters(created=clock.now())
         self._lock = threading.RLock()
         self._running = 0  # admitted and not finished, in the engine's own schedule
@@ -318,7 +328,9 @@ class SimEngine:
                 requests_success=dict(c.requests_success),
                 **{k: array("d", getattr(c, k)) for k in _OBSERVATIONS},
             )
-            snap = EngineSnapshot(now, running, waiting, self.cache.usage, self.cache.resident_blocks, copy)
+            sampler = self.cache.residency
+            snap = EngineSnapshot(now, running, waiting, self.cache.usage, self.cache.resident_blocks, copy,
+                                  sampler.histograms.copy() if sampler is not None else None)
         self._fire()
         return snap
 
@@ -569,7 +581,7 @@ class SimEngine:
             self.on_admit(req.request_id, hashes)
         hit_blocks, events = self.cache.acquire(
             req.request_id, hashes, w.tokens, extra_blocks=extra, max_hit_blocks=w.max_hit,
-            lora_id=req.lora_id, lora_name=req.lora_name, cache_salt=req.cache_salt,
+            lora_id=req.lora_id, lora_name=req.lora_name, cache_salt=req.cache_salt, at=t,
         )
         self._emit(events, t)
         cached = hit_blocks * bs

@@ -8,7 +8,10 @@ engines. Three flavours:
   ``vllm:kv_cache_usage_perc``, ``vllm:cache_config_info`` (CacheConfig fields as string labels
   plus ``engine``, no ``model_name``), running/waiting, TTFT/queue/prefill/decode/inference/e2e
   histograms with vLLM's bucket lists, token and success counters, and the spec-decode counters
-  (registered only when speculative decoding is on, as in vLLM).
+  (registered only when speculative decoding is on, as in vLLM), and with ``--kv-cache-metrics``
+  (``WorkerSpec.kv_cache_metrics``) the sampled block residency histograms
+  ``vllm:kv_block_{lifetime,idle_before_evict,reuse_gap}_seconds`` on the ``kv_cache_residency``
+  bounds (vllm.md §1.2; present and empty from the start, absent without the flag).
 - ``vllm-legacy``: the pre-0.9.2 names ``vllm:gpu_prefix_cache_{queries,hits}`` and
   ``vllm:gpu_cache_usage_perc`` in place of the current ones (vllm.md §1.4).
 - ``sglang``: SGLang's ``sglang:*`` names, confirmed in sgl-project/sglang
@@ -32,6 +35,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from fleet.engine import EngineSnapshot, SimEngine, WorkerSpec
+from fleet.histogram import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FLAVOURS = ("vllm", "vllm-legacy", "sglang")
@@ -103,6 +107,13 @@ class _Families:
         f.samples.append(Sample(f"{name}_created", dict(zip(self.names, self.values, strict=True)), self.created))
         self.out.append(f)
 
+    def histogram_of(self, name: str, doc: str, h: Histogram) -> None:
+        """A histogram the engine kept as bucket counts (too many observations to keep each)."""
+        f = HistogramMetricFamily(name, doc, labels=self.names)
+        f.add_metric(self.values, [(floatToGoString(b), float(c)) for b, c in h.cumulative()], float(h.sum))
+        f.samples.append(Sample(f"{name}_created", dict(zip(self.names, self.values, strict=True)), self.created))
+        self.out.append(f)
+
 
 def cache_config_labels(spec: WorkerSpec) -> dict[str, str]:
     """The CacheConfig fields vLLM 0.11+ puts on ``vllm:cache_config_info`` (as strings)."""
@@ -165,6 +176,16 @@ def _vllm(spec: WorkerSpec, s: EngineSnapshot, legacy: bool) -> list[Metric]:
         f.counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", c.spec_drafts)
         f.counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", c.spec_draft_tokens)
         f.counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", c.spec_accepted_tokens)
+    if s.residency is not None and not legacy:
+        sampled = "Sampled metrics (controlled by --kv-cache-metrics-sample)."
+        r = s.residency
+        f.histogram_of("vllm:kv_block_lifetime_seconds",
+                       f"Histogram of KV cache block lifetime from allocation to eviction. {sampled}", r.lifetime)
+        f.histogram_of("vllm:kv_block_idle_before_evict_seconds",
+                       f"Histogram of idle time before KV cache block eviction. {sampled}", r.idle_before_evict)
+        f.histogram_of("vllm:kv_block_reuse_gap_seconds",
+                       "Histogram of time gaps between consecutive KV cache block accesses. Only the most recent "
+                       f"accesses are recorded (ring buffer). {sampled}", r.reuse_gap)
     info_labels = {**cache_config_labels(spec), "engine": spec.engine_index}
     info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                              labels=list(info_labels))

@@ -148,10 +148,11 @@ def import_prefix(engine: SimEngine, request_id: str, hashes: Sequence[int], tok
     they are known, and the LoRA adapter they were computed with).
     """
     with engine._lock:
+        now = engine.clock.now()
         _, events = engine.cache.store(request_id, hashes, token_ids, lora_id=lora_id, lora_name=lora_name,
-                                       cache_salt=cache_salt)
+                                       cache_salt=cache_salt, at=now)
         engine.cache.release(request_id)
-        engine._emit(events, engine.clock.now())
+        engine._emit(events, now)
 
 
 @dataclass(slots=True)
@@ -493,8 +494,11 @@ class Router:
         if d.walk_s is None or d.predicted is None:
             return Routed(d.worker, accepted, None)
         ratio = min(1.0, d.predicted / max(1, d.req.prompt_tokens))
+        # the prompts are ASCII and the tokenizer byte-level: a token is a character of the text
         return Routed(d.worker, accepted, Lookup(d.walk_s, ratio, pick_matched=d.predicted > 0,
-                                                 any_matched=bool(d.best)))
+                                                 any_matched=bool(d.best),
+                                                 new_chars=max(0, d.req.prompt_tokens - d.predicted),
+                                                 model=d.model, at=d.now))
 
     def metrics_page(self, worker_label: Callable[[str], str] = str) -> str:
         """The router's /metrics in its flavour ('' when it keeps none); workers labelled by

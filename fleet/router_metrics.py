@@ -18,6 +18,13 @@ series from the start (0, empty histograms) and a labelled one once its label se
 worker health is shown for every worker in the router's pool. Under a policy that walks no
 prefix index (round-robin, hashing) the prefix series are left out, as the real routers export
 them from their cache-aware / KV-aware policy only.
+
+The SGLang gateway's tree gauges (``smg_cache_tree_chars``/``smg_cache_tree_tokens``) come from
+:class:`TreeSize`: the size of its cache-aware string tree, kept as the gateway keeps it in front
+of HTTP workers — the text of each routed request inserted under the picked worker (a prefix
+several workers hold counts once per worker), trimmed least recently used first at each eviction
+pass (every ``--eviction-interval-secs``) to ``--max-tree-size`` characters per model, and
+reported only from the first pass on.
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from fleet.histogram import Histogram
+
 NONE = "none"
 DEFAULT_FLAVOUR = "sglang"  # the demo's: decisions, outcomes, health and the match ratio
 
 WORKER = "{worker}"  # a label value standing for the worker's URL (real routers label workers by URL)
+MODEL = "{model}"  # a label value standing for the served model
 POLICY = "{policy}"  # a label value standing for the routing policy, in the real router's spelling
 
 # The tally quantities a series can show (RouterSeries.value).
@@ -45,10 +55,16 @@ LOOKUPS = "lookups"  # every index lookup
 LOOKUP_HITS = "lookup_hits"  # index lookups where some worker held a prefix (llm-d's "best candidate")
 PREDICTED_RATIO = "predicted_ratio"  # histogram: predicted cached share of the prompt on the pick
 WALK_SECONDS = "walk_seconds"  # histogram: the index walk's latency (seconds, before ``scale``)
+TREE_CHARS = "tree_chars"  # per model: characters in the string tree (HTTP routing), at the last eviction pass
+TREE_TOKENS = "tree_tokens"  # per model: tokens in the token tree (gRPC routing: none in front of HTTP workers)
 PER_WORKER = frozenset({DECISIONS, DECISIONS_OK, DECISIONS_FAILED, HEALTHY})
 HISTOGRAMS = frozenset({PREDICTED_RATIO, WALK_SECONDS})
+PER_MODEL = frozenset({TREE_CHARS, TREE_TOKENS})
 # Signals only a prefix-aware policy produces: a router routing round-robin exports none of them.
-PREFIX_SIGNALS = frozenset({"prefix_outcomes", "predicted_hit_ratio", "lookup_seconds"})
+PREFIX_SIGNALS = frozenset({"prefix_outcomes", "predicted_hit_ratio", "lookup_seconds", "largest_tree"})
+# The SGLang gateway's cache-aware tree (smg launch defaults; its docs' "Cache-aware routing")
+SMG_MAX_TREE_SIZE = 67_108_864  # --max-tree-size: characters (string tree) per model, shared by its workers
+SMG_EVICTION_INTERVAL_S = 120.0  # --eviction-interval-secs
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +134,10 @@ SERIES: tuple[RouterSeries, ...] = (
                  (Label("branch", "spill"),), help="Cache-aware policy branch taken"),
     RouterSeries("sglang", "predicted_hit_ratio", "smg_cache_aware_match_ratio", "histogram", PREDICTED_RATIO,
                  buckets=DECILES, help="Best prefix match divided by the input length"),
+    RouterSeries("sglang", "largest_tree", "smg_cache_tree_tokens", "gauge", TREE_TOKENS, (Label("model", MODEL),),
+                 help="Cache-aware token tree cached tokens by model (summed across tenants)"),
+    RouterSeries("sglang", "largest_tree", "smg_cache_tree_chars", "gauge", TREE_CHARS, (Label("model", MODEL),),
+                 help="Cache-aware string tree cached characters by model (summed across tenants)"),
     # sglang-router <= 0.2.4
     RouterSeries("sglang-legacy", "decisions", "sgl_router_policy_decisions_total", "counter", DECISIONS,
                  (Label("policy", POLICY), _W), help="Routing decisions by policy and worker"),
@@ -181,6 +201,11 @@ class Lookup:
     predicted_ratio: float  # the share of the prompt predicted cached on the pick
     pick_matched: bool  # the pick was predicted to hold a prefix: a hit
     any_matched: bool  # some worker was believed to hold a prefix
+    # for the tree's size: the prompt's characters the pick's tree did not hold yet, the model
+    # and when (the router's clock)
+    new_chars: int = 0
+    model: str = "sim-model"
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,27 +217,48 @@ class Routed:
     lookup: Lookup | None  # None when the policy walked no index
 
 
-class Histogram:
-    """Cumulative-ready bucket counts on fixed bounds (``value <= bound``), sum and count."""
+class TreeSize:
+    """The size of the SGLang gateway's string tree per model, without its text.
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last is above every bound (+Inf)
-        self.sum = 0.0
-        self.count = 0
+    Each tenant (worker) holds the characters inserted under it; what a request adds is the part
+    of its text the picked worker's branch did not hold (the router's own prefix index stands in
+    for the tree's match, so text the worker's engine evicted meanwhile is counted again, as a
+    tree that was trimmed would insert it again). An eviction pass trims a model's tree that is
+    over ``max_size`` back to it — in the gateway, leaves least recently used first; here every
+    tenant in proportion, which leaves the same size — and sets the gauge. Passes run every
+    ``interval_s`` from the first request on, as the router's clock reaches them.
+    """
 
-    def observe(self, value: float) -> None:
-        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        self.counts[i] += 1
-        self.sum += value
-        self.count += 1
+    def __init__(self, max_size: int = SMG_MAX_TREE_SIZE, interval_s: float = SMG_EVICTION_INTERVAL_S) -> None:
+        if max_size <= 0 or interval_s <= 0:
+            raise ValueError("max_size and interval_s must be positive")
+        self.max_size, self.interval_s = max_size, interval_s
+        self.chars: dict[str, Counter[str]] = {}  # model -> tenant -> characters
+        self.reported: dict[str, int] = {}  # model -> characters at the last pass (empty before the first)
+        self.passes = 0
+        self._next: float | None = None
 
-    def cumulative(self) -> list[tuple[float, int]]:
-        out, run = [], 0
-        for bound, c in zip((*self.bounds, math.inf), self.counts, strict=True):
-            run += c
-            out.append((bound, run))
-        return out
+    def insert(self, model: str, tenant: str, chars: int, at: float) -> None:
+        self.advance(at)
+        if self._next is None:
+            self._next = at + self.interval_s  # the eviction loop's first pass, an interval after start
+        self.chars.setdefault(model, Counter())[tenant] += max(0, chars)
+
+    def advance(self, at: float) -> None:
+        """Run the passes due by ``at``."""
+        while self._next is not None and self._next <= at:
+            self._evict()
+            self._next += self.interval_s
+
+    def _evict(self) -> None:
+        self.passes += 1
+        for model, tenants in self.chars.items():
+            total = sum(tenants.values())
+            if total > self.max_size:
+                keep = self.max_size / total
+                for t in tenants:
+                    tenants[t] = int(tenants[t] * keep)
+            self.reported[model] = sum(tenants.values())
 
 
 class RouterMetrics:
@@ -228,6 +274,7 @@ class RouterMetrics:
         self.totals: Counter[str] = Counter()  # HITS, MISSES, LOOKUPS, LOOKUP_HITS
         self.histograms: dict[str, Histogram] = {s.name: Histogram(s.buckets) for s in self.series
                                                  if s.type == "histogram"}
+        self.tree = TreeSize() if any(s.value in PER_MODEL for s in self.series) else None
 
     def observe(self, routed: Routed) -> None:
         with self._lock:
@@ -240,6 +287,8 @@ class RouterMetrics:
             self.totals[LOOKUPS] += 1
             self.totals[HITS if lk.pick_matched else MISSES] += 1
             self.totals[LOOKUP_HITS] += lk.any_matched
+            if self.tree is not None:
+                self.tree.insert(lk.model, routed.worker, lk.new_chars, lk.at)
             for s in self.series:
                 if s.type == "histogram":
                     raw = lk.predicted_ratio if s.value == PREDICTED_RATIO else lk.walk_s
@@ -273,8 +322,9 @@ class RouterMetrics:
 
     def _samples(self, s: RouterSeries, health: Mapping[str, bool], policy: str,
                  worker_label: Callable[[str], str]) -> list[str]:
-        def labels(worker: str | None = None, extra: str = "") -> str:
-            parts = [f'{lb.name}="{_escape(_value(lb.value, worker, policy, worker_label))}"' for lb in s.labels]
+        def labels(worker: str | None = None, extra: str = "", model: str = "") -> str:
+            parts = [f'{lb.name}="{_escape(_value(lb.value, worker, policy, worker_label, model))}"'
+                     for lb in s.labels]
             if extra:
                 parts.append(extra)
             return "{" + ",".join(parts) + "}" if parts else ""
@@ -286,16 +336,21 @@ class RouterMetrics:
         if s.value in PER_WORKER:
             values = self._worker_values(s.value, health)
             return [f"{s.name}{labels(w)} {_num(v)}" for w, v in sorted(values.items())]
+        if s.value in PER_MODEL:  # set at the tree's eviction passes: absent before the first
+            reported = self.tree.reported if self.tree is not None else {}
+            return [f"{s.name}{labels(model=m)} {n if s.value == TREE_CHARS else 0}" for m, n in sorted(reported.items())]
         n = self.totals[s.value]
         if s.labels and not n:
             return []  # a labelled series exists once its label set was used
         return [f"{s.name}{labels()} {n}"]
 
 
-def _value(value: str, worker: str | None, policy: str, worker_label: Callable[[str], str]) -> str:
+def _value(value: str, worker: str | None, policy: str, worker_label: Callable[[str], str], model: str = "") -> str:
     if value == WORKER:
         assert worker is not None
         return worker_label(worker)
+    if value == MODEL:
+        return model
     return policy if value == POLICY else value
 
 

@@ -38,8 +38,7 @@ NOT_SIMULATED: dict[str, str] = {
     **{f"{dynamo.BLOCKS_LOST}{s}": "as above" for s in ("_bucket", "_sum", "_count")},
     dynamo.REQUESTS: "Dynamo's request count, read as regret's denominator; regret is not simulated",
     dynamo.EVENTS_APPLIED: "Dynamo's index apply statuses; the simulated router keeps no KV-event-fed index",
-    **{n: "the router's tree size, set at its eviction passes; the real smg 1.13.0 drives it "
-          "(tests/e2e/test_smg_policies.py)" for n in sglang.TREE_SIZES},
+    "sgl_router_tree_size": "sglang-router <= 0.2.4's per-worker tree size; the tree is simulated as smg's",
     **{n: "Dynamo's routing phases besides the index lookup (and every phase's former name); the simulated "
           "router times only the lookup (tests/fixtures/routers/dynamo_router_overhead.txt has them all)"
        for phase, names in dynamo.PHASE_NAMES.items() for name in names for n in histogram_names(name)
@@ -52,15 +51,17 @@ NOT_SIMULATED: dict[str, str] = {
 # RouterSnapshot field -> the catalogue series it feeds (the matrix in docs/routers.md).
 FEEDS = {"decisions": "router_decisions", "prefix_outcomes": "router_prefix_outcomes",
          "healthy": "router_worker_healthy", "predicted_hit_ratio": "router_predicted_hit_ratio",
-         "lookup_seconds": "router_tree_walk_seconds"}
+         "lookup_seconds": "router_tree_walk_seconds", "largest_tree": "router_tree_fill_ratio"}
 
 
 def busy_page(flavour: str) -> str:
-    """A page with every series of the flavour present (a hit, a miss, a refusal, an unhealthy worker)."""
+    """A page with every series of the flavour present (a hit, a miss, a refusal, an unhealthy worker;
+    the last decision after the router's first tree eviction pass)."""
     m = rm.RouterMetrics(flavour)
     for i, (worker, matched) in enumerate((("w0", True), ("w1", False), ("w0", True))):
         m.observe(rm.Routed(worker, accepted=i != 2,
-                            lookup=rm.Lookup(0.002, 0.5 if matched else 0.0, matched, matched or i == 1)))
+                            lookup=rm.Lookup(0.002, 0.5 if matched else 0.0, matched, matched or i == 1,
+                                             new_chars=100, at=i * 0.6 * rm.SMG_EVICTION_INTERVAL_S)))
     return m.render({"w0": True, "w1": False}, "prefix-tree", lambda w: f"http://10.0.0.{w[1:]}:8000")
 
 
@@ -89,6 +90,10 @@ def test_every_name_an_adapter_reads_is_emitted_by_some_flavour() -> None:
         emitted = frozenset().union(*(rm.names_of(f) for f, fl in rm.FLAVOURS.items() if fl.adapter == adapter.kind))
         assert emitted, f"no simulated flavour speaks {adapter.kind}"
         assert adapter.names - emitted == {n for n in NOT_SIMULATED if n in adapter.names}, adapter.kind
+
+
+def test_the_simulated_gateway_bounds_its_tree_where_the_exporter_expects_it() -> None:
+    assert rm.SMG_MAX_TREE_SIZE == sglang.DEFAULT_MAX_TREE_SIZE
 
 
 def test_every_simulated_flavour_has_an_adapter_and_none_is_a_choice() -> None:

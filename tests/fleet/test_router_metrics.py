@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from exporter.codecs.normalize import parse_router
 from fleet import router_metrics as rm
 from fleet.scenarios import load_preset
 from fleet.simulation import Simulation
@@ -82,3 +83,51 @@ def test_a_round_robin_router_exports_decisions_but_no_prefix_series() -> None:
     assert not any(s.startswith("vllm_router_prefix_routing_decisions_total") for s in got)
     assert all(got[f'vllm_router_worker_health{{worker="http://{w}:8000"}}'] == 1 for w in topology.names)
     assert not metrics.totals  # no index walked, nothing predicted
+
+
+# ---- the SGLang gateway's tree gauges ------------------------------------------------------------
+def tree_lookup(chars: int, at: float, model: str = "m") -> rm.Lookup:
+    return rm.Lookup(1e-4, 0.0, False, False, new_chars=chars, model=model, at=at)
+
+
+def test_the_tree_gauges_appear_at_the_first_eviction_pass_and_count_each_tenant() -> None:
+    m = rm.RouterMetrics("sglang")
+    m.observe(rm.Routed("w0", True, tree_lookup(1000, at=0.0)))
+    m.observe(rm.Routed("w1", True, tree_lookup(1000, at=10.0)))  # the same prompt on a second worker: twice
+    assert not any("cache_tree" in s for s in samples(m.render({"w0": True, "w1": True})))
+    m.observe(rm.Routed("w0", True, tree_lookup(500, at=rm.SMG_EVICTION_INTERVAL_S + 1)))  # after the pass
+    got = samples(m.render({"w0": True, "w1": True}))
+    assert got['smg_cache_tree_chars{model="m"}'] == 2000  # the pass reports what it found; 500 came after
+    assert got['smg_cache_tree_tokens{model="m"}'] == 0  # in front of HTTP workers the token tree stays empty
+
+
+def test_an_eviction_pass_trims_a_model_s_tree_to_its_bound() -> None:
+    tree = rm.TreeSize(max_size=1000, interval_s=60.0)
+    tree.insert("m", "w0", 900, at=0.0)
+    tree.insert("m", "w1", 600, at=1.0)
+    tree.insert("other", "w0", 10, at=2.0)
+    tree.advance(60.0)
+    assert tree.reported["m"] <= 1000 and tree.reported["m"] >= 998  # whole characters per tenant
+    assert tree.chars["m"]["w0"] > tree.chars["m"]["w1"]  # each tenant trimmed, none emptied
+    assert tree.reported["other"] == 10
+    tree.advance(600.0)
+    assert tree.passes == 10
+
+
+def test_a_simulated_gateway_reports_its_tree_and_the_exporter_reads_its_fill() -> None:
+    topology = load_topology(None).with_workers(3)
+    metrics = rm.RouterMetrics("sglang")
+    sim = Simulation(load_preset("healthy"), topology, duration_s=300, router_metrics=metrics)
+    result = sim.run()
+    page = sim.router.metrics_page(lambda w: f"http://{w}:8000")
+    got = samples(page)
+    chars = got[f'smg_cache_tree_chars{{model="{topology.model}"}}']
+    # at most every prompt's characters, at least the longest prompt's
+    assert max(r["prompt_tokens"] for r in result.records) <= chars <= sum(r["prompt_tokens"] for r in result.records)
+    snap, errors = parse_router("gateway", page)
+    assert errors == [] and snap.kind == "sglang-router"
+    assert snap.largest_tree == chars and snap.tree_bound == rm.SMG_MAX_TREE_SIZE
+    # a policy that walks no tree reports none
+    rr = rm.RouterMetrics("sglang")
+    Simulation(load_preset("healthy"), topology, policy="round-robin", duration_s=300, router_metrics=rr).run()
+    assert "cache_tree" not in rr.render({w: True for w in topology.names}, "round-robin", prefix_aware=False)

@@ -114,8 +114,8 @@ def test_healthy_has_every_signal_it_can_measure() -> None:
     values = signals(result, end - 300, end, TH)
     measured = {k for k, v in values.items() if v is not None}
     checklist = {c.key for c in CHECKS if c.kind == "checklist"}
-    # the simulated engines export no block-residency histograms (vLLM's --kv-cache-metrics), so
-    # cache retention has no input here
+    # cache retention reads vLLM's sampled block residency (--kv-cache-metrics), which the engines of
+    # these simulations do not export (fleet.simulation.KV_CACHE_METRICS), so it has no input here
     assert checklist - measured == {"prefix_cache_retention"}
     # the radix depth is a snapshot of every cache, which the run has at its end only
     assert signals(result, end - 600, end - 300, TH)["prefix_tree_depth_p99"] is None

@@ -122,6 +122,9 @@ def test_no_traffic_serves_until_sigterm_and_stops_cleanly(tmp_path: Path) -> No
         data = _wait_for(manifest, proc)
         health = urllib.request.urlopen(data["workers"][0]["url"] + "/health", timeout=5)
         assert health.status == 200
+        # the real-time fleet (the demo's) runs as vLLM with --kv-cache-metrics: present, empty until a cache evicts
+        metrics = urllib.request.urlopen(data["workers"][0]["url"] + "/metrics", timeout=5).read().decode()
+        assert 'vllm:kv_block_idle_before_evict_seconds_count{engine="0",model_name=' in metrics
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
@@ -129,6 +132,20 @@ def test_no_traffic_serves_until_sigterm_and_stops_cleanly(tmp_path: Path) -> No
             proc.kill()
     out = proc.stdout.read()
     assert "serving workers only" in out and "w1: http://127.0.0.1:" in out
+
+
+def test_without_kv_cache_metrics_the_workers_serve_no_residency(tmp_path: Path) -> None:
+    manifest = tmp_path / "fleet.json"
+    proc = _sim("--no-traffic", "--workers", "1", "--manifest", str(manifest), "--no-kv-cache-metrics")
+    try:
+        data = _wait_for(manifest, proc)
+        metrics = urllib.request.urlopen(data["workers"][0]["url"] + "/metrics", timeout=5).read().decode()
+        assert "vllm:prefix_cache_queries_total" in metrics and "kv_block_" not in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 # ---- steady state: `prefixscope steady` runs through the exporter (lab.steady) ----------------------
