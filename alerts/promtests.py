@@ -220,6 +220,9 @@ def synthesise(expr: str, want: Callable[[float], bool], hint: float, n: int, ev
         if want(1.0):
             return Synth([], 1.0)
         return Synth([_series(m.group(1), _labels_for(m.group(1)), f"1x{n}")], 0.0)
+    if m := re.fullmatch(r"\((.+)\) >= 0", expr):
+        # a quantile kept only where it observed something (catalog._observed): input that observes
+        return synthesise(m.group(1), want, hint, n, eval_s, window_min, for_min, budgets)
     if m := re.fullmatch(r"\((.+) >= 0\) or \((.+)\)", expr):
         # the first value, else the second: with no input for the first, the second decides (the
         # first's precedence and its NaN fallback are in tests/alerts/handwritten.test.yaml)

@@ -900,6 +900,13 @@ def _quantile(q: float, metric: str, by: str = "", window: str = "5m", offset: s
     return f"histogram_quantile({q}, sum by ({labels}) (rate({metric}_bucket[{window}]{shift})))"
 
 
+def _observed(quantile: str) -> str:
+    """A quantile only where the window observed something: ``histogram_quantile`` over buckets that
+    did not move is NaN, which a chart draws as a number and the exporter reads as missing. A
+    quantile of durations or sizes is never negative, so ``>= 0`` keeps every real value."""
+    return f"({quantile}) >= 0"
+
+
 def _baseline_quantile(q: float, metric: str, by: str) -> str:
     """The baseline: the long window that ends where the current window begins, so a fault is
     never compared with itself."""
@@ -1009,14 +1016,14 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     # vLLM's own residency samples (--kv-cache-metrics): how long an untouched block survives, how
     # long blocks live, and how far apart a block's reuses are while it lives.
     RecordingRule(record="worker:prefixscope_kv_block_idle_before_evict_seconds:p50_5m",
-                  expr=_quantile(0.5, f"{P}_kv_block_idle_before_evict_seconds", "worker"),
+                  expr=_observed(_quantile(0.5, f"{P}_kv_block_idle_before_evict_seconds", "worker")),
                   group=1, help="Median time evicted blocks sat untouched before eviction, per worker (the cache's "
                                 "retention horizon)."),
     RecordingRule(record="worker:prefixscope_kv_block_lifetime_seconds:p50_5m",
-                  expr=_quantile(0.5, f"{P}_kv_block_lifetime_seconds", "worker"),
+                  expr=_observed(_quantile(0.5, f"{P}_kv_block_lifetime_seconds", "worker")),
                   group=1, help="Median lifetime of evicted blocks, allocation to eviction, per worker (engine samples)."),
     RecordingRule(record="worker:prefixscope_kv_block_reuse_gap_seconds:p90_5m",
-                  expr=_quantile(0.9, f"{P}_kv_block_reuse_gap_seconds", "worker"),
+                  expr=_observed(_quantile(0.9, f"{P}_kv_block_reuse_gap_seconds", "worker")),
                   group=1, help="p90 gap between a resident block's consecutive accesses, per worker."),
     RecordingRule(record="cluster:prefixscope_prefix_unstable_root_branches_per_requests:ratio_rate5m",
                   expr=_ratio(f"{P}_prefix_unstable_root_branches_total", f"{P}_requests_total", ""),
