@@ -26,9 +26,7 @@ from typing import Any
 
 import exporter.sources.kv_zmq as kv_zmq
 from bench.cluster import CLK_TCK, HIGH_RATE_SHAPE, REPO, _env
-from exporter.core.health import Health
-from exporter.core.state import ClusterState
-from prefixscope.thresholds import load_thresholds
+from exporter.bootstrap import bootstrap
 
 PER_PROCESS = 500
 WARM_S = 3.0  # the load runs this long before the measured window
@@ -57,8 +55,9 @@ def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
 def run(n: int, rate: float, seconds: float, paced: bool) -> dict[str, Any]:
     """One subscriber over a fresh fleet; the subscriber's thread CPU per applied batch in the window."""
     procs, endpoints = _fleet(n)
-    health = Health()
-    sub = kv_zmq.KvEventSubscriber(endpoints, ClusterState.build(health, load_thresholds()), health)
+    parts = bootstrap()  # the composition root's state, as the exporter builds it
+    health = parts.health
+    sub = kv_zmq.KvEventSubscriber(endpoints, parts.state, health)
     polls = [0]
     poll = sub._poller.poll
 

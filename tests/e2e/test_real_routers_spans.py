@@ -60,6 +60,7 @@ WINDOW_S = 60.0
 SESSIONS = len(TOPICS)
 COLD_SHARE = load_thresholds().cold_reuse_share  # a "cold" request reused at most this share
 CONVERSATION = "gen_ai.conversation.id"
+CLOCK_READS_S = 0.005  # the router's latency timer and its span's end are two reads of the clock
 # The checklist: steps 1-5 without the two checks added beyond it.
 CHECKLIST = tuple(c.key for c in catalog.CHECKS if c.kind == "checklist" and c.group in (1, 2, 3, 4, 5)
                   and c.key not in ("prefix_cache_thrash", "prefix_root_instability"))
@@ -471,9 +472,11 @@ def test_sglang_router_spans_reach_the_grpc_receiver_and_time_no_worker_selectio
         for rid, engine_id in ids.items():
             span = completions()[rid]
             duration_s = (span.end_ns - span.start_ns) / 1e9
-            # the whole request: the worker's time is inside it, and so is the router's `latency` (µs)
+            # the whole request: the worker's time is inside it, and so is the router's `latency` (µs),
+            # give or take the gap between the router's two clock reads (its latency timer and the
+            # span's end are read a moment apart: 0.3 ms on a loaded machine)
             assert duration_s >= served[engine_id].e2e_s
-            assert int(str(span.attributes["latency"])) / 1e6 <= duration_s
+            assert int(str(span.attributes["latency"])) / 1e6 <= duration_s + CLOCK_READS_S
         assert all(result.accepted == result.rejected == 0 for _, result in received)
         assert s.runtime.health.total(f"{P}_ingest_errors") is None
         walk = s.checks()["prefix_tree_walk_latency"]
