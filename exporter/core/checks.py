@@ -52,6 +52,9 @@ _HEALTHY_QUANTILE_OR = re.compile(r"^histogram_quantile\(([\d.]+), sum by \(le, 
 _RULE_RATIO = re.compile(r"^([\w:]+) / ([\w:]+)$")
 # the first value where it exists and is not NaN (``>= 0`` drops a 0/0 ratio), else the second
 _FIRST_OR = re.compile(r"^\((.+) >= 0\) or \((.+)\)$")
+# a quantile kept only where its window observed something (catalog._observed): NaN dropped, which
+# is what the exporter's own quantiles do (a label set with no observation has none)
+_OBSERVED = re.compile(r"^\((.+)\) >= 0$")
 
 
 @dataclass
@@ -165,7 +168,7 @@ class _Evaluator:
             # one-to-one matching on the same labels, as PromQL's `/` between two rules
             num, den = self._vector(m[1]), self._vector(m[2])
             return {k: v / den[k] for k, v in num.items() if den.get(k)}
-        if rule is not None and (m := _QUANTILE_BY.match(rule.expr)):
+        if rule is not None and (m := _QUANTILE_BY.match(_unobserved(rule.expr))):
             return self._quantiles_by(float(m[1]), [b.strip() for b in m[2].split(",")], m[3], baseline=bool(m[5]))
         if name == worker_outliers.RULE:
             return {(w,): v for w, v in worker_outliers.peer_ratios(self.state.store, self.state.thresholds).items()}
@@ -226,6 +229,12 @@ class _Evaluator:
             if value is not None:
                 out[key] = value
         return out
+
+
+def _unobserved(expr: str) -> str:
+    """The quantile inside ``(quantile) >= 0``; any other expression as it is."""
+    m = _OBSERVED.match(expr)
+    return m[1] if m else expr
 
 
 def _label_filter(metric: str, matchers: str) -> Callable[[tuple[str, ...]], bool]:
