@@ -29,7 +29,7 @@ from exporter.core import record_accounting as _ra
 from exporter.core import sessions as _sessions
 from exporter.core.worker_pool import DEFAULT_BLOCK_SIZE
 from prefixscope import catalog
-from prefixscope.records import InvalidRecord, RequestRecord
+from prefixscope.records import RequestRecord
 
 cdef object UNKNOWN = _ra.UNKNOWN
 cdef object RecordView = _ra.RecordView
@@ -125,23 +125,6 @@ cdef inline bint _padd(pending, ts, key, value) except -1:
     return True
 
 
-cdef inline int _inc(store, ts, metric, labels, value) except -1:
-    """MetricStore.inc."""
-    pending = store._pending
-    if pending is None:
-        store.inc(ts, metric, labels, value)
-        return 0
-    if not _padd(pending, ts, (metric, labels), value):
-        return 0
-    counters = <dict>store.cum.counters
-    series = counters.get(metric)
-    if series is None:
-        series = counters[metric] = {}
-    if labels not in series:
-        series[labels] = 0.0
-    return 0
-
-
 cdef inline int _zero(store, metric, labels) except -1:
     """MetricStore.zero."""
     counters = <dict>store.cum.counters
@@ -151,6 +134,17 @@ cdef inline int _zero(store, metric, labels) except -1:
     if labels not in series:
         series[labels] = 0.0
     return 0
+
+
+cdef inline int _inc(store, ts, metric, labels, value) except -1:
+    """MetricStore.inc."""
+    pending = store._pending
+    if pending is None:
+        store.inc(ts, metric, labels, value)
+        return 0
+    if not _padd(pending, ts, (metric, labels), value):
+        return 0
+    return _zero(store, metric, labels)  # the series exists from its first pending add, as in MetricStore.inc
 
 
 cdef inline int _add_own(store, ts, key, value) except -1:
@@ -702,9 +696,7 @@ def apply_records(acc, attr, evictions, pool, health, records, now, set unchange
                     bs = pool.worker_block_size(name)
                 evictions.hits(name, hashes[:cached // bs])
         except (TypeError, ValueError, KeyError) as exc:
-            rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")
-            detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
-            health.error("records", "unprocessable", f"{detail} in record {rid!r}")
+            _ra.count_unprocessable(health, rec, exc)
             continue
         if worker not in unchanged:
             (unchanged if pool.unchanged_for(worker) else judge).add(worker)

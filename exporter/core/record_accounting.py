@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from exporter.core.baseline_window import HealthyBaseline
 from exporter.core.block_tokens import blocks_of, tokens_of
 from exporter.core.cardinality import RecordLabels
+from exporter.core.health import Health
 from exporter.core.hotspots import Hotspots
 from exporter.core.index.prefix_index import PrefixIndex
 from exporter.core.index.tiers import GPU
@@ -31,7 +32,7 @@ from exporter.core.windows import LabelValues, histogram_quantile
 from exporter.core.worker_pool import DEFAULT_BLOCK_SIZE, WorkerPool
 from exporter.model import Limits, SessionStore
 from prefixscope import catalog
-from prefixscope.records import RequestRecord
+from prefixscope.records import InvalidRecord, RequestRecord
 from prefixscope.thresholds import Thresholds
 from prefixscope.topology import Topology, WorkerTopo
 
@@ -109,6 +110,14 @@ _SESSION_REKEYS = _m("session_rekeys")
 _STICKY_COLLISIONS = _m("sticky_collisions")
 _WORKER_REQUESTS = _m("worker_requests")
 _WORKER_TTFT_SECONDS = _m("worker_ttft_seconds")
+
+
+def count_unprocessable(health: Health, rec: object, exc: Exception) -> None:
+    """Count a record whose accounting failed half-way (``records``/``unprocessable``), named by its
+    request id; the slice's other records go on."""
+    rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")  # type: ignore[attr-defined]
+    detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
+    health.error("records", "unprocessable", f"{detail} in record {rid!r}")
 
 
 def _cold_labels(model: str, wt: WorkerTopo | None, rec: RequestRecord) -> tuple[str, str, str]:

@@ -25,9 +25,9 @@ from typing import Any
 from exporter.core.attribution import RecordAttribution
 from exporter.core.health import Health
 from exporter.core.index.prefix_index import EvictionTracker
-from exporter.core.record_accounting import RecordAccounting
+from exporter.core.record_accounting import RecordAccounting, count_unprocessable
 from exporter.core.worker_pool import WorkerPool
-from prefixscope.records import InvalidRecord, RequestRecord
+from prefixscope.records import RequestRecord
 
 log = logging.getLogger("prefixscope.records")
 
@@ -57,9 +57,7 @@ def reference_apply_records(accounting: RecordAccounting, attribution: RecordAtt
                 evictions.hits(record.worker, record.block_hashes[:hit])
         except (TypeError, ValueError, KeyError) as exc:  # InvalidRecord is a ValueError
             # Schema-valid records should not fail here; if one does, keep the rest.
-            rid = rec.request_id if isinstance(rec, RequestRecord) else rec.get("request_id")
-            detail = str(exc) if isinstance(exc, InvalidRecord) else repr(exc)
-            health.error("records", "unprocessable", f"{detail} in record {rid!r}")
+            count_unprocessable(health, rec, exc)
             continue
         if worker not in unchanged:
             (unchanged if pool.unchanged_for(worker) else judge).add(worker)
