@@ -533,30 +533,24 @@ def parse_lines(lines: list[bytes], first_line: int = 1, *, now: float | None = 
     loads, build = json.loads, RequestRecord.from_json
     scan, fast_record, typed = _FAST_SCAN, FAST_RECORD, TYPED_RECORD
     for i, line in enumerate(lines, first_line):
+        record = None
         if typed is not None and line and line.isascii() and b"\\u" not in line:
             record = typed(line)
-            if record is not None:
-                if now is not None and not -ts_tolerance_s <= record.ts - now <= ts_tolerance_s \
-                        and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
-                    errors.append(RecordError(i, "timestamp", why))
-                else:
-                    records.append(record)
-                continue
         # The fast path, for a line that opens an object in UTF-8 (what json.loads would detect)
-        if line[:1] == b"{" and line[1:2] != b"\x00":
+        if record is None and line[:1] == b"{" and line[1:2] != b"\x00":
             try:
                 text = line.decode("utf-8", "surrogatepass")
                 obj, end = scan(text, 0)
                 record = fast_record(obj) if end == len(text) or not text[end:].strip(_JSON_WS) else None
             except (ValueError, RecursionError, StopIteration):
                 record = None
-            if record is not None:
-                if now is not None and not -ts_tolerance_s <= record.ts - now <= ts_tolerance_s \
-                        and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
-                    errors.append(RecordError(i, "timestamp", why))
-                else:
-                    records.append(record)
-                continue
+        if record is not None:
+            if now is not None and not -ts_tolerance_s <= record.ts - now <= ts_tolerance_s \
+                    and (why := implausible_ts(record.ts, now, ts_tolerance_s)) is not None:
+                errors.append(RecordError(i, "timestamp", why))
+            else:
+                records.append(record)
+            continue
         if not line.strip():
             continue
         try:
