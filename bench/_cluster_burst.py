@@ -35,18 +35,18 @@ import struct
 import threading
 import time
 from array import array
+from collections.abc import Sequence
 
 import zmq
 
 from bench._cluster_fleet import (
     END_SEQ,
-    SUBTICK_S,
-    SUBTICKS,
     Pages,
     Shape,
     WorkerStream,
     _control,
     batch_payload,
+    run_load,
     start_http,
     worker_name,
 )
@@ -163,45 +163,19 @@ def main(argv: list[str] | None = None) -> int:
 
     stop, stats_requested = threading.Event(), threading.Event()
     threading.Thread(target=_control, args=(rate, stop, stats_requested), daemon=True).start()
-    poller = zmq.Poller()
-    routers = {w.router: w for w in workers}
-    for sock in routers:
-        poller.register(sock, zmq.POLLIN)
-    groups = [workers[i::SUBTICKS] for i in range(SUBTICKS)]
-    sub, next_tick = 0, time.monotonic()
-    visited = [next_tick] * SUBTICKS
-    stall = 0.0  # the longest a group waited between two visits since the last stats: the load's own delay
-    while not stop.is_set():
-        for sock, _ in poller.poll(0):
-            routers[sock].serve_replay()
-        now = time.monotonic()
+    def send_group(group: Sequence[BusyWorker], now: float) -> None:
         msgs_per_s = rate[0] / per_batch
-        stall = max(stall, now - visited[sub])
-        visited[sub] = now
         ts = time.time()
         head = stamp(ts)
-        for w in groups[sub]:
+        for w in group:
             w.accum += msgs_per_s * (now - w.last)
             w.last = now
             count = int(w.accum)
             if count:
                 w.accum -= count
                 w.send(count, head, ts, per_batch)
-        sub = (sub + 1) % SUBTICKS
-        if stats_requested.is_set():
-            stats_requested.clear()
-            print(json.dumps({"events": sum(w.events for w in workers), "batches": sum(w.batches for w in workers),
-                              "blocks": sum(w.blocks for w in workers), "stall_s": stall}), flush=True)
-            stall = 0.0
-        next_tick += SUBTICK_S
-        delay = next_tick - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        else:
-            next_tick = time.monotonic()  # behind: do not try to catch up in a burst
-    for w in workers:
-        w.pub.close(0)
-        w.router.close(0)
+
+    run_load(workers, rate, stop, stats_requested, send_group)
     ctx.term()
     return 0
 

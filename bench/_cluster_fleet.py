@@ -30,8 +30,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import Protocol, TypeVar
 
 import msgpack
 import zmq
@@ -309,6 +311,58 @@ def _control(rate: list[float], stop: threading.Event, stats_requested: threadin
     stop.set()
 
 
+W = TypeVar("W", bound="LoadWorker")
+
+
+class LoadWorker(Protocol):
+    """What the load loop needs of a simulated worker: its sockets, its replay and its counts."""
+    pub: zmq.Socket
+    router: zmq.Socket
+    events: int
+    batches: int
+    blocks: int
+
+    def serve_replay(self) -> None: ...
+
+
+def run_load(workers: Sequence[W], rate: list[float], stop: threading.Event, stats_requested: threading.Event,
+             send_group: Callable[[Sequence[W], float], None]) -> None:
+    """Until ``stop``: answer replay requests, and every ``SUBTICK_S`` call ``send_group`` for the
+    next of ``SUBTICKS`` staggered groups of workers (no synchronised bursts) with the time now; on
+    a stats request print the counts and the longest a group waited between two visits (the load's
+    own delay). Behind schedule it does not catch up in a burst. Closes the workers' sockets."""
+    poller = zmq.Poller()
+    routers = {w.router: w for w in workers}
+    for sock in routers:
+        poller.register(sock, zmq.POLLIN)
+    groups = [workers[i::SUBTICKS] for i in range(SUBTICKS)]
+    sub, next_tick = 0, time.monotonic()
+    visited = [next_tick] * SUBTICKS
+    stall = 0.0
+    while not stop.is_set():
+        for sock, _ in poller.poll(0):
+            routers[sock].serve_replay()
+        now = time.monotonic()
+        stall = max(stall, now - visited[sub])
+        visited[sub] = now
+        send_group(groups[sub], now)
+        sub = (sub + 1) % SUBTICKS
+        if stats_requested.is_set():
+            stats_requested.clear()
+            print(json.dumps({"events": sum(w.events for w in workers), "batches": sum(w.batches for w in workers),
+                              "blocks": sum(w.blocks for w in workers), "stall_s": stall}), flush=True)
+            stall = 0.0
+        next_tick += SUBTICK_S
+        delay = next_tick - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            next_tick = time.monotonic()
+    for w in workers:
+        w.pub.close(0)
+        w.router.close(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench._cluster_fleet", description=__doc__)
     p.add_argument("--first", type=int, required=True, help="index of this process's first worker")
@@ -331,45 +385,20 @@ def main(argv: list[str] | None = None) -> int:
 
     stop, stats_requested = threading.Event(), threading.Event()
     threading.Thread(target=_control, args=(rate, stop, stats_requested), daemon=True).start()
-    poller = zmq.Poller()
-    routers = {w.router: w for w in workers}
-    for sock in routers:
-        poller.register(sock, zmq.POLLIN)
-    groups = [workers[i::SUBTICKS] for i in range(SUBTICKS)]
     last = {w.name: time.monotonic() for w in workers}
-    sub, next_tick = 0, time.monotonic()
-    visited = [next_tick] * SUBTICKS
-    stall = 0.0  # the longest a group waited between two visits since the last stats: the load's own delay
     blocks_per_step = 2 * shape.blocks_per_event
-    while not stop.is_set():
-        for sock, _ in poller.poll(0):
-            routers[sock].serve_replay()
-        now = time.monotonic()
+
+    def send_group(group: Sequence[SimWorker], now: float) -> None:
         steps_per_s = rate[0] / 2  # two events a step
-        stall = max(stall, now - visited[sub])
-        visited[sub] = now
-        for w in groups[sub]:
+        for w in group:
             w.accum += steps_per_s * (now - last[w.name])
             last[w.name] = now
             steps = int(w.accum)
             if steps:
                 w.accum -= steps
                 w.send(w.stream.next_events(steps), steps * blocks_per_step)
-        sub = (sub + 1) % SUBTICKS
-        if stats_requested.is_set():
-            stats_requested.clear()
-            print(json.dumps({"events": sum(w.events for w in workers), "batches": sum(w.batches for w in workers),
-                              "blocks": sum(w.blocks for w in workers), "stall_s": stall}), flush=True)
-            stall = 0.0
-        next_tick += SUBTICK_S
-        delay = next_tick - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        else:
-            next_tick = time.monotonic()  # behind: do not try to catch up in a burst
-    for w in workers:
-        w.pub.close(0)
-        w.router.close(0)
+
+    run_load(workers, rate, stop, stats_requested, send_group)
     ctx.term()
     return 0
 
