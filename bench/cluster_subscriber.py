@@ -7,9 +7,11 @@ processes, and in this process the real ``KvEventSubscriber`` feeding a real ``C
 scrapes, records or renders). Its yardstick is the subscriber thread's own CPU time per batch
 applied, so a busy machine slows it but does not change it much.
 
-Two runs at the same rate, one after the other: the subscriber as it is, and with its rounds not
-paced (a poll of every socket as soon as the last round ends, as before the pacing), each reporting
-block events applied per second of the subscriber thread's CPU (the ZMQ I/O thread's is not in it).
+Three runs at the same rate, one after the other: the subscriber as it is (its socket rounds
+compiled, ``exporter.sources._zmq_rounds``, and paced), with pyzmq's poller and ``recv_multipart``
+instead (the reference rounds), and compiled but not paced (the next round as soon as the last
+ends), each reporting block events applied per second of the subscriber thread's CPU (the ZMQ I/O
+thread's is not in it).
 
 ``--workers`` (default 1,000), ``--rate`` (events/s per worker, default 20), ``--seconds`` (default 15).
 """
@@ -21,12 +23,16 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
+
+import zmq
 
 import exporter.sources.kv_zmq as kv_zmq
 from bench.cluster import CLK_TCK, HIGH_RATE_SHAPE, REPO, _env
 from exporter.bootstrap import bootstrap
+from exporter.sources.zmq_rounds import PyzmqRounds, SocketRounds
 
 PER_PROCESS = 500
 WARM_S = 3.0  # the load runs this long before the measured window
@@ -52,20 +58,34 @@ def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
         p.stdin.flush()
 
 
-def run(n: int, rate: float, seconds: float, paced: bool) -> dict[str, Any]:
+class _Counted:
+    """The subscriber's socket rounds, counting its polls."""
+
+    def __init__(self, inner: SocketRounds, polls: list[int]) -> None:
+        self.inner, self.polls = inner, polls
+
+    def follow(self, sockets: Iterable[zmq.Socket]) -> None:
+        self.inner.follow(sockets)
+
+    def poll(self, timeout_ms: int) -> list[int]:
+        self.polls[0] += 1
+        return self.inner.poll(timeout_ms)
+
+    def drain(self, i: int, limit: int) -> tuple[list[list[bytes]], bool]:
+        return self.inner.drain(i, limit)
+
+    def again(self, i: int) -> None:
+        self.inner.again(i)
+
+
+def run(n: int, rate: float, seconds: float, paced: bool, compiled: bool = True) -> dict[str, Any]:
     """One subscriber over a fresh fleet; the subscriber's thread CPU per applied batch in the window."""
     procs, endpoints = _fleet(n)
     parts = bootstrap()  # the composition root's state, as the exporter builds it
     health = parts.health
     sub = kv_zmq.KvEventSubscriber(endpoints, parts.state, health)
     polls = [0]
-    poll = sub._poller.poll
-
-    def counted(timeout: int) -> list:
-        polls[0] += 1
-        return poll(timeout)
-
-    sub._poller.poll = counted  # type: ignore[method-assign]
+    sub._rounds = _Counted(sub._rounds, polls) if compiled else _Counted(PyzmqRounds(), polls)
     if not paced:
         sub._set_round_gap = lambda: None  # type: ignore[method-assign]
     def batches() -> float:
@@ -89,7 +109,7 @@ def run(n: int, rate: float, seconds: float, paced: bool) -> dict[str, Any]:
             p.wait(10)
     applied = b1 - b0
     blocks = applied * HIGH_RATE_SHAPE.blocks_per_event
-    return {"paced": paced, "round_gap_s": sub.round_gap_s, "batches_per_s": applied / (t1 - t0),
+    return {"paced": paced, "rounds": "compiled" if compiled else "reference", "round_gap_s": sub.round_gap_s, "batches_per_s": applied / (t1 - t0),
             "block_events_per_s": blocks / (t1 - t0), "thread_cpu": (c1 - c0) / (t1 - t0),
             "polls_per_s": (p1 - p0) / (t1 - t0), "cpu_us_per_batch": (c1 - c0) / applied * 1e6 if applied else None,
             "block_events_per_cpu_s": blocks / (c1 - c0) if c1 > c0 else None, "lag_max_s": lag}
@@ -109,15 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=20.0, help="events/s per worker (64 blocks each)")
     p.add_argument("--seconds", type=float, default=15.0)
     args = p.parse_args(argv)
-    rows = [run(args.workers, args.rate, args.seconds, paced) for paced in (True, False)]
+    rows = [run(args.workers, args.rate, args.seconds, paced, compiled)
+            for paced, compiled in ((True, True), (True, False), (False, True))]
     for r in rows:
-        print(f"{'paced' if r['paced'] else 'unpaced'} rounds (gap {r['round_gap_s'] * 1000:.1f} ms): "
+        print(f"{r['rounds']} rounds, {'paced' if r['paced'] else 'unpaced'} (gap {r['round_gap_s'] * 1000:.1f} ms): "
               f"{r['block_events_per_s']:,.0f} block events/s applied, subscriber thread {r['thread_cpu']:.2f} "
               f"of a core, {r['polls_per_s']:.0f} polls/s, {r['cpu_us_per_batch'] or 0:.1f} µs a batch: "
               f"{r['block_events_per_cpu_s'] or 0:,.0f} block events per second of its CPU; lag {r['lag_max_s']:.2f}s")
-    a, b = rows
-    if a["cpu_us_per_batch"] and b["cpu_us_per_batch"]:
-        print(f"paced / unpaced CPU a batch: {a['cpu_us_per_batch'] / b['cpu_us_per_batch']:.2f}")
+    compiled, reference, unpaced = (r["cpu_us_per_batch"] for r in rows)
+    if compiled and reference and unpaced:
+        print(f"CPU a batch, compiled / reference rounds: {compiled / reference:.2f}; "
+              f"paced / unpaced (compiled): {compiled / unpaced:.2f}")
     print(json.dumps(rows))
     return 0
 

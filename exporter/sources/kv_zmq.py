@@ -75,12 +75,14 @@ that, ZMQ stops reading the connection, the worker's PUB socket drops what it ca
 the messages that wait behind a replay are dropped here: each is a gap in the sequence, counted
 as missed batches when the next message arrives and healed by the replay like any other.
 
-Each round polls every worker's socket once and reads each ready one until it is empty (at most
-``MAX_DRAIN`` messages, so one busy worker cannot starve the others), with one receive time for the
-whole drain. A poll costs about a microsecond per socket however few are ready, so rounds start at
-least ``ROUND_GAP_PER_SOCKET_S`` per socket apart (at most ``MAX_ROUND_GAP_S``, which is all this
-adds to the lag): at a thousand workers, a busy stream's messages are read tens at a time per
-poll rather than a poll for every few, and the polls stay a small share of the core.
+Each round reads every ready socket until it is empty (at most ``MAX_DRAIN`` messages, so one busy
+worker cannot starve the others), with one receive time for the whole drain. Which sockets are
+ready, and their messages, come from ``exporter.sources.zmq_rounds``: compiled, readiness from an
+epoll set of the sockets' descriptors (a round costs what is ready), else pyzmq's poller (a poll
+costs about half a microsecond per socket however few are ready). Either way rounds start at least
+``ROUND_GAP_PER_SOCKET_S`` per socket apart (at most ``MAX_ROUND_GAP_S``, which is all this adds to
+the lag): at a thousand workers, a busy stream's messages are read tens at a time per round rather
+than a round for every few.
 
 How far behind the subscriber is shows in the worker's ``kv_event_lag_seconds`` (set by the sink per
 batch: receive time − the batch's stamp), so a backlog is seen before it sheds. A lag of
@@ -109,6 +111,7 @@ from exporter.codecs import kvcodec
 from exporter.core.health import Health
 from exporter.loops.duty_clock import DutyClock
 from exporter.model import KvBatch, KvSink, RebuildRequests
+from exporter.sources.zmq_rounds import SocketRounds, make_rounds
 
 log = logging.getLogger("prefixscope.kv_events")
 
@@ -221,9 +224,9 @@ class KvEventSubscriber:
         self._ctx.set(zmq.MAX_SOCKETS, max(self._ctx.get(zmq.MAX_SOCKETS), len(self.endpoints) + SPARE_SOCKETS,
                                            MIN_MAX_SOCKETS))
         self._changes: queue.SimpleQueue[dict[str, KvEndpoint]] = queue.SimpleQueue()  # desired endpoints
-        self._poller = zmq.Poller()
+        self._rounds: SocketRounds = make_rounds()  # (exporter.sources.zmq_rounds)
         self._subs: dict[str, zmq.Socket] = {}  # worker -> its SUB socket (subscriber thread only)
-        self._sockets: dict[zmq.Socket, str] = {}
+        self._round_workers: list[str] | None = None  # the rounds' workers by index (None: to be told again)
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._started = threading.Event()
@@ -297,18 +300,17 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.RCVBUF, RECV_BUFFER_BYTES)  # (and the connection its buffer)
         sock.setsockopt(zmq.SUBSCRIBE, ep.topic.encode())
         sock.connect(ep.pub)
-        self._subs[worker], self._sockets[sock] = sock, worker
-        self._poller.register(sock, zmq.POLLIN)
+        self._subs[worker] = sock
+        self._round_workers = None
         self._set_round_gap()
 
     def _set_round_gap(self) -> None:
-        self.round_gap_s = min(MAX_ROUND_GAP_S, ROUND_GAP_PER_SOCKET_S * len(self._sockets))
+        self.round_gap_s = min(MAX_ROUND_GAP_S, ROUND_GAP_PER_SOCKET_S * len(self._subs))
 
     def _unsubscribe(self, worker: str) -> None:
         sock = self._subs.pop(worker, None)
         if sock is not None:
-            self._poller.unregister(sock)
-            self._sockets.pop(sock, None)
+            self._round_workers = None  # (before the next poll: the rounds drop the closed socket)
             sock.close(0)
             self._set_round_gap()
 
@@ -355,22 +357,23 @@ class KvEventSubscriber:
             while not self._stop.is_set():
                 if not self._changes.empty():
                     self._apply_changes()
-                if self._sockets:
+                if self._subs:
                     wait = round_at + self.round_gap_s - time.monotonic()
                     if wait > 0:  # the last round was short: let more arrive before paying for a poll
                         time.sleep(wait)
                     round_at = time.monotonic()
-                    ready = self._poller.poll(self.poll_ms)
+                    if self._round_workers is None:
+                        self._round_workers = list(self._subs)
+                        self._rounds.follow(self._subs[w] for w in self._round_workers)
+                    ready = self._rounds.poll(self.poll_ms)
                 else:  # no worker to follow (yet): wait for one without a poll over nothing
                     self._stop.wait(self.poll_ms / 1000)
                     ready = []
                 if not ready and not self._replays and self.rebuilds.empty():
                     continue  # an idle round: nothing to drain, no replay or rebuild to finish
                 with self.duties.duty("kv_ingest"):
-                    for sock, _ in ready:
-                        worker = self._sockets.get(sock)
-                        if worker is not None:
-                            self._drain(sock, worker)
+                    for i in ready:
+                        self._drain(i)
                     self.finish_replays()
         except Exception:  # the loop must not die silently: say why, then stop
             log.exception("KV-event subscriber stopped on an unexpected error")
@@ -378,22 +381,21 @@ class KvEventSubscriber:
         finally:
             self._connected.set()
             self._started.set()
-            for sock in list(self._sockets):
+            for sock in self._subs.values():
                 sock.close(0)
 
-    def _drain(self, sock: zmq.Socket, worker: str) -> None:
-        """Handle what the worker's receive queue holds, until it reads empty (then the worker is
-        caught up) or ``MAX_DRAIN`` messages. One receive time serves the whole drain: every one
-        of these messages was in by then."""
-        recv, handle, received_at = sock.recv_multipart, self.handle_message, self.clock()
-        for _ in range(MAX_DRAIN):
-            try:
-                frames = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                if worker in self._behind:
-                    self._caught_up(worker, drained=True)
-                return
+    def _drain(self, i: int) -> None:
+        """Handle what socket ``i``'s receive queue holds, up to ``MAX_DRAIN`` messages; if that
+        was all (it read empty), the worker is caught up. One receive time serves the whole drain:
+        every one of these messages was in by then."""
+        assert self._round_workers is not None
+        worker = self._round_workers[i]
+        messages, emptied = self._rounds.drain(i, MAX_DRAIN)
+        handle, received_at = self.handle_message, self.clock()
+        for frames in messages:
             handle(worker, frames, received_at)
+        if emptied and worker in self._behind:
+            self._caught_up(worker, drained=True)
 
     # ---- one message ----------------------------------------------------------------------
     def handle_message(self, worker: str, frames: list[bytes], received_at: float) -> None:
@@ -482,9 +484,16 @@ class KvEventSubscriber:
         if not drained:
             sock = self._subs.get(worker)
             if sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                return  # more waits: the next live message sets the lag it really has
+                # more waits: the next live message sets the lag it really has. (Asking read the
+                # socket's commands, and with them the signal the rounds wait for: drain it anyway.)
+                self._drain_next_round(worker)
+                return
         self._behind.discard(worker)
         self.health.set_existing(LAG, (worker,), 0.0)
+
+    def _drain_next_round(self, worker: str) -> None:
+        if self._round_workers is not None:  # (else every socket is drained in the next round)
+            self._rounds.again(self._round_workers.index(worker))
 
     def _apply(self, batch: KvBatch, received_at: float) -> None:
         if received_at - batch.ts >= LAG_FLOOR_S:

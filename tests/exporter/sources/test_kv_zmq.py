@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgpack
@@ -29,6 +30,7 @@ from exporter.model import (
     WorkerSnapshot,
 )
 from exporter.sources.kv_zmq import END_SEQ, KvEndpoint, KvEventSubscriber
+from exporter.sources.zmq_rounds import SocketRounds
 from fleet.cache import Removed, Stored
 from fleet.kv_publisher import KvEventPublisher
 from prefixscope.thresholds import load_thresholds
@@ -760,6 +762,28 @@ def test_a_subscriber_that_falls_behind_holds_a_bounded_backlog_and_the_replay_h
     assert "prefixscope_kv_event_lost_batches" not in c  # ... and the replay healed all of it
 
 
+class _CountedRounds:
+    """The subscriber's rounds, noting how many sockets each round with work drained."""
+
+    def __init__(self, inner: SocketRounds, rounds: list[int]) -> None:
+        self.inner, self.rounds = inner, rounds
+
+    def follow(self, sockets: Iterable[zmq.Socket]) -> None:
+        self.inner.follow(sockets)
+
+    def poll(self, timeout_ms: int) -> list[int]:
+        ready = self.inner.poll(timeout_ms)
+        if ready:
+            self.rounds.append(len(ready))
+        return ready
+
+    def drain(self, i: int, limit: int) -> tuple[list[list[bytes]], bool]:
+        return self.inner.drain(i, limit)
+
+    def again(self, i: int) -> None:
+        self.inner.again(i)
+
+
 def test_many_workers_bursts_are_drained_in_rounds_each_in_its_own_order(ctx: zmq.Context,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ready socket is read until empty in one round, so a burst over many workers costs a few
@@ -770,15 +794,7 @@ def test_many_workers_bursts_are_drained_in_rounds_each_in_its_own_order(ctx: zm
     sink, health = RecordingSink(), Health()
     sub = _start(pubs, sink, health)
     rounds: list[int] = []
-    poll = sub._poller.poll
-
-    def counted(timeout: int) -> list:
-        ready = poll(timeout)
-        if ready:
-            rounds.append(len(ready))
-        return ready
-
-    monkeypatch.setattr(sub._poller, "poll", counted)
+    monkeypatch.setattr(sub, "_rounds", _CountedRounds(sub._rounds, rounds))
     per_worker = 40
     try:
         assert sub.round_gap_s == pytest.approx(12 * kv_zmq.ROUND_GAP_PER_SOCKET_S)
