@@ -23,7 +23,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -58,18 +58,19 @@ def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
         p.stdin.flush()
 
 
-class _Counted:
-    """The subscriber's socket rounds, counting its polls."""
+class CountedRounds:
+    """The subscriber's socket rounds, telling ``on_poll`` what each poll answered."""
 
-    def __init__(self, inner: SocketRounds, polls: list[int]) -> None:
-        self.inner, self.polls = inner, polls
+    def __init__(self, inner: SocketRounds, on_poll: Callable[[list[int]], None]) -> None:
+        self.inner, self.on_poll = inner, on_poll
 
     def follow(self, sockets: Iterable[zmq.Socket]) -> None:
         self.inner.follow(sockets)
 
     def poll(self, timeout_ms: int) -> list[int]:
-        self.polls[0] += 1
-        return self.inner.poll(timeout_ms)
+        ready = self.inner.poll(timeout_ms)
+        self.on_poll(ready)
+        return ready
 
     def drain(self, i: int, limit: int) -> tuple[list[list[bytes]], bool]:
         return self.inner.drain(i, limit)
@@ -85,7 +86,11 @@ def run(n: int, rate: float, seconds: float, paced: bool, compiled: bool = True)
     health = parts.health
     sub = kv_zmq.KvEventSubscriber(endpoints, parts.state, health)
     polls = [0]
-    sub._rounds = _Counted(sub._rounds, polls) if compiled else _Counted(PyzmqRounds(), polls)
+
+    def count(_ready: list[int]) -> None:
+        polls[0] += 1
+
+    sub._rounds = CountedRounds(sub._rounds if compiled else PyzmqRounds(), count)
     if not paced:
         sub._set_round_gap = lambda: None  # type: ignore[method-assign]
     def batches() -> float:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import msgpack
 import pytest
 import zmq
 
+from bench.cluster_subscriber import CountedRounds
 from exporter.core.checks import evaluate
 from exporter.core.health import Health
 from exporter.core.state import ClusterState
@@ -30,7 +30,6 @@ from exporter.model import (
     WorkerSnapshot,
 )
 from exporter.sources.kv_zmq import END_SEQ, KvEndpoint, KvEventSubscriber
-from exporter.sources.zmq_rounds import SocketRounds
 from fleet.cache import Removed, Stored
 from fleet.kv_publisher import KvEventPublisher
 from prefixscope.thresholds import load_thresholds
@@ -762,28 +761,6 @@ def test_a_subscriber_that_falls_behind_holds_a_bounded_backlog_and_the_replay_h
     assert "prefixscope_kv_event_lost_batches" not in c  # ... and the replay healed all of it
 
 
-class _CountedRounds:
-    """The subscriber's rounds, noting how many sockets each round with work drained."""
-
-    def __init__(self, inner: SocketRounds, rounds: list[int]) -> None:
-        self.inner, self.rounds = inner, rounds
-
-    def follow(self, sockets: Iterable[zmq.Socket]) -> None:
-        self.inner.follow(sockets)
-
-    def poll(self, timeout_ms: int) -> list[int]:
-        ready = self.inner.poll(timeout_ms)
-        if ready:
-            self.rounds.append(len(ready))
-        return ready
-
-    def drain(self, i: int, limit: int) -> tuple[list[list[bytes]], bool]:
-        return self.inner.drain(i, limit)
-
-    def again(self, i: int) -> None:
-        self.inner.again(i)
-
-
 def test_many_workers_bursts_are_drained_in_rounds_each_in_its_own_order(ctx: zmq.Context,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ready socket is read until empty in one round, so a burst over many workers costs a few
@@ -794,7 +771,7 @@ def test_many_workers_bursts_are_drained_in_rounds_each_in_its_own_order(ctx: zm
     sink, health = RecordingSink(), Health()
     sub = _start(pubs, sink, health)
     rounds: list[int] = []
-    monkeypatch.setattr(sub, "_rounds", _CountedRounds(sub._rounds, rounds))
+    monkeypatch.setattr(sub, "_rounds", CountedRounds(sub._rounds, lambda ready: rounds.append(len(ready)) if ready else None))
     per_worker = 40
     try:
         assert sub.round_gap_s == pytest.approx(12 * kv_zmq.ROUND_GAP_PER_SOCKET_S)
