@@ -17,11 +17,14 @@ scanning the history: hits are summed per distinct chain as they enter the windo
 (``WindowTokens``) and taken out again when they leave it (by age, or when the history drops
 them). Each chain is resolved to its branch by ``BranchResolver``: where its branch point lies
 once per statistics pass, whether the path to it is in the index once per distinct path and
-index change. So a read costs, at most, a few dictionary look-ups per distinct chain hit in the
-window plus a top-k of its branches, and nothing while neither the window nor the tree changed;
-it never depends on how many events the hour-long history holds. The window costs ~0.2 KB per
-event in it and one view per distinct chain; if nobody reads it for long, it is dropped and
-rebuilt from the history at the next read. ``branch_hits``/``hot_branches`` (the API, with
+index change. The per-branch sums are kept between reads: a read applies the hits that entered
+or left the window since the last one, and sums the window's distinct chains again only after
+new statistics or a path that came into or left the index. So a read costs a few dictionary
+look-ups per hit that moved (per distinct chain of the window after such a change) plus a top-k
+of the branches, and nothing while neither the window nor the tree changed; it never depends on
+how many events the hour-long history holds. The window costs ~0.2 KB per event in it and its
+distinct chains' sums; if nobody reads it for long, it is dropped and rebuilt from the history
+at the next read. ``branch_hits``/``hot_branches`` (the API, with
 session counts, over any interval) still scan the history.
 
 Not thread-safe on its own: ``ClusterState`` calls it under its lock.
@@ -77,11 +80,15 @@ class WindowTokens:
         self.start, self.end = start, end
         self.tokens: dict[Chain, float] = {}
         self.hits: dict[Chain, int] = {}  # events counted per chain (a chain leaves at 0: sums restart exact)
-        self.blocks: dict[Chain, Sequence[int]] = {}  # each chain's blocks as read by branch_of, made once
         self.counted: dict[int, tuple[float, Chain, float]] = {}  # seq -> (ts, chain, tokens)
         self.leaving: list[tuple[float, int]] = []  # (ts, seq) of counted events
         self.pending: list[tuple[float, int, Chain, float]] = []  # events after the window's end
         self.changes = 0  # bumped whenever the sums change
+        # What changed since the last read (``take_moved``): (chain, tokens, chains) — tokens added
+        # (negative: taken out) and +1 / -1 when the chain enters / leaves the window. None: more
+        # moved than the window holds (nobody read it for long), and the next read starts afresh.
+        self.moved: list[tuple[Chain, float, int]] | None = []
+        self.uneven = 0  # counted events whose tokens are not a whole number ≥ 0 (sums depend on order)
 
     def add(self, seq: int, ts: float, chain: Chain, tokens: float) -> None:
         if ts <= self.start:
@@ -92,11 +99,16 @@ class WindowTokens:
         self.counted[seq] = (ts, chain, tokens)
         heapq.heappush(self.leaving, (ts, seq))
         n = self.hits.get(chain, 0)
-        if not n:
-            self.blocks[chain] = _blocks(chain)
         self.hits[chain] = n + 1
         self.tokens[chain] = self.tokens.get(chain, 0.0) + tokens
         self.changes += 1
+        if not (tokens >= 0.0 and tokens % 1.0 == 0.0):
+            self.uneven += 1
+        moved = self.moved
+        if moved is not None:
+            moved.append((chain, tokens, 0 if n else 1))
+            if len(moved) > 2 * len(self.counted) + 1024:
+                self.moved = None
 
     def drop(self, seq: int) -> None:
         """Take an event out (it left the window or the history); nothing if it was not counted."""
@@ -109,8 +121,20 @@ class WindowTokens:
             self.hits[chain] = n
             self.tokens[chain] -= tokens
         else:
-            del self.hits[chain], self.tokens[chain], self.blocks[chain]
+            del self.hits[chain], self.tokens[chain]
         self.changes += 1
+        if not (tokens >= 0.0 and tokens % 1.0 == 0.0):
+            self.uneven -= 1
+        moved = self.moved
+        if moved is not None:
+            moved.append((chain, -tokens, 0 if n else -1))
+            if len(moved) > 2 * len(self.counted) + 1024:
+                self.moved = None
+
+    def take_moved(self) -> list[tuple[Chain, float, int]] | None:
+        """What moved since the last call (None: too much to tell), and start recording afresh."""
+        moved, self.moved = self.moved, []
+        return moved
 
     def advance(self, start: float, end: float, first_seq: int) -> None:
         """Move the window forward to (start, end]; events numbered below ``first_seq`` are gone."""
@@ -148,8 +172,9 @@ class BranchResolver:
     only on the index: it is checked once per distinct path, and when the index changes the
     known paths are checked again (the chains behind one shared prompt share their path, so
     there are few). ``epoch`` changes only when an answer may have: new statistics, or a path
-    that came into or left the index. A read at an unchanged epoch and window costs nothing;
-    otherwise a few dictionary look-ups per distinct chain of the window.
+    that came into or left the index. A read at an unchanged epoch and window costs nothing; at
+    an unchanged epoch, a few dictionary look-ups per hit that entered or left the window since
+    the last read; at a new epoch, a few per distinct chain of the window.
     """
 
     MAX_RECHECKED = 4096  # known paths checked again when the index changes; past it, forgotten
@@ -161,6 +186,8 @@ class BranchResolver:
         self._walks: dict[Chain, Walk] = {}  # for ``_stats``
         self._version = -1
         self._path_in_index: dict[Chain, bool] = {}  # at index ``_version``
+        # window_totals' sums as of its last read: (window, epoch, tokens and chains per branch)
+        self._kept: tuple[WindowTokens, int, dict[int, float], dict[int, int]] | None = None
 
     def _walk(self, chain: Chain, blocks: Sequence[int], branching: Set[int]) -> Walk:
         if not len(blocks):
@@ -191,33 +218,78 @@ class BranchResolver:
                 self.epoch += 1
         return self.epoch
 
-    def totals(self, tokens: dict[Chain, float], blocks: dict[Chain, Sequence[int]],
-               stats: TreeStats) -> dict[int, float]:
-        """Σ hit tokens per branch of the chains in ``tokens`` (after :meth:`refresh`)."""
+    def window_totals(self, w: WindowTokens, stats: TreeStats) -> dict[int, float]:
+        """Σ hit tokens per branch of the window's chains (after :meth:`refresh`; the caller only
+        reads the result). Kept between reads: at an unchanged epoch a read applies what moved in
+        the window since the last one (``WindowTokens.take_moved``), so it costs the hits that came
+        and went, not the window's distinct chains. Sums of whole token counts come out the same
+        in any order; while the window counts other tokens, every read sums it afresh, in the
+        window's order."""
+        moved = w.take_moved()
         if stats is not self._stats:
             self.refresh(stats)
-        if len(self._walks) > 2 * len(tokens) + 1024:  # chains that left the window: walked again if they return
+        if len(self._walks) > 2 * len(w.tokens) + 1024:  # chains that left the window: walked again if they return
             self._walks = {}
-        walks, in_index, branching = self._walks, self._path_in_index, stats.branching
-        out: dict[int, float] = {}
-        for chain, tok in tokens.items():
-            walk = walks.get(chain, _UNWALKED)
-            if walk is _UNWALKED:
-                walk = walks[chain] = self._walk(chain, blocks[chain], branching)
-            if walk is None:
+        kept = self._kept
+        if (kept is not None and moved is not None and kept[0] is w and kept[1] == self.epoch and not w.uneven
+                and self._apply(moved, kept[2], kept[3], stats.branching)):
+            return kept[2]
+        totals, chains = self._summed(w.tokens, stats.branching)
+        self._kept = (w, self.epoch, totals, chains)
+        return totals
+
+    def _branch(self, chain: Chain, branching: Set[int]) -> int | None:
+        """The branch ``chain`` counts for at this epoch (None: none)."""
+        walks = self._walks
+        walk = walks.get(chain, _UNWALKED)
+        if walk is _UNWALKED:
+            walk = walks[chain] = self._walk(chain, _blocks(chain), branching)
+        if walk is None:
+            return None
+        path, b, first = walk
+        if path is not None:
+            in_index = self._path_in_index
+            ok = in_index.get(path)
+            if ok is None:
+                ok = in_index[path] = self._in_index(path)
+            if not ok:
+                return first
+        return b
+
+    def _apply(self, moved: list[tuple[Chain, float, int]], totals: dict[int, float], chains: dict[int, int],
+               branching: Set[int]) -> bool:
+        """Apply what moved to the kept sums; False when a sum grew past exact whole numbers."""
+        branch = self._branch
+        for chain, tok, enters in moved:
+            b = branch(chain, branching)
+            if b is None:
                 continue
-            path, b, first = walk
-            if path is not None:
-                ok = in_index.get(path)
-                if ok is None:
-                    ok = in_index[path] = self._in_index(path)
-                if not ok:
-                    b = first
+            n = chains.get(b, 0) + enters
+            if n:
+                t = totals[b] = totals.get(b, 0.0) + tok
+                chains[b] = n
+                if t > _EXACT:
+                    return False
+            else:  # its last chain left
+                del totals[b], chains[b]
+        return True
+
+    def _summed(self, tokens: dict[Chain, float], branching: Set[int]) -> tuple[dict[int, float], dict[int, int]]:
+        """Σ hit tokens and the number of chains per branch, over ``tokens``' chains in its order."""
+        branch = self._branch
+        out: dict[int, float] = {}
+        chains: dict[int, int] = {}
+        for chain, tok in tokens.items():
+            b = branch(chain, branching)
+            if b is None:
+                continue
             out[b] = out.get(b, 0.0) + tok
-        return out
+            chains[b] = chains.get(b, 0) + 1
+        return out, chains
 
 
 _UNWALKED: Walk = (None, -1, -1)  # a marker: never a real walk (it is compared by identity)
+_EXACT = float(2 ** 53)  # whole numbers up to here add up exactly, in any order
 
 
 class Hotspots:
@@ -313,7 +385,7 @@ class Hotspots:
         cached = self._ranked
         if cached is not None and cached[0][0] is stats and cached[0][1:] == key[1:]:
             return cached[1]
-        totals = self._resolver.totals(w.tokens, w.blocks, stats)
+        totals = self._resolver.window_totals(w, stats)
         # Most tokens first, ties by block: the order hot_branches sorts by, without a key function.
         top = heapq.nsmallest(k, zip(map(neg, totals.values()), totals, strict=True))
         ranked = [(b, -t) for t, b in top]

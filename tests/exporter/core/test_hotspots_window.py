@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from exporter.core.hotspots import Hotspots
+from exporter.core.hotspots import BranchResolver, Hotspots
 from exporter.core.index.prefix_index import PrefixIndex, TreeStats, compute_stats, pass_in_slices
 from exporter.core.index.prefix_index_ref import ReferencePrefixIndex
 from exporter.model import BlockRemoved, BlockStored, KvEvent
@@ -61,6 +61,65 @@ def test_incremental_window_ranks_as_the_history_scan() -> None:
         if step % 5 == 0:
             hs.expire(now)
         assert hs.hot_branch_tokens(10, now - window, now, stats) == _scan(hs, 10, now - window, now, stats)
+
+
+def _afresh(hs: Hotspots, stats: TreeStats) -> dict[int, float]:
+    """The window's tokens per branch summed from scratch, chain by chain in the window's order."""
+    assert hs._window is not None
+    resolver = BranchResolver(hs.index)
+    resolver.refresh(stats)
+    return resolver._summed(hs._window.tokens, stats.branching)[0]
+
+
+def _top(totals: dict[int, float], k: int) -> list[tuple[int, float]]:
+    return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
+@pytest.mark.parametrize("fractions", [False, True])
+def test_kept_sums_read_as_summed_afresh(fractions: bool) -> None:
+    """The per-branch sums kept between reads (only what moved applied) equal the window summed
+    afresh, whatever the reads' spacing: several hits and expiries between two reads, a stretch
+    nobody reads (what moved is no longer kept), the index and the statistics changing. Tokens
+    that are not whole numbers make every read sum afresh, in the window's order, while they are
+    in the window."""
+    rng = random.Random(11 + fractions)
+    index = CountingIndex(set(range(10)))
+    hs = Hotspots(index, max_events=400)  # type: ignore[arg-type]
+    trees = [TreeStats(version=v, branching=frozenset(rng.sample(range(12), 3))) for v in range(4)]
+    stats = trees[0]
+    now, window = 1000.0, 60.0
+    for step in range(600):
+        # ~2,400 hits nobody reads, late (inside the window already read): more moves than it holds
+        unread = 300 <= step < 340
+        for _ in range(rng.randrange(120 if unread else 8)):
+            ts = now - rng.random() * 50 if unread else now + rng.choice((0.0, -rng.random() * 90, rng.random() * 5))
+            chain = [rng.randrange(60), *(rng.randrange(12) for _ in range(rng.randrange(5)))]  # branches come and go
+            tokens = float(rng.randrange(0, 64))
+            if fractions and 100 <= step < 200 and rng.random() < 0.05:
+                tokens += rng.choice((0.1, 0.25, 1e-9))
+            hs.hit(ts, chain, rng.randrange(1, 6), tokens, None)
+        if step % 67 == 0:
+            index.change(rng)
+        if step % 97 == 0:
+            stats = rng.choice(trees)
+        if unread:
+            continue
+        now += rng.random() * 2
+        if step % 5 == 0:
+            hs.expire(now)
+        if rng.random() < 0.6:
+            continue
+        got = hs.hot_branch_tokens(10, now - window, now, stats)
+        kept = hs._resolver._kept
+        assert kept is not None and kept[2] == _afresh(hs, stats)  # every branch's sum, no branch left over
+        assert got == _top(kept[2], 10)
+        if not fractions:
+            assert got == _scan(hs, 10, now - window, now, stats)
+    # Whole tokens only in the window again: a read applies what moved to the sums it keeps.
+    kept = hs._resolver._kept
+    hs.hit(now, [1, 2], 2, 16.0, None)
+    assert hs.hot_branch_tokens(10, now - window, now, stats) == _top(_afresh(hs, stats), 10)
+    assert kept is not None and hs._resolver._kept is not None and hs._resolver._kept[2] is kept[2]
 
 
 @pytest.mark.parametrize("make", [PrefixIndex, ReferencePrefixIndex])
