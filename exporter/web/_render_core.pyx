@@ -16,10 +16,11 @@ per-family cache); tests compare the two byte for byte. Objects here are immutab
 so threads rendering at once each see a complete family.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE, _PyBytes_Resize
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport Py_EQ, PyObject, PyObject_RichCompareBool
+from cpython.ref cimport Py_DECREF, Py_XDECREF
 from libc.math cimport floor, isinf, isnan, signbit
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
@@ -492,35 +493,61 @@ def lines(Layout layout, dict values, Lines prev=None):
     return out
 
 
+cdef class SeriesPrefixes:
+    """One histogram series' line prefixes (each ``name{labels} ``, str or bytes already UTF-8): its
+    buckets' ``_bucket`` lines, then ``_count`` and ``_sum``, joined into one buffer. Made once per
+    series and shared by every layout that holds the series, so a layout costs a pointer a series."""
+
+    cdef readonly Py_ssize_t per
+    cdef bytes blob
+    cdef Py_ssize_t* ends  # ends[j]: where prefix j ends in blob
+
+    def __cinit__(self, list prefixes):
+        cdef Py_ssize_t j, at = 0
+        self.per = len(prefixes)
+        encoded = [p if type(p) is bytes else p.encode("utf-8") for p in prefixes]  # bytes: kept encoded
+        self.blob = b"".join(encoded)
+        self.ends = <Py_ssize_t*>PyMem_Malloc((self.per + 1) * sizeof(Py_ssize_t))
+        if self.ends == NULL:
+            raise MemoryError()
+        for j in range(self.per):
+            at += PyBytes_GET_SIZE(encoded[j])
+            self.ends[j] = at
+
+    def __dealloc__(self):
+        PyMem_Free(self.ends)
+
+
 cdef class HistogramLayout:
-    """A histogram family's series in the order they are written (sorted label sets), and for each
-    its ``buckets`` bucket-line prefixes, then its ``_count`` and ``_sum`` prefixes (each
-    ``name{labels} ``, str or bytes already UTF-8), joined into one buffer."""
+    """A histogram family's series in the order they are written (sorted label sets), each with its
+    ``SeriesPrefixes`` of ``buckets`` + 2 prefixes."""
 
     cdef readonly tuple keys
     cdef readonly Py_ssize_t n
     cdef readonly Py_ssize_t buckets
-    cdef bytes blob
-    cdef Py_ssize_t* ends  # ends[i * (buckets + 2) + j]: where prefix j of series i ends in blob
+    cdef tuple series
+    cdef Py_ssize_t prefix_bytes  # the series' prefixes together
 
-    def __cinit__(self, tuple keys, list prefixes, Py_ssize_t buckets):
-        cdef Py_ssize_t i, at = 0, per = buckets + 2
-        if len(prefixes) != len(keys) * per:
-            raise ValueError("buckets + 2 prefixes per series")
+    def __cinit__(self, tuple keys, tuple series, Py_ssize_t buckets):
+        cdef Py_ssize_t i
+        cdef SeriesPrefixes one
+        if len(series) != len(keys):
+            raise ValueError("one SeriesPrefixes per series")
         self.keys = keys
+        self.series = series
         self.n = len(keys)
         self.buckets = buckets
-        encoded = [p if type(p) is bytes else p.encode("utf-8") for p in prefixes]  # bytes: kept encoded
-        self.blob = b"".join(encoded)
-        self.ends = <Py_ssize_t*>PyMem_Malloc((self.n * per + 1) * sizeof(Py_ssize_t))
-        if self.ends == NULL:
-            raise MemoryError()
-        for i in range(self.n * per):
-            at += PyBytes_GET_SIZE(encoded[i])
-            self.ends[i] = at
+        self.prefix_bytes = 0
+        for i in range(self.n):
+            one = series[i]  # (a TypeError for anything else)
+            if one.per != buckets + 2:
+                raise ValueError("buckets + 2 prefixes per series")
+            self.prefix_bytes += PyBytes_GET_SIZE(one.blob)
 
-    def __dealloc__(self):
-        PyMem_Free(self.ends)
+
+cdef extern from "Python.h":
+    # A new reference as a bare pointer: the text is written in place, then shrunk to its length.
+    PyObject* _new_bytes "PyBytes_FromStringAndSize"(const char* v, Py_ssize_t n) except NULL
 
 
 def histogram_lines(HistogramLayout layout, dict rows):
@@ -531,29 +558,38 @@ def histogram_lines(HistogramLayout layout, dict rows):
     ``rows``: label values → the per-bucket counts followed by the sum. None when ``rows`` does not
     hold exactly the layout's series, or a row is not a list of ``buckets + 1`` values (the caller
     makes a new layout, or writes the family in Python)."""
-    cdef Py_ssize_t n = layout.n, nb = layout.buckets, per = nb + 2, i, j, at = 0, start = 0, end, cap
+    cdef Py_ssize_t n = layout.n, nb = layout.buckets, per = nb + 2, i, j, at = 0, start, end
     cdef PyObject* item
+    cdef PyObject* text
     cdef double cum, value
     cdef char* buf
-    cdef const char* blob = PyBytes_AS_STRING(layout.blob)
+    cdef const char* blob
+    cdef const Py_ssize_t* ends
+    cdef SeriesPrefixes series
     cdef list row
     if len(rows) != n:
         return None
-    cap = PyBytes_GET_SIZE(layout.blob) + n * per * (VALUE_MAX + 1)
-    buf = <char*>PyMem_Malloc(cap + 1)
-    if buf == NULL:
-        raise MemoryError()
+    # Written straight into the text (no scratch buffer, no copy): at most every prefix and, per
+    # line, the longest value and its newline.
+    text = _new_bytes(NULL, layout.prefix_bytes + n * per * (VALUE_MAX + 1))
+    buf = PyBytes_AS_STRING(<object>text)
     try:
         for i in range(n):
             item = PyDict_GetItem(rows, layout.keys[i])
             if item == NULL or type(<object>item) is not list:
+                Py_XDECREF(text)
                 return None
             row = <list>item
             if len(row) != nb + 1:
+                Py_XDECREF(text)
                 return None
+            series = <SeriesPrefixes>layout.series[i]
+            blob = PyBytes_AS_STRING(series.blob)
+            ends = series.ends
+            start = 0
             cum = 0.0
             for j in range(per):
-                end = layout.ends[i * per + j]
+                end = ends[j]
                 memcpy(buf + at, blob + start, end - start)
                 at += end - start
                 start = end
@@ -567,6 +603,10 @@ def histogram_lines(HistogramLayout layout, dict rows):
                 at += format_into(value, buf + at)
                 buf[at] = c'\n'
                 at += 1
-        return PyBytes_FromStringAndSize(buf, at)
-    finally:
-        PyMem_Free(buf)
+    except BaseException:
+        Py_XDECREF(text)
+        raise
+    _PyBytes_Resize(&text, at)  # (on failure it frees the text and raises)
+    result = <object>text
+    Py_DECREF(result)  # the reference the pointer held, now held by ``result``
+    return result

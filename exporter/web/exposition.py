@@ -18,9 +18,11 @@ packs them into a double array and compares its bytes with the last scrape's —
 changed one only the values whose bytes differ are formatted again, and the lines are joined.
 So a scrape costs a few C-level operations per sample, plus formatting per changed value, plus
 a sort and escaping per family whose label sets changed. Histograms change at most scrapes
-(every worker's eviction ages): their lines are written every time, from bucket, ``_count`` and
-``_sum`` prefixes kept per family while its series stay the same (in C, one pass that sums the
-bucket counts and formats each). Nothing depends on history or age: the cache holds one entry per family, replaced
+(every worker's eviction ages): their lines are written every time, straight into the text, from
+bucket, ``_count`` and ``_sum`` prefixes kept per series (in C, one pass that sums the bucket counts
+and formats each). Series come in a few at a time (a worker's first eviction of reused blocks): a
+new one gets its prefixes and a place in the kept order by bisection, the others are not touched.
+Nothing depends on history or age: the cache holds one entry per family, replaced
 whole (threads rendering at once each see a complete entry), sized by the number of series,
 which the exporter's cardinality limits bound. What the series themselves cost to gather is
 ``exporter.core.series_view``'s (hot branches: ``exporter.core.hotspots``).
@@ -40,6 +42,7 @@ import math
 import threading
 import time
 from array import array
+from bisect import insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import compress
@@ -220,7 +223,7 @@ class Renderer:
         # whose label sets change (a worker's series appearing) writes the new ones' prefixes
         # only, and drops those of label sets gone (it holds its current series, no more).
         self._prefixes: dict[str, dict[LabelValues, bytes]] = {}  # UTF-8, as the layouts hold them
-        self._histogram_prefixes: dict[str, dict[LabelValues, list[bytes]]] = {}
+        self._histogram_series: dict[str, dict[LabelValues, _render_core.SeriesPrefixes]] = {}
         use = _render_core is not None and compiled is not False
         self._lines = self._compiled_lines if use else self._reference_lines
         self._histogram = self._compiled_histogram if use else self._reference_histogram
@@ -258,25 +261,37 @@ class Renderer:
         layout = self._histogram_layouts.get(name)
         text = None if layout is None else _render_core.histogram_lines(layout, rows)
         if text is None:
-            bounds = _BOUNDS[name]
-            keys = tuple(sorted(rows))
-            known = self._histogram_prefixes.get(name, {})
-            made: dict[LabelValues, list[bytes]] = {}
-            prefixes: list[bytes] = []
-            for lv in keys:
-                mine = known.get(lv)
-                if mine is None:
-                    bucket, plain = t.bucket_labels(lv), t.labels(lv)
-                    mine = [f"{name}_bucket{bucket(le)} ".encode() for le in bounds]
-                    mine += [f"{name}_count{plain} ".encode(), f"{name}_sum{plain} ".encode()]
-                made[lv] = mine
-                prefixes += mine
-            self._histogram_prefixes[name] = made
-            layout = self._histogram_layouts[name] = _render_core.HistogramLayout(keys, prefixes, len(bounds))
+            layout = self._histogram_layout(t, rows, layout)
             text = _render_core.histogram_lines(layout, rows)
             if text is None:  # a row of another length than the buckets: as the reference writes it
                 return self._reference_histogram(t, rows)
         return text
+
+    def _histogram_layout(self, t: _Template, rows: dict[LabelValues, list[float]],
+                          last: _render_core.HistogramLayout | None) -> _render_core.HistogramLayout:
+        """A layout for ``rows``' series. Series that eviction ages or a new worker add come in a
+        few at a time: when all of the last layout's series are still there, the new ones are
+        placed in its sorted order by bisection and only they get prefixes written."""
+        name = t.metric.name
+        known = self._histogram_series.get(name, {})
+        new = [lv for lv in rows if lv not in known]
+        if last is not None and len(rows) - len(new) == len(known) == last.n:
+            keys = list(last.keys)
+            for lv in sorted(new):
+                insort(keys, lv)
+            made = dict(known)
+        else:
+            keys = sorted(rows)
+            made = {lv: known[lv] for lv in keys if lv in known}
+        bounds = _BOUNDS[name]
+        for lv in new:
+            bucket, plain = t.bucket_labels(lv), t.labels(lv)
+            made[lv] = _render_core.SeriesPrefixes([*(f"{name}_bucket{bucket(le)} ".encode() for le in bounds),
+                                                    f"{name}_count{plain} ".encode(), f"{name}_sum{plain} ".encode()])
+        self._histogram_series[name] = made
+        layout = self._histogram_layouts[name] = _render_core.HistogramLayout(
+            tuple(keys), tuple(map(made.__getitem__, keys)), len(bounds))
+        return layout
 
     def _reference_lines(self, t: _Template, values: dict[LabelValues, float]) -> bytes:
         name = t.metric.sample_name

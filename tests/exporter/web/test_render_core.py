@@ -166,7 +166,24 @@ def test_a_histogram_row_of_another_length_is_written_as_the_reference_writes_it
     odd = {("w0", "true"): [1.0] * (BUCKETS + 1), ("w1", "false"): [2.0, 3.0]}
     for scrape in (good, odd, good):
         assert compiled._histogram(HISTOGRAM, scrape) == reference._histogram(HISTOGRAM, scrape)
-    layout = core.HistogramLayout((("a",),), ["a "] * 2 + ["c ", "s "], 2)
+    layout = core.HistogramLayout((("a",),), (core.SeriesPrefixes(["a "] * 2 + ["c ", "s "]),), 2)
     assert core.histogram_lines(layout, {("a",): [1.0, 2.0, 5.5]}) == b"a 1.0\na 3.0\nc 3.0\ns 5.5\n"
     assert core.histogram_lines(layout, {("b",): [1.0, 2.0, 5.5]}) is None
     assert core.histogram_lines(layout, {("a",): (1.0, 2.0, 5.5)}) is None  # not a list
+    with pytest.raises(ValueError):
+        core.HistogramLayout((("a",),), (core.SeriesPrefixes(["a ", "c ", "s "]),), 2)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(WORKERS), st.sampled_from(("true", "false"))), min_size=1, unique=True),
+       st.data())
+def test_histogram_series_added_a_few_at_a_time_are_placed_in_order(order: list, data: st.DataObject) -> None:
+    """Series appearing scrape after scrape (eviction ages filling in worker by worker) are placed
+    among the kept ones; the text is the reference's at every scrape."""
+    compiled, reference = Renderer(compiled=True), Renderer(compiled=False)
+    scrape: dict = {}
+    for lv in order:
+        scrape = {**scrape, lv: data.draw(rows)}
+        if data.draw(st.booleans(), label="render now"):
+            assert compiled._histogram(HISTOGRAM, scrape) == reference._histogram(HISTOGRAM, scrape)
+    assert compiled._histogram(HISTOGRAM, scrape) == reference._histogram(HISTOGRAM, scrape)
