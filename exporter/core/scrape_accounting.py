@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import itemgetter
 
 from exporter.core.index.prefix_index import PrefixIndex
 from exporter.core.metric_store import MetricStore
 from exporter.core.record_accounting import UNKNOWN
 from exporter.core.windows import increase
-from exporter.core.worker_pool import WorkerPool
+from exporter.core.worker_pool import DEFAULT_BLOCK_SIZE, WorkerPool
 from exporter.model import RouterSnapshot, WorkerSnapshot
 from prefixscope import catalog
 
@@ -245,16 +246,30 @@ class ScrapeAccounting:
         return out or None
 
     def effective_cache_values(self) -> dict[str, float]:
-        """Per worker: resident blocks × block size × hit ratio (tokens its cache is worth)."""
+        """Per worker: resident blocks × block size × hit ratio (tokens its cache is worth).
+
+        Every /metrics scrape reads it for every worker: :meth:`worker_hit_ratio` and
+        ``WorkerPool.worker_block_size`` are read here in one pass over the windowed sums (the same
+        reads and arithmetic, without three calls per sum)."""
+        get = self.store.own.sums.get  # MetricStore.own_sum
+        workers = self.pool.workers
+        default_block_size = int(getattr(self.pool.topology, "block_size", 0) or DEFAULT_BLOCK_SIZE)
         out: dict[str, float] = {}
         for name, blocks in self.index.resident_by_worker().items():
-            ratio = self.worker_hit_ratio(name)
-            if ratio is not None:
-                out[name] = blocks * self.pool.worker_block_size(name) * ratio
+            q = get(("worker_delta", "prefix_queried_tokens", name))
+            if q:
+                ratio = (get(("worker_delta", "prefix_hit_tokens", name)) or 0.0) / q
+            else:
+                p = get(("record_prompt", name))
+                if not p:
+                    continue
+                ratio = (get(("record_cached", name)) or 0.0) / p
+            w = workers.get(name)
+            out[name] = blocks * (w.block_size if w is not None and w.block_size else default_block_size) * ratio
         return out
 
     @staticmethod
     def removal_ranks(values: dict[str, float]) -> dict[str, int]:
         """1 = safest to remove (least effective cache value; ties by name)."""
-        order = sorted(values, key=lambda w: (values[w], w))
-        return {w: i + 1 for i, w in enumerate(order)}
+        order = sorted(values.items(), key=itemgetter(1, 0))
+        return {w: i for i, (w, _v) in enumerate(order, 1)}

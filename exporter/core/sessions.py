@@ -12,7 +12,7 @@ ended its first prompt, and the blocks at depths 1, 2, 4, 8, 16, 64 and 256, whi
 shared with another session is noticed (the shared depth is known to the anchor depth below it). The registry maps an anchor to the one session holding it, or to how many hold it
 once several do; a session costs well under 1 KB however long its prompts.
 
-The sessions active in the current window (``active_since``, what /metrics reads) are kept
+The sessions active in the current window (``active_since``, ``hit_ratios_since``: what /metrics reads) are kept
 apart as they are served, so that a scrape reads the window's sessions, not the whole table,
 which holds an hour of them (one dictionary entry per session in the window).
 """
@@ -141,6 +141,27 @@ class SessionTable:
                 del active[key]
         self._cutoff = cutoff
         return list(self._active.values())
+
+    def hit_ratios_since(self, cutoff: float) -> list[float]:
+        """``followup_cached / followup_prompt`` of the sessions :meth:`active_since` returns that
+        have follow-up prompt tokens, in that order: read in the walk that leaves the sessions
+        gone idle behind (/metrics reads it at every scrape; one walk touches each session once)."""
+        active = self._active
+        if active is None or cutoff < self._cutoff:
+            self.active_since(cutoff)
+            return [s.followup_cached / s.followup_prompt for s in (self._active or {}).values()
+                    if s.followup_prompt > 0]
+        ratios: list[float] = []
+        idle: list[str] = []
+        for key, s in active.items():
+            if s.last_ts <= cutoff:
+                idle.append(key)
+            elif s.followup_prompt > 0:
+                ratios.append(s.followup_cached / s.followup_prompt)
+        for key in idle:
+            del active[key]
+        self._cutoff = cutoff
+        return ratios
 
     def observe(self, key: str, ts: float, worker: str, chain: Sequence[int] | None,
                 segment: str | None, epoch: int) -> Turn:

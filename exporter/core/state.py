@@ -316,8 +316,7 @@ class ClusterState:
 
     def session_hit_ratios(self) -> list[float]:
         cutoff = self.time.now - self.window_s
-        return [s.followup_cached / s.followup_prompt for s in self.sessions.active_since(cutoff)
-                if s.followup_prompt > 0]
+        return self.sessions.hit_ratios_since(cutoff)
 
     def branch_hits(self, start: float, end: float, stats: TreeStats | None = None) -> dict[int, tuple[float, set]]:
         """Hit tokens and sessions per branch for hits with start < ts ≤ end."""

@@ -1,4 +1,4 @@
-"""The window's sessions as the table keeps them apart: the same sessions, in the same order,
+"""The window's sessions as the table keeps them apart: the same sessions (and hit ratios), in the same order,
 as a scan of the whole table, whatever order records arrive in."""
 
 from __future__ import annotations
@@ -12,6 +12,11 @@ def _scan(table: SessionTable, cutoff: float) -> list[str]:
     return [s.key for s in table.sessions() if s.last_ts > cutoff]
 
 
+def _ratios(table: SessionTable, cutoff: float) -> list[float]:
+    return [s.followup_cached / s.followup_prompt for s in table.sessions()
+            if s.last_ts > cutoff and s.followup_prompt > 0]
+
+
 def test_active_sessions_match_a_scan_of_the_table() -> None:
     rng = random.Random(1)
     table = SessionTable(max_sessions=150)
@@ -22,11 +27,20 @@ def test_active_sessions_match_a_scan_of_the_table() -> None:
         table.observe(f"s{rng.randrange(400)}", ts, "w0", [rng.randrange(1 << 20)], "a", 0)
         if step % 97 == 0:
             table.expire(now, 120.0)
+        s = table.get(f"s{rng.randrange(400)}")
+        if s is not None:  # follow-up sums, as a record's turn adds them
+            s.followup_prompt += rng.choice((0.0, 64.0))
+            s.followup_cached += rng.choice((0.0, 16.0))
         if step % 3 == 0:
             cutoff = now - window
-            assert [s.key for s in table.active_since(cutoff)] == _scan(table, cutoff)
+            if step % 2:
+                assert [s.key for s in table.active_since(cutoff)] == _scan(table, cutoff)
+            else:
+                assert table.hit_ratios_since(cutoff) == _ratios(table, cutoff)
     # A reader that asks about an earlier window is answered from the whole table.
     assert [s.key for s in table.active_since(now - 100)] == _scan(table, now - 100)
+    assert table.hit_ratios_since(now - 110) == _ratios(table, now - 110)
+    assert SessionTable().hit_ratios_since(now) == []
 
 
 def test_a_read_does_not_walk_the_idle_sessions() -> None:

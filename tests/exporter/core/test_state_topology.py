@@ -166,6 +166,10 @@ def test_effective_cache_value_and_removal_ranking():
     values = st.scrapes.effective_cache_values()
     # resident tokens × hit ratio: w0 10×16×0.6, w1 4×16×0.25, w3 2×16×1; w2 has no ratio → absent
     assert values == {"w0": 96.0, "w1": 16.0, "w3": 32.0}
+    # the one pass /metrics reads is the per-worker readings' product
+    resident = st.index.resident_by_worker()
+    assert values == {w: resident[w] * st.worker_pool.worker_block_size(w) * r for w in resident
+                      if (r := st.scrapes.worker_hit_ratio(w)) is not None}
     assert st.scrapes.removal_ranks(values) == {"w1": 1, "w3": 2, "w0": 3}
     g = st.series().gauges
     assert g[f"{P}_worker_removal_rank"] == {("w1",): 1.0, ("w3",): 2.0, ("w0",): 3.0}
