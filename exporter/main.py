@@ -410,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     _configure_logging(cfg.log_level)
     allocator.limit_arenas()  # before any thread of the runtime allocates
+    allocator.heap_large_blocks()
     raise_open_files_limit()
     try:
         auto_reload = seconds(build_parser().parse_args(argv).auto_reload, positive=False)
