@@ -107,6 +107,12 @@ class ServerDeps:
     reload: Callable[[], tuple[bool, str]] | None = None
 
 
+# Prometheus asks for gzip at every scrape. At 1,000 workers the text is ~5 MB: level 5 took 16 ms
+# of CPU to compress it, as long as the scrape itself; level 1 takes half that for a body about 8 %
+# larger (~0.3 MB either way).
+GZIP_LEVEL = 1
+
+
 class Endpoints:
     """The exporter's endpoints over its dependencies; :meth:`routes` is the route table."""
 
@@ -151,7 +157,7 @@ class Endpoints:
             else:
                 body = encoder(self.deps.registry)
             if "gzip" in (req.header("Accept-Encoding") or ""):
-                body = gzip.compress(body, compresslevel=5)
+                body = gzip.compress(body, compresslevel=GZIP_LEVEL)
                 headers["Content-Encoding"] = "gzip"
         return Response(200, body, ctype, headers)
 
