@@ -230,9 +230,10 @@ class BranchResolver:
             self.refresh(stats)
         if len(self._walks) > 2 * len(w.tokens) + 1024:  # chains that left the window: walked again if they return
             self._walks = {}
-        kept = self._kept
+        kept, self._kept = self._kept, None  # (kept again only once what moved is applied whole)
         if (kept is not None and moved is not None and kept[0] is w and kept[1] == self.epoch and not w.uneven
                 and self._apply(moved, kept[2], kept[3], stats.branching)):
+            self._kept = kept
             return kept[2]
         totals, chains = self._summed(w.tokens, stats.branching)
         self._kept = (w, self.epoch, totals, chains)
