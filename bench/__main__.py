@@ -12,6 +12,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from exporter import allocator
+
 COLUMNS = ("name", "value", "baseline", "ratio", "target", "ok")
 # Modules with a command line of their own, not a ``run()`` of in-process rows (``make bench-cluster``,
 # and the KV subscriber alone against the same busy fleet).
@@ -73,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.modules) - set(available))
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)} (available: {', '.join(available)})")
+    # glibc's allocator as the exporter's process sets it (exporter.main), for every module alike:
+    # set by one module, it would hold for the modules after it and not before
+    allocator.limit_arenas()
+    allocator.heap_large_blocks()
     rows, failures = run_modules(args.modules or available)
     print(format_table(rows))
     for failure in failures:

@@ -77,7 +77,7 @@ def _round(st: ClusterState, names: list[str], r: int) -> None:
 
 
 def run() -> Iterator[dict[str, Any]]:
-    allocator.limit_arenas()  # as exporter.main sets the process up
+    allocator.limit_arenas()  # as exporter.main sets the process up (python -m bench has; run alone, not)
     allocator.heap_large_blocks()
     st = build_state()
     names = st.workers_seen()
