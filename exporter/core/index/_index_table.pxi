@@ -98,30 +98,43 @@ cdef void _tb_free(Table* t) noexcept nogil:
     t.slots, t.old, t.next, t.retired = NULL, NULL, NULL, NULL
 
 
+cdef inline bint _same_home(uint32_t s, uint64_t dist) noexcept nogil:
+    """Whether the entry slot ``s`` holds may have the home slot ``dist`` slots back (the slot keeps
+    its entry's distance from home): only such an entry can be the hash looked up, so a probe reads
+    no other entry of its run (each would be a cache miss in a large index). A saturated distance
+    says only "this far or further"."""
+    cdef uint64_t d = s >> SLOT_DIST_SHIFT
+    return d == dist or (d == SLOT_DIST_MAX and dist > SLOT_DIST_MAX)
+
+
 cdef int64_t _tb_find_old(const Table* t, const Block* blocks, uint64_t h, uint64_t mixed) noexcept nogil:
     cdef uint64_t i = mixed & t.omask
+    cdef uint64_t dist = 0
     cdef uint32_t s
     while True:
         s = ~t.old[i]
         if s == EMPTY:
             return -1
-        if s != TOMB and blocks[s & SLOT_ENTRY].hash == h:
+        if s != TOMB and _same_home(s, dist) and blocks[s & SLOT_ENTRY].hash == h:
             return s & SLOT_ENTRY
         i = (i + 1) & t.omask
+        dist += 1
 
 
 cdef inline int64_t _tb_find(const Table* t, const Block* blocks, uint64_t h) noexcept nogil:
     """The entry of hash ``h``, or -1."""
     cdef uint64_t m = _mix(h)
     cdef uint64_t i = m & t.mask
+    cdef uint64_t dist = 0
     cdef uint32_t s
     while True:
         s = ~t.slots[i]
         if s == EMPTY:
             break
-        if blocks[s & SLOT_ENTRY].hash == h:
+        if _same_home(s, dist) and blocks[s & SLOT_ENTRY].hash == h:
             return s & SLOT_ENTRY
         i = (i + 1) & t.mask
+        dist += 1
     return -1 if t.old == NULL else _tb_find_old(t, blocks, h, m)
 
 
@@ -129,31 +142,51 @@ cdef inline int64_t _tb_probe(const Table* t, const Block* blocks, uint64_t h, u
     """``_tb_find``, and where ``h`` would go in the current table when it is not there."""
     cdef uint64_t m = _mix(h)
     cdef uint64_t i = m & t.mask
+    cdef uint64_t dist = 0
     cdef uint32_t s
     while True:
         s = ~t.slots[i]
         if s == EMPTY:
             break
-        if blocks[s & SLOT_ENTRY].hash == h:
+        if _same_home(s, dist) and blocks[s & SLOT_ENTRY].hash == h:
             return s & SLOT_ENTRY
         i = (i + 1) & t.mask
+        dist += 1
     empty[0] = i
     return -1 if t.old == NULL else _tb_find_old(t, blocks, h, m)
 
 
+cdef inline int64_t _tb_hint(const Table* t, uint64_t h) noexcept nogil:
+    """The first entry of the current table that a probe for ``h`` would compare (-1: none), to
+    fetch ahead: reads the slots of its run only (a hint; usually the entry itself)."""
+    cdef uint64_t i = _mix(h) & t.mask
+    cdef uint64_t dist = 0
+    cdef uint32_t s
+    while True:
+        s = ~t.slots[i]
+        if s == EMPTY:
+            return -1
+        if _same_home(s, dist):
+            return s & SLOT_ENTRY
+        i = (i + 1) & t.mask
+        dist += 1
+
+
 cdef inline void _tb_prefetch_run(const Table* t, const Block* blocks, const Tie* ties, uint64_t h) noexcept nogil:
-    """Fetch ahead the entries (and their ties) of the current table's probe run from ``h``'s home
-    slot, up to ``RUN_AHEAD`` of them or the first empty slot."""
+    """Fetch ahead the entries (and their ties) a probe for ``h`` compares in the current table:
+    those of its run from ``h``'s home slot that share that home, up to ``RUN_AHEAD`` slots or the
+    first empty one (a new hash's: usually none)."""
     cdef uint64_t i = _mix(h) & t.mask
     cdef uint32_t s
-    cdef int k
+    cdef uint64_t k
     for k in range(RUN_AHEAD):
         s = ~t.slots[i]
         if s == EMPTY:
             return
-        s &= SLOT_ENTRY
-        __builtin_prefetch(&blocks[s])
-        __builtin_prefetch(&ties[s])
+        if _same_home(s, k):
+            s &= SLOT_ENTRY
+            __builtin_prefetch(&blocks[s])
+            __builtin_prefetch(&ties[s])
         i = (i + 1) & t.mask
 
 
