@@ -83,24 +83,6 @@ cdef inline void _ot_prefetch_slot(const OrderedTable* t, uint64_t key) noexcept
         __builtin_prefetch(&t.slots[<uint32_t>_mix(key) & t.smask])
 
 
-cdef inline void _ot_prefetch_entry(const OrderedTable* t, uint64_t key) noexcept nogil:
-    """The entry a lookup of ``key`` would read (its slots fetched ahead by ``_ot_prefetch_slot``):
-    the first of its run whose bits match, if any."""
-    cdef uint32_t tag, i
-    cdef int32_t k
-    if t.n:
-        tag = <uint32_t>_mix(key)
-        i = tag & t.smask
-        while True:
-            k = t.slots[i].e
-            if k < 0:
-                return
-            if t.slots[i].tag == tag:
-                __builtin_prefetch(&t.e[k])
-                return
-            i = (i + 1) & t.smask
-
-
 cdef inline void _ot_place(OrderedTable* t, uint32_t tag, int32_t k) noexcept nogil:
     """Put entry ``k`` (bits ``tag``) in the first empty slot of its run."""
     cdef uint32_t i = tag & t.smask
@@ -368,12 +350,10 @@ cdef class CompiledEvictionTracker:
         cdef ScanEvent* e
         for k in range(SCAN_MAX_MEDIA):
             gpu[k] = -1
-        # As the index does: the slots, then the entries they match, of every table a hash of the
-        # batch will be looked up in are fetched ahead, so the misses of a cluster's thousands of
-        # workers' tables overlap instead of queueing block by block.
-        self._prefetch(w, scan.hashes, scan.nh, False)
-        self._prefetch_heads(w, scan.nh, False)
-        self._prefetch(w, scan.hashes, scan.nh, True)
+        # As the index does: the slots of every table a hash of the batch will be looked up in are
+        # fetched ahead, so the misses of a cluster's thousands of workers' tables overlap instead
+        # of queueing block by block (``_prefetch`` says why the entries are not).
+        self._prefetch(w, scan.hashes, scan.nh)
         for i in range(scan.n):
             e = &scan.ev[i]
             if e.kind == SCAN_CLEARED:  # a reset, not eviction: nothing to learn from
@@ -393,40 +373,32 @@ cdef class CompiledEvictionTracker:
         self._expire(w, now)
         return _batch_evictions(stored, restored, evicted, ages, other_media)
 
-    cdef void _prefetch(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint entries) noexcept:
-        """Fetch ahead the slots (``entries`` False) or the entries a lookup would read (True) of
-        the worker's tables for hashes ``hs``: recent evictions for every hash, the samples for theirs."""
-        cdef Py_ssize_t i
+    cdef void _prefetch(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n) noexcept:
+        """Fetch ahead the slots of the worker's tables that the batch's hashes ``hs`` will be
+        looked up in (recent evictions for every hash, the samples for theirs), and when the
+        ring of recent evictions is full, those of the oldest ones adding the batch's drops
+        (``_ot_unslot`` finds each one's slot; the order list, walked for their keys, is mostly in
+        pool order, which the hardware fetches ahead itself). The entries are not: most lookups
+        find nothing (a block stored again soon after its eviction is the exception), and a pass
+        that reads the slots to find them waits for every slot's miss in turn."""
+        cdef Py_ssize_t i, k = n
         cdef uint64_t h, mask = self.mask, far_mask = w.far_mask
+        cdef OrderedTable* t = &w.recent
+        cdef int32_t j
         for i in range(n):
             h = hs[i]
-            if entries:
-                _ot_prefetch_entry(&w.recent, h)
-                if not h & far_mask:
-                    _ot_prefetch_entry(&w.sampled, h)
-                if not h & mask:
-                    _ot_prefetch_entry(&w.live, h)
-            else:
-                _ot_prefetch_slot(&w.recent, h)
-                if not h & far_mask:
-                    _ot_prefetch_slot(&w.sampled, h)
-                if not h & mask:
-                    _ot_prefetch_slot(&w.live, h)
-
-    cdef void _prefetch_heads(self, _EvictionWorker w, Py_ssize_t n, bint entries) noexcept:
-        """Fetch ahead what taking the ``n`` oldest recent evictions out costs (a full ring drops
-        one per eviction added, ``_ot_unslot`` finding its slot): their slots, with the slots of
-        the batch's hashes (``entries`` False; the order list, walked for their keys, is mostly in
-        pool order, which the hardware fetches ahead itself)."""
-        cdef OrderedTable* t = &w.recent
-        cdef int32_t i
-        if entries or t.n + n <= <uint32_t>self.memory:  # the ring has room: nothing old goes
+            _ot_prefetch_slot(&w.recent, h)
+            if not h & far_mask:
+                _ot_prefetch_slot(&w.sampled, h)
+            if not h & mask:
+                _ot_prefetch_slot(&w.live, h)
+        if t.n + n <= <uint32_t>self.memory:  # the ring has room: nothing old goes
             return
-        i = t.head
-        while n > 0 and i >= 0:
-            __builtin_prefetch(&t.slots[<uint32_t>_mix(t.e[i].key) & t.smask])
-            i = t.e[i].next
-            n -= 1
+        j = t.head
+        while k > 0 and j >= 0:
+            __builtin_prefetch(&t.slots[<uint32_t>_mix(t.e[j].key) & t.smask])
+            j = t.e[j].next
+            k -= 1
 
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:

@@ -529,14 +529,12 @@ cdef class CompiledPrefixIndex:
             tiers[k] = -1
             gpu[k] = -1
         # (``apply_scan`` and ``CompiledEvictionTracker.apply_scan`` say why each fetch is made;
-        # the dependent ones — the entries the slots name — come after every first one)
+        # the dependent ones — the entries the index's slots name — come after every first one)
         for i in range(scan.nh):
             __builtin_prefetch(&self.tb.slots[_mix(scan.hashes[i]) & self.tb.mask])
-        evictions._prefetch(ew, scan.hashes, scan.nh, False)
-        evictions._prefetch_heads(ew, scan.nh, False)
+        evictions._prefetch(ew, scan.hashes, scan.nh)
         for i in range(scan.nh):
             _tb_prefetch_run(&self.tb, self.blocks, self.ties, scan.hashes[i])
-        evictions._prefetch(ew, scan.hashes, scan.nh, True)
         for i in range(scan.n):
             e = &scan.ev[i]
             if e.kind == SCAN_CLEARED:
