@@ -151,11 +151,28 @@ def _timed_pass(index: PrefixIndex) -> tuple[TreeStats, float, float, float]:
     return stats, held.max_hold_s * 1000.0, held.total_s * 1000.0, (time.perf_counter() - t1) * 1000.0
 
 
+def _before_doubling(index: PrefixIndex, start: int) -> tuple[float, int] | None:
+    """(RSS growth per resident block since ``start``, blocks) with the compiled index filled on
+    with more branches to just below 3/4 of its table's slots: the hash table's share of memory
+    is at its largest there (both the table and the next one, which doubling fills, resident).
+    None for the reference index."""
+    growth = getattr(index, "_growth", None)
+    if growth is None:
+        return None
+    room = growth()["slots"] * 3 // 4 - len(index) - 4 * BRANCH
+    if room > 0:
+        fill(index, room, seed=12)
+    gc.collect()
+    return (rss_bytes() - start) / len(index), len(index)
+
+
 def run() -> list[dict[str, Any]]:
     base_bytes, hashes = _grown(hashes_only)
     distinct = len(hashes)
     del hashes
     index = PrefixIndex()
+    gc.collect()
+    start = rss_bytes()
     index_bytes, resident = _grown(lambda: fill(index))
     assert len(index) == distinct, (len(index), distinct)
     # Between readings the refresher holds the latest statistics; a reading's working memory is
@@ -176,6 +193,8 @@ def run() -> list[dict[str, Any]]:
     index.apply(f"w{WORKERS - 1}", [BlockStored((SHAPE_CHANGE,), None, 16)])
     _same, _same_hold_ms, same_holds_ms, _same_build_ms = _timed_pass(index)
     del _same
+    runs = sum(map(len, stats.runs.values()))  # (read from the live index: before it is filled on)
+    doubling = _before_doubling(index, start)
     base = base_bytes / distinct
     per_block = index_bytes / distinct
     with_stats = (index_bytes + held_bytes) / distinct
@@ -190,6 +209,11 @@ def run() -> list[dict[str, Any]]:
         {"name": "... peak during the next statistics reading (its working memory on top)",
          "value": peak_per_block, "baseline": base, "ratio": None if peak_per_block is None else peak_per_block / base,
          "target": "information", "ok": True},
+        {"name": f"... the same filled on to {0 if doubling is None else doubling[1]:,} blocks, just before its hash "
+                 "table doubles (the next table mapped and touched ahead: the most between two doublings; compiled "
+                 "index only), B per resident block",
+         "value": None if doubling is None else doubling[0], "baseline": base,
+         "ratio": None if doubling is None else doubling[0] / base, "target": "information", "ok": True},
         {"name": f"tree-statistics reading, longest hold of the state lock = ingest pause ({distinct:,} blocks; ms)",
          "value": hold_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
         {"name": "... all its holds together (queued depth shifts settled, statistics copied; ms)",
@@ -201,7 +225,7 @@ def run() -> list[dict[str, Any]]:
         {"name": "... longest stall of another thread during the reading (GIL held by one C call; ms)",
          "value": stalls.longest_ms, "baseline": None, "ratio": None, "target": "information", "ok": True},
         {"name": f"... runs kept for the API's top {TREE_CHILDREN_DEPTH} radix edges (blocks in them)",
-         "value": sum(map(len, stats.runs.values())), "baseline": None, "ratio": None,
+         "value": runs, "baseline": None, "ratio": None,
          "target": "information", "ok": True},
     ]
 

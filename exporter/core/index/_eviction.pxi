@@ -5,8 +5,12 @@
 # The semantics of ``exporter.core.index.eviction.EvictionTracker`` (the reference; read its docstring for the
 # rule) in C: per worker two bounded ordered tables instead of an OrderedDict and a dict — recent
 # evictions in last-eviction order, sampled resident blocks in insertion order — each a pool of at
-# most ``memory`` entries (grown by doubling as it fills) with a chained hash index and a doubly
-# linked order list. The batch's counts and sampled ages become Python objects once per batch.
+# most ``memory`` entries (grown by doubling as it fills) with a doubly linked order list and an
+# open-addressing hash index (linear probing, backward-shift deletion, at most half full) whose
+# slots keep 32 bits of the mixed key beside the entry: a lookup reads its slots' cache line and
+# only the entry whose bits match, so a hash the table does not hold (most of a cluster's stores)
+# reads no entry, and a removal shifts slots without reading one. The batch's counts and sampled
+# ages become Python objects once per batch.
 
 DEF EV_FIRST_CAP = 64  # entries of a table's first allocation (grown by doubling up to ``memory``)
 
@@ -15,75 +19,104 @@ cdef struct EvEntry:
     uint64_t key
     double t         # recent: evicted at; live: stored at
     uint64_t child   # live: the first child seen (valid when has_child)
-    int32_t hnext    # next entry in the bucket chain (or in the free list)
     int32_t prev     # order list: older neighbour
-    int32_t next     # order list: newer neighbour
+    int32_t next     # order list: newer neighbour (on the free list: the next free entry)
     uint8_t has_child
     uint8_t reused
 
 
+cdef struct EvSlot:
+    uint32_t tag     # the low 32 bits of the key's ``_mix`` (its home slot is ``tag & smask``)
+    int32_t e        # the entry (-1: an empty slot)
+
+
 cdef struct OrderedTable:
     EvEntry* e
-    int32_t* buckets
+    EvSlot* slots
     uint32_t cap      # entries allocated
-    uint32_t bmask    # buckets - 1 (buckets: a power of two, at least ``cap``)
+    uint32_t smask    # slots - 1 (slots: a power of two, at least twice ``cap``)
     uint32_t n        # entries in use
     uint32_t used     # entries ever handed out from the pool (the rest are above ``used``)
     int32_t head      # oldest
     int32_t tail      # newest
-    int32_t free      # freed entries, linked through ``hnext``
+    int32_t free      # freed entries, linked through ``next``
 
 
 cdef void _ot_init(OrderedTable* t) noexcept nogil:
-    t.e, t.buckets = NULL, NULL
-    t.cap = t.bmask = t.n = t.used = 0
+    t.e, t.slots = NULL, NULL
+    t.cap = t.smask = t.n = t.used = 0
     t.head = t.tail = t.free = -1
 
 
 cdef void _ot_free(OrderedTable* t) noexcept nogil:
     free(t.e)
-    free(t.buckets)
+    free(t.slots)
     _ot_init(t)
 
 
 cdef void _ot_clear(OrderedTable* t) noexcept nogil:
     """Empty the table, keeping its allocation (it is bounded by ``memory``)."""
-    if t.buckets != NULL:
-        memset(t.buckets, 0xFF, (<size_t>t.bmask + 1) * sizeof(int32_t))
+    if t.slots != NULL:
+        memset(t.slots, 0xFF, (<size_t>t.smask + 1) * sizeof(EvSlot))
     t.n = t.used = 0
     t.head = t.tail = t.free = -1
 
 
 cdef inline int32_t _ot_find(const OrderedTable* t, uint64_t key) noexcept nogil:
-    cdef int32_t i
+    cdef uint32_t tag, i
+    cdef int32_t k
     if t.n == 0:
         return -1
-    i = t.buckets[_mix(key) & t.bmask]
-    while i >= 0 and t.e[i].key != key:
-        i = t.e[i].hnext
-    return i
+    tag = <uint32_t>_mix(key)
+    i = tag & t.smask
+    while True:
+        k = t.slots[i].e
+        if k < 0:
+            return -1
+        if t.slots[i].tag == tag and t.e[k].key == key:
+            return k
+        i = (i + 1) & t.smask
 
 
-cdef inline void _ot_prefetch_bucket(const OrderedTable* t, uint64_t key) noexcept nogil:
+cdef inline void _ot_prefetch_slot(const OrderedTable* t, uint64_t key) noexcept nogil:
     if t.n:
-        __builtin_prefetch(&t.buckets[_mix(key) & t.bmask])
+        __builtin_prefetch(&t.slots[<uint32_t>_mix(key) & t.smask])
 
 
-cdef inline void _ot_prefetch_entry(const OrderedTable* t, uint64_t key) noexcept nogil:
-    """The first entry of ``key``'s bucket chain (its bucket fetched ahead by ``_ot_prefetch_bucket``)."""
-    cdef int32_t i
-    if t.n:
-        i = t.buckets[_mix(key) & t.bmask]
-        if i >= 0:
-            __builtin_prefetch(&t.e[i])
+cdef inline void _ot_place(OrderedTable* t, uint32_t tag, int32_t k) noexcept nogil:
+    """Put entry ``k`` (bits ``tag``) in the first empty slot of its run."""
+    cdef uint32_t i = tag & t.smask
+    while t.slots[i].e >= 0:
+        i = (i + 1) & t.smask
+    t.slots[i].tag = tag
+    t.slots[i].e = k
+
+
+cdef void _ot_unslot(OrderedTable* t, int32_t k) noexcept nogil:
+    """Take entry ``k`` out of the hash index; the slots after it shift back (their homes are in
+    their bits: no entry is read)."""
+    cdef uint32_t tag = <uint32_t>_mix(t.e[k].key)
+    cdef uint32_t i = tag & t.smask
+    cdef uint32_t j, home
+    while t.slots[i].e != k:
+        i = (i + 1) & t.smask
+    j = i
+    while True:
+        j = (j + 1) & t.smask
+        if t.slots[j].e < 0:
+            break
+        home = t.slots[j].tag & t.smask
+        # move slot j back to the hole at i unless its home lies cyclically in (i, j]
+        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+            t.slots[i] = t.slots[j]
+            i = j
+    t.slots[i].e = -1
+    t.slots[i].tag = 0xFFFFFFFFu
 
 
 cdef void _ot_unlink(OrderedTable* t, int32_t i) noexcept nogil:
-    """Take entry ``i`` out of its bucket chain and the order list, onto the free list."""
-    cdef int32_t* link = &t.buckets[_mix(t.e[i].key) & t.bmask]
-    while link[0] != i:
-        link = &t.e[link[0]].hnext
-    link[0] = t.e[i].hnext
+    """Take entry ``i`` out of the hash index and the order list, onto the free list."""
+    _ot_unslot(t, i)
     if t.e[i].prev >= 0:
         t.e[t.e[i].prev].next = t.e[i].next
     else:
@@ -92,7 +125,7 @@ cdef void _ot_unlink(OrderedTable* t, int32_t i) noexcept nogil:
         t.e[t.e[i].next].prev = t.e[i].prev
     else:
         t.tail = t.e[i].prev
-    t.e[i].hnext = t.free
+    t.e[i].next = t.free
     t.free = i
     t.n -= 1
 
@@ -119,54 +152,51 @@ cdef void _ot_to_end(OrderedTable* t, int32_t i) noexcept nogil:
 
 
 cdef int _ot_grow(OrderedTable* t, uint32_t limit) except -1:
-    """Double the pool (up to ``limit``) and rebuild the bucket index for it."""
+    """Double the pool (up to ``limit``) and rebuild the hash index for it (from the old slots'
+    bits: no entry is read)."""
     cdef uint32_t cap = EV_FIRST_CAP if t.cap == 0 else t.cap * 2
-    cdef uint32_t nb = 1, b
-    cdef int32_t i
+    cdef uint64_t ns = 2
+    cdef uint32_t i
     cdef EvEntry* e
-    cdef int32_t* buckets
+    cdef EvSlot* slots
+    cdef EvSlot* old = t.slots
+    cdef uint64_t nold = 0 if old == NULL else <uint64_t>t.smask + 1
     if cap > limit:
         cap = limit
-    while nb < cap:
-        nb <<= 1
+    while ns < 2 * <uint64_t>cap:
+        ns <<= 1
     e = <EvEntry*>realloc(t.e, cap * sizeof(EvEntry))
     if e == NULL:
         raise MemoryError()
     t.e = e
-    buckets = <int32_t*>malloc(nb * sizeof(int32_t))
-    if buckets == NULL:
+    slots = <EvSlot*>malloc(ns * sizeof(EvSlot))
+    if slots == NULL:
         raise MemoryError()
-    memset(buckets, 0xFF, nb * sizeof(int32_t))
-    i = t.head
-    while i >= 0:  # every entry in use is on the order list; the free list is empty when full
-        b = _mix(e[i].key) & (nb - 1)
-        e[i].hnext = buckets[b]
-        buckets[b] = i
-        i = e[i].next
-    free(t.buckets)
-    t.buckets, t.bmask, t.cap = buckets, nb - 1, cap
+    memset(slots, 0xFF, ns * sizeof(EvSlot))
+    t.slots, t.smask, t.cap = slots, <uint32_t>(ns - 1), cap
+    for i in range(nold):
+        if old[i].e >= 0:
+            _ot_place(t, old[i].tag, old[i].e)
+    free(old)
     return 0
 
 
 cdef int32_t _ot_add(OrderedTable* t, uint64_t key, double ts, uint32_t limit) except -2:
     """A new newest entry for ``key`` (not in the table); the oldest goes when ``limit`` are held."""
     cdef int32_t i
-    cdef uint32_t b
     if t.n >= limit:
         _ot_unlink(t, t.head)
     elif t.n == t.cap:
         _ot_grow(t, limit)
     if t.free >= 0:
         i = t.free
-        t.free = t.e[i].hnext
+        t.free = t.e[i].next
     else:
         i = <int32_t>t.used
         t.used += 1
-    b = _mix(key) & t.bmask
     t.e[i].key, t.e[i].t = key, ts
     t.e[i].child, t.e[i].has_child, t.e[i].reused = 0, 0, 0
-    t.e[i].hnext = t.buckets[b]
-    t.buckets[b] = i
+    _ot_place(t, <uint32_t>_mix(key), i)
     _ot_append(t, i)
     t.n += 1
     return i
@@ -320,13 +350,10 @@ cdef class CompiledEvictionTracker:
         cdef ScanEvent* e
         for k in range(SCAN_MAX_MEDIA):
             gpu[k] = -1
-        # As the index does: the buckets, then the first entries, of every table a hash of the
-        # batch will be looked up in are fetched ahead, so the misses of a cluster's thousands of
-        # workers' tables overlap instead of queueing block by block.
-        self._prefetch(w, scan.hashes, scan.nh, False)
-        self._prefetch_heads(w, scan.nh, False)
-        self._prefetch(w, scan.hashes, scan.nh, True)
-        self._prefetch_heads(w, scan.nh, True)
+        # As the index does: the slots of every table a hash of the batch will be looked up in are
+        # fetched ahead, so the misses of a cluster's thousands of workers' tables overlap instead
+        # of queueing block by block (``_prefetch`` says why the entries are not).
+        self._prefetch(w, scan.hashes, scan.nh)
         for i in range(scan.n):
             e = &scan.ev[i]
             if e.kind == SCAN_CLEARED:  # a reset, not eviction: nothing to learn from
@@ -346,46 +373,32 @@ cdef class CompiledEvictionTracker:
         self._expire(w, now)
         return _batch_evictions(stored, restored, evicted, ages, other_media)
 
-    cdef void _prefetch(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint entries) noexcept:
-        """Fetch ahead the buckets (``entries`` False) or the first chained entries (True) of the
-        worker's tables for hashes ``hs``: recent evictions for every hash, the samples for theirs."""
-        cdef Py_ssize_t i
+    cdef void _prefetch(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n) noexcept:
+        """Fetch ahead the slots of the worker's tables that the batch's hashes ``hs`` will be
+        looked up in (recent evictions for every hash, the samples for theirs), and when the
+        ring of recent evictions is full, those of the oldest ones adding the batch's drops
+        (``_ot_unslot`` finds each one's slot; the order list, walked for their keys, is mostly in
+        pool order, which the hardware fetches ahead itself). The entries are not: most lookups
+        find nothing (a block stored again soon after its eviction is the exception), and a pass
+        that reads the slots to find them waits for every slot's miss in turn."""
+        cdef Py_ssize_t i, k = n
         cdef uint64_t h, mask = self.mask, far_mask = w.far_mask
+        cdef OrderedTable* t = &w.recent
+        cdef int32_t j
         for i in range(n):
             h = hs[i]
-            if entries:
-                _ot_prefetch_entry(&w.recent, h)
-                if not h & far_mask:
-                    _ot_prefetch_entry(&w.sampled, h)
-                if not h & mask:
-                    _ot_prefetch_entry(&w.live, h)
-            else:
-                _ot_prefetch_bucket(&w.recent, h)
-                if not h & far_mask:
-                    _ot_prefetch_bucket(&w.sampled, h)
-                if not h & mask:
-                    _ot_prefetch_bucket(&w.live, h)
-
-    cdef void _prefetch_heads(self, _EvictionWorker w, Py_ssize_t n, bint entries) noexcept:
-        """Fetch ahead what taking the ``n`` oldest recent evictions out costs (a full ring drops
-        one per eviction added, ``_ot_unlink`` walking its bucket chain from the bucket): their
-        buckets (``entries`` False), then those buckets' first entries (True). The order list is
-        walked for it, mostly in pool order, which the hardware fetches ahead itself."""
-        cdef OrderedTable* t = &w.recent
-        cdef int32_t i
-        cdef uint32_t b
+            _ot_prefetch_slot(&w.recent, h)
+            if not h & far_mask:
+                _ot_prefetch_slot(&w.sampled, h)
+            if not h & mask:
+                _ot_prefetch_slot(&w.live, h)
         if t.n + n <= <uint32_t>self.memory:  # the ring has room: nothing old goes
             return
-        i = t.head
-        while n > 0 and i >= 0:
-            b = _mix(t.e[i].key) & t.bmask
-            if entries:
-                if t.buckets[b] >= 0:
-                    __builtin_prefetch(&t.e[t.buckets[b]])
-            else:
-                __builtin_prefetch(&t.buckets[b])
-            i = t.e[i].next
-            n -= 1
+        j = t.head
+        while k > 0 and j >= 0:
+            __builtin_prefetch(&t.slots[<uint32_t>_mix(t.e[j].key) & t.smask])
+            j = t.e[j].next
+            k -= 1
 
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:

@@ -474,10 +474,9 @@ cdef class CompiledPrefixIndex:
         # slots name, are fetched before the events are applied: in a large index (a cluster's
         # millions of pairs) each lookup is a cache miss, and these overlap instead of queueing
         # one by one. (A prefetch is a hint: a slot that moves meanwhile costs only its miss.)
-        # Every entry of a hash's probe run is fetched, up to ``RUN_AHEAD``: a lookup compares the
-        # hashes of the run up to its own (a new block's: the whole run), and a removal's
-        # backward shift reads the hash of each entry after it up to the next empty slot (a
-        # fifth of a batch's CPU went to those misses before); the tree links read the ties.
+        # The entries a lookup compares are fetched (those of the hash's probe run that share its
+        # home slot, which the slots say: usually the block itself, none for a new one); a
+        # removal's backward shift reads slots only; the tree links read the ties.
         for i in range(scan.nh):
             __builtin_prefetch(&self.tb.slots[_mix(scan.hashes[i]) & self.tb.mask])
         for i in range(scan.nh):
@@ -530,15 +529,12 @@ cdef class CompiledPrefixIndex:
             tiers[k] = -1
             gpu[k] = -1
         # (``apply_scan`` and ``CompiledEvictionTracker.apply_scan`` say why each fetch is made;
-        # the dependent ones — probe runs, first chained entries — come after every first one)
+        # the dependent ones — the entries the index's slots name — come after every first one)
         for i in range(scan.nh):
             __builtin_prefetch(&self.tb.slots[_mix(scan.hashes[i]) & self.tb.mask])
-        evictions._prefetch(ew, scan.hashes, scan.nh, False)
-        evictions._prefetch_heads(ew, scan.nh, False)
+        evictions._prefetch(ew, scan.hashes, scan.nh)
         for i in range(scan.nh):
             _tb_prefetch_run(&self.tb, self.blocks, self.ties, scan.hashes[i])
-        evictions._prefetch(ew, scan.hashes, scan.nh, True)
-        evictions._prefetch_heads(ew, scan.nh, True)
         for i in range(scan.n):
             e = &scan.ev[i]
             if e.kind == SCAN_CLEARED:
@@ -1073,7 +1069,7 @@ cdef class CompiledPrefixIndex:
         cdef uint64_t* h = stackbuf
         cdef uint32_t* fp = fpbuf
         cdef uint8_t* cut = cutbuf
-        cdef uint32_t s
+        cdef int64_t hint
         if n > 64:
             h = <uint64_t*>malloc(n * (sizeof(uint64_t) + sizeof(uint32_t) + 1) + 1)
             if not h:
@@ -1116,9 +1112,9 @@ cdef class CompiledPrefixIndex:
                 if i + AHEAD < n:
                     __builtin_prefetch(&self.tb.slots[_mix(h[i + AHEAD]) & self.tb.mask])
                 if i + AHEAD // 2 < n:
-                    s = ~self.tb.slots[_mix(h[i + AHEAD // 2]) & self.tb.mask]
-                    if s != EMPTY:
-                        __builtin_prefetch(&self.blocks[s & SLOT_ENTRY])
+                    hint = _tb_hint(&self.tb, h[i + AHEAD // 2])
+                    if hint >= 0:
+                        __builtin_prefetch(&self.blocks[hint])
                 b = self._find(h[i])
                 if b < 0 or self.blocks[b].n == 0:
                     break
@@ -1206,10 +1202,10 @@ cdef class CompiledPrefixIndex:
                         self._ahead(h[(lo + 3 * mid_i) >> 2])
                         self._ahead(h[(3 * mid_i + hi) >> 2])
                         self._ahead(h[(mid_i + 3 * hi) >> 2])
-                    s = ~self.tb.slots[_mix(h[mid_i]) & self.tb.mask]
-                    if s != EMPTY:
-                        __builtin_prefetch(&self.blocks[s & SLOT_ENTRY])
-                        __builtin_prefetch(&self.ties[s & SLOT_ENTRY])
+                    hint = _tb_hint(&self.tb, h[mid_i])
+                    if hint >= 0:
+                        __builtin_prefetch(&self.blocks[hint])
+                        __builtin_prefetch(&self.ties[hint])
                     b = self._find(h[mid_i])
                     ok = b >= 0 and self.ties[b].fp == fp[mid_i]
                     if ok:

@@ -26,8 +26,11 @@
 #   khugepaged collapses in the background (lookups are random accesses over hundreds of
 #   megabytes; with 4 KiB pages most of them also miss the TLB). The entry arrays are touched in
 #   order, a few pages per ``apply``. The next hash table would be touched all over at once by
-#   the first lookups and moves after a doubling, so it is mapped early (at 5/8 full) and its
-#   pages are touched ahead, in step with the entries added (``_tb_tend``), before it takes over.
+#   the first lookups and moves after a doubling, so it is mapped shortly before (at ``NEXT_AT``,
+#   47/64 full) and its pages are touched ahead, in step with the entries added (``_tb_tend``),
+#   before it takes over. The pace costs one 4 KiB page fault per 8 entries added in that last
+#   sixty-fourth; mapped at 5/8 full, the table would take three times its size over a third of
+#   the blocks between two doublings, to save faults that cost nothing measurable.
 
 
 DEF RESERVE_AT = 1 << 16  # entries past which the entry arrays move into reserved address space
@@ -40,6 +43,7 @@ DEF DRAIN_PER_ADD = 4  # old-table slots moved per entry added (the drain ends a
 DEF DRAIN_SLICE = 256  # old-table slots moved per ``apply`` besides (drains while entries are only removed)
 DEF RETIRE_SLICE = 4 << 20  # bytes of a drained table unmapped per ``apply``
 DEF TOUCH_AHEAD = 256 << 10  # bytes of the next table touched per ``apply`` beyond its pace
+DEF NEXT_AT = 47  # sixty-fourths of the slots in use at which the next table is mapped (doubling at 48)
 DEF HUGE = 2 << 20  # a huge page (ranges advised are whole ones)
 DEF RUN_AHEAD = 8  # entries of a hash's probe run fetched ahead of a batch's apply
 
@@ -94,30 +98,43 @@ cdef void _tb_free(Table* t) noexcept nogil:
     t.slots, t.old, t.next, t.retired = NULL, NULL, NULL, NULL
 
 
+cdef inline bint _same_home(uint32_t s, uint64_t dist) noexcept nogil:
+    """Whether the entry slot ``s`` holds may have the home slot ``dist`` slots back (the slot keeps
+    its entry's distance from home): only such an entry can be the hash looked up, so a probe reads
+    no other entry of its run (each would be a cache miss in a large index). A saturated distance
+    says only "this far or further"."""
+    cdef uint64_t d = s >> SLOT_DIST_SHIFT
+    return d == dist or (d == SLOT_DIST_MAX and dist > SLOT_DIST_MAX)
+
+
 cdef int64_t _tb_find_old(const Table* t, const Block* blocks, uint64_t h, uint64_t mixed) noexcept nogil:
     cdef uint64_t i = mixed & t.omask
+    cdef uint64_t dist = 0
     cdef uint32_t s
     while True:
         s = ~t.old[i]
         if s == EMPTY:
             return -1
-        if s != TOMB and blocks[s & SLOT_ENTRY].hash == h:
+        if s != TOMB and _same_home(s, dist) and blocks[s & SLOT_ENTRY].hash == h:
             return s & SLOT_ENTRY
         i = (i + 1) & t.omask
+        dist += 1
 
 
 cdef inline int64_t _tb_find(const Table* t, const Block* blocks, uint64_t h) noexcept nogil:
     """The entry of hash ``h``, or -1."""
     cdef uint64_t m = _mix(h)
     cdef uint64_t i = m & t.mask
+    cdef uint64_t dist = 0
     cdef uint32_t s
     while True:
         s = ~t.slots[i]
         if s == EMPTY:
             break
-        if blocks[s & SLOT_ENTRY].hash == h:
+        if _same_home(s, dist) and blocks[s & SLOT_ENTRY].hash == h:
             return s & SLOT_ENTRY
         i = (i + 1) & t.mask
+        dist += 1
     return -1 if t.old == NULL else _tb_find_old(t, blocks, h, m)
 
 
@@ -125,31 +142,51 @@ cdef inline int64_t _tb_probe(const Table* t, const Block* blocks, uint64_t h, u
     """``_tb_find``, and where ``h`` would go in the current table when it is not there."""
     cdef uint64_t m = _mix(h)
     cdef uint64_t i = m & t.mask
+    cdef uint64_t dist = 0
     cdef uint32_t s
     while True:
         s = ~t.slots[i]
         if s == EMPTY:
             break
-        if blocks[s & SLOT_ENTRY].hash == h:
+        if _same_home(s, dist) and blocks[s & SLOT_ENTRY].hash == h:
             return s & SLOT_ENTRY
         i = (i + 1) & t.mask
+        dist += 1
     empty[0] = i
     return -1 if t.old == NULL else _tb_find_old(t, blocks, h, m)
 
 
+cdef inline int64_t _tb_hint(const Table* t, uint64_t h) noexcept nogil:
+    """The first entry of the current table that a probe for ``h`` would compare (-1: none), to
+    fetch ahead: reads the slots of its run only (a hint; usually the entry itself)."""
+    cdef uint64_t i = _mix(h) & t.mask
+    cdef uint64_t dist = 0
+    cdef uint32_t s
+    while True:
+        s = ~t.slots[i]
+        if s == EMPTY:
+            return -1
+        if _same_home(s, dist):
+            return s & SLOT_ENTRY
+        i = (i + 1) & t.mask
+        dist += 1
+
+
 cdef inline void _tb_prefetch_run(const Table* t, const Block* blocks, const Tie* ties, uint64_t h) noexcept nogil:
-    """Fetch ahead the entries (and their ties) of the current table's probe run from ``h``'s home
-    slot, up to ``RUN_AHEAD`` of them or the first empty slot."""
+    """Fetch ahead the entries (and their ties) a probe for ``h`` compares in the current table:
+    those of its run from ``h``'s home slot that share that home, up to ``RUN_AHEAD`` slots or the
+    first empty one (a new hash's: usually none)."""
     cdef uint64_t i = _mix(h) & t.mask
     cdef uint32_t s
-    cdef int k
+    cdef uint64_t k
     for k in range(RUN_AHEAD):
         s = ~t.slots[i]
         if s == EMPTY:
             return
-        s &= SLOT_ENTRY
-        __builtin_prefetch(&blocks[s])
-        __builtin_prefetch(&ties[s])
+        if _same_home(s, k):
+            s &= SLOT_ENTRY
+            __builtin_prefetch(&blocks[s])
+            __builtin_prefetch(&ties[s])
         i = (i + 1) & t.mask
 
 
@@ -213,13 +250,13 @@ cdef void _tb_tend(Table* t, const Block* blocks) noexcept nogil:
 
 cdef int _tb_added(Table* t, const Block* blocks, uint64_t slot, uint32_t b) noexcept nogil:
     """Put new entry ``b`` in the slot ``_tb_probe`` gave, drain a little; map the next table at
-    5/8 full, double into it at 3/4 (-1: no memory for it; the entry is in all the same)."""
+    47/64 full, double into it at 3/4 (-1: no memory for it; the entry is in all the same)."""
     cdef uint64_t size = (t.mask + 1) * 2
     t.slots[slot] = _slot(b, (slot - (_mix(blocks[b].hash) & t.mask)) & t.mask)
     t.used += 1
     if t.old != NULL:
         _tb_drain(t, blocks, DRAIN_PER_ADD)
-    if t.used * 8 < (t.mask + 1) * 5:
+    if t.used * 64 < (t.mask + 1) * NEXT_AT:
         return 0
     if t.next == NULL:
         t.next = <uint32_t*>_scratch_map(size * sizeof(uint32_t))

@@ -177,3 +177,38 @@ def test_one_pass_of_index_and_tracker_equals_the_two_applies(data: st.DataObjec
         assert one_index.resident_by_worker() == two_index.resident_by_worker()
         assert len(one_index) == len(two_index)
         assert all(one_index.longest_match((h,)).blocks == two_index.longest_match((h,)).blocks for h in UNIVERSE)
+
+
+@pytest.mark.parametrize("memory", [300, 4096])
+def test_compiled_and_reference_agree_while_tables_grow_fill_and_drop(memory: int) -> None:
+    # Thousands of distinct hashes, so the compiled tables double from their first allocation up
+    # to ``memory``, then drop their oldest entries one per entry added, while blocks are stored
+    # again from within and beyond the exact ring, re-evicted, hit and cleared: long probe runs in
+    # the hash index, and every kind of slot removal (lookup hits, drops of the oldest, re-stores).
+    import random
+
+    rng = random.Random(memory)
+    universe = [rng.getrandbits(64) for _ in range(3 * memory)]
+    ref, comp = EvictionTracker(WINDOW * 100, memory, 4), CompiledEvictionTracker(WINDOW * 100, memory, 4)
+    held: dict[str, list[int]] = {w: [] for w in WORKERS}
+    ts = 0.0
+    for step in range(1_500):
+        worker = WORKERS[step % 3]
+        ts += rng.choice((0.0, 0.5, 1.0, 2.0))
+        batch: list = []
+        start = rng.randrange(len(universe) - 64)
+        run = tuple(universe[start:start + rng.randint(1, 64)])
+        batch.append(BlockStored(run, universe[start - 1] if start and rng.random() < 0.8 else None, 16))
+        held[worker] += run
+        if len(held[worker]) > memory // 2:  # evict the oldest, with a few never-stored hashes
+            gone, held[worker] = held[worker][:64], held[worker][64:]
+            batch.append(BlockRemoved(tuple(gone) + tuple(rng.sample(universe, 3))))
+        if step % 400 == 399:
+            batch.append(AllBlocksCleared())
+            held[worker] = []
+        assert comp.apply(worker, batch, ts) == ref.apply(worker, batch, ts), step
+        if rng.random() < 0.1:
+            hit = rng.sample(held[worker], min(5, len(held[worker])))
+            ref.hits(worker, hit)
+            comp.hits(worker, hit)
+        assert comp.tracked(worker) == ref.tracked(worker)
