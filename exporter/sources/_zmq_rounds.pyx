@@ -93,8 +93,11 @@ _LIBZMQ = re.compile(r"/libzmq[^/]*\.so[^/]*$")
 
 def _mapped_libzmq() -> str:
     """The path of the one libzmq the process has mapped (pyzmq's); ImportError if none or several."""
-    with open("/proc/self/maps") as f:
-        paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    except OSError as exc:  # no /proc (not Linux): pyzmq's calls
+        raise ImportError(f"cannot read the process's mappings: {exc}") from exc
     found = sorted(p for p in paths if _LIBZMQ.search(p))
     if len(found) != 1:
         raise ImportError(f"expected one libzmq mapped in the process, found {len(found)}")
