@@ -19,10 +19,11 @@ the window (by then every tick that saw it has passed). Memory: one small weight
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from exporter.core.windows import bucket_index, histogram_quantile
+from exporter.core.windows import Wake, bucket_index, histogram_quantile
 
 SLOT_S = 15.0  # one scrape interval
 
@@ -30,9 +31,11 @@ SLOT_S = 15.0  # one scrape interval
 class LaggedBuckets:
     """Per-key bucket counts of observations made in ``(now - lag_s - span_s, now - lag_s]``."""
 
-    def __init__(self, span_s: float, lag_s: float, bounds: Sequence[float], slot_s: float = SLOT_S) -> None:
+    def __init__(self, span_s: float, lag_s: float, bounds: Sequence[float], slot_s: float = SLOT_S,
+                 wake: Wake | None = None) -> None:
         self.span_s, self.lag_s, self.slot_s = float(span_s), float(lag_s), float(slot_s)
         self.bounds = tuple(bounds)
+        self.wake = wake  # told of every slot opened (its owner's skip of :meth:`advance`)
         self._pending: deque[tuple[int, dict[Hashable, list[int]]]] = deque()  # newer than now - lag
         self._active: deque[tuple[int, dict[Hashable, list[int]]]] = deque()  # inside the window
         self.counts: dict[Hashable, list[int]] = {}  # Σ of the active slots
@@ -54,6 +57,8 @@ class LaggedBuckets:
                 return
             if idx < n:
                 break
+        if self.wake is not None:  # a new slot: it joins the total once it is older than the lag
+            self.wake.lower((n + 1) * self.slot_s + self.lag_s)
         if not self._pending or self._pending[-1][0] < n:
             slot: dict[Hashable, list[int]] = {}
             self._row(slot, key)[i] += 1
@@ -64,6 +69,17 @@ class LaggedBuckets:
         self._row(slot, key)[i] += 1
         items = sorted([*self._pending, (n, slot)], key=lambda s: s[0])
         self._pending = deque(items)
+
+    def next_action(self) -> float:
+        """The input time from which :meth:`advance` may move a slot (exact; inf when none can):
+        the earlier of the oldest pending slot's end plus the lag and the oldest active slot's
+        end plus the lag and the span. Only an observation that opens a slot makes it earlier."""
+        at = math.inf
+        if self._pending:
+            at = (self._pending[0][0] + 1) * self.slot_s + self.lag_s
+        if self._active:
+            at = min(at, (self._active[0][0] + 1) * self.slot_s + self.lag_s + self.span_s)
+        return at
 
     def advance(self, now: float) -> None:
         """Move slots that have aged past the lag into the total and drop those past lag + span."""
@@ -116,8 +132,8 @@ class HealthyBaseline(LaggedBuckets):
     not breaching (see the module's docstring)."""
 
     def __init__(self, span_s: float, lag_s: float, bounds: Sequence[float], class_of: Callable[[Hashable], ClassKey],
-                 judge: Judge, slot_s: float = SLOT_S) -> None:
-        super().__init__(span_s, lag_s, bounds, slot_s)
+                 judge: Judge, slot_s: float = SLOT_S, wake: Wake | None = None) -> None:
+        super().__init__(span_s, lag_s, bounds, slot_s, wake)
         self.class_of, self.judge = class_of, judge
         self._width = len(self.bounds) + 1
         self.window: dict[ClassKey, list[int]] = {}  # Σ of the pending slots per class: the current window
@@ -144,6 +160,13 @@ class HealthyBaseline(LaggedBuckets):
                     break  # nothing in the window: the later ticks weigh nothing
                 self._judge_tick(k)
         super().advance(now)
+
+    def next_action(self) -> float:
+        """As the plain baseline's, and also the next slot edge: each is a tick, judged (or, with
+        nothing pending, passed) as :meth:`advance` reaches it. Before the first advance, now."""
+        if self._tick is None:
+            return -math.inf
+        return min(super().next_action(), (self._tick + 1) * self.slot_s)
 
     def _judge_tick(self, k: int) -> None:
         """One evaluation at slot edge ``k``: each class that does not breach weighs the slots

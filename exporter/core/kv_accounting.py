@@ -21,7 +21,7 @@ applied, unknown parents and removals, restarts, last batch time and lag).
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 from exporter.core.attribution import KvAttribution
 from exporter.core.health import Health, LabelValues
@@ -185,15 +185,11 @@ class _Scanned(_Events):
         return self.scan.block_size
 
 
-class Applied(NamedTuple):
-    """What :meth:`KvAccounting.apply` leaves for :meth:`KvAccounting.settle` (outside the lock)."""
-
-    batch: KvBatch
-    received_at: float
-    result: Any  # the index's apply result (counts of what the events did)
-    first: bool  # the worker's first batch: its stream series start at 0
-    reliable_again: bool
-    drift: str | None  # a reason to repair the view now
+# What :meth:`KvAccounting.apply` leaves for :meth:`KvAccounting.settle` (outside the lock), a plain
+# tuple (one per KV batch): the batch, its receive time, the index's apply result (counts of what the
+# events did), whether it is the worker's first batch (its stream series start at 0), whether its
+# view became reliable again, and a reason to repair the view now (or None).
+Applied = tuple[KvBatch, float, Any, bool, bool, str | None]
 
 
 class KvAccounting:
@@ -260,7 +256,8 @@ class KvAccounting:
         worker = batch.worker
         self.seen = True
         w = self.pool.worker(worker, received_at)
-        self.evictions.size_for(worker, self.pool.worker_capacity(worker, w))  # thrash reaches past its cache
+        cap = self.pool.worker_capacity(worker, w)
+        self.evictions.size_for(worker, cap)  # thrash reaches past its cache
         if self.topology is not None:
             self._placement_pool()
             self.index.set_placement_clock(batch.ts)
@@ -282,30 +279,33 @@ class KvAccounting:
                 w.block_size = form.block_size()
         self.count_evictions(worker, ev, received_at, got,
                              self._placement_incs(w, res.placements, res.placement_hits) if res.placements else None)
-        first = worker not in self._workers
-        self._workers.add(worker)
+        if worker in self._workers:
+            first = False
+        else:
+            first = True
+            self._workers.add(worker)
         reliable_again = worker in self._unreliable and self._turnover(worker, ev.stored, res.cleared > 0)
-        return Applied(batch, received_at, res, first, reliable_again, self._drift(worker, w))
+        return batch, received_at, res, first, reliable_again, self._drift(worker, w, cap)
 
     def settle(self, applied: Applied, stream: bool = True) -> None:
         """The batch's health series in one Health call (one lock round trip), then a repair if the
         view drifted. ``stream`` False (a family shard that is not the worker's home): the worker's
         stream-health series (batches, lag, last timestamp) are left to its home shard."""
-        batch, received_at, res = applied.batch, applied.received_at, applied.result
+        batch, received_at, res, first, reliable_again, drift = applied
         kl = self.labels(batch.worker)
         lab = kl.lab
         if stream:
             incs: Incs = [kl.batches]
             lag = received_at - batch.ts
             sets: Incs = [(KV_LAST_TS, lab, received_at), (KV_LAG, lab, lag if lag > 0.0 else 0.0)]
-            if applied.first:  # these exist from a worker's first batch: a stream with no gap reads 0, not missing
+            if first:  # these exist from a worker's first batch: a stream with no gap reads 0, not missing
                 incs += [(WORKER_RESTARTS, lab, 0), (KV_MISSED, lab, 0), (KV_LOST, lab, 0),
                          (KV_UNKNOWN_PARENT, lab, 0), (KV_UNKNOWN_REMOVALS, lab, 0),
                          *((KV_REPAIRS, (batch.worker, r), 0) for r in REPAIR_REASONS)]
                 sets.append((KV_UNRELIABLE, lab, 0.0))
         else:
             incs, sets = [], []
-        if applied.reliable_again:
+        if reliable_again:
             sets.append((KV_UNRELIABLE, lab, 0.0))
         # (each count tested in turn, no tuple of them built: this runs once per KV batch)
         if n := res.unknown_parent:
@@ -319,8 +319,8 @@ class KvAccounting:
         if n := res.cleared:
             incs.append((KV_APPLIED, kl.applied_cleared, n))
         self.health.update(incs, sets, checked=True)  # (its series checked in __init__)
-        if applied.drift is not None:
-            self.repair(batch.worker, applied.drift)
+        if drift is not None:
+            self.repair(batch.worker, drift)
 
     def _placement_pool(self) -> None:
         """Tell the index which workers left the pool: their blocks are no placement's prefix, as
@@ -414,7 +414,7 @@ class KvAccounting:
         self._unreliable[worker] = since + stored
         return False
 
-    def _drift(self, worker: str, w: WorkerInfo | None = None) -> str | None:
+    def _drift(self, worker: str, w: WorkerInfo | None = None, cap: int | bool | None = False) -> str | None:
         """A reason to repair the worker's view now, or None (under the lock).
 
         The only sound check against the worker's own report is an impossible count: more GPU
@@ -428,7 +428,8 @@ class KvAccounting:
         last = self._repaired_at.get(worker)
         if last is not None and self.time.now - last < self.window_s:
             return None
-        cap = self.pool.worker_capacity(worker, w)
+        if cap is False:  # (else the caller's reading of it, this batch)
+            cap = self.pool.worker_capacity(worker, w)
         if not cap:  # no bound known: nothing to compare (the resident count is not read)
             return None
         resident = self.index.resident_blocks(worker, GPU)  # the GPU's blocks against the GPU's capacity

@@ -14,12 +14,13 @@ Not thread-safe on its own: ``ClusterState`` calls it under its lock.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
 from exporter.core.baseline_window import HealthyBaseline, LaggedBuckets, breach_judge
-from exporter.core.windows import Cumulative, LabelValues, PendingSums, WindowedBuckets, WindowedSum
+from exporter.core.windows import Cumulative, LabelValues, PendingSums, Wake, WindowedBuckets, WindowedSum
 from prefixscope import catalog
 from prefixscope.thresholds import Thresholds
 
@@ -36,14 +37,16 @@ CLASS_LABELS = tuple(x.strip() for x in catalog.CLASS_BY.split(","))
 _RELATIVE_CHECK, _BUDGET_CHECK = "cold_prefill_time_p99", "cold_prefill_budget"
 
 
-def _healthy_baseline(metric: catalog.Metric, span_s: float, lag_s: float, thresholds: Thresholds) -> HealthyBaseline:
+def _healthy_baseline(metric: catalog.Metric, span_s: float, lag_s: float, thresholds: Thresholds,
+                      wake: Wake | None = None) -> HealthyBaseline:
     assert metric.buckets is not None
     at = [metric.labels.index(x) for x in CLASS_LABELS]
     relative, budget = catalog.CHECKS_BY_KEY[_RELATIVE_CHECK], catalog.CHECKS_BY_KEY[_BUDGET_CHECK]
     budget_entry = thresholds.checks[budget.threshold]
     judge = breach_judge(0.99, metric.buckets, thresholds.value(relative), budget_entry.budgets or {},
                          budget_entry.value, CLASS_LABELS.index("prompt_class"))
-    return HealthyBaseline(span_s, lag_s, metric.buckets, lambda labels: tuple(labels[i] for i in at), judge)
+    return HealthyBaseline(span_s, lag_s, metric.buckets, lambda labels: tuple(labels[i] for i in at), judge,
+                           wake=wake)
 
 
 def baseline_histograms() -> list[catalog.Metric]:
@@ -63,15 +66,19 @@ class MetricStore:
         self.window_s = float(window_s)
         self.baseline_s = float(baseline_s)
         self.cum = Cumulative()
-        self.win = WindowedSum(self.window_s)  # key (metric, labels)
-        self.own = WindowedSum(self.window_s)  # the state's own sums, keyed as it likes
+        # The earliest input time at which a window or baseline may expire or move something: before
+        # it :meth:`expire` and :meth:`advance_baselines` are no-ops (the per-input case), so they
+        # skip their windows. Each window and baseline lowers it when it opens a slot.
+        self.wake = Wake()
+        self.win = WindowedSum(self.window_s, wake=self.wake)  # key (metric, labels)
+        self.own = WindowedSum(self.window_s, wake=self.wake)  # the state's own sums, keyed as it likes
         self.hwin: dict[str, WindowedBuckets] = {}
         # With the thresholds, the cold-prefill baseline keeps its healthy windows apart (the checks
         # that judge them need the thresholds); without, every window counts.
         self.baselines: dict[str, LaggedBuckets] = {
-            m.name: _healthy_baseline(m, self.baseline_s, self.window_s, thresholds)
+            m.name: _healthy_baseline(m, self.baseline_s, self.window_s, thresholds, self.wake)
             if thresholds is not None and m.name == HEALTHY_HISTOGRAM
-            else LaggedBuckets(self.baseline_s, self.window_s, m.buckets)
+            else LaggedBuckets(self.baseline_s, self.window_s, m.buckets, wake=self.wake)
             for m in baseline_histograms() if m.buckets}
         # Inside :meth:`batch`: counter adds held back, written at its end (one write per key)
         self._pending: PendingSums | None = None
@@ -154,14 +161,31 @@ class MetricStore:
             for (metric, labels), value in items:
                 self.inc(ts, metric, labels, value)
             return
+        # Cumulative.inc and WindowedSum.add_many in one pass (the slot found once, as add_many does)
         counters = self.cum.counters
+        win = self.win
+        slots = win._slots
+        tail = slots.tail
+        if tail is not None and tail.lo <= ts < tail.hi:  # _Slots.slot_for's common case, inline
+            if ts > tail.last:
+                tail.last = ts
+            rows = tail.rows
+        else:
+            rows = slots.slot_for(ts).rows
+        sums, n = win.sums, win._n
         for key, value in items:
             series = counters.get(key[0])
             if series is None:
                 series = counters[key[0]] = {}
             labels = key[1]
             series[labels] = series.get(labels, 0.0) + value
-        self.win.add_many(ts, items)
+            if key in rows:
+                rows[key] += value
+            else:
+                rows[key] = value
+                n[key] += 1
+            sums[key] = sums.get(key, 0.0) + value
+        slots.events += len(items)
 
     def zero(self, metric: str, labels: LabelValues) -> None:
         """Create a counter series at 0: a ratio's numerator exists whenever its denominator does."""
@@ -178,7 +202,7 @@ class MetricStore:
         if hw is None:
             m = catalog.METRICS_BY_NAME[metric]
             assert m.buckets is not None
-            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
+            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets, wake=self.wake)
         i = bisect_left(hw.bounds, value)  # the bucket, found once for the three places
         # Cumulative.observe, inline
         series = self.cum.histograms.get(metric)
@@ -198,13 +222,37 @@ class MetricStore:
         """:meth:`observe` of each value in order, at the same input time (one batch's observations)."""
         if not values:
             return
-        m = catalog.METRICS_BY_NAME[metric]
-        assert m.buckets is not None
-        self.cum.observe_many(metric, labels, m.buckets, values)
         hw = self.hwin.get(metric)
         if hw is None:
-            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
-        hw.observe_many(ts, labels, values)
+            m = catalog.METRICS_BY_NAME[metric]
+            assert m.buckets is not None
+            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets, wake=self.wake)
+        # Cumulative.observe_many and WindowedBuckets.observe_many in one pass: each value's bucket
+        # found once for both (the same bounds), the running sum added in order
+        bounds = hw.bounds
+        histograms = self.cum.histograms
+        series = histograms.get(metric)
+        if series is None:
+            series = histograms[metric] = {}
+        row = series.get(labels)
+        if row is None:
+            row = series[labels] = [0.0] * (len(bounds) + 2)
+        rows = hw._slots.slot_for(ts).rows
+        slot_row = rows.get(labels)
+        if slot_row is None:
+            slot_row = rows[labels] = [0] * (len(bounds) + 1)
+        counts = hw.counts
+        crow = counts.get(labels)
+        if crow is None:
+            crow = counts[labels] = [0] * (len(bounds) + 1)
+        total = row[-1]
+        for value in values:
+            i = bisect_left(bounds, value)
+            row[i] += 1
+            slot_row[i] += 1
+            crow[i] += 1
+            total += value
+        row[-1] = total
         lw = self.baselines.get(metric)
         if lw is not None:
             for value in values:
@@ -221,7 +269,7 @@ class MetricStore:
         assert m.buckets is not None and metric not in self.baselines
         hw = self.hwin.get(metric)
         if hw is None:
-            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets)
+            hw = self.hwin[metric] = WindowedBuckets(self.window_s, m.buckets, wake=self.wake)
         rows = self.cum.histograms.setdefault(metric, {})
         row = rows.get(labels)
         if row is None:
@@ -289,15 +337,18 @@ class MetricStore:
         return sum(map(len, self.cum.counters.values())) + sum(map(len, self.cum.histograms.values()))
 
     def expire(self, now: float) -> None:
-        if self._pending is None and not self._expiry_due(now):  # the common case: no slot has aged out
-            self.advance_baselines(now)
-            return
+        if self._pending is None:
+            if now < self.wake.at:  # the per-input case: nothing can have aged out or moved yet
+                return
+            if not self._expiry_due(now):  # no slot has aged out
+                self._advance(now)
+                return
         self.flush()
         self.win.expire(now)
         self.own.expire(now)
         for hw in self.hwin.values():
             hw.expire(now)
-        self.advance_baselines(now)
+        self._advance(now)
 
     def _expiry_due(self, now: float) -> bool:
         """Some window's oldest slot has aged out (each window's own expiry test, read in one
@@ -307,8 +358,24 @@ class MetricStore:
 
     def advance_baselines(self, now: float) -> None:
         """Bring the baselines to input time ``now`` (cheap: slots move only at slot edges)."""
+        if now >= self.wake.at:  # (before it, no baseline can move a slot)
+            self._advance(now)
+
+    def _advance(self, now: float) -> None:
+        """Advance the baselines, then find the next input time at which a window or a baseline
+        may act (``wake``): lowered from here on by any slot opened, it lets every input before it
+        skip the windows."""
+        at = math.inf
         for lw in self.baselines.values():
             lw.advance(now)
+            nxt = lw.next_action()
+            if nxt < at:
+                at = nxt
+        for slots in (self.win._slots, self.own._slots, *(hw._slots for hw in self.hwin.values())):
+            nxt = slots.due_at()
+            if nxt < at:
+                at = nxt
+        self.wake.set(at)
 
     # ---- reads ---------------------------------------------------------------------------------
     def own_sum(self, key: Hashable) -> float | None:

@@ -156,7 +156,9 @@ class ClusterState:
         the events but leave the worker's stream-health series (batches, lag, last timestamp) to its
         home shard, so each exists once across shards."""
         with self.lock:
-            self.time.advance(received_at)
+            now = self.time
+            if received_at > now.now or now.started_at is None:  # (else advancing changes nothing)
+                now.advance(received_at)
             applied = self.kv.apply(batch, received_at)
             if batch.sessions is not None and stream:  # stores that name their session (vLLM >= 0.30)
                 self.accounting.kv_sessions(batch.worker, batch.sessions, received_at)

@@ -61,6 +61,36 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
 RESOLUTION_S = 1.0
 
 
+def margin(t: float) -> float:
+    """A safety margin for a time compared against input times: far above the rounding of the few
+    float operations between an input time and an expiry test (a relative 1e-12 against their
+    ~1e-16), far below any step a window takes."""
+    return 1e-9 + 1e-12 * abs(t)
+
+
+class Wake:
+    """The earliest input time at which one of the windows or baselines sharing it may have
+    something to do — a lower bound, so before it expiring them is provably a no-op and may be
+    skipped. Their owner recomputes it after each pass; a window or baseline that opens a slot
+    lowers it to that slot's own earliest action (an event older than the rest can open one that
+    is due before every other)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = -math.inf  # nothing known yet: the first pass computes it
+
+    def set(self, t: float) -> None:
+        """The earliest action is at input time ``t`` (exact; inf: none, NaN: unknown)."""
+        self.at = math.inf if t == math.inf else t - margin(t) if t == t else -math.inf
+
+    def lower(self, t: float) -> None:
+        """Something may act from input time ``t`` on (``t`` exact: the margin is taken here)."""
+        t -= margin(t)
+        if not t >= self.at:  # (NaN lowers it too: a pass then runs and decides)
+            self.at = t
+
+
 class _Slot:
     __slots__ = ("first", "hi", "last", "lo", "rows")
 
@@ -73,9 +103,10 @@ class _Slot:
 class _Slots:
     """Slots by time step, each opened by its first event; ``due`` and ``expired`` in time order."""
 
-    def __init__(self, window_s: float, resolution_s: float) -> None:
+    def __init__(self, window_s: float, resolution_s: float, wake: Wake | None = None) -> None:
         self.window_s = window_s
         self.resolution_s = resolution_s
+        self.wake = wake  # told of every slot opened (its owner's expiry skip)
         self.by_step: dict[int, _Slot] = {}
         self._steps: list[int] = []  # a heap of the steps in by_step
         self.tail: _Slot | None = None  # the slot of the latest event (most events join it)
@@ -100,6 +131,8 @@ class _Slots:
         if slot is None:
             slot = self.by_step[step] = _Slot(ts, step * self.resolution_s, (step + 1) * self.resolution_s)
             heapq.heappush(self._steps, step)
+            if self.wake is not None:  # due once its newest event leaves: never before its first does
+                self.wake.lower(ts + self.window_s)
         elif ts > slot.last:
             slot.last = ts
         self.tail = slot
@@ -108,6 +141,12 @@ class _Slots:
     def due(self, now: float) -> bool:
         """The oldest slot has left the window."""
         return bool(self._steps) and self.by_step[self._steps[0]].last <= now - self.window_s
+
+    def due_at(self) -> float:
+        """The input time from which :meth:`due` may be true (exact; inf with no slot). Slots
+        only move later (a slot's newest event only gets newer), so it stays a lower bound until
+        a slot is opened."""
+        return self.by_step[self._steps[0]].last + self.window_s if self._steps else math.inf
 
     def expired(self, now: float) -> Iterable[_Slot]:
         cutoff = now - self.window_s
@@ -122,9 +161,9 @@ class _Slots:
 class WindowedSum:
     """Sums per key of the values added in the last ``window_s`` seconds."""
 
-    def __init__(self, window_s: float, resolution_s: float = RESOLUTION_S) -> None:
+    def __init__(self, window_s: float, resolution_s: float = RESOLUTION_S, wake: Wake | None = None) -> None:
         self.window_s = window_s
-        self._slots = _Slots(window_s, resolution_s)
+        self._slots = _Slots(window_s, resolution_s, wake)
         self.sums: dict[Hashable, float] = {}
         self._n: Counter[Hashable] = Counter()  # slots per key still in the window
 
@@ -269,10 +308,11 @@ class PendingSums:
 class WindowedBuckets:
     """Per-key bucket counts of observations made in the last ``window_s`` seconds."""
 
-    def __init__(self, window_s: float, bounds: Sequence[float], resolution_s: float = RESOLUTION_S) -> None:
+    def __init__(self, window_s: float, bounds: Sequence[float], resolution_s: float = RESOLUTION_S,
+                 wake: Wake | None = None) -> None:
         self.window_s = window_s
         self.bounds = tuple(bounds)
-        self._slots = _Slots(window_s, resolution_s)
+        self._slots = _Slots(window_s, resolution_s, wake)
         self.counts: dict[Hashable, list[int]] = {}
 
     def observe(self, ts: float, key: Hashable, value: float) -> None:

@@ -7,20 +7,24 @@ is compared here with the plain computation it replaces.
 
 from __future__ import annotations
 
+import math
 import random
 
+from exporter.core.baseline_window import HealthyBaseline, LaggedBuckets
 from exporter.core.health import Health
 from exporter.core.health_window import HealthIncreases
 from exporter.core.index.eviction import BatchEvictions
 from exporter.core.index.prefix_instability import EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS, RootTracker
 from exporter.core.input_time import InputTime
 from exporter.core.kv_accounting import _BLOCKS_EVICTED, _BLOCKS_RESTORED, _BLOCKS_STORED, _EVICTION_AGE
-from exporter.core.metric_store import MetricStore
+from exporter.core.metric_store import HEALTHY_HISTOGRAM, MetricStore
 from exporter.core.state import ClusterState
+from exporter.core.windows import Wake, WindowedSum
 from exporter.model import BlockStored
 from prefixscope.thresholds import load_thresholds
 
 _NAMES = ("prefixscope_kv_event_missed_batches", "prefixscope_ingest_errors")
+COLD = HEALTHY_HISTOGRAM  # the histogram whose baseline keeps its healthy windows apart
 
 
 def _increases(window_s: float) -> tuple[Health, InputTime, HealthIncreases]:
@@ -89,13 +93,30 @@ def test_eviction_series_match_the_plain_writes() -> None:
 
 
 def _expire_every_window(store: MetricStore, now: float) -> None:
-    """MetricStore.expire without its early return: every window asked in turn."""
+    """MetricStore.expire without its early returns: every window and baseline asked in turn."""
     store.flush()
     store.win.expire(now)
     store.own.expire(now)
     for hw in store.hwin.values():
         hw.expire(now)
-    store.advance_baselines(now)
+    _advance_every_baseline(store, now)
+
+
+def _advance_every_baseline(store: MetricStore, now: float) -> None:
+    """MetricStore.advance_baselines without its early return."""
+    for lw in store.baselines.values():
+        lw.advance(now)
+
+
+def _baseline_state(lw: LaggedBuckets) -> dict[str, object]:
+    """Everything a baseline holds (a healthy one's weights by slot, not by the slot's id)."""
+    slots = [*lw._pending, *lw._active]
+    out: dict[str, object] = {"pending": list(lw._pending), "active": list(lw._active), "counts": lw.counts,
+                              "version": lw.version}
+    if isinstance(lw, HealthyBaseline):
+        out.update(window=lw.window, plain=lw.plain, healthy=lw.healthy, tick=lw._tick,
+                   weights=[(idx, lw._weights.get(id(slot))) for idx, slot in slots])
+    return out
 
 
 def test_store_expiry_skips_only_when_no_window_has_a_slot_to_drop() -> None:
@@ -119,6 +140,64 @@ def test_store_expiry_skips_only_when_no_window_has_a_slot_to_drop() -> None:
         assert {m: hw.counts for m, hw in fast.hwin.items()} == {m: hw.counts for m, hw in full.hwin.items()}
         assert [len(w) for w in (fast.win, fast.own)] == [len(w) for w in (full.win, full.own)]
         assert {m: b.counts for m, b in fast.baselines.items()} == {m: b.counts for m, b in full.baselines.items()}
+
+
+def test_store_wake_skips_only_inputs_at_which_no_window_or_baseline_acts() -> None:
+    """Windows and baselines (a healthy one among them) against the same store asked at every
+    input: late observations open slots older than the rest, the clock crosses slot edges, window
+    ends and baseline spans, and a reader advances the baselines to an earlier time."""
+    rng = random.Random(13)
+    thresholds = load_thresholds()
+    fast, full = (MetricStore(20.0, baseline_s=90.0, thresholds=thresholds) for _ in range(2))
+    assert any(isinstance(lw, HealthyBaseline) for lw in fast.baselines.values())
+    now = 1_700_000_000.0
+    skipped = 0
+    for step in range(6000):
+        now += rng.choice((0.001, 0.01, 0.2, 0.2, 1.5, 4.0, 15.0, 40.0))
+        at = now - rng.choice((0.0, 0.0, 0.0, 0.5, 3.0, 16.0, 30.0, 120.0))  # now and then a late input
+        kind, value = rng.random(), rng.random() * 30
+        labels = ("m", rng.choice(("H100", "A100")), rng.choice(("0-1k", "1k-4k")))
+        for store in (fast, full):
+            if kind < 0.3:
+                store.inc(at, _BLOCKS_STORED, ("w0",), 3)
+            elif kind < 0.4:
+                store.add_own(at, ("own", "w1"), 1.0)
+            elif kind < 0.55:
+                store.observe_many(at, _EVICTION_AGE, ("w0", "true"), [value])
+            elif kind < 0.75:
+                store.observe(at, COLD, labels, value / 10)
+            elif kind < 0.8:
+                store.baselines[COLD].observe(at, labels, value / 10)  # another shard's record
+        before = fast.wake.at
+        if step % 7 == 0:  # a reader asks for the baselines at an input's own (older) time
+            fast.advance_baselines(at)
+            _advance_every_baseline(full, at)
+        fast.expire(now)
+        _expire_every_window(full, now)
+        skipped += now < before
+        assert fast.win.sums == full.win.sums and fast.own.sums == full.own.sums
+        assert {m: hw.counts for m, hw in fast.hwin.items()} == {m: hw.counts for m, hw in full.hwin.items()}
+        assert [len(w) for w in (fast.win, fast.own)] == [len(w) for w in (full.win, full.own)]
+        assert {m: sorted(hw._slots.by_step) for m, hw in fast.hwin.items()} == \
+            {m: sorted(hw._slots.by_step) for m, hw in full.hwin.items()}
+        assert {m: _baseline_state(b) for m, b in fast.baselines.items()} == \
+            {m: _baseline_state(b) for m, b in full.baselines.items()}
+    assert skipped > 1000  # (the skip is taken, not only allowed)
+
+
+def test_the_wake_margin_covers_the_rounding_of_an_expiry_test() -> None:
+    """Just before a slot's due time by the margin, the window's own test says not due yet."""
+    for t in (0.0, 1e-3, 1.0, 86_400.0, 1.7e9, 4.1e9, 1e12):
+        for window in (1.0, 20.0, 300.0, 86_400.0):
+            wake = Wake()
+            wake.set(math.inf)  # a pass found nothing to do
+            w = WindowedSum(window, wake=wake)
+            w.add(t, "k")
+            assert w._slots.wake is not None
+            before = w._slots.wake.at
+            assert before < t + window and not w._slots.due(before)
+            assert t + window - before < 1e-6 * (1.0 + t)  # a hair, never a step of the window
+            assert w._slots.due(t + window + 1e-6 * (1.0 + t))
 
 
 class _PlainKeys(RootTracker):
