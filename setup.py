@@ -57,7 +57,8 @@ def extensions() -> list:
 
         return cythonize([_extension(name) for name in ("exporter.core.index._prefix_core", "exporter.web._render_core",
                                                          "exporter.codecs._promtext_core", "exporter.codecs._otlp_core",
-                                                         "exporter.core._records_core", "exporter.sources._zmq_rounds")],
+                                                         "exporter.core._records_core", "exporter.core._kv_batch_core",
+                                                         "exporter.sources._zmq_rounds")],
                          quiet=True)
     except Exception as exc:  # no Cython, or the translation failed
         _warn("the compiled cores were not translated", exc)

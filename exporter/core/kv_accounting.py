@@ -125,6 +125,37 @@ except ImportError:  # no compiled core in this install
     split_ages = _split_ages
 
 
+def reference_evictions(store: MetricStore, kl: _KvLabels, ts: float, ev: BatchEvictions, age_metric: str) -> None:
+    """The eviction series of a batch without root branches or placements (the common one): its
+    counters in one keyed write, then its sampled ages, each label's in event order, the label
+    seen first first (as one observation at a time would). ``exporter.core._kv_batch_core`` does
+    the same in C."""
+    stored, evicted, ages = ev.stored, ev.evicted, ev.ages
+    if not (stored or evicted or ages):
+        return
+    if stored:
+        store.inc_keyed(ts, ((kl.stored, stored), (kl.restored, ev.restored), (kl.evicted, evicted))
+                        if evicted else ((kl.stored, stored), (kl.restored, ev.restored)))
+    elif evicted:
+        store.inc_keyed(ts, ((kl.evicted, evicted),))
+    if ages:
+        reused_first, reused, fresh = split_ages(ages)
+        if reused_first:
+            store.observe_many(ts, age_metric, kl.reused_true, reused)
+            if fresh:
+                store.observe_many(ts, age_metric, kl.reused_false, fresh)
+        else:
+            store.observe_many(ts, age_metric, kl.reused_false, fresh)
+            if reused:
+                store.observe_many(ts, age_metric, kl.reused_true, reused)
+
+
+try:
+    from exporter.core._kv_batch_core import count_evictions as _common_evictions
+except ImportError:  # no compiled core in this install
+    _common_evictions = reference_evictions
+
+
 # ---- a batch's form: each step of applying it, asked of the form ---------------------------------
 class _Events:
     """A batch of plain event objects."""
@@ -347,20 +378,11 @@ class KvAccounting:
         exists wherever stores do."""
         if ev.other_media:
             self._other_media.add(worker)
-        stored, evicted, ages = ev.stored, ev.evicted, ev.ages
         if roots is None and not more:  # the common batch: its counters in one keyed write
-            if not (stored or evicted or ages):
-                return
-            kl = self.labels(worker)
-            store = self.store
-            if stored:
-                store.inc_keyed(ts, ((kl.stored, stored), (kl.restored, ev.restored), (kl.evicted, evicted))
-                                if evicted else ((kl.stored, stored), (kl.restored, ev.restored)))
-            elif evicted:
-                store.inc_keyed(ts, ((kl.evicted, evicted),))
-            if ages:
-                self._observe_ages(store, kl, ts, ages)
+            kl = self._labels.get(worker)
+            _common_evictions(self.store, kl if kl is not None else self.labels(worker), ts, ev, _EVICTION_AGE)
             return
+        stored, evicted, ages = ev.stored, ev.evicted, ev.ages
         if roots is not None and roots.roots:
             incs: Incs = [(_ROOT_BRANCHES, (), roots.roots), (_UNSTABLE_ROOTS, (), roots.unstable)]
         elif not (stored or evicted or ages or more):

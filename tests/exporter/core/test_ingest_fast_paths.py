@@ -16,7 +16,14 @@ from exporter.core.health_window import HealthIncreases
 from exporter.core.index.eviction import BatchEvictions
 from exporter.core.index.prefix_instability import EARLY_SPAN_BLOCKS, MIN_SHARED_BLOCKS, RootTracker
 from exporter.core.input_time import InputTime
-from exporter.core.kv_accounting import _BLOCKS_EVICTED, _BLOCKS_RESTORED, _BLOCKS_STORED, _EVICTION_AGE
+from exporter.core.kv_accounting import (
+    _BLOCKS_EVICTED,
+    _BLOCKS_RESTORED,
+    _BLOCKS_STORED,
+    _EVICTION_AGE,
+    _KvLabels,
+    reference_evictions,
+)
 from exporter.core.metric_store import HEALTHY_HISTOGRAM, MetricStore
 from exporter.core.state import ClusterState
 from exporter.core.windows import Wake, WindowedSum
@@ -90,6 +97,43 @@ def test_eviction_series_match_the_plain_writes() -> None:
         assert st.store.cum.histograms == ref.cum.histograms
         assert st.store.win.sums == ref.win.sums
         assert {m: hw.counts for m, hw in st.store.hwin.items()} == {m: hw.counts for m, hw in ref.hwin.items()}
+
+
+def test_the_compiled_eviction_series_are_the_reference_writes() -> None:
+    """``_kv_batch_core.count_evictions`` against ``reference_evictions`` over random batches: every
+    counter, window slot, key count, histogram row and sum, with late batches and writes held back
+    inside the store's batch now and then."""
+    from exporter.core._kv_batch_core import count_evictions
+
+    rng = random.Random(17)
+    fast, ref = MetricStore(30.0), MetricStore(30.0)
+    labels = {w: _KvLabels(w) for w in ("w0", "w1", "w2")}
+    ts = 1_700_000_000.0
+    for step in range(3000):
+        ts += rng.choice((0.0, 0.01, 0.5, 7.0))
+        at = ts - rng.choice((0.0, 0.0, 2.0))
+        ages = [(rng.random() * 50, rng.random() < 0.4) for _ in range(rng.choice((0, 0, 1, 3, 8)))]
+        ev = BatchEvictions(stored=rng.choice((0, 0, 4, 30)), restored=rng.choice((0, 1)),
+                            evicted=rng.choice((0, 1, 5)), ages=ages)
+        kl = labels[rng.choice(tuple(labels))]
+        if step % 11 == 0:
+            for store, write in ((fast, count_evictions), (ref, reference_evictions)):
+                with store.batch():
+                    write(store, kl, at, ev, _EVICTION_AGE)
+                    write(store, kl, at, ev, _EVICTION_AGE)
+        else:
+            count_evictions(fast, kl, at, ev, _EVICTION_AGE)
+            reference_evictions(ref, kl, at, ev, _EVICTION_AGE)
+        fast.expire(ts)
+        ref.expire(ts)
+        assert fast.cum.counters == ref.cum.counters and fast.cum.histograms == ref.cum.histograms
+        assert fast.win.sums == ref.win.sums and fast.win._n == ref.win._n
+        assert fast.win._slots.events == ref.win._slots.events
+        assert [(s.first, s.last, s.rows) for s in fast.win._slots.slots] == \
+            [(s.first, s.last, s.rows) for s in ref.win._slots.slots]
+        assert {m: (hw.counts, [(s.last, s.rows) for s in hw._slots.slots]) for m, hw in fast.hwin.items()} == \
+            {m: (hw.counts, [(s.last, s.rows) for s in hw._slots.slots]) for m, hw in ref.hwin.items()}
+        assert [list(d) for d in (fast.win.sums, fast.cum.counters)] == [list(d) for d in (ref.win.sums, ref.cum.counters)]
 
 
 def _expire_every_window(store: MetricStore, now: float) -> None:

@@ -1,0 +1,113 @@
+# cython: language_level=3
+"""The compiled side of a KV batch's eviction series: ``KvAccounting.count_evictions``' common batch
+(no root branches, no placements), whose Python is ``exporter.core.kv_accounting.reference_evictions``.
+
+The same writes in the same order on the same objects — the counters through ``MetricStore.inc_keyed``
+(cumulative, then the window's slot, key count and sum), the ages through ``MetricStore.observe_many``
+(the cumulative row, the window's slot row and counts, each age's bucket found once) — with
+values kept as Python objects, so every sum adds the same terms in the same order. A store
+holding writes back (inside ``MetricStore.batch``) or a histogram without its window yet, or with a
+baseline, goes through the Python method itself. tests/exporter/core/test_ingest_fast_paths.py
+compares the two over random batches.
+"""
+
+from bisect import bisect_left
+
+from exporter.core.index._prefix_core import split_ages
+
+
+cdef object _rows(slots, ts):
+    """``_Slots.slot_for(ts).rows``, its common case inline."""
+    tail = slots.tail
+    if tail is not None and tail.lo <= ts < tail.hi:
+        if ts > tail.last:
+            tail.last = ts
+        return tail.rows
+    return slots.slot_for(ts).rows
+
+
+cdef int _inc(dict counters, dict rows, dict sums, n, tuple key, value) except -1:
+    """One item of ``MetricStore.inc_keyed`` outside a batch."""
+    metric, labels = key
+    series = counters.get(metric)
+    if series is None:
+        series = counters[metric] = {}
+    (<dict>series)[labels] = (<dict>series).get(labels, 0.0) + value
+    if key in rows:
+        rows[key] = rows[key] + value
+    else:
+        rows[key] = value
+        n[key] += 1
+    sums[key] = sums.get(key, 0.0) + value
+    return 0
+
+
+cdef int _observe_many(store, ts, metric, labels, list values) except -1:
+    """``MetricStore.observe_many``."""
+    if not values:
+        return 0
+    hw = (<dict>store.hwin).get(metric)
+    if hw is None or metric in <dict>store.baselines:
+        store.observe_many(ts, metric, labels, values)
+        return 0
+    cdef tuple bounds = hw.bounds
+    cdef Py_ssize_t width = len(bounds) + 1, i
+    histograms = <dict>store.cum.histograms
+    series = histograms.get(metric)
+    if series is None:
+        series = histograms[metric] = {}
+    row = (<dict>series).get(labels)
+    if row is None:
+        row = (<dict>series)[labels] = [0.0] * (width + 1)
+    rows = <dict>_rows(hw._slots, ts)
+    slot_row = rows.get(labels)
+    if slot_row is None:
+        slot_row = rows[labels] = [0] * width
+    counts = <dict>hw.counts
+    crow = counts.get(labels)
+    if crow is None:
+        crow = counts[labels] = [0] * width
+    cdef list r = <list>row, s = <list>slot_row, c = <list>crow
+    total = r[width]
+    for value in values:
+        i = bisect_left(bounds, value)
+        r[i] += 1
+        s[i] += 1
+        c[i] += 1
+        total = total + value
+    r[width] = total
+    return 0
+
+
+def count_evictions(store, kl, ts, ev, age_metric):
+    """The eviction series of a common batch: ``reference_evictions(store, kl, ts, ev, age_metric)``."""
+    stored, evicted, ages = ev.stored, ev.evicted, ev.ages
+    if not (stored or evicted or ages):
+        return
+    cdef tuple items
+    if stored or evicted:
+        if stored:
+            items = (((kl.stored, stored), (kl.restored, ev.restored), (kl.evicted, evicted)) if evicted
+                     else ((kl.stored, stored), (kl.restored, ev.restored)))
+        else:
+            items = ((kl.evicted, evicted),)
+        if store._pending is not None:  # held back for the store's batch: its own method
+            store.inc_keyed(ts, items)
+        else:
+            win = store.win
+            slots = win._slots
+            rows = <dict>_rows(slots, ts)
+            counters, sums, n = <dict>store.cum.counters, <dict>win.sums, win._n
+            for key, value in items:
+                _inc(counters, rows, sums, n, <tuple>key, value)
+            slots.events += len(items)
+    if ages:
+        reused_first, reused, fresh = split_ages(ages)
+        if reused_first:
+            _observe_many(store, ts, age_metric, kl.reused_true, reused)
+            if fresh:
+                _observe_many(store, ts, age_metric, kl.reused_false, fresh)
+        else:
+            _observe_many(store, ts, age_metric, kl.reused_false, fresh)
+            if reused:
+                _observe_many(store, ts, age_metric, kl.reused_true, reused)
