@@ -1,6 +1,8 @@
 # cython: language_level=3
-"""The compiled side of a KV batch's eviction series: ``KvAccounting.count_evictions``' common batch
-(no root branches, no placements), whose Python is ``exporter.core.kv_accounting.reference_evictions``.
+"""The compiled side of a KV batch's bookkeeping: ``KvAccounting.count_evictions``' common batch (no
+root branches, no placements), whose Python is ``exporter.core.kv_accounting.reference_evictions``,
+and ``KvAccounting.settle``'s stream-health writes for a batch that needs no other, whose Python is
+``exporter.core.kv_accounting.reference_stream_batch`` (``Health.update``, under the Health's lock).
 
 The same writes in the same order on the same objects — the counters through ``MetricStore.inc_keyed``
 (cumulative, then the window's slot, key count and sum), the ages through ``MetricStore.observe_many``
@@ -8,7 +10,7 @@ The same writes in the same order on the same objects — the counters through `
 values kept as Python objects, so every sum adds the same terms in the same order. A store
 holding writes back (inside ``MetricStore.batch``) or a histogram without its window yet, or with a
 baseline, goes through the Python method itself. tests/exporter/core/test_ingest_fast_paths.py
-compares the two over random batches.
+compares each pair over random batches.
 """
 
 from bisect import bisect_left
@@ -111,3 +113,51 @@ def count_evictions(store, kl, ts, ev, age_metric):
             _observe_many(store, ts, age_metric, kl.reused_false, fresh)
             if reused:
                 _observe_many(store, ts, age_metric, kl.reused_true, reused)
+
+
+from exporter.core.health import _ABSENT as _absent
+
+cdef object ABSENT = _absent
+
+
+cdef int _add(counters, dict totals, metric, labels, n) except -1:
+    """One increment of ``Health.update`` (``counters`` the defaultdict: a new metric gets its dict)."""
+    series = <dict>counters[metric]
+    series[labels] = series.get(labels, 0.0) + n
+    totals[metric] = totals.get(metric, 0.0) + n
+    return 0
+
+
+cdef int _put(gauges, dict writes, dict followers, metric, labels, value) except -1:
+    """One gauge set of ``Health.update``: a change is counted and told to the gauge's followers."""
+    series = <dict>gauges[metric]
+    if series.get(labels, ABSENT) != value:
+        series[labels] = value
+        writes[metric] = writes.get(metric, 0) + 1
+        if metric in followers:
+            for changes in followers[metric]:
+                changes.add(labels)
+    return 0
+
+
+def stream_batch(health, kl, received_at, lag, stored_events, removed_events, applied, last_ts, lag_metric):
+    """A worker's stream-health writes for a batch after its first that needs no other: ``Health.update``
+    of ``[kl.batches, (applied, kl.applied_stored, stored_events), (applied, kl.applied_removed,
+    removed_events)]`` (each count only when not 0) and ``[(last_ts, kl.lab, received_at),
+    (lag_metric, kl.lab, lag)]``, checked — what ``KvAccounting.settle`` hands it, without the lists."""
+    lock = health._lock
+    lock.acquire()
+    try:
+        counters, totals = health.counters, <dict>health._totals
+        metric, labels, n = <tuple>kl.batches
+        _add(counters, totals, metric, labels, n)
+        if stored_events:
+            _add(counters, totals, applied, kl.applied_stored, stored_events)
+        if removed_events:
+            _add(counters, totals, applied, kl.applied_removed, removed_events)
+        gauges, writes, followers = health.gauges, <dict>health._gauge_writes, <dict>health._followers
+        lab = kl.lab
+        _put(gauges, writes, followers, last_ts, lab, received_at)
+        _put(gauges, writes, followers, lag_metric, lab, lag)
+    finally:
+        lock.release()

@@ -150,10 +150,25 @@ def reference_evictions(store: MetricStore, kl: _KvLabels, ts: float, ev: BatchE
                 store.observe_many(ts, age_metric, kl.reused_true, reused)
 
 
+def reference_stream_batch(health: Health, kl: _KvLabels, received_at: float, lag: float, stored_events: int,
+                           removed_events: int, applied: str, last_ts: str, lag_metric: str) -> None:
+    """A worker's stream-health writes for a batch after its first that needs no other (no unknown
+    parent or removal, no cache reset, its view not newly reliable): one :meth:`Health.update`.
+    ``exporter.core._kv_batch_core`` does the same in C, without building the lists."""
+    incs: Incs = [kl.batches]
+    if stored_events:
+        incs.append((applied, kl.applied_stored, stored_events))
+    if removed_events:
+        incs.append((applied, kl.applied_removed, removed_events))
+    health.update(incs, [(last_ts, kl.lab, received_at), (lag_metric, kl.lab, lag)], checked=True)
+
+
 try:
     from exporter.core._kv_batch_core import count_evictions as _common_evictions
+    from exporter.core._kv_batch_core import stream_batch as _stream_batch
 except ImportError:  # no compiled core in this install
     _common_evictions = reference_evictions
+    _stream_batch = reference_stream_batch
 
 
 # ---- a batch's form: each step of applying it, asked of the form ---------------------------------
@@ -323,7 +338,16 @@ class KvAccounting:
         view drifted. ``stream`` False (a family shard that is not the worker's home): the worker's
         stream-health series (batches, lag, last timestamp) are left to its home shard."""
         batch, received_at, res, first, reliable_again, drift = applied
-        kl = self.labels(batch.worker)
+        kl = self._labels.get(batch.worker)
+        if kl is None:
+            kl = self.labels(batch.worker)
+        if stream and not (first or reliable_again or res.unknown_parent or res.unknown_removals or res.cleared):
+            lag = received_at - batch.ts  # the common batch: the writes below, without their lists
+            _stream_batch(self.health, kl, received_at, lag if lag > 0.0 else 0.0, res.stored_events,
+                          res.removed_events, KV_APPLIED, KV_LAST_TS, KV_LAG)
+            if drift is not None:
+                self.repair(batch.worker, drift)
+            return
         lab = kl.lab
         if stream:
             incs: Incs = [kl.batches]

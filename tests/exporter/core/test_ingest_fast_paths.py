@@ -21,8 +21,12 @@ from exporter.core.kv_accounting import (
     _BLOCKS_RESTORED,
     _BLOCKS_STORED,
     _EVICTION_AGE,
+    KV_APPLIED,
+    KV_LAG,
+    KV_LAST_TS,
     _KvLabels,
     reference_evictions,
+    reference_stream_batch,
 )
 from exporter.core.metric_store import HEALTHY_HISTOGRAM, MetricStore
 from exporter.core.state import ClusterState
@@ -134,6 +138,31 @@ def test_the_compiled_eviction_series_are_the_reference_writes() -> None:
         assert {m: (hw.counts, [(s.last, s.rows) for s in hw._slots.slots]) for m, hw in fast.hwin.items()} == \
             {m: (hw.counts, [(s.last, s.rows) for s in hw._slots.slots]) for m, hw in ref.hwin.items()}
         assert [list(d) for d in (fast.win.sums, fast.cum.counters)] == [list(d) for d in (ref.win.sums, ref.cum.counters)]
+
+
+def test_the_compiled_stream_writes_are_the_reference_update() -> None:
+    """``_kv_batch_core.stream_batch`` against ``reference_stream_batch`` over random batches: every
+    counter, total, gauge, change count and follower's changes, in the same order."""
+    from exporter.core._kv_batch_core import stream_batch
+
+    rng = random.Random(19)
+    fast, ref = Health(), Health()
+    follows = [(h, h.follow(KV_LAST_TS), h.follow(KV_LAG)) for h in (fast, ref)]
+    labels = {w: _KvLabels(w) for w in ("w0", "w1", "w2")}
+    ts = 1_700_000_000.0
+    for step in range(3000):
+        ts += rng.choice((0.0, 0.01, 0.5))
+        kl = labels[rng.choice(tuple(labels))]
+        lag = rng.choice((0.0, 0.0, 0.25, rng.random()))
+        stored, removed = rng.choice((0, 1, 2)), rng.choice((0, 1))
+        stream_batch(fast, kl, ts, lag, stored, removed, KV_APPLIED, KV_LAST_TS, KV_LAG)
+        reference_stream_batch(ref, kl, ts, lag, stored, removed, KV_APPLIED, KV_LAST_TS, KV_LAG)
+        assert fast.counters == ref.counters and fast.gauges == ref.gauges
+        assert fast._totals == ref._totals and fast._gauge_writes == ref._gauge_writes
+        assert [list(d) for d in fast.counters.values()] == [list(d) for d in ref.counters.values()]
+        if step % 97 == 0:  # what each follower collected since the last look, in the same order
+            (_f, f_last, f_lag), (_r, r_last, r_lag) = follows
+            assert (fast.take(f_last), fast.take(f_lag)) == (ref.take(r_last), ref.take(r_lag))
 
 
 def _expire_every_window(store: MetricStore, now: float) -> None:
