@@ -118,21 +118,40 @@ def alertmanager(workdir: Path, config: Path) -> Iterator[str]:
         _stop(proc)
 
 
-@contextmanager
-def nats_server(store: Path) -> Iterator[str]:
-    """nats-server with JetStream kept in ``store``; yields its ``nats://`` URL once it listens."""
+def _nats_listening(store: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A nats-server started on a free port, once it listens; RuntimeError if it exits first."""
     port = free_port()
     proc = subprocess.Popen([require_tool("nats-server"), "-js", "-sd", str(store), "-p", str(port), "-a", "127.0.0.1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
 
     def listening() -> bool:
         if proc.poll() is not None:
-            raise RuntimeError("nats-server exited")
+            raise RuntimeError(f"nats-server exited: {log.read_text()[-2000:]}")
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
     try:
         wait_for(listening, "nats-server listening")
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, port
+
+
+@contextmanager
+def nats_server(store: Path, attempts: int = 3) -> Iterator[str]:
+    """nats-server with JetStream kept in ``store``; yields its ``nats://`` URL once it listens.
+    A server that exits before it listens (its free port taken in the meantime by another process
+    on a shared machine) is started again on another port, ``attempts`` times in all."""
+    log = store.parent / f"{store.name}-nats-server.log"
+    for attempt in range(attempts):
+        try:
+            proc, port = _nats_listening(store, log)
+            break
+        except RuntimeError:
+            if attempt + 1 == attempts:
+                raise
+    try:
         yield f"nats://127.0.0.1:{port}"
     finally:
         _stop(proc)
