@@ -139,15 +139,22 @@ def reference_evictions(store: MetricStore, kl: _KvLabels, ts: float, ev: BatchE
     elif evicted:
         store.inc_keyed(ts, ((kl.evicted, evicted),))
     if ages:
-        reused_first, reused, fresh = split_ages(ages)
-        if reused_first:
-            store.observe_many(ts, age_metric, kl.reused_true, reused)
-            if fresh:
-                store.observe_many(ts, age_metric, kl.reused_false, fresh)
-        else:
+        observe_ages(store, kl, ts, ages, age_metric)
+
+
+def observe_ages(store: MetricStore, kl: _KvLabels, ts: float, ages: list[tuple[float, bool]],
+                 age_metric: str = _EVICTION_AGE) -> None:
+    """A batch's sampled eviction ages, each label's in event order, the label seen first first:
+    as one observation at a time would."""
+    reused_first, reused, fresh = split_ages(ages)
+    if reused_first:
+        store.observe_many(ts, age_metric, kl.reused_true, reused)
+        if fresh:
             store.observe_many(ts, age_metric, kl.reused_false, fresh)
-            if reused:
-                store.observe_many(ts, age_metric, kl.reused_true, reused)
+    else:
+        store.observe_many(ts, age_metric, kl.reused_false, fresh)
+        if reused:
+            store.observe_many(ts, age_metric, kl.reused_true, reused)
 
 
 def reference_stream_batch(health: Health, kl: _KvLabels, received_at: float, lag: float, stored_events: int,
@@ -425,20 +432,7 @@ class KvAccounting:
         if incs:
             store.inc_many(ts, incs)
         if ages:
-            self._observe_ages(store, kl, ts, ages)
-
-    @staticmethod
-    def _observe_ages(store: MetricStore, kl: _KvLabels, ts: float, ages: list[tuple[float, bool]]) -> None:
-        """Each label's observations in event order, the label seen first first: as one at a time."""
-        reused_first, reused, fresh = split_ages(ages)
-        if reused_first:
-            store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
-            if fresh:
-                store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
-        else:
-            store.observe_many(ts, _EVICTION_AGE, kl.reused_false, fresh)
-            if reused:
-                store.observe_many(ts, _EVICTION_AGE, kl.reused_true, reused)
+            observe_ages(store, kl, ts, ages)
 
     # ---- view truth: unhealed loss, drift, repair ---------------------------------------------
     def _turnover(self, worker: str, stored: int, cleared: bool) -> bool:
