@@ -161,31 +161,14 @@ class MetricStore:
             for (metric, labels), value in items:
                 self.inc(ts, metric, labels, value)
             return
-        # Cumulative.inc and WindowedSum.add_many in one pass (the slot found once, as add_many does)
         counters = self.cum.counters
-        win = self.win
-        slots = win._slots
-        tail = slots.tail
-        if tail is not None and tail.lo <= ts < tail.hi:  # _Slots.slot_for's common case, inline
-            if ts > tail.last:
-                tail.last = ts
-            rows = tail.rows
-        else:
-            rows = slots.slot_for(ts).rows
-        sums, n = win.sums, win._n
         for key, value in items:
             series = counters.get(key[0])
             if series is None:
                 series = counters[key[0]] = {}
             labels = key[1]
             series[labels] = series.get(labels, 0.0) + value
-            if key in rows:
-                rows[key] += value
-            else:
-                rows[key] = value
-                n[key] += 1
-            sums[key] = sums.get(key, 0.0) + value
-        slots.events += len(items)
+        self.win.add_many(ts, items)
 
     def zero(self, metric: str, labels: LabelValues) -> None:
         """Create a counter series at 0: a ratio's numerator exists whenever its denominator does."""
