@@ -6,26 +6,19 @@ and ``KvAccounting.settle``'s stream-health writes for a batch that needs no oth
 
 The same writes in the same order on the same objects — the counters through ``MetricStore.inc_keyed``
 (cumulative, then the window's slot, key count and sum), the ages through ``MetricStore.observe_many``
-(the cumulative row, the window's slot row and counts, each age's bucket found once) — with
-values kept as Python objects, so every sum adds the same terms in the same order. A store
-holding writes back (inside ``MetricStore.batch``) or a histogram without its window yet, or with a
-baseline, goes through the Python method itself. tests/exporter/core/test_ingest_fast_paths.py
-compares each pair over random batches.
+(the cumulative row, the window's slot row and counts, each age's bucket found once, then the
+baseline if the histogram has one) — with values kept as Python objects, so every sum adds the
+same terms in the same order. The ages' write and the window slot lookup are not this file's:
+they live in ``_histogram_write.pxi``, ``include``d here and by ``_records_core.pyx``. Counters
+held back (inside ``MetricStore.batch``) or a histogram without its window yet go through the
+Python method itself. tests/exporter/core/test_ingest_fast_paths.py compares each pair over random
+batches, tests/exporter/core/test_histogram_write.py the histogram write.
 """
-
-from bisect import bisect_left
 
 from exporter.core.index._prefix_core import split_ages
 
 
-cdef object _rows(slots, ts):
-    """``_Slots.slot_for(ts).rows``, its common case inline."""
-    tail = slots.tail
-    if tail is not None and tail.lo <= ts < tail.hi:
-        if ts > tail.last:
-            tail.last = ts
-        return tail.rows
-    return slots.slot_for(ts).rows
+include "_histogram_write.pxi"  # observe_histogram_many and the slot lookup (_slot_rows), shared
 
 
 cdef int _inc(dict counters, dict rows, dict sums, n, tuple key, value) except -1:
@@ -41,43 +34,6 @@ cdef int _inc(dict counters, dict rows, dict sums, n, tuple key, value) except -
         rows[key] = value
         n[key] += 1
     sums[key] = sums.get(key, 0.0) + value
-    return 0
-
-
-cdef int _observe_many(store, ts, metric, labels, list values) except -1:
-    """``MetricStore.observe_many``."""
-    if not values:
-        return 0
-    hw = (<dict>store.hwin).get(metric)
-    if hw is None or metric in <dict>store.baselines:
-        store.observe_many(ts, metric, labels, values)
-        return 0
-    cdef tuple bounds = hw.bounds
-    cdef Py_ssize_t width = len(bounds) + 1, i
-    histograms = <dict>store.cum.histograms
-    series = histograms.get(metric)
-    if series is None:
-        series = histograms[metric] = {}
-    row = (<dict>series).get(labels)
-    if row is None:
-        row = (<dict>series)[labels] = [0.0] * (width + 1)
-    rows = <dict>_rows(hw._slots, ts)
-    slot_row = rows.get(labels)
-    if slot_row is None:
-        slot_row = rows[labels] = [0] * width
-    counts = <dict>hw.counts
-    crow = counts.get(labels)
-    if crow is None:
-        crow = counts[labels] = [0] * width
-    cdef list r = <list>row, s = <list>slot_row, c = <list>crow
-    total = r[width]
-    for value in values:
-        i = bisect_left(bounds, value)
-        r[i] += 1
-        s[i] += 1
-        c[i] += 1
-        total = total + value
-    r[width] = total
     return 0
 
 
@@ -98,7 +54,7 @@ def count_evictions(store, kl, ts, ev, age_metric):
         else:
             win = store.win
             slots = win._slots
-            rows = <dict>_rows(slots, ts)
+            rows = <dict>_slot_rows(slots, ts)
             counters, sums, n = <dict>store.cum.counters, <dict>win.sums, win._n
             for key, value in items:
                 _inc(counters, rows, sums, n, <tuple>key, value)
@@ -106,13 +62,13 @@ def count_evictions(store, kl, ts, ev, age_metric):
     if ages:
         reused_first, reused, fresh = split_ages(ages)
         if reused_first:
-            _observe_many(store, ts, age_metric, kl.reused_true, reused)
+            observe_histogram_many(store, ts, age_metric, kl.reused_true, reused)
             if fresh:
-                _observe_many(store, ts, age_metric, kl.reused_false, fresh)
+                observe_histogram_many(store, ts, age_metric, kl.reused_false, fresh)
         else:
-            _observe_many(store, ts, age_metric, kl.reused_false, fresh)
+            observe_histogram_many(store, ts, age_metric, kl.reused_false, fresh)
             if reused:
-                _observe_many(store, ts, age_metric, kl.reused_true, reused)
+                observe_histogram_many(store, ts, age_metric, kl.reused_true, reused)
 
 
 from exporter.core.health import _ABSENT as _absent

@@ -13,9 +13,12 @@ producers send, a write outside a batch) through the Python method itself. Value
 objects, so every sum adds the same terms in the same order and every dictionary gets its keys
 in the same order (tests/exporter/core/test_records_core.py compares the two over randomized
 record streams: every counter, window slot, session, hit and API answer).
+
+The histogram observation is not this file's: it lives in ``_histogram_write.pxi``, ``include``d
+here and by ``_kv_batch_core.pyx`` (whose eviction ages write the same rows), and
+tests/exporter/core/test_histogram_write.py holds it to ``MetricStore.observe`` and ``observe_many``.
 """
 
-from bisect import bisect_left
 from dataclasses import replace
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -157,46 +160,7 @@ cdef inline int _add_own(store, ts, key, value) except -1:
     return 0
 
 
-cdef int _observe(store, ts, metric, labels, value) except -1:
-    """MetricStore.observe (its first observation of a metric through the method itself)."""
-    hw = (<dict>store.hwin).get(metric)
-    if hw is None:
-        store.observe(ts, metric, labels, value)
-        return 0
-    bounds = hw.bounds
-    i = bisect_left(bounds, value)
-    histograms = <dict>store.cum.histograms
-    series = histograms.get(metric)
-    if series is None:
-        series = histograms[metric] = {}
-    row = series.get(labels)
-    if row is None:
-        row = series[labels] = [0.0] * (len(bounds) + 2)
-    row[i] += 1
-    row[-1] += value
-    # WindowedBuckets.observe_in, with _Slots.slot_for's common case inline
-    slots = hw._slots
-    tail = slots.tail
-    if tail is not None and tail.lo <= ts < tail.hi:
-        if ts > tail.last:
-            tail.last = ts
-        slot = tail
-    else:
-        slot = slots.slot_for(ts)
-    rows = <dict>slot.rows
-    slot_row = rows.get(labels)
-    if slot_row is None:
-        slot_row = rows[labels] = [0] * (len(bounds) + 1)
-    slot_row[i] += 1
-    counts = <dict>hw.counts
-    crow = counts.get(labels)
-    if crow is None:
-        crow = counts[labels] = [0] * (len(bounds) + 1)
-    crow[i] += 1
-    lw = (<dict>store.baselines).get(metric)
-    if lw is not None:
-        lw.observe(ts, labels, value)
-    return 0
+include "_histogram_write.pxi"  # observe_histogram: MetricStore.observe, shared with _kv_batch_core
 
 
 # ---- label budgets (LabelBudget.admit, RecordLabels.bound) --------------------------------------
@@ -281,7 +245,7 @@ cdef int _reuse(acc, rec, ml) except -1:
     _inc(store, ts, _WORKER_REQUESTS, wl, 1.0)
     ttft = rec.ttft_s
     if ttft is not None:
-        _observe(store, ts, _WORKER_TTFT_SECONDS, wl, ttft)
+        observe_histogram(store, ts, _WORKER_TTFT_SECONDS, wl, ttft)
     if cached is not None:
         _inc(store, ts, _REUSE_ACHIEVED_TOKENS, ml, cached)
         _add_own(store, ts, ("record_cached", worker), cached)
@@ -562,7 +526,7 @@ cdef int _prefill(acc, rec, model, ml) except -1:
     store, topo, worker, ts = acc.store, acc.topology, rec.worker, rec.ts
     wt = topo.worker(worker) if topo is not None and worker in topo else None
     _inc(store, ts, _COLD_REQUESTS, ml, 1.0)
-    _observe(store, ts, _COLD_PREFILL, (model, wt.gpu_class if wt else UNKNOWN, prompt_class(rec.prompt_tokens)),
+    observe_histogram(store, ts, _COLD_PREFILL, (model, wt.gpu_class if wt else UNKNOWN, prompt_class(rec.prompt_tokens)),
              prefill)
     gpu_s = prefill * (wt.gpus if wt else 1)
     _inc(store, ts, _COLD_PREFILL_GPU_SECONDS, ml, gpu_s)
@@ -590,7 +554,7 @@ cdef int _miss(acc, view, rec, model, ml, bs) except -1:
         return 0
     store, ts = acc.store, rec.ts
     cost = prefill + (rec.queue_s or 0.0) + (rec.migrate_s or 0.0)
-    _observe(store, ts, _PREFIX_MISS_COST_SECONDS, ml, cost)
+    observe_histogram(store, ts, _PREFIX_MISS_COST_SECONDS, ml, cost)
     baseline = acc.cold_baseline(ts, model, prompt_class(rec.prompt_tokens))
     if baseline is None:
         return 0

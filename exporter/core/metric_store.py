@@ -180,7 +180,9 @@ class MetricStore:
             series[labels] = 0.0
 
     def observe(self, ts: float, metric: str, labels: LabelValues, value: float) -> None:
-        """One histogram observation: cumulative, in the window, and in the baseline if kept."""
+        """One histogram observation: cumulative, in the window, and in the baseline if kept.
+        (``_histogram_write.pxi`` writes the same for the compiled cores, as it does
+        :meth:`observe_many`: a change here is a change there.)"""
         hw = self.hwin.get(metric)
         if hw is None:
             m = catalog.METRICS_BY_NAME[metric]
