@@ -3,14 +3,22 @@
 # (the DEFs, structs and types it uses are declared in the files included before it).
 #
 # The semantics of ``exporter.core.index.eviction.EvictionTracker`` (the reference; read its docstring for the
-# rule) in C: per worker two bounded ordered tables instead of an OrderedDict and a dict — recent
-# evictions in last-eviction order, sampled resident blocks in insertion order — each a pool of at
-# most ``memory`` entries (grown by doubling as it fills) with a doubly linked order list and an
-# open-addressing hash index (linear probing, backward-shift deletion, at most half full) whose
-# slots keep 32 bits of the mixed key beside the entry: a lookup reads its slots' cache line and
-# only the entry whose bits match, so a hash the table does not hold (most of a cluster's stores)
-# reads no entry, and a removal shifts slots without reading one. The batch's counts and sampled
-# ages become Python objects once per batch.
+# rule) in C. Per worker, two rings of recent evictions (every one, and a sample reaching further)
+# and one ordered table of sampled resident blocks, each holding at most ``memory`` entries and
+# indexed by an open-addressing hash table (linear probing, backward-shift deletion, at most half
+# full) whose slots keep 32 bits of the mixed key beside the entry: a lookup reads its slots'
+# cache line and only the entry whose bits match, so a hash the table does not hold (most of a
+# cluster's stores) reads no entry, and a removal shifts slots without reading one.
+#
+# A ring of evictions is a log in eviction order: an eviction is written at its end, next to the
+# one before, so the blocks of one removal lie side by side, and a store that finds one (a block
+# evicted, then wanted again) marks it dead where it lies rather than unlinking it from an order
+# list whose neighbours are anywhere in memory. The oldest live entry goes when ``memory`` are
+# held or the window passes it. The log doubles before more than half of it would be live (so it
+# is at most twice ``memory`` long, and its hash index, as many slots as the log has entries, at
+# most half full); when it reaches its end, it is compacted. The table of sampled
+# resident blocks (one in ``sample_every``: few) keeps a doubly linked order list.
+# The batch's counts and sampled ages become Python objects once per batch.
 
 DEF EV_FIRST_CAP = 64  # entries of a table's first allocation (grown by doubling up to ``memory``)
 
@@ -140,17 +148,6 @@ cdef inline void _ot_append(OrderedTable* t, int32_t i) noexcept nogil:
     t.tail = i
 
 
-cdef void _ot_to_end(OrderedTable* t, int32_t i) noexcept nogil:
-    if t.tail == i:
-        return
-    if t.e[i].prev >= 0:
-        t.e[t.e[i].prev].next = t.e[i].next
-    else:
-        t.head = t.e[i].next
-    t.e[t.e[i].next].prev = t.e[i].prev  # not the tail: it has a newer neighbour
-    _ot_append(t, i)
-
-
 cdef int _ot_grow(OrderedTable* t, uint32_t limit) except -1:
     """Double the pool (up to ``limit``) and rebuild the hash index for it (from the old slots'
     bits: no entry is read)."""
@@ -202,28 +199,202 @@ cdef int32_t _ot_add(OrderedTable* t, uint64_t key, double ts, uint32_t limit) e
     return i
 
 
+cdef struct RingEntry:
+    uint64_t key
+    double t         # evicted at; RING_DEAD once the block is stored again (or the entry dropped)
+
+
+cdef struct Ring:
+    RingEntry* e
+    EvSlot* slots    # key -> entry index (``tag``: the low 32 bits of the key's ``_mix``)
+    uint32_t cap     # entries of the log: a power of two (0 before the first eviction)
+    uint32_t smask   # slots - 1 (slots: ``cap``; the log doubles before more than half of it is live)
+    uint32_t n       # live entries
+    uint32_t head    # the oldest entry's position (a running count: its index is ``head & (cap - 1)``)
+    uint32_t tail    # where the next eviction goes (``tail - head`` entries in the log, dead ones too)
+
+
+cdef extern from *:
+    """
+    #define PFX_RING_DEAD (-1.0e308)
+    """
+    # A dead entry's time: below any input time, so an expiry pass would drop it anyway.
+    const double RING_DEAD "PFX_RING_DEAD"
+
+
+cdef void _ring_init(Ring* r) noexcept nogil:
+    r.e, r.slots = NULL, NULL
+    r.cap = r.smask = r.n = r.head = r.tail = 0
+
+
+cdef void _ring_free(Ring* r) noexcept nogil:
+    free(r.e)
+    free(r.slots)
+    _ring_init(r)
+
+
+cdef void _ring_clear(Ring* r) noexcept nogil:
+    """Empty the ring, keeping its allocation (it is bounded by ``memory``)."""
+    if r.slots != NULL:
+        memset(r.slots, 0xFF, (<size_t>r.smask + 1) * sizeof(EvSlot))
+    r.n = r.head = r.tail = 0
+
+
+cdef inline int32_t _ring_find(const Ring* r, uint64_t key) noexcept nogil:
+    cdef uint32_t tag, i
+    cdef int32_t k
+    if r.n == 0:
+        return -1
+    tag = <uint32_t>_mix(key)
+    i = tag & r.smask
+    while True:
+        k = r.slots[i].e
+        if k < 0:
+            return -1
+        if r.slots[i].tag == tag and r.e[k].key == key:
+            return k
+        i = (i + 1) & r.smask
+
+
+cdef inline void _ring_prefetch_slot(const Ring* r, uint64_t key) noexcept nogil:
+    if r.n:
+        __builtin_prefetch(&r.slots[<uint32_t>_mix(key) & r.smask])
+
+
+cdef inline void _ring_place(Ring* r, uint32_t tag, int32_t k) noexcept nogil:
+    """Put entry ``k`` (bits ``tag``) in the first empty slot of its run."""
+    cdef uint32_t i = tag & r.smask
+    while r.slots[i].e >= 0:
+        i = (i + 1) & r.smask
+    r.slots[i].tag = tag
+    r.slots[i].e = k
+
+
+cdef void _ring_unslot(Ring* r, int32_t k) noexcept nogil:
+    """Take entry ``k`` out of the hash index (``_ot_unslot``'s backward shift)."""
+    cdef uint32_t tag = <uint32_t>_mix(r.e[k].key)
+    cdef uint32_t i = tag & r.smask
+    cdef uint32_t j, home
+    while r.slots[i].e != k:
+        i = (i + 1) & r.smask
+    j = i
+    while True:
+        j = (j + 1) & r.smask
+        if r.slots[j].e < 0:
+            break
+        home = r.slots[j].tag & r.smask
+        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+            r.slots[i] = r.slots[j]
+            i = j
+    r.slots[i].e = -1
+    r.slots[i].tag = 0xFFFFFFFFu
+
+
+cdef inline void _ring_skip_dead(Ring* r) noexcept nogil:
+    """Move ``head`` past dead entries to the oldest live one (or to ``tail``)."""
+    cdef uint32_t m = r.cap - 1
+    while r.head != r.tail and r.e[r.head & m].t == RING_DEAD:
+        r.head += 1
+
+
+cdef inline void _ring_kill(Ring* r, int32_t k) noexcept nogil:
+    """Entry ``k`` leaves: out of the hash index, dead where it lies."""
+    _ring_unslot(r, k)
+    r.e[k].t = RING_DEAD
+    r.n -= 1
+    if <uint32_t>k == (r.head & (r.cap - 1)):
+        _ring_skip_dead(r)
+
+
+cdef inline void _ring_drop_oldest(Ring* r) noexcept nogil:
+    _ring_kill(r, <int32_t>(r.head & (r.cap - 1)))  # (``head`` is live: dead ones are skipped as they die)
+
+
+cdef int _ring_relay(Ring* r, uint32_t cap) except -1:
+    """Lay the live entries out from index 0 of a log of ``cap`` entries (doubled or compacted), in
+    order, and index them afresh."""
+    cdef RingEntry* e = <RingEntry*>malloc(cap * sizeof(RingEntry))
+    cdef EvSlot* slots
+    cdef uint32_t m = r.cap - 1, pos, n = 0
+    if e == NULL:
+        raise MemoryError()
+    slots = <EvSlot*>malloc(cap * sizeof(EvSlot))
+    if slots == NULL:
+        free(e)
+        raise MemoryError()
+    pos = r.head
+    while pos != r.tail:
+        if r.e[pos & m].t != RING_DEAD:
+            e[n] = r.e[pos & m]
+            n += 1
+        pos += 1
+    free(r.e)
+    free(r.slots)
+    r.e, r.slots, r.cap, r.smask = e, slots, cap, cap - 1
+    r.head, r.tail = 0, n
+    memset(slots, 0xFF, cap * sizeof(EvSlot))
+    for pos in range(n):
+        _ring_place(r, <uint32_t>_mix(e[pos].key), <int32_t>pos)
+    return 0
+
+
+cdef int32_t _ring_add(Ring* r, uint64_t key, double ts, uint32_t limit) except -2:
+    """A new newest entry for ``key`` (not in the ring); the oldest goes when ``limit`` are held."""
+    cdef int32_t k
+    if r.n >= limit:
+        _ring_drop_oldest(r)
+    if 2 * (r.n + 1) > r.cap:  # at most half the log is live, so its slots are at most half full
+        _ring_relay(r, EV_FIRST_CAP if r.cap == 0 else r.cap * 2)  # (``n`` ≤ ``memory``: it stops at twice that)
+    elif r.tail - r.head == r.cap:  # the log reached its end: compact it (at least half of it is dead)
+        _ring_relay(r, r.cap)
+    k = <int32_t>(r.tail & (r.cap - 1))
+    r.e[k].key, r.e[k].t = key, ts
+    _ring_place(r, <uint32_t>_mix(key), k)
+    r.tail += 1
+    r.n += 1
+    return k
+
+
+cdef int _ring_evicted(Ring* r, uint64_t key, double ts, uint32_t limit) except -1:
+    """An eviction of ``key`` at ``ts``: it becomes the newest entry (moved there when held)."""
+    cdef int32_t k = _ring_find(r, key)
+    if k >= 0:
+        if <uint32_t>k == ((r.tail - 1) & (r.cap - 1)):  # already the newest
+            r.e[k].t = ts
+            return 0
+        _ring_kill(r, k)
+    _ring_add(r, key, ts, limit)
+    return 0
+
+
+cdef void _ring_expire(Ring* r, double cutoff) noexcept nogil:
+    """Drop the entries evicted before ``cutoff`` (oldest first)."""
+    while r.n and r.e[r.head & (r.cap - 1)].t < cutoff:
+        _ring_drop_oldest(r)
+
+
 cdef class _EvictionWorker:
     """One worker's recent evictions (every one, and a sample reaching further) and sampled
     resident blocks."""
 
-    cdef OrderedTable recent
-    cdef OrderedTable sampled
+    cdef Ring recent
+    cdef Ring sampled
     cdef OrderedTable live
     cdef int64_t carry  # estimated restores not yet counted (a batch counts at most its stored blocks)
     cdef uint64_t far_mask  # the sampled ring keeps the evictions whose hash & far_mask is 0
     cdef int64_t capacity  # the capacity the far sample was sized for (-1: none yet, 0: unknown)
 
     def __cinit__(self):
-        _ot_init(&self.recent)
-        _ot_init(&self.sampled)
+        _ring_init(&self.recent)
+        _ring_init(&self.sampled)
         _ot_init(&self.live)
         self.carry = 0
         self.far_mask = 0
         self.capacity = -1
 
     def __dealloc__(self):
-        _ot_free(&self.recent)
-        _ot_free(&self.sampled)
+        _ring_free(&self.recent)
+        _ring_free(&self.sampled)
         _ot_free(&self.live)
 
 
@@ -281,7 +452,7 @@ cdef class CompiledEvictionTracker:
         every = <uint64_t>far_sample(cap or None, self.memory, <object>(self.mask + 1))
         if every - 1 != w.far_mask:
             w.far_mask = every - 1
-            _ot_clear(&w.sampled)
+            _ring_clear(&w.sampled)
 
     def far_every(self, str worker):
         """The worker's far sample (``sample_every`` until it is sized)."""
@@ -329,8 +500,8 @@ cdef class CompiledEvictionTracker:
                 else:
                     other_media = True
             elif isinstance(ev, AllBlocksCleared):  # a reset, not eviction: nothing to learn from
-                _ot_clear(&w.recent)
-                _ot_clear(&w.sampled)
+                _ring_clear(&w.recent)
+                _ring_clear(&w.sampled)
                 _ot_clear(&w.live)
                 w.carry = 0
         self._expire(w, now)
@@ -357,8 +528,8 @@ cdef class CompiledEvictionTracker:
         for i in range(scan.n):
             e = &scan.ev[i]
             if e.kind == SCAN_CLEARED:  # a reset, not eviction: nothing to learn from
-                _ot_clear(&w.recent)
-                _ot_clear(&w.sampled)
+                _ring_clear(&w.recent)
+                _ring_clear(&w.sampled)
                 _ot_clear(&w.live)
                 w.carry = 0
                 continue
@@ -377,28 +548,30 @@ cdef class CompiledEvictionTracker:
         """Fetch ahead the slots of the worker's tables that the batch's hashes ``hs`` will be
         looked up in (recent evictions for every hash, the samples for theirs), and when the
         ring of recent evictions is full, those of the oldest ones adding the batch's drops
-        (``_ot_unslot`` finds each one's slot; the order list, walked for their keys, is mostly in
-        pool order, which the hardware fetches ahead itself). The entries are not: most lookups
-        find nothing (a block stored again soon after its eviction is the exception), and a pass
-        that reads the slots to find them waits for every slot's miss in turn."""
+        (``_ring_unslot`` finds each one's slot; the log is read in order, which the hardware
+        fetches ahead itself). The entries are not: most lookups find nothing (a block stored
+        again soon after its eviction is the exception), and a pass that reads the slots to find
+        them waits for every slot's miss in turn."""
         cdef Py_ssize_t i, k = n
         cdef uint64_t h, mask = self.mask, far_mask = w.far_mask
-        cdef OrderedTable* t = &w.recent
-        cdef int32_t j
+        cdef Ring* r = &w.recent
+        cdef uint32_t pos, m
         for i in range(n):
             h = hs[i]
-            _ot_prefetch_slot(&w.recent, h)
+            _ring_prefetch_slot(&w.recent, h)
             if not h & far_mask:
-                _ot_prefetch_slot(&w.sampled, h)
+                _ring_prefetch_slot(&w.sampled, h)
             if not h & mask:
                 _ot_prefetch_slot(&w.live, h)
-        if t.n + n <= <uint32_t>self.memory:  # the ring has room: nothing old goes
+        if r.n + n <= <uint32_t>self.memory:  # the ring has room: nothing old goes
             return
-        j = t.head
-        while k > 0 and j >= 0:
-            __builtin_prefetch(&t.slots[<uint32_t>_mix(t.e[j].key) & t.smask])
-            j = t.e[j].next
-            k -= 1
+        m = r.cap - 1
+        pos = r.head
+        while k > 0 and pos != r.tail:
+            if r.e[pos & m].t != RING_DEAD:
+                __builtin_prefetch(&r.slots[<uint32_t>_mix(r.e[pos & m].key) & r.smask])
+                k -= 1
+            pos += 1
 
     cdef int _stored(self, _EvictionWorker w, const uint64_t* hs, Py_ssize_t n, bint has_parent,
                      uint64_t parent, double ts, int64_t* stored, int64_t* restored) except -1:
@@ -409,8 +582,8 @@ cdef class CompiledEvictionTracker:
         cdef bint have_parent = has_parent, back
         cdef int64_t again = 0, counted
         cdef int64_t every = <int64_t>(far_mask + 1)
-        cdef OrderedTable* recent = &w.recent
-        cdef OrderedTable* sampled = &w.sampled
+        cdef Ring* recent = &w.recent
+        cdef Ring* sampled = &w.sampled
         cdef OrderedTable* live = &w.live
         if n == 0:
             return 0
@@ -419,18 +592,18 @@ cdef class CompiledEvictionTracker:
             for i in range(n):
                 back = False
                 if recent.n:
-                    k = _ot_find(recent, hs[i])
+                    k = _ring_find(recent, hs[i])
                     if k >= 0:
                         back = True
                         if ts - recent.e[k].t <= self.window_s:
                             again += 1
-                        _ot_unlink(recent, k)
+                        _ring_kill(recent, k)
                 if sampled.n and not hs[i] & far_mask:
-                    k = _ot_find(sampled, hs[i])
+                    k = _ring_find(sampled, hs[i])
                     if k >= 0:
                         if not back and ts - sampled.e[k].t <= self.window_s:
                             again += every  # beyond the exact ring: stands for ``every`` blocks
-                        _ot_unlink(sampled, k)
+                        _ring_kill(sampled, k)
         again += w.carry
         counted = again if again < n else n
         w.carry = again - counted
@@ -462,23 +635,13 @@ cdef class CompiledEvictionTracker:
         cdef uint32_t limit = <uint32_t>self.memory
         cdef int32_t k
         cdef double age
-        cdef OrderedTable* recent = &w.recent
-        cdef OrderedTable* sampled = &w.sampled
+        cdef Ring* recent = &w.recent
+        cdef Ring* sampled = &w.sampled
         cdef OrderedTable* live = &w.live
         for i in range(n):
-            k = _ot_find(recent, hs[i])
-            if k >= 0:
-                recent.e[k].t = ts
-                _ot_to_end(recent, k)
-            else:
-                _ot_add(recent, hs[i], ts, limit)
+            _ring_evicted(recent, hs[i], ts, limit)
             if not hs[i] & far_mask:
-                k = _ot_find(sampled, hs[i])
-                if k >= 0:
-                    sampled.e[k].t = ts
-                    _ot_to_end(sampled, k)
-                else:
-                    _ot_add(sampled, hs[i], ts, limit)
+                _ring_evicted(sampled, hs[i], ts, limit)
             if not hs[i] & mask and live.n:
                 k = _ot_find(live, hs[i])
                 if k >= 0:
@@ -489,16 +652,8 @@ cdef class CompiledEvictionTracker:
 
     cdef void _expire(self, _EvictionWorker w, double now) noexcept:
         cdef double cutoff = now - self.window_s
-        cdef OrderedTable* recent = &w.recent
-        cdef OrderedTable* sampled = &w.sampled
-        while recent.n:
-            if recent.e[recent.head].t >= cutoff:
-                break
-            _ot_unlink(recent, recent.head)
-        while sampled.n:
-            if sampled.e[sampled.head].t >= cutoff:
-                break
-            _ot_unlink(sampled, sampled.head)
+        _ring_expire(&w.recent, cutoff)
+        _ring_expire(&w.sampled, cutoff)
 
     def hits(self, str worker, hashes):
         """Blocks a request record says were served from this worker's cache: reuse seen."""

@@ -540,8 +540,8 @@ cdef class CompiledPrefixIndex:
             if e.kind == SCAN_CLEARED:
                 self._clear(wid)
                 cleared += 1
-                _ot_clear(&ew.recent)  # a reset, not eviction: nothing to learn from
-                _ot_clear(&ew.sampled)
+                _ring_clear(&ew.recent)  # a reset, not eviction: nothing to learn from
+                _ring_clear(&ew.sampled)
                 _ot_clear(&ew.live)
                 ew.carry = 0
                 continue

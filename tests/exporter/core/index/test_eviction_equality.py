@@ -212,3 +212,35 @@ def test_compiled_and_reference_agree_while_tables_grow_fill_and_drop(memory: in
             ref.hits(worker, hit)
             comp.hits(worker, hit)
         assert comp.tracked(worker) == ref.tracked(worker)
+
+
+@pytest.mark.parametrize("memory", [7, 300])
+def test_long_streams_agree_while_the_rings_double_compact_and_drop(memory: int) -> None:
+    # The compiled rings of evictions are logs that double, compact when they reach their end and
+    # drop their oldest entry at ``memory``: thousands of batches over a universe much larger
+    # than ``memory`` go through each of those many times (the random streams above are short).
+    import random
+
+    rng = random.Random(memory)
+    universe = [rng.getrandbits(64) for _ in range(4 * memory + 50)]
+    ref, comp = EvictionTracker(WINDOW, memory, 2), CompiledEvictionTracker(WINDOW, memory, 2)
+    ts = 0.0
+    for step in range(6_000):
+        worker = WORKERS[rng.randrange(2)]
+        ts += rng.choice((0.0, 0.001, 0.01, 0.01, 0.2)) if step % 997 else WINDOW * 0.6
+        batch: list[object] = []
+        for _ in range(rng.randint(1, 3)):
+            k = rng.randrange(10)
+            run = tuple(rng.sample(universe, rng.randint(1, 12)))
+            if k < 5:
+                batch.append(BlockStored(run, rng.choice((None, *run[:1])), 16))
+            elif k < 9:
+                batch.append(BlockRemoved(run))
+            elif step % 50 == 0:
+                batch.append(AllBlocksCleared())
+        if step % 400 == 0:  # a capacity arrives or changes: the far sample is sized again
+            capacity = rng.choice((None, 64, 5_000))
+            for t in (ref, comp):
+                t.size_for(worker, capacity)
+        assert comp.apply(worker, batch, ts) == ref.apply(worker, batch, ts)
+        assert [comp.tracked(w) for w in WORKERS] == [ref.tracked(w) for w in WORKERS]
