@@ -41,9 +41,11 @@ name (:data:`TIER_MEDIUM`), so a worker's tiers read the same whichever way its 
 Sequencing (done by the source, from what this module returns): the envelope's ``sequence``
 counts a publisher's messages, so on core NATS a jump in it is loss (whose sequence it is:
 :meth:`DynamoMessage.sequence_key`); ``event_id`` is judged per worker and rank for bare
-messages, and a lower ``event_id`` than one seen for the same worker and rank means the worker
-restarted. (``event_id`` is no loss detector for enveloped messages: 1.6's publisher numbers
-the events of every rank it relays in one series.)
+messages. A number lower than one seen — a 1.0 publisher's ``sequence``, a worker and rank's
+``event_id`` (a restarted 1.6 worker publishes under a new publisher id) — may be the worker's
+restart, taken for one only once what follows confirms it (:mod:`exporter.sources.kv_nats`).
+(``event_id`` is no loss detector for enveloped messages: 1.6's publisher numbers the events of
+every rank it relays in one series.)
 
 Errors: a message that is neither JSON nor msgpack, or holds no RouterEvent, is rejected as a
 whole (``decode``); in a batch, a RouterEvent that is malformed is ``decode`` and one whose

@@ -40,11 +40,55 @@ configured subjects (wildcards allowed): ``namespace.<ns>.component.<component>.
 ``namespace-<ns>-component-<component>-kv-events.kv-events`` (1.0's JetStream path, read as
 published). Every worker on those subjects is taken: Dynamo's worker ids are the cluster's own
 (its discovery's instance ids), so the subjects select the deployment, not a worker list. Core
-NATS keeps nothing: a jump in an envelope's ``sequence`` per publisher (in ``event_id`` per worker
-and rank for a bare message) is counted as a gap and missed batches; a lower one is a restart.
-Those numbers are judged as the relay's are: one beyond 0..2^53, or more than ``MAX_JUMP``
-ahead unless the next message confirms it, is rejected and counted (``sequence``), its message
-(or batch) not applied. There is no replay to ask for.
+NATS keeps nothing, and there is no replay to ask for.
+
+How Dynamo numbers what it publishes (ai-dynamo/dynamo: the event plane's ``EventPublisher`` in
+lib/runtime/src/transports/event_plane/mod.rs; ``KvEventPublisher`` in
+lib/llm/src/kv_router/publisher/mod.rs; the instance ids of lib/runtime/src/discovery/kube/utils.rs;
+what the 1.6.1 and 1.0.2 wheels publish is in tests/fixtures/dynamo_runtime_capture.json):
+
+* the envelope's ``sequence`` counts one ``EventPublisher``'s messages from 0, in memory (one
+  publisher per ``KvEventPublisher``, i.e. per worker process and data-parallel rank). In 1.6+
+  its ``publisher_id`` is drawn at random when it is created (53 bits), so a restarted worker
+  publishes under a new id from 0: a lower sequence from a publisher already seen is never a
+  restart there, only a duplicate, a reordered or a forged message. In 1.0 the id was the
+  process's discovery instance id, which is the worker id (its ranks share it, each with its own
+  sequence: :meth:`DynamoMessage.sequence_key`); under Kubernetes discovery that id is a hash of
+  the pod's name, so a worker restarted in its pod comes back under the same id at sequence 0;
+* ``event_id`` is the ``KvEventPublisher``'s own in-memory counter, so every new process numbers
+  again from the start (0 in 1.0, 1 in 1.6.1) under the same worker id where that id outlives
+  the process (a pod's name; 1.6's explicit ``worker_id``). For a 1.6 restart this is the only
+  sign (a new publisher whose events go back in ``event_id``); for bare 1.0 JSON it is the only
+  number there is. (Where the worker id is new with every process — etcd leases, file discovery —
+  a restarted worker is a new worker, not a restart.)
+
+The rules, in order, per unit — an enveloped message whole, under its envelope's key and
+``sequence``; a bare message's batch, under its worker and ``event_id``:
+
+* **judged first**: a number beyond 0..2^53, or more than ``MAX_JUMP`` ahead unless the next
+  message confirms it, is rejected and counted (``sequence``), its message (or batch) not applied;
+* **loss**: a jump in a publisher's ``sequence`` (in ``event_id`` per worker and rank for a bare
+  message) is counted as a gap and missed batches of its worker;
+* **a number that went back is held, not believed** — the key's ``sequence``, or any of its
+  workers' ``event_id``, lower than the one expected: one stray, duplicated, reordered or forged
+  message must not clear a healthy worker's view. Nothing of it is applied or counted yet; each
+  key holds at most one (bounded like the other per-key state, and by ``MAX_HELD_BYTES`` in all:
+  the oldest is forgotten first, counted as not confirmed), and no other key waits for it. What follows settles it: the key's
+  next unit **continuing the held one** (its number at least the held one's plus its count, and,
+  when the key's own series went back, still below where that series stood) confirms a restart:
+  each worker's view is cleared (``sink.worker_restarted``, once), the held unit applied, then the
+  new one. The **old series going on** instead — the key's next number where it was expected or
+  beyond, or another publisher carrying the worker's old ``event_id`` numbering on — refutes it,
+  as does a next number that continues neither: it is counted (``sequence``, below the series
+  and not confirmed) and dropped, and the new unit is taken as usual. One rule serves every
+  version: 1.0's restart comes back under the same key, 1.6's under a new one with its event ids
+  gone back, and a 1.6 publisher's own next message refutes a lower sequence of its id;
+* **a held restart nothing follows** for ``RESTART_CONFIRM_S`` is confirmed: a restarted worker
+  publishes the stores of its first request and may then idle. The source's own loop checks
+  between messages (and each message before it is handled), on the source's clock — the one
+  risk left: a lone forged message from a worker that then goes quiet.
+
+The relay's stream keeps its own rule (above): the relay saw a restart on the worker's own socket.
 
 Batches are decoded by :mod:`exporter.codecs.kvcodec` (the relay sends vLLM's payload unchanged) and
 handed to the sink like the ZMQ subscriber does (``sink.apply_kv_batch``), so the state counts
@@ -67,6 +111,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import nats
 from nats.aio.subscription import Subscription
@@ -96,6 +141,8 @@ RETRY_S = 0.5
 MAX_PUBLISHERS = 65_536  # Dynamo publishers (and worker ranks) whose sequence is remembered, oldest forgotten first
 MAX_SEQ = 2**53  # vLLM counts batches from 0; beyond this a seq is no count of batches
 MAX_JUMP = 1_000_000  # batches a worker may skip at once (a day at ten a second) unless confirmed
+RESTART_CONFIRM_S = 5.0  # a Dynamo message whose number went back, with nothing after it this long, is a restart
+MAX_HELD_BYTES = 64 * 2**20  # what Dynamo messages held for confirmation may keep in all (their wire size)
 
 
 @dataclass(frozen=True)
@@ -134,6 +181,9 @@ class NatsKvSource:
         self._dyn_events: dict[str, int] = {}  # Dynamo worker (and rank) -> next event_id
         self._dyn_jump: dict[object, int] = {}  # Dynamo publisher or worker -> a number too far ahead, awaiting confirmation
         self._dyn_seen: set[str] = set()  # Dynamo workers whose gap series exists (as many as its series)
+        self._dyn_held: dict[object, _Held] = {}  # Dynamo publisher or worker -> its unit held as a possible restart
+        self._dyn_held_workers: dict[str, object] = {}  # worker whose event_id went back -> the key holding it
+        self._held_bytes = 0
         self._first_id: dict[str, str] = {}  # worker -> Nats-Msg-Id of the batch it started at (seq 0)
         self._jump: dict[str, int] = {}  # worker -> a seq too far ahead, awaiting the next to confirm it
         self._behind: set[str] = set()  # workers whose last applied batch lagged LAG_FLOOR_S or more
@@ -197,6 +247,7 @@ class NatsKvSource:
                 self._started.set()
                 while not self._stop.is_set():
                     await asyncio.sleep(0.1)
+                    self._dyn_tick()
         finally:
             with contextlib.suppress(Exception):  # closing a broken connection
                 await nc.close()
@@ -221,6 +272,7 @@ class NatsKvSource:
             self._started.set()
         failures = 0
         while not self._stop.is_set():
+            self._dyn_tick()  # Dynamo's subscriptions share this loop: their held restarts come due here
             try:
                 msgs = await psub.fetch(FETCH, timeout=0.5)
             except (TimeoutError, nats.errors.TimeoutError):
@@ -275,6 +327,7 @@ class NatsKvSource:
             except Exception as exc:
                 log.debug("stream info: %s", exc)
             await asyncio.sleep(RETRY_S)
+            self._dyn_tick()
         return None
 
     async def _subscribe(self, js: nats.js.JetStreamContext, policy: DeliverPolicy, start: int | None):
@@ -360,8 +413,9 @@ class NatsKvSource:
         self._next[worker] = seq + 1
         return True
 
-    def _apply_batch(self, batch: KvBatch) -> None:
-        received_at = self.clock()
+    def _apply_batch(self, batch: KvBatch, received_at: float | None = None) -> None:
+        """``received_at``: when it arrived, if not now (a Dynamo message held for confirmation)."""
+        received_at = self.clock() if received_at is None else received_at
         if received_at - batch.ts >= LAG_FLOOR_S:
             self._behind.add(batch.worker)
         self._apply(lambda: self.sink.apply_kv_batch(batch, received_at), batch.worker)
@@ -390,31 +444,137 @@ class NatsKvSource:
             if self._behind and not any(sub.pending_msgs for sub in self._dyn_subs):
                 self._caught_up()
 
+    def _dyn_tick(self) -> None:
+        """The source's loop, between messages: held restarts nothing refuted in ``RESTART_CONFIRM_S``
+        are confirmed now (a restarted worker may publish once and go quiet)."""
+        if not self._dyn_held:
+            return
+        with self.duties.duty("kv_ingest"):
+            self._confirm_due()
+
     def handle_dynamo(self, subject: str, data: bytes) -> None:
         """One Dynamo KV-event message: sequenced by the envelope's ``sequence`` per publisher (by
-        ``event_id`` per worker and rank when bare), then each worker's events applied.
+        ``event_id`` per worker and rank when bare), then each worker's events applied — or held,
+        when its number went back, until a restart is confirmed (the module docstring's rules).
 
         Every worker publishing on the subscribed subjects is taken, named or not: Dynamo's worker
         ids are its discovery's instance ids, so the subjects are what selects the deployment."""
         msg = dynamo_events.decode_message(data, self.settings.dynamo_block_size, where=subject, health=self.health)
         if msg is None:
             return
+        self._confirm_due()
         now = self.clock()
-        restarted: set[str] = set()
         key = msg.sequence_key()
-        if key is not None and msg.sequence is not None:
+        enveloped = key is not None and msg.sequence is not None
+        if enveloped:
             known = self._dyn_publishers.get(key)
             if not self._dyn_fits(key, msg.sequence, known[0] if known else None,
                                   f"{subject}: publisher {key[0]}'s sequence"):
                 return  # judged, not trusted: nothing of it applied, nothing taken for a restart
-            self._publisher_sequence(key, msg.sequence, msg.events[0].worker if msg.events else None, restarted)
-        for batch in msg.batches(now):
-            worker = batch.worker
-            if not self._dyn_fits(worker, batch.seq, self._dyn_events.get(worker),
-                                  f"{subject}: worker {worker}'s event_id"):
-                continue
-            self._event_ids(worker, batch.seq, len(batch.events), msg.sequence is None, restarted)
-            self._apply_batch(batch)
+        batches = [b for b in msg.batches(now)
+                   if self._dyn_fits(b.worker, b.seq, self._dyn_events.get(b.worker),
+                                     f"{subject}: worker {b.worker}'s event_id")]
+        if enveloped:
+            units = [_Unit(key, msg.sequence, 1, msg.events[0].worker if msg.events else None, batches, True,
+                           f"{subject}: publisher {key[0]}")]
+        else:
+            units = [_Unit(b.worker, b.seq, len(b.events), b.worker, [b], False, f"{subject}: worker {b.worker}")
+                     for b in batches]
+        for unit in units:
+            self._dyn_unit(unit, len(data) // len(units))
+
+    def _dyn_unit(self, unit: _Unit, size: int) -> None:
+        """One sequenced unit: it settles what its key held, refutes a hold its worker's old
+        numbering continues, then is held itself (its number went back) or applied."""
+        held = self._dyn_held.get(unit.key)
+        if held is not None:
+            if held.old is not None and unit.number >= held.old:
+                self._refute(held, f"the series went on at {unit.number}")
+            elif unit.number >= held.unit.number + held.unit.count:
+                self._confirm(held, f"continued at {unit.number}")
+            else:
+                self._refute(held, f"followed by {unit.number}, no continuation of it")
+        for batch in unit.batches:
+            other = self._dyn_held_workers.get(batch.worker)
+            if other is not None and other != unit.key:
+                held = self._dyn_held[other]
+                if batch.seq >= held.events.get(batch.worker, MAX_SEQ + 1):
+                    self._refute(held, f"worker {batch.worker}'s event_id went on at {batch.seq}")
+        went_back = {b.worker: self._dyn_events[b.worker] for b in unit.batches
+                     if b.worker in self._dyn_events and b.seq < self._dyn_events[b.worker]}
+        old: int | None = None
+        workers = set(went_back)
+        if unit.enveloped:
+            known = self._dyn_publishers.get(unit.key)
+            if known is not None and unit.number < known[0]:
+                old = known[0]
+                worker = unit.worker or known[1]
+                if worker is not None:
+                    workers.add(worker)
+                unit.worker = worker
+        elif went_back:
+            old = went_back[unit.key]
+        if workers:
+            self._hold(unit, old, went_back, tuple(sorted(workers)), size)
+        else:
+            self._apply_unit(unit)
+
+    def _hold(self, unit: _Unit, old: int | None, events: dict[str, int], workers: tuple[str, ...],
+              size: int) -> None:
+        """Keep a unit whose number went back, unapplied and uncounted, until it is confirmed or refuted."""
+        self._dyn_held[unit.key] = _Held(unit, old, events, workers, self.clock(), size)
+        self._held_bytes += size
+        for worker in events:
+            self._dyn_held_workers[worker] = unit.key
+        log.debug("%s: number %d went back (workers %s): held until a restart is confirmed", unit.what,
+                  unit.number, ", ".join(workers))
+        while len(self._dyn_held) > MAX_PUBLISHERS or self._held_bytes > MAX_HELD_BYTES:
+            self._refute(next(iter(self._dyn_held.values())), "forgotten: too many held at once")
+
+    def _unhold(self, held: _Held) -> None:
+        del self._dyn_held[held.unit.key]
+        self._held_bytes -= held.size
+        for worker in held.events:
+            if self._dyn_held_workers.get(worker) == held.unit.key:
+                del self._dyn_held_workers[worker]
+
+    def _refute(self, held: _Held, why: str) -> None:
+        """Not a restart: the held unit is dropped, counted once."""
+        self._unhold(held)
+        self.health.error(SOURCE, "sequence", f"{held.unit.what}: {held.unit.number} was below the series and "
+                                              f"not confirmed as a restart ({why}); dropped")
+
+    def _confirm(self, held: _Held, why: str) -> None:
+        """A restart: each worker's view is cleared once, its numbering starts again with the held unit,
+        and the held unit is applied (as received when it arrived: the hold is no lag)."""
+        self._unhold(held)
+        unit = held.unit
+        for worker in held.workers:
+            log.info("Dynamo worker %s: %s went back to %d and %s: worker restarted", worker, unit.what,
+                     unit.number, why)
+            self._apply(partial(self.sink.worker_restarted, worker), worker)
+            self._dyn_events.pop(worker, None)
+        if unit.enveloped:
+            self._dyn_publishers.pop(unit.key, None)
+        self._apply_unit(unit, held.at)
+
+    def _confirm_due(self) -> None:
+        """Held units nothing refuted within ``RESTART_CONFIRM_S`` are restarts (held in time order)."""
+        if not self._dyn_held:
+            return
+        now = self.clock()
+        while self._dyn_held:
+            held = next(iter(self._dyn_held.values()))
+            if now - held.at < RESTART_CONFIRM_S:
+                return
+            self._confirm(held, f"nothing refuted it in {RESTART_CONFIRM_S:g}s")
+
+    def _apply_unit(self, unit: _Unit, received_at: float | None = None) -> None:
+        if unit.enveloped:
+            self._publisher_sequence(unit.key, unit.number, unit.worker)
+        for batch in unit.batches:
+            self._event_ids(batch.worker, batch.seq, len(batch.events), not unit.enveloped)
+            self._apply_batch(batch, received_at)
 
     def _dyn_fits(self, key: object, value: int, expected: int | None, what: str) -> bool:
         """Whether a Dynamo sequence (a publisher's envelope ``sequence``, a worker's ``event_id``)
@@ -435,11 +595,9 @@ class NatsKvSource:
             return False
         return True
 
-    def _publisher_sequence(self, publisher: tuple[int, str | None], seq: int, worker: str | None,
-                            restarted: set[str]) -> None:
-        """Loss on core NATS: a jump in a publisher's envelope sequence (counted against its worker);
-        a lower sequence from the same publisher is a restart (Dynamo 1.0's publisher id is the
-        worker's own id)."""
+    def _publisher_sequence(self, publisher: tuple[int, str | None], seq: int, worker: str | None) -> None:
+        """Loss on core NATS: a jump in a publisher's envelope sequence, counted against its worker
+        (a sequence that went back never gets here: it was held, and is applied once confirmed)."""
         known = self._dyn_publishers.pop(publisher, None)
         if known is None:
             if seq > 0:
@@ -448,38 +606,53 @@ class NatsKvSource:
         else:
             expected, last_worker = known
             worker = worker or last_worker
-            if seq < expected and worker is not None:
-                self._dyn_restart(worker, f"publisher {publisher[0]} sequence went from {expected - 1} to {seq}", restarted)
-            elif seq > expected and worker is not None and (self.home is None or self.home(worker)):
+            if seq > expected and worker is not None and (self.home is None or self.home(worker)):
                 self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
                 self.health.inc("prefixscope_kv_event_missed_batches", (worker,), seq - expected)
         self._dyn_publishers[publisher] = (seq + 1, worker)  # (re)inserted last: the oldest go first
         if len(self._dyn_publishers) > MAX_PUBLISHERS:
             del self._dyn_publishers[next(iter(self._dyn_publishers))]
 
-    def _event_ids(self, worker: str, first: int, n: int, judge_gaps: bool, restarted: set[str]) -> None:
-        """A worker's (and rank's) ``event_id``: lower than the last one seen is a restart; a jump is
-        loss, judged here only for bare messages (an enveloped one is judged by its sequence)."""
+    def _event_ids(self, worker: str, first: int, n: int, judge_gaps: bool) -> None:
+        """A worker's (and rank's) ``event_id``: a jump is loss, judged here only for bare messages
+        (an enveloped one is judged by its sequence); one that went back was held before."""
         expected = self._dyn_events.pop(worker, None)
         if expected is None and worker not in self._dyn_seen and (self.home is None or self.home(worker)):
             self._dyn_seen.add(worker)  # a stream with no gap reads 0, not missing (as on ZMQ)
             self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,), 0)
-        elif expected is not None:
-            if first < expected:
-                self._dyn_restart(worker, f"event_id went from {expected - 1} to {first}", restarted)
-            elif first > expected and judge_gaps and (self.home is None or self.home(worker)):
-                self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
-                self.health.inc("prefixscope_kv_event_missed_batches", (worker,), first - expected)
+        elif expected is not None and first > expected and judge_gaps and (self.home is None or self.home(worker)):
+            self.health.inc("prefixscope_kv_event_sequence_gaps", (worker,))
+            self.health.inc("prefixscope_kv_event_missed_batches", (worker,), first - expected)
         self._dyn_events[worker] = first + n
         if len(self._dyn_events) > MAX_PUBLISHERS:
             del self._dyn_events[next(iter(self._dyn_events))]
 
-    def _dyn_restart(self, worker: str, why: str, restarted: set[str]) -> None:
-        if worker in restarted:
-            return
-        restarted.add(worker)
-        log.info("Dynamo worker %s: %s: worker restarted", worker, why)
-        self._apply(lambda: self.sink.worker_restarted(worker), worker)
+
+@dataclass(slots=True)
+class _Unit:
+    """What a Dynamo message is sequenced as: an enveloped message whole, under its envelope's key
+    (:meth:`DynamoMessage.sequence_key`) and ``sequence``; a bare message's batch, under its worker
+    and first ``event_id``."""
+
+    key: tuple[int, str | None] | str
+    number: int
+    count: int  # how far the number moves: 1 message, or the batch's events
+    worker: str | None  # the publisher's worker (enveloped), the batch's (bare)
+    batches: list[KvBatch]
+    enveloped: bool
+    what: str  # names it in logs and errors
+
+
+@dataclass(slots=True)
+class _Held:
+    """A unit whose number went back, waiting for what follows to confirm or refute a restart."""
+
+    unit: _Unit
+    old: int | None  # the number its key's series expected next (None: no series of that key went back)
+    events: dict[str, int]  # worker -> the event_id its old numbering expected next, for each that went back
+    workers: tuple[str, ...]  # whose views a confirmed restart clears
+    at: float  # when it arrived (the source's clock)
+    size: int  # its share of the message's bytes (what held units may keep)
 
 
 def nats_workers(kv_events: Iterable[tuple[str, str | None]]) -> tuple[frozenset[str], frozenset[str]]:

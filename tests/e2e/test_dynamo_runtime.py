@@ -259,8 +259,10 @@ def test_relayed_vllm_events_keep_every_tier(runtime: str, exporter: Exporter, n
 
 def test_a_restarted_worker_is_cleared_and_followed_again(exporter: Exporter, nats_server: Nats,
                                                           tmp_path: Path) -> None:
-    """Dynamo 1.6 with a fixed worker id: the new process's event ids start again, so its old
-    blocks go (the engine's cache went with the process) and the new ones are followed."""
+    """Dynamo 1.6 with a fixed worker id: the new process publishes under a new publisher id and its
+    event ids start again, so its old blocks go (the engine's cache went with the process) and the
+    new ones are followed. It publishes one message and goes quiet: nothing refutes the restart, so
+    it is confirmed once ``RESTART_CONFIRM_S`` has passed."""
     first = Peer("1.6.1", {"worker_id": 4242, "ranks": {"0": API_STEPS["0"]}}, nats_server, tmp_path)
     try:
         first.published()

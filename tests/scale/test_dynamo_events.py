@@ -80,8 +80,10 @@ def test_the_nats_source_sequences_dynamo_events_by_event_id() -> None:
         src.handle_dynamo("namespace.dynamo.component.backend.kv_events", raw(name))
     assert [b.seq for b in sink.batches] == [0, 1, 3]
     assert h.snapshot()[0]["prefixscope_kv_event_missed_batches"][(str(W),)] == 1
-    src.handle_dynamo("s", raw("old_bare_stored"))  # event id 0 again: the worker restarted
-    assert sink.restarts == [str(W)]
+    src.handle_dynamo("s", raw("old_bare_stored"))  # event id 0 again: held until a restart is confirmed
+    assert sink.restarts == [] and [b.seq for b in sink.batches] == [0, 1, 3]
+    src.handle_dynamo("s", raw("new_stored_child"))  # event id 1 continues it: the worker restarted
+    assert sink.restarts == [str(W)] and [b.seq for b in sink.batches] == [0, 1, 3, 0, 1]
 
 
 def test_relayed_messages_apply_once_and_follow_the_restart_rule() -> None:

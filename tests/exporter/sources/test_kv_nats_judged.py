@@ -20,7 +20,8 @@ import pytest
 from exporter.codecs.kv_stream import DEFAULT_PREFIX, DEFAULT_STREAM, H_WORKER, headers_for, subject_for
 from exporter.core.health import Health
 from exporter.core.sharding import ShardSink, ShardSpec
-from exporter.sources.kv_nats import NatsKvSettings, NatsKvSource
+from exporter.sources import kv_nats
+from exporter.sources.kv_nats import RESTART_CONFIRM_S, NatsKvSettings, NatsKvSource
 from tests import servers
 from tests.support import REPO, wait_for
 
@@ -30,13 +31,16 @@ class Sink:
         self.batches: list[tuple[str, int]] = []
         self.restarts: list[str] = []
         self.times: list[float] = []
+        self.order: list[tuple[str, ...]] = []  # batches and restarts as they came
 
     def apply_kv_batch(self, batch, received_at) -> None:
         self.batches.append((batch.worker, batch.seq))
         self.times.append(batch.ts)
+        self.order.append((batch.worker, str(batch.seq)))
 
     def worker_restarted(self, worker) -> None:
         self.restarts.append(worker)
+        self.order.append((worker, "restart"))
 
 
 @pytest.fixture
@@ -203,3 +207,167 @@ def test_an_envelope_time_past_u64_reads_as_no_time_and_the_message_is_applied(n
     assert sink.batches == [("11", 4), ("11", 5)]
     # the first falls back on its milliseconds; the second has no readable time: stamped when received
     assert sink.times == [DYNAMO["enveloped"]["published_at"] / 1e3, 1234.0]
+
+
+# ---- a Dynamo number that went back is a restart only once confirmed ----------------------------
+# The runtime's own bytes (tests/fixtures/dynamo_runtime_capture.json: rank 0's four messages, then
+# rank 1's two), renumbered where a test needs another publisher, sequence or event_id.
+CAPTURE = json.loads((REPO / "tests" / "fixtures" / "dynamo_runtime_capture.json").read_text())
+RUNTIMES = ("1.6.1", "1.0.2", "1.0.2-jetstream")  # a batch per envelope, one event per envelope, bare JSON
+
+
+def runtime_message(runtime: str, i: int, *, publisher: int | None = None, sequence: int | None = None,
+                    event_id: int | None = None, worker: int | None = None) -> tuple[str, bytes]:
+    """The runtime's ``i``-th message (subject, bytes) in its own wire form, renumbered as asked."""
+    m = CAPTURE[runtime]["messages"][i]
+    data = bytes.fromhex(m["data"])
+    if runtime.endswith("jetstream"):
+        events = [json.loads(data)]
+    else:
+        env = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        payload = msgpack.unpackb(env["payload"], raw=False, strict_map_key=False)
+        events = payload if isinstance(payload, list) else [payload]
+        env["publisher_id"] = env["publisher_id"] if publisher is None else publisher
+        env["sequence"] = env["sequence"] if sequence is None else sequence
+    for k, event in enumerate(events):
+        event["event"]["event_id"] = event["event"]["event_id"] if event_id is None else event_id + k
+        event["worker_id"] = event["worker_id"] if worker is None else worker
+    if runtime.endswith("jetstream"):
+        return m["subject"], json.dumps(events[0], separators=(",", ":")).encode()
+    env["payload"] = msgpack.packb(payload, use_bin_type=True)
+    return m["subject"], msgpack.packb(env, use_bin_type=True)
+
+
+def publish_core(url: str, messages: list[tuple[str, bytes]]) -> None:
+    """Publish on core NATS, in order, as Dynamo's event plane does."""
+    import nats
+
+    async def run() -> None:
+        nc = await nats.connect(url)
+        for subject, data in messages:
+            await nc.publish(subject, data)
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(run())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def dynamo_source(url: str, runtime: str, sink: Sink, health: Health, clock: Clock | None = None) -> NatsKvSource:
+    subject = CAPTURE[runtime]["messages"][0]["subject"]
+    src = NatsKvSource(NatsKvSettings(url=url, relay=False, dynamo_subjects=(subject,), dynamo_block_size=4),
+                       sink, health, clock=clock or Clock())
+    src.start()
+    assert src.wait_started(30)
+    return src
+
+
+def first_run(runtime: str) -> list[tuple[str, bytes]]:
+    return [runtime_message(runtime, i) for i in range(4)]
+
+
+def rank0(runtime: str) -> str:
+    return str(CAPTURE[runtime]["worker_id"])
+
+
+def ids(runtime: str, i: int) -> str:
+    """The event_id of rank 0's ``i``-th message (a batch's seq): 1.6.1 numbers from 1, 1.0 from 0."""
+    return str(i + 1 if runtime == "1.6.1" else i)
+
+
+def new_run(runtime: str, i: int) -> tuple[str, bytes]:
+    """What a restarted worker publishes as its ``i``-th message: the same numbers from the start, under
+    a new publisher id in 1.6+ (each publisher draws its id when it is created)."""
+    return runtime_message(runtime, i, publisher=4_242_424_242 if runtime == "1.6.1" else None)
+
+
+@pytest.mark.parametrize(("runtime", "forged"), [("1.6.1", "sequence"), ("1.6.1", "publisher"),
+                                                ("1.0.2", "sequence"), ("1.0.2-jetstream", "event_id")])
+def test_one_forged_lower_number_amid_a_steady_series_clears_nothing(runtime: str, forged: str, nats_url: str) -> None:
+    """A stray, duplicated or forged message whose number went back — the publisher's sequence (the
+    first message again), the bare event_id, or (1.6) the event_id under a publisher id never seen —
+    is held; the series going on refutes it: counted once as ``sequence``, dropped, the view untouched."""
+    sink, health = Sink(), Health()
+    src = dynamo_source(nats_url, runtime, sink, health)
+    run = first_run(runtime)
+    stray = runtime_message(runtime, 0, publisher=777 if forged == "publisher" else None)
+    try:
+        publish_core(nats_url, [*run[:3], stray, run[3]])
+        wait_for(lambda: len(sink.batches) >= 4, what="the series")
+    finally:
+        src.close()
+    assert sink.order == [(rank0(runtime), ids(runtime, i)) for i in range(4)]
+    assert health.snapshot()[0]["prefixscope_ingest_errors"] == {("kv_events", "sequence"): 1}
+    assert not (health.total("prefixscope_kv_event_missed_batches") or 0)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_restart_and_its_continuation_clear_the_view_once_and_apply_both(runtime: str, nats_url: str) -> None:
+    sink, health = Sink(), Health()
+    src = dynamo_source(nats_url, runtime, sink, health)
+    try:
+        publish_core(nats_url, [*first_run(runtime), new_run(runtime, 0), new_run(runtime, 1)])
+        wait_for(lambda: len(sink.batches) >= 6, what="both runs")
+    finally:
+        src.close()
+    w0 = rank0(runtime)
+    assert sink.order == [(w0, ids(runtime, i)) for i in range(4)] + [(w0, "restart"), (w0, ids(runtime, 0)),
+                                                                        (w0, ids(runtime, 1))]
+    assert "prefixscope_ingest_errors" not in health.snapshot()[0]
+    assert set(health.snapshot()[0]["prefixscope_kv_event_sequence_gaps"].values()) == {0}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_lone_restart_is_confirmed_once_nothing_refutes_it_for_the_confirm_time(runtime: str,
+                                                                                    nats_url: str) -> None:
+    """A restarted worker may publish its first request's stores and go quiet: held, it delays no
+    other worker, and the source's own loop confirms it once ``RESTART_CONFIRM_S`` passed on its clock."""
+    sink, health, clock = Sink(), Health(), Clock()
+    src = dynamo_source(nats_url, runtime, sink, health, clock)
+    w0 = rank0(runtime)
+    w1 = f"{w0}-dp1"
+    try:
+        publish_core(nats_url, [*first_run(runtime), new_run(runtime, 0), runtime_message(runtime, 4)])
+        wait_for(lambda: (w1, ids(runtime, 0)) in sink.order, what="rank 1, past the held message")
+        clock.now += RESTART_CONFIRM_S - 0.5
+        assert sink.restarts == [] and len(sink.batches) == 5
+        clock.now += 0.5
+        wait_for(lambda: sink.restarts, what="the restart confirmed")
+        wait_for(lambda: len(sink.batches) == 6, what="the held message applied")
+    finally:
+        src.close()
+    assert sink.order[4:] == [(w1, ids(runtime, 0)), (w0, "restart"), (w0, ids(runtime, 0))]
+    assert "prefixscope_ingest_errors" not in health.snapshot()[0]
+
+
+@pytest.mark.parametrize(("keys", "held_bytes", "kept"), [(8, 2**30, 8), (65_536, 3, 3)])
+def test_held_messages_stay_bounded_however_many_keys_go_back(keys: int, held_bytes: int, kept: int,
+                                                                nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of 50 workers' event_id goes back once and nothing follows: at most ``MAX_PUBLISHERS``
+    held (``MAX_HELD_BYTES`` of them in all), the oldest forgotten — counted, never applied."""
+    runtime, n = "1.0.2-jetstream", 50
+    size = len(runtime_message(runtime, 0, event_id=0, worker=1_000_000)[1])
+    monkeypatch.setattr(kv_nats, "MAX_PUBLISHERS", keys)
+    monkeypatch.setattr(kv_nats, "MAX_HELD_BYTES", held_bytes * size)
+    sink, health = Sink(), Health()
+    src = dynamo_source(nats_url, runtime, sink, health)
+    messages = []
+    for k in range(n):
+        messages += [runtime_message(runtime, 0, event_id=5, worker=1_000_000 + k),
+                     runtime_message(runtime, 0, event_id=0, worker=1_000_000 + k)]
+    try:
+        publish_core(nats_url, [*messages, runtime_message(runtime, 0, worker=7)])
+        wait_for(lambda: ("7", "0") in sink.order, what="every message")
+    finally:
+        src.close()
+    assert len(src._dyn_held) == kept and len(src._dyn_held_workers) == kept and src._held_bytes <= kept * size
+    assert len(src._dyn_events) <= keys
+    assert health.snapshot()[0]["prefixscope_ingest_errors"] == {("kv_events", "sequence"): n - kept}
+    assert sink.restarts == [] and len(sink.batches) == n + 1
