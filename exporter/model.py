@@ -241,7 +241,7 @@ class KvStreamSink(Protocol):
     and a rebuild from the worker's replay (the relay, which keeps no view, needs only this)."""
 
     def worker_restarted(self, worker: str) -> None:
-        """The worker's sequence restarted at 0: clear its view (its cache is empty now)."""
+        """The worker restarted (its KV-event sequence went back, as the source judges it): clear its view (its cache is empty now)."""
 
     def reset_view(self, worker: str) -> None:
         """A rebuild of the worker's view starts: forget the view (the replay follows)."""

@@ -597,7 +597,7 @@ METRICS: tuple[Metric, ...] = (
     _metric(name="kv_event_unknown_block_removals", type="counter", unit="", labels=(W,), group=0, source="kv_events",
             help="BlockRemoved hashes that the worker's view did not hold."),
     _metric(name="worker_restarts", type="counter", unit="", labels=(W,), group=0, source="kv_events",
-            help="Worker restarts detected (sequence restarted at 0); the worker's view was cleared."),
+            help="Worker restarts detected (a KV-event sequence that went back, judged by the source: see docs/operating.md); the worker's view was cleared."),
     _metric(name="index_staleness_tokens", type="counter", unit="tokens", labels=(M,), group=0, source="records",
             help="Tokens the router predicted as cached but the engine did not report (predicted − achieved, floored at 0)."),
     # ---- group 1: prefix cache health ----------------------------------------------------
