@@ -426,8 +426,8 @@ cdef class CompiledEvictionTracker:
             raise ValueError("eviction memory must be at least 1")
         if sample_every < 1 or sample_every & (sample_every - 1):
             raise ValueError("sample_every must be a power of two")
-        if memory > 0x7FFFFFFF:
-            raise ValueError("eviction memory must be below 2^31")
+        if memory > 0x3FFFFFFF:  # (a ring's log is at most twice as long, its positions 32-bit)
+            raise ValueError("eviction memory must be below 2^30")
         self.window_s = float(window_s)
         self.memory = memory
         self.mask = <uint64_t>(sample_every - 1)

@@ -146,7 +146,7 @@ def test_the_compiled_tracker_is_bounded_and_reads_the_known_cases() -> None:
 
 
 def test_the_compiled_tracker_checks_its_settings() -> None:
-    for bad in ({"memory": 0}, {"sample_every": 3}, {"sample_every": 0}):
+    for bad in ({"memory": 0}, {"memory": 1 << 30}, {"sample_every": 3}, {"sample_every": 0}):
         with pytest.raises(ValueError):
             CompiledEvictionTracker(300.0, **bad)
 
