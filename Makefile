@@ -20,7 +20,11 @@ PYTEST_ARGS ?=
 
 # gcc builds the compiled prefix index during the install (without it the install still
 # succeeds and the exporter runs on the Python reference index).
-$(VENV)/.installed: pyproject.toml setup.py
+# The compiled cores' sources: a change to one rebuilds the editable install (and with it the
+# extensions in place), so `make test` after a pull never runs a stale core.
+CORE_SOURCES := $(wildcard exporter/*.pyx exporter/*/*.pyx exporter/*/*/*.pyx exporter/*.pxi exporter/*/*.pxi exporter/*/*/*.pxi)
+
+$(VENV)/.installed: pyproject.toml setup.py $(CORE_SOURCES)
 	$(call apt_install,gcc)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
