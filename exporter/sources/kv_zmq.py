@@ -501,18 +501,25 @@ class KvEventSubscriber:
         # Per-batch stream health (batches, events applied, last timestamp, lag) and the restart
         # counter are the sink's to count (ClusterState does), so replays of a recorded stream that
         # bypass ZMQ count the same way; this adapter counts only what it alone sees: gaps and replays.
-        self._safely(batch.worker, lambda: self.sink.apply_kv_batch(batch, received_at))
+        try:  # (``_safely`` inline: this runs once per batch, no closure built for it)
+            self.sink.apply_kv_batch(batch, received_at)
+        except Exception as exc:
+            self._failed(batch.worker, exc)
 
     def _safely(self, worker: str, call: Callable[[], None]) -> bool:
         try:
             call()
-        except Exception as exc:  # a state bug on one batch must not stop the stream
-            if type(exc) not in self._apply_failures:  # one traceback per kind of failure, not one per batch
-                self._apply_failures.add(type(exc))
-                log.exception("worker %s: applying KV events failed", worker)
-            self.health.error(SOURCE, "apply", f"worker {worker}: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            self._failed(worker, exc)
             return False
         return True
+
+    def _failed(self, worker: str, exc: Exception) -> None:
+        """A state bug on one batch must not stop the stream: counted, one traceback per kind."""
+        if type(exc) not in self._apply_failures:  # one traceback per kind of failure, not one per batch
+            self._apply_failures.add(type(exc))
+            log.exception("worker %s: applying KV events failed", worker, exc_info=exc)
+        self.health.error(SOURCE, "apply", f"worker {worker}: {type(exc).__name__}: {exc}")
 
     # ---- replay ---------------------------------------------------------------------------
     def _start_replay(self, worker: str, start: int, end: int, kind: str, then: tuple[int, bytes, float] | None,
