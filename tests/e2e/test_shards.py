@@ -175,7 +175,11 @@ def assert_one_answer(rig: dict) -> None:
         want = single.state.index.longest_match(chain)
         owner = owner_of_chain(router, chain)
         got = shards[owner].state.index.longest_match(chain) if owner is not None else None
-        assert (got.blocks, dict(got.per_worker)) == (want.blocks, dict(want.per_worker)) if got else want.blocks == 0
+        seen = (got.blocks, dict(got.per_worker)) if got else None
+        assert seen == (want.blocks, dict(want.per_worker)) if got else want.blocks == 0, (
+            f"chain {rig['chains'].index(chain)} ({len(chain)} blocks, first {chain[0]:#x}): owner shard {owner}, "
+            f"its match {seen}, the single exporter's {(want.blocks, dict(want.per_worker))}; every shard's: "
+            f"{[(m.blocks, dict(m.per_worker)) for m in (s.state.index.longest_match(chain) for s in shards)]}")
     # no gaps left unhealed: nothing missed anywhere
     for e in [single, *shards]:
         assert not e.health.snapshot()[0].get("prefixscope_kv_event_missed_batches", {}) or \
