@@ -28,7 +28,7 @@ import yaml
 from exporter.bootstrap import bootstrap, build_nats_source
 from exporter.config import Config, NatsKv, Shard, WorkerTarget
 from exporter.core.checks import evaluate
-from exporter.core.sharding import ShardRecords, ShardSink, ShardSpec, owner_of_chain
+from exporter.core.sharding import ShardRecords, ShardSink, ShardSpec, combined_match, owner_of_chain
 from exporter.relay import Relay, RelayConfig
 from exporter.sources.kv_nats import NatsKvSource
 from exporter.web.collector import PrefixscopeCollector
@@ -173,6 +173,14 @@ def assert_one_answer(rig: dict) -> None:
     router = shards[0].sink.router
     for chain in rig["chains"]:
         want = single.state.index.longest_match(chain)
+        exact = combined_match([s.state.index for s in shards], chain)  # exact whatever families it crosses
+        assert (exact.blocks, dict(exact.per_worker)) == (want.blocks, dict(want.per_worker))
+        families = {router.family_of(h) for h in chain[:want.blocks]}
+        if None not in families and len(families) > 1:
+            # the documented bound (exporter.core.sharding): a block stored while its parent was
+            # on no worker roots a family of its own; once that parent is back in another family
+            # the chain crosses two, and its owner shard holds only the first part
+            continue
         owner = owner_of_chain(router, chain)
         got = shards[owner].state.index.longest_match(chain) if owner is not None else None
         seen = (got.blocks, dict(got.per_worker)) if got else None
